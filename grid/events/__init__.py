@@ -1,0 +1,1 @@
+"""The v1 event catalogue, its codec, subject naming and the event log."""

@@ -1,0 +1,45 @@
+"""Lifecycle commands a controller issues to one host, stamped with its fencing authority."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from grid.events.base import Event
+
+ActionKind = Literal["load", "warm", "drain", "unload"]
+ACTION_KINDS: tuple[str, ...] = ("load", "warm", "drain", "unload")
+DESTRUCTIVE_KINDS: frozenset[str] = frozenset({"drain", "unload"})
+
+
+class CommandIssued(Event, frozen=True, kw_only=True, tag="command.issued.v1"):
+    action_id: str
+    kind: ActionKind
+    host_id: str
+    model_id: str
+    memory_mb: int
+    generation: str
+    controller_term: int
+    controller_id: str
+    lease_expires_at: float
+    # Remaining lease authority when issued; the agent judges it on its own monotonic clock.
+    lease_ttl_seconds: float
+    dependencies: tuple[str, ...] = ()
+    executable: bool = True
+    reason: str = ""
+    created_at: float = 0.0
+    not_before: float = 0.0
+    runtime: str = "llama.cpp"
+    artifact_sha256: str | None = None
+    artifact_source: str | None = None
+    artifact_size_mb: int | None = None
+    context_size: int = 2048
+    slots: int = 1
+
+
+class CommandWithdrawn(Event, frozen=True, kw_only=True, tag="command.withdrawn.v1"):
+    action_id: str
+    host_id: str
+    reason: str
+    generation: str = ""
+    controller_term: int = 0
+    controller_id: str = ""

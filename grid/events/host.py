@@ -1,0 +1,105 @@
+"""Host events: registration, heartbeat (level-triggered actual state), protection transitions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from grid.events.base import Event, Record
+
+HostState = Literal["accepting", "throttled", "draining", "paused", "unhealthy", "quarantined"]
+HOST_STATES: tuple[str, ...] = ("accepting", "throttled", "draining", "paused", "unhealthy", "quarantined")
+
+ResidencyState = Literal["cached", "loading", "warming", "ready", "draining", "unloading", "failed"]
+RESIDENCY_STATES: tuple[str, ...] = ("cached", "loading", "warming", "ready", "draining", "unloading", "failed")
+
+ACTUATOR_CAPABILITIES: tuple[str, ...] = ("load", "warm", "drain", "unload")
+
+
+class HostResources(Record, frozen=True, kw_only=True):
+    capacity_mb: int
+    reserved_mb: int = 0
+    runtimes: tuple[str, ...] = ("llama.cpp",)
+    backends: tuple[str, ...] = ()
+    memory_bandwidth_gbps: float | None = None
+    compute_gflops: float | None = None
+    failure_domain: str = "default"
+    tags: tuple[str, ...] = ()
+    # Highest data tier this host may hold (see grid.events.control.DATA_TIERS).
+    data_tier: str = "internal"
+    gpu_count: int = 0
+    gpu_memory_mb: int = 0
+    cpu_count: int = 0
+    # Fraction of capacity a throttled host offers for new placement.
+    throttle_fraction: float = 0.5
+    # Fraction of capacity usable after thermal derating (1.0 = none).
+    thermal_derating: float = 1.0
+    # Maximum number of serving models on this host; 0 means unlimited.
+    model_limit: int = 0
+
+
+class Residency(Record, frozen=True, kw_only=True):
+    model_id: str
+    memory_mb: int
+    state: ResidencyState
+    managed: bool = True
+    runtime: str = "llama.cpp"
+    artifact_sha256: str | None = None
+    # Ages, not timestamps: the controller reconstructs times from receipt time so node clock
+    # skew cannot bypass minimum residency or scale-down cooldown.
+    loaded_age_seconds: float | None = None
+    last_used_age_seconds: float | None = None
+    active_requests: int = 0
+    max_concurrency: int | None = None
+    # Private loopback/LAN URL of the engine; the engine key is never carried in events.
+    endpoint: str | None = None
+    pinned: bool = False
+
+
+class CachedArtifact(Record, frozen=True, kw_only=True):
+    model_id: str
+    sha256: str
+    size_bytes: int
+    predictive: bool = False
+
+
+class HostLoad(Record, frozen=True, kw_only=True):
+    active_tasks: int = 0
+    queue_depth: int = 0
+    cpu_percent: float | None = None
+    memory_used_mb: int | None = None
+
+
+class HostRegistered(Event, frozen=True, kw_only=True, tag="host.registered.v1"):
+    host_id: str
+    hostname: str = ""
+    resources: HostResources
+    actuator_capabilities: tuple[str, ...] = ACTUATOR_CAPABILITIES
+    agent_version: str = ""
+    schema_version: int = 1
+
+
+class HostHeartbeat(Event, frozen=True, kw_only=True, tag="host.heartbeat.v1"):
+    host_id: str
+    state: HostState = "accepting"
+    resources: HostResources
+    residencies: tuple[Residency, ...] = ()
+    cached: tuple[CachedArtifact, ...] = ()
+    disk_free_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    load: HostLoad = HostLoad()
+    # Memory used by processes Grid does not manage (consumes capacity first).
+    unmanaged_memory_mb: int = 0
+    actuator_capabilities: tuple[str, ...] = ACTUATOR_CAPABILITIES
+    # Highest controller term this agent has durably accepted (fencing visibility).
+    highest_term: int = 0
+    schema_version: int = 1
+
+
+class ProtectionTransition(Event, frozen=True, kw_only=True, tag="host.protection.v1"):
+    host_id: str
+    from_state: HostState
+    to_state: HostState
+    reason: str
+    override: bool = False
+    # Bounded sensor readings that justified the transition; None means unknown, never zero.
+    sensors: dict[str, float | None] = {}

@@ -1,0 +1,388 @@
+"""The JetStream EventLog: streams, idempotent appends, ordered replay, consumers, KV lease.
+
+Receipt time is the server's message timestamp, parsed straight from the JetStream reply
+subject (no per-message datetime objects on the replay hot path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from grid.events import codec
+from grid.events.base import Event
+from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, StoredMessage
+from grid.events.subjects import (
+    ALL_STREAMS,
+    COMMANDS_STREAM,
+    CONTROL_STREAM,
+    HOSTS_STREAM,
+    LEASE_BUCKET,
+    PLANS_STREAM,
+    REQUESTS_STREAM,
+    STREAM_SUBJECTS,
+    stream_for_subject,
+    subject_for,
+)
+
+DAY = 86_400.0
+GIB = 1 << 30
+WRONG_LAST_SEQUENCE = 10071
+DUPLICATE_WINDOW_SECONDS = 120.0
+
+
+class StreamPolicy(msgspec.Struct, frozen=True):
+    max_age_seconds: float | None
+    max_bytes: int
+    # Keep at most this many messages per subject (None = unlimited).
+    max_msgs_per_subject: int | None = None
+
+
+# Explicit retention: heartbeats and request features are bounded by age and bytes. Control
+# subjects keep a bounded history per subject (the latest profile/mode/override is the truth),
+# so profiles never age out.
+STREAM_POLICIES: dict[str, StreamPolicy] = {
+    HOSTS_STREAM: StreamPolicy(max_age_seconds=7 * DAY, max_bytes=2 * GIB),
+    REQUESTS_STREAM: StreamPolicy(max_age_seconds=7 * DAY, max_bytes=2 * GIB),
+    CONTROL_STREAM: StreamPolicy(max_age_seconds=None, max_bytes=GIB // 4, max_msgs_per_subject=256),
+    PLANS_STREAM: StreamPolicy(max_age_seconds=30 * DAY, max_bytes=2 * GIB),
+    COMMANDS_STREAM: StreamPolicy(max_age_seconds=30 * DAY, max_bytes=GIB),
+}
+
+_pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+def parse_js_reply(reply: str) -> tuple[int, float, int]:
+    """(stream sequence, server timestamp seconds, pending) from a JetStream ack subject."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[5]), int(tokens[7]) / 1e9, int(tokens[8])
+    if len(tokens) >= 11:  # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[7]), int(tokens[9]) / 1e9, int(tokens[10])
+    raise LogError(f"not a JetStream reply subject: {reply!r}")
+
+
+def _stored(stream: str, msg: Msg) -> StoredMessage:
+    seq, ts, _ = parse_js_reply(msg.reply)
+    headers = msg.headers
+    return StoredMessage(stream, seq, msg.subject, msg.data, ts, headers.get("Nats-Msg-Id") if headers else None)
+
+
+def _stream_config(name: str) -> api.StreamConfig:
+    policy = STREAM_POLICIES[name]
+    return api.StreamConfig(
+        name=name,
+        subjects=list(STREAM_SUBJECTS[name]),
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        discard=api.DiscardPolicy.OLD,
+        max_age=policy.max_age_seconds,
+        max_bytes=policy.max_bytes,
+        max_msgs_per_subject=policy.max_msgs_per_subject or -1,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+        allow_direct=True,
+    )
+
+
+class JetStreamLog:
+    """EventLog over a real NATS JetStream server or cluster."""
+
+    def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=timeout)
+        self._timeout = timeout
+        self._kv: dict[str, Any] = {}
+        # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
+        self.durable = durable
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str = "grid", durable: bool = True) -> "JetStreamLog":
+        try:
+            nc = await nats.connect(
+                servers=[u.strip() for u in url.split(",")],
+                name=name,
+                connect_timeout=5,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+            )
+        except Exception as exc:  # nats raises several unrelated types for "cannot connect"
+            raise LogError(f"cannot connect to NATS at {url}: {exc}") from exc
+        log = cls(nc, durable=durable)
+        await log.ensure_streams()
+        return log
+
+    @property
+    def client(self) -> NATS:
+        return self._nc
+
+    async def ensure_streams(self) -> None:
+        """Create every stream (and the lease bucket) idempotently, updating drifted config."""
+        for name in ALL_STREAMS:
+            config = _stream_config(name)
+            try:
+                await self._js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self._js.update_stream(config)
+        await self._bucket(LEASE_BUCKET)
+
+    async def _bucket(self, bucket: str) -> Any:
+        kv = self._kv.get(bucket)
+        if kv is None:
+            try:
+                kv = await self._js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                kv = await self._js.create_key_value(
+                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE)
+                )
+            self._kv[bucket] = kv
+        return kv
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> AppendResult:
+        return await self.append_raw(
+            subject_for(event),
+            codec.encode(event),
+            msg_id=event.event_id,
+            expected_last_subject_seq=expected_last_subject_seq,
+        )
+
+    async def append_raw(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> AppendResult:
+        headers: dict[str, str] | None = None
+        if msg_id is not None or expected_last_subject_seq is not None:
+            headers = {}
+            if msg_id is not None:
+                headers["Nats-Msg-Id"] = msg_id
+            if expected_last_subject_seq is not None:
+                headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
+        try:
+            reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers)
+        except nats.errors.NoRespondersError as exc:
+            raise LogError(f"no stream answers for {subject} (streams not created?)") from exc
+        except nats.errors.TimeoutError as exc:
+            raise LogError(f"append to {subject} timed out") from exc
+        resp = _pub_ack_decoder.decode(reply.data)
+        error = resp.get("error")
+        if error:
+            if error.get("err_code") == WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"{subject}: {error.get('description')}")
+            raise LogError(f"append to {subject} failed: {error.get('description')} ({error.get('err_code')})")
+        return AppendResult(resp["stream"], int(resp["seq"]), bool(resp.get("duplicate", False)))
+
+    async def last_sequence(self, stream: str) -> int:
+        info = await self._js.stream_info(stream)
+        return int(info.state.last_seq)
+
+    async def last_subject_sequence(self, subject: str) -> int:
+        stream = stream_for_subject(subject)
+        try:
+            msg = await self._js.get_last_msg(stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int(msg.seq or 0)
+
+    async def _ordered(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None,
+        start_time: float | None,
+        subject_filter: str | None = None,
+    ) -> Any:
+        if start_time is not None:
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_TIME,
+                opt_start_time=dt.datetime.fromtimestamp(start_time, dt.timezone.utc).isoformat(),  # type: ignore[arg-type]
+            )
+        elif start_seq is None:
+            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+        else:
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
+            )
+        subject = subject_filter or STREAM_SUBJECTS[stream][0]
+        return await self._js.subscribe(
+            subject,
+            stream=stream,
+            ordered_consumer=True,
+            config=config,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
+
+    async def replay(
+        self,
+        stream: str,
+        *,
+        start_seq: int = 1,
+        start_time: float | None = None,
+        end_seq: int | None = None,
+        end_time: float | None = None,
+    ) -> AsyncIterator[StoredMessage]:
+        """Ordered replay of what the stream holds now, from a sequence or a time, to an end."""
+        info = await self._js.stream_info(stream)
+        last = int(info.state.last_seq)
+        stop = last if end_seq is None else min(end_seq, last)
+        if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
+            return
+        sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=self._timeout)
+                except nats.errors.TimeoutError:
+                    return  # nothing (more) in the window, e.g. a start time after the last message
+                seq, ts, pending = parse_js_reply(msg.reply)
+                if seq > stop or (end_time is not None and ts > end_time):
+                    return
+                headers = msg.headers
+                yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
+                                    headers.get("Nats-Msg-Id") if headers else None)
+                if seq >= stop or pending == 0 and seq >= stop:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    async def subscribe(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        durable: str | None = None,
+        subject_filter: str | None = None,
+    ) -> "_OrderedSubscription | _DurableSubscription":
+        if durable is None:
+            sub = await self._ordered(stream, start_seq=start_seq, start_time=None, subject_filter=subject_filter)
+            return _OrderedSubscription(stream, sub)
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=30.0,
+            max_ack_pending=1024,
+            deliver_policy=(
+                api.DeliverPolicy.BY_START_SEQUENCE if start_seq else api.DeliverPolicy.ALL
+            ),
+            opt_start_seq=start_seq or None,
+            filter_subject=subject_filter or None,
+        )
+        sub = await self._js.pull_subscribe(
+            subject_filter or STREAM_SUBJECTS[stream][0], durable=durable, stream=stream, config=config
+        )
+        return _DurableSubscription(stream, sub)
+
+    async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
+        kv = await self._bucket(bucket)
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        return KVEntry(key, entry.value or b"", int(entry.revision or 0))
+
+    async def kv_put(
+        self, bucket: str, key: str, value: bytes, *, expected_revision: int | None = None
+    ) -> int:
+        kv = await self._bucket(bucket)
+        try:
+            if expected_revision is None:
+                return int(await kv.put(key, value))
+            if expected_revision == 0:
+                return int(await kv.create(key, value))
+            return int(await kv.update(key, value, last=expected_revision))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
+            raise
+
+    async def close(self) -> None:
+        if not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except Exception:  # already closing or disconnected: nothing left to flush
+                await self._nc.close()
+
+
+class _OrderedSubscription:
+    """Ephemeral ordered push consumer; position lives with the caller."""
+
+    def __init__(self, stream: str, sub: Any) -> None:
+        self._stream = stream
+        self._sub = sub
+
+    async def next(self, timeout: float | None = None) -> StoredMessage | None:
+        try:
+            msg = await self._sub.next_msg(timeout=timeout if timeout is not None else 3600 * 24 * 365)
+        except nats.errors.TimeoutError:
+            return None
+        return _stored(self._stream, msg)
+
+    async def ack(self, message: StoredMessage) -> None:
+        return None
+
+    async def close(self) -> None:
+        try:
+            await self._sub.unsubscribe()
+        except nats.errors.Error:
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
+        while True:
+            msg = await self.next()
+            if msg is None:
+                return
+            yield msg
+
+
+class _DurableSubscription:
+    """Durable pull consumer with explicit acks: unacked messages are redelivered."""
+
+    def __init__(self, stream: str, sub: Any) -> None:
+        self._stream = stream
+        self._sub = sub
+        self._buffer: list[Msg] = []
+        self._unacked: dict[int, Msg] = {}
+
+    async def next(self, timeout: float | None = None) -> StoredMessage | None:
+        if not self._buffer:
+            try:
+                self._buffer = await self._sub.fetch(64, timeout=timeout if timeout is not None else 30.0)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                return None
+        msg = self._buffer.pop(0)
+        stored = _stored(self._stream, msg)
+        self._unacked[stored.seq] = msg
+        return stored
+
+    async def ack(self, message: StoredMessage) -> None:
+        msg = self._unacked.pop(message.seq, None)
+        if msg is not None:
+            await msg.ack()
+
+    async def close(self) -> None:
+        try:
+            await self._sub.unsubscribe()
+        except nats.errors.Error:
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
+        while True:
+            msg = await self.next()
+            if msg is None:
+                continue
+            yield msg

@@ -1,0 +1,318 @@
+"""The EventLog protocol and InMemoryLog, the in-process twin of the JetStream log.
+
+Both implementations pass one contract suite (tests/contract/). The in-memory log exists for
+the scenario lab and fast unit tests; anything that claims durability uses JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+from grid.clock import Clock, SystemClock
+from grid.events import codec
+from grid.events.base import Event
+from grid.events.subjects import ALL_STREAMS, stream_for_subject, subject_for
+
+DUPLICATE_WINDOW_SECONDS = 120.0
+
+
+class StoredMessage(msgspec.Struct, frozen=True):
+    stream: str
+    seq: int
+    subject: str
+    data: bytes
+    # Receipt time on the log's clock (JetStream server timestamp), seconds since the epoch.
+    time: float
+    msg_id: str | None = None
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    stream: str
+    seq: int
+    duplicate: bool = False
+
+
+class KVEntry(msgspec.Struct, frozen=True):
+    key: str
+    value: bytes
+    revision: int
+
+
+class LogError(RuntimeError):
+    pass
+
+
+class ConflictError(LogError):
+    """An optimistic-concurrency check failed (stale expected sequence or KV revision)."""
+
+
+class Subscription(Protocol):
+    async def next(self, timeout: float | None = None) -> StoredMessage | None: ...
+
+    async def ack(self, message: StoredMessage) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[StoredMessage]: ...
+
+
+class EventLog(Protocol):
+    durable: bool
+
+    async def append(
+        self,
+        event: Event,
+        *,
+        expected_last_subject_seq: int | None = None,
+    ) -> AppendResult: ...
+
+    async def append_raw(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> AppendResult: ...
+
+    async def last_sequence(self, stream: str) -> int: ...
+
+    async def last_subject_sequence(self, subject: str) -> int: ...
+
+    def replay(
+        self,
+        stream: str,
+        *,
+        start_seq: int = 1,
+        start_time: float | None = None,
+        end_seq: int | None = None,
+        end_time: float | None = None,
+    ) -> AsyncIterator[StoredMessage]: ...
+
+    async def subscribe(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        durable: str | None = None,
+        subject_filter: str | None = None,
+    ) -> Subscription: ...
+
+    async def kv_get(self, bucket: str, key: str) -> KVEntry | None: ...
+
+    async def kv_put(
+        self, bucket: str, key: str, value: bytes, *, expected_revision: int | None = None
+    ) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching (``*`` one token, ``>`` the rest)."""
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, tok in enumerate(p_tokens):
+        if tok == ">":
+            return len(s_tokens) > i
+        if i >= len(s_tokens):
+            return False
+        if tok != "*" and tok != s_tokens[i]:
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+class _MemoryStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.messages: list[StoredMessage] = []
+        self.seqs: list[int] = []
+        self.last_seq = 0
+        self.last_by_subject: dict[str, int] = {}
+        self.msg_ids: dict[str, tuple[int, float]] = {}
+        self.changed = asyncio.Event()
+
+
+class InMemoryLog:
+    """A faithful in-process model of the JetStream contract (not durable)."""
+
+    durable = False
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._streams = {name: _MemoryStream(name) for name in ALL_STREAMS}
+        self._durables: dict[tuple[str, str], int] = {}
+        self._kv: dict[tuple[str, str], KVEntry] = {}
+        self._kv_rev: dict[str, int] = {}
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> AppendResult:
+        return await self.append_raw(
+            subject_for(event),
+            codec.encode(event),
+            msg_id=event.event_id,
+            expected_last_subject_seq=expected_last_subject_seq,
+        )
+
+    async def append_raw(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> AppendResult:
+        stream = self._streams[stream_for_subject(subject)]
+        now = self._clock.now()
+        if msg_id is not None:
+            seen = stream.msg_ids.get(msg_id)
+            if seen is not None and now - seen[1] <= DUPLICATE_WINDOW_SECONDS:
+                return AppendResult(stream.name, seen[0], duplicate=True)
+        if expected_last_subject_seq is not None:
+            actual = stream.last_by_subject.get(subject, 0)
+            if actual != expected_last_subject_seq:
+                raise ConflictError(
+                    f"wrong last sequence for {subject}: expected {expected_last_subject_seq}, is {actual}"
+                )
+        # Receipt times never go backwards within a stream, as on a real server.
+        if stream.messages:
+            now = max(now, stream.messages[-1].time)
+        stream.last_seq += 1
+        seq = stream.last_seq
+        stream.messages.append(StoredMessage(stream.name, seq, subject, bytes(data), now, msg_id))
+        stream.seqs.append(seq)
+        stream.last_by_subject[subject] = seq
+        if msg_id is not None:
+            stream.msg_ids[msg_id] = (seq, now)
+        stream.changed.set()
+        stream.changed = asyncio.Event()
+        return AppendResult(stream.name, seq)
+
+    async def last_sequence(self, stream: str) -> int:
+        return self._streams[stream].last_seq
+
+    async def last_subject_sequence(self, subject: str) -> int:
+        return self._streams[stream_for_subject(subject)].last_by_subject.get(subject, 0)
+
+    def _index_from(self, stream: _MemoryStream, start_seq: int, start_time: float | None) -> int:
+        if start_time is not None:
+            for i, msg in enumerate(stream.messages):
+                if msg.time >= start_time:
+                    return i
+            return len(stream.messages)
+        return bisect.bisect_left(stream.seqs, start_seq)
+
+    async def replay(
+        self,
+        stream: str,
+        *,
+        start_seq: int = 1,
+        start_time: float | None = None,
+        end_seq: int | None = None,
+        end_time: float | None = None,
+    ) -> AsyncIterator[StoredMessage]:
+        s = self._streams[stream]
+        stop = s.last_seq if end_seq is None else min(end_seq, s.last_seq)
+        i = self._index_from(s, start_seq, start_time)
+        while i < len(s.messages):
+            msg = s.messages[i]
+            if msg.seq > stop or (end_time is not None and msg.time > end_time):
+                return
+            yield msg
+            i += 1
+
+    async def subscribe(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        durable: str | None = None,
+        subject_filter: str | None = None,
+    ) -> "_MemorySubscription":
+        s = self._streams[stream]
+        if durable is not None:
+            key = (stream, durable)
+            if key not in self._durables:
+                self._durables[key] = (start_seq or 1) - 1
+            return _MemorySubscription(self, s, self._durables[key] + 1, subject_filter, durable)
+        first = s.last_seq + 1 if start_seq is None else start_seq
+        return _MemorySubscription(self, s, first, subject_filter, None)
+
+    async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
+        return self._kv.get((bucket, key))
+
+    async def kv_put(
+        self, bucket: str, key: str, value: bytes, *, expected_revision: int | None = None
+    ) -> int:
+        current = self._kv.get((bucket, key))
+        if expected_revision is not None:
+            actual = current.revision if current else 0
+            if actual != expected_revision:
+                raise ConflictError(f"kv {bucket}/{key}: expected revision {expected_revision}, is {actual}")
+        rev = self._kv_rev.get(bucket, 0) + 1
+        self._kv_rev[bucket] = rev
+        self._kv[(bucket, key)] = KVEntry(key, bytes(value), rev)
+        return rev
+
+    async def close(self) -> None:
+        return None
+
+    def _durable_ack(self, stream: str, durable: str, seq: int) -> None:
+        key = (stream, durable)
+        self._durables[key] = max(self._durables.get(key, 0), seq)
+
+
+class _MemorySubscription:
+    def __init__(
+        self,
+        log: InMemoryLog,
+        stream: _MemoryStream,
+        next_seq: int,
+        subject_filter: str | None,
+        durable: str | None,
+    ) -> None:
+        self._log = log
+        self._stream = stream
+        self._next_seq = next_seq
+        self._filter = subject_filter
+        self._durable = durable
+        self._closed = False
+
+    async def next(self, timeout: float | None = None) -> StoredMessage | None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._closed:
+            s = self._stream
+            i = bisect.bisect_left(s.seqs, self._next_seq)
+            while i < len(s.messages):
+                msg = s.messages[i]
+                self._next_seq = msg.seq + 1
+                if self._filter is None or subject_matches(self._filter, msg.subject):
+                    return msg
+                i += 1
+            waiter = s.changed
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(waiter.wait(), remaining)
+            except TimeoutError:
+                return None
+        return None
+
+    async def ack(self, message: StoredMessage) -> None:
+        if self._durable is not None:
+            self._log._durable_ack(self._stream.name, self._durable, message.seq)
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
+        while True:
+            msg = await self.next()
+            if msg is None:
+                return
+            yield msg

@@ -1,0 +1,33 @@
+"""A recorded plan: enough identity to re-run it exactly during replay."""
+
+from __future__ import annotations
+
+import msgspec
+
+from grid.events.base import Event
+
+
+class PlanCreated(Event, frozen=True, kw_only=True, tag="plan.created.v1"):
+    planner_version: str
+    # "<epoch>:<sequence>:<inputs_digest>", ordered across wall-clock changes.
+    generation: str
+    epoch: str
+    sequence: int
+    inputs_digest: str
+    # Stream name -> last stream sequence the projections had folded.
+    based_on: dict[str, int]
+    # The explicit `now` the planner ran with.
+    now: float
+    controller_id: str = ""
+    controller_term: int = 0
+    # The planner's Plan, encoded deterministically by grid.planner (opaque to the log).
+    plan: msgspec.Raw = msgspec.Raw(b"null")
+
+
+def make_generation(epoch: str, sequence: int, inputs_digest: str) -> str:
+    return f"{epoch}:{sequence:020d}:{inputs_digest}"
+
+
+def parse_generation(generation: str) -> tuple[str, int, str]:
+    epoch, sequence, digest = generation.split(":", 2)
+    return epoch, int(sequence), digest

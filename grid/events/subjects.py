@@ -1,0 +1,177 @@
+"""The ONLY place that builds and parses NATS subjects.
+
+Model and host ids may contain dots (``SmolLM2-135M-Instruct.Q4_1.gguf``), which NATS treats as
+token separators, so every id is escaped into a token of ``[A-Za-z0-9-]`` plus ``_XX`` hex escapes
+(``_`` itself is escaped, keeping the mapping reversible).
+"""
+
+from __future__ import annotations
+
+import string
+
+import msgspec
+
+from grid.events.acks import ActionAck
+from grid.events.base import Event
+from grid.events.commands import CommandIssued, CommandWithdrawn
+from grid.events.control import HostOverride, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
+from grid.events.plan import PlanCreated
+from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
+
+PREFIX = "grid"
+
+HOSTS_STREAM = "GRID_HOSTS"
+REQUESTS_STREAM = "GRID_REQS"
+CONTROL_STREAM = "GRID_CTL"
+PLANS_STREAM = "GRID_PLANS"
+COMMANDS_STREAM = "GRID_CMDS"
+
+STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
+    HOSTS_STREAM: ("grid.host.>",),
+    REQUESTS_STREAM: ("grid.req.>",),
+    CONTROL_STREAM: ("grid.ctl.>",),
+    PLANS_STREAM: ("grid.plan",),
+    COMMANDS_STREAM: ("grid.cmd.>",),
+}
+ALL_STREAMS: tuple[str, ...] = tuple(STREAM_SUBJECTS)
+
+LEASE_BUCKET = "grid_lease"
+PLAN_SUBJECT = "grid.plan"
+MODE_SUBJECT = "grid.ctl.mode"
+TICK_SUBJECT = "grid.ctl.tick"
+
+_SAFE = frozenset(string.ascii_letters + string.digits + "-")
+
+
+class SubjectError(ValueError):
+    pass
+
+
+def escape_token(value: str) -> str:
+    if not value:
+        raise SubjectError("an id used in a subject must not be empty")
+    out: list[str] = []
+    for ch in value:
+        if ch in _SAFE:
+            out.append(ch)
+        else:
+            out.extend(f"_{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)
+
+
+def unescape_token(token: str) -> str:
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "_":
+            try:
+                raw.append(int(token[i + 1 : i + 3], 16))
+            except ValueError as exc:
+                raise SubjectError(f"bad escape in subject token {token!r}") from exc
+            i += 3
+        else:
+            raw.extend(ch.encode("ascii"))
+            i += 1
+    return raw.decode("utf-8")
+
+
+def host_subject(host_id: str, kind: str) -> str:
+    return f"{PREFIX}.host.{escape_token(host_id)}.{kind}"
+
+
+def host_wildcard(host_id: str | None = None) -> str:
+    return f"{PREFIX}.host.{escape_token(host_id)}.>" if host_id else f"{PREFIX}.host.>"
+
+
+def request_subject(kind: str) -> str:
+    return f"{PREFIX}.req.{kind}"
+
+
+def profile_subject(model_id: str) -> str:
+    return f"{PREFIX}.ctl.profile.{escape_token(model_id)}"
+
+
+def override_subject(host_id: str) -> str:
+    return f"{PREFIX}.ctl.override.{escape_token(host_id)}"
+
+
+def command_subject(host_id: str) -> str:
+    return f"{PREFIX}.cmd.{escape_token(host_id)}"
+
+
+def stream_for_subject(subject: str) -> str:
+    parts = subject.split(".")
+    if len(parts) < 2 or parts[0] != PREFIX:
+        raise SubjectError(f"not a grid subject: {subject!r}")
+    family = parts[1]
+    try:
+        return {
+            "host": HOSTS_STREAM,
+            "req": REQUESTS_STREAM,
+            "ctl": CONTROL_STREAM,
+            "plan": PLANS_STREAM,
+            "cmd": COMMANDS_STREAM,
+        }[family]
+    except KeyError:
+        raise SubjectError(f"unknown subject family in {subject!r}") from None
+
+
+class ParsedSubject(msgspec.Struct, frozen=True):
+    stream: str
+    kind: str
+    host_id: str | None = None
+    model_id: str | None = None
+
+
+def parse_subject(subject: str) -> ParsedSubject:
+    stream = stream_for_subject(subject)
+    parts = subject.split(".")
+    if stream == HOSTS_STREAM and len(parts) == 4:
+        return ParsedSubject(stream, parts[3], host_id=unescape_token(parts[2]))
+    if stream == COMMANDS_STREAM and len(parts) == 3:
+        return ParsedSubject(stream, "command", host_id=unescape_token(parts[2]))
+    if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "profile":
+        return ParsedSubject(stream, "profile", model_id=unescape_token(parts[3]))
+    if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "override":
+        return ParsedSubject(stream, "override", host_id=unescape_token(parts[3]))
+    if len(parts) == 3:
+        return ParsedSubject(stream, parts[2])
+    if stream == PLANS_STREAM and len(parts) == 2:
+        return ParsedSubject(stream, "plan")
+    raise SubjectError(f"malformed grid subject: {subject!r}")
+
+
+def subject_for(event: Event) -> str:
+    """The one mapping from an event to the subject it is appended on."""
+    match event:
+        case HostHeartbeat():
+            return host_subject(event.host_id, "heartbeat")
+        case HostRegistered():
+            return host_subject(event.host_id, "registered")
+        case ProtectionTransition():
+            return host_subject(event.host_id, "protection")
+        case ActionAck():
+            return host_subject(event.host_id, "ack")
+        case RequestBatch():
+            return request_subject("batch")
+        case RequestCompleted():
+            return request_subject("completed")
+        case RequestFailed():
+            return request_subject("failed")
+        case ProfileSet():
+            return profile_subject(event.profile.model_id)
+        case ProfileRemoved():
+            return profile_subject(event.model_id)
+        case ModeSet():
+            return MODE_SUBJECT
+        case HostOverride():
+            return override_subject(event.host_id)
+        case TickRequested():
+            return TICK_SUBJECT
+        case PlanCreated():
+            return PLAN_SUBJECT
+        case CommandIssued() | CommandWithdrawn():
+            return command_subject(event.host_id)
+    raise SubjectError(f"no subject for event type {type(event).__name__}")

@@ -1,0 +1,1 @@
+"""Pure planning: feasibility, scoring, placement, preemption, forecast, explanation."""

@@ -1,0 +1,173 @@
+"""Planner input and output values. Pure data: everything the planner needs is in PlannerInput.
+
+Same PlannerInput bytes (``grid.events.codec.encode_value``) give the same Plan bytes; the
+plan's ``inputs_digest`` is the sha256 of that deterministic encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from grid.events.control import ModelProfile
+from grid.events.host import CachedArtifact, HostLoad, HostResources
+
+Evidence = Literal["baseline", "direct", "inferred"]
+EVIDENCE_ORDER: dict[str, int] = {"baseline": 0, "direct": 1, "inferred": 2}
+
+
+class Value(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Base for planner values."""
+
+
+class ResidencyView(Value, frozen=True, kw_only=True):
+    """A residency as the controller sees it: ages turned into receipt-clock timestamps."""
+
+    model_id: str
+    memory_mb: int
+    state: str  # cached | loading | warming | ready | draining | unloading | failed
+    managed: bool = True
+    runtime: str = "llama.cpp"
+    artifact_sha256: str | None = None
+    loaded_at: float | None = None
+    last_used_at: float | None = None
+    active_requests: int = 0
+    max_concurrency: int | None = None
+    pinned: bool = False
+    endpoint: str | None = None
+
+
+class HostSnapshot(Value, frozen=True, kw_only=True):
+    host_id: str
+    # Lifecycle state after local protection and operator overrides are combined.
+    state: str
+    resources: HostResources
+    residencies: tuple[ResidencyView, ...] = ()
+    cached: tuple[CachedArtifact, ...] = ()
+    disk_free_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    load: HostLoad = HostLoad()
+    unmanaged_memory_mb: int = 0
+    actuator_capabilities: tuple[str, ...] = ()
+    # Receipt time (log clock) of the last heartbeat; None = registered but never heard from.
+    heartbeat_at: float | None = None
+    # Measured performance (proxy-owned), keyed by model id: tokens/s and latency seconds.
+    measured_tokens_per_second: dict[str, float] = {}
+
+
+class Harm(Value, frozen=True, kw_only=True):
+    """Attributable service harm used to break partial fair rounds (all >= 0)."""
+
+    queue: float = 0.0
+    latency_ratio: float = 0.0
+    errors: float = 0.0
+    concurrency: float = 0.0
+    rate: float = 0.0
+
+
+class DemandTarget(Value, frozen=True, kw_only=True):
+    model_id: str
+    replicas: int
+    evidence: Evidence
+    harm: Harm = Harm()
+    offered_concurrency: float = 0.0
+    # One-replica canary cap for weak evidence.
+    canary: bool = False
+    reason: str = ""
+
+
+class TimingSample(Value, frozen=True, kw_only=True):
+    """Learned load/warm seconds for one host/model/artifact revision (bounded EWMA)."""
+
+    host_id: str
+    model_id: str
+    artifact_sha256: str | None = None
+    load_seconds: float | None = None
+    warm_seconds: float | None = None
+    samples: int = 0
+
+
+class Policy(Value, frozen=True, kw_only=True):
+    max_evictions: int = 64
+    # Bytes that must stay free on an artifact disk after a demanded download.
+    disk_reserve_bytes: int = 1 << 30
+    # Speculative (predictive cache) transfers must leave this much free.
+    predictive_disk_reserve_bytes: int = 10 << 30
+    # Extra fraction of a new allocation that must fit (admission headroom for new work).
+    admission_headroom_fraction: float = 0.05
+    heartbeat_timeout_seconds: float = 30.0
+    future_skew_seconds: float = 5.0
+    max_repair_steps: int = 2000
+    max_new_placements: int = 1_000_000
+
+
+class PlannerInput(Value, frozen=True, kw_only=True):
+    now: float
+    profiles: tuple[ModelProfile, ...]
+    hosts: tuple[HostSnapshot, ...]
+    demand: tuple[DemandTarget, ...] = ()
+    policy: Policy = Policy()
+    timings: tuple[TimingSample, ...] = ()
+    # Model ids with a retirement tombstone: target zero, drain managed copies.
+    retired: tuple[str, ...] = ()
+
+
+PlacementStatus = Literal["existing", "new"]
+
+
+class Placement(Value, frozen=True, kw_only=True):
+    model_id: str
+    host_id: str
+    runtime: str
+    memory_mb: int
+    status: PlacementStatus
+    score: float = 0.0
+    scores: dict[str, float] = {}
+    reason: str = ""
+
+
+class Preemption(Value, frozen=True, kw_only=True):
+    """Drain and unload `victim_model` on `host_id` so `beneficiary_model` can later be placed."""
+
+    host_id: str
+    victim_model: str
+    beneficiary_model: str
+    reason: str
+    memory_mb: int = 0
+
+
+class Shortfall(Value, frozen=True, kw_only=True):
+    model_id: str
+    wanted: int
+    placed: int
+    reason: str
+    detail: str = ""
+
+
+class HostVerdict(Value, frozen=True, kw_only=True):
+    host_id: str
+    eligible: bool
+    reason: str = ""
+    detail: str = ""
+
+
+class ModelExplanation(Value, frozen=True, kw_only=True):
+    model_id: str
+    wanted: int
+    evidence: str = ""
+    eligible_hosts: tuple[str, ...] = ()
+    rejected: tuple[HostVerdict, ...] = ()
+    chosen: tuple[Placement, ...] = ()
+    shortfall_reason: str = ""
+
+
+class Plan(Value, frozen=True, kw_only=True):
+    planner_version: str
+    inputs_digest: str
+    now: float
+    # The complete desired set: a managed residency not listed here is obsolete.
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    shortfalls: tuple[Shortfall, ...] = ()
+    explanations: tuple[ModelExplanation, ...] = ()
