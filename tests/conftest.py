@@ -1,0 +1,64 @@
+"""Shared fixtures: one real nats-server with JetStream per test session.
+
+Every test that touches the log gets a clean set of streams (deleted and recreated), so stream
+sequences start at 1 in each test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from grid.events.embedded import EmbeddedNats
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def reset_streams(log: JetStreamLog) -> None:
+    js = log.client.jetstream()
+    for name in ALL_STREAMS:
+        try:
+            await js.delete_stream(name)
+        except Exception:  # absent already
+            pass
+    try:
+        await js.delete_key_value(LEASE_BUCKET)
+    except Exception:
+        pass
+    log._kv.clear()
+    await log.ensure_streams()
+
+
+@pytest.fixture
+async def js_log(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamLog]:
+    log = await JetStreamLog.connect(nats_server.url)
+    await reset_streams(log)
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+@pytest.fixture
+def grid_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "grid-home"
+    home.mkdir()
+    monkeypatch.setenv("GRID_HOME", str(home))
+    return home
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
