@@ -1,0 +1,58 @@
+"""Owner-only secrets under the grid home: the operator token and the fleet engine secret.
+
+Engine keys are never carried in events. Each host's llama.cpp children use a per-host key
+derived as HMAC-SHA256(fleet engine secret, host_id); the gateway derives the same key for
+the private upstream hop. A multi-machine fleet distributes the secret file like a node token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+ENGINE_SECRET_FILE = "engine.secret"
+OPERATOR_TOKEN_FILE = "operator.token"
+
+
+class SecretFileError(RuntimeError):
+    pass
+
+
+def write_owner_only(path: Path, data: bytes) -> None:
+    """Atomically create `path` with mode 0600 (temp file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def load_or_create_secret(path: Path, nbytes: int = 32) -> str:
+    """Read a token file, creating it (0600) on first use. Refuses group/world-readable files."""
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise SecretFileError(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+        value = path.read_text().strip()
+        if not value:
+            raise SecretFileError(f"{path} is empty")
+        return value
+    value = secrets.token_hex(nbytes)
+    write_owner_only(path, (value + "\n").encode())
+    return value
+
+
+def engine_key(fleet_secret: str, host_id: str) -> str:
+    return hmac.new(fleet_secret.encode(), f"engine-key:{host_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def tokens_equal(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
