@@ -1,0 +1,1 @@
+"""Pure folds over the log: apply(state, event, position) -> state."""

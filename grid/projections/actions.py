@@ -1,0 +1,185 @@
+"""Actions projection: command lifecycle from issue to terminal ack, and learned timings.
+
+Duplicate and late acks are harmless: the first terminal ack decides the outcome and later
+conflicting ones are ignored. A withdrawn (cancelled) command can still be completed by a late
+terminal ack, because the node may already have been running it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
+from grid.events.base import Event
+from grid.events.commands import CommandIssued, CommandWithdrawn
+from grid.projections.position import Position
+
+# Bounded history: terminal actions beyond this many are forgotten oldest-first.
+MAX_TERMINAL_ACTIONS = 4096
+# Learned timing: an eight-sample EWMA, authoritative after four samples, expiring after 30 days.
+TIMING_ALPHA = 2.0 / (8 + 1)
+TIMING_AUTHORITATIVE_SAMPLES = 4
+TIMING_MAX_AGE_SECONDS = 30 * 86_400.0
+TIMING_MAX_SECONDS = 3600.0
+MAX_EARLY_ACTIONS = 1024
+MAX_EARLY_ACKS_PER_ACTION = 4
+
+
+class ActionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    command: CommandIssued
+    issued_at: float
+    issued_seq: int
+    # pending | accepted | succeeded | failed | rejected | cancelled
+    status: str = "pending"
+    withdrawn: bool = False
+    withdrawn_reason: str = ""
+    message: str = ""
+    acked_at: float | None = None
+    terminal_at: float | None = None
+    duration_seconds: float | None = None
+    artifact_fetched: bool = False
+
+
+class TimingRecord(msgspec.Struct, frozen=True, kw_only=True):
+    host_id: str
+    model_id: str
+    artifact_sha256: str | None
+    kind: str  # "warm", "load_fetch" or "load_verify"
+    ewma_seconds: float
+    samples: int
+    updated_at: float
+
+
+class ActionsState(msgspec.Struct, frozen=True, kw_only=True):
+    actions: dict[str, ActionRecord] = {}
+    terminal_order: tuple[str, ...] = ()
+    timings: dict[str, TimingRecord] = {}
+    # Acks that arrived before their command (streams are followed independently): applied
+    # when the command arrives, so the fold does not depend on cross-stream interleaving.
+    early_acks: dict[str, tuple[tuple[ActionAck, float], ...]] = {}
+
+
+def initial() -> ActionsState:
+    return ActionsState()
+
+
+def timing_key(host_id: str, model_id: str, sha: str | None, kind: str) -> str:
+    return f"{host_id}\x1f{model_id}\x1f{sha or ''}\x1f{kind}"
+
+
+def _learn(state: ActionsState, record: ActionRecord, duration: float | None, fetched: bool, at: float) -> dict[str, TimingRecord]:
+    cmd = record.command
+    if duration is None or not math.isfinite(duration) or duration < 0 or duration > TIMING_MAX_SECONDS:
+        return state.timings  # invalid reports never poison scheduling
+    if cmd.kind == "warm":
+        kind = "warm"
+    elif cmd.kind == "load":
+        kind = "load_fetch" if fetched else "load_verify"
+    else:
+        return state.timings
+    key = timing_key(cmd.host_id, cmd.model_id, cmd.artifact_sha256, kind)
+    old = state.timings.get(key)
+    if old is None or at - old.updated_at > TIMING_MAX_AGE_SECONDS:
+        new = TimingRecord(
+            host_id=cmd.host_id, model_id=cmd.model_id, artifact_sha256=cmd.artifact_sha256,
+            kind=kind, ewma_seconds=duration, samples=1, updated_at=at,
+        )
+    else:
+        new = msgspec.structs.replace(
+            old,
+            ewma_seconds=old.ewma_seconds + TIMING_ALPHA * (duration - old.ewma_seconds),
+            samples=min(old.samples + 1, 1_000_000),
+            updated_at=at,
+        )
+    return {**state.timings, key: new}
+
+
+def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = False, timings=None) -> ActionsState:
+    actions = dict(state.actions)
+    actions[record.command.action_id] = record
+    order = state.terminal_order
+    if terminal:
+        order = order + (record.command.action_id,)
+        if len(order) > MAX_TERMINAL_ACTIONS:
+            drop = order[: len(order) - MAX_TERMINAL_ACTIONS]
+            order = order[len(drop):]
+            for action_id in drop:
+                actions.pop(action_id, None)
+    return ActionsState(
+        actions=actions,
+        terminal_order=order,
+        timings=state.timings if timings is None else timings,
+        early_acks=state.early_acks,
+    )
+
+
+def apply(state: ActionsState, event: Event, position: Position) -> ActionsState:
+    match event:
+        case CommandIssued():
+            if event.action_id in state.actions:
+                return state  # a re-issued identical intent keeps its first record
+            record = ActionRecord(command=event, issued_at=position.time, issued_seq=position.seq)
+            state = _with_action(state, record)
+            early = state.early_acks.get(event.action_id)
+            if early:
+                state = msgspec.structs.replace(
+                    state, early_acks={k: v for k, v in state.early_acks.items() if k != event.action_id}
+                )
+                for ack, ack_at in early:
+                    state = _apply_ack(state, ack, ack_at)
+            return state
+        case CommandWithdrawn():
+            record = state.actions.get(event.action_id)
+            if record is None or record.terminal_at is not None:
+                return state
+            return _with_action(
+                state, msgspec.structs.replace(record, withdrawn=True, withdrawn_reason=event.reason)
+            )
+        case ActionAck():
+            return _apply_ack(state, event, position.time)
+    return state
+
+
+def _apply_ack(state: ActionsState, event: ActionAck, at: float) -> ActionsState:
+    record = state.actions.get(event.action_id)
+    if record is None:
+        held = state.early_acks.get(event.action_id, ())
+        if len(held) >= MAX_EARLY_ACKS_PER_ACTION or (
+            not held and len(state.early_acks) >= MAX_EARLY_ACTIONS
+        ):
+            return state  # bounded: an ack for a command we will never see is dropped
+        return msgspec.structs.replace(
+            state, early_acks={**state.early_acks, event.action_id: held + ((event, at),)}
+        )
+    if record.terminal_at is not None:
+        return state  # duplicate or conflicting later ack: the first terminal one stands
+    if event.status in TERMINAL_ACK_STATUSES:
+        timings = (
+            _learn(state, record, event.duration_seconds, event.artifact_fetched, at)
+            if event.status == "succeeded"
+            else None
+        )
+        updated = msgspec.structs.replace(
+            record,
+            status=event.status,
+            message=event.message,
+            acked_at=at,
+            terminal_at=at,
+            duration_seconds=event.duration_seconds,
+            artifact_fetched=event.artifact_fetched,
+        )
+        return _with_action(state, updated, terminal=True, timings=timings)
+    if record.status == "pending":
+        return _with_action(
+            state, msgspec.structs.replace(record, status=event.status, acked_at=at, message=event.message)
+        )
+    return state
+
+
+def open_actions(state: ActionsState) -> list[ActionRecord]:
+    """Issued but not terminal, in issue order."""
+    return sorted(
+        (r for r in state.actions.values() if r.terminal_at is None), key=lambda r: r.issued_seq
+    )

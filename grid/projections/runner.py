@@ -1,0 +1,221 @@
+"""Keeps projection states and stream positions together; catches up, follows, snapshots.
+
+Each stream is folded in order. A malformed or unknown-tag message is counted and skipped by
+live folding (visible in `malformed`), and makes strict replay fail with its sequence number.
+A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from grid.events import codec
+from grid.events.base import Event
+from grid.events.codec import EventDecodeError
+from grid.events.log import EventLog, StoredMessage
+from grid.events.subjects import (
+    COMMANDS_STREAM,
+    CONTROL_STREAM,
+    HOSTS_STREAM,
+    PLANS_STREAM,
+    REQUESTS_STREAM,
+)
+from grid.projections import actions, catalog, fleet, plans
+from grid.projections.position import Position
+
+log = structlog.get_logger(__name__)
+
+SNAPSHOT_VERSION = 1
+# Catch-up order: commands before host acks, control before everything that depends on it.
+STREAM_ORDER: tuple[str, ...] = (CONTROL_STREAM, COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM, REQUESTS_STREAM)
+
+
+class ReplayError(RuntimeError):
+    def __init__(self, stream: str, seq: int, reason: str) -> None:
+        super().__init__(f"{stream} sequence {seq}: {reason}")
+        self.stream = stream
+        self.seq = seq
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ProjectionSpec:
+    """One projection: its name, the streams it folds, its fold and its state type.
+
+    ``apply(state, event, position, states)`` receives the other projections' current states
+    read-only, for folds that depend on them (demand only counts configured models).
+    """
+
+    name: str
+    streams: tuple[str, ...]
+    state_type: type
+    initial: Callable[[], Any]
+    apply: Callable[[Any, Event, Position, dict[str, Any]], Any]
+
+
+def _simple(name: str, streams: tuple[str, ...], module: Any, state_type: type) -> ProjectionSpec:
+    fold = module.apply
+    return ProjectionSpec(name, streams, state_type, module.initial, lambda s, e, p, _states: fold(s, e, p))
+
+
+FLEET = _simple("fleet", (HOSTS_STREAM, CONTROL_STREAM), fleet, fleet.FleetState)
+CATALOG = _simple("catalog", (CONTROL_STREAM,), catalog, catalog.CatalogState)
+ACTIONS = _simple("actions", (COMMANDS_STREAM, HOSTS_STREAM), actions, actions.ActionsState)
+PLANS = _simple("plans", (PLANS_STREAM,), plans, plans.PlansState)
+CORE_PROJECTIONS: tuple[ProjectionSpec, ...] = (CATALOG, FLEET, ACTIONS, PLANS)
+
+
+class _Snapshot(msgspec.Struct):
+    version: int
+    positions: dict[str, int]
+    states: dict[str, msgspec.Raw]
+    malformed: int = 0
+
+
+class ProjectionRunner:
+    def __init__(self, specs: Sequence[ProjectionSpec] = CORE_PROJECTIONS, *, strict: bool = False) -> None:
+        self.specs = tuple(specs)
+        self.strict = strict
+        self.states: dict[str, Any] = {s.name: s.initial() for s in self.specs}
+        self.positions: dict[str, int] = {}
+        self.last_time: dict[str, float] = {}
+        self.malformed = 0
+        self.malformed_last: tuple[str, int, str] | None = None
+        self.warnings: list[str] = []
+        self._by_stream: dict[str, tuple[ProjectionSpec, ...]] = {}
+        for stream in STREAM_ORDER:
+            self._by_stream[stream] = tuple(s for s in self.specs if stream in s.streams)
+        self.changed = asyncio.Event()
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return tuple(s for s in STREAM_ORDER if self._by_stream.get(s))
+
+    def __getitem__(self, name: str) -> Any:
+        return self.states[name]
+
+    def fold(self, msg: StoredMessage) -> bool:
+        """Fold one stored message. Returns False when it was skipped as malformed."""
+        if msg.seq <= self.positions.get(msg.stream, 0):
+            return True  # already folded (snapshot overlap or redelivery)
+        try:
+            event = codec.decode(msg.data)
+        except EventDecodeError as exc:
+            if self.strict:
+                raise ReplayError(msg.stream, msg.seq, exc.reason) from exc
+            self.malformed += 1
+            self.malformed_last = (msg.stream, msg.seq, exc.reason)
+            log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=exc.reason)
+            self.positions[msg.stream] = msg.seq
+            return False
+        self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
+        return True
+
+    def fold_event(self, event: Event, position: Position) -> None:
+        states = self.states
+        for spec in self._by_stream.get(position.stream, ()):
+            states[spec.name] = spec.apply(states[spec.name], event, position, states)
+        self.positions[position.stream] = position.seq
+        self.last_time[position.stream] = position.time
+
+    async def catch_up(self, log_: EventLog, *, end: dict[str, int] | None = None,
+                       progress: Callable[[str, int], None] | None = None) -> int:
+        """Fold everything each stream holds now (or up to `end[stream]`). Returns events folded."""
+        folded = 0
+        for stream in self.streams:
+            start = self.positions.get(stream, 0) + 1
+            stop = None if end is None else end.get(stream)
+            if stop is not None and stop < start:
+                continue
+            async for msg in log_.replay(stream, start_seq=start, end_seq=stop):
+                self.fold(msg)
+                folded += 1
+                if progress is not None:
+                    progress(stream, msg.seq)
+        if folded:
+            self.changed.set()
+        return folded
+
+    async def follow(self, log_: EventLog, *, on_fold: Callable[[str, StoredMessage], None] | None = None) -> None:
+        """Follow every stream live (ordered consumers) until cancelled."""
+        subs = [
+            await log_.subscribe(stream, start_seq=self.positions.get(stream, 0) + 1)
+            for stream in self.streams
+        ]
+
+        async def pump(sub: Any) -> None:
+            while True:
+                msg = await sub.next(timeout=None)
+                if msg is None:
+                    return
+                self.fold(msg)
+                self.changed.set()
+                if on_fold is not None:
+                    on_fold(msg.stream, msg)
+
+        try:
+            await asyncio.gather(*(pump(s) for s in subs))
+        finally:
+            for sub in subs:
+                await sub.close()
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot_bytes(self) -> bytes:
+        snap = _Snapshot(
+            version=SNAPSHOT_VERSION,
+            positions=dict(sorted(self.positions.items())),
+            states={s.name: msgspec.Raw(codec.encode_value(self.states[s.name])) for s in self.specs},
+            malformed=self.malformed,
+        )
+        return codec.encode_value(snap)
+
+    def restore_bytes(self, data: bytes) -> None:
+        snap = msgspec.json.decode(data, type=_Snapshot)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {snap.version} is not {SNAPSHOT_VERSION}")
+        states: dict[str, Any] = {}
+        for spec in self.specs:
+            raw = snap.states.get(spec.name)
+            if raw is None:
+                raise ValueError(f"snapshot has no state for projection {spec.name!r}")
+            states[spec.name] = msgspec.json.decode(raw, type=spec.state_type)
+        self.states = states
+        self.positions = dict(snap.positions)
+        self.malformed = snap.malformed
+
+    def save_snapshot(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(self.snapshot_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    def load_snapshot(self, path: Path) -> bool:
+        """Restore from `path`. A corrupt file is quarantined, warned about, and ignored."""
+        if not path.exists():
+            return False
+        try:
+            self.restore_bytes(path.read_bytes())
+            return True
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            quarantine = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            os.replace(path, quarantine)
+            warning = f"corrupt projection snapshot quarantined to {quarantine}: {exc}; rebuilt from the log"
+            self.warnings.append(warning)
+            log.warning("snapshot quarantined", path=str(quarantine), error=str(exc))
+            self.states = {s.name: s.initial() for s in self.specs}
+            self.positions = {}
+            return False
