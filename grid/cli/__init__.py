@@ -1,0 +1,1 @@
+"""gridctl: one module per command group, composed in main.py."""
