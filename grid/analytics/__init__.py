@@ -1,0 +1,1 @@
+"""DuckDB analytics: a sink that follows the log, and the queries status and history use."""

@@ -1,0 +1,110 @@
+"""Read-only analytics queries used by status, history and benchmarks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _window(start: float | None, end: float | None, column: str = "time") -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    if start is not None:
+        clauses.append(f"{column} >= ?")
+        params.append(start)
+    if end is not None:
+        clauses.append(f"{column} <= ?")
+        params.append(end)
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def events_per_host(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    where, params = _window(start, end)
+    extra = " AND " if where else " WHERE "
+    return _rows(
+        con,
+        f"SELECT host_id, type, count(*) AS events, min(time) AS first, max(time) AS last FROM events"
+        f"{where}{extra}host_id IS NOT NULL GROUP BY host_id, type ORDER BY host_id, type",
+        params,
+    )
+
+
+def requests_per_model(
+    con: duckdb.DuckDBPyConnection,
+    start: float | None = None,
+    end: float | None = None,
+    bucket_seconds: float | None = None,
+) -> list[dict[str, Any]]:
+    """Request counts, errors and latency percentiles per model (and per time bucket if asked)."""
+    where, params = _window(start, end)
+    bucket = (
+        f"floor(time / {float(bucket_seconds)}) * {float(bucket_seconds)}" if bucket_seconds else "NULL"
+    )
+    return _rows(
+        con,
+        f"SELECT coalesce(served_model, requested_model) AS model, {bucket} AS bucket, count(*) AS requests, "
+        f"count(*) FILTER (WHERE outcome <> 'ok') AS errors, "
+        f"quantile_cont(service_seconds, 0.5) AS p50_seconds, "
+        f"quantile_cont(service_seconds, 0.95) AS p95_seconds, "
+        f"quantile_cont(service_seconds, 0.99) AS p99_seconds "
+        f"FROM request_features{where} GROUP BY ALL ORDER BY model, bucket",
+        params,
+    )
+
+
+def demand_per_workload(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    where, params = _window(start, end)
+    return _rows(
+        con,
+        f"SELECT workload, count(*) AS requests, count(*) FILTER (WHERE auto) AS auto_requests, "
+        f"sum(service_seconds) AS device_seconds FROM request_features{where} GROUP BY workload ORDER BY workload",
+        params,
+    )
+
+
+def commands_and_acks(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    where, params = _window(start, end, "c.time")
+    return _rows(
+        con,
+        f"SELECT c.host_id, c.kind, count(*) AS issued, "
+        f"count(a.action_id) FILTER (WHERE a.status = 'succeeded') AS succeeded, "
+        f"count(a.action_id) FILTER (WHERE a.status IN ('failed', 'rejected')) AS failed, "
+        f"avg(a.duration_seconds) AS mean_duration_seconds "
+        f"FROM commands c LEFT JOIN (SELECT DISTINCT ON (action_id) * FROM acks "
+        f"WHERE status IN ('succeeded','failed','rejected','cancelled') ORDER BY action_id, seq) a "
+        f"ON a.action_id = c.action_id{where}{' AND ' if where else ' WHERE '}c.type = 'issued' "
+        f"GROUP BY c.host_id, c.kind ORDER BY c.host_id, c.kind",
+        params,
+    )
+
+
+def plan_changes(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    where, params = _window(start, end)
+    return _rows(
+        con,
+        f"SELECT seq, time, generation, planner_version, inputs_digest, controller_term FROM plans{where} ORDER BY seq",
+        params,
+    )
+
+
+def residency_timeline(
+    con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None, model_id: str | None = None
+) -> list[dict[str, Any]]:
+    """State changes per (host, model): one row each time the reported state differs."""
+    where, params = _window(start, end)
+    if model_id is not None:
+        where += (" AND " if where else " WHERE ") + "model_id = ?"
+        params.append(model_id)
+    return _rows(
+        con,
+        f"SELECT host_id, model_id, state, time FROM ("
+        f"SELECT host_id, model_id, state, time, lag(state) OVER (PARTITION BY host_id, model_id ORDER BY seq) AS prev "
+        f"FROM residencies{where}) WHERE prev IS NULL OR prev <> state ORDER BY time, host_id, model_id",
+        params,
+    )

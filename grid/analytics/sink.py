@@ -1,0 +1,212 @@
+"""Follow the log and batch-insert events into DuckDB (never row-by-row executemany).
+
+Each batch is written as NDJSON to a private temp file and inserted with one
+``INSERT OR IGNORE ... SELECT FROM read_json`` per table: primary keys on (stream, seq[, idx])
+make re-running the sink over the same window a no-op. Positions are stored in the same
+transaction as the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+
+from grid.analytics.schema import TABLES, create_statements
+from grid.events import codec
+from grid.events.acks import ActionAck
+from grid.events.codec import EventDecodeError
+from grid.events.commands import CommandIssued, CommandWithdrawn
+from grid.events.control import HostOverride, ProfileRemoved, ProfileSet
+from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
+from grid.events.log import EventLog, StoredMessage
+from grid.events.plan import PlanCreated
+from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
+from grid.events.subjects import ALL_STREAMS
+
+BATCH_ROWS = 20_000
+_encoder = msgspec.json.Encoder()
+
+
+def open_store(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    con = duckdb.connect(str(path), read_only=read_only)
+    if not read_only:
+        for stmt in create_statements():
+            con.execute(stmt)
+    return con
+
+
+class AnalyticsSink:
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, batch_rows: int = BATCH_ROWS) -> None:
+        self.con = con
+        self.batch_rows = batch_rows
+        self._rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in TABLES if name != "sink_positions"}
+        self._pending_positions: dict[str, int] = {}
+        self.rows_written = 0
+        self.malformed = 0
+        self._tmpdir = Path(tempfile.mkdtemp(prefix="grid-sink-"))
+
+    def positions(self) -> dict[str, int]:
+        return dict(self.con.execute("SELECT stream, seq FROM sink_positions").fetchall())
+
+    # --- row extraction ------------------------------------------------------------------
+
+    def add(self, msg: StoredMessage) -> None:
+        rows = self._rows
+        s, q, t = msg.stream, msg.seq, msg.time
+        try:
+            event = codec.decode(msg.data)
+        except EventDecodeError:
+            self.malformed += 1
+            rows["events"].append((s, q, msg.subject, t, codec.peek_tag(msg.data) or "<malformed>", None, None,
+                                   msg.data.decode("utf-8", "replace")))
+            self._pending_positions[s] = q
+            return
+        tag = event.__struct_config__.tag  # type: ignore[attr-defined]
+        host_id = getattr(event, "host_id", None)
+        model_id = getattr(event, "model_id", None)
+        match event:
+            case HostHeartbeat():
+                for i, r in enumerate(event.residencies):
+                    rows["residencies"].append((s, q, i, t, event.host_id, r.model_id, r.state, r.memory_mb,
+                                                r.managed, r.active_requests))
+            case RequestCompleted() | RequestFailed():
+                self._feature(s, q, 0, t, event.features)
+                model_id = event.features.served_model or event.features.requested_model
+            case RequestBatch():
+                for i, f in enumerate(event.records):
+                    self._feature(s, q, i, t, f)
+            case PlanCreated():
+                rows["plans"].append((s, q, t, event.generation, event.planner_version, event.inputs_digest,
+                                      event.controller_term, bytes(event.plan).decode()))
+            case CommandIssued():
+                rows["commands"].append((s, q, t, "issued", event.action_id, event.kind, event.host_id,
+                                         event.model_id, event.controller_term, event.generation, event.reason))
+            case CommandWithdrawn():
+                rows["commands"].append((s, q, t, "withdrawn", event.action_id, None, event.host_id, None,
+                                         event.controller_term, event.generation, event.reason))
+            case ActionAck():
+                rows["acks"].append((s, q, t, event.host_id, event.action_id, event.status, event.kind,
+                                     event.model_id, event.duration_seconds, event.artifact_fetched, event.message))
+            case ProfileSet():
+                model_id = event.profile.model_id
+            case ProfileRemoved() | HostOverride() | HostRegistered() | ProtectionTransition():
+                pass
+        # Request payloads are summarised in request_features; keep the raw event small.
+        payload = "" if isinstance(event, RequestBatch) else msg.data.decode("utf-8", "replace")
+        rows["events"].append((s, q, msg.subject, t, tag, host_id, model_id, payload))
+        self._pending_positions[s] = q
+
+    def _feature(self, s: str, q: int, i: int, t: float, f: Any) -> None:
+        self._rows["request_features"].append((
+            s, q, i, t, f.finished_at, f.endpoint, f.requested_model, f.served_model, f.host_id, f.workload,
+            f.modality, f.input_units, f.output_units, f.service_seconds, f.queue_seconds, f.outcome,
+            f.status_code, f.auto,
+        ))
+
+    def pending_rows(self) -> int:
+        return sum(len(v) for v in self._rows.values())
+
+    # --- batch insert ----------------------------------------------------------------------
+
+    def flush(self) -> int:
+        if not self._pending_positions:
+            return 0
+        written = 0
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for table, rows in self._rows.items():
+                if not rows:
+                    continue
+                self._insert(table, rows)
+                written += len(rows)
+                rows.clear()
+            for stream, seq in self._pending_positions.items():
+                self.con.execute(
+                    "INSERT INTO sink_positions VALUES (?, ?) ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq",
+                    [stream, seq],
+                )
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        self._pending_positions.clear()
+        self.rows_written += written
+        return written
+
+    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        columns = TABLES[table][0]
+        names = [c for c, _ in columns]
+        path = self._tmpdir / f"{table}.ndjson"
+        with open(path, "wb") as f:
+            f.write(b"\n".join(_encoder.encode(dict(zip(names, r))) for r in rows))
+        spec = ", ".join(f"'{c}': '{ty}'" for c, ty in columns)
+        self.con.execute(
+            f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) SELECT {', '.join(names)} "
+            f"FROM read_json('{path}', format='newline_delimited', columns={{{spec}}})"
+        )
+
+    # --- driving ---------------------------------------------------------------------------
+
+    async def sync(self, log: EventLog, *, streams: tuple[str, ...] = ALL_STREAMS,
+                   progress: Callable[[int], None] | None = None) -> int:
+        """Catch up every stream from the stored position to the current end. Returns events read."""
+        positions = self.positions()
+        read = 0
+        for stream in streams:
+            async for msg in log.replay(stream, start_seq=positions.get(stream, 0) + 1):
+                self.add(msg)
+                read += 1
+                if self.pending_rows() >= self.batch_rows:
+                    self.flush()
+                    if progress is not None:
+                        progress(read)
+        self.flush()
+        return read
+
+    async def follow(self, log: EventLog, *, flush_seconds: float = 1.0) -> None:
+        """Follow all streams live, flushing by size or within `flush_seconds`, until cancelled."""
+        await self.sync(log)
+        positions = self.positions()
+        subs = [await log.subscribe(s, start_seq=positions.get(s, 0) + 1) for s in ALL_STREAMS]
+        queue: asyncio.Queue[StoredMessage] = asyncio.Queue(maxsize=100_000)
+
+        async def pump(sub: Any) -> None:
+            while True:
+                msg = await sub.next(timeout=None)
+                if msg is None:
+                    return
+                await queue.put(msg)
+
+        tasks = [asyncio.create_task(pump(s)) for s in subs]
+        try:
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), flush_seconds)
+                    self.add(msg)
+                    if self.pending_rows() >= self.batch_rows:
+                        self.flush()
+                except TimeoutError:
+                    self.flush()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for sub in subs:
+                await sub.close()
+            self.flush()
+
+    def close(self) -> None:
+        for p in self._tmpdir.glob("*"):
+            p.unlink(missing_ok=True)
+        try:
+            os.rmdir(self._tmpdir)
+        except OSError:
+            pass
