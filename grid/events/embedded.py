@@ -97,6 +97,8 @@ class EmbeddedNats:
 
     def start(self) -> "EmbeddedNats":
         binary = self.binary or find_nats_server()
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise EmbeddedNatsError(f"nats-server binary not found or not executable at {binary}")
         if self.requested_port is not None:
             if port_in_use(self.requested_port, self.host):
                 raise EmbeddedNatsError(

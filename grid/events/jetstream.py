@@ -372,9 +372,19 @@ class _DurableSubscription:
     async def ack(self, message: StoredMessage) -> None:
         msg = self._unacked.pop(message.seq, None)
         if msg is not None:
-            await msg.ack()
+            # Confirmed ack: the caller has finished its side effect and must know the server
+            # will not redeliver.
+            await msg.ack_sync(timeout=5)
 
     async def close(self) -> None:
+        # Closing without acking hands the messages back at once instead of after ack_wait.
+        for msg in [*self._unacked.values(), *self._buffer]:
+            try:
+                await msg.nak()
+            except nats.errors.Error:
+                pass
+        self._unacked.clear()
+        self._buffer.clear()
         try:
             await self._sub.unsubscribe()
         except nats.errors.Error:

