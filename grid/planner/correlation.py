@@ -77,7 +77,8 @@ def activity(demand: DemandState, now: float, models: Sequence[str]) -> Activity
         if series is None:
             continue
         mask = 0
-        for k, bk in series.buckets.items():
+        for bk in series.buckets:
+            k = bk.index
             if lo <= k <= hi and bk.count > 0:
                 mask |= 1 << (k - lo)
         if mask:
@@ -86,8 +87,8 @@ def activity(demand: DemandState, now: float, models: Sequence[str]) -> Activity
 
 
 def _ratio(demand: DemandState, source: str, target: str, support_mask: int, lo: int, shift: int) -> float:
-    src = demand.models[source].buckets
-    dst = demand.models[target].buckets
+    src = demand.models[source].by_index()
+    dst = demand.models[target].by_index()
     s_sum = 0
     t_sum = 0
     i = 0
@@ -146,8 +147,8 @@ def peak_rate(demand: DemandState, model: str, now: float) -> float:
     nb = int(now // demand.bucket_seconds)
     lo = nb - demand.max_buckets + 1
     peak = 0
-    for k, bk in series.buckets.items():
-        if lo <= k <= nb and bk.count > peak:
+    for bk in series.buckets:
+        if lo <= bk.index <= nb and bk.count > peak:
             peak = bk.count
     return peak / demand.bucket_seconds
 

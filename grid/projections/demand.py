@@ -24,6 +24,7 @@ on its inputs; the state is a msgspec Struct that encodes deterministically.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Container, Iterable
 from functools import lru_cache
@@ -52,6 +53,7 @@ _TIMED_OUTCOMES = frozenset({"ok", "timeout", "error"})
 
 
 class Bucket(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    index: int  # floor(receipt time / bucket_seconds)
     count: int = 0
     errors: int = 0
     pressure_errors: int = 0
@@ -60,14 +62,23 @@ class Bucket(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     queue_seconds: float = 0.0
     depth_sum: int = 0
     depth_max: int = 0
-    # latency bin -> requests (sparse, at most HIST_BINS entries)
-    hist: dict[int, int] = {}
+    # Latency histogram, dense from bin `hist_lo` (at most HIST_BINS entries).
+    hist_lo: int = 0
+    hist: list[int] = []
+
+    def bins(self) -> Iterable[tuple[int, int]]:
+        lo = self.hist_lo
+        return ((lo + i, n) for i, n in enumerate(self.hist) if n)
 
 
 class Series(msgspec.Struct, kw_only=True):
-    buckets: dict[int, Bucket] = {}
+    # Ascending by index, at most max_buckets entries.
+    buckets: list[Bucket] = []
     # Receipt time of the latest request: the demand watermark.
     last_seen: float | None = None
+
+    def by_index(self) -> dict[int, Bucket]:
+        return {bk.index: bk for bk in self.buckets}
 
 
 class DemandState(msgspec.Struct, kw_only=True):
@@ -117,7 +128,7 @@ def percentile_ms(buckets: Iterable[Bucket], q: float = 0.95) -> float | None:
     """Approximate request-level percentile over the merged histograms of ``buckets``."""
     merged: dict[int, int] = {}
     for bk in buckets:
-        for b, n in bk.hist.items():
+        for b, n in bk.bins():
             merged[b] = merged.get(b, 0) + n
     total = sum(merged.values())
     if total == 0:
@@ -129,6 +140,19 @@ def percentile_ms(buckets: Iterable[Bucket], q: float = 0.95) -> float | None:
         if seen >= rank:
             return bin_ms(b)
     return bin_ms(max(merged))  # pragma: no cover - unreachable
+
+
+def bucket_offered(bk: Bucket, bucket_seconds: float) -> float:
+    """Offered concurrency of one bucket: arrival rate x mean service time + mean queued work.
+
+    rate x mean service = (count / bucket) x (service_sum / service_n); requests without a
+    measured service time are charged the mean of those with one.
+    """
+    if bk.count == 0:
+        return 0.0
+    rate = bk.count / bucket_seconds
+    service = bk.service_sum / bk.service_n if bk.service_n else 0.0
+    return rate * service + bk.depth_sum / bk.count
 
 
 @lru_cache(maxsize=16)
@@ -148,18 +172,32 @@ def _advance(state: DemandState, b: int, configured: Container[str]) -> None:
                 del table[key]
                 continue
             bks = series.buckets
-            for k in [k for k in bks if k < cutoff]:
-                del bks[k]
+            drop = 0
+            while drop < len(bks) and bks[drop].index < cutoff:
+                drop += 1
+            if drop:
+                del bks[:drop]
             if not bks:
                 del table[key]
     outcomes_mod.prune(state.outcomes, configured)
 
 
+def _bucket_at(bks: list[Bucket], b: int) -> Bucket:
+    """The bucket with index ``b``, inserted in order when missing."""
+    i = bisect.bisect_left(bks, b, key=lambda bk: bk.index)
+    if i < len(bks) and bks[i].index == b:
+        return bks[i]
+    bk = Bucket(index=b)
+    bks.insert(i, bk)
+    return bk
+
+
 def _fold(series: Series, b: int, r, t: float) -> None:
     bks = series.buckets
-    bk = bks.get(b)
-    if bk is None:
-        bk = bks[b] = Bucket()
+    if bks and bks[-1].index == b:
+        bk = bks[-1]
+    else:
+        bk = _bucket_at(bks, b)
     bk.count += 1
     outcome = r.outcome
     if outcome != "ok" and outcome != "cancelled":
@@ -194,7 +232,18 @@ def _fold(series: Series, b: int, r, t: float) -> None:
             if hb >= HIST_BINS:
                 hb = HIST_BINS - 1
         hist = bk.hist
-        hist[hb] = hist.get(hb, 0) + 1
+        if not hist:
+            bk.hist_lo = hb
+            hist.append(1)
+        else:
+            i = hb - bk.hist_lo
+            if i < 0:
+                bk.hist = hist = [0] * (-i) + hist
+                bk.hist_lo = hb
+                i = 0
+            elif i >= len(hist):
+                hist.extend([0] * (i + 1 - len(hist)))
+            hist[i] += 1
     if series.last_seen is None or t > series.last_seen:
         series.last_seen = t
 

@@ -1,0 +1,612 @@
+"""Demand forecast: bounded demand history -> desired replicas per configured model.
+
+``forecast(demand, profiles, now, ...)`` is pure (explicit ``now``, sorted iteration, no I/O).
+Its ``targets`` feed ``PlannerInput.demand``; its ``models`` / ``workloads`` rows are what
+``gridctl status --json`` shows, each with its evidence and reason.
+
+Direct demand (named-model requests), per model:
+
+* rate: a bucketed EWMA (alpha 0.3) over the complete buckets since the series' first bucket in
+  the window; the current, incomplete bucket counts as ``count / max(elapsed, bucket/2)`` when
+  that is higher. ``observed_rate`` is this level.
+* trend: least-squares slope over the last six complete buckets. Only a positive slope is used
+  (negative trends never accelerate scale-down), confidence-weighted by the share of those
+  buckets that saw traffic. The forecast adds ``slope * max(bucket, lookahead) * confidence``
+  where lookahead is the fastest eligible load+warm path capped at five minutes, and the total
+  never exceeds 2x the observed level.
+* offered concurrency = forecast rate x measured service time (blended with the profile's
+  ``expected_service_seconds`` until eight measurements) + mean reported queue depth over the
+  current and previous bucket.
+* replicas = ceil(offered / (replica_concurrency x target_utilization)); queue (>= 0.5),
+  latency (approximate p95 above ``latency_slo_ms`` with >= 3 samples) or capacity-error
+  (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready set.
+* hysteresis: while the demand watermark (latest of the projection's ``last_seen`` and the
+  persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas (at
+  least one) stay desired.
+
+Workload demand (automatic traffic) is projected onto the best configured model by workload
+score adjusted with measured outcomes (:mod:`grid.planner.outcomes`). Admission needs three
+observations in the gate window, or >= 1.5 offered-concurrency units; crossing only the
+concurrency gate, without a fresh validated success of that model/workload/artifact and
+without direct demand, is weak evidence capped at a one-replica canary. The workload queue is
+not added to the model's projected concurrency (it has not been served by that model).
+
+Correlation (:mod:`grid.planner.correlation`) and affinity sequences
+(:mod:`grid.planner.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
+Everything is bounded by ``[min_replicas, max(max_replicas, min_replicas)]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from grid.events.control import ModelProfile
+from grid.planner import affinity as affinity_mod
+from grid.planner import correlation as correlation_mod
+from grid.planner import outcomes as outcomes_mod
+from grid.planner.affinity import SequenceEdge, SequencePrediction
+from grid.planner.correlation import CorrelationEdge
+from grid.planner.types import DemandTarget, Harm, TimingSample, Value
+from grid.projections.demand import Bucket, DemandState, Series, percentile_ms
+
+FORECAST_VERSION = "forecast-1"
+
+# Reason constants (joined with "+" in DemandTarget.reason / ModelForecast.reason).
+REASON_DIRECT = "direct_load"
+REASON_LOOKAHEAD = "rising_lookahead"
+REASON_QUEUE = "queue_pressure"
+REASON_LATENCY = "latency_pressure"
+REASON_ERRORS = "error_pressure"
+REASON_HOLD = "cooldown_hold"
+REASON_BASELINE = "min_replicas"
+REASON_MAX = "max_replicas"
+REASON_WORKLOAD = "workload"  # workload:<name>
+REASON_CANARY = "canary"
+REASON_CORRELATION = "correlation"  # correlation:<kind>:<source>
+REASON_SEQUENCE = "sequence"  # sequence:<src>-><dst>
+REASON_IDLE = "idle"
+REASON_RETIRED = "retired"
+
+# Workload admission reasons.
+GATE_OBSERVATIONS = "observations"
+GATE_CONCURRENCY = "concurrency"
+GATE_SEQUENCE = "sequence"
+WORKLOAD_BELOW_GATE = "below_evidence_gate"
+WORKLOAD_NO_CANDIDATE = "no_candidate"
+WORKLOAD_ADMITTED = "admitted"
+WORKLOAD_IDLE = "idle"
+
+MAX_CANDIDATES_SHOWN = 4
+
+
+class ForecastConfig(Value, frozen=True, kw_only=True):
+    ewma_alpha: float = 0.3
+    trend_buckets: int = 6
+    max_lookahead_seconds: float = 300.0
+    max_growth: float = 2.0
+    min_offered: float = 0.01
+    queue_pressure: float = 0.5
+    min_latency_samples: int = 3
+    error_pressure_ratio: float = 0.05
+    pressure_buckets: int = 2
+    evidence_observations: int = 3
+    evidence_concurrency: float = 1.5
+    gate_buckets: int = 15
+    service_prior_samples: float = 8.0
+    authoritative_timing_samples: int = 4
+
+
+class ModelForecast(Value, frozen=True, kw_only=True):
+    model_id: str
+    target: int = 0
+    evidence: str = ""  # baseline | direct | inferred | "" (nothing desired)
+    canary: bool = False
+    reason: str = REASON_IDLE
+    observed_rate: float = 0.0  # req/s, direct only (inferred demand never lands here)
+    ewma: float = 0.0
+    trend: float = 0.0  # raw least-squares slope, req/s per second (may be negative)
+    rate: float = 0.0  # forecast direct req/s including the positive trend / lookahead
+    lookahead_seconds: float = 0.0
+    service_seconds: float = 0.0
+    offered_concurrency: float = 0.0  # total used for the target
+    direct_offered: float = 0.0
+    workload_offered: float = 0.0
+    inferred_rate: float = 0.0
+    inferred_offered: float = 0.0
+    peak_rate: float = 0.0
+    p95_ms: float | None = None
+    latency_slo_ms: float | None = None
+    errors: int = 0
+    error_ratio: float = 0.0
+    queue: float = 0.0
+    requests: int = 0  # requests in the retained window
+    ready: int = 0
+    last_seen: float | None = None
+    hold_until: float | None = None
+    workloads: tuple[str, ...] = ()
+
+
+class Candidate(Value, frozen=True, kw_only=True):
+    model_id: str
+    suitability: float
+    score: float
+    confidence: float
+    quality_confidence: float
+    samples: float
+    quality_samples: float
+    bonus: float
+    validated: bool
+    ready: int = 0
+    service_age_seconds: float | None = None
+    quality_age_seconds: float | None = None
+
+
+class WorkloadForecast(Value, frozen=True, kw_only=True):
+    workload: str
+    status: str = WORKLOAD_IDLE
+    gate: str = ""
+    observations: int = 0
+    observed_rate: float = 0.0
+    rate: float = 0.0
+    trend: float = 0.0
+    service_seconds: float = 0.0
+    offered_concurrency: float = 0.0
+    projected_concurrency: float = 0.0  # offered without the unserved queue
+    queue: float = 0.0
+    errors: int = 0
+    p95_ms: float | None = None
+    model_id: str | None = None
+    replicas: int = 0
+    canary: bool = False
+    sequence_source: str | None = None
+    sequence_confidence: float = 0.0
+    candidates: tuple[Candidate, ...] = ()
+
+
+class Forecast(Value, frozen=True, kw_only=True):
+    version: str = FORECAST_VERSION
+    now: float
+    bucket_seconds: float
+    window_buckets: int
+    evidence_observations: int
+    evidence_concurrency: float
+    targets: tuple[DemandTarget, ...] = ()
+    models: tuple[ModelForecast, ...] = ()
+    workloads: tuple[WorkloadForecast, ...] = ()
+    correlations: tuple[CorrelationEdge, ...] = ()
+    sequences: tuple[SequenceEdge, ...] = ()
+    predictions: tuple[SequencePrediction, ...] = ()
+    ignored_requests: int = 0
+
+
+class _Stats(msgspec.Struct, kw_only=True):
+    observed: float = 0.0
+    ewma: float = 0.0
+    slope: float = 0.0
+    confidence: float = 0.0
+    rate: float = 0.0
+    lookahead: float = 0.0
+    lookahead_used: bool = False
+    service: float = 0.0
+    queue: float = 0.0
+    offered: float = 0.0
+    p95_ms: float | None = None
+    latency_samples: int = 0
+    errors: int = 0
+    pressure_errors: int = 0
+    recent: int = 0
+    requests: int = 0
+    observations: int = 0
+    peak_rate: float = 0.0
+
+
+def _finite(x: float, default: float = 0.0) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else default
+
+
+def _series_stats(
+    series: Series | None,
+    demand: DemandState,
+    now: float,
+    prior_service: float,
+    start_seconds: float,
+    cfg: ForecastConfig,
+) -> _Stats:
+    st = _Stats()
+    if series is None:
+        return st
+    bs = demand.bucket_seconds
+    nb = int(now // bs)
+    lo = nb - demand.max_buckets + 1
+    bks: dict[int, Bucket] = series.by_index()
+    keys = sorted(k for k in bks if lo <= k <= nb)
+    if not keys:
+        return st
+    first = keys[0]
+    rates = [(bks[k].count / bs if k in bks else 0.0) for k in range(first, nb)]
+    alpha = min(1.0, max(0.0, cfg.ewma_alpha))
+    ewma = 0.0
+    if rates:
+        ewma = rates[0]
+        for r in rates[1:]:
+            ewma += alpha * (r - ewma)
+    cur = bks.get(nb)
+    partial = 0.0
+    if cur is not None and cur.count:
+        elapsed = max(now - nb * bs, bs / 2.0)
+        partial = cur.count / elapsed
+    observed = max(ewma, partial)
+    # Trend over the last complete buckets.
+    pts = rates[-max(2, cfg.trend_buckets):]
+    slope = 0.0
+    conf = 0.0
+    if len(pts) >= 3:
+        n = len(pts)
+        mx = (n - 1) / 2.0
+        my = sum(pts) / n
+        den = sum((i - mx) ** 2 for i in range(n))
+        slope = sum((i - mx) * (y - my) for i, y in enumerate(pts)) / den / bs
+        conf = sum(1 for y in pts if y > 0) / max(n, cfg.trend_buckets)
+    pos = max(0.0, slope)
+    lookahead = min(max(0.0, start_seconds), cfg.max_lookahead_seconds)
+    trend_term = pos * bs * conf
+    look_term = pos * lookahead * conf
+    growth = min(observed * max(0.0, cfg.max_growth - 1.0), max(trend_term, look_term))
+    rate = observed + growth
+    # Service time and window totals.
+    s_sum = 0.0
+    s_n = 0
+    requests = 0
+    peak = 0
+    gate_lo = nb - max(1, cfg.gate_buckets) + 1
+    observations = 0
+    for k in keys:
+        bk = bks[k]
+        s_sum += bk.service_sum
+        s_n += bk.service_n
+        requests += bk.count
+        if bk.count > peak:
+            peak = bk.count
+        if k >= gate_lo:
+            observations += bk.count
+    if s_n and prior_service > 0:
+        w = min(1.0, s_n / max(1.0, cfg.service_prior_samples))
+        service = w * (s_sum / s_n) + (1.0 - w) * prior_service
+    elif s_n:
+        service = s_sum / s_n
+    else:
+        service = max(0.0, prior_service)
+    # Recent pressure: the current and previous bucket(s).
+    recent_keys = [k for k in keys if k > nb - max(1, cfg.pressure_buckets)]
+    recent = [bks[k] for k in recent_keys]
+    r_count = sum(b.count for b in recent)
+    depth = sum(b.depth_sum for b in recent)
+    queue = depth / r_count if r_count else 0.0
+    st.observed = observed
+    st.ewma = ewma
+    st.slope = slope
+    st.confidence = conf
+    st.rate = rate
+    st.lookahead = lookahead
+    st.lookahead_used = growth > 0.0 and look_term > trend_term
+    st.service = service
+    st.queue = queue
+    st.offered = rate * service + queue
+    st.p95_ms = percentile_ms(recent)
+    st.latency_samples = sum(sum(b.hist) for b in recent)
+    st.errors = sum(b.errors for b in recent)
+    st.pressure_errors = sum(b.pressure_errors for b in recent)
+    st.recent = r_count
+    st.requests = requests
+    st.observations = observations
+    st.peak_rate = peak / bs
+    return st
+
+
+def _capacity(p: ModelProfile) -> float:
+    util = _finite(p.target_utilization, 0.7)
+    util = min(1.0, max(0.05, util))
+    return max(1, p.replica_concurrency) * util
+
+
+def _replicas_for(offered: float, cap: float, cfg: ForecastConfig) -> int:
+    if not offered >= cfg.min_offered:
+        return 0
+    return max(1, math.ceil(offered / cap - 1e-9))
+
+
+def _start_seconds(
+    profiles: Sequence[ModelProfile],
+    fastest_start_seconds: Mapping[str, float],
+    timings: Sequence[TimingSample],
+    cfg: ForecastConfig,
+) -> dict[str, float]:
+    by_id = {p.model_id: p for p in profiles}
+    learned: dict[str, float] = {}
+    for s in timings:
+        p = by_id.get(s.model_id)
+        if p is None or s.samples < cfg.authoritative_timing_samples or s.artifact_sha256 != p.artifact_sha256:
+            continue
+        load = s.load_seconds if s.load_seconds is not None else p.load_seconds
+        warm = s.warm_seconds if s.warm_seconds is not None else p.warm_seconds
+        total = _finite(load, p.load_seconds) + _finite(warm, p.warm_seconds)
+        if total >= 0 and (s.model_id not in learned or total < learned[s.model_id]):
+            learned[s.model_id] = total
+    out: dict[str, float] = {}
+    for m, p in by_id.items():
+        given = fastest_start_seconds.get(m)
+        if given is not None and math.isfinite(given) and given >= 0:
+            out[m] = given
+        elif m in learned:
+            out[m] = learned[m]
+        else:
+            out[m] = max(0.0, _finite(p.load_seconds) + _finite(p.warm_seconds))
+    return out
+
+
+def _candidates(
+    demand: DemandState,
+    workload: str,
+    profiles: Sequence[ModelProfile],
+    now: float,
+    ready: Mapping[str, int],
+) -> list[tuple[Candidate, outcomes_mod.OutcomeView]]:
+    out = []
+    for p in profiles:
+        suit = outcomes_mod.suitability_points(p.workload_scores.get(workload, 0.0))
+        if suit <= 0.0 or max(p.max_replicas, p.min_replicas) <= 0:
+            continue
+        view = outcomes_mod.view(demand.outcomes, p.model_id, workload, p.artifact_sha256, now)
+        slo = p.latency_slo_ms / 1000.0 if p.latency_slo_ms else None
+        score = outcomes_mod.candidate_score(suit, view, slo_seconds=slo)
+        out.append((Candidate(
+            model_id=p.model_id, suitability=suit, score=score, confidence=view.confidence,
+            quality_confidence=view.quality_confidence, samples=view.samples,
+            quality_samples=view.quality_samples, bonus=view.bonus, validated=view.validated,
+            ready=max(0, int(ready.get(p.model_id, 0))),
+            service_age_seconds=view.service_age_seconds, quality_age_seconds=view.quality_age_seconds,
+        ), view))
+    # Best score first; a ready candidate wins an exact tie; model id is the final tie-break.
+    out.sort(key=lambda cv: (-cv[0].score, -(cv[0].ready > 0), cv[0].model_id))
+    return out
+
+
+class _WorkloadClaim(msgspec.Struct, kw_only=True):
+    offered: float = 0.0
+    canary: bool = True
+    workloads: list[str] = []
+    sequence_reasons: list[str] = []
+
+
+def forecast(
+    demand: DemandState,
+    profiles: Sequence[ModelProfile],
+    now: float,
+    *,
+    ready_replicas: Mapping[str, int] = {},
+    watermarks: Mapping[str, float] = {},
+    fastest_start_seconds: Mapping[str, float] = {},
+    timings: Sequence[TimingSample] = (),
+    retired: frozenset[str] | Sequence[str] = frozenset(),
+    config: ForecastConfig = ForecastConfig(),
+) -> Forecast:
+    """Desired replicas per configured, non-retired model at ``now`` (pure)."""
+    cfg = config
+    retired_set = frozenset(retired)
+    # One profile per id (the last given wins, deterministically by input order).
+    by_id: dict[str, ModelProfile] = {}
+    for p in profiles:
+        if p.model_id not in retired_set:
+            by_id[p.model_id] = p
+    live = [by_id[m] for m in sorted(by_id)]
+    starts = _start_seconds(live, fastest_start_seconds, timings, cfg)
+    bs = demand.bucket_seconds
+    nb = int(now // bs)
+
+    # 1. Direct demand per model.
+    stats: dict[str, _Stats] = {}
+    for p in live:
+        prior = _finite(p.expected_service_seconds, 2.0)
+        stats[p.model_id] = _series_stats(demand.models.get(p.model_id), demand, now, prior, starts[p.model_id], cfg)
+
+    # 2. Workload demand projected onto configured models.
+    claims: dict[str, _WorkloadClaim] = {}
+    workload_rows: list[WorkloadForecast] = []
+    seq_preds = affinity_mod.predictions(demand.affinity, now)
+    pred_by_target: dict[str, SequencePrediction] = {}
+    for pr in seq_preds:
+        old = pred_by_target.get(pr.target)
+        if old is None or (pr.expected, pr.confidence) > (old.expected, old.confidence):
+            pred_by_target[pr.target] = pr
+    for w in demand.vocabulary:
+        series = demand.workloads.get(w)
+        pred = pred_by_target.get(w)
+        if series is None and pred is None:
+            continue
+        ranked = _candidates(demand, w, live, now, ready_replicas)
+        best = ranked[0] if ranked else None
+        prior = _finite(by_id[best[0].model_id].expected_service_seconds, 2.0) if best else 0.0
+        st = _series_stats(series, demand, now, prior, starts[best[0].model_id] if best else 0.0, cfg)
+        row = dict(
+            workload=w, observations=st.observations, observed_rate=st.observed, rate=st.rate,
+            trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,
+            projected_concurrency=st.rate * st.service, queue=st.queue, errors=st.errors,
+            p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
+        )
+        gate = ""
+        if st.observations >= cfg.evidence_observations and st.offered >= cfg.min_offered:
+            gate = GATE_OBSERVATIONS
+        elif st.offered >= cfg.evidence_concurrency:
+            gate = GATE_CONCURRENCY
+        elif pred is not None:
+            gate = GATE_SEQUENCE
+        if not gate:
+            workload_rows.append(WorkloadForecast(status=WORKLOAD_BELOW_GATE if st.requests else WORKLOAD_IDLE, **row))
+            continue
+        if best is None:
+            workload_rows.append(WorkloadForecast(status=WORKLOAD_NO_CANDIDATE, gate=gate, **row))
+            continue
+        cand, view = best
+        p = by_id[cand.model_id]
+        cap = _capacity(p)
+        projected = st.rate * st.service if gate != GATE_SEQUENCE else 0.0
+        canary = gate != GATE_OBSERVATIONS and not view.validated
+        replicas = 1 if canary else max(1, _replicas_for(projected, cap, cfg))
+        claim = claims.get(cand.model_id)
+        if claim is None:
+            claim = claims[cand.model_id] = _WorkloadClaim(workloads=[], sequence_reasons=[])
+        claim.offered += projected
+        claim.canary = claim.canary and canary
+        claim.workloads.append(w)
+        if gate == GATE_SEQUENCE and pred is not None:
+            claim.sequence_reasons.append(f"{REASON_SEQUENCE}:{pred.source}->{pred.target}@{pred.confidence:.2f}")
+        workload_rows.append(WorkloadForecast(
+            status=WORKLOAD_ADMITTED, gate=gate, model_id=cand.model_id, replicas=replicas, canary=canary,
+            sequence_source=pred.source if (pred is not None and gate == GATE_SEQUENCE) else None,
+            sequence_confidence=pred.confidence if (pred is not None and gate == GATE_SEQUENCE) else 0.0,
+            **row,
+        ))
+
+    # 3. Correlation: quiet targets inferred from models with direct current demand.
+    source_rates: dict[str, float] = {}
+    quiet: list[str] = []
+    for p in live:
+        m = p.model_id
+        st = stats[m]
+        if st.recent > 0 and st.observed > 0:
+            source_rates[m] = st.observed
+        elif max(p.max_replicas, p.min_replicas) > 0:
+            quiet.append(m)
+    inferred, considered = correlation_mod.infer(demand, now, source_rates, quiet)
+
+    # 4. Combine per model.
+    targets: list[DemandTarget] = []
+    rows: list[ModelForecast] = []
+    for p in live:
+        m = p.model_id
+        st = stats[m]
+        cap = _capacity(p)
+        ready = max(0, int(ready_replicas.get(m, 0)))
+        reasons: list[str] = []
+        # Direct.
+        direct_need = _replicas_for(st.offered, cap, cfg)
+        if direct_need:
+            reasons.append(REASON_DIRECT)
+            if st.lookahead_used:
+                reasons.append(REASON_LOOKAHEAD)
+        pressure = False
+        if st.recent and st.queue >= cfg.queue_pressure:
+            reasons.append(REASON_QUEUE)
+            pressure = True
+        slo = p.latency_slo_ms
+        latency_ratio = 0.0
+        if slo and slo > 0 and st.p95_ms is not None:
+            latency_ratio = st.p95_ms / slo
+            if st.latency_samples >= cfg.min_latency_samples and st.p95_ms > slo:
+                reasons.append(REASON_LATENCY)
+                pressure = True
+        error_ratio = st.errors / st.recent if st.recent else 0.0
+        if st.pressure_errors and st.pressure_errors / st.recent >= cfg.error_pressure_ratio:
+            reasons.append(REASON_ERRORS)
+            pressure = True
+        if pressure:
+            direct_need = max(direct_need, ready + 1)
+        last_seen = demand.models[m].last_seen if m in demand.models else None
+        wm = watermarks.get(m)
+        if wm is not None and math.isfinite(wm) and (last_seen is None or wm > last_seen):
+            last_seen = wm
+        hold_until = None
+        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
+        if last_seen is not None and now - last_seen <= cooldown:
+            hold_until = last_seen + cooldown
+            hold = max(ready, 1)
+            if hold > direct_need:
+                direct_need = hold
+                reasons.append(REASON_HOLD)
+        # Workload and inferred.
+        claim = claims.get(m)
+        inf = inferred.get(m)
+        inf_offered = inf.rate * st.service if inf is not None else 0.0
+        inf_need = max(1, _replicas_for(inf_offered, cap, cfg)) if inf is not None else 0
+        wl_offered = claim.offered if claim is not None else 0.0
+        evidence = ""
+        canary = False
+        offered = 0.0
+        if direct_need:
+            offered = st.offered + wl_offered
+            replicas = max(direct_need, _replicas_for(offered, cap, cfg))
+            evidence = "direct"
+            if claim is not None:
+                reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
+        elif claim is not None or inf is not None:
+            wl_need = 0
+            if claim is not None:
+                wl_need = 1 if claim.canary else max(1, _replicas_for(wl_offered, cap, cfg))
+                reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
+                reasons.extend(claim.sequence_reasons)
+            if inf is not None:
+                reasons.append(f"{REASON_CORRELATION}:{inf.kind}:{inf.source}")
+            replicas = max(wl_need, inf_need)
+            offered = wl_offered + inf_offered
+            evidence = "inferred"
+            canary = claim is not None and claim.canary and inf_need <= 1
+            if canary:
+                replicas = 1
+                reasons.append(REASON_CANARY)
+        else:
+            replicas = 0
+        if p.min_replicas > 0 and p.min_replicas >= replicas:
+            replicas = p.min_replicas
+            evidence = "baseline"
+            canary = False
+            reasons.append(REASON_BASELINE)
+        hi = max(p.max_replicas, p.min_replicas, 0)
+        if replicas > hi:
+            replicas = hi
+            reasons.append(REASON_MAX)
+        if replicas <= 0:
+            replicas = 0
+            evidence = ""
+            canary = False
+        reason = "+".join(reasons) if reasons else REASON_IDLE
+        direct_evidence = evidence in ("direct", "baseline")
+        harm = Harm(
+            queue=st.queue if direct_evidence else 0.0,
+            latency_ratio=latency_ratio if direct_evidence else 0.0,
+            errors=float(st.errors) if direct_evidence else 0.0,
+            concurrency=max(0.0, offered),
+            rate=st.observed if direct_evidence else 0.0,
+        )
+        if replicas > 0:
+            targets.append(DemandTarget(
+                model_id=m, replicas=replicas, evidence=evidence, harm=harm,  # type: ignore[arg-type]
+                offered_concurrency=max(0.0, offered), canary=canary, reason=reason,
+            ))
+        rows.append(ModelForecast(
+            model_id=m, target=replicas, evidence=evidence, canary=canary, reason=reason,
+            observed_rate=st.observed, ewma=st.ewma, trend=st.slope, rate=st.rate,
+            lookahead_seconds=st.lookahead, service_seconds=st.service,
+            offered_concurrency=max(0.0, offered), direct_offered=st.offered, workload_offered=wl_offered,
+            inferred_rate=inf.rate if inf is not None else 0.0, inferred_offered=inf_offered,
+            peak_rate=st.peak_rate, p95_ms=st.p95_ms, latency_slo_ms=slo, errors=st.errors,
+            error_ratio=error_ratio, queue=st.queue, requests=st.requests, ready=ready,
+            last_seen=last_seen, hold_until=hold_until,
+            workloads=tuple(claim.workloads) if claim is not None else (),
+        ))
+    return Forecast(
+        now=now,
+        bucket_seconds=bs,
+        window_buckets=demand.max_buckets,
+        evidence_observations=cfg.evidence_observations,
+        evidence_concurrency=cfg.evidence_concurrency,
+        targets=tuple(targets),
+        models=tuple(rows),
+        workloads=tuple(workload_rows),
+        correlations=considered,
+        sequences=affinity_mod.edges(demand.affinity, now),
+        predictions=seq_preds,
+        ignored_requests=demand.ignored,
+    )
