@@ -21,8 +21,11 @@ Direct demand (named-model requests), per model:
   latency (approximate p95 above ``latency_slo_ms`` with >= 3 samples) or capacity-error
   (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready set.
 * hysteresis: while the demand watermark (latest of the projection's ``last_seen`` and the
-  persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas (at
-  least one) stay desired.
+  persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas that
+  demand justified during that window (at least one) stay desired; with only a watermark and
+  no bucket history (a controller restart) every ready replica stays desired. Direct demand
+  whose watermark is older than the cooldown (or one bucket) desires nothing: a decaying
+  EWMA tail never keeps a model loaded past its cooldown.
 
 Workload demand (automatic traffic) is projected onto the best configured model by workload
 score adjusted with measured outcomes (:mod:`grid.planner.outcomes`). Admission needs three
@@ -374,6 +377,31 @@ def _candidates(
     return out
 
 
+def _peak_need(
+    series: Series | None, demand: DemandState, now: float, window: float, service: float,
+    cap: float, cfg: ForecastConfig,
+) -> int | None:
+    """Largest replica need of any bucket overlapping ``[now - window, now]``.
+
+    None when the projection holds no bucket in that window (e.g. only a persisted watermark
+    after a restart): the caller then keeps every ready replica.
+    """
+    if series is None:
+        return None
+    bs = demand.bucket_seconds
+    nb = int(now // bs)
+    peak: int | None = None
+    for bk in series.buckets:
+        k = bk.index
+        if k > nb or (k + 1) * bs <= now - window or not bk.count:
+            continue
+        duration = bs if k < nb else max(now - k * bs, bs / 2.0)
+        offered = bk.count / duration * service + bk.depth_sum / bk.count
+        need = _replicas_for(offered, cap, cfg)
+        peak = need if peak is None else max(peak, need)
+    return peak
+
+
 class _WorkloadClaim(msgspec.Struct, kw_only=True):
     offered: float = 0.0
     canary: bool = True
@@ -491,8 +519,17 @@ def forecast(
         cap = _capacity(p)
         ready = max(0, int(ready_replicas.get(m, 0)))
         reasons: list[str] = []
+        # Staleness: direct demand older than the cooldown no longer desires anything.
+        series = demand.models.get(m)
+        last_seen = series.last_seen if series is not None else None
+        wm = watermarks.get(m)
+        if wm is not None and math.isfinite(wm) and (last_seen is None or wm > last_seen):
+            last_seen = wm
+        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
+        fresh = last_seen is not None and now - last_seen <= max(cooldown, bs)
+        direct_offered = st.offered if fresh else 0.0
         # Direct.
-        direct_need = _replicas_for(st.offered, cap, cfg)
+        direct_need = _replicas_for(direct_offered, cap, cfg)
         if direct_need:
             reasons.append(REASON_DIRECT)
             if st.lookahead_used:
@@ -514,15 +551,14 @@ def forecast(
             pressure = True
         if pressure:
             direct_need = max(direct_need, ready + 1)
-        last_seen = demand.models[m].last_seen if m in demand.models else None
-        wm = watermarks.get(m)
-        if wm is not None and math.isfinite(wm) and (last_seen is None or wm > last_seen):
-            last_seen = wm
+        # Hysteresis: within the cooldown after the last demand, ready replicas that demand
+        # justified during the cooldown window stay desired (at least one: a quiet minute or
+        # a controller restart never unloads a model that was just used).
         hold_until = None
-        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
         if last_seen is not None and now - last_seen <= cooldown:
             hold_until = last_seen + cooldown
-            hold = max(ready, 1)
+            peak = _peak_need(series, demand, now, cooldown, st.service, cap, cfg)
+            hold = max(1, ready if peak is None else min(ready, peak))
             if hold > direct_need:
                 direct_need = hold
                 reasons.append(REASON_HOLD)
@@ -536,7 +572,7 @@ def forecast(
         canary = False
         offered = 0.0
         if direct_need:
-            offered = st.offered + wl_offered
+            offered = direct_offered + wl_offered
             replicas = max(direct_need, _replicas_for(offered, cap, cfg))
             evidence = "direct"
             if claim is not None:
@@ -589,7 +625,7 @@ def forecast(
             model_id=m, target=replicas, evidence=evidence, canary=canary, reason=reason,
             observed_rate=st.observed, ewma=st.ewma, trend=st.slope, rate=st.rate,
             lookahead_seconds=st.lookahead, service_seconds=st.service,
-            offered_concurrency=max(0.0, offered), direct_offered=st.offered, workload_offered=wl_offered,
+            offered_concurrency=max(0.0, offered), direct_offered=direct_offered, workload_offered=wl_offered,
             inferred_rate=inf.rate if inf is not None else 0.0, inferred_offered=inf_offered,
             peak_rate=st.peak_rate, p95_ms=st.p95_ms, latency_slo_ms=slo, errors=st.errors,
             error_ratio=error_ratio, queue=st.queue, requests=st.requests, ready=ready,
