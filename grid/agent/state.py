@@ -50,6 +50,11 @@ class ResidencyRecord(msgspec.Struct, kw_only=True):
     last_used_at: float | None = None
     action_id: str = ""
     note: str = ""
+    # Written before the spawn: the exact argv and the wall time the spawn began. They let a
+    # restart complete the ownership proof of a child whose PID or birth marker was not yet
+    # persisted when the agent died (exact argv + born after the spawn began).
+    spawn_argv: tuple[str, ...] | None = None
+    spawn_started_at: float | None = None
 
 
 class Receipt(msgspec.Struct, kw_only=True):
@@ -92,6 +97,8 @@ class AgentState(msgspec.Struct, kw_only=True):
     residencies: dict[str, ResidencyRecord] = {}
     protection_state: str = "accepting"
     protection_reason: str = ""
+    protection_sensor_state: str = "accepting"
+    protection_sensor_reason: str = ""
     protection_since: float = 0.0
 
     def receipt(self, action_id: str) -> Receipt | None:

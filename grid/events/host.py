@@ -93,6 +93,8 @@ class HostHeartbeat(Event, frozen=True, kw_only=True, tag="host.heartbeat.v1"):
     # Highest controller term this agent has durably accepted (fencing visibility).
     highest_term: int = 0
     schema_version: int = 1
+    # Bounded operator-visible warnings (e.g. a corrupt state file was quarantined at start).
+    warnings: tuple[str, ...] = ()
 
 
 class ProtectionTransition(Event, frozen=True, kw_only=True, tag="host.protection.v1"):

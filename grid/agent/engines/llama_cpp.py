@@ -275,3 +275,46 @@ def rss_mb(pid: int) -> int:
         return int(psutil.Process(pid).memory_info().rss // (1024 * 1024))
     except (psutil.Error, OSError):
         return 0
+
+
+def _born_after(proc: psutil.Process, started_at: float) -> bool:
+    # create_time has ~10 ms resolution; allow a little slack below the recorded spawn start.
+    return proc.create_time() >= started_at - 1.0
+
+
+def complete_proof(
+    proof: ProcessProof | None,
+    *,
+    port: int | None,
+    spawn_argv: tuple[str, ...] | None,
+    spawn_started_at: float | None,
+) -> ProcessProof | None:
+    """Finish an ownership proof the agent could not persist before it died.
+
+    A process qualifies only if its argv is exactly the argv we persisted before spawning and
+    it was born after the spawn began. Without those, nothing is inferred (fail closed).
+    """
+    if proof is not None and proof.create_time is not None and proof.exe and proof.cmdline:
+        return proof
+    if spawn_argv is None or spawn_started_at is None or port is None:
+        return proof
+    candidates: list[psutil.Process]
+    if proof is not None:
+        try:
+            candidates = [psutil.Process(proof.pid)]
+        except psutil.Error:
+            return proof
+    else:
+        candidates = list(psutil.process_iter())
+    for proc in candidates:
+        try:
+            with proc.oneshot():
+                if tuple(proc.cmdline()) != tuple(spawn_argv) or not _born_after(proc, spawn_started_at):
+                    continue
+                return ProcessProof(
+                    pid=proc.pid, port=port, exe=proc.exe(), cmdline=tuple(proc.cmdline()),
+                    create_time=proc.create_time(),
+                )
+        except (psutil.Error, OSError):
+            continue
+    return proof

