@@ -241,19 +241,26 @@ class JetStreamLog:
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
             return
         sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
+        # Iterate the subscription's queue directly: next_msg() spawns a task per message, which
+        # costs more than decoding and folding the event.
+        messages = sub.messages.__aiter__()
+        pending = sub._pending_queue
         try:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=self._timeout)
-                except nats.errors.TimeoutError:
-                    return  # nothing (more) in the window, e.g. a start time after the last message
-                seq, ts, pending = parse_js_reply(msg.reply)
+                if pending.empty():
+                    try:
+                        msg = await asyncio.wait_for(messages.__anext__(), self._timeout)
+                    except (TimeoutError, StopAsyncIteration):
+                        return  # nothing (more) in the window, e.g. a start time after the last message
+                else:
+                    msg = await messages.__anext__()
+                seq, ts, _ = parse_js_reply(msg.reply)
                 if seq > stop or (end_time is not None and ts > end_time):
                     return
                 headers = msg.headers
                 yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
                                     headers.get("Nats-Msg-Id") if headers else None)
-                if seq >= stop or pending == 0 and seq >= stop:
+                if seq >= stop:
                     return
         finally:
             await sub.unsubscribe()
