@@ -1,0 +1,1 @@
+"""The controller: pure reconciler, mutation governor, lease, service loop and admin API."""
