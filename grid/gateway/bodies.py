@@ -1,0 +1,145 @@
+"""Typed views of OpenAI request bodies: only the fields the gateway needs, strictly typed.
+
+Unknown fields are skipped (the raw body goes upstream unchanged). Malformed JSON, wrong
+types, a non-object body and pathological nesting all become a `BodyError` (-> 400), never an
+exception escaping to a 500. Text is extracted only for the classifier and dropped with the
+request; nothing here is retained.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from grid.planner.workload import CHARS_PER_UNIT, SCAN_CHARS
+
+MAX_MODEL_ID_CHARS = 256
+MAX_TOKENS_BOUND = 10_000_000
+
+
+class _Part(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str = "user"
+    content: str | list[_Part] | None = None
+
+
+class ChatBody(msgspec.Struct):
+    model: str
+    messages: list[_Message]
+    stream: bool | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+_PromptItem = Union[str, int, list[int]]
+
+
+class CompletionBody(msgspec.Struct):
+    model: str
+    prompt: str | list[_PromptItem] | None = None
+    stream: bool | None = None
+    max_tokens: int | None = None
+
+
+class EmbeddingBody(msgspec.Struct):
+    model: str
+    input: str | list[_PromptItem]
+
+
+BODY_TYPES: dict[str, type] = {"chat": ChatBody, "completions": CompletionBody, "embeddings": EmbeddingBody}
+_DECODERS = {k: msgspec.json.Decoder(t) for k, t in BODY_TYPES.items()}
+
+
+class BodyError(msgspec.Struct, frozen=True):
+    message: str
+    param: str | None = None
+    code: str = "invalid_request_body"
+
+
+class Parsed(msgspec.Struct, frozen=True):
+    model: str
+    stream: bool
+    max_tokens: int | None
+    text_head: str  # at most SCAN_CHARS characters, for the classifier only
+    input_units: int
+
+
+def _text_units(pieces: list[str]) -> tuple[str, int]:
+    total = 0
+    head: list[str] = []
+    head_len = 0
+    for p in pieces:
+        total += len(p)
+        if head_len < SCAN_CHARS:
+            take = p[: SCAN_CHARS - head_len]
+            head.append(take)
+            head_len += len(take) + 1
+    units = (total + CHARS_PER_UNIT - 1) // CHARS_PER_UNIT if total else 0
+    return "\n".join(head)[:SCAN_CHARS], units
+
+
+def parse(kind: str, body: bytes) -> Parsed | BodyError:
+    try:
+        value = _DECODERS[kind].decode(body)
+    except msgspec.ValidationError as exc:
+        return BodyError(f"Invalid request body: {_short(exc)}")
+    except msgspec.DecodeError:
+        return BodyError("Request body is not valid JSON.", code="invalid_json")
+    except RecursionError:
+        return BodyError("Request body is nested too deeply.", code="invalid_json")
+    model = value.model
+    if not model or len(model) > MAX_MODEL_ID_CHARS or not model.isprintable():
+        return BodyError("'model' must be a printable model id of at most 256 characters.", param="model")
+    pieces: list[str] = []
+    stream = False
+    max_tokens: int | None = None
+    if isinstance(value, ChatBody):
+        if not value.messages:
+            return BodyError("'messages' must be a non-empty array.", param="messages")
+        for m in value.messages:
+            c = m.content
+            if isinstance(c, str):
+                pieces.append(c)
+            elif c:
+                pieces.extend(p.text for p in c if p.text)
+        stream = bool(value.stream)
+        max_tokens = value.max_completion_tokens if value.max_completion_tokens is not None else value.max_tokens
+    elif isinstance(value, CompletionBody):
+        p = value.prompt
+        if isinstance(p, str):
+            pieces.append(p)
+        elif p:
+            pieces.extend(x for x in p if isinstance(x, str))
+        stream = bool(value.stream)
+        max_tokens = value.max_tokens
+    else:
+        i = value.input
+        if isinstance(i, str):
+            pieces.append(i)
+        else:
+            pieces.extend(x for x in i if isinstance(x, str))
+    if max_tokens is not None and not (0 < max_tokens <= MAX_TOKENS_BOUND):
+        max_tokens = None  # not a usable hint; the engine validates the field itself
+    head, units = _text_units(pieces)
+    return Parsed(model=model, stream=stream, max_tokens=max_tokens, text_head=head, input_units=units)
+
+
+def _short(exc: Exception) -> str:
+    # msgspec messages name the field path and expected type, never the offending value.
+    return str(exc)[:200]
+
+
+class _ModelOnly(msgspec.Struct):
+    model: str
+
+
+def replace_model(body: bytes, model: str) -> bytes:
+    """The same body with "model" replaced (used only for model "auto")."""
+    fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    fields["model"] = msgspec.Raw(msgspec.json.encode(model))
+    return msgspec.json.encode(fields)

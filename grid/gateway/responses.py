@@ -1,0 +1,111 @@
+"""Minimal ASGI responses for the proxy hot path.
+
+`RawResponse` sends a complete body with pre-built raw headers. `ProxyStream` relays an
+upstream httpx stream chunk by chunk without buffering; it watches the client connection and,
+when the client goes away, stops reading upstream at once (closing that connection), instead
+of silently draining a generation nobody will read. `on_done(outcome)` runs exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+STREAM_OK = "ok"
+STREAM_CLIENT_GONE = "cancelled"
+STREAM_UPSTREAM_BROKEN = "upstream_error"
+STREAM_UPSTREAM_TIMEOUT = "upstream_timeout"
+
+
+class RawResponse:
+    __slots__ = ("status_code", "headers", "body")
+
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.body = body
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = self.headers + [(b"content-length", str(len(self.body)).encode())]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+class ProxyStream:
+    __slots__ = ("status_code", "headers", "upstream", "on_chunk", "on_done")
+
+    def __init__(
+        self,
+        status_code: int,
+        headers: list[tuple[bytes, bytes]],
+        upstream: httpx.Response,
+        on_chunk: Callable[[bytes], None],
+        on_done: Callable[[str], None],
+    ) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.upstream = upstream
+        self.on_chunk = on_chunk
+        self.on_done = on_done
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+        pumping = True
+
+        async def watch() -> None:
+            nonlocal gone
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+            if pumping:
+                gone = True
+                task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        outcome = STREAM_OK
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+            on_chunk = self.on_chunk
+            async for chunk in self.upstream.aiter_raw():
+                on_chunk(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            pumping = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            pumping = False
+            outcome = STREAM_CLIENT_GONE
+            if not gone:
+                raise  # a real shutdown: let it propagate
+            task.uncancel()
+        except httpx.TimeoutException:
+            pumping = False
+            outcome = STREAM_UPSTREAM_TIMEOUT
+            await self._end(send)
+        except httpx.HTTPError:
+            pumping = False
+            outcome = STREAM_UPSTREAM_BROKEN
+            await self._end(send)
+        except OSError:
+            pumping = False
+            outcome = STREAM_CLIENT_GONE
+        finally:
+            pumping = False
+            watcher.cancel()
+            try:
+                await self.upstream.aclose()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail; nothing to do
+                pass
+            self.on_done(outcome)
+
+    @staticmethod
+    async def _end(send: Any) -> None:
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # noqa: BLE001 - the client may be gone too
+            pass

@@ -1,0 +1,485 @@
+"""HTTP handlers: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /gateway/*.
+
+The proxy path, in order: client key -> affinity header (hashed at once) -> bounded body ->
+typed parse (400 on anything hostile) -> workload classification (text dropped right after) ->
+model resolution (`auto` picks the best ready model for the workload) -> pure route choice
+(waiting a bounded time for a free slot when every ready route is full) -> one upstream POST
+with the engine key (never replayed) -> pass-through response -> breaker, measurements,
+counters and one telemetry record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from grid.events.requests import RequestFeatures
+from grid.gateway import bodies, errors, routing
+from grid.gateway.affinity import HEADER as AFFINITY_HEADER
+from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
+from grid.gateway.app import Gateway
+from grid.gateway.breaker import OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
+from grid.gateway.responses import (
+    STREAM_CLIENT_GONE,
+    STREAM_OK,
+    STREAM_UPSTREAM_TIMEOUT,
+    ProxyStream,
+    RawResponse,
+)
+from grid.gateway.sse import UsageParser, completion_tokens_of
+from grid.gateway.upstream import response_headers
+from grid.planner.workload import classify
+
+_AFFINITY = AFFINITY_HEADER.encode()
+_JSON = [(b"content-type", b"application/json")]
+MAX_UPSTREAM_ERROR_BYTES = 1 << 20
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+
+
+class _ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    object: str = "model"
+    owned_by: str = "grid"
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelCard]
+    object: str = "list"
+
+
+class _UpstreamError(msgspec.Struct):
+    error: dict[str, Any]
+
+
+_json = msgspec.json.Encoder()
+_upstream_error = msgspec.json.Decoder(_UpstreamError)
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def _authorized(gw: Gateway, request: Request) -> bool:
+    if not gw.api_keys.required:
+        return True
+    for k, v in request.scope["headers"]:
+        if k == b"authorization":
+            return gw.api_keys.check(v.decode("latin-1"))
+    return False
+
+
+# --- discovery -----------------------------------------------------------------------------------
+
+
+def _cards(gw: Gateway, now: float) -> list[_ModelCard]:
+    table = gw.table(now)
+    cards = []
+    for model_id in routing.ready_models(table, now, gw.policy):
+        loaded = [c.loaded_at for c in table[model_id] if c.loaded_at is not None and c.state == "ready"]
+        cards.append(_ModelCard(id=model_id, created=int(min(loaded)) if loaded else 0))
+    return cards
+
+
+async def list_models(request: Request) -> Any:
+    gw = _gateway(request)
+    if not _authorized(gw, request):
+        return errors.unauthorized()
+    return RawResponse(200, list(_JSON), _json.encode(_ModelList(data=_cards(gw, gw.clock.now()))))
+
+
+async def get_model(request: Request) -> Any:
+    gw = _gateway(request)
+    if not _authorized(gw, request):
+        return errors.unauthorized()
+    model_id = request.path_params["model_id"]
+    for card in _cards(gw, gw.clock.now()):
+        if card.id == model_id:
+            return RawResponse(200, list(_JSON), _json.encode(card))
+    return errors.model_not_found(model_id)
+
+
+async def stats(request: Request) -> Any:
+    gw = _gateway(request)
+    if not _authorized(gw, request):
+        return errors.unauthorized()
+    return RawResponse(200, list(_JSON), _json.encode(gw.stats()))
+
+
+async def health(request: Request) -> Any:
+    gw = _gateway(request)
+    body = {"status": "ok" if gw.started else "starting", "ready_models": len(gw.ready_models(gw.clock.now()))}
+    return RawResponse(200 if gw.started else 503, list(_JSON), _json.encode(body))
+
+
+# --- proxy ---------------------------------------------------------------------------------------
+
+
+async def _read_body(request: Request, limit: int, declared: bytes | None) -> bytes | Response:
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            return errors.bad_request("Invalid Content-Length header.")
+        if size > limit:
+            return _too_large(limit)
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                return _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        return errors.bad_request("The client disconnected while sending the body.")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> Response:
+    return errors.error_response(
+        413, f"Request body exceeds the {limit} byte limit.", errors.INVALID_REQUEST, errors.CODE_BODY_TOO_LARGE
+    )
+
+
+def _upstream_url(endpoint: str, path: str) -> str:
+    base = endpoint.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base + path
+
+
+class _Ctx:
+    """What one request needs to write its telemetry record (no text, no raw key)."""
+
+    __slots__ = ("kind", "requested", "served", "auto", "workload", "units", "affinity", "stream",
+                 "queue_seconds", "queue_depth", "route")
+
+    def __init__(self, kind: str, requested: str, auto: bool, workload: str, units: int,
+                 affinity: bytes | None, stream: bool) -> None:
+        self.kind = kind
+        self.requested = requested
+        self.served: str | None = None
+        self.auto = auto
+        self.workload = workload
+        self.units = units
+        self.affinity = affinity
+        self.stream = stream
+        self.queue_seconds = 0.0
+        self.queue_depth = 0
+        self.route: routing.Candidate | None = None
+
+
+def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float, output_units: int = 0) -> None:
+    route = ctx.route
+    gw.telemetry.put(RequestFeatures(
+        endpoint=ctx.kind,
+        requested_model=ctx.requested,
+        served_model=ctx.served,
+        host_id=None if route is None else route.host_id,
+        input_units=ctx.units,
+        output_units=output_units,
+        workload=ctx.workload,
+        service_seconds=round(max(0.0, service), 6),
+        queue_seconds=round(ctx.queue_seconds, 6),
+        queue_depth=ctx.queue_depth,
+        outcome=outcome,  # type: ignore[arg-type]
+        status_code=status,
+        finished_at=gw.clock.now(),
+        auto=ctx.auto,
+        affinity=telemetry_hash(ctx.affinity) if (ctx.auto and ctx.affinity is not None) else None,
+        artifact_sha256=None if route is None else route.artifact_sha256,
+        streamed=ctx.stream,
+    ))
+
+
+def _unavailable(gw: Gateway, ctx: _Ctx, status: int, message: str, code: str, retry_after: float) -> Response:
+    gw.counters["unavailable"] += 1
+    _record(gw, ctx, outcome="unavailable", status=status, service=0.0)
+    return errors.error_response(status, message, errors.UNAVAILABLE, code, retry_after=retry_after)
+
+
+async def _proxy(request: Request, kind: str) -> Any:
+    gw = _gateway(request)
+    gw.counters["requests"] += 1
+    authorization = declared = accept = affinity_raw = None
+    for k, v in request.scope["headers"]:
+        if k == b"authorization":
+            authorization = v
+        elif k == b"content-length":
+            declared = v
+        elif k == b"accept":
+            accept = v
+        elif k == _AFFINITY:
+            affinity_raw = v
+    if gw.api_keys.required and not gw.api_keys.check(None if authorization is None else authorization.decode("latin-1")):
+        gw.counters["unauthorized"] += 1
+        return errors.unauthorized()
+    affinity = parse_affinity_key(affinity_raw)
+    del affinity_raw
+    if isinstance(affinity, AffinityError):
+        gw.counters["bad_request"] += 1
+        return errors.bad_request(affinity.message, code=errors.CODE_INVALID_AFFINITY)
+    body = await _read_body(request, gw.settings.max_body_bytes, declared)
+    if not isinstance(body, bytes):
+        gw.counters["bad_request"] += 1
+        return body
+    parsed = bodies.parse(kind, body)
+    if isinstance(parsed, bodies.BodyError):
+        gw.counters["bad_request"] += 1
+        return errors.bad_request(parsed.message, code=parsed.code, param=parsed.param)
+    workload = classify(kind, parsed.text_head, "text").workload
+
+    now = gw.clock.now()
+    table = gw.table(now)
+    profiles = gw.profiles
+    model = parsed.model
+    auto = model == "auto" and "auto" not in table and "auto" not in profiles
+    ctx = _Ctx(kind, model, auto, workload, parsed.input_units, affinity, parsed.stream)
+    if auto:
+        target = routing.auto_model(workload, profiles, gw.ready_models(now))
+        if target is None:
+            return _unavailable(
+                gw, ctx, 503, f"No ready model serves the '{workload}' workload yet; demand was recorded.",
+                errors.CODE_NO_READY_REPLICA, routing.auto_retry_after(workload, profiles),
+            )
+        try:
+            body = bodies.replace_model(body, target)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return errors.bad_request("Request body is not valid JSON.", code=errors.CODE_INVALID_JSON)
+    else:
+        target = model
+        if target not in table and target not in profiles:
+            gw.counters["unknown_model"] += 1
+            return errors.model_not_found(target)
+    ctx.served = target
+    profile = profiles.get(target)
+    prior = profile.expected_service_seconds if profile is not None else None
+
+    # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
+    started_wait: float | None = None
+    while True:
+        decision = routing.choose(
+            table.get(target, ()),
+            now=now,
+            measurements=gw.measurements.view(),  # type: ignore[arg-type]
+            blocked=gw.breakers.blocked(now),
+            proxy_active=gw.active,
+            affinity=affinity,
+            max_tokens=parsed.max_tokens,
+            prior_latency_seconds=prior,
+            policy=gw.policy,
+        )
+        if decision.route is not None or decision.reason != routing.REASON_AT_CAPACITY:
+            break
+        mono = time.monotonic()
+        if started_wait is None:
+            started_wait = mono
+            ctx.queue_depth = gw.waiters
+        remaining = started_wait + gw.settings.queue_timeout_seconds - mono
+        if remaining <= 0 or gw.waiters >= gw.settings.max_waiters:
+            break
+        await gw.wait_for_change(min(remaining, 1.0))
+        now = gw.clock.now()
+        table = gw.table(now)
+    if started_wait is not None:
+        ctx.queue_seconds = time.monotonic() - started_wait
+
+    route = decision.route
+    if route is None:
+        if decision.reason == routing.REASON_AT_CAPACITY:
+            return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is at its concurrency limit.",
+                                errors.CODE_AT_CAPACITY, 1.0)
+        if decision.reason == routing.REASON_CIRCUIT_OPEN:
+            return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
+                                errors.CODE_CIRCUIT_OPEN,
+                                gw.breakers.retry_after(list(decision.circuit_blocked), now))
+        retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
+            else gw.settings.unavailable_retry_seconds
+        return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
+                            errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
+
+    return await _forward(gw, ctx, route, kind, body, accept, parsed.stream, now)
+
+
+async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, body: bytes,
+                   accept: bytes | None, stream: bool, now: float) -> Any:
+    ctx.route = route
+    key = route.key
+    model = route.model_id
+    breakers = gw.breakers
+    breakers.acquire(key, now)
+    gw.acquire(key, model, now)
+    client = gw.client
+    assert client is not None and route.endpoint is not None
+    released = False
+
+    def done(outcome: str, status: int, service: float, output_units: int = 0) -> None:
+        nonlocal released
+        if not released:
+            released = True
+            gw.release(key, model, gw.clock.now())
+        _record(gw, ctx, outcome=outcome, status=status, service=service, output_units=output_units)
+
+    t0 = time.perf_counter()
+    try:
+        req = client.build_request(
+            "POST",
+            _upstream_url(route.endpoint, PATHS[kind]),
+            content=body,
+            headers=[
+                (b"content-type", b"application/json"),
+                (b"accept", accept or b"*/*"),
+                (b"accept-encoding", b"identity"),
+                (b"authorization", gw.engine_keys.authorization(route.host_id)),
+            ],
+        )
+        upstream = await client.send(req, stream=True)
+    except httpx.TimeoutException:
+        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
+        done("timeout", 504, time.perf_counter() - t0)
+        return errors.error_response(504, "The engine did not answer in time.", errors.SERVER_ERROR,
+                                     errors.CODE_UPSTREAM_TIMEOUT)
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
+        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
+        done("error", 502, time.perf_counter() - t0)
+        return errors.error_response(502, "The engine could not be reached.", errors.SERVER_ERROR,
+                                     errors.CODE_UPSTREAM_ERROR)
+    except BaseException:
+        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
+        done("cancelled", 499, time.perf_counter() - t0)
+        raise
+
+    status = upstream.status_code
+    breaker_outcome = classify_status(status)
+    breakers.record(key, breaker_outcome, gw.clock.now())
+    ok = 200 <= status < 300
+
+    if stream and ok:
+        parser = UsageParser()
+
+        def on_done(outcome: str) -> None:
+            latency = time.perf_counter() - t0
+            end = gw.clock.now()
+            if outcome == STREAM_OK:
+                parser.close()
+                gw.measurements.observe(key, route.artifact_sha256, latency, parser.completion_tokens, end)
+                done("ok", status, latency, parser.completion_tokens or 0)
+            elif outcome == STREAM_CLIENT_GONE:
+                done("cancelled", 499, latency, parser.completion_tokens or 0)
+            else:
+                breakers.record(key, OUTCOME_FAILURE, end)
+                done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
+
+        return ProxyStream(status, response_headers(upstream), upstream, parser.feed, on_done)
+
+    try:
+        content = await _read_bounded(upstream, None if ok else MAX_UPSTREAM_ERROR_BYTES)
+    except httpx.HTTPError:
+        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
+        done("error", 502, time.perf_counter() - t0)
+        return errors.error_response(502, "The engine connection broke during the response.",
+                                     errors.SERVER_ERROR, errors.CODE_UPSTREAM_ERROR)
+    except BaseException:
+        done("cancelled", 499, time.perf_counter() - t0)
+        raise
+    finally:
+        await upstream.aclose()
+    latency = time.perf_counter() - t0
+    if ok:
+        tokens = completion_tokens_of(content) if b'"usage"' in content else None
+        gw.measurements.observe(key, route.artifact_sha256, latency, tokens, gw.clock.now())
+        done("ok", status, latency, tokens or 0)
+        return RawResponse(status, response_headers(upstream), content)
+    return _upstream_failure(gw, status, content, latency, done)
+
+
+async def _read_bounded(upstream: httpx.Response, limit: int | None) -> bytes:
+    if limit is None:
+        return await upstream.aread()
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in upstream.aiter_raw():
+        total += len(chunk)
+        if total > limit:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, done: Any) -> Response:
+    """Map an engine's non-2xx answer to what the client sees (never the engine's internals)."""
+    if status == 429:
+        done("rejected", 429, latency)
+        return errors.error_response(429, "The engine is rate limiting; retry shortly.", errors.RATE_LIMIT,
+                                     "rate_limit_exceeded", retry_after=1.0)
+    if status in (401, 403):
+        done("error", 502, latency)
+        return errors.error_response(502, "The engine refused Grid's engine key.", errors.SERVER_ERROR,
+                                     errors.CODE_UPSTREAM_ERROR)
+    if status >= 500:
+        code = 503 if status == 503 else 502
+        done("error", code, latency)
+        return errors.error_response(code, f"The engine failed (HTTP {status}).", errors.SERVER_ERROR,
+                                     errors.CODE_UPSTREAM_ERROR, retry_after=1.0 if code == 503 else None)
+    # A caller-caused 4xx: pass the engine's OpenAI-shaped explanation through.
+    done("rejected", status, latency)
+    try:
+        _upstream_error.decode(content)
+        return Response(content, status_code=status, media_type="application/json")
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
+                                     errors.INVALID_REQUEST, "upstream_rejected")
+
+
+async def chat_completions(request: Request) -> Any:
+    return await _proxy(request, "chat")
+
+
+async def completions(request: Request) -> Any:
+    return await _proxy(request, "completions")
+
+
+async def embeddings(request: Request) -> Any:
+    return await _proxy(request, "embeddings")
+
+
+def build_routes() -> list[Route]:
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/gateway/stats", stats, methods=["GET"]),
+        Route("/gateway/health", health, methods=["GET"]),
+    ]
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return errors.error_response(405, "Method not allowed.", errors.INVALID_REQUEST,
+                                     errors.CODE_METHOD_NOT_ALLOWED)
+    if exc.status_code == 404:
+        return errors.error_response(404, "Not found.", errors.NOT_FOUND, errors.CODE_NOT_FOUND)
+    return errors.error_response(exc.status_code, str(exc.detail)[:200], errors.INVALID_REQUEST, None)
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    import structlog
+
+    structlog.get_logger(__name__).error("gateway internal error", error=type(exc).__name__)
+    return errors.error_response(500, "Internal gateway error.", errors.SERVER_ERROR, errors.CODE_INTERNAL)
+
+
+def exception_handlers() -> dict[Any, Any]:
+    return {HTTPException: _http_exception, Exception: _internal}

@@ -1,0 +1,320 @@
+"""Pure request routing: HostSnapshots + private measurements + breaker state + now -> a route.
+
+The order of the gates is written once, in `choose`:
+
+1. eligibility (hard): a READY residency with an endpoint, on a host whose effective state is
+   accepting or throttled, with a heartbeat that is neither stale nor implausibly in the
+   future. Draining residencies and fenced hosts never receive new requests (invariant 4);
+   requests already running on them are not touched by this module.
+2. admission (hard): zero advertised capacity is closed; active requests (the larger of the
+   proxy-owned counter and the heartbeat's) must stay below the effective concurrency
+   (a throttled host advertises only its throttle fraction of it); an open circuit is closed.
+3. protection class: accepting hosts before throttled ones.
+4. expected completion: the request's service wave (active + queued work over concurrency)
+   times a latency estimate blended from this route's confidence/freshness-weighted EWMA
+   toward the comparable routes' median (or the prior), with a max_tokens throughput bound.
+   Then load fraction, then heartbeat freshness (clamped at zero age), then the engine name.
+5. affinity: with a hashed X-Grid-Affinity-Key, rendezvous hashing among routes of the best
+   class whose expected completion is within 20% of the best.
+
+No wall clock, no randomness: the same inputs give the same choice. O(replicas) per request
+(plus a median over the replicas that have measurements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from grid.events.control import ModelProfile
+from grid.gateway.affinity import rendezvous_pick
+from grid.gateway.measure import RouteMeasurement
+from grid.planner.types import HostSnapshot
+
+RouteKey = tuple[str, str, str]  # (host_id, endpoint, model_id)
+
+ROUTABLE_HOST_STATES: tuple[str, ...] = ("accepting", "throttled")
+PROTECTION_RANK: dict[str, int] = {"accepting": 0, "throttled": 1}
+
+# Decision reasons
+ROUTED = "routed"
+REASON_NO_READY = "no_ready_replica"
+REASON_AT_CAPACITY = "at_capacity"
+REASON_CIRCUIT_OPEN = "circuit_open"
+REASON_CLOSED = "zero_capacity"
+# Per-candidate exclusion reasons
+EXCLUDED_NOT_READY = "residency_not_ready"
+EXCLUDED_DRAINING = "residency_draining"
+EXCLUDED_HOST_FENCED = "host_not_accepting"
+EXCLUDED_NO_ENDPOINT = "no_endpoint"
+EXCLUDED_NO_HEARTBEAT = "no_heartbeat"
+EXCLUDED_STALE = "heartbeat_stale"
+EXCLUDED_FUTURE = "heartbeat_in_future"
+
+TEXT_WORKLOADS = frozenset({"coding", "research", "marketing", "sales", "design", "general"})
+DEFAULT_AUTO_RETRY_SECONDS = 30.0
+MAX_AUTO_RETRY_SECONDS = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPolicy:
+    heartbeat_timeout_seconds: float = 30.0
+    future_skew_seconds: float = 5.0
+    affinity_slack: float = 0.20
+    default_latency_seconds: float = 1.0
+
+
+DEFAULT_POLICY = RoutingPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    key: RouteKey
+    host_id: str
+    model_id: str
+    endpoint: str | None
+    state: str  # residency state
+    host_state: str
+    heartbeat_at: float | None
+    active_requests: int = 0
+    max_concurrency: int | None = None
+    throttle_fraction: float = 0.5
+    queue_depth: int = 0
+    artifact_sha256: str | None = None
+    loaded_at: float | None = None
+    last_used_at: float | None = None
+
+    @property
+    def engine(self) -> str:
+        """Stable engine name used for rendezvous hashing and display."""
+        return f"{self.host_id}|{self.endpoint or ''}"
+
+
+def build_table(snapshots: Iterable[HostSnapshot]) -> dict[str, tuple[Candidate, ...]]:
+    """Every residency of every host, grouped by model (sorted: deterministic)."""
+    by_model: dict[str, list[Candidate]] = {}
+    for snap in snapshots:
+        throttle = snap.resources.throttle_fraction
+        queue = snap.load.queue_depth
+        for r in snap.residencies:
+            c = Candidate(
+                key=(snap.host_id, r.endpoint or "", r.model_id),
+                host_id=snap.host_id,
+                model_id=r.model_id,
+                endpoint=r.endpoint,
+                state=r.state,
+                host_state=snap.state,
+                heartbeat_at=snap.heartbeat_at,
+                active_requests=max(0, r.active_requests),
+                max_concurrency=r.max_concurrency,
+                throttle_fraction=throttle,
+                queue_depth=max(0, queue),
+                artifact_sha256=r.artifact_sha256,
+                loaded_at=r.loaded_at,
+                last_used_at=r.last_used_at,
+            )
+            by_model.setdefault(r.model_id, []).append(c)
+    return {m: tuple(sorted(cs, key=lambda c: c.key)) for m, cs in sorted(by_model.items())}
+
+
+def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> str | None:
+    """Why `c` may not take new requests at `now`, or None when it is eligible."""
+    if c.state != "ready":
+        return EXCLUDED_DRAINING if c.state == "draining" else EXCLUDED_NOT_READY
+    if c.host_state not in PROTECTION_RANK:
+        return EXCLUDED_HOST_FENCED
+    if not c.endpoint:
+        return EXCLUDED_NO_ENDPOINT
+    if c.heartbeat_at is None:
+        return EXCLUDED_NO_HEARTBEAT
+    if c.heartbeat_at > now + policy.future_skew_seconds:
+        return EXCLUDED_FUTURE
+    if now - c.heartbeat_at > policy.heartbeat_timeout_seconds:
+        return EXCLUDED_STALE
+    return None
+
+
+def eligible(candidates: Iterable[Candidate], now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> list[Candidate]:
+    return [c for c in candidates if exclusion(c, now, policy) is None]
+
+
+def ready_models(
+    table: Mapping[str, Sequence[Candidate]], now: float, policy: RoutingPolicy = DEFAULT_POLICY
+) -> list[str]:
+    """Admitted READY model ids (the /v1/models identity list), sorted."""
+    return [m for m in sorted(table) if any(exclusion(c, now, policy) is None for c in table[m])]
+
+
+def effective_concurrency(c: Candidate) -> int | None:
+    """None: capacity unknown (conservative raw load). 0: closed."""
+    mc = c.max_concurrency
+    if mc is None:
+        return None
+    if mc <= 0:
+        return 0
+    if c.host_state == "throttled":
+        return max(1, int(mc * max(0.0, min(1.0, c.throttle_fraction))))
+    return mc
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    candidate: Candidate
+    rank: int
+    expected_seconds: float
+    load: float
+    age: float
+    active: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Candidate | None
+    reason: str
+    expected_seconds: float = 0.0
+    # How many routes were eligible / admissible (for stats and error messages).
+    eligible: int = 0
+    admissible: int = 0
+    # Routes that were only refused by their circuit (for Retry-After).
+    circuit_blocked: tuple[RouteKey, ...] = ()
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def _own(m: RouteMeasurement | None, c: Candidate, now: float) -> tuple[float, float, float, float]:
+    """(latency, latency weight, tokens/s, tokens/s weight) bound to the artifact revision."""
+    if m is None or m.artifact_sha256 != c.artifact_sha256:
+        return 0.0, 0.0, 0.0, 0.0
+    return m.latency.value, m.latency.weight(now), m.tokens_per_second.value, m.tokens_per_second.weight(now)
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    *,
+    now: float,
+    measurements: Mapping[RouteKey, RouteMeasurement] | None = None,
+    blocked: Collection[RouteKey] = (),
+    proxy_active: Mapping[RouteKey, int] | None = None,
+    affinity: bytes | None = None,
+    max_tokens: int | None = None,
+    prior_latency_seconds: float | None = None,
+    policy: RoutingPolicy = DEFAULT_POLICY,
+) -> Decision:
+    measurements = measurements or {}
+    proxy_active = proxy_active or {}
+    elig = eligible(candidates, now, policy)
+    if not elig:
+        return Decision(None, REASON_NO_READY)
+
+    # Evidence for the blend: every eligible route of this model (other models never count).
+    own: dict[RouteKey, tuple[float, float, float, float]] = {}
+    lat_peers: list[float] = []
+    tps_peers: list[float] = []
+    for c in elig:
+        o = _own(measurements.get(c.key), c, now)
+        own[c.key] = o
+        if o[1] > 0.0:
+            lat_peers.append(o[0])
+        if o[3] > 0.0 and o[2] > 0.0:
+            tps_peers.append(o[2])
+    prior = prior_latency_seconds if prior_latency_seconds and prior_latency_seconds > 0 else policy.default_latency_seconds
+    lat_fallback = _median(lat_peers)
+    if lat_fallback is None:
+        lat_fallback = prior
+    tps_fallback = _median(tps_peers)
+    tokens = max_tokens if max_tokens is not None and 0 < max_tokens <= 10_000_000 else None
+
+    scored: list[Scored] = []
+    full = closed = 0
+    circuit: list[RouteKey] = []
+    for c in elig:
+        conc = effective_concurrency(c)
+        if conc == 0:
+            closed += 1
+            continue
+        active = max(c.active_requests, proxy_active.get(c.key, 0))
+        if conc is not None and active >= conc:
+            full += 1
+            continue
+        if c.key in blocked:
+            circuit.append(c.key)
+            continue
+        lat, lat_w, tps, tps_w = own[c.key]
+        lat_est = lat_w * lat + (1.0 - lat_w) * lat_fallback
+        per_request = lat_est
+        if tokens is not None:
+            if tps_fallback is not None:
+                tps_est = tps_w * tps + (1.0 - tps_w) * tps_fallback
+            else:
+                tps_est = tps if tps_w > 0.0 else 0.0
+            if tps_est > 0.0:
+                per_request = max(per_request, tokens / tps_est)
+        width = conc if conc is not None else 1
+        wave = (active + c.queue_depth) // width + 1
+        load = active / conc if conc is not None else float(active)
+        hb = c.heartbeat_at if c.heartbeat_at is not None else now
+        scored.append(Scored(c, PROTECTION_RANK[c.host_state], wave * per_request, load, max(0.0, now - hb), active))
+
+    if not scored:
+        if full:
+            return Decision(None, REASON_AT_CAPACITY, eligible=len(elig), circuit_blocked=tuple(circuit))
+        if circuit:
+            return Decision(None, REASON_CIRCUIT_OPEN, eligible=len(elig), circuit_blocked=tuple(circuit))
+        return Decision(None, REASON_CLOSED, eligible=len(elig))
+
+    best_rank = min(s.rank for s in scored)
+    tier = [s for s in scored if s.rank == best_rank]
+    best = min(tier, key=lambda s: (s.expected_seconds, s.load, s.age, s.candidate.engine))
+    if affinity is not None and len(tier) > 1:
+        limit = best.expected_seconds * (1.0 + policy.affinity_slack) + 1e-12
+        near = [s for s in tier if s.expected_seconds <= limit]
+        best = rendezvous_pick(affinity, near, lambda s: s.candidate.engine)
+    return Decision(best.candidate, ROUTED, best.expected_seconds, eligible=len(elig), admissible=len(scored))
+
+
+# --- model "auto" ----------------------------------------------------------------------------
+
+
+def auto_model(
+    workload: str,
+    profiles: Mapping[str, ModelProfile],
+    ready: Collection[str],
+) -> str | None:
+    """The best ready model for a workload by profile workload_scores (ties: model id).
+
+    Models scoring the workload come first; a text workload may fall back to a model that
+    scores "general". A model without a positive relevant score is never chosen.
+    """
+    best: tuple[float, float, str] | None = None
+    for model_id in sorted(ready):
+        profile = profiles.get(model_id)
+        if profile is None:
+            continue
+        scores = profile.workload_scores
+        direct = float(scores.get(workload, 0.0))
+        general = float(scores.get("general", 0.0)) if workload in TEXT_WORKLOADS else 0.0
+        if direct <= 0.0 and general <= 0.0:
+            continue
+        key = (-direct, -general, model_id) if direct > 0.0 else (1.0, -general, model_id)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]
+
+
+def auto_retry_after(workload: str, profiles: Mapping[str, ModelProfile]) -> float:
+    """An honest Retry-After for an unavailable workload: the quickest configured cold start."""
+    waits = [
+        p.load_seconds + p.warm_seconds
+        for _, p in sorted(profiles.items())
+        if float(p.workload_scores.get(workload, 0.0)) > 0.0
+    ]
+    if not waits:
+        return DEFAULT_AUTO_RETRY_SECONDS
+    return max(1.0, min(MAX_AUTO_RETRY_SECONDS, min(waits)))
