@@ -14,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(events_app, name="events")
+__import__("grid.cli.history", fromlist=["register"]).register(app)  # gridctl replay, gridctl history
 
 
 @app.command("version")

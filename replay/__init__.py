@@ -1,0 +1,41 @@
+"""Replay: extract a window of the log, re-run recorded plans with a chosen planner, diff them.
+
+    from replay import LogSource, FileSource, DuckDBSource, Window, replay_window, write_result
+
+The package sits beside ``grid`` (it reads the log and the analytics store; it never writes
+the log). ``gridctl replay`` and ``gridctl history`` are its command-line face.
+"""
+
+from replay.diff import Difference, diff_plans
+from replay.extract import DuckDBSource, FileSource, LogSource, Source, SourceError, Window
+from replay.rerun import (
+    DEFAULT_PLANNER,
+    ControllerNotReady,
+    PlannerPathError,
+    PlanOutcome,
+    ReplayResult,
+    Summary,
+    load_planner,
+    replay_window,
+)
+from replay.store import write_result
+
+__all__ = [
+    "DEFAULT_PLANNER",
+    "ControllerNotReady",
+    "Difference",
+    "DuckDBSource",
+    "FileSource",
+    "LogSource",
+    "PlanOutcome",
+    "PlannerPathError",
+    "ReplayResult",
+    "Source",
+    "SourceError",
+    "Summary",
+    "Window",
+    "diff_plans",
+    "load_planner",
+    "replay_window",
+    "write_result",
+]

@@ -1,0 +1,490 @@
+"""Re-run recorded plans: fold the log exactly as the controller did, plan again, compare.
+
+For every recorded plan (PlanCreated) in order, the projections are advanced, stream by stream
+in the runner's catch-up order, to the plan's ``based_on`` positions; the planner input is
+rebuilt from those states with the controller's own builder and the plan's recorded ``now``;
+its digest is checked against the recorded ``inputs_digest``; the chosen planner runs and its
+encoded plan is compared with the recorded bytes. Folding stops at each plan's positions (the
+controller catches up to the log's end before each tick), so folds that read other
+projections see the same cross-stream prefix the controller saw.
+
+Folding is strict: a malformed event raises ``ReplayError`` naming its stream and sequence. An
+unknown ``--planner`` path raises ``PlannerPathError`` naming the path, before anything is read.
+The result is a value; writing it to DuckDB is ``replay.store``'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from grid.events import codec
+from grid.events.codec import EventDecodeError
+from grid.events.plan import PlanCreated
+from grid.events.subjects import PLANS_STREAM
+from grid.planner.types import Plan, PlannerInput
+from grid.projections.runner import CORE_PROJECTIONS, STREAM_ORDER, ProjectionRunner, ProjectionSpec, ReplayError
+from replay.diff import Difference, diff_plans
+from replay.extract import Source, StreamReader, Window, read_range
+
+DEFAULT_PLANNER = "grid.planner.plan:plan"
+
+STATUS_IDENTICAL = "identical"  # the re-run's encoded plan equals the recorded bytes
+STATUS_EQUIVALENT = "equivalent"  # same placements, preemptions and shortfalls; other bytes differ
+STATUS_DIFFERING = "differing"  # at least one decision differs
+
+# (projection states, the recorded plan) -> the planner input, exactly as the controller builds it.
+InputBuilder = Callable[[Mapping[str, Any], PlanCreated], PlannerInput]
+
+
+class PlannerPathError(ValueError):
+    """A --planner path that does not name an importable callable."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"planner {path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class ControllerNotReady(RuntimeError):
+    """The controller's input builder (grid.controller.inputs) is not installed."""
+
+
+# --- the planner under test -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannerRef:
+    path: str
+    func: Callable[[PlannerInput], Any]
+    version: str | None
+    encode: Callable[[Any], bytes]
+
+
+def _installed_plan_module() -> Any | None:
+    try:
+        return importlib.import_module("grid.planner.plan")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("grid.planner.plan",):
+            return None
+        raise
+
+
+def encode_plan(plan: Any) -> bytes:
+    """Encode a plan the way the controller records it (the installed planner's encoder)."""
+    if isinstance(plan, (bytes, bytearray, memoryview)):
+        return bytes(plan)
+    module = _installed_plan_module()
+    encoder = getattr(module, "encode_plan", None) if module is not None else None
+    return encoder(plan) if encoder is not None else codec.encode_value(plan)
+
+
+def decode_plan(data: bytes) -> Plan:
+    module = _installed_plan_module()
+    decoder = getattr(module, "decode_plan", None) if module is not None else None
+    if decoder is not None:
+        return decoder(data)  # type: ignore[no-any-return]
+    return msgspec.json.decode(data, type=Plan)
+
+
+def _import_path(path: str, module_part: str) -> Any:
+    if module_part.endswith(".py") or "/" in module_part:
+        file = Path(module_part)
+        if not file.is_file():
+            raise PlannerPathError(path, f"file {module_part} does not exist")
+        name = f"_grid_replay_planner_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise PlannerPathError(path, f"cannot load {module_part} as a module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise PlannerPathError(path, f"importing {module_part} failed: {exc!r}") from exc
+        return module
+    try:
+        return importlib.import_module(module_part)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_part == exc.name or module_part.startswith(exc.name + ".")):
+            raise PlannerPathError(path, f"no module named {exc.name!r}") from exc
+        raise PlannerPathError(path, f"importing {module_part} failed: {exc}") from exc
+    except Exception as exc:
+        raise PlannerPathError(path, f"importing {module_part} failed: {exc!r}") from exc
+
+
+def load_planner(path: str | None = None) -> PlannerRef:
+    """Resolve ``module:function`` (or ``file.py:function``); default the installed planner.
+
+    Without a path this is the planner the controller would run now: grid.planner.plan when it is
+    installed, else the controller's own fallback (grid.controller.inputs.planner()).
+    """
+    if not path:
+        path = DEFAULT_PLANNER
+        if _installed_plan_module() is None:
+            try:
+                from grid.controller import inputs as controller_inputs
+
+                fn = controller_inputs.planner()[0]
+                path = f"{fn.__module__}:{fn.__qualname__}"
+            except (ImportError, AttributeError):
+                pass
+    path = path.strip()
+    module_part, sep, attr = path.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise PlannerPathError(path, "expected module:function (e.g. grid.planner.plan:plan)")
+    module = _import_path(path, module_part)
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PlannerPathError(path, f"module {module_part} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise PlannerPathError(path, f"{attr} in {module_part} is not callable")
+    version = getattr(module, "PLANNER_VERSION", None)
+    encoder = getattr(module, "encode_plan", None)
+    return PlannerRef(path, obj, None if version is None else str(version), encoder or encode_plan)
+
+
+# --- the controller's view --------------------------------------------------------------------
+
+
+def controller_hooks() -> tuple[tuple[ProjectionSpec, ...], InputBuilder]:
+    """The projection specs and the input builder the controller itself uses."""
+    try:
+        from grid.controller import inputs as controller_inputs
+    except ModuleNotFoundError as exc:
+        raise ControllerNotReady(
+            "grid.controller.inputs is not installed: replay rebuilds planner inputs with the controller's builder"
+        ) from exc
+    specs = tuple(getattr(controller_inputs, "PROJECTIONS", CORE_PROJECTIONS))
+    build = controller_inputs.build_planner_input
+
+    def builder(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
+        return build(states, plan.now)
+
+    return specs, builder
+
+
+def inputs_digest(planner_input: PlannerInput) -> str:
+    """The digest the controller records: the planner's own, else sha256 of the encoding."""
+    try:
+        digest_mod = importlib.import_module("grid.planner.digest")
+    except ModuleNotFoundError as exc:
+        if exc.name != "grid.planner.digest":
+            raise
+        digest_mod = None
+    fn = getattr(digest_mod, "inputs_digest", None) if digest_mod is not None else None
+    if fn is not None:
+        return fn(planner_input)  # type: ignore[no-any-return]
+    return hashlib.sha256(codec.encode_value(planner_input)).hexdigest()
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+class PlanOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    plan_seq: int
+    time: float
+    generation: str
+    recorded_version: str
+    replayed_version: str
+    recorded_digest: str
+    replayed_digest: str
+    digest_match: bool
+    status: str
+    differences: tuple[Difference, ...] = ()
+    plan_seconds: float = 0.0
+
+
+class Summary(msgspec.Struct, frozen=True, kw_only=True):
+    plans_compared: int
+    identical: int
+    equivalent: int
+    differing: int
+    digest_mismatches: int
+
+
+class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    source: str
+    source_detail: str
+    window: Window
+    planner: str
+    planner_version: str | None
+    started_at: float
+    finished_at: float
+    events_folded: int
+    plans: tuple[PlanOutcome, ...]
+    summary: Summary
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def reproduced(self) -> bool:
+        """Every compared plan reproduced byte for byte from matching inputs."""
+        return self.summary.identical == self.summary.plans_compared and self.summary.digest_mismatches == 0
+
+
+def summarise(plans: Sequence[PlanOutcome]) -> Summary:
+    return Summary(
+        plans_compared=len(plans),
+        identical=sum(p.status == STATUS_IDENTICAL for p in plans),
+        equivalent=sum(p.status == STATUS_EQUIVALENT for p in plans),
+        differing=sum(p.status == STATUS_DIFFERING for p in plans),
+        digest_mismatches=sum(not p.digest_match for p in plans),
+    )
+
+
+class Progress:
+    """Callbacks a caller (the CLI's progress bar) may pass; every method is optional."""
+
+    def start(self, events_total: int, plans_total: int) -> None:  # pragma: no cover - interface
+        pass
+
+    def advance(self, events: int = 0, plans: int = 0) -> None:  # pragma: no cover - interface
+        pass
+
+
+# --- the replay -------------------------------------------------------------------------------
+
+
+def _decode_plan_event(msg: Any) -> PlanCreated:
+    try:
+        event = codec.decode(msg.data)
+    except EventDecodeError as exc:
+        raise ReplayError(msg.stream, msg.seq, exc.reason) from exc
+    if not isinstance(event, PlanCreated):
+        raise ReplayError(msg.stream, msg.seq, f"expected a plan, found {type(event).__name__}")
+    return event
+
+
+class _Folder:
+    """A strict runner plus one forward-only reader per stream it folds."""
+
+    def __init__(self, source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
+                 progress: Progress | None) -> None:
+        self.source = source
+        self.runner = ProjectionRunner(specs, strict=True)
+        self.bounds = bounds
+        self.readers: dict[str, StreamReader] = {}
+        self.progress = progress
+        self.folded = 0
+
+    async def advance(self, based_on: Mapping[str, int], plan_seq: int) -> None:
+        runner = self.runner
+        for stream in runner.streams:
+            # A stream the controller had not folded anything from is absent (position 0).
+            target = based_on.get(stream, 0)
+            last = self.bounds.get(stream, (0, 0))[1]
+            if target > last:
+                raise ReplayError(
+                    stream, last + 1,
+                    f"{self.source.kind} source ends at sequence {last}, but plan {plan_seq} was based on {target}",
+                )
+            if target <= runner.positions.get(stream, 0):
+                continue
+            reader = self.readers.get(stream)
+            if reader is None:
+                reader = self.readers[stream] = await self.source.reader(stream, runner.positions.get(stream, 0) + 1)
+            n = 0
+            async for msg in reader.take(target):
+                runner.fold(msg)
+                n += 1
+                if self.progress is not None and n % 4096 == 0:
+                    self.progress.advance(events=4096)
+            if self.progress is not None and n % 4096:
+                self.progress.advance(events=n % 4096)
+            self.folded += n
+
+    def behind(self, based_on: Mapping[str, int]) -> str | None:
+        for stream in self.runner.streams:
+            if based_on.get(stream, 0) < self.runner.positions.get(stream, 0):
+                return stream
+        return None
+
+    async def close(self) -> None:
+        for reader in self.readers.values():
+            await reader.close()
+        self.readers.clear()
+
+
+async def _window_plan_range(source: Source, window: Window, first: int, last: int) -> tuple[int, int]:
+    lo, hi = first, last
+    if window.start_seq is not None:
+        lo = max(lo, window.start_seq)
+    if window.end_seq is not None:
+        hi = min(hi, window.end_seq)
+    if window.start_time is not None:
+        at = await source.first_seq_at(PLANS_STREAM, window.start_time)
+        lo = max(lo, at if at is not None else last + 1)
+    if window.end_time is not None:
+        after = await source.first_seq_at(PLANS_STREAM, math.nextafter(window.end_time, math.inf))
+        if after is not None:
+            hi = min(hi, after - 1)
+    return lo, hi
+
+
+async def replay_window(
+    source: Source,
+    window: Window = Window(),
+    *,
+    planner: PlannerRef | str | None = None,
+    specs: Sequence[ProjectionSpec] | None = None,
+    build_input: InputBuilder | None = None,
+    digest: Callable[[PlannerInput], str] = inputs_digest,
+    progress: Progress | None = None,
+    run_id: str | None = None,
+) -> ReplayResult:
+    """Re-run every recorded plan of `window` (plans-stream receipt time / sequence) from `source`."""
+    started = time.time()
+    ref = planner if isinstance(planner, PlannerRef) else load_planner(planner)
+    if specs is None or build_input is None:
+        controller_specs, controller_builder = controller_hooks()
+        specs = controller_specs if specs is None else specs
+        build_input = controller_builder if build_input is None else build_input
+    warnings: list[str] = []
+
+    probe = ProjectionRunner(specs)
+    streams = tuple(dict.fromkeys((*probe.streams, PLANS_STREAM)))
+    bounds = {s: await source.bounds(s) for s in streams}
+    for stream in probe.streams:
+        first = bounds[stream][0]
+        if first > 1:
+            warnings.append(
+                f"{stream}: {source.kind} source starts at sequence {first}; state from earlier events is missing"
+            )
+    plans_first, plans_last = bounds[PLANS_STREAM]
+    outcomes: list[PlanOutcome] = []
+    folder = _Folder(source, specs, bounds, progress)
+    if plans_last == 0:
+        warnings.append("the source holds no recorded plans")
+        lo, hi = 1, 0
+    else:
+        lo, hi = await _window_plan_range(source, window, plans_first, plans_last)
+    if progress is not None:
+        events_total = 0
+        if hi >= lo:
+            tail = await read_range(source, PLANS_STREAM, hi, hi)
+            if tail:
+                try:
+                    based_on = _decode_plan_event(tail[-1]).based_on
+                    events_total = sum(max(0, based_on.get(s, 0) - bounds[s][0] + 1)
+                                       for s in probe.streams if bounds[s][0])
+                except ReplayError:
+                    pass  # reported with its sequence when the main pass reaches it
+        progress.start(events_total, max(0, hi - lo + 1))
+    plans_reader = await source.reader(PLANS_STREAM, 1)
+    try:
+        if hi >= lo:
+            async for msg in plans_reader.take(hi):
+                event = _decode_plan_event(msg)
+                if window.past(msg.seq, msg.time):
+                    break
+                behind = folder.behind(event.based_on)
+                if behind is not None:
+                    warnings.append(
+                        f"plan {msg.seq} is based on an earlier {behind} position than the plan before it; "
+                        "state was rebuilt from the stream start"
+                    )
+                    await folder.close()
+                    folded = folder.folded
+                    folder = _Folder(source, specs, bounds, progress)
+                    folder.folded = folded
+                await folder.advance(event.based_on, msg.seq)
+                if msg.seq < lo or not window.contains(msg.seq, msg.time):
+                    continue
+                outcomes.append(_compare(ref, build_input, digest, folder.runner, msg.seq, msg.time, event))
+                if progress is not None:
+                    progress.advance(plans=1)
+    finally:
+        await plans_reader.close()
+        await folder.close()
+    warnings.extend(source.warnings)
+    plans = tuple(outcomes)
+    return ReplayResult(
+        run_id=run_id or uuid.uuid4().hex,
+        source=source.kind,
+        source_detail=source.description,
+        window=window,
+        planner=ref.path,
+        planner_version=ref.version,
+        started_at=started,
+        finished_at=time.time(),
+        events_folded=folder.folded,
+        plans=plans,
+        summary=summarise(plans),
+        warnings=tuple(warnings),
+    )
+
+
+def _compare(ref: PlannerRef, build_input: InputBuilder, digest: Callable[[PlannerInput], str],
+             runner: ProjectionRunner, seq: int, at: float, event: PlanCreated) -> PlanOutcome:
+    planner_input = build_input(runner.states, event)
+    replayed_digest = digest(planner_input)
+    t0 = time.perf_counter()
+    try:
+        result = ref.func(planner_input)
+    except Exception as exc:
+        raise ReplayError(PLANS_STREAM, seq, f"planner {ref.path} raised {exc!r}") from exc
+    seconds = time.perf_counter() - t0
+    replayed_bytes = ref.encode(result)
+    recorded_bytes = bytes(event.plan)
+    if isinstance(result, (bytes, bytearray, memoryview)):
+        result = decode_plan(bytes(result))
+    replayed_version = getattr(result, "planner_version", None) or ref.version or ""
+    if replayed_bytes == recorded_bytes:
+        status, differences = STATUS_IDENTICAL, ()
+    else:
+        try:
+            recorded_plan = decode_plan(recorded_bytes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ReplayError(PLANS_STREAM, seq, f"recorded plan does not decode: {exc}") from exc
+        differences = tuple(diff_plans(recorded_plan, result))
+        status = STATUS_DIFFERING if differences else STATUS_EQUIVALENT
+    return PlanOutcome(
+        plan_seq=seq,
+        time=at,
+        generation=event.generation,
+        recorded_version=event.planner_version,
+        replayed_version=replayed_version,
+        recorded_digest=event.inputs_digest,
+        replayed_digest=replayed_digest,
+        digest_match=replayed_digest == event.inputs_digest,
+        status=status,
+        differences=differences,
+        plan_seconds=seconds,
+    )
+
+
+__all__ = [
+    "DEFAULT_PLANNER",
+    "ControllerNotReady",
+    "InputBuilder",
+    "PlanOutcome",
+    "PlannerPathError",
+    "PlannerRef",
+    "Progress",
+    "ReplayResult",
+    "STREAM_ORDER",
+    "Summary",
+    "controller_hooks",
+    "decode_plan",
+    "encode_plan",
+    "inputs_digest",
+    "load_planner",
+    "replay_window",
+    "summarise",
+]
