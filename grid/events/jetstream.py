@@ -241,27 +241,30 @@ class JetStreamLog:
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
             return
         sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
-        # Iterate the subscription's queue directly: next_msg() spawns a task per message, which
-        # costs more than decoding and folding the event.
+        # Iterate the subscription's message iterator: next_msg() spawns a task per message and
+        # wait_for() another, which cost more than decoding and folding the event. One idle
+        # deadline, pushed forward per message, ends a window whose tail has gone.
         messages = sub.messages.__aiter__()
-        pending = sub._pending_queue
+        loop = asyncio.get_running_loop()
         try:
-            while True:
-                if pending.empty():
+            async with asyncio.timeout(None) as idle:
+                while True:
+                    idle.reschedule(loop.time() + self._timeout)
                     try:
-                        msg = await asyncio.wait_for(messages.__anext__(), self._timeout)
-                    except (TimeoutError, StopAsyncIteration):
-                        return  # nothing (more) in the window, e.g. a start time after the last message
-                else:
-                    msg = await messages.__anext__()
-                seq, ts, _ = parse_js_reply(msg.reply)
-                if seq > stop or (end_time is not None and ts > end_time):
-                    return
-                headers = msg.headers
-                yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
-                                    headers.get("Nats-Msg-Id") if headers else None)
-                if seq >= stop:
-                    return
+                        msg = await messages.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    seq, ts, _ = parse_js_reply(msg.reply)
+                    if seq > stop or (end_time is not None and ts > end_time):
+                        return
+                    headers = msg.headers
+                    idle.reschedule(None)  # the caller's own time between messages is not idle time
+                    yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
+                                        headers.get("Nats-Msg-Id") if headers else None)
+                    if seq >= stop:
+                        return
+        except TimeoutError:
+            return  # nothing (more) in the window, e.g. a start time after the last message
         finally:
             await sub.unsubscribe()
 
