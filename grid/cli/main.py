@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.add_typer(events_app, name="events")
 __import__("grid.cli.history", fromlist=["register"]).register(app)  # gridctl replay, gridctl history
+__import__("grid.cli.chat", fromlist=["register"]).register(app)  # gridctl models, gridctl chat
 
 
 @app.command("version")
