@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import time
 import uuid
@@ -115,6 +116,10 @@ def _import_path(path: str, module_part: str) -> Any:
             sys.modules.pop(name, None)
             raise PlannerPathError(path, f"importing {module_part} failed: {exc!r}") from exc
         return module
+    # Like `python -m` and uvicorn: a planner module in the working directory is importable.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         return importlib.import_module(module_part)
     except ModuleNotFoundError as exc:
