@@ -27,8 +27,11 @@ Direct demand (named-model requests), per model:
   whose watermark is older than the cooldown (or one bucket) desires nothing: a decaying
   EWMA tail never keeps a model loaded past its cooldown.
 
-Workload demand (automatic traffic) is projected onto the best configured model by workload
-score adjusted with measured outcomes (:mod:`grid.planner.outcomes`). Admission needs three
+Workload demand (automatic traffic) is projected onto the exploitation leader: the configured
+model with the best workload score adjusted by measured outcomes (:mod:`grid.planner.outcomes`),
+a ready model winning exact ties. When the optimism bonus ranks a different, less proven model
+first, that model is an exploration option; the forecast spends at most one exploration canary
+(one replica, ``explore:<workload>``) on the workload with the most projected concurrency. Admission needs three
 observations in the gate window, or >= 1.5 offered-concurrency units; crossing only the
 concurrency gate, without a fresh validated success of that model/workload/artifact and
 without direct demand, is weak evidence capped at a one-replica canary. The workload queue is
@@ -69,7 +72,8 @@ REASON_MAX = "max_replicas"
 REASON_WORKLOAD = "workload"  # workload:<name>
 REASON_CANARY = "canary"
 REASON_CORRELATION = "correlation"  # correlation:<kind>:<source>
-REASON_SEQUENCE = "sequence"  # sequence:<src>-><dst>
+REASON_SEQUENCE = "sequence"  # sequence:<src>-><dst>@<confidence>
+REASON_EXPLORE = "explore"  # explore:<workload>: the single exploration canary
 REASON_IDLE = "idle"
 REASON_RETIRED = "retired"
 
@@ -166,6 +170,10 @@ class WorkloadForecast(Value, frozen=True, kw_only=True):
     canary: bool = False
     sequence_source: str | None = None
     sequence_confidence: float = 0.0
+    # The bonus-ranked leader when it differs from model_id; exploring=True when this
+    # workload holds the forecast's single exploration canary.
+    explore_model_id: str | None = None
+    exploring: bool = False
     candidates: tuple[Candidate, ...] = ()
 
 
@@ -350,6 +358,11 @@ def _start_seconds(
     return out
 
 
+def _exploit_key(cv: tuple[Candidate, outcomes_mod.OutcomeView]) -> tuple[float, int, str]:
+    c = cv[0]
+    return (-(c.score - c.bonus), -(c.ready > 0), c.model_id)
+
+
 def _candidates(
     demand: DemandState,
     workload: str,
@@ -407,6 +420,7 @@ class _WorkloadClaim(msgspec.Struct, kw_only=True):
     canary: bool = True
     workloads: list[str] = []
     sequence_reasons: list[str] = []
+    explore: list[str] = []
 
 
 def forecast(
@@ -442,6 +456,7 @@ def forecast(
 
     # 2. Workload demand projected onto configured models.
     claims: dict[str, _WorkloadClaim] = {}
+    explore_options: list[tuple[float, int, str, str]] = []
     workload_rows: list[WorkloadForecast] = []
     seq_preds = affinity_mod.predictions(demand.affinity, now)
     pred_by_target: dict[str, SequencePrediction] = {}
@@ -455,7 +470,10 @@ def forecast(
         if series is None and pred is None:
             continue
         ranked = _candidates(demand, w, live, now, ready_replicas)
-        best = ranked[0] if ranked else None
+        # Exploitation leader: measured score without the optimism bonus. The bonus-ranked
+        # leader, when different, is only an exploration option (one canary per forecast).
+        best = min(ranked, key=_exploit_key) if ranked else None
+        explore = ranked[0] if ranked and ranked[0][0].model_id != best[0].model_id else None
         prior = _finite(by_id[best[0].model_id].expected_service_seconds, 2.0) if best else 0.0
         st = _series_stats(series, demand, now, prior, starts[best[0].model_id] if best else 0.0, cfg)
         row = dict(
@@ -491,12 +509,25 @@ def forecast(
         claim.workloads.append(w)
         if gate == GATE_SEQUENCE and pred is not None:
             claim.sequence_reasons.append(f"{REASON_SEQUENCE}:{pred.source}->{pred.target}@{pred.confidence:.2f}")
+        if explore is not None:
+            explore_options.append((projected, len(workload_rows), w, explore[0].model_id))
         workload_rows.append(WorkloadForecast(
             status=WORKLOAD_ADMITTED, gate=gate, model_id=cand.model_id, replicas=replicas, canary=canary,
+            explore_model_id=explore[0].model_id if explore is not None else None,
             sequence_source=pred.source if (pred is not None and gate == GATE_SEQUENCE) else None,
             sequence_confidence=pred.confidence if (pred is not None and gate == GATE_SEQUENCE) else 0.0,
             **row,
         ))
+
+    # Exploration budget: at most one uncertain model differs from the exploitation choice,
+    # for the workload with the most projected concurrency (vocabulary order breaks ties).
+    if explore_options:
+        _, index, w, model_id = min(explore_options, key=lambda o: (-o[0], o[1]))
+        workload_rows[index] = msgspec.structs.replace(workload_rows[index], exploring=True)
+        claim = claims.get(model_id)
+        if claim is None:
+            claim = claims[model_id] = _WorkloadClaim(workloads=[], sequence_reasons=[])
+        claim.explore.append(w)
 
     # 3. Correlation: quiet targets inferred from models with direct current demand.
     source_rates: dict[str, float] = {}
@@ -577,12 +608,14 @@ def forecast(
             evidence = "direct"
             if claim is not None:
                 reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
+                reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
         elif claim is not None or inf is not None:
             wl_need = 0
             if claim is not None:
                 wl_need = 1 if claim.canary else max(1, _replicas_for(wl_offered, cap, cfg))
                 reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
                 reasons.extend(claim.sequence_reasons)
+                reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
             if inf is not None:
                 reasons.append(f"{REASON_CORRELATION}:{inf.kind}:{inf.source}")
             replicas = max(wl_need, inf_need)

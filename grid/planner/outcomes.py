@@ -101,16 +101,26 @@ def record(
             del by_sha[oldest]
         stats = by_sha[sha] = OutcomeStats(at=at, q_at=at)
     if evaluation:
-        stats.q_n = _decay(stats.q_n, stats.q_at, at) + 1.0
-        stats.q_ok = _decay(stats.q_ok, stats.q_at, at) + (1.0 if ok else 0.0)
-        stats.q_at = max(stats.q_at, at)
+        if at > stats.q_at:
+            f = math.pow(0.5, (at - stats.q_at) / HALF_LIFE_SECONDS)
+            stats.q_n *= f
+            stats.q_ok *= f
+            stats.q_at = at
+        stats.q_n += 1.0
+        if ok:
+            stats.q_ok += 1.0
         return
-    stats.n = _decay(stats.n, stats.at, at) + 1.0
-    stats.ok = _decay(stats.ok, stats.at, at) + (1.0 if ok else 0.0)
-    stats.at = max(stats.at, at)
+    if at > stats.at:
+        f = math.pow(0.5, (at - stats.at) / HALF_LIFE_SECONDS)
+        stats.n *= f
+        stats.ok *= f
+        stats.at = at
+    stats.n += 1.0
     if ok:
-        stats.last_ok_at = at if stats.last_ok_at is None else max(stats.last_ok_at, at)
-        if latency_seconds > 0.0 and math.isfinite(latency_seconds):
+        stats.ok += 1.0
+        if stats.last_ok_at is None or at > stats.last_ok_at:
+            stats.last_ok_at = at
+        if 0.0 < latency_seconds < 1e9:
             if stats.latency_ewma <= 0.0:
                 stats.latency_ewma = latency_seconds
             else:

@@ -194,7 +194,10 @@ def _bucket_at(bks: list[Bucket], b: int) -> Bucket:
 
 def _fold(series: Series, b: int, r, t: float) -> None:
     bks = series.buckets
-    if bks and bks[-1].index == b:
+    if not bks or bks[-1].index < b:
+        bk = Bucket(index=b)
+        bks.append(bk)
+    elif bks[-1].index == b:
         bk = bks[-1]
     else:
         bk = _bucket_at(bks, b)

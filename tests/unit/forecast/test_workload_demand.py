@@ -121,16 +121,39 @@ def test_optimism_bonus_earns_a_canary_only_between_equals():
         profile("a", workload_scores={"research": 0.8}),
         profile("b", workload_scores={"research": 0.8}),
     ]
-    # "a" is proven with 20 fresh successes; "b" is cold: the 6-point bonus lets "b" explore.
+    # "a" is proven with 20 fresh successes; "b" is cold: the 6-point bonus ranks "b" first,
+    # which earns "b" the single exploration canary while "a" keeps the demand.
     records = [auto("research", served="a") for _ in range(20)]
     s = fold(dm.initial(), at(0), records, frozenset({"a", "b"}))
-    w = wrow(forecast(s, equal, at(0, 50.0)), "research")
-    assert w.model_id == "b"
+    fc = forecast(s, equal, at(0, 50.0))
+    w = wrow(fc, "research")
+    assert (w.model_id, w.explore_model_id, w.exploring) == ("a", "b", True)
     assert [c.model_id for c in w.candidates] == ["b", "a"]
     assert w.candidates[0].bonus == pytest.approx(6.0) and w.candidates[1].bonus == pytest.approx(0.0, abs=1e-3)
+    tb = target(fc, "b")
+    assert (tb.replicas, tb.canary, tb.evidence, tb.reason) == (1, True, "inferred", "explore:research+canary")
+    assert target(fc, "a").reason == "workload:research" and not target(fc, "a").canary
     # Ten suitability points outweigh the bonus.
     unequal = [profile("a", workload_scores={"research": 0.8}), profile("b", workload_scores={"research": 0.7})]
-    assert wrow(forecast(s, unequal, at(0, 50.0)), "research").model_id == "a"
+    fc = forecast(s, unequal, at(0, 50.0))
+    assert wrow(fc, "research").model_id == "a" and wrow(fc, "research").explore_model_id is None
+    assert target(fc, "b") is None
+
+
+def test_only_one_exploration_canary_per_forecast():
+    cat = [
+        profile("a", workload_scores={"research": 0.8, "coding": 0.8}),
+        profile("b", workload_scores={"research": 0.8}),
+        profile("c", workload_scores={"coding": 0.8}),
+    ]
+    conf = frozenset({"a", "b", "c"})
+    records = [auto("research", served="a") for _ in range(20)] + [auto("coding", served="a") for _ in range(30)]
+    s = fold(dm.initial(), at(0), records, conf)
+    fc = forecast(s, cat, at(0, 50.0))
+    assert wrow(fc, "research").explore_model_id == "b" and wrow(fc, "coding").explore_model_id == "c"
+    exploring = [w.workload for w in fc.workloads if w.exploring]
+    assert exploring == ["coding"]  # the busier workload holds the budget
+    assert target(fc, "c").canary and target(fc, "b") is None
 
 
 def test_measured_failures_and_quality_move_the_choice():
