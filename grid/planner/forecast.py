@@ -75,7 +75,6 @@ REASON_CORRELATION = "correlation"  # correlation:<kind>:<source>
 REASON_SEQUENCE = "sequence"  # sequence:<src>-><dst>@<confidence>
 REASON_EXPLORE = "explore"  # explore:<workload>: the single exploration canary
 REASON_IDLE = "idle"
-REASON_RETIRED = "retired"
 
 # Workload admission reasons.
 GATE_OBSERVATIONS = "observations"
@@ -446,7 +445,6 @@ def forecast(
     live = [by_id[m] for m in sorted(by_id)]
     starts = _start_seconds(live, fastest_start_seconds, timings, cfg)
     bs = demand.bucket_seconds
-    nb = int(now // bs)
 
     # 1. Direct demand per model.
     stats: dict[str, _Stats] = {}

@@ -9,7 +9,7 @@ from grid.events.requests import RequestBatch, RequestFeatures
 from grid.projections import demand as dm
 from grid.projections.demand import DemandState, bucket_offered, percentile_ms
 
-from tests.unit.forecast.fc_helpers import BS, T0, at, auto, batch, completed, failed, fold, rec
+from tests.unit.forecast.fc_helpers import BS, T0, at, auto, completed, failed, fold, rec
 
 CONF = frozenset({"a", "b"})
 
