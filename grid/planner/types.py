@@ -100,6 +100,10 @@ class Policy(Value, frozen=True, kw_only=True):
     future_skew_seconds: float = 5.0
     max_repair_steps: int = 2000
     max_new_placements: int = 1_000_000
+    # Per-model bound on host ids listed in a plan's explanation (eligible hosts and per-host
+    # rejections); counts per reason stay complete. grid.planner.explain.explain_model gives
+    # the unbounded per-host breakdown for one model on demand.
+    explain_host_limit: int = 32
 
 
 class PlannerInput(Value, frozen=True, kw_only=True):
@@ -125,6 +129,8 @@ class Placement(Value, frozen=True, kw_only=True):
     score: float = 0.0
     scores: dict[str, float] = {}
     reason: str = ""
+    # False for external (unmanaged) residencies that satisfy demand but are never actuated.
+    managed: bool = True
 
 
 class Preemption(Value, frozen=True, kw_only=True):
@@ -135,6 +141,11 @@ class Preemption(Value, frozen=True, kw_only=True):
     beneficiary_model: str
     reason: str
     memory_mb: int = 0
+    # The beneficiary's priority: a preemption drain inherits it when scheduling mutations.
+    priority: int = 0
+    # Reconciler fence: do not start the drain before this time (minimum residency of a
+    # convergence victim); None means immediately.
+    not_before: float | None = None
 
 
 class Shortfall(Value, frozen=True, kw_only=True):
@@ -160,6 +171,15 @@ class ModelExplanation(Value, frozen=True, kw_only=True):
     rejected: tuple[HostVerdict, ...] = ()
     chosen: tuple[Placement, ...] = ()
     shortfall_reason: str = ""
+    priority: int = 0
+    placed: int = 0
+    # Complete counts behind the (bounded) eligible_hosts / rejected lists: hosts rejected by
+    # a static check, and (for a model with a shortfall) statically eligible hosts that cannot
+    # take one more replica now (HostVerdict.eligible=True in `rejected`).
+    eligible_count: int = 0
+    rejected_counts: dict[str, int] = {}
+    capacity_counts: dict[str, int] = {}
+    detail: str = ""
 
 
 class Plan(Value, frozen=True, kw_only=True):

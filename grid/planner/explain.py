@@ -1,0 +1,318 @@
+"""Explanations: why each model is where it is, and why not elsewhere.
+
+For every model the plan carries a ``ModelExplanation``: the statically eligible hosts, the
+rejection reason per rejected host (static reasons for every model; for a model with a
+shortfall also the dynamic reason each eligible host could not take one more replica), the
+scores of the chosen hosts and the shortfall reason. Host lists are bounded by
+``policy.explain_host_limit`` (first hosts by id) so a 4096-host plan stays small; the counts
+per reason are complete. ``explain_model`` gives the unbounded per-host breakdown for one model.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterator
+
+from grid.planner import reasons as R
+from grid.planner.feasibility import CHAIN
+from grid.planner.types import (
+    HostVerdict,
+    ModelExplanation,
+    Placement,
+    Plan,
+    PlannerInput,
+    Policy,
+    Shortfall,
+)
+
+# Shortfall precedence for ModelExplanation.shortfall_reason.
+_PRIMARY = (
+    R.NO_ELIGIBLE_HOST,
+    R.PIN_UNSATISFIED,
+    R.PREEMPTION_STAGED,
+    R.AWAITING_RELEASE,
+    R.EVICTION_BUDGET,
+)
+_LAST = (R.FAILURE_DOMAIN, R.RETAINED_NONCOMPLIANT)
+
+
+def _listed(eng, ms) -> list[int]:
+    req = ms.req
+    ids: set[str] = set(req.deny) | set(req.pins)
+    if req.allow is not None:
+        ids |= req.allow
+    out = {eng.fleet.by_id[h].idx for h in ids if h in eng.fleet.by_id}
+    out.update(ms.special)
+    return sorted(out)
+
+
+def static_counts(eng, ms) -> tuple[int, Counter[str]]:
+    """(eligible host count, rejected hosts per static reason), complete and exact."""
+    counts: Counter[str] = Counter()
+    eligible = 0
+    listed = _listed(eng, ms)
+    per_class: Counter[int] = Counter()
+    for hi in listed:
+        hs = eng.hosts[hi]
+        per_class[hs.cls.idx] += 1
+        v = eng.host_static(hs, ms)
+        if v is None:
+            eligible += 1
+        else:
+            counts[v[0]] += 1
+    for cls in eng.classes:
+        n = len(cls.hosts) - per_class.get(cls.idx, 0)
+        if n <= 0:
+            continue
+        if cls.lifecycle is not None:
+            counts[cls.lifecycle[0]] += n
+        elif ms.req.allow is not None:
+            counts[R.NOT_ALLOWED] += n
+        elif ms.req.pins:
+            counts[R.PIN_MISMATCH] += n
+        else:
+            v = eng.class_verdict(cls, ms)
+            if v is None:
+                eligible += n
+            else:
+                counts[v[0]] += n
+    return eligible, counts
+
+
+def eligible_hosts(eng, ms) -> Iterator:
+    """Statically eligible hosts in host-id order (lazy)."""
+    special = ms.special_set
+    if ms.explicit:
+        for hi in ms.special:
+            hs = eng.hosts[hi]
+            if eng.host_static(hs, ms) is None:
+                yield hs
+        return
+    lists = [eng.classes[ci].hosts for ci in sorted(ms.class_mem)]
+    lists.append(list(ms.special))
+    last = -1
+    deny = ms.req.deny
+    for hi in heapq.merge(*lists):
+        if hi == last:
+            continue
+        last = hi
+        hs = eng.hosts[hi]
+        if hi in special:
+            if eng.host_static(hs, ms) is None:
+                yield hs
+        elif hs.host_id not in deny:
+            yield hs
+
+
+def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
+    """The first `limit` statically rejected hosts by id, with reason and detail."""
+    out: list[HostVerdict] = []
+    if limit <= 0:
+        return out
+    if ms.explicit:
+        source: Iterator[int] = iter(range(len(eng.hosts)))
+    else:
+        lists = [cls.hosts for cls in eng.classes if cls.idx not in ms.class_mem]
+        lists.append(_listed(eng, ms))
+        source = heapq.merge(*lists)
+    last = -1
+    for hi in source:
+        if hi == last:
+            continue
+        last = hi
+        hs = eng.hosts[hi]
+        v = eng.host_static(hs, ms)
+        if v is not None:
+            out.append(HostVerdict(host_id=hs.host_id, eligible=False, reason=v[0], detail=v[1]))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def dynamic_rejections(eng, ms, limit: int) -> tuple[Counter[str], list[HostVerdict], dict[str, str]]:
+    """Why each eligible host (without this model) cannot take one more replica now."""
+    counts: Counter[str] = Counter()
+    sample: list[HostVerdict] = []
+    first_detail: dict[str, str] = {}
+    mid = ms.req.model_id
+    for hs in eligible_hosts(eng, ms):
+        if mid in hs.desired:
+            continue
+        rt, mem = eng.runtime_for(hs.cls, ms)
+        r = CHAIN.dynamic_check(hs, ms.req, mem, eng.disk_need(hs, ms), eng.headroom)
+        if r is None:
+            if ms.domain_target() > len(ms.used_domains) and hs.domain in ms.used_domains:
+                r = (R.FAILURE_DOMAIN, f"domain {hs.domain} already used")
+            else:
+                continue
+        counts[r[0]] += 1
+        first_detail.setdefault(r[0], f"{hs.host_id}: {r[1]}")
+        if len(sample) < limit:
+            sample.append(HostVerdict(host_id=hs.host_id, eligible=True, reason=r[0], detail=r[1]))
+    return counts, sample, first_detail
+
+
+def _dominant(counts: Counter[str]) -> str | None:
+    if not counts:
+        return None
+    return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+
+def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Shortfall]:
+    """Every reason this model has fewer compliant replicas than wanted (or a weaker spread)."""
+    placed = len(ms.entries)
+    wanted = ms.wanted
+    mid = ms.req.model_id
+    out: list[tuple[str, str]] = list(ms.shortfalls)
+    if ms.staged:
+        out.append((R.PREEMPTION_STAGED, f"{ms.staged} replica(s) wait for staged drain on " + ",".join(ms.staged_hosts)))
+    if ms.awaiting:
+        out.append((R.AWAITING_RELEASE, f"{ms.awaiting} replica(s) wait for leaving residencies on " + ",".join(ms.staged_hosts)))
+    pins_missing = sum(1 for r, _ in ms.shortfalls if r == R.PIN_UNSATISFIED)
+    missing = wanted - placed - ms.staged - ms.awaiting - pins_missing
+    if missing > 0:
+        eligible, counts = static
+        if eligible == 0:
+            top = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+            out.append((R.NO_ELIGIBLE_HOST, top))
+        elif ms.budget_blocked and eng.evictions >= eng.policy.max_evictions:
+            out.append((R.EVICTION_BUDGET, f"{eng.policy.max_evictions} evictions already staged"))
+        else:
+            dcounts, _, first = dyn
+            reason = _dominant(dcounts) or R.NO_ELIGIBLE_HOST
+            detail = f"{missing} replica(s) unplaced; " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(dcounts.items(), key=lambda kv: (-kv[1], kv[0]))
+            )
+            if reason in first:
+                detail += f" (e.g. {first[reason]})"
+            out.append((reason, detail))
+    target = ms.domain_target()
+    domains = {eng.hosts[e.hidx].domain for e in ms.entries}
+    if len(domains) < min(target, placed):
+        feasible = len(set(ms.used_domains) | set(ms.eligible_domains))
+        out.append(
+            (R.FAILURE_DOMAIN, f"{len(domains)} of {target} failure domains ({feasible} feasible)")
+        )
+    if ms.retained and placed < wanted:
+        hosts = ", ".join(f"{eng.hosts[m.hidx].host_id} ({m.reason})" for m in ms.retained)
+        out.append((R.RETAINED_NONCOMPLIANT, f"kept until replaced: {hosts}"))
+    seen: set[tuple[str, str]] = set()
+    result = []
+    for reason, detail in out:
+        if (reason, detail) in seen:
+            continue
+        seen.add((reason, detail))
+        result.append(Shortfall(model_id=mid, wanted=wanted, placed=placed, reason=reason, detail=detail))
+    result.sort(key=lambda s: (s.reason, s.detail))
+    return result
+
+
+def primary_reason(shortfalls: list[Shortfall]) -> str:
+    if not shortfalls:
+        return ""
+    reasons = [s.reason for s in shortfalls]
+    for r in _PRIMARY:
+        if r in reasons:
+            return r
+    rest = [r for r in reasons if r not in _LAST]
+    if rest:
+        return rest[0]
+    for r in _LAST:
+        if r in reasons:
+            return r
+    return reasons[0]
+
+
+def model_explanation(eng, ms, chosen: tuple[Placement, ...], limit: int) -> tuple[ModelExplanation, list[Shortfall]]:
+    static = static_counts(eng, ms)
+    eligible_n, counts = static
+    wants_more = ms.wanted > len(ms.entries)
+    dyn = dynamic_rejections(eng, ms, limit) if wants_more and eligible_n > 0 else (Counter(), [], {})
+    shortfalls = model_shortfalls(eng, ms, static, dyn)
+    rejected = list(dyn[1])
+    if len(rejected) < limit:
+        rejected.extend(static_rejections(eng, ms, limit - len(rejected)))
+    elig: list[str] = []
+    if limit > 0:
+        for hs in eligible_hosts(eng, ms):
+            elig.append(hs.host_id)
+            if len(elig) >= limit:
+                break
+    detail = ""
+    if ms.retired:
+        detail = "retired"
+    ex = ModelExplanation(
+        model_id=ms.req.model_id,
+        wanted=ms.wanted,
+        evidence=ms.evidence_label,
+        eligible_hosts=tuple(elig),
+        rejected=tuple(rejected),
+        chosen=chosen,
+        shortfall_reason=primary_reason(shortfalls),
+        priority=ms.priority,
+        placed=len(ms.entries),
+        eligible_count=eligible_n,
+        rejected_counts=dict(sorted(counts.items())),
+        capacity_counts=dict(sorted(dyn[0].items())),
+        detail=detail,
+    )
+    return ex, shortfalls
+
+
+def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
+    """The unbounded explanation of one model (every host listed), computed on demand."""
+    from grid.planner.plan import plan as run_plan
+
+    policy = inp.policy
+    full = Policy(**{f: getattr(policy, f) for f in policy.__struct_fields__} | {"explain_host_limit": 1 << 30})
+    import msgspec
+
+    p = run_plan(msgspec.structs.replace(inp, policy=full))
+    for ex in p.explanations:
+        if ex.model_id == model_id:
+            return ex
+    return None
+
+
+def _fmt_scores(p: Placement) -> str:
+    parts = [f"{k}={v:g}" for k, v in sorted(p.scores.items(), key=lambda kv: (-abs(kv[1]), kv[0]))]
+    return " ".join(parts)
+
+
+def render_explanation(plan: Plan) -> list[str]:
+    """Human-readable lines for `gridctl status`."""
+    lines: list[str] = []
+    for ex in plan.explanations:
+        head = f"{ex.model_id} [priority {ex.priority}, {ex.evidence or 'none'}] {ex.placed}/{ex.wanted} placed"
+        if ex.detail:
+            head += f" ({ex.detail})"
+        lines.append(head)
+        for p in ex.chosen:
+            tag = p.reason.lower() if p.reason else p.status
+            lines.append(f"  {p.host_id}: {p.status} {tag} score {p.score:g} ({_fmt_scores(p)})")
+        total = ex.eligible_count + sum(ex.rejected_counts.values())
+        lines.append(f"  eligible {ex.eligible_count}/{total} hosts" + (
+            (": " + ", ".join(ex.eligible_hosts) + (" ..." if ex.eligible_count > len(ex.eligible_hosts) else ""))
+            if ex.eligible_hosts
+            else ""
+        ))
+        if ex.rejected_counts:
+            lines.append(
+                "  rejected: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(ex.rejected_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            )
+        if ex.capacity_counts:
+            lines.append(
+                "  full now: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(ex.capacity_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            )
+        if ex.shortfall_reason:
+            lines.append(f"  shortfall: {ex.shortfall_reason}")
+    for s in plan.shortfalls:
+        lines.append(f"shortfall {s.model_id}: {s.reason} ({s.placed}/{s.wanted}) {s.detail}".rstrip())
+    for pe in plan.preemptions:
+        who = f" for {pe.beneficiary_model}" if pe.beneficiary_model else ""
+        when = f" not before {pe.not_before:g}" if pe.not_before is not None else ""
+        lines.append(f"preempt {pe.victim_model} on {pe.host_id}{who}: {pe.reason} ({pe.memory_mb} MB){when}")
+    return lines

@@ -1,0 +1,102 @@
+"""The pure planner entry point: ``plan(PlannerInput) -> Plan``.
+
+Same input bytes give the same plan bytes. The plan carries ``inputs_digest`` (sha256 hex of
+``grid.events.codec.encode_value(input)``) and ``planner_version`` so a replay can re-run it.
+
+``Plan.placements`` is the complete desired set: a managed residency that is not listed is
+obsolete. Entries with ``status="existing"`` are live residencies the plan keeps (incumbents,
+external or operator-pinned residencies that satisfy demand with ``managed=False`` or
+reason PINNED_RESIDENCY, and must-move replicas retained until their replacements are ready
+with reason RETAINED_UNTIL_REPLACED); ``status="new"`` entries are replicas to load and warm.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from grid.events.codec import encode_value
+from grid.planner import reasons as R
+from grid.planner import scoring as S
+from grid.planner.digest import inputs_digest
+from grid.planner.explain import model_explanation
+from grid.planner.placement import Engine
+from grid.planner.types import Placement, Plan, PlannerInput
+
+PLANNER_VERSION = "grid-planner/1.0.0"
+
+_plan_decoder = msgspec.json.Decoder(Plan)
+
+
+def plan(inp: PlannerInput) -> Plan:
+    """Compute the complete desired placement, staged preemptions, shortfalls, explanations."""
+    return build_plan(inp)
+
+
+def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
+    """``plan`` with a switch for the reference full-scan candidate search (tests only)."""
+    digest = inputs_digest(inp)
+    eng = Engine(inp, naive=naive)
+    eng.run()
+    limit = max(0, int(inp.policy.explain_host_limit))
+    placements: list[Placement] = []
+    shortfalls = []
+    explanations = []
+    for ms in eng.models:
+        mine: list[Placement] = []
+        for e in ms.entries:
+            hs = eng.hosts[e.hidx]
+            mine.append(
+                Placement(
+                    model_id=ms.req.model_id,
+                    host_id=hs.host_id,
+                    runtime=e.slot.runtime,
+                    memory_mb=e.slot.memory_mb,
+                    status=e.status,
+                    score=e.score,
+                    scores=S.as_dict(e.values),
+                    reason=e.reason,
+                    managed=e.managed,
+                )
+            )
+        for mm in ms.retained:
+            hs = eng.hosts[mm.hidx]
+            r = mm.residency
+            mem = max(0, int(r.memory_mb))
+            values = eng.host_values(hs, ms, mem, incumbent=r)
+            mine.append(
+                Placement(
+                    model_id=ms.req.model_id,
+                    host_id=hs.host_id,
+                    runtime=r.runtime,
+                    memory_mb=mem,
+                    status="existing",
+                    score=S.combine(values, ms.boost),
+                    scores=S.as_dict(values),
+                    reason=R.RETAINED_UNTIL_REPLACED,
+                    managed=True,
+                )
+            )
+        mine.sort(key=lambda p: p.host_id)
+        ex, sf = model_explanation(eng, ms, tuple(mine), limit)
+        placements.extend(mine)
+        shortfalls.extend(sf)
+        explanations.append(ex)
+    preemptions = sorted(eng.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model))
+    return Plan(
+        planner_version=PLANNER_VERSION,
+        inputs_digest=digest,
+        now=float(inp.now),
+        placements=tuple(placements),
+        preemptions=tuple(preemptions),
+        shortfalls=tuple(shortfalls),
+        explanations=tuple(explanations),
+    )
+
+
+def encode_plan(p: Plan) -> bytes:
+    """Deterministic bytes of a plan (grid.events.codec.encode_value)."""
+    return encode_value(p)
+
+
+def decode_plan(data: bytes) -> Plan:
+    return _plan_decoder.decode(data)

@@ -1,0 +1,263 @@
+"""Staged preemption: drain and unload the lowest-priority sufficient victim set first.
+
+When a replica of a model with a preemption-capable signal (pin, baseline, direct demand) finds
+no host, the planner looks for a host where removing lower-priority managed work would make it
+fit. It emits ``Preemption`` entries (drain + unload) for that victim set, reserves the
+beneficiary's memory and slot on the host so later, lower-priority work in the same plan cannot
+take it, and keeps reporting the beneficiary as a shortfall (``PREEMPTION_STAGED``). A later
+snapshot proves the memory free and the ordinary placement path places it.
+
+Never a victim: external (managed=False) or operator-pinned residencies, a model's own pinned
+host, incumbents inside their minimum residency, and anything of equal or higher priority.
+Inferred-only demand never preempts; it may only wait for capacity that obsolete residencies
+are already releasing (``AWAITING_RELEASE``, no eviction). Each plan stages at most
+``policy.max_evictions`` evictions.
+
+Victim preference on a host: lowest priority, idle before busy, lowest learned warm-back cost,
+larger memory, model id. Host preference among sufficient sets: lowest highest-victim priority,
+fewest busy victims, lowest total warm-back cost, fewest victims, host id. When the model still
+needs another failure domain, hosts in new domains are searched first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from grid.planner import reasons as R
+from grid.planner import scoring as S
+from grid.planner.feasibility import ModelReq
+from grid.planner.types import Preemption
+
+
+@dataclass(slots=True, eq=False)
+class Victim:
+    model_id: str
+    ms: object  # placement.ModelState of the victim
+    memory_mb: int
+    kept: bool  # a kept incumbent (in the desired ledger) rather than a must-move residency
+    busy: bool
+    warmback: float
+    priority: int
+    ref: object  # Entry (kept) or MustMove
+
+    def key(self) -> tuple:
+        return (self.priority, 1 if self.busy else 0, self.warmback, -self.memory_mb, self.model_id)
+
+
+@dataclass(slots=True, eq=False)
+class StagedSet:
+    hs: object
+    victims: list[Victim]
+    runtime: str
+    memory_mb: int
+
+    def cost(self) -> tuple:
+        top = max((v.priority for v in self.victims), default=-(1 << 62))
+        busy = sum(1 for v in self.victims if v.busy)
+        warm = round(sum(v.warmback for v in self.victims), 6)
+        return (top, busy, warm, len(self.victims), self.hs.host_id)
+
+
+def _protected(eng, vms, hs, residency) -> bool:
+    """Minimum-residency protection (a loading/warming residency without loaded_at counts)."""
+    if residency.loaded_at is None:
+        return residency.state in ("loading", "warming")
+    return eng.now - residency.loaded_at < vms.profile.min_residency_seconds
+
+
+def _victims_on(eng, hs, ms, destructive: bool) -> list[Victim]:
+    if not destructive:
+        return []
+    out: list[Victim] = []
+    for slot in hs.desired.values():
+        if slot.kind != "kept" or slot.priority >= ms.priority:
+            continue
+        r = slot.residency
+        if r is None or not r.managed or r.pinned:
+            continue
+        vms = eng.by_model[slot.model_id]
+        if hs.host_id in vms.req.pins or _protected(eng, vms, hs, r):
+            continue
+        entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
+        out.append(_victim(eng, hs, vms, r, slot.memory_mb, True, entry))
+    for vms, mm in eng.mustmove_on.get(hs.idx, ()):
+        if mm.preempted or vms.priority >= ms.priority:
+            continue
+        r = mm.residency
+        if hs.host_id in vms.req.pins or _protected(eng, vms, hs, r):
+            continue
+        out.append(_victim(eng, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
+    out.sort(key=Victim.key)
+    return out
+
+
+def _victim(eng, hs, vms, r, mem: int, kept: bool, ref) -> Victim:
+    sample = eng.timings.get((hs.host_id, vms.req.model_id))
+    warm = S.startup_seconds(vms.profile, sample, False, vms.req.sha)
+    busy = r.state == "ready" and r.active_requests > 0
+    return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref)
+
+
+def _fits_after(eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victim]) -> bool:
+    """Would the beneficiary fit once leaving residencies and these victims are gone?"""
+    need = mem * (1.0 + eng.headroom)
+    free_b = hs.free_b + sum(v.memory_mb for v in victims if v.kept)
+    if free_b < math.ceil(need):
+        return False
+    free_a = hs.free_a + hs.leaving_mb + sum(v.memory_mb for v in victims)
+    if free_a < need:
+        return False
+    gone = {v.model_id for v in victims}
+    leaving = eng.leaving_models.get(hs.idx, ())
+    present = set(hs.desired)
+    for m in hs.live_models:
+        if m in hs.desired:
+            continue
+        if m in leaving and not _still_live_elsewhere(eng, hs, m):
+            continue
+        present.add(m)
+    present -= gone
+    if req.model_id in present:
+        return False
+    n = len(present) + 1
+    if hs.limit and n > hs.limit:
+        return False
+    if req.max_colocated and n > req.max_colocated:
+        return False
+    for m in present:
+        other = eng.by_model.get(m)
+        if other is None:
+            continue
+        if other.req.max_colocated and n > other.req.max_colocated:
+            return False
+        if m in req.excludes:
+            return False
+    return _disk_ok(hs, disk)
+
+
+def _still_live_elsewhere(eng, hs, model_id: str) -> bool:
+    """A leaving model id is still present if another live residency of it is not leaving
+    (e.g. a must-move copy that may be retained)."""
+    for vms, mm in eng.mustmove_on.get(hs.idx, ()):
+        if mm.residency.model_id == model_id and not mm.preempted:
+            return True
+    return False
+
+
+def _disk_ok(hs, disk: int) -> bool:
+    if disk <= 0:
+        return True
+    if hs.disk_budget is None:
+        return False
+    return hs.disk_used + disk <= hs.disk_budget
+
+
+def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None:
+    if eng.host_static(hs, ms) is not None:
+        return None
+    rt, mem = eng.runtime_for(hs.cls, ms)
+    disk = eng.disk_need(hs, ms)
+    if not _disk_ok(hs, disk):
+        return None
+    pool = _victims_on(eng, hs, ms, destructive)
+    if not pool and hs.leaving_mb <= 0 and not eng.leaving_models.get(hs.idx):
+        return None
+    chosen: list[Victim] = []
+    if not _fits_after(eng, hs, ms.req, mem, disk, chosen):
+        ok = False
+        for v in pool:
+            chosen.append(v)
+            if _fits_after(eng, hs, ms.req, mem, disk, chosen):
+                ok = True
+                break
+        if not ok:
+            return None
+        # Drop victims that turned out unnecessary (latest additions are the most costly).
+        for v in list(reversed(chosen)):
+            trial = [x for x in chosen if x is not v]
+            if _fits_after(eng, hs, ms.req, mem, disk, trial):
+                chosen = trial
+    if len(chosen) > budget:
+        return None
+    return StagedSet(hs, chosen, rt, mem)
+
+
+def _candidate_hosts(eng, ms):
+    """Statically eligible hosts for ms that have something to release (host id order)."""
+    special = ms.special_set
+    for hs in eng.hosts:
+        if not hs.eligible:
+            continue
+        if hs.leaving_mb <= 0 and not eng.mustmove_on.get(hs.idx) and not _has_lower_kept(hs, ms.priority):
+            continue
+        if ms.explicit:
+            if hs.idx not in special:
+                continue
+        elif hs.idx not in special and (hs.cls.idx not in ms.class_mem or hs.host_id in ms.req.deny):
+            continue
+        yield hs
+
+
+def _has_lower_kept(hs, priority: int) -> bool:
+    for slot in hs.desired.values():
+        if slot.kind == "kept" and slot.priority < priority:
+            return True
+    return False
+
+
+def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | None:
+    """Try to stage a preemption (or a wait for leaving capacity) for one replica of ms."""
+    budget = max(0, eng.policy.max_evictions - eng.evictions)
+    hosts = [only_host] if only_host is not None else list(_candidate_hosts(eng, ms))
+    passes = [True, False] if (only_host is None and eng.needs_new_domain(ms)) else [False]
+    best: StagedSet | None = None
+    saw_budget = False
+    for new_domain_only in passes:
+        for hs in hosts:
+            if new_domain_only and hs.domain in ms.used_domains:
+                continue
+            s = _victim_set(eng, hs, ms, destructive, budget)
+            if s is None:
+                if budget == 0 and destructive and _victim_set(eng, hs, ms, destructive, 1 << 30) is not None:
+                    saw_budget = True
+                continue
+            if best is None or s.cost() < best.cost():
+                best = s
+        if best is not None:
+            break
+    if best is None:
+        if saw_budget:
+            ms.budget_blocked = True
+        return None
+    _apply(eng, ms, best)
+    return best
+
+
+def _apply(eng, ms, staged: StagedSet) -> None:
+    hs = staged.hs
+    for v in staged.victims:
+        vms = v.ms
+        if v.kept:
+            eng.remove_kept(vms, v.ref)
+        else:
+            v.ref.preempted = True
+        hs.leaving_mb += v.memory_mb
+        eng.leaving_models.setdefault(hs.idx, set()).add(v.model_id)
+        eng.evictions += 1
+        eng.preemptions.append(
+            Preemption(
+                host_id=hs.host_id,
+                victim_model=v.model_id,
+                beneficiary_model=ms.req.model_id,
+                reason=R.PRIORITY_PREEMPTION,
+                memory_mb=v.memory_mb,
+                priority=ms.priority,
+            )
+        )
+    eng.reserve(ms, hs, staged.memory_mb, staged.runtime)
+    if staged.victims:
+        ms.staged += 1
+    else:
+        ms.awaiting += 1
+    ms.staged_hosts.append(hs.host_id)

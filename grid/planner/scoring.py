@@ -1,0 +1,157 @@
+"""Named scorers, each bounded to 0..100, combined by one weight table that lives outside them.
+
+Kubernetes scheduler-framework habit: a scorer only measures one thing on a 0..100 scale; the
+weights (and their signs: penalties have negative weights) are policy, written once in
+``WEIGHTS``. The two performance scorers are multiplied by a bounded concurrency boost (1..8x)
+when offered concurrency exceeds one replica's target capacity.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+from grid.events.control import ModelProfile
+from grid.planner.types import DemandTarget, TimingSample
+
+# Order matters only for the floating-point sum: totals are always added in this order.
+WEIGHTS: dict[str, float] = {
+    "resident": 400.0,  # existing ready (or warming/loading) residency of this model
+    "cached": 150.0,  # exact cached weights: no transfer, no disk cost
+    "domain": 120.0,  # a failure domain this model does not use yet
+    "throughput": 40.0,  # measured tokens/s for this model on this host (boosted)
+    "hardware": 10.0,  # memory bandwidth / compute prior when nothing is measured (boosted)
+    "fit": 25.0,  # best fit of the desired footprint
+    "startup": 30.0,  # shorter learned (or configured) load + warm time
+    "sticky": 100.0,  # incumbent still inside its minimum residency
+    "scarcity": -60.0,  # host is needed by a more constrained model of equal or higher priority
+    "load": -30.0,  # current host load
+    "throttled": -50.0,  # host is throttled
+    "failed": -200.0,  # a failed residency of this model sits on this host
+}
+SCORERS: tuple[str, ...] = tuple(WEIGHTS)
+BOOSTED: frozenset[str] = frozenset({"throughput", "hardware"})
+MAX_BOOST = 8.0
+# Startup seconds at which the startup scorer gives 50.
+STARTUP_REFERENCE_SECONDS = 60.0
+# A learned timing becomes authoritative after this many samples (blended before).
+AUTHORITATIVE_SAMPLES = 4
+MAX_VALID_SECONDS = 3600.0
+
+
+def _clamp(x: float) -> float:
+    if x != x:  # NaN
+        return 0.0
+    return 0.0 if x < 0.0 else 100.0 if x > 100.0 else x
+
+
+def score_resident(state: str | None) -> float:
+    return {"ready": 100.0, "warming": 70.0, "loading": 50.0}.get(state or "", 0.0)
+
+
+def score_cached(cached: bool) -> float:
+    return 100.0 if cached else 0.0
+
+
+def score_domain(new_domain: bool) -> float:
+    return 100.0 if new_domain else 0.0
+
+
+def score_throughput(tps: float | None, max_tps: float) -> float:
+    if tps is None or max_tps <= 0.0:
+        return 0.0
+    return _clamp(100.0 * tps / max_tps)
+
+
+def score_hardware(bandwidth: float | None, gflops: float | None, max_bw: float, max_gflops: float) -> float:
+    s = 0.0
+    if bandwidth and max_bw > 0.0:
+        s += 60.0 * min(1.0, bandwidth / max_bw)
+    if gflops and max_gflops > 0.0:
+        s += 40.0 * min(1.0, gflops / max_gflops)
+    return _clamp(s)
+
+
+def score_fit(free_mb: float, mem_mb: float, capacity_mb: float) -> float:
+    """100 when the placement fills the host's remaining desired capacity exactly."""
+    if capacity_mb <= 0:
+        return 0.0
+    leftover = max(0.0, free_mb - mem_mb)
+    return _clamp(100.0 * (1.0 - leftover / capacity_mb))
+
+
+def score_startup(seconds: float) -> float:
+    seconds = max(0.0, seconds)
+    return _clamp(100.0 * STARTUP_REFERENCE_SECONDS / (STARTUP_REFERENCE_SECONDS + seconds))
+
+
+def score_sticky(within_min_residency: bool) -> float:
+    return 100.0 if within_min_residency else 0.0
+
+
+def score_scarcity(constrained_eligible: int | None, own_eligible: int) -> float:
+    """Penalty (0..100) for a flexible model on a host a more constrained model needs."""
+    if constrained_eligible is None or own_eligible <= 1 or constrained_eligible >= own_eligible:
+        return 0.0
+    return _clamp(100.0 * (1.0 - constrained_eligible / own_eligible))
+
+
+def score_load(level: int) -> float:
+    return _clamp(25.0 * level)
+
+
+def score_throttled(throttled: bool) -> float:
+    return 100.0 if throttled else 0.0
+
+
+def score_failed(failed: bool) -> float:
+    return 100.0 if failed else 0.0
+
+
+def concurrency_boost(profile: ModelProfile, demand: DemandTarget | None) -> float:
+    """1..8: how far offered concurrency exceeds one replica's target capacity."""
+    if demand is None or not math.isfinite(demand.offered_concurrency):
+        return 1.0
+    per_replica = max(1e-9, max(1, profile.replica_concurrency) * max(0.01, profile.target_utilization))
+    return min(MAX_BOOST, max(1.0, demand.offered_concurrency / per_replica))
+
+
+def _valid_seconds(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x) or x < 0.0 or x > MAX_VALID_SECONDS:
+        return None
+    return x
+
+
+def startup_seconds(
+    profile: ModelProfile, sample: TimingSample | None, cached: bool, sha: str | None
+) -> float:
+    """Learned load+warm (blended toward the profile prior until authoritative); a cached
+    artifact skips the load phase. A sample for a different artifact revision is ignored."""
+    load = float(profile.load_seconds)
+    warm = float(profile.warm_seconds)
+    if sample is not None and sample.samples > 0:
+        same_rev = sha is None or (sample.artifact_sha256 or "").lower() == sha
+        if same_rev:
+            w = min(sample.samples, AUTHORITATIVE_SAMPLES) / AUTHORITATIVE_SAMPLES
+            sl = _valid_seconds(sample.load_seconds)
+            sw = _valid_seconds(sample.warm_seconds)
+            if sl is not None:
+                load = w * sl + (1.0 - w) * load
+            if sw is not None:
+                warm = w * sw + (1.0 - w) * warm
+    return warm if cached else load + warm
+
+
+@functools.lru_cache(maxsize=1024)
+def weights_for(boost: float) -> tuple[float, ...]:
+    return tuple(w * boost if name in BOOSTED else w for name, w in WEIGHTS.items())
+
+
+def combine(values: tuple[float, ...], boost: float) -> float:
+    """Weighted total of scorer values given in SCORERS order (always summed in that order)."""
+    return round(sum(map(operator.mul, weights_for(boost), values)), 6)
+
+
+def as_dict(values: tuple[float, ...]) -> dict[str, float]:
+    return {name: round(v, 3) for name, v in zip(SCORERS, values, strict=True) if v != 0.0}

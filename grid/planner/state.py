@@ -1,0 +1,197 @@
+"""Mutable per-plan host state: the two memory ledgers, model slots, co-location, disk ledger.
+
+Ledger (a), ``free_a``: incremental make-before-break capacity. Every live process on the host
+(managed or not, desired or obsolete) plus unmanaged memory plus this plan's new placements is
+subtracted from the new-work allocatable memory; a new allocation needs
+``memory * (1 + admission_headroom_fraction)`` of it.
+
+Ledger (b), ``free_b``: the complete desired footprint. Unmanaged memory and immovable
+residencies (external or operator-pinned) consume it first, then kept incumbents, new
+placements and staged-preemption reservations. A new placement needs ``memory`` of it.
+
+Both ledgers are bounded by the new-work allocatable memory (raw allocatable after reserve and
+thermal derating; a throttled host offers only its throttle fraction).
+
+Hosts that can still take new work are kept in their class's ``open`` list, sorted by
+``(free_b, host_id)``: within a class every scorer except best fit is constant, so the first
+feasible host from ``bisect(memory)`` is the class's best candidate.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from dataclasses import dataclass, field
+
+from grid.planner.feasibility import HostClass, ModelReq
+from grid.planner.types import HostSnapshot, ResidencyView
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One desired (or reserved) model on a host."""
+
+    model_id: str
+    kind: str  # kept | new | reserved
+    memory_mb: int
+    runtime: str
+    disk_bytes: int = 0
+    priority: int = 0
+    reason: str = ""
+    residency: ResidencyView | None = None
+    round_class: int = 0  # priority class that created a new placement (repair scope)
+    pinned_phase: bool = False
+
+
+class HostState:
+    __slots__ = (
+        "idx",
+        "host_id",
+        "snap",
+        "cls",
+        "domain",
+        "eligible",
+        "cap_new",
+        "free_a",
+        "free_b",
+        "live_models",
+        "desired",
+        "present_n",
+        "limit",
+        "col_counts",
+        "col_min",
+        "excl_counts",
+        "disk_budget",
+        "disk_used",
+        "okey",
+        "residencies",
+        "leaving_mb",
+    )
+
+    def __init__(self, idx: int, snap: HostSnapshot, cls: HostClass, disk_reserve: int) -> None:
+        self.idx = idx
+        self.host_id = snap.host_id
+        self.snap = snap
+        self.cls = cls
+        self.domain = snap.resources.failure_domain
+        self.eligible = cls.lifecycle is None
+        self.cap_new = cls.cap_new
+        self.free_a = cls.cap_new
+        self.free_b = cls.cap_new
+        self.live_models: frozenset[str] = frozenset()
+        self.desired: dict[str, Slot] = {}
+        self.present_n = 0
+        self.limit = max(0, int(snap.resources.model_limit))
+        self.col_counts: Counter[int] = Counter()
+        self.col_min = 0
+        self.excl_counts: Counter[str] = Counter()
+        if snap.disk_free_bytes is None:
+            self.disk_budget: int | None = None
+        else:
+            self.disk_budget = int(snap.disk_free_bytes) - int(disk_reserve)
+        self.disk_used = 0
+        self.okey: tuple[int, str, int] | None = None
+        # model id -> first residency of that model on this host (sorted input order)
+        self.residencies: dict[str, ResidencyView] = {}
+        # Memory of obsolete live residencies (released by the reconciler on its own).
+        self.leaving_mb = 0
+
+    # -- presence (live models plus desired models) -------------------------------------
+    def _add_presence(self, req: ModelReq | None) -> None:
+        self.present_n += 1
+        if req is not None:
+            if req.max_colocated:
+                self.col_counts[req.max_colocated] += 1
+                self.col_min = min(self.col_counts)
+            for x in req.excludes:
+                self.excl_counts[x] += 1
+
+    def _remove_presence(self, req: ModelReq | None) -> None:
+        self.present_n -= 1
+        if req is not None:
+            if req.max_colocated:
+                self.col_counts[req.max_colocated] -= 1
+                if self.col_counts[req.max_colocated] <= 0:
+                    del self.col_counts[req.max_colocated]
+                self.col_min = min(self.col_counts) if self.col_counts else 0
+            for x in req.excludes:
+                self.excl_counts[x] -= 1
+                if self.excl_counts[x] <= 0:
+                    del self.excl_counts[x]
+
+    def add_desired(self, slot: Slot, req: ModelReq | None) -> None:
+        assert slot.model_id not in self.desired
+        self.desired[slot.model_id] = slot
+        if slot.model_id not in self.live_models:
+            self._add_presence(req)
+
+    def remove_desired(self, model_id: str, req: ModelReq | None) -> Slot:
+        slot = self.desired.pop(model_id)
+        if model_id not in self.live_models:
+            self._remove_presence(req)
+        return slot
+
+    def is_open(self) -> bool:
+        """Can this host take any new work at all?"""
+        if not self.eligible or self.free_a <= 0 or self.free_b <= 0:
+            return False
+        if self.limit and self.present_n >= self.limit:
+            return False
+        if self.col_min and self.present_n >= self.col_min:
+            return False
+        return True
+
+    def present(self, model_id: str) -> bool:
+        return model_id in self.desired or model_id in self.live_models
+
+
+@dataclass(slots=True, eq=False)
+class Totals:
+    """Aggregate free capacity for the repair lower bound (eligible hosts only)."""
+
+    free_mb: int = 0
+    slots: int = 0  # free model slots on hosts with a model limit
+    unlimited_open: int = 0  # open hosts with no model limit
+    contrib: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+
+def host_contribution(hs: HostState) -> tuple[int, int, int]:
+    """(free memory, free model slots under a host ceiling, 1 if open without a ceiling).
+
+    Co-location limits are model-specific and can disappear when a replica moves, so only the
+    host's own model ceiling bounds slots here (keeps the repair bound admissible)."""
+    if not hs.eligible:
+        return (0, 0, 0)
+    free = max(0, min(hs.free_a, hs.free_b))
+    if hs.limit:
+        return (free, max(0, hs.limit - hs.present_n), 0)
+    return (free, 0, 1 if free > 0 else 0)
+
+
+class FleetState:
+    """Host states, class index and aggregate totals."""
+
+    def __init__(self, hosts: list[HostState], classes: list[HostClass]) -> None:
+        self.hosts = hosts
+        self.by_id = {h.host_id: h for h in hosts}
+        self.classes = classes
+        self.totals = Totals()
+
+    def reindex(self, hs: HostState) -> None:
+        cls = hs.cls
+        if hs.okey is not None:
+            i = bisect_left(cls.open, hs.okey)
+            assert cls.open[i] == hs.okey
+            del cls.open[i]
+            hs.okey = None
+        if hs.is_open():
+            hs.okey = (hs.free_b, hs.host_id, hs.idx)
+            insort(cls.open, hs.okey)
+        t = self.totals
+        old = t.contrib.get(hs.idx, (0, 0, 0))
+        new = host_contribution(hs)
+        if old != new:
+            t.free_mb += new[0] - old[0]
+            t.slots += new[1] - old[1]
+            t.unlimited_open += new[2] - old[2]
+            t.contrib[hs.idx] = new
