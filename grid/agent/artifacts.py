@@ -400,7 +400,7 @@ class ArtifactCache:
                         done = offset
                         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
                         try:
-                            async for chunk in resp.aiter_bytes(CHUNK):
+                            async for chunk in resp.aiter_bytes():
                                 done += len(chunk)
                                 if done > max_bytes:
                                     os.close(fd)

@@ -213,6 +213,8 @@ def stop_process(
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Same semantics as the engine's listener: TIME_WAIT leftovers do not make a port busy.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

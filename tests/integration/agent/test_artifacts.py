@@ -1,0 +1,200 @@
+"""Artifact cache and fetch path against a real local HTTP server started by the test."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from grid.agent.artifacts import (
+    MIB,
+    REASON_CACHE_HIT,
+    REASON_DIGEST_MISMATCH,
+    REASON_FETCHED,
+    REASON_HUB_OFFLINE,
+    REASON_NOT_CACHED,
+    REASON_SIZE_CEILING,
+    REASON_SOURCE_INCOMPLETE,
+    ArtifactCache,
+    SourceError,
+    parse_source,
+)
+from grid.events.jetstream import JetStreamLog
+from tests.integration.agent.agentkit import make_command, wait_ack
+
+
+class _Files:
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.no_length: set[str] = set()
+        self.ranges: list[str | None] = []
+        # Serve at most this many bytes of a response, then drop the connection.
+        self.cut_after: int | None = None
+
+
+def _handler(files: _Files) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = files.blobs.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            files.ranges.append(self.headers.get("Range"))
+            start = 0
+            rng = self.headers.get("Range")
+            if rng and rng.startswith("bytes="):
+                start = int(rng[6:].split("-")[0])
+                if start >= len(body):
+                    self.send_response(416)
+                    self.end_headers()
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            else:
+                self.send_response(200)
+            payload = body[start:]
+            if self.path not in files.no_length:
+                self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if files.cut_after is not None:
+                payload = payload[: files.cut_after]
+                files.cut_after = None
+            self.wfile.write(payload)
+
+    return Handler
+
+
+@pytest.fixture
+def http_files() -> Iterator[tuple[str, _Files]]:
+    files = _Files()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(files))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", files
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _blob(n: int, seed: int = 1) -> tuple[bytes, str]:
+    data = (hashlib.sha256(str(seed).encode()).digest() * (n // 32 + 1))[:n]
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def test_source_parsing():
+    hf = parse_source("hf://owner/repo@abc123/sub/model.Q4.gguf")
+    assert (hf.owner, hf.repo, hf.revision, hf.path) == ("owner", "repo", "abc123", "sub/model.Q4.gguf")
+    assert parse_source("hf://o/r/m.gguf").revision == "main"
+    assert parse_source("file:///tmp/x.gguf").location == "/tmp/x.gguf"
+    for bad in ("hf://o/r/../m.gguf", "hf://o/r/m.bin", "hf://o", "http://user:pw@host/x.gguf",
+                "ftp://host/x.gguf", "file://remote/x.gguf", "file:relative.gguf"):
+        with pytest.raises(SourceError):
+            parse_source(bad)
+
+
+async def test_fetch_verify_publish_and_cache_hit(tmp_path: Path, http_files):
+    base, files = http_files
+    data, sha = _blob(300_000)
+    files.blobs["/m.gguf"] = data
+    cache = ArtifactCache(tmp_path / "artifacts")
+    first = await cache.ensure_artifact("m", sha256=sha, source=f"{base}/m.gguf", size_mb=1)
+    assert first.ok and first.reason == REASON_FETCHED and first.fetched
+    assert Path(first.path).read_bytes() == data
+    assert oct(os.stat(first.path).st_mode & 0o777) == "0o600"
+    second = await cache.ensure_artifact("m", sha256=None, source=None, size_mb=None)
+    assert second.ok and second.reason == REASON_CACHE_HIT and not second.fetched
+    assert [e.model_id for e in cache.entries()] == ["m"]
+
+
+async def test_wrong_digest_never_replaces_the_cache(tmp_path: Path, http_files):
+    base, files = http_files
+    good, sha = _blob(200_000, seed=1)
+    evil, _ = _blob(200_000, seed=2)
+    cache = ArtifactCache(tmp_path / "artifacts")
+    files.blobs["/m.gguf"] = good
+    assert (await cache.ensure_artifact("m", sha256=sha, source=f"{base}/m.gguf", size_mb=1)).ok
+    # The source now serves different bytes under the same name. A refetch of the same digest
+    # and a fetch under another digest both fail, and the published blob survives untouched.
+    files.blobs["/m.gguf"] = evil
+    same = await cache.fetch(f"{base}/m.gguf", sha, MIB, model_id="m")
+    assert not same.ok and same.reason == REASON_DIGEST_MISMATCH
+    other_sha = hashlib.sha256(b"x").hexdigest()
+    outcome = await cache.fetch(f"{base}/m.gguf", other_sha, MIB, model_id="m2")
+    assert not outcome.ok and outcome.reason == REASON_DIGEST_MISMATCH
+    assert not cache.has_blob(other_sha)
+    assert not cache.staging_path(other_sha).exists() and not cache.staging_path(sha).exists()
+    assert cache.blob_path(sha).read_bytes() == good
+    assert cache.lookup("m").sha256 == sha
+    assert cache.lookup("m2") is None
+
+
+async def test_size_ceiling_declared_and_streamed(tmp_path: Path, http_files):
+    base, files = http_files
+    data, sha = _blob(2 * MIB + 10)
+    files.blobs["/big.gguf"] = data
+    files.blobs["/big-chunked.gguf"] = data
+    files.no_length.add("/big-chunked.gguf")
+    cache = ArtifactCache(tmp_path / "artifacts")
+    declared = await cache.ensure_artifact("big", sha256=sha, source=f"{base}/big.gguf", size_mb=1)
+    assert not declared.ok and declared.reason == REASON_SIZE_CEILING
+    streamed = await cache.ensure_artifact("big", sha256=sha, source=f"{base}/big-chunked.gguf", size_mb=1)
+    assert not streamed.ok and streamed.reason == REASON_SIZE_CEILING
+    assert not cache.has_blob(sha) and not cache.staging_path(sha).exists()
+
+
+async def test_interrupted_transfer_resumes_with_range(tmp_path: Path, http_files):
+    base, files = http_files
+    data, sha = _blob(1_000_000, seed=3)
+    files.blobs["/r.gguf"] = data
+    files.cut_after = 400_000
+    cache = ArtifactCache(tmp_path / "artifacts")
+    broken = await cache.ensure_artifact("r", sha256=sha, source=f"{base}/r.gguf", size_mb=1)
+    assert not broken.ok
+    partial = cache.staging_path(sha)
+    assert partial.exists() and 0 < partial.stat().st_size < len(data)
+    resumed = await cache.ensure_artifact("r", sha256=sha, source=f"{base}/r.gguf", size_mb=1)
+    assert resumed.ok and resumed.fetched
+    assert files.ranges[-1] == f"bytes={partial.stat().st_size if partial.exists() else 400_000}-"
+    assert Path(resumed.path).read_bytes() == data
+
+
+async def test_missing_source_fields_and_offline_hub(tmp_path: Path):
+    cache = ArtifactCache(tmp_path / "artifacts", allow_hub_fetch=False)
+    sha = "a" * 64
+    none = await cache.ensure_artifact("x", sha256=sha, source=None, size_mb=None)
+    assert none.reason == REASON_NOT_CACHED
+    incomplete = await cache.ensure_artifact("x", sha256=None, source="hf://o/r/x.gguf", size_mb=10)
+    assert incomplete.reason == REASON_SOURCE_INCOMPLETE
+    hub = await cache.ensure_artifact("x", sha256=sha, source="hf://o/r/x.gguf", size_mb=10)
+    assert not hub.ok and hub.reason == REASON_HUB_OFFLINE and "offline" in hub.message
+
+
+async def test_load_command_reports_real_fetch_only(js_log: JetStreamLog, start_agent, http_files, grid_config):
+    base, files = http_files
+    data, sha = _blob(500_000, seed=4)
+    files.blobs["/a.gguf"] = data
+    src = grid_config.home / "src.gguf"
+    src.write_bytes(data)
+    await start_agent()
+    kw = dict(artifact_sha256=sha, artifact_size_mb=1)
+    await js_log.append(make_command("l1", "load", model_id="a", artifact_source=f"{base}/a.gguf", **kw))
+    await js_log.append(make_command("l2", "load", model_id="a", artifact_source=f"{base}/a.gguf", **kw))
+    await js_log.append(make_command("l3", "load", model_id="b", artifact_source=f"file://{src}", **kw))
+    await js_log.append(make_command("l4", "load", model_id="big", artifact_source=f"{base}/a.gguf",
+                                     artifact_sha256=hashlib.sha256(b"other").hexdigest(), artifact_size_mb=1))
+    a1, a2, a3, a4 = [await wait_ack(js_log, f"l{i}") for i in range(1, 5)]
+    assert (a1.status, a1.artifact_fetched) == ("succeeded", True)
+    assert (a2.status, a2.message, a2.artifact_fetched) == ("succeeded", REASON_CACHE_HIT, False)
+    assert (a3.status, a3.artifact_fetched) == ("succeeded", False)  # same bytes: already cached by digest
+    assert a4.status == "failed" and a4.message.startswith(REASON_DIGEST_MISMATCH) and not a4.artifact_fetched
