@@ -34,7 +34,7 @@ from grid.events import codec
 from grid.events.codec import EventDecodeError
 from grid.events.plan import PlanCreated
 from grid.events.subjects import PLANS_STREAM
-from grid.planner.types import Plan, PlannerInput
+from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections.runner import CORE_PROJECTIONS, STREAM_ORDER, ProjectionRunner, ProjectionSpec, ReplayError
 from replay.diff import Difference, diff_plans
 from replay.extract import Source, StreamReader, Window, read_range
@@ -44,6 +44,9 @@ DEFAULT_PLANNER = "grid.planner.plan:plan"
 STATUS_IDENTICAL = "identical"  # the re-run's encoded plan equals the recorded bytes
 STATUS_EQUIVALENT = "equivalent"  # same placements, preemptions and shortfalls; other bytes differ
 STATUS_DIFFERING = "differing"  # at least one decision differs
+
+ENCODING_PLANNER = "encode_plan"
+ENCODING_DECLARATION = "msgspec-declaration-order"
 
 # (projection states, the recorded plan) -> the planner input, exactly as the controller builds it.
 InputBuilder = Callable[[Mapping[str, Any], PlanCreated], PlannerInput]
@@ -167,21 +170,67 @@ def load_planner(path: str | None = None) -> PlannerRef:
 # --- the controller's view --------------------------------------------------------------------
 
 
-def controller_hooks() -> tuple[tuple[ProjectionSpec, ...], InputBuilder]:
-    """The projection specs and the input builder the controller itself uses."""
+class _ForecastHost:
+    """The little of a Controller that its `_forecast` reads: the runner's states."""
+
+    def __init__(self, states: Mapping[str, Any]) -> None:
+        self.runner = self
+        self.states = states
+        self.last_forecast: Any = None
+        self.warnings: list[str] = []
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def controller_hooks(policy: Policy | None = None) -> tuple[tuple[ProjectionSpec, ...], InputBuilder]:
+    """The projection specs and the planner-input builder the controller itself uses.
+
+    Specs: ``grid.controller.inputs.PROJECTIONS`` if the controller exports one, else the
+    service's ``controller_projections()`` (core projections plus demand). Builder: a complete
+    ``grid.controller.inputs`` builder when one exists (``build_tick_input(states, now, policy)``),
+    else the service's own tick composition: ``build_planner_input(..., demand=())`` then
+    ``Controller._forecast`` for the demand targets, with the recorded ``now``.
+    """
     try:
         from grid.controller import inputs as controller_inputs
     except ModuleNotFoundError as exc:
         raise ControllerNotReady(
             "grid.controller.inputs is not installed: replay rebuilds planner inputs with the controller's builder"
         ) from exc
-    specs = tuple(getattr(controller_inputs, "PROJECTIONS", CORE_PROJECTIONS))
-    build = controller_inputs.build_planner_input
+    try:
+        from grid.controller import service as controller_service
+    except ModuleNotFoundError:
+        controller_service = None  # type: ignore[assignment]
+    if policy is None:
+        settings_type = getattr(controller_service, "ControllerSettings", None)
+        policy = settings_type().policy if settings_type is not None else Policy()
 
-    def builder(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
-        return build(states, plan.now)
+    specs: tuple[ProjectionSpec, ...]
+    if hasattr(controller_inputs, "PROJECTIONS"):
+        specs = tuple(controller_inputs.PROJECTIONS)
+    elif controller_service is not None and hasattr(controller_service, "controller_projections"):
+        specs = tuple(controller_service.controller_projections())
+    else:
+        specs = CORE_PROJECTIONS
 
-    return specs, builder
+    complete = getattr(controller_inputs, "build_tick_input", None)
+    if complete is not None:
+        def builder(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
+            return complete(states, plan.now, policy=policy)  # type: ignore[no-any-return]
+
+        return specs, builder
+
+    forecast_of = getattr(getattr(controller_service, "Controller", None), "_forecast", None)
+
+    def composed(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
+        base = controller_inputs.build_planner_input(states, plan.now, demand=(), policy=policy)
+        if forecast_of is None:
+            return controller_inputs.build_planner_input(states, plan.now, policy=policy)
+        demand = forecast_of(_ForecastHost(states), base)
+        return msgspec.structs.replace(base, demand=demand)
+
+    return specs, composed
 
 
 def inputs_digest(planner_input: PlannerInput) -> str:
@@ -213,6 +262,8 @@ class PlanOutcome(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     differences: tuple[Difference, ...] = ()
     plan_seconds: float = 0.0
+    # How the recorded bytes were reproduced: the planner's encode_plan, or msgspec declaration order.
+    encoding: str = "encode_plan"
 
 
 class Summary(msgspec.Struct, frozen=True, kw_only=True):
@@ -419,6 +470,12 @@ async def replay_window(
         await folder.close()
     warnings.extend(source.warnings)
     plans = tuple(outcomes)
+    odd = [p.plan_seq for p in plans if p.status == STATUS_IDENTICAL and p.encoding != ENCODING_PLANNER]
+    if odd:
+        warnings.append(
+            f"{len(odd)} recorded plan(s) (first: sequence {odd[0]}) were encoded with msgspec.json.encode, "
+            "not the planner's encode_plan; reproduced byte for byte with that encoding"
+        )
     return ReplayResult(
         run_id=run_id or uuid.uuid4().hex,
         source=source.kind,
@@ -450,6 +507,12 @@ def _compare(ref: PlannerRef, build_input: InputBuilder, digest: Callable[[Plann
     if isinstance(result, (bytes, bytearray, memoryview)):
         result = decode_plan(bytes(result))
     replayed_version = getattr(result, "planner_version", None) or ref.version or ""
+    encoding = ENCODING_PLANNER
+    if replayed_bytes != recorded_bytes and not isinstance(result, bytes):
+        # A recorder that wrote msgspec's declaration-order JSON instead of the planner's
+        # encode_plan is still reproduced byte for byte by that (equally deterministic) encoding.
+        if msgspec.json.encode(result) == recorded_bytes:
+            replayed_bytes, encoding = recorded_bytes, ENCODING_DECLARATION
     if replayed_bytes == recorded_bytes:
         status, differences = STATUS_IDENTICAL, ()
     else:
@@ -471,6 +534,7 @@ def _compare(ref: PlannerRef, build_input: InputBuilder, digest: Callable[[Plann
         status=status,
         differences=differences,
         plan_seconds=seconds,
+        encoding=encoding,
     )
 
 
