@@ -371,9 +371,11 @@ class _DurableSubscription:
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         if not self._buffer:
             try:
-                self._buffer = await self._sub.fetch(64, timeout=timeout if timeout is not None else 30.0)
+                self._buffer = list(await self._sub.fetch(64, timeout=timeout if timeout is not None else 30.0))
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 return None
+            if not self._buffer:
+                return None  # the server ended the pull request without messages
         msg = self._buffer.pop(0)
         stored = _stored(self._stream, msg)
         self._unacked[stored.seq] = msg
