@@ -17,6 +17,8 @@ from grid.projections.actions import ActionRecord
 # Terminal statuses that count as a failed attempt for backoff. "cancelled" is our own
 # withdrawal being honoured and never penalises a retry.
 FAILURE_STATUSES: frozenset[str] = frozenset({"failed", "rejected"})
+# A rejection because a dependency had not succeeded is the dependency's failure, not this one's.
+_NOT_OWN_FAILURE_PREFIXES: tuple[str, ...] = ("dependency_not_succeeded",)
 
 # Reasons a candidate could not get a slot.
 GLOBAL_LIMIT = "global_mutation_limit"
@@ -26,7 +28,9 @@ ARTIFACT_FANOUT = "artifact_fanout_limit"
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_global_mutations: int = 8
-    max_host_mutations: int = 2
+    # One at a time per host: the agent runs one side effect at a time and judges each
+    # command's lease TTL when it starts, so a queued second command would only expire.
+    max_host_mutations: int = 1
     # Concurrent loads of one exact artifact (sha256, else model id) across the fleet.
     artifact_fanout: int = 2
     backoff_base_seconds: float = 15.0
@@ -70,6 +74,8 @@ def backoff_index(limits: Limits, records: Iterable[ActionRecord]) -> dict[tuple
         last_at = 0.0
         for r in reversed(rs):
             if r.status in FAILURE_STATUSES:
+                if r.status == "rejected" and r.message.startswith(_NOT_OWN_FAILURE_PREFIXES):
+                    continue
                 failures += 1
                 last_at = max(last_at, r.terminal_at or 0.0)
             elif r.status == "succeeded":

@@ -91,10 +91,32 @@ def planner() -> tuple[PlanFn, str, Callable[[Plan], list[str]] | None]:
     """(plan function, version, explanation renderer): the real planner when it exists."""
     mod = _optional("grid.planner.plan")
     if mod is not None and hasattr(mod, "plan"):
-        return mod.plan, str(getattr(mod, "PLANNER_VERSION", "unknown")), getattr(mod, "render_explanation", None)
+        render = getattr(mod, "render_explanation", None)
+        if render is None:
+            explain = _optional("grid.planner.explain")
+            render = getattr(explain, "render_explanation", None) if explain is not None else None
+        return mod.plan, str(getattr(mod, "PLANNER_VERSION", "unknown")), render
     from grid.controller import interim_plan
 
     return interim_plan.plan, interim_plan.PLANNER_VERSION, interim_plan.render_explanation
+
+
+def encode_plan(plan: Plan) -> bytes:
+    mod = _optional("grid.planner.plan")
+    if mod is not None and hasattr(mod, "encode_plan"):
+        return bytes(mod.encode_plan(plan))
+    from grid.events import codec
+
+    return codec.encode_value(plan)
+
+
+def decode_plan(data: bytes) -> Plan:
+    mod = _optional("grid.planner.plan")
+    if mod is not None and hasattr(mod, "decode_plan"):
+        return mod.decode_plan(data)
+    import msgspec
+
+    return msgspec.json.decode(data, type=Plan)
 
 
 def forecast_module() -> Any | None:

@@ -17,8 +17,9 @@ Rules, in the order they are applied:
 * Open commands are re-validated: a delivered drain/unload that fresh evidence makes unsafe
   gets its model's whole destructive batch withdrawn; availability work for a retired model or
   an undelivered one that is no longer desired is withdrawn.
-* Missing desired replicas get load (unless the exact artifact is cached) then warm; the warm
-  depends on the load and is deferred with it.
+* Missing desired replicas get load (unless the exact artifact is cached) then warm. The warm
+  waits for its load to succeed (deferred, issued on a later tick so its lease TTL is not spent
+  queueing behind a transfer) and is deferred with it when the load is deferred.
 * An obsolete ready replica is drained only when every desired replica of that model reports
   ready (make-before-break, invariants 3 and 5), the model has no shortfall to protect (the last
   replica is kept), minimum residency and the scale-down cooldown have elapsed. The deliberate
@@ -71,6 +72,7 @@ DESTRUCTIVE_BLOCKED = "destructive_blocked_by_withdrawal"
 AWAITING_OBSERVATION = "awaiting_fresh_observation"
 BACKOFF = "failure_backoff"
 DEPENDENCY_DEFERRED = "dependency_deferred"
+AWAITING_DEPENDENCY = "awaiting_dependency"
 MIN_RESIDENCY = "min_residency"
 SCALE_DOWN_COOLDOWN = "scale_down_cooldown"
 AWAITING_REPLACEMENT = "awaiting_ready_replacement"
@@ -550,10 +552,14 @@ def reconcile(
             deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id, reason=IN_FLIGHT,
                                      action_id=open_warm.command.action_id))
             continue
+        warm_reasons = common_checks("warm", host_id, model_id)
         if not cached:
+            # The warm waits for its load to finish (it is issued on a later tick, so its lease
+            # TTL is not spent queueing behind a long transfer); a deferred load defers it.
             open_load = open_intents.get(("load", host_id, model_id))
             if open_load is not None:
                 load_dep = (open_load.command.action_id,)
+                warm_reasons.insert(0, AWAITING_DEPENDENCY)
             else:
                 load = make_action("load", host_id, model_id, profile, memory, LOAD_FOR_PLACEMENT, runtime,
                                    priority=profile.priority)
@@ -561,7 +567,7 @@ def reconcile(
                 load_dep = (load.action_id,)
         warm = make_action("warm", host_id, model_id, profile, memory, WARM_FOR_PLACEMENT, runtime,
                            deps=load_dep, priority=profile.priority)
-        steps.append((warm, common_checks("warm", host_id, model_id)))
+        steps.append((warm, warm_reasons))
         rnd = round_of.get(model_id, 0)
         round_of[model_id] = rnd + 1
         est = (0.0 if cached else profile.load_seconds) + profile.warm_seconds
@@ -674,9 +680,12 @@ def reconcile(
     actions: list[Action] = []
     for cand in sorted(candidates, key=lambda c: c.sort_key):
         chain_deferred = False
-        for act, reasons in cand.steps:
+        for i, (act, reasons) in enumerate(cand.steps):
             if chain_deferred:
                 deferred.append(_defer(act, DEPENDENCY_DEFERRED))
+                continue
+            if i > 0:
+                deferred.append(_defer(act, AWAITING_DEPENDENCY))
                 continue
             if reasons:
                 deferred.append(_defer(act, reasons[0], _not_before(act, reasons[0], backoffs)))

@@ -1,0 +1,710 @@
+"""The controller loop: follow the log, forecast, plan, reconcile, and (in automatic mode) command.
+
+Side effects live here and nowhere else in grid.controller:
+
+* projections follow every stream (ordered consumers); a snapshot under GRID_HOME/snapshots
+  makes restarts cheap, a corrupt one is quarantined with a visible warning;
+* a tick runs promptly when hosts, control or requests changed (coalesced) and periodically;
+* a plan is appended only by the lease holder, only when it changed (or periodically), with
+  ``Nats-Expected-Last-Subject-Sequence`` = the last plan sequence this controller folded, so a
+  stale writer's append fails;
+* commands are published only in automatic mode, by the lease holder, after re-reading the lease,
+  with ``Nats-Msg-Id`` = the stable action id (a retried publish is a no-op); each carries term,
+  controller id, lease expiry and remaining TTL, and the plan generation;
+* leaving automatic mode withdraws every open command; automatic mode is refused while the log
+  is not durable;
+* after a start, destructive work waits for a grace period and for heartbeats received after
+  the start.
+
+Run standalone: ``python -m grid.controller.service --nats URL --home DIR [--admin-port N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from grid.clock import Clock, SystemClock
+from grid.config import GridConfig
+from grid.controller import inputs as inputs_mod
+from grid.controller.governor import Limits
+from grid.controller.lease import Lease
+from grid.controller.reconcile import (
+    Guards,
+    ReconcileResult,
+    Withdrawal,
+    WITHDRAW_MODE,
+    reconcile,
+    withdraw_all,
+)
+from grid.events.base import Event, new_event_id
+from grid.events.commands import CommandIssued, CommandWithdrawn
+from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.log import AppendResult, ConflictError, EventLog, LogError, StoredMessage
+from grid.events.plan import PlanCreated, make_generation
+from grid.events.subjects import (
+    COMMANDS_STREAM,
+    CONTROL_STREAM,
+    HOSTS_STREAM,
+    PLANS_STREAM,
+    REQUESTS_STREAM,
+)
+from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy
+from grid.projections import catalog as catalog_proj
+from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner, ProjectionSpec
+from grid.secrets import load_or_create_secret, write_owner_only
+
+log = structlog.get_logger(__name__)
+
+SNAPSHOT_NAME = "controller.snapshot"
+# Streams whose changes make a prompt tick worthwhile (our own plans/commands do not).
+TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
+
+
+class ControllerError(RuntimeError):
+    pass
+
+
+class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    tick_interval_seconds: float = 5.0
+    coalesce_seconds: float = 0.2
+    # Re-record an unchanged plan this often (a fresh generation for agents and replay).
+    plan_refresh_seconds: float = 60.0
+    lease_ttl_seconds: float = 15.0
+    lease_renew_seconds: float = 5.0
+    lease_margin_seconds: float = 1.0
+    restart_grace_seconds: float = 10.0
+    snapshot_interval_seconds: float = 30.0
+    history_limit: int = 50
+    tick_history_limit: int = 20
+    limits: Limits = Limits()
+    policy: Policy = Policy()
+    # Test seam: pause between command publishes (lets a test kill the process mid-batch).
+    publish_pause_seconds: float = 0.0
+
+
+class TickReport(msgspec.Struct, kw_only=True):
+    number: int
+    at: float
+    reason: str
+    mode: str
+    effective_mode: str
+    leader: bool
+    duration_ms: float = 0.0
+    plan_ms: float = 0.0
+    forecast_ms: float = 0.0
+    reconcile_ms: float = 0.0
+    publish_ms: float = 0.0
+    generation: str = ""
+    plan_recorded: bool = False
+    actions: int = 0
+    deferred: int = 0
+    published: int = 0
+    withdrawn: int = 0
+    dirty_revision: int = 0
+    error: str | None = None
+
+
+def _demand_spec() -> ProjectionSpec | None:
+    try:
+        from grid.projections import demand as demand_proj
+    except ImportError:
+        return None
+
+    def fold(state: Any, event: Event, position: Any, states: dict[str, Any]) -> Any:
+        return demand_proj.apply(state, event, position.time, catalog_proj.configured_models(states["catalog"]))
+
+    return ProjectionSpec("demand", (REQUESTS_STREAM,), demand_proj.DemandState, demand_proj.initial, fold)
+
+
+def controller_projections() -> tuple[ProjectionSpec, ...]:
+    spec = _demand_spec()
+    return CORE_PROJECTIONS + ((spec,) if spec is not None else ())
+
+
+def plan_key(plan: Plan) -> str:
+    """Identity of a plan's decisions (not of its inputs or `now`): when to record a new one."""
+    body = (plan.placements, plan.preemptions, plan.shortfalls)
+    from grid.events import codec
+
+    return hashlib.sha256(codec.encode_value(body)).hexdigest()
+
+
+@dataclass
+class _HomeFiles:
+    root: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "controller"
+
+    @property
+    def lock(self) -> Path:
+        return self.dir / "lock"
+
+    @property
+    def controller_id(self) -> Path:
+        return self.dir / "id"
+
+    @property
+    def epoch(self) -> Path:
+        return self.dir / "epoch"
+
+    @property
+    def snapshot(self) -> Path:
+        return self.root / "snapshots" / SNAPSHOT_NAME
+
+    @property
+    def admin_url(self) -> Path:
+        return self.root / "admin.url"
+
+
+def _persistent_value(path: Path, nbytes: int = 16) -> str:
+    if path.exists():
+        value = path.read_text().strip()
+        if value:
+            return value
+    value = secrets.token_hex(nbytes)
+    write_owner_only(path, (value + "\n").encode())
+    return value
+
+
+class Controller:
+    """The allocator controller. `start()` / `stop()`; `tick()`; `status()`; admin app helpers."""
+
+    def __init__(
+        self,
+        log_: EventLog,
+        home: Path | GridConfig,
+        *,
+        settings: ControllerSettings | None = None,
+        clock: Clock | None = None,
+        controller_id: str | None = None,
+    ) -> None:
+        self.log = log_
+        self.config = home if isinstance(home, GridConfig) else GridConfig(home=Path(home), nats_url=None)
+        self.files = _HomeFiles(self.config.home)
+        self.settings = settings or ControllerSettings()
+        self.clock = clock or SystemClock()
+        self._explicit_id = controller_id
+        self.controller_id = controller_id or ""
+        self.epoch = ""
+        self.runner = ProjectionRunner(controller_projections())
+        self.lease: Lease | None = None
+        self.token: str | None = None
+        self.started_at: float | None = None
+        self.first_tick_at: float | None = None
+        self.warnings: list[str] = []
+        self.last_result: ReconcileResult | None = None
+        self.last_plan: Plan | None = None
+        self.last_input: PlannerInput | None = None
+        self.last_forecast: Any = None
+        self.last_generation = ""
+        self.plan_recorded = False
+        self.last_tick: TickReport | None = None
+        self.ticks: collections.deque[TickReport] = collections.deque(maxlen=self.settings.tick_history_limit)
+        self.published_total = 0
+        self.withdrawn_total = 0
+        self.plan_conflicts = 0
+        self._cleared: set[str] = set()
+        self._dirty = asyncio.Event()
+        self._dirty_revision = 0
+        self._processed_revision = 0
+        self._success_revision = 0
+        self._tick_no = 0
+        self._tick_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._lock_fd: int | None = None
+        self._last_plan_key: str | None = None
+        self._last_plan_recorded_at: float | None = None
+        self._admin_server: Any = None
+        self._admin_task: asyncio.Task[Any] | None = None
+        self._stopping = False
+        self.admin_url: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def _lock_home(self) -> bool:
+        """Hold GRID_HOME/controller/lock for the process lifetime. True when it was free."""
+        self.files.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.files.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise ControllerError(f"another controller is running with grid home {self.config.home}") from exc
+        self._lock_fd = fd
+        return True
+
+    async def start(self) -> None:
+        self.config.ensure_home()
+        self._lock_home()
+        self.controller_id = self._explicit_id or _persistent_value(self.files.controller_id)
+        self.epoch = _persistent_value(self.files.epoch, 8)
+        self.token = load_or_create_secret(self.config.operator_token_path)
+        self.runner.load_snapshot(self.files.snapshot)
+        await self.runner.catch_up(self.log)
+        self.started_at = self.clock.now()
+        s = self.settings
+        # The home lock was free, so an earlier incarnation with our id is dead: reclaim at once.
+        self.lease = Lease(
+            self.log, self.controller_id, ttl_seconds=s.lease_ttl_seconds, margin_seconds=s.lease_margin_seconds,
+            clock=self.clock, reclaim_own=self._explicit_id is None,
+        )
+        self.lease.observe_term(self._max_term_seen())
+        if not self.log.durable:
+            self.warnings.append("the event log is not durable: automatic mode is refused")
+        with contextlib.suppress(LogError):
+            await self.lease.step()
+        self._latest_plan_from_log()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._follow(), name="controller-follow"),
+            loop.create_task(self._lease_loop(), name="controller-lease"),
+            loop.create_task(self._tick_loop(), name="controller-tick"),
+            loop.create_task(self._snapshot_loop(), name="controller-snapshot"),
+        ]
+        self._dirty.set()
+        log.info("controller started", controller_id=self.controller_id, term=self.lease.term,
+                 positions=self.runner.positions)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self.stop_admin()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self.lease is not None:
+            with contextlib.suppress(Exception):
+                await self.lease.release()
+        with contextlib.suppress(OSError):
+            self.runner.save_snapshot(self.files.snapshot)
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _max_term_seen(self) -> int:
+        term = 0
+        plans = self.runner["plans"]
+        if plans.latest is not None:
+            term = max(term, plans.latest.controller_term)
+        for r in self.runner["actions"].actions.values():
+            term = max(term, r.command.controller_term)
+        return term
+
+    def _latest_plan_from_log(self) -> None:
+        latest = self.runner["plans"].latest
+        if latest is None:
+            return
+        self.last_generation = latest.generation
+        self._last_plan_recorded_at = latest.now
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            self._last_plan_key = plan_key(inputs_mod.decode_plan(bytes(latest.plan)))
+
+    # --- background loops -------------------------------------------------------------------------
+
+    def _on_fold(self, stream: str, msg: StoredMessage) -> None:
+        if stream in TRIGGER_STREAMS:
+            self._dirty_revision += 1
+            self._dirty.set()
+
+    async def _follow(self) -> None:
+        while not self._stopping:
+            try:
+                await self.runner.follow(self.log, on_fold=self._on_fold)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # connection trouble: resume from the folded positions
+                log.warning("controller follow failed; resuming", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    async def _lease_loop(self) -> None:
+        assert self.lease is not None
+        while True:
+            was = self.lease.held
+            try:
+                self.lease.observe_term(self._max_term_seen())
+                await self.lease.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("lease step failed", error=str(exc))
+            if self.lease.held and not was:
+                self._dirty.set()
+            await asyncio.sleep(self.settings.lease_renew_seconds)
+
+    async def _tick_loop(self) -> None:
+        s = self.settings
+        while True:
+            try:
+                await asyncio.wait_for(self._dirty.wait(), timeout=s.tick_interval_seconds)
+                reason = "changed"
+                await asyncio.sleep(s.coalesce_seconds)  # coalesce a burst of changes
+            except TimeoutError:
+                reason = "periodic"
+            self._dirty.clear()
+            try:
+                await self.tick(reason)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller tick failed")
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_seconds)
+            try:
+                await asyncio.to_thread(self._save_snapshot_bytes, self.runner.snapshot_bytes())
+            except OSError as exc:
+                log.warning("snapshot failed", error=str(exc))
+
+    def _save_snapshot_bytes(self, data: bytes) -> None:
+        path = self.files.snapshot
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_owner_only(path, data)
+
+    def request_tick(self) -> None:
+        self._dirty.set()
+
+    # --- control events (admin API) -----------------------------------------------------------
+
+    async def append_control(self, event: Event) -> AppendResult:
+        if not isinstance(event, (ProfileSet, ProfileRemoved, ModeSet, TickRequested)):
+            raise TypeError(f"not a control event: {type(event).__name__}")
+        result = await self.log.append(event)
+        await self._await_position(result.stream, result.seq)
+        self._dirty.set()
+        return result
+
+    async def _await_position(self, stream: str, seq: int, timeout: float = 2.0) -> None:
+        """Wait until the follower folded `seq` of `stream` (catch up directly if it lags)."""
+        deadline = time.monotonic() + timeout
+        while self.runner.positions.get(stream, 0) < seq:
+            if time.monotonic() > deadline:
+                await self.runner.catch_up(self.log, end={stream: seq})
+                return
+            await asyncio.sleep(0.002)
+
+    # --- the tick -------------------------------------------------------------------------------
+
+    def _guards(self) -> Guards:
+        grace_until = (self.first_tick_at or self.clock.now()) + self.settings.restart_grace_seconds
+        return Guards(
+            destructive_not_before=grace_until,
+            fresh_after=self.started_at,
+            cleared_withdrawals=frozenset(self._cleared),
+        )
+
+    def _forecast(self, pin: PlannerInput) -> tuple[DemandTarget, ...]:
+        mod = inputs_mod.forecast_module()
+        states = self.runner.states
+        if mod is None or "demand" not in states:
+            self.last_forecast = None
+            return inputs_mod.baseline_demand(pin.profiles)
+        ready: dict[str, int] = {}
+        for h in pin.hosts:
+            if h.heartbeat_at is None or pin.now - h.heartbeat_at > pin.policy.heartbeat_timeout_seconds:
+                continue
+            for r in h.residencies:
+                if r.state == "ready":
+                    ready[r.model_id] = ready.get(r.model_id, 0) + 1
+        try:
+            fc = mod.forecast(states["demand"], pin.profiles, pin.now, ready_replicas=ready,
+                              timings=pin.timings, retired=frozenset(pin.retired))
+        except Exception as exc:  # the forecast must never stop the controller
+            log.exception("forecast failed; using baseline demand")
+            self._warn(f"forecast failed ({type(exc).__name__}: {exc}); using min_replicas")
+            self.last_forecast = None
+            return inputs_mod.baseline_demand(pin.profiles)
+        self.last_forecast = fc
+        return tuple(fc.targets)
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            del self.warnings[:-20]
+
+    async def tick(self, reason: str = "manual") -> TickReport:
+        async with self._tick_lock:
+            return await self._tick(reason)
+
+    async def _tick(self, reason: str) -> TickReport:
+        t0 = time.perf_counter()
+        now = self.clock.now()
+        if self.first_tick_at is None:
+            self.first_tick_at = now
+        self._tick_no += 1
+        self._processed_revision = self._dirty_revision
+        states = self.runner.states
+        catalog: catalog_proj.CatalogState = states["catalog"]
+        mode = catalog.mode
+        durable = bool(getattr(self.log, "durable", False))
+        effective = mode if (mode != "automatic" or durable) else "recommend"
+        lease = self.lease
+        leader = lease is not None and lease.held
+        report = TickReport(number=self._tick_no, at=now, reason=reason, mode=mode, effective_mode=effective,
+                            leader=leader, dirty_revision=self._processed_revision)
+        try:
+            # forecast + plan (pure)
+            base = inputs_mod.build_planner_input(states, now, demand=(), policy=self.settings.policy)
+            t1 = time.perf_counter()
+            demand = self._forecast(base)
+            pin = msgspec.structs.replace(base, demand=demand)
+            t2 = time.perf_counter()
+            plan_fn, _version, _render = inputs_mod.planner()
+            plan = plan_fn(pin)
+            t3 = time.perf_counter()
+            report.forecast_ms = (t2 - t1) * 1000
+            report.plan_ms = (t3 - t2) * 1000
+            self.last_input, self.last_plan = pin, plan
+            # record the plan (lease holder only, CAS on the plan subject)
+            if leader:
+                await self._record_plan(plan, pin, now, report)
+            report.generation = self.last_generation
+            # reconcile (pure)
+            t4 = time.perf_counter()
+            result = reconcile(
+                plan, pin.hosts, states["actions"], catalog.profiles, now,
+                retired=tuple(catalog.retired), mode=effective, limits=self.settings.limits, guards=self._guards(),
+            )
+            report.reconcile_ms = (time.perf_counter() - t4) * 1000
+            self._cleared.update(result.cleared_withdrawals)
+            self.last_result = result
+            report.actions, report.deferred = len(result.actions), len(result.deferred)
+            # side effects (lease holder only)
+            t5 = time.perf_counter()
+            if leader and self.last_generation:
+                if effective == "automatic":
+                    await self._publish(result.withdrawals, result, now, report)
+                else:
+                    await self._publish(withdraw_all(states["actions"], WITHDRAW_MODE), None, now, report)
+            report.publish_ms = (time.perf_counter() - t5) * 1000
+            if mode == "automatic" and not durable:
+                self._warn("automatic mode requested but the event log is not durable: running as recommend")
+            self._success_revision = self._processed_revision
+        except LogError as exc:
+            report.error = f"{type(exc).__name__}: {exc}"
+            log.warning("tick failed", error=report.error)
+        report.duration_ms = (time.perf_counter() - t0) * 1000
+        self.last_tick = report
+        self.ticks.append(report)
+        return report
+
+    async def _record_plan(self, plan: Plan, pin: PlannerInput, now: float, report: TickReport) -> None:
+        key = plan_key(plan)
+        fresh_enough = (
+            self._last_plan_recorded_at is not None
+            and now - self._last_plan_recorded_at < self.settings.plan_refresh_seconds
+        )
+        if key == self._last_plan_key and fresh_enough and self.last_generation:
+            return
+        assert self.lease is not None
+        if not await self.lease.verify():
+            return
+        plans = self.runner["plans"]
+        sequence = (plans.latest.sequence if plans.latest is not None else 0) + 1
+        generation = make_generation(self.epoch, sequence, plan.inputs_digest)
+        expected = self.runner.positions.get(PLANS_STREAM, 0)
+        event = PlanCreated(
+            event_id=f"plan-{self.epoch}-{sequence}-{plan.inputs_digest[:16]}", at=now,
+            planner_version=plan.planner_version, generation=generation, epoch=self.epoch, sequence=sequence,
+            inputs_digest=plan.inputs_digest, based_on=dict(sorted(self.runner.positions.items())), now=now,
+            controller_id=self.controller_id, controller_term=self.lease.term,
+            plan=msgspec.Raw(inputs_mod.encode_plan(plan)),
+        )
+        try:
+            res = await self.log.append(event, expected_last_subject_seq=expected)
+        except ConflictError as exc:
+            # Someone else appended a plan since we folded: we are stale. Catch up, step back.
+            self.plan_conflicts += 1
+            self._warn(f"plan append refused (another writer): {exc}")
+            await self.runner.catch_up(self.log)
+            return
+        await self._await_position(PLANS_STREAM, res.seq)
+        self.last_generation = generation
+        self._last_plan_key = key
+        self._last_plan_recorded_at = now
+        report.plan_recorded = True
+
+    async def _publish(self, withdrawals: tuple[Withdrawal, ...], result: ReconcileResult | None, now: float,
+                       report: TickReport) -> None:
+        actions = result.actions if result is not None else ()
+        if not withdrawals and not actions:
+            return
+        lease = self.lease
+        assert lease is not None
+        if not await lease.verify():
+            return
+        last_seq = 0
+        for w in withdrawals:
+            ev = CommandWithdrawn(
+                event_id=f"withdraw-{w.action_id}", at=now, action_id=w.action_id, host_id=w.host_id,
+                reason=w.reason, generation=self.last_generation, controller_term=lease.term,
+                controller_id=self.controller_id,
+            )
+            res = await self.log.append(ev)
+            last_seq = max(last_seq, res.seq)
+            report.withdrawn += 1
+            self.withdrawn_total += 1
+        pause = self.settings.publish_pause_seconds
+        for a in actions:
+            remaining = lease.remaining()
+            if not lease.held or remaining <= lease.margin:
+                self._warn("lease authority ran out while publishing; remaining commands held back")
+                break
+            issued_at = self.clock.now()
+            cmd = CommandIssued(
+                event_id=a.action_id, at=issued_at, action_id=a.action_id, kind=a.kind,  # type: ignore[arg-type]
+                host_id=a.host_id, model_id=a.model_id, memory_mb=a.memory_mb, generation=self.last_generation,
+                controller_term=lease.term, controller_id=self.controller_id,
+                lease_expires_at=issued_at + remaining, lease_ttl_seconds=round(remaining, 3),
+                dependencies=a.dependencies, executable=True, reason=a.reason, created_at=issued_at,
+                not_before=issued_at, runtime=a.runtime, artifact_sha256=a.artifact_sha256,
+                artifact_source=a.artifact_source, artifact_size_mb=a.artifact_size_mb,
+                context_size=a.context_size, slots=a.slots,
+            )
+            res = await self.log.append(cmd)
+            last_seq = max(last_seq, res.seq)
+            if not res.duplicate:
+                report.published += 1
+                self.published_total += 1
+            if pause:
+                await asyncio.sleep(pause)
+        if last_seq:
+            # The next tick must see these as open (pending equivalents are suppressed).
+            await self._await_position(COMMANDS_STREAM, last_seq)
+
+    # --- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        from grid.controller.status import build_status
+
+        return build_status(self)
+
+    # --- admin HTTP -----------------------------------------------------------------------------
+
+    def admin_app(self, **kwargs: Any) -> Any:
+        from grid.controller.api import create_admin_app
+
+        if self.token is None:
+            self.token = load_or_create_secret(self.config.operator_token_path)
+        return create_admin_app(self, self.token, **kwargs)
+
+    async def serve_admin(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve the admin API in this event loop; writes GRID_HOME/admin.url. Returns the URL."""
+        import uvicorn
+
+        from grid.events.embedded import free_port
+
+        if port == 0:
+            port = free_port(host)
+        config = uvicorn.Config(self.admin_app(), host=host, port=port, log_level="warning", lifespan="off",
+                                access_log=False)
+        server = uvicorn.Server(config)
+        self._admin_server = server
+        self._admin_task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
+        for _ in range(500):
+            if server.started or self._admin_task.done():
+                break
+            await asyncio.sleep(0.01)
+        if not server.started:
+            raise ControllerError(f"admin API did not start on {host}:{port}")
+        url_host = f"[{host}]" if ":" in host else host
+        self.admin_url = f"http://{url_host}:{port}"
+        write_owner_only(self.files.admin_url, (self.admin_url + "\n").encode())
+        return self.admin_url
+
+    async def stop_admin(self) -> None:
+        server, task = self._admin_server, self._admin_task
+        self._admin_server = self._admin_task = None
+        if server is not None:
+            server.should_exit = True
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 5.0)
+        if self.admin_url is not None:
+            with contextlib.suppress(OSError):
+                if self.files.admin_url.read_text().strip() == self.admin_url:
+                    self.files.admin_url.unlink()
+            self.admin_url = None
+
+
+# --- standalone process ---------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m grid.controller.service", description=__doc__.split("\n")[0])
+    p.add_argument("--nats", default=os.environ.get("GRID_NATS_URL"), help="NATS URL (default GRID_NATS_URL)")
+    p.add_argument("--home", default=None, help="grid home (default GRID_HOME or ~/.grid)")
+    p.add_argument("--admin-host", default="127.0.0.1")
+    p.add_argument("--admin-port", type=int, default=0, help="0 picks a free port (written to GRID_HOME/admin.url)")
+    p.add_argument("--no-admin", action="store_true")
+    p.add_argument("--tick-interval", type=float, default=5.0)
+    p.add_argument("--lease-ttl", type=float, default=15.0)
+    p.add_argument("--lease-renew", type=float, default=5.0)
+    p.add_argument("--restart-grace", type=float, default=10.0)
+    p.add_argument("--publish-pause", type=float, default=0.0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+async def _main(argv: list[str] | None = None) -> int:
+    from grid.events.jetstream import JetStreamLog
+
+    args = _parse_args(argv)
+    cfg = GridConfig.from_environ()
+    home = Path(args.home).expanduser() if args.home else cfg.home
+    url = args.nats
+    if not url and (home / "nats.url").exists():
+        url = (home / "nats.url").read_text().strip()
+    if not url:
+        raise SystemExit("no NATS URL: pass --nats or set GRID_NATS_URL")
+    settings = ControllerSettings(
+        tick_interval_seconds=args.tick_interval, lease_ttl_seconds=args.lease_ttl,
+        lease_renew_seconds=args.lease_renew, restart_grace_seconds=args.restart_grace,
+        publish_pause_seconds=args.publish_pause,
+    )
+    log_ = await JetStreamLog.connect(url, name="grid-controller")
+    controller = Controller(log_, GridConfig(home=home, nats_url=url), settings=settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await controller.start()
+    if not args.no_admin:
+        admin = await controller.serve_admin(args.admin_host, args.admin_port)
+        print(f"admin API {admin}", flush=True)
+    print(f"controller {controller.controller_id} started", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await controller.stop()
+        await log_.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(_main(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
