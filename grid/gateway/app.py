@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import structlog
 import uvicorn
 from starlette.applications import Starlette
@@ -39,7 +38,7 @@ from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import URL_FILE, ApiKeys, GatewaySettings, parse_api_keys, API_KEYS_ENV
 from grid.gateway.telemetry import TelemetryQueue
-from grid.gateway.upstream import EngineKeys, make_client
+from grid.gateway.upstream import EngineKeys, Upstream
 from grid.projections import fleet
 from grid.projections.runner import CATALOG, FLEET, ProjectionRunner
 
@@ -87,7 +86,7 @@ class Gateway:
             max_queue=self.settings.telemetry_max_queue,
         )
         self.engine_keys = EngineKeys(config.home)
-        self.client: httpx.AsyncClient | None = None
+        self.upstream: Upstream | None = None
         self.waiters = 0
         self._released = asyncio.Event()
         self._version = 0
@@ -102,10 +101,11 @@ class Gateway:
     async def start(self) -> None:
         await self.runner.catch_up(self.log)
         self._version += 1
-        self.client = make_client(
+        self.upstream = Upstream(
             connect_timeout=self.settings.upstream_connect_timeout,
             read_timeout=self.settings.upstream_read_timeout,
             max_connections=self.settings.upstream_max_connections,
+            backend=self.settings.upstream_backend,
         )
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
         self.telemetry.start()
@@ -119,9 +119,9 @@ class Gateway:
                 await self._follower
             self._follower = None
         await self.telemetry.stop()
-        if self.client is not None:
-            await self.client.aclose()
-            self.client = None
+        if self.upstream is not None:
+            await self.upstream.aclose()
+            self.upstream = None
 
     async def _follow(self) -> None:
         while True:
@@ -256,9 +256,31 @@ def create_gateway_app(
         finally:
             await gateway.stop()
 
-    app = Starlette(routes=build_routes(), exception_handlers=exception_handlers(), lifespan=lifespan)
+    app = GatewayApp(routes=build_routes(), exception_handlers=exception_handlers(), lifespan=lifespan)
     app.state.gateway = gateway
     return app
+
+
+class GatewayApp(Starlette):
+    """Starlette, with the three inference routes dispatched directly (no middleware hops).
+
+    Everything else (discovery, stats, lifespan, 404/405) goes through the normal Starlette
+    stack. An unexpected exception on the fast path still becomes an OpenAI-shaped 500.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            kind = _FAST_PATHS.get(scope["path"])
+            if kind is not None:
+                from grid.gateway.routes import proxy_asgi
+
+                scope["app"] = self
+                await proxy_asgi(scope, receive, send, kind)
+                return
+        await super().__call__(scope, receive, send)
+
+
+_FAST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
 
 # --- serving -----------------------------------------------------------------------------------
@@ -307,7 +329,7 @@ async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, 
     """
     config = uvicorn.Config(
         app, host=host, port=port, lifespan="on", log_level="warning", access_log=False,
-        server_header=False, date_header=False, timeout_keep_alive=75,
+        server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="grid-gateway-server")

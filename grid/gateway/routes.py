@@ -41,6 +41,12 @@ _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
 MAX_UPSTREAM_ERROR_BYTES = 1 << 20
 
+# llama-server closes a connection right after a streamed response without saying so; a pooled
+# reuse would then fail a POST that must not be replayed. Streams therefore use their own
+# connection ("Connection: close"); plain requests keep the shared keep-alive pool.
+_PLAIN_HEADERS = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
+_STREAM_HEADERS = _PLAIN_HEADERS + [(b"connection", b"close")]
+
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
 
@@ -150,13 +156,6 @@ def _too_large(limit: int) -> Response:
     )
 
 
-def _upstream_url(endpoint: str, path: str) -> str:
-    base = endpoint.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[:-3]
-    return base + path
-
-
 class _Ctx:
     """What one request needs to write its telemetry record (no text, no raw key)."""
 
@@ -217,7 +216,7 @@ async def _proxy(request: Request, kind: str) -> Any:
         elif k == b"content-length":
             declared = v
         elif k == b"accept":
-            accept = v
+            accept = v if len(v) <= 256 and v.isascii() and b"\r" not in v and b"\n" not in v else None
         elif k == _AFFINITY:
             affinity_raw = v
     if gw.api_keys.required and not gw.api_keys.check(None if authorization is None else authorization.decode("latin-1")):
@@ -318,8 +317,8 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
     breakers = gw.breakers
     breakers.acquire(key, now)
     gw.acquire(key, model, now)
-    client = gw.client
-    assert client is not None and route.endpoint is not None
+    upstream_pool = gw.upstream
+    assert upstream_pool is not None and route.endpoint is not None
     released = False
 
     def done(outcome: str, status: int, service: float, output_units: int = 0) -> None:
@@ -331,18 +330,14 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
 
     t0 = time.perf_counter()
     try:
-        req = client.build_request(
-            "POST",
-            _upstream_url(route.endpoint, PATHS[kind]),
-            content=body,
-            headers=[
-                (b"content-type", b"application/json"),
+        upstream = await upstream_pool.post(
+            upstream_pool.target(route.endpoint, PATHS[kind]),
+            body,
+            (_STREAM_HEADERS if stream else _PLAIN_HEADERS) + [
                 (b"accept", accept or b"*/*"),
-                (b"accept-encoding", b"identity"),
                 (b"authorization", gw.engine_keys.authorization(route.host_id)),
             ],
         )
-        upstream = await client.send(req, stream=True)
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("timeout", 504, time.perf_counter() - t0)
@@ -438,6 +433,15 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
                                      errors.INVALID_REQUEST, "upstream_rejected")
+
+
+async def proxy_asgi(scope: Any, receive: Any, send: Any, kind: str) -> None:
+    """The inference endpoints as a bare ASGI call (GatewayApp's fast path)."""
+    try:
+        response = await _proxy(Request(scope, receive), kind)
+    except Exception as exc:  # noqa: BLE001 - never let an unexpected error escape as a non-JSON 500
+        response = await _internal(Request(scope, receive), exc)
+    await response(scope, receive, send)
 
 
 async def chat_completions(request: Request) -> Any:

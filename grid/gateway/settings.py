@@ -4,6 +4,7 @@ GRID_GATEWAY_API_KEYS     a file (one key per line, '#' comments) or a comma-sep
                           unset or empty: no client keys required
 GRID_GATEWAY_MAX_BODY     request body limit in bytes (default 4 MiB)
 GRID_GATEWAY_QUEUE_SECONDS  how long a request may wait for a free slot (default 30)
+GRID_GATEWAY_UPSTREAM     upstream client: h1 (default, grid.gateway.h1) or httpx
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class GatewaySettings:
     upstream_max_connections: int = 512
     # Retry-After for a configured model with no ready replica (its cold start, else this).
     unavailable_retry_seconds: float = 10.0
+    # "h1" (grid.gateway.h1, the fast default) or "httpx" for the private upstream hop.
+    upstream_backend: str = "h1"
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
 
     @classmethod
@@ -45,6 +48,8 @@ class GatewaySettings:
             kwargs["max_body_bytes"] = max(1024, int(env["GRID_GATEWAY_MAX_BODY"]))
         if env.get("GRID_GATEWAY_QUEUE_SECONDS"):
             kwargs["queue_timeout_seconds"] = max(0.0, float(env["GRID_GATEWAY_QUEUE_SECONDS"]))
+        if env.get("GRID_GATEWAY_UPSTREAM"):
+            kwargs["upstream_backend"] = env["GRID_GATEWAY_UPSTREAM"].strip().lower()
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
