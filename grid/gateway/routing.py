@@ -23,6 +23,7 @@ No wall clock, no randomness: the same inputs give the same choice. O(replicas) 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -179,13 +180,24 @@ class Decision:
     circuit_blocked: tuple[RouteKey, ...] = ()
 
 
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
+def _median_without(values: list[float], own: float | None) -> float | None:
+    """Median of sorted `values` with one copy of `own` left out (None: leave nothing out)."""
     n = len(values)
+    skip = -1
+    if own is not None:
+        skip = bisect.bisect_left(values, own)
+        if skip >= n or values[skip] != own:
+            skip = -1
+        else:
+            n -= 1
+    if n <= 0:
+        return None
+
+    def at(j: int) -> float:
+        return values[j + 1] if 0 <= skip <= j else values[j]
+
     mid = n // 2
-    return values[mid] if n % 2 else 0.5 * (values[mid - 1] + values[mid])
+    return at(mid) if n % 2 else 0.5 * (at(mid - 1) + at(mid))
 
 
 def _own(m: RouteMeasurement | None, c: Candidate, now: float) -> tuple[float, float, float, float]:
@@ -225,10 +237,8 @@ def choose(
         if o[3] > 0.0 and o[2] > 0.0:
             tps_peers.append(o[2])
     prior = prior_latency_seconds if prior_latency_seconds and prior_latency_seconds > 0 else policy.default_latency_seconds
-    lat_fallback = _median(lat_peers)
-    if lat_fallback is None:
-        lat_fallback = prior
-    tps_fallback = _median(tps_peers)
+    lat_peers.sort()
+    tps_peers.sort()
     tokens = max_tokens if max_tokens is not None and 0 < max_tokens <= 10_000_000 else None
 
     scored: list[Scored] = []
@@ -247,9 +257,14 @@ def choose(
             circuit.append(c.key)
             continue
         lat, lat_w, tps, tps_w = own[c.key]
-        lat_est = lat_w * lat + (1.0 - lat_w) * lat_fallback
-        per_request = lat_est
+        # Weak or missing evidence blends toward the comparable routes' median (this route
+        # left out), else toward the prior; expired evidence (weight 0) falls back completely.
+        lat_fallback = _median_without(lat_peers, lat if lat_w > 0.0 else None)
+        if lat_fallback is None:
+            lat_fallback = prior
+        per_request = lat_w * lat + (1.0 - lat_w) * lat_fallback
         if tokens is not None:
+            tps_fallback = _median_without(tps_peers, tps if (tps_w > 0.0 and tps > 0.0) else None)
             if tps_fallback is not None:
                 tps_est = tps_w * tps + (1.0 - tps_w) * tps_fallback
             else:
