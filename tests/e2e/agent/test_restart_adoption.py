@@ -77,7 +77,7 @@ async def test_sigkill_restart_adopts_both_children(js_log: JetStreamLog, nats_s
             await js_log.append(make_command(f"load-{i}", "load", host_id=HOST, **art))
             await js_log.append(make_command(f"warm-{i}", "warm", host_id=HOST, dependencies=(f"load-{i}",), **art))
         for i in range(len(MODELS)):
-            ack = await wait_ack(js_log, f"warm-{i}", timeout=30)
+            ack = await wait_ack(js_log, f"warm-{i}", timeout=60)
             assert ack.status == "succeeded", (ack, log_file.read_text()[-2000:])
         before = StateStore(paths.state).load()[0]
         pids = {m: before.residencies[m].process.pid for m in MODELS}
@@ -89,7 +89,7 @@ async def test_sigkill_restart_adopts_both_children(js_log: JetStreamLog, nats_s
         assert all(psutil.pid_exists(pid) for pid in pids.values()), "children must survive the agent"
 
         agent = _spawn_agent(nats_server.url, grid_config.home, log_file)
-        hb = await wait_for(lambda: _heartbeat_after(js_log, 2, 2), timeout=30)
+        hb = await wait_for(lambda: _heartbeat_after(js_log, 2, 2), timeout=60)
         assert {r.model_id for r in hb.residencies} == set(MODELS)
         assert hb.resources.failure_domain == "rack-1" and hb.resources.tags == ("test",)
         after = StateStore(paths.state).load()[0]

@@ -1,0 +1,35 @@
+"""gridctl pull smollm2: idempotent, verified by sha256 (the first pull runs in the session fixture)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache, ensure_bundled_model
+from grid.cli.pull import pull
+from grid.config import GridConfig
+
+app = typer.Typer()
+app.command()(pull)
+
+
+def test_bundled_pull_is_verified_and_idempotent(bundled_gguf: Path, grid_config: GridConfig):
+    h = hashlib.sha256()
+    with open(bundled_gguf, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    assert h.hexdigest() == BUNDLED_SHA256
+    result = CliRunner().invoke(app, ["smollm2"])
+    assert result.exit_code == 0 and "already cached and verified" in result.output
+    cache = ArtifactCache(grid_config.artifacts_dir)
+    assert cache.lookup(BUNDLED_MODEL_ID).sha256 == BUNDLED_SHA256
+    assert ensure_bundled_model(grid_config) == cache.blob_path(BUNDLED_SHA256)
+
+
+def test_pull_requires_exact_sources(grid_config: GridConfig):
+    runner = CliRunner()
+    assert runner.invoke(app, ["https://example.invalid/x.gguf"]).exit_code == 2  # no digest/size
+    assert runner.invoke(app, ["ftp://host/x.gguf", "--sha256", "a" * 64, "--size-mb", "1"]).exit_code == 2
