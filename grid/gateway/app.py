@@ -328,7 +328,7 @@ async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, 
     Writes GRID_HOME/gateway.url (for `gridctl models` / `gridctl chat`) unless told not to.
     """
     config = uvicorn.Config(
-        app, host=host, port=port, lifespan="on", log_level="warning", access_log=False,
+        app, host=host, port=port, lifespan="on", log_level="warning", access_log=False, log_config=None,
         server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
     )
     server = _Server(config)
