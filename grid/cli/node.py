@@ -171,10 +171,14 @@ def start(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.request_stop)
+        # The pid file exists from the start (recovery may take a while), so `node stop` works.
+        atomic_write(paths.pid_file, msgspec.json.encode(record))
         try:
             await agent.start()
-        except HostIdError as exc:
+        except (HostIdError, LogError, OSError) as exc:
             _echo_err(str(exc))
+            await agent.stop(drain=False)
+            paths.pid_file.unlink(missing_ok=True)
             await event_log.close()
             return 2
         atomic_write(paths.pid_file, msgspec.json.encode(msgspec.structs.replace(record, host_id=agent.host_id)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,7 +26,8 @@ from grid.agent.artifacts import (
     parse_source,
 )
 from grid.events.jetstream import JetStreamLog
-from tests.integration.agent.agentkit import make_command, wait_ack
+from grid.events.commands import CommandWithdrawn
+from tests.integration.agent.agentkit import HOST, heartbeats, make_command, terminal_acks, wait_ack, wait_for
 
 
 class _Files:
@@ -35,6 +37,8 @@ class _Files:
         self.ranges: list[str | None] = []
         # Serve at most this many bytes of a response, then drop the connection.
         self.cut_after: int | None = None
+        # Trickle: seconds to sleep between 64 KiB chunks.
+        self.trickle: float = 0.0
 
 
 def _handler(files: _Files) -> type[BaseHTTPRequestHandler]:
@@ -69,6 +73,12 @@ def _handler(files: _Files) -> type[BaseHTTPRequestHandler]:
             if files.cut_after is not None:
                 payload = payload[: files.cut_after]
                 files.cut_after = None
+            if files.trickle:
+                for i in range(0, len(payload), 65536):
+                    self.wfile.write(payload[i : i + 65536])
+                    self.wfile.flush()
+                    time.sleep(files.trickle)
+                return
             self.wfile.write(payload)
 
     return Handler
@@ -198,3 +208,33 @@ async def test_load_command_reports_real_fetch_only(js_log: JetStreamLog, start_
     assert (a2.status, a2.message, a2.artifact_fetched) == ("succeeded", REASON_CACHE_HIT, False)
     assert (a3.status, a3.artifact_fetched) == ("succeeded", False)  # same bytes: already cached by digest
     assert a4.status == "failed" and a4.message.startswith(REASON_DIGEST_MISMATCH) and not a4.artifact_fetched
+
+
+async def test_one_side_effect_at_a_time_heartbeats_stay_responsive(js_log: JetStreamLog, start_agent, http_files):
+    base, files = http_files
+    data, sha = _blob(640 * 1024, seed=5)
+    files.blobs["/slow.gguf"] = data
+    files.trickle = 0.25  # ten chunks: about 2.5 s of transfer
+    await start_agent()
+    await js_log.append(make_command("slow", "load", model_id="slow", artifact_source=f"{base}/slow.gguf",
+                                     artifact_sha256=sha, artifact_size_mb=1))
+    await js_log.append(make_command("queued", "drain", model_id="other"))
+    await js_log.append(make_command("queued-2", "drain", model_id="other"))
+
+    async def loading():
+        hbs = await heartbeats(js_log)
+        return any(r.state == "loading" for r in hbs[-1].residencies) if hbs else False
+
+    await wait_for(loading, timeout=10, interval=0.05)
+    before = len(await heartbeats(js_log))
+    await js_log.append(CommandWithdrawn(event_id="wd", at=0.0, action_id="queued", host_id=HOST, reason="replanned"))
+    ack = await wait_ack(js_log, "queued")
+    assert ack.status == "cancelled" and ack.message == "withdrawn: replanned"
+    # The withdrawal was handled while the load still ran: heartbeats kept flowing too.
+    assert not await terminal_acks(js_log, "slow")
+    slow = await wait_ack(js_log, "slow", timeout=30)
+    assert slow.status == "succeeded" and slow.artifact_fetched and slow.duration_seconds > 1.0
+    assert len(await heartbeats(js_log)) - before >= 3
+    second = await wait_ack(js_log, "queued-2")
+    assert second.status == "succeeded"
+    assert len(await terminal_acks(js_log, "queued")) == 1
