@@ -1,0 +1,363 @@
+"""The gateway end to end on loopback: official openai client -> gateway (uvicorn) -> real
+llama-server children (engine keys), with real heartbeats and request features in a real
+nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from grid.events.control import ModelProfile
+from grid.events.embedded import EmbeddedNats, free_port
+from grid.events.jetstream import JetStreamLog
+
+from .conftest import MODEL, Engine, GatewayFactory, ready
+
+pytestmark = pytest.mark.slow
+
+PROMPT_MARKER = "zebra-quartz-7731"
+
+
+async def test_models_lists_only_admitted_ready_models(make_gateway: GatewayFactory,
+                                                       engines: dict[str, Engine]) -> None:
+    gw = await make_gateway()
+    a, b = engines["host-a"], engines["host-b"]
+    await gw.heartbeat("host-a", ready(a.endpoint), ready(a.endpoint, model="still-loading", state="loading"),
+                       ready(a.endpoint, model="on-its-way-out", state="draining"))
+    await gw.heartbeat("host-b", ready(b.endpoint, model="fenced-host-model"), state="paused")
+    models = await gw.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert (await gw.client.models.retrieve(MODEL)).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        await gw.client.models.retrieve("still-loading")
+
+    # gridctl models (explicit --gateway URL, then the recorded gateway.url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "grid.cli.main", "models", "--json", "--gateway", gw.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert [m["id"] for m in json.loads(out)] == [MODEL]
+    env = {k: v for k, v in os.environ.items() if k != "GRID_GATEWAY_URL"}
+    env["GRID_HOME"] = str(gw.home)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "grid.cli.main", "models", "--json", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert [m["id"] for m in json.loads(out)] == [MODEL]
+
+
+async def test_chat_streaming_and_telemetry(make_gateway: GatewayFactory, engines: dict[str, Engine]) -> None:
+    gw = await make_gateway()
+    a = engines["host-a"]
+    await gw.heartbeat("host-a", ready(a.endpoint, sha="f" * 64))
+    messages = [{"role": "user", "content": f"Say hello to {PROMPT_MARKER}."}]
+    # The client sends its own Authorization (sk-client-key); the engine only accepts Grid's
+    # engine key, so a 200 proves the key was swapped on the private hop.
+    reply = await gw.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,  # type: ignore[arg-type]
+                                                    extra_headers={"X-Grid-Affinity-Key": "session-1"})
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    stream = await gw.client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) and usage is not None and usage.completion_tokens > 0
+
+    completion = await gw.client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4)
+    assert completion.choices[0].text is not None
+
+    recs = await gw.records(want=lambda rs: len(rs) >= 3)
+    assert len(recs) == 3
+    plain, streamed, legacy = recs
+    assert (plain.endpoint, plain.streamed, plain.outcome, plain.host_id) == ("chat", False, "ok", "host-a")
+    assert plain.served_model == MODEL and plain.output_units == reply.usage.completion_tokens
+    assert plain.artifact_sha256 == "f" * 64 and plain.input_units > 0 and plain.service_seconds > 0
+    assert plain.affinity is None  # direct requests carry no session hash
+    assert streamed.streamed and streamed.outcome == "ok" and streamed.output_units == usage.completion_tokens
+    assert legacy.endpoint == "completions"
+    raw = await gw.raw_request_log()
+    for secret in (PROMPT_MARKER.encode(), b"session-1", b"sk-client-key", a.key.encode()):
+        assert secret not in raw
+
+    stats = await gw.stats()
+    assert stats["last_used_at"][MODEL] > time.time() - 60
+    route = stats["routes"][0]
+    assert route["host_id"] == "host-a" and route["served"] == 3 and route["active"] == 0
+    assert a.key not in json.dumps(stats)
+
+    # gridctl chat streams tokens to the terminal
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "grid.cli.main", "chat", "-m", MODEL, "--max-tokens", "6", "--gateway", gw.url,
+        "Say hi.", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.strip()
+
+
+async def test_unknown_model_is_model_not_found(make_gateway: GatewayFactory, engines: dict[str, Engine]) -> None:
+    gw = await make_gateway()
+    await gw.heartbeat("host-a", ready(engines["host-a"].endpoint))
+    with pytest.raises(openai.NotFoundError) as err:
+        await gw.client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert err.value.code == "model_not_found"
+    assert err.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+async def test_auto_with_nothing_ready_is_an_honest_503_and_records_demand(
+    make_gateway: GatewayFactory, engines: dict[str, Engine]
+) -> None:
+    gw = await make_gateway()
+    await gw.heartbeat("host-a", ready(engines["host-a"].endpoint))  # ready, but scores no workload
+    await gw.profile(ModelProfile(model_id="coder-7b", memory_mb=4000, workload_scores={"coding": 0.9},
+                                  load_seconds=20.0, warm_seconds=10.0))
+    coding = [{"role": "user", "content": "Fix this Python function:\n```python\ndef add(a, b):\n    return a - b\n```"}]
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.client.chat.completions.create(model="auto", messages=coding, max_tokens=4,  # type: ignore[arg-type]
+                                                extra_headers={"X-Grid-Affinity-Key": "user-77/session-3"})
+    assert err.value.status_code == 503 and err.value.code == "model_not_ready"
+    assert err.value.response.headers["retry-after"] == "30"  # the configured cold start
+
+    recs = await gw.records(want=lambda rs: len(rs) >= 1)
+    assert len(recs) == 1
+    demand = recs[0]
+    assert (demand.auto, demand.outcome, demand.workload, demand.requested_model) == (True, "unavailable", "coding", "auto")
+    assert demand.status_code == 503 and demand.served_model is None and demand.host_id is None
+    assert demand.affinity is not None and len(demand.affinity) == 64  # double hash, hex
+    assert b"user-77" not in await gw.raw_request_log()
+
+    # Once a ready model scores the workload (here through "general"), auto routes to it.
+    await gw.profile(ModelProfile(model_id=MODEL, memory_mb=300, workload_scores={"general": 0.5}))
+    reply = await gw.client.chat.completions.create(model="auto", messages=coding, max_tokens=4)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content is not None
+    recs = await gw.records(want=lambda rs: len(rs) >= 2)
+    served = recs[1]
+    assert (served.auto, served.outcome, served.served_model, served.workload) == (True, "ok", MODEL, "coding")
+
+
+async def test_drain_during_a_stream(make_gateway: GatewayFactory, engines: dict[str, Engine]) -> None:
+    gw = await make_gateway()
+    a, b = engines["host-a"], engines["host-b"]
+    await gw.heartbeat("host-a", ready(a.endpoint))
+    await gw.heartbeat("host-b", ready(b.endpoint))
+    stream = await gw.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}], max_tokens=96,  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    it = stream.__aiter__()
+    first = await it.__anext__()
+    assert first.choices
+    active = [r for r in (await gw.stats())["routes"] if r["active"] == 1]
+    assert len(active) == 1
+    busy = active[0]["host_id"]
+    other = "host-b" if busy == "host-a" else "host-a"
+    busy_engine = engines[busy]
+
+    # The busy host's residency starts draining while the stream is running.
+    await gw.heartbeat(busy, ready(busy_engine.endpoint, state="draining"))
+    before = await gw.served()
+    for _ in range(3):
+        r = await gw.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                    max_tokens=2)
+        assert r.choices
+    after = await gw.served()
+    assert after.get(busy) == before.get(busy) and after.get(other, 0) == before.get(other, 0) + 3
+
+    # The in-flight stream still completes on the draining engine.
+    chunks, usage, finish = 1, None, None
+    async for chunk in it:
+        chunks += 1
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert finish == "length" and usage is not None and usage.completion_tokens == 96 and chunks > 90
+    recs = await gw.records(want=lambda rs: len(rs) >= 4)
+    streamed = [r for r in recs if r.streamed]
+    assert len(streamed) == 1 and streamed[0].outcome == "ok" and streamed[0].host_id == busy
+
+    # Only the draining engine left: new requests are refused honestly, not routed to it.
+    await gw.heartbeat(other, ready(engines[other].endpoint, state="draining"))
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert err.value.status_code == 503 and "retry-after" in err.value.response.headers
+    assert [m.id for m in (await gw.client.models.list()).data] == []
+
+
+class FakeFailingEngine:
+    """A real local HTTP server answering chat completions with a chosen status."""
+
+    BODY = json.dumps({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "flaky",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"completion_tokens": 1, "prompt_tokens": 1, "total_tokens": 2},
+    }).encode()
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.posts = 0
+        self.port = free_port()
+        self.server: asyncio.AbstractServer | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> "FakeFailingEngine":
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        return self
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                self.posts += 1
+                body = self.BODY if self.status == 200 else json.dumps(
+                    {"error": {"message": "boom", "type": "server_error", "code": None, "param": None}}).encode()
+                writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (self.status, len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.fixture
+async def flaky() -> AsyncIterator[list[FakeFailingEngine]]:
+    servers: list[FakeFailingEngine] = []
+    yield servers
+    for s in servers:
+        await s.stop()
+
+
+async def test_breaker_opens_on_5xx_redirects_and_recovers(make_gateway: GatewayFactory,
+                                                           flaky: list[FakeFailingEngine]) -> None:
+    gw = await make_gateway()
+    bad = await FakeFailingEngine(500).start()
+    flaky.append(bad)
+    await gw.heartbeat("a-bad", ready(bad.endpoint, model="flaky", conc=4))
+    msg = [{"role": "user", "content": "x"}]
+
+    for _ in range(2):  # two consecutive 5xx: each fails once, never replayed
+        with pytest.raises(openai.APIStatusError) as err:
+            await gw.client.chat.completions.create(model="flaky", messages=msg)  # type: ignore[arg-type]
+        assert err.value.status_code == 502 and err.value.code == "upstream_error"
+    assert bad.posts == 2
+    with pytest.raises(openai.APIStatusError) as err:  # open: no request reaches the engine
+        await gw.client.chat.completions.create(model="flaky", messages=msg)  # type: ignore[arg-type]
+    assert err.value.status_code == 503 and err.value.code == "upstream_unavailable"
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    assert bad.posts == 2
+    assert [r["circuit"] for r in (await gw.stats())["routes"]] == ["open"]
+
+    # A healthy peer for the same model takes the subsequent requests at once.
+    good = await FakeFailingEngine(200).start()
+    flaky.append(good)
+    await gw.heartbeat("b-good", ready(good.endpoint, model="flaky", conc=4))
+    for _ in range(3):
+        r = await gw.client.chat.completions.create(model="flaky", messages=msg)  # type: ignore[arg-type]
+        assert r.choices[0].message.content == "ok"
+    assert good.posts == 3 and bad.posts == 2
+
+    # The bad engine recovers: after the 1 s cooldown one half-open probe closes the circuit.
+    bad.status = 200
+    await gw.heartbeat("b-good", ready(good.endpoint, model="flaky", state="draining"))
+    await asyncio.sleep(1.1)
+    r = await gw.client.chat.completions.create(model="flaky", messages=msg)  # type: ignore[arg-type]
+    assert r.choices[0].message.content == "ok" and bad.posts == 3
+    assert {r["host_id"]: r["circuit"] for r in (await gw.stats())["routes"]}["a-bad"] == "closed"
+
+    recs = await gw.records(want=lambda rs: len(rs) >= 7)
+    assert [r.outcome for r in recs] == ["error", "error", "unavailable", "ok", "ok", "ok", "ok"]
+
+
+async def test_429_opens_for_a_second_and_caller_4xx_does_not(make_gateway: GatewayFactory,
+                                                             flaky: list[FakeFailingEngine]) -> None:
+    gw = await make_gateway()
+    eng = await FakeFailingEngine(429).start()
+    flaky.append(eng)
+    await gw.heartbeat("h-429", ready(eng.endpoint, model="limited", conc=4))
+    msg = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.RateLimitError):
+        await gw.client.chat.completions.create(model="limited", messages=msg)  # type: ignore[arg-type]
+    eng.status = 200
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.client.chat.completions.create(model="limited", messages=msg)  # type: ignore[arg-type]
+    assert err.value.status_code == 503 and eng.posts == 1
+    await asyncio.sleep(1.05)
+    assert (await gw.client.chat.completions.create(model="limited", messages=msg)).choices  # type: ignore[arg-type]
+
+    eng.status = 400  # caller-caused errors never open the circuit
+    for _ in range(4):
+        with pytest.raises(openai.BadRequestError):
+            await gw.client.chat.completions.create(model="limited", messages=msg)  # type: ignore[arg-type]
+    assert eng.posts == 6
+    assert [r["circuit"] for r in (await gw.stats())["routes"]] == ["closed"]
+
+
+async def test_client_api_keys(make_gateway: GatewayFactory, engines: dict[str, Engine]) -> None:
+    gw = await make_gateway(api_keys=["client-key-1"])
+    await gw.heartbeat("host-a", ready(engines["host-a"].endpoint))
+    assert (await gw.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)).choices
+    wrong = gw.client.with_options(api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        await wrong.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):
+        await wrong.models.list()
+
+
+async def test_requests_still_work_when_nats_is_down(make_gateway: GatewayFactory, engines: dict[str, Engine],
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats-down")).start()
+    log = await JetStreamLog.connect(server.url)
+    try:
+        gw = await make_gateway(log=log)
+        await gw.heartbeat("host-a", ready(engines["host-a"].endpoint))
+        msg = [{"role": "user", "content": "Hi"}]
+        assert (await gw.client.chat.completions.create(model=MODEL, messages=msg, max_tokens=2)).choices
+        server.stop()
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = await gw.client.chat.completions.create(model=MODEL, messages=msg, max_tokens=2)
+            assert r.choices and time.monotonic() - t0 < 5.0
+        await asyncio.sleep(1.5)  # a flush attempt fails in the background
+        stats = await gw.stats()
+        tel = stats["telemetry"]
+        assert tel["accepted"] == 4
+        assert tel["failed_appends"] >= 1 or tel["queued"] + tel["pending_retry"] >= 1
+    finally:
+        server.stop()
+        try:
+            await asyncio.wait_for(log.close(), 5.0)
+        except Exception:
+            pass
