@@ -62,3 +62,14 @@ def grid_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="session")
+def bundled_model_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A grid home whose artifact cache holds the real, sha256-verified SmolLM2 GGUF."""
+    from grid.agent.artifacts import ensure_bundled_model
+    from grid.config import GridConfig
+
+    home = tmp_path_factory.mktemp("bundled-model-home")
+    ensure_bundled_model(GridConfig(home=home, nats_url=None))
+    return home

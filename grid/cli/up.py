@@ -63,10 +63,11 @@ def _running_up(cfg: GridConfig) -> psutil.Process | None:
         proc = psutil.Process(int(pid))
         if abs(proc.create_time() - float(created)) > 1.0:
             return None  # the pid was reused by another process
-        cmdline = " ".join(proc.cmdline())
+        argv = proc.cmdline()
     except (OSError, ValueError, psutil.Error):
         return None
-    return proc if "gridctl" in cmdline and " up" in cmdline else None
+    is_gridctl = any(a.endswith("gridctl") or a == "grid.cli.main" for a in argv)
+    return proc if is_gridctl and "up" in argv else None
 
 
 def _download_bar() -> Progress:
@@ -223,11 +224,20 @@ def down(timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait 
         return
     proc.send_signal(signal.SIGTERM)
     with console.status("stopping the grid (draining models) ..."):
-        try:
-            proc.wait(timeout)
-        except psutil.TimeoutExpired:
-            fail(f"gridctl up (pid {proc.pid}) did not stop within {timeout:.0f}s; it is still draining")
+        deadline = time.monotonic() + timeout
+        while not _exited(proc):
+            if time.monotonic() > deadline:
+                fail(f"gridctl up (pid {proc.pid}) did not stop within {timeout:.0f}s; it is still draining")
+            time.sleep(0.2)
     console.print("grid stopped")
+
+
+def _exited(proc: psutil.Process) -> bool:
+    """Gone, or a zombie its own parent has not reaped yet (it has finished either way)."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 serve_app = typer.Typer(help="Run one Grid component in the foreground (for multi-process deployments).",
