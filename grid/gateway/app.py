@@ -115,8 +115,9 @@ class Gateway:
         self.started = False
         if self._follower is not None:
             self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._follower
+            # Closing subscriptions on a dead NATS connection can hang: bound it.
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._follower), 2.0)
             self._follower = None
         await self.telemetry.stop()
         if self.upstream is not None:

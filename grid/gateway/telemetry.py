@@ -107,7 +107,7 @@ class TelemetryQueue:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="grid-gateway-telemetry")
 
-    async def stop(self, *, final_flush_timeout: float = 3.0) -> None:
+    async def stop(self, *, final_flush_timeout: float = 1.0) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

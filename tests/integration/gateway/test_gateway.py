@@ -358,6 +358,6 @@ async def test_requests_still_work_when_nats_is_down(make_gateway: GatewayFactor
     finally:
         server.stop()
         try:
-            await asyncio.wait_for(log.close(), 5.0)
+            await asyncio.wait_for(log.close(), 1.0)
         except Exception:
             pass
