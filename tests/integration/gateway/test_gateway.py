@@ -17,6 +17,7 @@ import pytest
 from grid.events.control import ModelProfile
 from grid.events.embedded import EmbeddedNats, free_port
 from grid.events.jetstream import JetStreamLog
+from grid.gateway.settings import GatewaySettings
 
 from .conftest import MODEL, Engine, GatewayFactory, ready
 
@@ -211,8 +212,9 @@ class FakeFailingEngine:
         "usage": {"completion_tokens": 1, "prompt_tokens": 1, "total_tokens": 2},
     }).encode()
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, delay: float = 0.0) -> None:
         self.status = status
+        self.delay = delay
         self.posts = 0
         self.port = free_port()
         self.server: asyncio.AbstractServer | None = None
@@ -235,6 +237,8 @@ class FakeFailingEngine:
                         length = int(line.split(b":", 1)[1])
                 await reader.readexactly(length)
                 self.posts += 1
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 body = self.BODY if self.status == 200 else json.dumps(
                     {"error": {"message": "boom", "type": "server_error", "code": None, "param": None}}).encode()
                 writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -361,3 +365,51 @@ async def test_requests_still_work_when_nats_is_down(make_gateway: GatewayFactor
             await asyncio.wait_for(log.close(), 1.0)
         except Exception:
             pass
+
+
+async def test_full_routes_queue_briefly_then_answer_honestly(make_gateway: GatewayFactory,
+                                                               flaky: list[FakeFailingEngine]) -> None:
+    gw = await make_gateway(settings=GatewaySettings(queue_timeout_seconds=0.7))
+    eng = await FakeFailingEngine(200, delay=0.45).start()
+    flaky.append(eng)
+    await gw.heartbeat("h-one-slot", ready(eng.endpoint, model="narrow", conc=1))
+    msg = [{"role": "user", "content": "x"}]
+
+    async def call() -> str:
+        try:
+            await gw.client.chat.completions.create(model="narrow", messages=msg)  # type: ignore[arg-type]
+            return "ok"
+        except openai.APIStatusError as exc:
+            return f"{exc.status_code}:{exc.code}"
+
+    # two at once on one slot: the second waits for the first instead of overrunning the engine
+    assert await asyncio.gather(call(), call()) == ["ok", "ok"]
+    recs = await gw.records(want=lambda rs: len(rs) >= 2)
+    assert sorted(r.queue_seconds > 0.1 for r in recs) == [False, True]
+    # three at once: the third cannot get the slot within the queue timeout
+    results = await asyncio.gather(call(), call(), call())
+    assert sorted(results) == ["503:model_at_capacity", "ok", "ok"]
+    assert eng.posts == 4
+
+
+async def test_client_disconnect_mid_stream_releases_the_route(make_gateway: GatewayFactory,
+                                                               engines: dict[str, Engine]) -> None:
+    gw = await make_gateway()
+    await gw.heartbeat("host-a", ready(engines["host-a"].endpoint))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
+            "stream": True, "ignore_eos": True}
+    async with gw.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                break
+        assert [x["active"] for x in (await gw.stats())["routes"]] == [1]
+    # the client went away: the gateway stops reading upstream and frees the slot
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if [x["active"] for x in (await gw.stats())["routes"]] == [0]:
+            break
+        await asyncio.sleep(0.05)
+    assert [x["active"] for x in (await gw.stats())["routes"]] == [0]
+    recs = await gw.records(want=lambda rs: len(rs) >= 1)
+    assert recs[0].outcome == "cancelled" and recs[0].streamed and recs[0].output_units < 400

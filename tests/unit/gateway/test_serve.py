@@ -1,0 +1,36 @@
+"""serve_gateway: in-process uvicorn, gateway.url written while serving and removed after."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from grid.config import GridConfig
+from grid.events.embedded import free_port
+from grid.events.log import InMemoryLog
+from grid.gateway.app import create_gateway_app, serve_gateway
+
+
+async def test_serve_gateway_until_cancelled(tmp_path: Path) -> None:
+    app = create_gateway_app(InMemoryLog(), GridConfig(home=tmp_path, nats_url=None), api_keys=[])
+    port = free_port()
+    task = asyncio.create_task(serve_gateway(app, "127.0.0.1", port))
+    url_file = tmp_path / "gateway.url"
+    for _ in range(200):
+        if url_file.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert url_file.read_text().strip() == f"http://127.0.0.1:{port}"
+    assert url_file.stat().st_mode & 0o077 == 0
+    async with httpx.AsyncClient() as c:
+        health = await c.get(f"http://127.0.0.1:{port}/gateway/health")
+        assert health.json() == {"status": "ok", "ready_models": 0}
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    assert not url_file.exists()
+    assert app.state.gateway.started is False
