@@ -11,6 +11,7 @@ per reason are complete. ``explain_model`` gives the unbounded per-host breakdow
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 
@@ -52,31 +53,42 @@ def static_counts(eng, ms) -> tuple[int, Counter[str]]:
     counts: Counter[str] = Counter()
     eligible = 0
     listed = _listed(eng, ms)
-    per_class: Counter[int] = Counter()
+    per_class: dict[int, list] = {}
     for hi in listed:
         hs = eng.hosts[hi]
-        per_class[hs.cls.idx] += 1
+        per_class.setdefault(hs.cls.idx, []).append(hs)
         v = eng.host_static(hs, ms)
         if v is None:
             eligible += 1
         else:
             counts[v[0]] += 1
     for cls in eng.classes:
-        n = len(cls.hosts) - per_class.get(cls.idx, 0)
+        mine = per_class.get(cls.idx, ())
+        n = len(cls.hosts) - len(mine)
         if n <= 0:
             continue
-        if cls.lifecycle is not None:
-            counts[cls.lifecycle[0]] += n
+        if not cls.eligible:
+            counts[cls.lifecycle_reason] += n
         elif ms.req.allow is not None:
             counts[R.NOT_ALLOWED] += n
         elif ms.req.pins:
             counts[R.PIN_MISMATCH] += n
         else:
             v = eng.class_verdict(cls, ms)
-            if v is None:
-                eligible += n
-            else:
+            if v is not None:
                 counts[v[0]] += n
+                continue
+            mem = ms.class_mem[cls.idx][1]
+            fits = len(cls.caps) - bisect_left(cls.caps, mem)
+            small = len(cls.caps) - fits
+            for hs in mine:
+                if hs.cap_new >= mem:
+                    fits -= 1
+                else:
+                    small -= 1
+            eligible += fits
+            if small:
+                counts[R.INSUFFICIENT_MEMORY] += small
     return eligible, counts
 
 
@@ -101,7 +113,7 @@ def eligible_hosts(eng, ms) -> Iterator:
         if hi in special:
             if eng.host_static(hs, ms) is None:
                 yield hs
-        elif hs.host_id not in deny:
+        elif hs.host_id not in deny and hs.cap_new >= ms.class_mem[hs.cls.idx][1]:
             yield hs
 
 
@@ -113,8 +125,13 @@ def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
     if ms.explicit:
         source: Iterator[int] = iter(range(len(eng.hosts)))
     else:
-        lists = [cls.hosts for cls in eng.classes if cls.idx not in ms.class_mem]
+        lists: list = [cls.hosts for cls in eng.classes if cls.idx not in ms.class_mem]
         lists.append(_listed(eng, ms))
+        for ci in sorted(ms.class_mem):
+            cls = eng.classes[ci]
+            mem = ms.class_mem[ci][1]
+            if cls.caps and cls.caps[0] < mem:
+                lists.append(hi for hi in cls.hosts if eng.hosts[hi].cap_new < mem)
         source = heapq.merge(*lists)
     last = -1
     for hi in source:
@@ -176,11 +193,13 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
         if eligible == 0:
             top = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
             out.append((R.NO_ELIGIBLE_HOST, top))
+        elif ms.placement_budget:
+            out.append((R.PLACEMENT_BUDGET, f"{eng.policy.max_new_placements} new placements per plan"))
         elif ms.budget_blocked and eng.evictions >= eng.policy.max_evictions:
             out.append((R.EVICTION_BUDGET, f"{eng.policy.max_evictions} evictions already staged"))
         else:
             dcounts, _, first = dyn
-            reason = _dominant(dcounts) or R.NO_ELIGIBLE_HOST
+            reason = _dominant(dcounts) or R.NOT_PLACED
             detail = f"{missing} replica(s) unplaced; " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(dcounts.items(), key=lambda kv: (-kv[1], kv[0]))
             )
@@ -190,7 +209,7 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
     target = ms.domain_target()
     domains = {eng.hosts[e.hidx].domain for e in ms.entries}
     if len(domains) < min(target, placed):
-        feasible = len(set(ms.used_domains) | set(ms.eligible_domains))
+        feasible = len(ms.used_domains) + len(eng.eligible_domains(ms, target, exclude=ms.used_domains))
         out.append(
             (R.FAILURE_DOMAIN, f"{len(domains)} of {target} failure domains ({feasible} feasible)")
         )

@@ -111,26 +111,43 @@ class ModelReq:
 
 
 @dataclass(slots=True, eq=False)
+class Bucket:
+    """Hosts of one class that also share load level and throttling: within a bucket every
+    scorer except best fit is constant, so the open list sorted by ``(free_b, host_id)`` gives
+    the bucket's best candidate as the first feasible entry from ``bisect(memory)``."""
+
+    cls: HostClass
+    load_level: int
+    throttled: bool
+    # Sorted (free_b, host_id, host_idx) of hosts that can still take new work.
+    open: list[tuple[int, str, int]] = field(default_factory=list)
+    domains: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True, eq=False)
 class HostClass:
-    """Hosts that are indistinguishable to every static check and class-level scorer."""
+    """Hosts that are indistinguishable to every compatibility check and class-level scorer.
+
+    The key leaves out what only the ledgers or the best-fit scorer need (memory, failure
+    domain, model ceiling) and the per-host load/throttle penalties (buckets). Lifecycle
+    ineligible hosts form classes of their own, keyed by their lifecycle reason.
+    """
 
     idx: int
     key: tuple
-    resources: HostResources
-    state: str
-    lifecycle: Rejection | None
-    cap_raw: int
-    cap_new: int
-    throttled: bool
-    load_level: int
+    resources: HostResources  # of the first member (the compatibility fields are shared)
+    eligible: bool
+    lifecycle_reason: str | None
+    hw_score: float
     disk_known: bool
     runtime_set: frozenset[str]
     backend_set: frozenset[str]
     tag_set: frozenset[str]
     tier: int
-    hosts: list[int] = field(default_factory=list)
-    # Sorted (free_b, host_id, host_idx) of hosts that can still take new work.
-    open: list[tuple[int, str, int]] = field(default_factory=list)
+    hosts: list[int] = field(default_factory=list)  # host idx, ascending (= host id order)
+    caps: list[int] = field(default_factory=list)  # sorted new-work allocatable memory of members
+    buckets: list[Bucket] = field(default_factory=list)
+    domains: set[str] = field(default_factory=set)
 
 
 def raw_allocatable_mb(res: HostResources) -> int:
@@ -295,17 +312,16 @@ def runtime_memory(req: ModelReq, runtimes: tuple[str, ...]) -> tuple[str, int] 
     return best[1], best[0]
 
 
-def check_static_memory(cls: HostClass, req: ModelReq) -> Rejection | None:
-    rm = runtime_memory(req, matching_runtimes(cls, req))
-    if rm is not None and rm[1] > cls.cap_new:
-        return (R.INSUFFICIENT_MEMORY, f"needs {rm[1]} MB, host offers {cls.cap_new} MB for new work")
+def check_static_memory(cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
+    """The largest matching runtime estimate can never fit this host's new-work memory."""
+    if mem > cap_new:
+        return (R.INSUFFICIENT_MEMORY, f"needs {mem} MB, host offers {cap_new} MB for new work")
     return None
 
 
-def check_disk_telemetry(cls: HostClass, req: ModelReq) -> Rejection | None:
-    """An uncached artifact that declares a size needs a free-disk observation (the exact
-    cached case is evaluated per host, where this check is skipped)."""
-    if req.disk_bytes is not None and not cls.disk_known:
+def check_disk_telemetry(cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
+    """An uncached artifact that declares a size needs a free-disk observation."""
+    if not cached and req.disk_bytes is not None and not cls.disk_known:
         return (R.INSUFFICIENT_DISK, "no disk telemetry for an uncached artifact")
     return None
 
@@ -369,6 +385,7 @@ def check_disk(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejec
 HostCheck = Callable[[HostSnapshot, float, Policy], "Rejection | None"]
 PolicyCheck = Callable[[str, ModelReq], "Rejection | None"]
 ClassCheck = Callable[[HostClass, ModelReq], "Rejection | None"]
+CapacityCheck = Callable[[HostClass, int, int, ModelReq, bool], "Rejection | None"]
 DynamicCheck = Callable[..., "Rejection | None"]
 
 
@@ -401,7 +418,10 @@ class FeasibilityChain:
         )
         # 4. Static capacity last among static checks: it needs the matched runtime's memory,
         #    and "never fits" is only meaningful once the host could run the model at all.
-        self.static_capacity: tuple[ClassCheck, ...] = (check_static_memory, check_disk_telemetry)
+        self.static_capacity: tuple[CapacityCheck, ...] = (
+            check_static_memory,
+            check_disk_telemetry,
+        )
         # 5. Dynamic checks against the evolving plan: presence (one replica per model per
         #    host) first because it is exact, then model slots and co-location (the host's
         #    shape), then the desired-footprint ledger, the live make-before-break ledger with
@@ -437,11 +457,13 @@ class FeasibilityChain:
                 return r
         return None
 
-    def class_capacity(self, cls: HostClass, req: ModelReq, cached: bool) -> Rejection | None:
+    def class_disk(self, cls: HostClass, req: ModelReq) -> Rejection | None:
+        """The class-level part of static capacity (uncached hosts): disk telemetry."""
+        return check_disk_telemetry(cls, 0, 0, req, False)
+
+    def host_capacity(self, cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
         for check in self.static_capacity:
-            if cached and check is check_disk_telemetry:
-                continue
-            r = check(cls, req)
+            r = check(cls, cap_new, mem, req, cached)
             if r is not None:
                 return r
         return None

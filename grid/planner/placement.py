@@ -44,10 +44,10 @@ from grid.planner.feasibility import (
     ModelReq,
     Rejection,
     artifact_cached,
+    Bucket,
     load_level,
     matching_runtimes,
     new_work_allocatable_mb,
-    raw_allocatable_mb,
     runtime_memory,
     tier_index,
 )
@@ -126,7 +126,6 @@ class ModelState:
     special_set: frozenset[int] = frozenset()
     explicit: bool = False
     eligible_count: int = 0
-    eligible_domains: frozenset[str] = frozenset()
     max_tps: float = 0.0
     # dynamic
     entries: list[Entry] = field(default_factory=list)
@@ -138,7 +137,8 @@ class ModelState:
     retained: list[MustMove] = field(default_factory=list)
     blocked: bool = False
     shortfalls: list[tuple[str, str]] = field(default_factory=list)
-    budget_blocked: bool = False
+    budget_blocked: bool = False  # a preemption was possible but policy.max_evictions was reached
+    placement_budget: bool = False  # policy.max_new_placements was reached
 
     @property
     def progress(self) -> int:
@@ -180,6 +180,7 @@ class Engine:
         self._static_memo: dict[tuple[int, int], Rejection | None] = {}
         self._cached_memo: dict[tuple[int, int], bool] = {}
         self._class_values: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._domain_caps_memo: dict[int, dict[str, int]] = {}
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
         self._compile()
 
@@ -279,29 +280,44 @@ class Engine:
         for h in inp.hosts:
             snaps[h.host_id] = h
         host_ids = sorted(snaps)
+        # Fleet-wide hardware maxima for the hardware prior.
+        self.max_bw = max((float(s.resources.memory_bandwidth_gbps or 0.0) for s in snaps.values()), default=0.0)
+        self.max_gf = max((float(s.resources.compute_gflops or 0.0) for s in snaps.values()), default=0.0)
         classes: dict[tuple, HostClass] = {}
         class_list: list[HostClass] = []
+        buckets: dict[tuple[int, int, bool], Bucket] = {}
         hosts: list[HostState] = []
         self.lifecycle_counts: Counter[str] = Counter()
         for hi, hid in enumerate(host_ids):
             snap = snaps[hid]
+            res = snap.resources
             life = CHAIN.host_lifecycle(snap, self.now, self.policy)
-            lvl = load_level(snap)
-            key = (snap.resources, snap.state, life, lvl, snap.disk_free_bytes is not None)
+            if life is not None:
+                key: tuple = (False, life[0])
+                hw = 0.0
+            else:
+                hw = S.score_hardware(res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf)
+                key = (
+                    True,
+                    tuple(sorted(set(res.runtimes))),
+                    tuple(sorted(set(res.backends))),
+                    tuple(sorted(set(res.tags))),
+                    res.data_tier,
+                    int(res.gpu_count),
+                    int(res.gpu_memory_mb),
+                    hw,
+                    snap.disk_free_bytes is not None,
+                )
             cls = classes.get(key)
             if cls is None:
-                res = snap.resources
                 ti = tier_index(res.data_tier)
                 cls = HostClass(
                     idx=len(class_list),
                     key=key,
                     resources=res,
-                    state=snap.state,
-                    lifecycle=life,
-                    cap_raw=raw_allocatable_mb(res),
-                    cap_new=new_work_allocatable_mb(res, snap.state),
-                    throttled=snap.state == "throttled",
-                    load_level=lvl,
+                    eligible=life is None,
+                    lifecycle_reason=None if life is None else life[0],
+                    hw_score=hw,
                     disk_known=snap.disk_free_bytes is not None,
                     runtime_set=frozenset(res.runtimes),
                     backend_set=frozenset(res.backends),
@@ -310,20 +326,31 @@ class Engine:
                 )
                 classes[key] = cls
                 class_list.append(cls)
+            cap_new = new_work_allocatable_mb(res, snap.state)
+            lvl = load_level(snap)
+            bucket = None
+            if life is None:
+                bkey = (cls.idx, lvl, snap.state == "throttled")
+                bucket = buckets.get(bkey)
+                if bucket is None:
+                    bucket = Bucket(cls, lvl, snap.state == "throttled")
+                    buckets[bkey] = bucket
+                    cls.buckets.append(bucket)
+                bucket.domains.add(res.failure_domain)
+                cls.caps.append(cap_new)
             cls.hosts.append(hi)
+            cls.domains.add(res.failure_domain)
             if life is not None:
                 self.lifecycle_counts[life[0]] += 1
-            hosts.append(HostState(hi, snap, cls, self.policy.disk_reserve_bytes))
+            hosts.append(HostState(hi, snap, cls, bucket, life, cap_new, lvl, self.policy.disk_reserve_bytes))
+        for cls in class_list:
+            cls.caps.sort()
+            cls.buckets.sort(key=lambda b: (b.load_level, b.throttled))
         self.fleet = FleetState(hosts, class_list)
         self.hosts = hosts
         self.classes = class_list
-        self.class_domains: list[Counter[str]] = []
-        for cls in class_list:
-            self.class_domains.append(Counter(hosts[h].domain for h in cls.hosts))
-
-        # Fleet-wide hardware maxima for the hardware prior.
-        self.max_bw = max((float(c.resources.memory_bandwidth_gbps or 0.0) for c in class_list), default=0.0)
-        self.max_gf = max((float(c.resources.compute_gflops or 0.0) for c in class_list), default=0.0)
+        # Best-fit normalisation: the largest new-work memory in the fleet.
+        self.fit_scale = max((h.cap_new for h in hosts if h.eligible), default=1) or 1
 
         # Per-model "special" hosts: anything model-specific (residency, cached weights,
         # measurements, learned timings) makes a host score differently from its class.
@@ -383,13 +410,13 @@ class Engine:
             return r
 
     def class_verdict(self, cls: HostClass, ms: ModelState) -> Rejection | None:
-        """Static verdict for an uncached, unmeasured host of this class (policy excluded)."""
-        if cls.lifecycle is not None:
-            return cls.lifecycle
+        """Class-level static verdict for an uncached host (policy and memory excluded)."""
+        if not cls.eligible:
+            return (cls.lifecycle_reason or "", "")
         r = self.compat(cls, ms.req)
         if r is not None:
             return r
-        return CHAIN.class_capacity(cls, ms.req, cached=False)
+        return CHAIN.class_disk(cls, ms.req)
 
     def cached(self, hs: HostState, ms: ModelState) -> bool:
         if hs.idx not in ms.special_set:
@@ -407,13 +434,14 @@ class Engine:
         if key in self._static_memo:
             return self._static_memo[key]
         cls = hs.cls
-        r = cls.lifecycle
+        r = hs.lifecycle
         if r is None:
             r = CHAIN.host_policy(hs.host_id, ms.req)
         if r is None:
             r = self.compat(cls, ms.req)
         if r is None:
-            r = CHAIN.class_capacity(cls, ms.req, cached=self.cached(hs, ms))
+            _, mem = self.runtime_for(cls, ms)
+            r = CHAIN.host_capacity(cls, hs.cap_new, mem, ms.req, self.cached(hs, ms))
         self._static_memo[key] = r
         return r
 
@@ -431,37 +459,82 @@ class Engine:
             key = ms.req.compat_key
             lst = passing.get(key)
             if lst is None:
-                lst = [c for c in self.classes if c.lifecycle is None and self.compat(c, ms.req) is None]
+                lst = [
+                    c
+                    for c in self.classes
+                    if c.eligible and self.compat(c, ms.req) is None and CHAIN.class_disk(c, ms.req) is None
+                ]
                 passing[key] = lst
             count = 0
-            domains: Counter[str] = Counter()
             for cls in lst:
-                if CHAIN.class_capacity(cls, ms.req, cached=False) is not None:
-                    continue
                 rm = runtime_memory(ms.req, matching_runtimes(cls, ms.req))
                 assert rm is not None
                 ms.class_mem[cls.idx] = rm
                 if not ms.explicit:
-                    count += len(cls.hosts)
-                    domains.update(self.class_domains[cls.idx])
+                    count += len(cls.caps) - bisect_left(cls.caps, rm[1])
             if not ms.explicit:
                 for hid in sorted(ms.req.deny):
                     hs = self.fleet.by_id.get(hid)
-                    if hs is not None and hs.cls.idx in ms.class_mem:
+                    if hs is not None and self._class_counts(hs, ms):
                         count -= 1
-                        domains[hs.domain] -= 1
             for hi in ms.special:
                 hs = self.hosts[hi]
-                in_class = (not ms.explicit) and hs.cls.idx in ms.class_mem and hs.host_id not in ms.req.deny
-                ok = self.host_static(hs, ms) is None
-                if ok and not in_class:
+                counted = (not ms.explicit) and self._class_counts(hs, ms) and hs.host_id not in ms.req.deny
+                if not counted and self.host_static(hs, ms) is None:
                     count += 1
-                    domains[hs.domain] += 1
-                elif in_class and not ok:  # cannot happen (cache only relaxes), kept for safety
-                    count -= 1
-                    domains[hs.domain] -= 1
             ms.eligible_count = count
-            ms.eligible_domains = frozenset(d for d, n in domains.items() if n > 0)
+
+    def _class_counts(self, hs: HostState, ms: ModelState) -> bool:
+        """Is this host counted as eligible by the class path (ignoring deny lists)?"""
+        rm = ms.class_mem.get(hs.cls.idx)
+        return hs.eligible and rm is not None and hs.cap_new >= rm[1]
+
+    def eligible_domains(self, ms: ModelState, limit: int, exclude=()) -> set[str]:
+        """Up to `limit` failure domains, not in `exclude`, that hold a statically eligible host."""
+        out: set[str] = set()
+        if limit <= 0:
+            return out
+        for hi in ms.special:
+            hs = self.hosts[hi]
+            if hs.domain not in exclude and hs.domain not in out and self.host_static(hs, ms) is None:
+                out.add(hs.domain)
+                if len(out) >= limit:
+                    return out
+        if ms.explicit:
+            return out
+        if ms.req.deny:
+            for ci in sorted(ms.class_mem):
+                mem = ms.class_mem[ci][1]
+                for hi in self.classes[ci].hosts:
+                    hs = self.hosts[hi]
+                    if hs.domain in exclude or hs.domain in out or hs.cap_new < mem or hs.host_id in ms.req.deny:
+                        continue
+                    out.add(hs.domain)
+                    if len(out) >= limit:
+                        return out
+            return out
+        for ci in sorted(ms.class_mem):
+            cls = self.classes[ci]
+            mem = ms.class_mem[ci][1]
+            if cls.caps[-1] < mem:
+                continue
+            for d, cap in self._domain_caps(cls).items():
+                if cap >= mem and d not in exclude and d not in out:
+                    out.add(d)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def _domain_caps(self, cls: HostClass) -> dict[str, int]:
+        v = self._domain_caps_memo.get(cls.idx)
+        if v is None:
+            v = {}
+            for hi in cls.hosts:
+                hs = self.hosts[hi]
+                if hs.cap_new > v.get(hs.domain, -1):
+                    v[hs.domain] = hs.cap_new
+            self._domain_caps_memo[cls.idx] = v
+        return v
 
     # ==================================================================================
     # Scoring
@@ -500,25 +573,24 @@ class Engine:
         return S.score_scarcity(best[0], ms.eligible_count)
 
     def class_values(self, cls: HostClass, ms: ModelState) -> tuple[float, ...]:
-        """Scorer values for a plain host of the class, with domain=0 and fit=0 placeholders."""
+        """Scorer values for a plain (non-special) host of the class; domain, fit, load and
+        throttling are placeholders (0) filled in per bucket and host."""
         key = (cls.idx, ms.idx)
         v = self._class_values.get(key)
         if v is None:
-            res = cls.resources
-            hw = S.score_hardware(res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf)
             st = S.score_startup(S.startup_seconds(ms.profile, None, False, ms.req.sha))
             v = (
                 0.0,  # resident
                 0.0,  # cached
                 0.0,  # domain (dynamic)
                 0.0,  # throughput
-                hw,
+                cls.hw_score,
                 0.0,  # fit (dynamic)
                 st,
                 0.0,  # sticky
                 self.scarcity(cls, ms),
-                S.score_load(cls.load_level),
-                S.score_throttled(cls.throttled),
+                0.0,  # load (bucket)
+                0.0,  # throttled (bucket)
                 0.0,  # failed
             )
             self._class_values[key] = v
@@ -529,9 +601,12 @@ class Engine:
     ) -> tuple[float, ...]:
         """Scorer values for one host (special hosts, incumbents and the naive scan)."""
         cls = hs.cls
+        fit = S.score_fit(hs.free_b, mem, self.fit_scale)
+        load = S.score_load(hs.load_level)
+        thr = S.score_throttled(hs.throttled)
+        new_domain = hs.domain not in ms.used_domains
         if incumbent is None and hs.idx not in ms.special_set:
-            base = self.class_values(cls, ms)
-            return _with_dynamic(base, hs.domain not in ms.used_domains, S.score_fit(hs.free_b, mem, hs.cap_new))
+            return _values(self.class_values(cls, ms), new_domain, fit, load, thr)
         mid = ms.req.model_id
         snap = hs.snap
         cached = self.cached(hs, ms)
@@ -553,15 +628,15 @@ class Engine:
         return (
             S.score_resident(incumbent.state if incumbent is not None else None),
             S.score_cached(cached),
-            S.score_domain(hs.domain not in ms.used_domains),
+            S.score_domain(new_domain),
             S.score_throughput(tps, ms.max_tps),
             hw,
-            S.score_fit(hs.free_b, mem, hs.cap_new),
+            fit,
             st,
             S.score_sticky(sticky),
             self.scarcity(cls, ms),
-            S.score_load(cls.load_level),
-            S.score_throttled(cls.throttled),
+            load,
+            thr,
             S.score_failed(failed),
         )
 
@@ -593,17 +668,21 @@ class Engine:
         return Candidate(S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values)
 
     def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
+        """Eligible classes by an upper bound on any member's score (new domain, perfect
+        fit, no load or throttling penalty), best first. Computed once per model."""
         if not ms.class_order and ms.class_mem and not ms.explicit:
             order = []
             for ci in ms.class_mem:
                 v = self.class_values(self.classes[ci], ms)
-                ub = S.combine(_with_dynamic(v, True, 100.0), ms.boost)
+                ub = S.combine(_values(v, True, 100.0, 0.0, 0.0), ms.boost)
                 order.append((-ub, ci))
             order.sort()
             ms.class_order = order
         return ms.class_order
 
     def best_host(self, ms: ModelState, need_new_domain: bool) -> Candidate | None:
+        """The feasible host with the highest score (ties: smaller host id), exactly as a full
+        scan would find it: special hosts one by one, every other host through its bucket."""
         if self.naive:
             return self._best_host_naive(ms, need_new_domain)
         best: Candidate | None = None
@@ -620,49 +699,54 @@ class Engine:
         headroom = self.headroom
         req = ms.req
         dyn = CHAIN.dynamic_check
+        boost = ms.boost
+        scale = self.fit_scale
+        disk = req.disk_bytes or 0
         for neg_ub, ci in self._class_upper_bounds(ms):
             if best is not None and -neg_ub < best.score:
                 break
             cls = self.classes[ci]
-            lst = cls.open
-            if not lst:
-                continue
             rt, mem = ms.class_mem[ci]
-            disk = req.disk_bytes or 0
-            dom_counts = self.class_domains[ci]
-            look_new = bool(used) and any(d not in used for d in dom_counts)
-            if need_new_domain and not look_new:
-                continue
-            i = bisect_left(lst, (mem, "", -1))
-            n = len(lst)
-            first_any: HostState | None = None
-            first_new: HostState | None = None
-            while i < n:
-                _, hid, hi = lst[i]
-                i += 1
-                if hi in special or hid in deny:
+            base = self.class_values(cls, ms)
+            for b in cls.buckets:
+                lst = b.open
+                if not lst:
                     continue
-                hs = hosts[hi]
-                is_new = hs.domain not in used
-                if first_any is not None and not is_new:
+                load = S.score_load(b.load_level)
+                thr = S.score_throttled(b.throttled)
+                if best is not None and S.combine(_values(base, True, 100.0, load, thr), boost) < best.score:
                     continue
-                if need_new_domain and not is_new:
+                look_new = bool(used) and any(d not in used for d in b.domains)
+                if need_new_domain and not look_new:
                     continue
-                if dyn(hs, req, mem, disk, headroom) is not None:
-                    continue
-                if is_new:
-                    first_new = hs
-                    break
-                first_any = hs
-                if not look_new:
-                    break
-            for hs in (first_any, first_new):
-                if hs is None:
-                    continue
-                values = _with_dynamic(self.class_values(cls, ms), hs.domain not in used, S.score_fit(hs.free_b, mem, hs.cap_new))
-                c = Candidate(S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values)
-                if c.beats(best):
-                    best = c
+                i = bisect_left(lst, (mem, "", -1))
+                n = len(lst)
+                first_any: HostState | None = None
+                first_new: HostState | None = None
+                while i < n:
+                    _, hid, hi = lst[i]
+                    i += 1
+                    if hi in special or hid in deny:
+                        continue
+                    hs = hosts[hi]
+                    is_new = hs.domain not in used
+                    if not is_new and (first_any is not None or need_new_domain):
+                        continue
+                    if dyn(hs, req, mem, disk, headroom) is not None:
+                        continue
+                    if is_new:
+                        first_new = hs
+                        break
+                    first_any = hs
+                    if not look_new:
+                        break
+                for hs in (first_any, first_new):
+                    if hs is None:
+                        continue
+                    values = _values(base, hs.domain not in used, S.score_fit(hs.free_b, mem, scale), load, thr)
+                    c = Candidate(S.combine(values, boost), hs.host_id, hs.idx, rt, mem, disk, values)
+                    if c.beats(best):
+                        best = c
         return best
 
     def _best_host_naive(self, ms: ModelState, need_new_domain: bool) -> Candidate | None:
@@ -677,7 +761,7 @@ class Engine:
         target = ms.domain_target()
         if len(ms.used_domains) >= target:
             return False
-        return any(d not in ms.used_domains for d in ms.eligible_domains)
+        return bool(self.eligible_domains(ms, 1, exclude=ms.used_domains))
 
     def choose(self, ms: ModelState) -> Candidate | None:
         if self.needs_new_domain(ms):
@@ -802,13 +886,13 @@ class Engine:
 
         # Kept-set bookkeeping used only while seeding (convergence checks compare an
         # incumbent against the incumbents already kept, not against everything live).
-        kept_on: list[list[ModelReq | None]] = [[] for _ in self.hosts]
+        kept_on: list[list[tuple[str, ModelReq | None]]] = [[] for _ in self.hosts]
         kept_names: list[set[str]] = [set() for _ in self.hosts]
         for hi, r in self.immovable:
             if r.model_id not in kept_names[hi]:
                 kept_names[hi].add(r.model_id)
                 ms = models.get(r.model_id)
-                kept_on[hi].append(ms.req if ms is not None else None)
+                kept_on[hi].append((r.model_id, ms.req if ms is not None else None))
 
         # Immovable residencies satisfy demand when they are healthy, on an eligible host
         # and statically compatible (they are never actuated either way).
@@ -863,26 +947,24 @@ class Engine:
                 verdict = self._incumbent_verdict(hs, r, ms, kept_on[hs.idx])
                 if verdict is None and hs.domain in ms.used_domains:
                     # Keep room for the failure-domain spread that is still reachable.
-                    reachable = len(set(ms.used_domains) | ms.eligible_domains)
-                    target = min(ms.domain_target(), reachable)
+                    more = self.eligible_domains(ms, ms.domain_target(), exclude=ms.used_domains)
+                    target = min(ms.domain_target(), len(ms.used_domains) + len(more))
                     slots_left = ms.wanted - len(ms.entries) - 1
                     if slots_left < target - len(ms.used_domains):
-                        verdict = ("mustmove", R.FAILURE_DOMAIN, "spread needs another failure domain")
+                        verdict = ("mustmove", R.FAILURE_DOMAIN, "spread needs another failure domain", "")
                 if verdict is None:
-                    mem = max(0, int(r.memory_mb))
-                    slot = Slot(ms.req.model_id, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r)
-                    values = self.host_values(hs, ms, mem, incumbent=r)
-                    hs.free_b -= mem
-                    hs.add_desired(slot, ms.req)
-                    kept_on[hs.idx].append(ms.req)
-                    ms.entries.append(Entry(hs.idx, slot, "existing", R.INCUMBENT, True, values, S.combine(values, ms.boost)))
-                    ms.used_domains[hs.domain] += 1
+                    self._keep(hs, r, ms, kept_on)
                     continue
-                kind, reason, detail = verdict
+                kind, reason, detail, survivor = verdict
                 if kind == "mustmove":
                     ms.mustmove.append(MustMove(hs.idx, r, reason, detail))
+                elif self.evictions < self.policy.max_evictions:
+                    self._converge(hs, r, ms, reason, survivor)
                 else:
-                    self._converge(hs, r, ms, reason, detail)
+                    # Over this plan's eviction budget: the violation stays visible and
+                    # converges over later plans instead of an unbounded wave.
+                    ms.shortfalls.append((R.EVICTION_BUDGET, f"{reason} convergence on {hs.host_id} deferred"))
+                    self._keep(hs, r, ms, kept_on)
             for hs, r in remaining:
                 self.obsolete.append((hs.idx, r))
 
@@ -896,39 +978,48 @@ class Engine:
         for hs in self.hosts:
             self.fleet.reindex(hs)
 
+    def _keep(self, hs: HostState, r: ResidencyView, ms: ModelState, kept_on) -> None:
+        mem = max(0, int(r.memory_mb))
+        slot = Slot(ms.req.model_id, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r)
+        values = self.host_values(hs, ms, mem, incumbent=r)
+        hs.free_b -= mem
+        hs.add_desired(slot, ms.req)
+        kept_on[hs.idx].append((ms.req.model_id, ms.req))
+        ms.entries.append(Entry(hs.idx, slot, "existing", R.INCUMBENT, True, values, S.combine(values, ms.boost)))
+        ms.used_domains[hs.domain] += 1
+
     def _incumbent_verdict(
-        self, hs: HostState, r: ResidencyView, ms: ModelState, kept: list[ModelReq | None]
-    ) -> tuple[str, str, str] | None:
+        self, hs: HostState, r: ResidencyView, ms: ModelState, kept: list[tuple[str, ModelReq | None]]
+    ) -> tuple[str, str, str, str] | None:
+        """None (keep), ("mustmove", ...) or ("converge", ..., survivor model id)."""
         req = ms.req
         rej = self.host_static(hs, ms)
         if rej is not None:
-            return ("mustmove", rej[0], rej[1])
+            return ("mustmove", rej[0], rej[1], "")
         allowed = req.runtimes or DEFAULT_RUNTIMES
         if r.runtime not in allowed or r.runtime not in hs.cls.runtime_set:
-            return ("mustmove", R.RUNTIME_MISMATCH, f"live runtime {r.runtime} no longer allowed")
+            return ("mustmove", R.RUNTIME_MISMATCH, f"live runtime {r.runtime} no longer allowed", "")
         n = len(kept) + 1
+        first = kept[0][0] if kept else ""
         if hs.limit and n > hs.limit:
-            return ("converge", R.MODEL_LIMIT, f"host ceiling {hs.limit} below live inventory")
+            return ("converge", R.MODEL_LIMIT, f"host ceiling {hs.limit} below live inventory", first)
         if req.max_colocated and n > req.max_colocated:
-            return ("converge", R.COLOCATION_LIMIT, f"model allows {req.max_colocated} co-located")
-        for k in kept:
+            return ("converge", R.COLOCATION_LIMIT, f"model allows {req.max_colocated} co-located", first)
+        for mid, k in kept:
             if k is None:
                 continue
             if k.max_colocated and n > k.max_colocated:
-                return ("converge", R.COLOCATION_LIMIT, f"{k.model_id} allows {k.max_colocated} co-located")
-            if k.model_id in req.excludes:
-                return ("converge", R.COLOCATION_EXCLUDED, f"excluded pairing with {k.model_id}")
+                return ("converge", R.COLOCATION_LIMIT, f"{mid} allows {k.max_colocated} co-located", mid)
+            if mid in req.excludes:
+                return ("converge", R.COLOCATION_EXCLUDED, f"excluded pairing with {mid}", mid)
         mem = max(0, int(r.memory_mb))
         if mem > hs.free_b:
-            return ("mustmove", R.INSUFFICIENT_MEMORY, f"desired footprint over capacity ({hs.free_b} MB free < {mem} MB)")
+            return ("mustmove", R.INSUFFICIENT_MEMORY, f"desired footprint over capacity ({hs.free_b} MB free < {mem} MB)", "")
         return None
 
-    def _converge(self, hs: HostState, r: ResidencyView, ms: ModelState, reason: str, detail: str) -> None:
+    def _converge(self, hs: HostState, r: ResidencyView, ms: ModelState, reason: str, survivor: str) -> None:
         """Stage drain/unload of an incumbent that violates a lowered ceiling or co-location rule."""
         self.obsolete.append((hs.idx, r))
-        if self.evictions >= self.policy.max_evictions:
-            ms.shortfalls.append((R.EVICTION_BUDGET, f"convergence on {hs.host_id} deferred"))
-            return
         not_before = None
         if r.loaded_at is not None:
             t = r.loaded_at + ms.profile.min_residency_seconds
@@ -940,10 +1031,10 @@ class Engine:
             Preemption(
                 host_id=hs.host_id,
                 victim_model=r.model_id,
-                beneficiary_model="",
+                beneficiary_model=survivor,
                 reason=rsn,
                 memory_mb=max(0, int(r.memory_mb)),
-                priority=ms.priority,
+                priority=self.by_model[survivor].priority if survivor in self.by_model else ms.priority,
                 not_before=not_before,
             )
         )
@@ -1000,7 +1091,7 @@ class Engine:
 
     def _place_one(self, ms: ModelState, tier: str, prio: int, preemption, repair) -> bool:
         if self.new_count >= self.policy.max_new_placements:
-            ms.budget_blocked = True
+            ms.placement_budget = True
             return False
         c = self.choose(ms)
         if c is not None:
@@ -1044,5 +1135,19 @@ def _res_order(r: ResidencyView) -> tuple:
     return (r.model_id, 0 if r.state in HEALTHY_STATES else 1, _STATE_RANK.get(r.state, 9), r.state)
 
 
-def _with_dynamic(base: tuple[float, ...], new_domain: bool, fit: float) -> tuple[float, ...]:
-    return (base[0], base[1], 100.0 if new_domain else 0.0, base[3], base[4], fit, *base[6:])
+def _values(base: tuple[float, ...], new_domain: bool, fit: float, load: float, thr: float) -> tuple[float, ...]:
+    """Class values with the per-host entries (domain, fit, load, throttled) filled in."""
+    return (
+        base[0],
+        base[1],
+        100.0 if new_domain else 0.0,
+        base[3],
+        base[4],
+        fit,
+        base[6],
+        base[7],
+        base[8],
+        load,
+        thr,
+        base[11],
+    )

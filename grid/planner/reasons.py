@@ -69,6 +69,8 @@ AWAITING_RELEASE = "AWAITING_RELEASE"  # capacity is held by obsolete residencie
 EVICTION_BUDGET = "EVICTION_BUDGET"  # policy.max_evictions reached for this plan
 PIN_UNSATISFIED = "PIN_UNSATISFIED"  # a hard pin cannot be placed on its exact host
 RETAINED_NONCOMPLIANT = "RETAINED_NONCOMPLIANT"  # old replica kept (make-before-break) with no replacement
+PLACEMENT_BUDGET = "PLACEMENT_BUDGET"  # policy.max_new_placements reached for this plan
+NOT_PLACED = "NOT_PLACED"  # eligible capacity exists now but the replica's turn had none
 
 SHORTFALL_REASONS: tuple[str, ...] = (
     NO_ELIGIBLE_HOST,
@@ -77,6 +79,8 @@ SHORTFALL_REASONS: tuple[str, ...] = (
     EVICTION_BUDGET,
     PIN_UNSATISFIED,
     RETAINED_NONCOMPLIANT,
+    PLACEMENT_BUDGET,
+    NOT_PLACED,
     # plus any dynamic feasibility reason (INSUFFICIENT_MEMORY, MODEL_LIMIT, FAILURE_DOMAIN, ...)
 )
 

@@ -65,20 +65,24 @@ def score_throughput(tps: float | None, max_tps: float) -> float:
 
 
 def score_hardware(bandwidth: float | None, gflops: float | None, max_bw: float, max_gflops: float) -> float:
+    """Whole points only: hosts with near-identical hardware share a class (and a score)."""
     s = 0.0
     if bandwidth and max_bw > 0.0:
         s += 60.0 * min(1.0, bandwidth / max_bw)
     if gflops and max_gflops > 0.0:
         s += 40.0 * min(1.0, gflops / max_gflops)
-    return _clamp(s)
+    return float(round(_clamp(s)))
 
 
-def score_fit(free_mb: float, mem_mb: float, capacity_mb: float) -> float:
-    """100 when the placement fills the host's remaining desired capacity exactly."""
-    if capacity_mb <= 0:
+def score_fit(free_mb: float, mem_mb: float, scale_mb: float) -> float:
+    """100 when the placement fills the host's remaining desired capacity exactly.
+
+    ``scale_mb`` is fleet-wide (the largest new-work allocatable memory), not the host's own
+    capacity, so the score is monotone in free memory across hosts of different sizes."""
+    if scale_mb <= 0:
         return 0.0
     leftover = max(0.0, free_mb - mem_mb)
-    return _clamp(100.0 * (1.0 - leftover / capacity_mb))
+    return _clamp(100.0 * (1.0 - leftover / scale_mb))
 
 
 def score_startup(seconds: float) -> float:

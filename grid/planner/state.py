@@ -12,9 +12,10 @@ placements and staged-preemption reservations. A new placement needs ``memory`` 
 Both ledgers are bounded by the new-work allocatable memory (raw allocatable after reserve and
 thermal derating; a throttled host offers only its throttle fraction).
 
-Hosts that can still take new work are kept in their class's ``open`` list, sorted by
-``(free_b, host_id)``: within a class every scorer except best fit is constant, so the first
-feasible host from ``bisect(memory)`` is the class's best candidate.
+Hosts that can still take new work are kept in their bucket's ``open`` list (a bucket is a host
+class plus load level and throttling), sorted by ``(free_b, host_id)``: within a bucket every
+scorer except best fit (and the failure-domain bonus) is constant, so the first feasible host
+from ``bisect(memory)`` is the bucket's best candidate.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass, field
 
-from grid.planner.feasibility import HostClass, ModelReq
+from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
 from grid.planner.types import HostSnapshot, ResidencyView
 
 
@@ -49,9 +50,13 @@ class HostState:
         "host_id",
         "snap",
         "cls",
+        "bucket",
         "domain",
         "eligible",
+        "lifecycle",
         "cap_new",
+        "load_level",
+        "throttled",
         "free_a",
         "free_b",
         "live_models",
@@ -68,16 +73,30 @@ class HostState:
         "leaving_mb",
     )
 
-    def __init__(self, idx: int, snap: HostSnapshot, cls: HostClass, disk_reserve: int) -> None:
+    def __init__(
+        self,
+        idx: int,
+        snap: HostSnapshot,
+        cls: HostClass,
+        bucket: Bucket | None,
+        lifecycle: Rejection | None,
+        cap_new: int,
+        load_level: int,
+        disk_reserve: int,
+    ) -> None:
         self.idx = idx
         self.host_id = snap.host_id
         self.snap = snap
         self.cls = cls
+        self.bucket = bucket
         self.domain = snap.resources.failure_domain
-        self.eligible = cls.lifecycle is None
-        self.cap_new = cls.cap_new
-        self.free_a = cls.cap_new
-        self.free_b = cls.cap_new
+        self.lifecycle = lifecycle
+        self.eligible = lifecycle is None
+        self.cap_new = cap_new
+        self.load_level = load_level
+        self.throttled = snap.state == "throttled"
+        self.free_a = cap_new
+        self.free_b = cap_new
         self.live_models: frozenset[str] = frozenset()
         self.desired: dict[str, Slot] = {}
         self.present_n = 0
@@ -178,15 +197,16 @@ class FleetState:
         self.totals = Totals()
 
     def reindex(self, hs: HostState) -> None:
-        cls = hs.cls
-        if hs.okey is not None:
-            i = bisect_left(cls.open, hs.okey)
-            assert cls.open[i] == hs.okey
-            del cls.open[i]
-            hs.okey = None
-        if hs.is_open():
-            hs.okey = (hs.free_b, hs.host_id, hs.idx)
-            insort(cls.open, hs.okey)
+        b = hs.bucket
+        if b is not None:
+            if hs.okey is not None:
+                i = bisect_left(b.open, hs.okey)
+                assert b.open[i] == hs.okey
+                del b.open[i]
+                hs.okey = None
+            if hs.is_open():
+                hs.okey = (hs.free_b, hs.host_id, hs.idx)
+                insort(b.open, hs.okey)
         t = self.totals
         old = t.contrib.get(hs.idx, (0, 0, 0))
         new = host_contribution(hs)

@@ -103,7 +103,7 @@ class Policy(Value, frozen=True, kw_only=True):
     # Per-model bound on host ids listed in a plan's explanation (eligible hosts and per-host
     # rejections); counts per reason stay complete. grid.planner.explain.explain_model gives
     # the unbounded per-host breakdown for one model on demand.
-    explain_host_limit: int = 32
+    explain_host_limit: int = 8
 
 
 class PlannerInput(Value, frozen=True, kw_only=True):

@@ -174,7 +174,13 @@ def test_model_ceiling_lowered_below_live_inventory_converges():
     profiles = [prof("a", 4000, priority=1), prof("b", 4000, priority=0)]
     p = plan(mk(profiles, [h]))
     assert on(p, "a") == ["h1"] and count(p, "b") == 0
-    assert [(x.victim_model, x.reason) for x in p.preemptions] == [("b", R.MODEL_LIMIT_CONVERGENCE)]
+    assert [(x.victim_model, x.beneficiary_model, x.reason) for x in p.preemptions] == [
+        ("b", "a", R.MODEL_LIMIT_CONVERGENCE)
+    ]
+    # Beyond the eviction budget the violation is kept and reported, converging later.
+    p = plan(mk(profiles, [h], policy=Policy(max_evictions=0)))
+    assert on(p, "b") == ["h1"] and not p.preemptions
+    assert R.EVICTION_BUDGET in shortfall_reasons(p, "b")
 
 
 def test_tightened_colocation_converges_with_residency_fence():
@@ -183,7 +189,7 @@ def test_tightened_colocation_converges_with_residency_fence():
     p = plan(mk(profiles, [h]))
     assert on(p, "a") == ["h1"]
     (pe,) = p.preemptions
-    assert (pe.victim_model, pe.reason) == ("b", R.COLOCATION_CONVERGENCE)
+    assert (pe.victim_model, pe.beneficiary_model, pe.reason) == ("b", "a", R.COLOCATION_CONVERGENCE)
     assert pe.not_before == NOW - 100 + 300
 
 
@@ -431,6 +437,13 @@ def test_repair_lower_bound_fails_fast_on_saturated_fleet():
     eng.run()
     assert sum(len(ms.entries) for ms in eng.models) == 16
     assert eng.repair_steps == 0
+
+
+def test_placement_budget_is_reported():
+    hosts = [host(f"h{i}") for i in range(4)]
+    p = plan(mk([prof("a", 1000, min_replicas=3, max_replicas=3)], hosts, policy=Policy(max_new_placements=2)))
+    assert count(p, "a") == 2
+    assert shortfall_reasons(p, "a") == {R.PLACEMENT_BUDGET}
 
 
 def test_explanations_cover_every_model_and_render():

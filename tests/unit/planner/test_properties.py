@@ -339,6 +339,19 @@ def test_wanted_bounds_and_explanations(inp):
         if per_model[ex.model_id] < ex.wanted:
             # never hidden: a model below its target always carries a shortfall
             assert any(s.model_id == ex.model_id for s in p.shortfalls)
+    # eligible counts (class arithmetic) equal an independent per-host count
+    profiles = {x.model_id: x for x in inp.profiles}
+    hosts = {h.host_id: h for h in inp.hosts}
+    for ex in p.explanations:
+        prof = profiles[ex.model_id]
+        expected = 0
+        for h in hosts.values():
+            if not statically_eligible(h, prof, inp.now, inp.policy) or mem_on(h, prof) > cap_new(h):
+                continue
+            if prof.artifact_size_mb and h.disk_free_bytes is None and not is_cached(h, prof):
+                continue
+            expected += 1
+        assert ex.eligible_count == expected, ex
     assert len(p.preemptions) <= inp.policy.max_evictions
     for pe in p.preemptions:
         assert pe.victim_model not in {x.model_id for x in p.placements if x.host_id == pe.host_id}

@@ -1,0 +1,263 @@
+"""Planner scale benchmark: full plans on seeded heterogeneous fleets.
+
+Cells: 64, 512, 4096 hosts x 32, 128, 512 models (heterogeneous memory, runtimes, tags, data
+tiers, failure domains, lifecycle states and load; seeded generator). Two plans per cell:
+
+* cold   - empty fleet (every replica is a new placement);
+* steady - the same fleet one tick later: the cold plan's replicas are live (mostly ready,
+           some warming), their weights cached, throughput measured on some of them.
+
+Prints wall time, placements/s, plan size and the log-log slope of time in hosts per model
+count. The baseline measured in the same run is the planner's reference full-scan candidate
+search (``build_plan(naive=True)``), run on the cells where it finishes quickly; the ratio
+column is baseline time / indexed time (identical plan bytes are asserted).
+
+    python bench/planner_scale.py            # full grid
+    python bench/planner_scale.py --quick    # smallest cells only
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+
+from grid.events.control import ModelProfile
+from grid.events.host import CachedArtifact, HostLoad, HostResources
+from grid.planner.plan import build_plan, encode_plan, plan
+from grid.planner.types import DemandTarget, Harm, HostSnapshot, PlannerInput, ResidencyView
+
+NOW = 1_000_000.0
+GB = 1 << 30
+
+# name, capacity MB, runtimes, backends, gpus, gpu MB, bandwidth GB/s, GFLOPS, tags, limit
+HARDWARE = [
+    ("laptop-16", 16_384, ("llama.cpp", "mlx"), ("metal",), 0, 0, 100.0, 3_600.0, ("laptop", "battery"), 2),
+    ("laptop-32", 32_768, ("llama.cpp",), ("cpu",), 0, 0, 60.0, 1_200.0, ("laptop", "battery"), 2),
+    ("studio-192", 196_608, ("llama.cpp", "mlx"), ("metal",), 0, 0, 800.0, 27_000.0, ("ssd",), 0),
+    ("rtx4090-64", 65_536, ("llama.cpp", "vllm"), ("cuda",), 1, 24_576, 1_000.0, 82_000.0, ("gpu", "ssd"), 4),
+    ("a100x2-256", 262_144, ("vllm", "llama.cpp"), ("cuda",), 2, 81_920, 2_000.0, 312_000.0, ("gpu", "ssd", "dc"), 0),
+    ("cpu-128", 131_072, ("llama.cpp",), ("cpu",), 0, 0, 80.0, 2_000.0, ("ssd", "dc"), 0),
+]
+MEMORY = [1_024, 2_048, 4_096, 6_144, 8_192, 12_288, 16_384, 24_576, 40_960, 81_920]
+MEMORY_W = [8, 14, 18, 12, 12, 10, 8, 8, 6, 4]
+
+
+def make_hosts(rng: random.Random, n: int) -> list[HostSnapshot]:
+    n_domains = max(4, n // 16)
+    hosts = []
+    for i in range(n):
+        name, cap, rts, bes, gpus, gmem, bw, gf, tags, limit = rng.choice(HARDWARE)
+        r = rng.random()
+        state = "accepting" if r < 0.86 else "throttled" if r < 0.94 else rng.choice(["paused", "draining", "quarantined"])
+        hb = NOW - rng.uniform(0.0, 20.0) if rng.random() > 0.02 else NOW - 600.0
+        t = rng.random()
+        tier = "confidential" if t < 0.25 else "internal" if t < 0.9 else "public"
+        extra = tuple(sorted({"eu" if rng.random() < 0.5 else "us"}))
+        q = rng.random()
+        hosts.append(
+            HostSnapshot(
+                host_id=f"host-{i:05d}",
+                state=state,
+                resources=HostResources(
+                    capacity_mb=cap,
+                    reserved_mb=rng.choice([0, 1_024, 2_048]),
+                    runtimes=rts,
+                    backends=bes,
+                    memory_bandwidth_gbps=bw,
+                    compute_gflops=gf,
+                    failure_domain=f"rack-{rng.randrange(n_domains):03d}",
+                    tags=tuple(sorted(tags + extra)),
+                    data_tier=tier,
+                    gpu_count=gpus,
+                    gpu_memory_mb=gmem,
+                    model_limit=limit,
+                ),
+                disk_free_bytes=rng.choice([64, 256, 1024]) * GB,
+                disk_total_bytes=2048 * GB,
+                load=HostLoad(queue_depth=0 if q < 0.8 else rng.choice([1, 4, 16])),
+                heartbeat_at=hb,
+            )
+        )
+    return hosts
+
+
+def make_models(rng: random.Random, n: int) -> tuple[list[ModelProfile], list[DemandTarget]]:
+    profiles, demand = [], []
+    for i in range(n):
+        mid = f"model-{i:04d}.gguf"
+        mem = rng.choices(MEMORY, MEMORY_W)[0]
+        r = rng.random()
+        rts = ("llama.cpp",) if r < 0.6 else ("llama.cpp", "vllm") if r < 0.85 else ("vllm",) if r < 0.95 else ("mlx", "llama.cpp")
+        rtm = {"vllm": int(mem * 1.3)} if "vllm" in rts else {}
+        req = ("gpu",) if (rts == ("vllm",) or rng.random() < 0.1) else ()
+        forb = ("battery",) if rng.random() < 0.3 else ()
+        t = rng.random()
+        tier = "internal" if t < 0.75 else "public" if t < 0.9 else "confidential"
+        mn = rng.choice([0, 0, 1, 1, 2])
+        mx = max(mn, rng.choice([1, 2, 3, 4]))
+        profiles.append(
+            ModelProfile(
+                model_id=mid,
+                memory_mb=mem,
+                runtime_memory_mb=rtm,
+                runtimes=rts,
+                artifact_sha256=f"{i:064x}",
+                artifact_size_mb=max(512, mem // 2),
+                min_replicas=mn,
+                max_replicas=mx,
+                priority=rng.choice([0, 0, 0, 1, 1, 2, 3]),
+                data_tier=tier,
+                required_tags=req,
+                forbidden_tags=forb,
+                min_failure_domains=rng.choice([1, 1, 2]),
+                max_colocated_models=rng.choice([0] * 9 + [1]),
+                replica_concurrency=rng.choice([1, 4, 8]),
+                load_seconds=rng.uniform(10.0, 120.0),
+                warm_seconds=rng.uniform(5.0, 30.0),
+            )
+        )
+        d = rng.random()
+        if d < 0.6:
+            demand.append(
+                DemandTarget(
+                    model_id=mid,
+                    replicas=rng.randint(1, 4),
+                    evidence="direct",
+                    harm=Harm(queue=rng.choice([0.0, 0.0, 2.0, 10.0]), rate=rng.uniform(0.0, 5.0)),
+                    offered_concurrency=rng.uniform(0.0, 20.0),
+                )
+            )
+        elif d < 0.7:
+            demand.append(DemandTarget(model_id=mid, replicas=1, evidence="inferred"))
+    return profiles, demand
+
+
+def make_input(n_hosts: int, n_models: int, seed: int) -> PlannerInput:
+    rng = random.Random(f"{seed}:{n_hosts}:{n_models}")
+    hosts = make_hosts(rng, n_hosts)
+    profiles, demand = make_models(rng, n_models)
+    return PlannerInput(now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand))
+
+
+def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
+    """One tick later: the cold plan's replicas are live, cached and partly measured."""
+    rng = random.Random(f"steady:{seed}:{len(inp.hosts)}:{len(inp.profiles)}")
+    profiles = {p.model_id: p for p in inp.profiles}
+    by_host: dict[str, list] = {}
+    for pl in cold_plan.placements:
+        by_host.setdefault(pl.host_id, []).append(pl)
+    hosts = []
+    for h in inp.hosts:
+        mine = by_host.get(h.host_id, [])
+        rs, cached, tps = [], [], {}
+        for pl in mine:
+            p = profiles[pl.model_id]
+            state = "ready" if rng.random() < 0.85 else "warming"
+            rs.append(
+                ResidencyView(
+                    model_id=pl.model_id,
+                    memory_mb=pl.memory_mb,
+                    state=state,
+                    runtime=pl.runtime,
+                    artifact_sha256=p.artifact_sha256,
+                    loaded_at=NOW - rng.choice([60.0, 3_600.0]),
+                    active_requests=rng.choice([0, 0, 1, 3]),
+                )
+            )
+            cached.append(CachedArtifact(model_id=pl.model_id, sha256=p.artifact_sha256 or "", size_bytes=(p.artifact_size_mb or 0) << 20))
+            if rng.random() < 0.5:
+                tps[pl.model_id] = rng.uniform(10.0, 200.0)
+        hosts.append(
+            HostSnapshot(
+                host_id=h.host_id,
+                state=h.state,
+                resources=h.resources,
+                residencies=tuple(rs),
+                cached=tuple(cached),
+                disk_free_bytes=h.disk_free_bytes,
+                disk_total_bytes=h.disk_total_bytes,
+                load=h.load,
+                heartbeat_at=None if h.heartbeat_at is None else h.heartbeat_at + 15.0,
+                measured_tokens_per_second=tps,
+            )
+        )
+    # Demand grew a little for some models.
+    demand = []
+    for d in inp.demand:
+        if rng.random() < 0.2:
+            d = DemandTarget(model_id=d.model_id, replicas=d.replicas + 1, evidence=d.evidence, harm=d.harm, offered_concurrency=d.offered_concurrency)
+        demand.append(d)
+    return PlannerInput(now=NOW + 15.0, profiles=inp.profiles, hosts=tuple(hosts), demand=tuple(demand), policy=inp.policy)
+
+
+def timed(fn, *args, repeat: int = 1):
+    best = math.inf
+    out = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    num = sum((a - mx) * (b - my) for a, b in zip(lx, ly))
+    den = sum((a - mx) ** 2 for a in lx)
+    return num / den if den else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="only the smallest cells")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--baseline-limit", type=int, default=512 * 128, help="max hosts*models for the full-scan baseline")
+    args = ap.parse_args(argv)
+    hosts_axis = [64] if args.quick else [64, 512, 4096]
+    models_axis = [32, 128] if args.quick else [32, 128, 512]
+    print(f"{'hosts':>6} {'models':>6} {'phase':>6} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
+          f"{'seconds':>8} {'placements/s':>12} {'plan KB':>8} {'full-scan s':>11} {'ratio':>6}")
+    times: dict[tuple[int, int, str], float] = {}
+    for n_models in models_axis:
+        for n_hosts in hosts_axis:
+            inp = make_input(n_hosts, n_models, args.seed)
+            cold_t, cold = timed(plan, inp, repeat=args.repeat)
+            steady = steady_input(inp, cold, args.seed)
+            steady_t, st = timed(plan, steady, repeat=args.repeat)
+            for phase, t, p, i in (("cold", cold_t, cold, inp), ("steady", steady_t, st, steady)):
+                times[(n_models, n_hosts, phase)] = t
+                wanted = sum(e.wanted for e in p.explanations)
+                placed = sum(e.placed for e in p.explanations)
+                data = encode_plan(p)
+                base_s, ratio = "", ""
+                if n_hosts * n_models <= args.baseline_limit:
+                    bt, bp = timed(lambda x: build_plan(x, naive=True), i)
+                    assert encode_plan(bp) == data, "full scan and indexed plan differ"
+                    base_s, ratio = f"{bt:.3f}", f"{bt / t:.1f}x"
+                print(
+                    f"{n_hosts:>6} {n_models:>6} {phase:>6} {wanted:>7} {placed:>7} {len(p.shortfalls):>6} "
+                    f"{len(p.preemptions):>7} {t:>8.3f} {len(p.placements) / t:>12.0f} {len(data) / 1024:>8.0f} "
+                    f"{base_s:>11} {ratio:>6}",
+                    flush=True,
+                )
+    if len(hosts_axis) > 1:
+        print()
+        for phase in ("cold", "steady"):
+            for n_models in models_axis:
+                ys = [times[(n_models, h, phase)] for h in hosts_axis]
+                print(f"log-log slope of time in hosts ({phase}, {n_models} models): {slope(hosts_axis, ys):.2f}")
+        big = times.get((models_axis[-1], hosts_axis[-1], "cold"))
+        big_s = times.get((models_axis[-1], hosts_axis[-1], "steady"))
+        if big is not None:
+            print(f"{hosts_axis[-1]} hosts x {models_axis[-1]} models: cold {big:.3f} s, steady {big_s:.3f} s (goal < 2 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
