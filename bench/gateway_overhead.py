@@ -104,7 +104,7 @@ async def one_ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str])
     return first
 
 
-async def run(rounds: int, threads: int, warmup: int) -> None:
+async def run(rounds: int, threads: int, warmup: int, upstream: str) -> None:
     cache = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
     model_path = ensure_bundled_model(GridConfig(home=cache, nats_url=None))
     binary = find_llama_server()
@@ -127,7 +127,7 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
             await wait_http(f"{spec.endpoint}/health")
             hb = asyncio.create_task(heartbeats(log, spec.endpoint, stop))
             gw_port = free_port()
-            env = dict(os.environ, GRID_HOME=str(home), GRID_NATS_URL=nats.url)
+            env = dict(os.environ, GRID_HOME=str(home), GRID_NATS_URL=nats.url, GRID_GATEWAY_UPSTREAM=upstream)
             gateway = subprocess.Popen(
                 [sys.executable, "-m", "grid.gateway", "--port", str(gw_port)],
                 env=env, stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "gateway.log", "wb"),
@@ -163,8 +163,10 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
                         results["ttft"][name].append(await one_ttft(c, url, h))
                 stats = (await cg.get(f"{gw_url}/gateway/stats")).json()
 
+            load = os.getloadavg()[0]
             print(f"gateway overhead: {rounds} interleaved rounds, llama-server threads={threads}, "
-                  f"SmolLM2-135M Q4_1, gateway in its own process")
+                  f"SmolLM2-135M Q4_1, gateway in its own process, upstream client={upstream}, "
+                  f"load average {load:.2f} on {os.cpu_count()} cpus")
             print(f"{'measure':<28}{'direct ms':>12}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}")
             for name, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
                 d, g = results[name]["direct"], results[name]["gateway"]
@@ -196,8 +198,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads (2 cores here)")
+    parser.add_argument("--upstream", choices=("h1", "httpx"), default="h1",
+                        help="the gateway's upstream client (GRID_GATEWAY_UPSTREAM)")
     args = parser.parse_args()
-    asyncio.run(run(args.rounds, args.threads, args.warmup))
+    asyncio.run(run(args.rounds, args.threads, args.warmup, args.upstream))
 
 
 if __name__ == "__main__":

@@ -21,17 +21,24 @@ STREAM_UPSTREAM_TIMEOUT = "upstream_timeout"
 
 
 class RawResponse:
-    __slots__ = ("status_code", "headers", "body")
+    __slots__ = ("status_code", "headers", "body", "after")
 
-    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                 after: Callable[[], None] | None = None) -> None:
         self.status_code = status_code
         self.headers = headers
         self.body = body
+        self.after = after  # runs once the response was handed to the server (or failed to be)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = self.headers + [(b"content-length", str(len(self.body)).encode())]
-        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": self.body, "more_body": False})
+        finally:
+            if self.after is not None:
+                after, self.after = self.after, None
+                after()
 
 
 class ProxyStream:

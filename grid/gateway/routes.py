@@ -1,11 +1,15 @@
 """HTTP handlers: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /gateway/*.
 
 The proxy path, in order: client key -> affinity header (hashed at once) -> bounded body ->
-typed parse (400 on anything hostile) -> workload classification (text dropped right after) ->
-model resolution (`auto` picks the best ready model for the workload) -> pure route choice
-(waiting a bounded time for a free slot when every ready route is full) -> one upstream POST
-with the engine key (never replayed) -> pass-through response -> breaker, measurements,
-counters and one telemetry record.
+typed parse (400 on anything hostile) -> model resolution (`auto` picks the best ready model
+for the workload) -> pure route choice (waiting a bounded time for a free slot when every
+ready route is full) -> one upstream POST with the engine key (never replayed) ->
+pass-through response -> breaker, measurements, counters and one telemetry record.
+
+Workload classification: a request for model `auto` is classified before routing (it decides
+the model). A direct request is classified only after its response has been sent, off the
+latency path; until then the bounded text head stays in memory with the request (as the body
+itself does) and is dropped as soon as the class is known. No text is ever stored.
 """
 
 from __future__ import annotations
@@ -157,24 +161,31 @@ def _too_large(limit: int) -> Response:
 
 
 class _Ctx:
-    """What one request needs to write its telemetry record (no text, no raw key)."""
+    """What one request needs to write its telemetry record (no text kept, no raw key)."""
 
-    __slots__ = ("kind", "requested", "served", "auto", "workload", "units", "affinity", "stream",
-                 "queue_seconds", "queue_depth", "route")
+    __slots__ = ("kind", "requested", "served", "auto", "workload", "text_head", "units", "affinity",
+                 "stream", "queue_seconds", "queue_depth", "route")
 
-    def __init__(self, kind: str, requested: str, auto: bool, workload: str, units: int,
-                 affinity: bytes | None, stream: bool) -> None:
+    def __init__(self, kind: str, requested: str, auto: bool, units: int, affinity: bytes | None,
+                 stream: bool) -> None:
         self.kind = kind
         self.requested = requested
         self.served: str | None = None
         self.auto = auto
-        self.workload = workload
+        self.workload: str | None = None
+        self.text_head: str | None = None
         self.units = units
         self.affinity = affinity
         self.stream = stream
         self.queue_seconds = 0.0
         self.queue_depth = 0
         self.route: routing.Candidate | None = None
+
+    def classify(self) -> str:
+        if self.workload is None:
+            self.workload = classify(self.kind, self.text_head, "text").workload
+            self.text_head = None
+        return self.workload
 
 
 def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float, output_units: int = 0) -> None:
@@ -186,7 +197,7 @@ def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float
         host_id=None if route is None else route.host_id,
         input_units=ctx.units,
         output_units=output_units,
-        workload=ctx.workload,
+        workload=ctx.classify(),
         service_seconds=round(max(0.0, service), 6),
         queue_seconds=round(ctx.queue_seconds, 6),
         queue_depth=ctx.queue_depth,
@@ -235,15 +246,16 @@ async def _proxy(request: Request, kind: str) -> Any:
     if isinstance(parsed, bodies.BodyError):
         gw.counters["bad_request"] += 1
         return errors.bad_request(parsed.message, code=parsed.code, param=parsed.param)
-    workload = classify(kind, parsed.text_head, "text").workload
 
     now = gw.clock.now()
     table = gw.table(now)
     profiles = gw.profiles
     model = parsed.model
     auto = model == "auto" and "auto" not in table and "auto" not in profiles
-    ctx = _Ctx(kind, model, auto, workload, parsed.input_units, affinity, parsed.stream)
+    ctx = _Ctx(kind, model, auto, parsed.input_units, affinity, parsed.stream)
+    ctx.text_head = parsed.text_head
     if auto:
+        workload = ctx.classify()
         target = routing.auto_model(workload, profiles, gw.ready_models(now))
         if target is None:
             return _unavailable(
@@ -390,10 +402,12 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
         await upstream.aclose()
     latency = time.perf_counter() - t0
     if ok:
-        tokens = completion_tokens_of(content) if b'"usage"' in content else None
-        gw.measurements.observe(key, route.artifact_sha256, latency, tokens, gw.clock.now())
-        done("ok", status, latency, tokens or 0)
-        return RawResponse(status, response_headers(upstream), content)
+        def after() -> None:  # bookkeeping after the bytes are on their way to the client
+            tokens = completion_tokens_of(content) if b'"usage"' in content else None
+            gw.measurements.observe(key, route.artifact_sha256, latency, tokens, gw.clock.now())
+            done("ok", status, latency, tokens or 0)
+
+        return RawResponse(status, response_headers(upstream), content, after)
     return _upstream_failure(gw, status, content, latency, done)
 
 
