@@ -29,6 +29,8 @@ from replay.diff import describe
 from replay.extract import SOURCE_KINDS, DuckDBSource, FileSource, LogSource, Source, SourceError, Window
 from replay.rerun import (
     DEFAULT_PLANNER,
+    FOLD_ORDERS,
+    FOLD_TIME,
     ControllerNotReady,
     PlannerPathError,
     ReplayResult,
@@ -81,11 +83,12 @@ def render(result: ReplayResult, *, limit: int = 50) -> None:
         window += f"  (plans seq {w.start_seq or 1}..{w.end_seq or 'end'})"
     head.add_row("window", window)
     head.add_row("planner", f"{result.planner} (version {result.planner_version or '?'})")
+    head.add_row("fold order", result.fold_order)
     head.add_row("events folded", f"{result.events_folded:,} in {seconds:.1f}s ({result.events_folded / seconds:,.0f}/s)")
     console.print(head)
 
     summary = Table(title="summary")
-    for col in ("plans compared", "identical", "equivalent", "differing", "digest mismatches"):
+    for col in ("plans compared", "identical", "equivalent", "differing", "digest mismatches", "based_on drift"):
         summary.add_column(col, justify="right")
     summary.add_row(
         str(s.plans_compared),
@@ -93,19 +96,21 @@ def render(result: ReplayResult, *, limit: int = 50) -> None:
         str(s.equivalent),
         f"[red]{s.differing}[/red]" if s.differing else "0",
         f"[red]{s.digest_mismatches}[/red]" if s.digest_mismatches else "0",
+        f"[yellow]{s.based_on_drift}[/yellow]" if s.based_on_drift else "0",
     )
     console.print(summary)
 
     odd = [p for p in result.plans if p.status != "identical" or not p.digest_match]
     if odd:
         plans = Table(title="plans that did not reproduce")
-        for col in ("plan seq", "time", "status", "digest", "recorded version", "re-run version", "differences"):
-            plans.add_column(col)
+        for col in ("plan seq", "time", "status", "digest", "recorded version", "re-run version", "differences",
+                    "diagnosis"):
+            plans.add_column(col, overflow="fold")
         for p in odd[:limit]:
             plans.add_row(
                 str(p.plan_seq), _when(p.time), p.status,
                 "match" if p.digest_match else f"[red]{p.recorded_digest[:10]} != {p.replayed_digest[:10]}[/red]",
-                p.recorded_version, p.replayed_version, str(len(p.differences)),
+                p.recorded_version, p.replayed_version, str(len(p.differences)), p.diagnosis,
             )
         console.print(plans)
 
@@ -139,6 +144,7 @@ async def _run(
     planner: Optional[str],
     sync: bool,
     show_progress: bool,
+    fold_order: str = FOLD_TIME,
 ) -> tuple[ReplayResult, duckdb.DuckDBPyConnection | None]:
     ref = load_planner(planner)  # an unknown path fails before any source is opened
     con: duckdb.DuckDBPyConnection | None = None
@@ -172,9 +178,9 @@ async def _run(
         if show_progress:
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             with Progress(*columns, console=err_console, transient=True) as bar:
-                result = await replay_window(source, window, planner=ref, progress=_Bar(bar))
+                result = await replay_window(source, window, planner=ref, progress=_Bar(bar), fold_order=fold_order)
         else:
-            result = await replay_window(source, window, planner=ref)
+            result = await replay_window(source, window, planner=ref, fold_order=fold_order)
     finally:
         await source.close()
         if log is not None:
@@ -192,6 +198,7 @@ def replay_command(
     file: Optional[str] = typer.Option(None, "--file", help="NDJSON written by `gridctl events export` (with --source file)."),
     db: Optional[str] = typer.Option(None, "--db", help="DuckDB store: read with --source duckdb, results written here (default the grid home's)."),
     sync: bool = typer.Option(False, "--sync", help="With --source duckdb: first sync the store from NATS."),
+    fold_order: str = typer.Option(FOLD_TIME, "--fold-order", help="Interleave streams by receipt time (a live controller) or stream by stream (a controller that caught up before planning)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record the run in DuckDB."),
     check: bool = typer.Option(False, "--check", help="Exit 1 unless every plan reproduced byte for byte from matching inputs."),
     limit: int = typer.Option(50, "--limit", help="Rows of differences to print."),
@@ -204,12 +211,14 @@ def replay_command(
         fail(f"unknown --source {source!r}; one of: {', '.join(SOURCE_KINDS)}", EXIT_BAD_INPUT)
     if kind == "file" and not file:
         fail("--source file needs --file PATH (written by `gridctl events export`)", EXIT_BAD_INPUT)
+    if fold_order not in FOLD_ORDERS:
+        fail(f"unknown --fold-order {fold_order!r}; one of: {', '.join(FOLD_ORDERS)}", EXIT_BAD_INPUT)
     window = Window(start_time=parse_when(start), end_time=parse_when(end), start_seq=from_seq, end_seq=to_seq)
     db_path = _store_path(db)
     try:
         result, con = asyncio.run(_run(
             source_kind=kind, file=file, db_path=db_path, nats=nats, window=window, planner=planner,
-            sync=sync, show_progress=not json_out and sys.stderr.isatty(),
+            sync=sync, show_progress=not json_out and sys.stderr.isatty(), fold_order=fold_order,
         ))
     except (ReplayError, PlannerPathError, SourceError, ControllerNotReady) as exc:
         fail(f"{exc} (nothing was written)", EXIT_BAD_INPUT)

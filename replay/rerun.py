@@ -16,6 +16,7 @@ The result is a value; writing it to DuckDB is ``replay.store``'s job.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import importlib
 import importlib.util
 import math
@@ -264,6 +265,10 @@ class PlanOutcome(msgspec.Struct, frozen=True, kw_only=True):
     plan_seconds: float = 0.0
     # How the recorded bytes were reproduced: the planner's encode_plan, or msgspec declaration order.
     encoding: str = "encode_plan"
+    # When the digest at based_on differs: the earlier positions whose rebuilt input has exactly
+    # the recorded digest (the recorder's based_on ran ahead of its input), if found.
+    input_positions: dict[str, int] | None = None
+    diagnosis: str = ""
 
 
 class Summary(msgspec.Struct, frozen=True, kw_only=True):
@@ -272,6 +277,8 @@ class Summary(msgspec.Struct, frozen=True, kw_only=True):
     equivalent: int
     differing: int
     digest_mismatches: int
+    # Digest mismatches explained by a based_on ahead of the recorded input (see PlanOutcome).
+    based_on_drift: int = 0
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,6 +288,7 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     window: Window
     planner: str
     planner_version: str | None
+    fold_order: str
     started_at: float
     finished_at: float
     events_folded: int
@@ -301,6 +309,7 @@ def summarise(plans: Sequence[PlanOutcome]) -> Summary:
         equivalent=sum(p.status == STATUS_EQUIVALENT for p in plans),
         differing=sum(p.status == STATUS_DIFFERING for p in plans),
         digest_mismatches=sum(not p.digest_match for p in plans),
+        based_on_drift=sum(p.input_positions is not None for p in plans),
     )
 
 
@@ -327,20 +336,38 @@ def _decode_plan_event(msg: Any) -> PlanCreated:
     return event
 
 
+# Digest mismatches investigated per replay, and how many events before based_on each looks at.
+MAX_DIAGNOSES = 8
+DIAGNOSE_WINDOW = 64
+
+FOLD_TIME = "time"
+FOLD_STREAM = "stream"
+FOLD_ORDERS: tuple[str, ...] = (FOLD_TIME, FOLD_STREAM)
+
+
 class _Folder:
-    """A strict runner plus one forward-only reader per stream it folds."""
+    """A strict runner plus one forward-only reader per stream it folds.
+
+    ``time`` order merges the streams by receipt time (ties in catch-up stream order): the
+    interleaving a live controller's followers see. ``stream`` order folds each stream in turn
+    (the runner's catch-up order): what a controller that caught up just before planning saw.
+    The two differ only for folds that read another projection (demand reads the catalog).
+    """
 
     def __init__(self, source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, order: str = FOLD_TIME) -> None:
         self.source = source
         self.runner = ProjectionRunner(specs, strict=True)
         self.bounds = bounds
         self.readers: dict[str, StreamReader] = {}
         self.progress = progress
+        self.order = order
         self.folded = 0
+        self._rank = {s: i for i, s in enumerate(STREAM_ORDER)}
 
-    async def advance(self, based_on: Mapping[str, int], plan_seq: int) -> None:
+    async def _pending(self, based_on: Mapping[str, int], plan_seq: int) -> list[tuple[str, int]]:
         runner = self.runner
+        out: list[tuple[str, int]] = []
         for stream in runner.streams:
             # A stream the controller had not folded anything from is absent (position 0).
             target = based_on.get(stream, 0)
@@ -352,18 +379,53 @@ class _Folder:
                 )
             if target <= runner.positions.get(stream, 0):
                 continue
-            reader = self.readers.get(stream)
-            if reader is None:
-                reader = self.readers[stream] = await self.source.reader(stream, runner.positions.get(stream, 0) + 1)
-            n = 0
-            async for msg in reader.take(target):
-                runner.fold(msg)
-                n += 1
-                if self.progress is not None and n % 4096 == 0:
-                    self.progress.advance(events=4096)
-            if self.progress is not None and n % 4096:
-                self.progress.advance(events=n % 4096)
-            self.folded += n
+            if stream not in self.readers:
+                self.readers[stream] = await self.source.reader(stream, runner.positions.get(stream, 0) + 1)
+            out.append((stream, target))
+        return out
+
+    def _count(self, n: int) -> None:
+        self.folded += n
+        if self.progress is not None and n:
+            self.progress.advance(events=n)
+
+    async def advance(self, based_on: Mapping[str, int], plan_seq: int,
+                      sink: Callable[[Any], Any] | None = None) -> None:
+        """Fold every stream up to `based_on` (or hand the messages to `sink` instead, in order)."""
+        pending = await self._pending(based_on, plan_seq)
+        fold = self.runner.fold if sink is None else sink
+        if self.order == FOLD_STREAM or len(pending) <= 1:
+            for stream, target in pending:
+                n = 0
+                async for msg in self.readers[stream].take(target):
+                    fold(msg)
+                    n += 1
+                    if n % 4096 == 0:
+                        self._count(4096)
+                self._count(n % 4096)
+            return
+        # Receipt-time merge of every stream with something to fold (a k-way heap merge).
+        rank = self._rank
+        iters = {stream: self.readers[stream].take(target).__aiter__() for stream, target in pending}
+        heap: list[tuple[float, int, int, Any]] = []
+        for stream, it in iters.items():
+            msg = await anext(it, None)
+            if msg is not None:
+                heap.append((msg.time, rank[stream], msg.seq, msg))
+        heapq.heapify(heap)
+        n = 0
+        while heap:
+            _, r, _, msg = heap[0]
+            fold(msg)
+            n += 1
+            if n % 4096 == 0:
+                self._count(4096)
+            nxt = await anext(iters[msg.stream], None)
+            if nxt is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (nxt.time, r, nxt.seq, nxt))
+        self._count(n % 4096)
 
     def behind(self, based_on: Mapping[str, int]) -> str | None:
         for stream in self.runner.streams:
@@ -403,6 +465,8 @@ async def replay_window(
     digest: Callable[[PlannerInput], str] = inputs_digest,
     progress: Progress | None = None,
     run_id: str | None = None,
+    fold_order: str = FOLD_TIME,
+    diagnose: bool = True,
 ) -> ReplayResult:
     """Re-run every recorded plan of `window` (plans-stream receipt time / sequence) from `source`."""
     started = time.time()
@@ -424,7 +488,9 @@ async def replay_window(
             )
     plans_first, plans_last = bounds[PLANS_STREAM]
     outcomes: list[PlanOutcome] = []
-    folder = _Folder(source, specs, bounds, progress)
+    if fold_order not in FOLD_ORDERS:
+        raise ValueError(f"fold order {fold_order!r} is not one of {', '.join(FOLD_ORDERS)}")
+    folder = _Folder(source, specs, bounds, progress, fold_order)
     if plans_last == 0:
         warnings.append("the source holds no recorded plans")
         lo, hi = 1, 0
@@ -443,6 +509,8 @@ async def replay_window(
                     pass  # reported with its sequence when the main pass reaches it
         progress.start(events_total, max(0, hi - lo + 1))
     plans_reader = await source.reader(PLANS_STREAM, 1)
+    chunks: list[dict[str, int]] = []
+    diagnosed = 0
     try:
         if hi >= lo:
             async for msg in plans_reader.take(hi):
@@ -457,12 +525,35 @@ async def replay_window(
                     )
                     await folder.close()
                     folded = folder.folded
-                    folder = _Folder(source, specs, bounds, progress)
+                    folder = _Folder(source, specs, bounds, progress, fold_order)
                     folder.folded = folded
+                    chunks = []
                 await folder.advance(event.based_on, msg.seq)
+                chunks.append(dict(event.based_on))
                 if msg.seq < lo or not window.contains(msg.seq, msg.time):
                     continue
-                outcomes.append(_compare(ref, build_input, digest, folder.runner, msg.seq, msg.time, event))
+                planner_input = build_input(folder.runner.states, event)
+                at_based_on = digest(planner_input)
+                found: tuple[dict[str, int], PlannerInput] | None = None
+                if at_based_on != event.inputs_digest and diagnose and diagnosed < MAX_DIAGNOSES:
+                    diagnosed += 1
+                    found = await _find_input(source, specs, bounds, fold_order, chunks, msg.seq, event,
+                                              build_input, digest)
+                outcome = _compare(ref, found[1] if found else planner_input, at_based_on, msg.seq, msg.time, event)
+                if found is not None:
+                    moved = {s: f"{event.based_on.get(s, 0)}->{n}" for s, n in sorted(found[0].items())
+                             if n != event.based_on.get(s, 0)}
+                    outcome = msgspec.structs.replace(
+                        outcome, input_positions=found[0],
+                        diagnosis=("the recorded digest matches the input rebuilt at earlier positions "
+                                   + ", ".join(f"{s} {m}" for s, m in moved.items())
+                                   + ": the recorder's based_on ran ahead of the input it planned from"),
+                    )
+                elif at_based_on != event.inputs_digest:
+                    outcome = msgspec.structs.replace(
+                        outcome, diagnosis="no input within the last events before based_on has the recorded digest",
+                    )
+                outcomes.append(outcome)
                 if progress is not None:
                     progress.advance(plans=1)
     finally:
@@ -476,6 +567,13 @@ async def replay_window(
             f"{len(odd)} recorded plan(s) (first: sequence {odd[0]}) were encoded with msgspec.json.encode, "
             "not the planner's encode_plan; reproduced byte for byte with that encoding"
         )
+    drift = [p for p in plans if p.input_positions is not None]
+    if drift:
+        warnings.append(
+            f"{len(drift)} plan(s) (first: sequence {drift[0].plan_seq}) record a based_on ahead of the input they "
+            f"were planned from ({drift[0].diagnosis.split(': ')[0].removeprefix('the recorded digest matches the input rebuilt at earlier positions ')}): "
+            "the recorder must capture positions when it builds the input"
+        )
     return ReplayResult(
         run_id=run_id or uuid.uuid4().hex,
         source=source.kind,
@@ -483,6 +581,7 @@ async def replay_window(
         window=window,
         planner=ref.path,
         planner_version=ref.version,
+        fold_order=fold_order,
         started_at=started,
         finished_at=time.time(),
         events_folded=folder.folded,
@@ -492,10 +591,37 @@ async def replay_window(
     )
 
 
-def _compare(ref: PlannerRef, build_input: InputBuilder, digest: Callable[[PlannerInput], str],
-             runner: ProjectionRunner, seq: int, at: float, event: PlanCreated) -> PlanOutcome:
-    planner_input = build_input(runner.states, event)
-    replayed_digest = digest(planner_input)
+async def _find_input(source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
+                      fold_order: str, chunks: Sequence[Mapping[str, int]], seq: int, event: PlanCreated,
+                      build_input: InputBuilder, digest: Callable[[PlannerInput], str],
+                      window: int = DIAGNOSE_WINDOW) -> tuple[dict[str, int], PlannerInput] | None:
+    """Look for positions just before `based_on` whose rebuilt input has the recorded digest.
+
+    The fold is repeated chunk by chunk as in the replay, then the last chunk's messages are
+    folded one at a time, checking the digest before each of the last `window` of them.
+    """
+    folder = _Folder(source, specs, bounds, None, fold_order)
+    try:
+        for based_on in chunks[:-1]:
+            await folder.advance(based_on, seq)
+        delta: list[Any] = []
+        await folder.advance(chunks[-1], seq, sink=delta.append)
+        runner = folder.runner
+        cut = max(0, len(delta) - window)
+        for msg in delta[:cut]:
+            runner.fold(msg)
+        for msg in delta[cut:]:
+            candidate = build_input(runner.states, event)
+            if digest(candidate) == event.inputs_digest:
+                return dict(sorted(runner.positions.items())), candidate
+            runner.fold(msg)
+        return None
+    finally:
+        await folder.close()
+
+
+def _compare(ref: PlannerRef, planner_input: PlannerInput, replayed_digest: str, seq: int, at: float,
+             event: PlanCreated) -> PlanOutcome:
     t0 = time.perf_counter()
     try:
         result = ref.func(planner_input)

@@ -22,12 +22,14 @@ TABLES: dict[str, str] = {
         "run_id VARCHAR PRIMARY KEY, started_at DOUBLE, finished_at DOUBLE, source VARCHAR, source_detail VARCHAR, "
         "window_start DOUBLE, window_end DOUBLE, window_start_seq BIGINT, window_end_seq BIGINT, "
         "planner VARCHAR, planner_version VARCHAR, events_folded BIGINT, plans_compared INTEGER, "
-        "identical INTEGER, equivalent INTEGER, differing INTEGER, digest_mismatches INTEGER, warnings VARCHAR"
+        "identical INTEGER, equivalent INTEGER, differing INTEGER, digest_mismatches INTEGER, based_on_drift INTEGER, "
+        "fold_order VARCHAR, warnings VARCHAR"
     ),
     "replay_plans": (
         "run_id VARCHAR, plan_seq BIGINT, time DOUBLE, generation VARCHAR, recorded_version VARCHAR, "
         "replayed_version VARCHAR, recorded_digest VARCHAR, replayed_digest VARCHAR, digest_match BOOLEAN, "
-        "status VARCHAR, differences INTEGER, plan_seconds DOUBLE, PRIMARY KEY (run_id, plan_seq)"
+        "status VARCHAR, differences INTEGER, plan_seconds DOUBLE, encoding VARCHAR, input_positions VARCHAR, "
+        "diagnosis VARCHAR, PRIMARY KEY (run_id, plan_seq)"
     ),
     "replay_diffs": (
         "run_id VARCHAR, plan_seq BIGINT, idx INTEGER, kind VARCHAR, key VARCHAR, change VARCHAR, "
@@ -67,11 +69,12 @@ def write_result(con: duckdb.DuckDBPyConnection, result: ReplayResult) -> None:
         result.run_id, result.started_at, result.finished_at, result.source, result.source_detail,
         w.start_time, w.end_time, w.start_seq, w.end_seq, result.planner, result.planner_version,
         result.events_folded, s.plans_compared, s.identical, s.equivalent, s.differing, s.digest_mismatches,
-        json.dumps(list(result.warnings)),
+        s.based_on_drift, result.fold_order, json.dumps(list(result.warnings)),
     )
     plans = [
         (result.run_id, p.plan_seq, p.time, p.generation, p.recorded_version, p.replayed_version,
-         p.recorded_digest, p.replayed_digest, p.digest_match, p.status, len(p.differences), p.plan_seconds)
+         p.recorded_digest, p.replayed_digest, p.digest_match, p.status, len(p.differences), p.plan_seconds,
+         p.encoding, _json(p.input_positions), p.diagnosis)
         for p in result.plans
     ]
     diffs = [

@@ -193,7 +193,8 @@ def replays(
             _table("replay runs", rows,
                    [("run_id", "run"), ("started_at", "started"), ("source", "source"), ("planner", "planner"),
                     ("plans_compared", "plans"), ("identical", "identical"), ("equivalent", "equivalent"),
-                    ("differing", "differing"), ("digest_mismatches", "digest mismatches")],
+                    ("differing", "differing"), ("digest_mismatches", "digest mismatches"),
+                    ("based_on_drift", "drift")],
                    {"run_id": lambda v: str(v)[:12], "started_at": _when, "source": str, "planner": str})
             return
         run_id = replay_store.find_run(con, run)
@@ -208,8 +209,9 @@ def replays(
         return
     _table(f"replay {run_id[:12]}: plans", plan_rows,  # type: ignore[index]
            [("plan_seq", "plan"), ("time", "time"), ("status", "status"), ("digest_match", "digest match"),
-            ("recorded_version", "recorded"), ("replayed_version", "re-run"), ("differences", "differences")],
-           {"time": _when, "status": str, "digest_match": str})
+            ("recorded_version", "recorded"), ("replayed_version", "re-run"), ("differences", "differences"),
+            ("diagnosis", "diagnosis")],
+           {"time": _when, "status": str, "digest_match": str, "diagnosis": lambda v: v or ""})
     if diff_rows:
         _table("differences", diff_rows,
                [("plan_seq", "plan"), ("kind", "kind"), ("key", "item"), ("change", "change"),

@@ -63,7 +63,7 @@ async def test_recorded_session_replays_byte_for_byte_from_every_source(js_log, 
     out = json.loads(gridctl("replay", "--check", "--json", "--db", str(db), env=cli_env).stdout)
     assert out["reproduced"] is True
     assert out["summary"] == {"plans_compared": 5, "identical": 5, "equivalent": 0, "differing": 0,
-                              "digest_mismatches": 0}
+                              "digest_mismatches": 0, "based_on_drift": 0}
     assert runs_in(db) == 1
 
     # From an export file.

@@ -104,8 +104,12 @@ class Session:
         )
         await self.log.append(RequestBatch(event_id=self._eid("rb"), at=self.clock.now(), source="gw-1", records=records))
 
-    async def tick(self) -> PlanCreated:
-        """One controller pass: catch up, build the input, plan, append PlanCreated."""
+    async def tick(self, *, drift: bool = False) -> PlanCreated:
+        """One controller pass: catch up, build the input, plan, append PlanCreated.
+
+        ``drift`` reproduces a recorder bug: more events are folded between building the input
+        and reading the positions recorded as based_on.
+        """
         await self.runner.catch_up(self.log)
         now = self.clock.now()
         plan_stub = PlanCreated(event_id="", at=now, planner_version="", generation="", epoch="", sequence=0,
@@ -114,6 +118,9 @@ class Session:
         fn, version = installed_planner()
         plan = fn(pin)
         digest = inputs_digest(pin)
+        if drift:
+            await self.heartbeats()
+            await self.runner.catch_up(self.log)
         self.sequence += 1
         event = PlanCreated(
             event_id=self._eid("plan"), at=now, planner_version=version,

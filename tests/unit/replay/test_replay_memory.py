@@ -170,3 +170,21 @@ async def test_results_are_stored_by_run_id(recorded) -> None:
     assert len(diffs) == sum(len(p.differences) for p in result.plans) > 0
     assert store.find_run(con, result.run_id[:8]) == result.run_id
     con.close()
+
+
+async def test_based_on_ahead_of_the_input_is_diagnosed_and_the_plan_still_reproduced(recorded) -> None:
+    log, session = recorded
+    drifted = await session.tick(drift=True)  # based_on includes heartbeats folded after planning
+    result = await replay_window(LogSource(log))
+    last = result.plans[-1]
+    assert last.plan_seq == 7 and not last.digest_match
+    assert last.input_positions is not None
+    assert last.input_positions[HOSTS_STREAM] == drifted.based_on[HOSTS_STREAM] - len(session.hosts)
+    assert "ran ahead" in last.diagnosis
+    assert last.status == "identical"  # the plan is reproduced byte for byte from the input it was planned from
+    assert result.summary.based_on_drift == 1 and result.summary.digest_mismatches == 1
+    assert not result.reproduced
+    assert any("based_on ahead" in w for w in result.warnings)
+    # Without the diagnosis the mismatch is only counted.
+    plain = await replay_window(LogSource(log), diagnose=False)
+    assert plain.plans[-1].input_positions is None and plain.summary.based_on_drift == 0
