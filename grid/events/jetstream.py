@@ -371,7 +371,9 @@ class _DurableSubscription:
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         if not self._buffer:
             try:
-                self._buffer = list(await self._sub.fetch(64, timeout=timeout if timeout is not None else 30.0))
+                # One at a time: a larger batch makes nats-py hold the first message until the batch
+                # fills or the timeout passes, delaying commands that are already there.
+                self._buffer = list(await self._sub.fetch(1, timeout=timeout if timeout is not None else 30.0))
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 return None
             if not self._buffer:
