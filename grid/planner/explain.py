@@ -147,15 +147,27 @@ def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
     return out
 
 
-def dynamic_rejections(eng, ms, limit: int) -> tuple[Counter[str], list[HostVerdict], dict[str, str]]:
-    """Why each eligible host (without this model) cannot take one more replica now."""
+# Hosts examined per model for capacity reasons (a saturated 4096-host fleet would otherwise
+# cost models x hosts dynamic checks just to explain what is already known to be full).
+DYNAMIC_SCAN_LIMIT = 64
+
+
+def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT):
+    """Why eligible hosts (without this model) cannot take one more replica now.
+
+    Returns (counts per reason, first `limit` verdicts, first detail per reason, hosts
+    examined). The first `scan_limit` eligible hosts by id are examined."""
     counts: Counter[str] = Counter()
     sample: list[HostVerdict] = []
     first_detail: dict[str, str] = {}
     mid = ms.req.model_id
+    scanned = 0
     for hs in eligible_hosts(eng, ms):
+        if scanned >= scan_limit:
+            break
         if mid in hs.desired:
             continue
+        scanned += 1
         rt, mem = eng.runtime_for(hs.cls, ms)
         r = CHAIN.dynamic_check(hs, ms.req, mem, eng.disk_need(hs, ms), eng.headroom)
         if r is None:
@@ -167,7 +179,7 @@ def dynamic_rejections(eng, ms, limit: int) -> tuple[Counter[str], list[HostVerd
         first_detail.setdefault(r[0], f"{hs.host_id}: {r[1]}")
         if len(sample) < limit:
             sample.append(HostVerdict(host_id=hs.host_id, eligible=True, reason=r[0], detail=r[1]))
-    return counts, sample, first_detail
+    return counts, sample, first_detail, scanned
 
 
 def _dominant(counts: Counter[str]) -> str | None:
@@ -198,7 +210,7 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
         elif ms.budget_blocked and eng.evictions >= eng.policy.max_evictions:
             out.append((R.EVICTION_BUDGET, f"{eng.policy.max_evictions} evictions already staged"))
         else:
-            dcounts, _, first = dyn
+            dcounts, _, first, _ = dyn
             reason = _dominant(dcounts) or R.NOT_PLACED
             detail = f"{missing} replica(s) unplaced; " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(dcounts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -247,7 +259,7 @@ def model_explanation(eng, ms, chosen: tuple[Placement, ...], limit: int) -> tup
     static = static_counts(eng, ms)
     eligible_n, counts = static
     wants_more = ms.wanted > len(ms.entries)
-    dyn = dynamic_rejections(eng, ms, limit) if wants_more and eligible_n > 0 else (Counter(), [], {})
+    dyn = dynamic_rejections(eng, ms, limit) if wants_more and eligible_n > 0 else (Counter(), [], {}, 0)
     shortfalls = model_shortfalls(eng, ms, static, dyn)
     rejected = list(dyn[1])
     if len(rejected) < limit:
@@ -258,9 +270,12 @@ def model_explanation(eng, ms, chosen: tuple[Placement, ...], limit: int) -> tup
             elig.append(hs.host_id)
             if len(elig) >= limit:
                 break
-    detail = ""
+    notes = []
     if ms.retired:
-        detail = "retired"
+        notes.append("retired")
+    if dyn[3] and dyn[3] < eligible_n - len(ms.entries):
+        notes.append(f"capacity reasons from the first {dyn[3]} eligible hosts")
+    detail = "; ".join(notes)
     ex = ModelExplanation(
         model_id=ms.req.model_id,
         wanted=ms.wanted,

@@ -181,6 +181,7 @@ class Engine:
         self._cached_memo: dict[tuple[int, int], bool] = {}
         self._class_values: dict[tuple[int, int], tuple[float, ...]] = {}
         self._domain_caps_memo: dict[int, dict[str, int]] = {}
+        self._release: tuple[list[tuple[int, int]], set[int]] | None = None
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
         self._compile()
 
@@ -847,6 +848,29 @@ class Engine:
         hs.add_desired(slot, ms.req)
         self.fleet.reindex(hs)
         ms.used_domains[hs.domain] += 1
+
+    def release_index(self) -> tuple[list[tuple[int, int]], set[int]]:
+        """(sorted (lowest kept-incumbent priority, host idx), hosts with leaving or must-move
+        residencies): the hosts a staged preemption may look at. Built once after seeding;
+        kept incumbents are only ever removed afterwards, so entries can only be stale in the
+        conservative direction."""
+        if self._release is None:
+            floors: list[tuple[int, int]] = []
+            for hs in self.hosts:
+                lo = None
+                for slot in hs.desired.values():
+                    if slot.kind == "kept" and (lo is None or slot.priority < lo):
+                        lo = slot.priority
+                if lo is not None:
+                    floors.append((lo, hs.idx))
+            floors.sort()
+            leaving = {hi for hi in self.leaving_models} | set(self.mustmove_on)
+            self._release = (floors, leaving)
+        return self._release
+
+    def note_leaving(self, hidx: int) -> None:
+        if self._release is not None:
+            self._release[1].add(hidx)
 
     # ==================================================================================
     # Phase 2-3: ledgers and incumbents

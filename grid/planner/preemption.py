@@ -22,6 +22,7 @@ needs another failure domain, hosts in new domains are searched first.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from grid.planner import reasons as R
@@ -184,26 +185,27 @@ def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None
 
 
 def _candidate_hosts(eng, ms):
-    """Statically eligible hosts for ms that have something to release (host id order)."""
+    """Statically eligible hosts for ms that may have something to release (host id order).
+
+    Uses the engine's release index: hosts whose lowest removable-incumbent priority is below
+    the beneficiary's, plus hosts with leaving or must-move residencies. Entries only go stale
+    in the conservative direction (a victim removed later), and every host is re-checked."""
+    idx = eng.release_index()
+    floors, leaving = idx
+    cut = bisect_left(floors, (ms.priority, -1))
+    chosen = {hi for _, hi in floors[:cut]}
+    chosen.update(leaving)
     special = ms.special_set
-    for hs in eng.hosts:
+    for hi in sorted(chosen):
+        hs = eng.hosts[hi]
         if not hs.eligible:
             continue
-        if hs.leaving_mb <= 0 and not eng.mustmove_on.get(hs.idx) and not _has_lower_kept(hs, ms.priority):
-            continue
         if ms.explicit:
-            if hs.idx not in special:
+            if hi not in special:
                 continue
-        elif hs.idx not in special and (hs.cls.idx not in ms.class_mem or hs.host_id in ms.req.deny):
+        elif hi not in special and (hs.cls.idx not in ms.class_mem or hs.host_id in ms.req.deny):
             continue
         yield hs
-
-
-def _has_lower_kept(hs, priority: int) -> bool:
-    for slot in hs.desired.values():
-        if slot.kind == "kept" and slot.priority < priority:
-            return True
-    return False
 
 
 def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | None:
@@ -244,6 +246,7 @@ def _apply(eng, ms, staged: StagedSet) -> None:
             v.ref.preempted = True
         hs.leaving_mb += v.memory_mb
         eng.leaving_models.setdefault(hs.idx, set()).add(v.model_id)
+        eng.note_leaving(hs.idx)
         eng.evictions += 1
         eng.preemptions.append(
             Preemption(

@@ -174,8 +174,9 @@ class ModelExplanation(Value, frozen=True, kw_only=True):
     priority: int = 0
     placed: int = 0
     # Complete counts behind the (bounded) eligible_hosts / rejected lists: hosts rejected by
-    # a static check, and (for a model with a shortfall) statically eligible hosts that cannot
-    # take one more replica now (HostVerdict.eligible=True in `rejected`).
+    # a static check; and, for a model with a shortfall, statically eligible hosts that cannot
+    # take one more replica now (HostVerdict.eligible=True in `rejected`), counted over the
+    # first 64 eligible hosts by id (``detail`` says when that bound applied).
     eligible_count: int = 0
     rejected_counts: dict[str, int] = {}
     capacity_counts: dict[str, int] = {}
