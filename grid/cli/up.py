@@ -21,34 +21,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from grid.cli.common import console, err_console, fail
 from grid.config import GridConfig
-from grid.events.base import new_event_id
-from grid.events.control import MODES, ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
+from grid.events.control import MODES
+from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
+from grid.localgrid import LocalGrid
 
 UP_PID_FILE = "up.pid"
-NATS_URL_FILE = "nats.url"
-# Resident budget for the bundled 135M Q4_1 model with a 2k context (file is 94 MiB).
-BUNDLED_MEMORY_MB = 512
 READY_TIMEOUT_SECONDS = 180.0
-
-
-def bundled_profile() -> ModelProfile:
-    from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
-
-    return ModelProfile(
-        model_id=BUNDLED_MODEL_ID,
-        memory_mb=BUNDLED_MEMORY_MB,
-        artifact_sha256=BUNDLED_SHA256,
-        min_replicas=1,
-        max_replicas=1,
-        workload_scores={"general": 0.6, "coding": 0.3, "research": 0.3, "marketing": 0.4, "sales": 0.4},
-        expected_service_seconds=1.0,
-        load_seconds=2.0,
-        warm_seconds=3.0,
-        min_residency_seconds=60.0,
-    )
 
 
 def _pid_file(cfg: GridConfig) -> Path:
@@ -87,27 +67,21 @@ async def _ensure_model(cfg: GridConfig) -> None:
         await asyncio.to_thread(ensure_bundled_model, cfg, progress=progress)
 
 
-async def _wait_ready(agent: object, model_id: str, stop: asyncio.Event, timeout: float) -> bool:
+async def _wait_ready(grid: LocalGrid, model_id: str, stop: asyncio.Event, timeout: float) -> bool:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task(f"waiting for {model_id} to become READY", total=None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not stop.is_set():
-            hb = getattr(agent, "last_heartbeat", None)
-            if hb is not None:
-                states = {r.model_id: r.state for r in hb.residencies}
-                bar.update(task, description=f"{model_id}: {states.get(model_id, 'not placed yet')}")
-                if states.get(model_id) == "ready":
-                    return True
+            state = grid.residency_state(model_id)
+            bar.update(task, description=f"{model_id}: {state or 'not placed yet'}")
+            if state == "ready":
+                return True
             await asyncio.sleep(0.25)
     return False
 
 
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool) -> None:
-    from grid.agent.service import AgentOptions, HostAgent
-    from grid.controller.service import Controller
-    from grid.gateway.app import create_gateway_app, start_gateway
-
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -121,37 +95,17 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
 
-    embedded: EmbeddedNats | None = None
-    log = controller = gateway = agent = None
+    grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port)
     try:
-        if nats is None:
-            embedded = EmbeddedNats(cfg.nats_store_dir)
-            await asyncio.to_thread(embedded.start)
-            nats = embedded.url
-        (cfg.home / NATS_URL_FILE).write_text(nats + "\n")
-        log = await JetStreamLog.connect(nats, name="gridctl-up")
         await _ensure_model(cfg)
-
-        controller = Controller(log, cfg)
-        await controller.start()
-        admin_url = await controller.serve_admin("127.0.0.1", admin_port)
-        catalog = controller.runner["catalog"]
-        profile = bundled_profile()
-        if catalog.profiles.get(profile.model_id) is None:
-            await log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=profile))
-        if catalog.mode != mode:
-            await log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=mode))  # type: ignore[arg-type]
-
-        gateway = await start_gateway(create_gateway_app(log, cfg), host, port)
-        agent = HostAgent(log, cfg, AgentOptions(failure_domain="local", tags=("local",)))
-        await agent.start()
-
+        await grid.start()
+        model_id = grid.profile.model_id
         console.print(f"[bold]grid is up[/bold] (home {cfg.home})")
-        console.print(f"  NATS JetStream  {nats}{' (embedded)' if embedded else ''}")
-        console.print(f"  gateway         {gateway.url}/v1   (OpenAI-compatible)")
-        console.print(f"  admin API       {admin_url}/allocator/status")
+        console.print(f"  NATS JetStream  {grid.nats_url}{' (embedded)' if grid.embedded else ''}")
+        console.print(f"  gateway         {grid.gateway_url}/v1   (OpenAI-compatible)")
+        console.print(f"  admin API       {grid.admin_url}/allocator/status")
         console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
-        console.print(f"  host agent      {agent.host_id}")
+        console.print(f"  host agent      {grid.agent.host_id}")
         if mode == "automatic":
             console.print("  mode            automatic: this one-machine grid belongs to you; "
                           "`gridctl mode recommend` stops new automatic work")
@@ -159,31 +113,15 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
             console.print(f"  mode            {mode}: the controller proposes, nothing is actuated "
                           "(`gridctl status` shows the plan)")
         if wait and mode == "automatic":
-            if await _wait_ready(agent, profile.model_id, stop, READY_TIMEOUT_SECONDS):
-                console.print(f"[green]ready:[/green] gridctl chat -m {profile.model_id} \"hello\"")
+            if await _wait_ready(grid, model_id, stop, READY_TIMEOUT_SECONDS):
+                console.print(f'[green]ready:[/green] gridctl chat -m {model_id} "hello"')
             elif not stop.is_set():
-                err_console.print(f"[yellow]warning:[/yellow] {profile.model_id} is not READY yet; "
-                                  "see `gridctl status`")
+                err_console.print(f"[yellow]warning:[/yellow] {model_id} is not READY yet; see `gridctl status`")
         console.print("Ctrl-C or `gridctl down` stops the grid.", style="dim")
         await stop.wait()
     finally:
         console.print("stopping: draining and unloading models ...", style="dim")
-        if controller is not None:
-            with contextlib.suppress(Exception):
-                await controller.stop()
-        if agent is not None:
-            with contextlib.suppress(Exception):
-                await agent.stop(drain=True)
-        if gateway is not None:
-            with contextlib.suppress(Exception):
-                await gateway.stop()
-        if log is not None:
-            with contextlib.suppress(Exception):
-                await log.close()
-        if embedded is not None:
-            embedded.stop()
-            with contextlib.suppress(OSError):
-                (cfg.home / NATS_URL_FILE).unlink()
+        await grid.stop()
         with contextlib.suppress(OSError):
             _pid_file(cfg).unlink()
         console.print("grid stopped", style="dim")
