@@ -91,11 +91,15 @@ _FIELD_NAMED = re.compile(r"field `([^`]+)`")
 
 
 def _field_from(message: str) -> str | None:
+    """The top-level body field a msgspec error names ("$.runtime_memory_mb['x']" -> runtime_memory_mb)."""
+    m = _FIELD_NAMED.search(message)
+    if m and "unknown field" in message or m and "missing required" in message:
+        return m.group(1)
     m = _FIELD_AT.search(message)
     if m:
-        return m.group(1) or None
-    m = _FIELD_NAMED.search(message)
-    return m.group(1) if m else None
+        path = m.group(1)
+        return re.split(r"[.\[]", path, maxsplit=1)[0] or None
+    return None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -197,10 +197,24 @@ class Lease:
     async def release(self) -> None:
         if self.state != HELD:
             return
-        try:
-            await self._log.kv_put(LEASE_BUCKET, self.key, self._record(self.term, released=True),
-                                   expected_revision=self.revision)
-        except (ConflictError, LogError) as exc:
-            log.warning("lease release failed", error=str(exc))
+        for _attempt in range(2):
+            try:
+                await self._log.kv_put(LEASE_BUCKET, self.key, self._record(self.term, released=True),
+                                       expected_revision=self.revision)
+                break
+            except ConflictError:
+                # A renewal may have landed whose reply we never saw (cancelled mid-request):
+                # release only if the entry is still our own record in our term.
+                entry = await self._log.kv_get(LEASE_BUCKET, self.key)
+                try:
+                    rec = _decoder.decode(entry.value) if entry is not None else None
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    rec = None
+                if entry is None or rec is None or rec.controller_id != self.controller_id or rec.term != self.term:
+                    break
+                self.revision = entry.revision
+            except LogError as exc:
+                log.warning("lease release failed", error=str(exc))
+                break
         self.state = STANDBY
         self._valid_until = 0.0

@@ -285,11 +285,7 @@ class Controller:
     async def stop(self) -> None:
         self._stopping = True
         await self.stop_admin()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await _cancel_all(self._tasks)
         self._tasks = []
         if self.lease is not None:
             with contextlib.suppress(Exception):
@@ -327,10 +323,36 @@ class Controller:
             self._dirty_revision += 1
             self._dirty.set()
 
+    async def _follow_once(self) -> None:
+        # Like ProjectionRunner.follow, but every subscription opened is closed even when the
+        # task is cancelled while subscribing (a leaked consumer makes the client's drain hang).
+        subs: list[Any] = []
+        runner = self.runner
+
+        async def pump(sub: Any) -> None:
+            while True:
+                msg = await sub.next(timeout=None)
+                if msg is None:
+                    return
+                runner.fold(msg)
+                runner.changed.set()
+                self._on_fold(msg.stream, msg)
+
+        try:
+            for stream in runner.streams:
+                subs.append(await self.log.subscribe(stream, start_seq=runner.positions.get(stream, 0) + 1))
+            if self._stopping:
+                return  # a cancellation swallowed inside the client's subscribe
+            await asyncio.gather(*(pump(sub) for sub in subs))
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.close()
+
     async def _follow(self) -> None:
         while not self._stopping:
             try:
-                await self.runner.follow(self.log, on_fold=self._on_fold)
+                await self._follow_once()
                 return
             except asyncio.CancelledError:
                 raise
@@ -647,6 +669,20 @@ class Controller:
                 if self.files.admin_url.read_text().strip() == self.admin_url:
                     self.files.admin_url.unlink()
             self.admin_url = None
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel and reap tasks. nats-py can swallow a cancellation that lands inside one of its
+    requests, so keep cancelling until each task has really finished."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=0.2)
+    for t in tasks:
+        if not t.cancelled():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                t.exception()
 
 
 # --- standalone process ---------------------------------------------------------------------------
