@@ -162,6 +162,8 @@ def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT
     first_detail: dict[str, str] = {}
     mid = ms.req.model_id
     scanned = 0
+    # The next replica's tier decides the disk reserve (predictive transfers leave more free).
+    extra = eng.predictive_extra if ms.tier_of(ms.progress) == "inferred" else 0
     for hs in eligible_hosts(eng, ms):
         if scanned >= scan_limit:
             break
@@ -169,7 +171,8 @@ def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT
             continue
         scanned += 1
         rt, mem = eng.runtime_for(hs.cls, ms)
-        r = CHAIN.dynamic_check(hs, ms.req, mem, eng.disk_need(hs, ms), eng.headroom)
+        disk = eng.disk_need(hs, ms)
+        r = CHAIN.dynamic_check(hs, ms.req, mem, disk + extra if disk else 0, eng.headroom)
         if r is None:
             if ms.domain_target() > len(ms.used_domains) and hs.domain in ms.used_domains:
                 r = (R.FAILURE_DOMAIN, f"domain {hs.domain} already used")

@@ -168,6 +168,9 @@ class Engine:
         self.evictions = 0
         self.repair_steps = 0
         self.new_count = 0
+        # Extra bytes an uncached artifact must leave free for the replica being placed now.
+        self.disk_extra = 0
+        self.predictive_extra = max(0, int(inp.policy.predictive_disk_reserve_bytes) - int(inp.policy.disk_reserve_bytes))
         # priority class -> host idx -> number of movable new placements (repair scope)
         self.movable: dict[int, Counter[int]] = {}
         # priority class -> sum over movable new placements of (memory - model's minimum memory)
@@ -656,7 +659,7 @@ class Engine:
             return r, "", 0, 0
         rt, mem = self.runtime_for(hs.cls, ms)
         disk = self.disk_need(hs, ms)
-        r = CHAIN.dynamic_check(hs, ms.req, mem, disk, self.headroom)
+        r = CHAIN.dynamic_check(hs, ms.req, mem, disk + self.disk_extra if disk else 0, self.headroom)
         return r, rt, mem, disk
 
     def _eval_host(self, hs: HostState, ms: ModelState, need_new_domain: bool) -> Candidate | None:
@@ -703,6 +706,7 @@ class Engine:
         boost = ms.boost
         scale = self.fit_scale
         disk = req.disk_bytes or 0
+        disk_check = disk + self.disk_extra if disk else 0
         for neg_ub, ci in self._class_upper_bounds(ms):
             if best is not None and -neg_ub < best.score:
                 break
@@ -733,7 +737,7 @@ class Engine:
                     is_new = hs.domain not in used
                     if not is_new and (first_any is not None or need_new_domain):
                         continue
-                    if dyn(hs, req, mem, disk, headroom) is not None:
+                    if dyn(hs, req, mem, disk_check, headroom) is not None:
                         continue
                     if is_new:
                         first_new = hs
@@ -840,11 +844,12 @@ class Engine:
         if ms.used_domains[hs.domain] <= 0:
             del ms.used_domains[hs.domain]
 
-    def reserve(self, ms: ModelState, hs: HostState, mem: int, runtime: str) -> None:
-        """Hold a staged beneficiary's memory (with admission headroom) and slot on hs."""
+    def reserve(self, ms: ModelState, hs: HostState, mem: int, runtime: str, disk: int = 0) -> None:
+        """Hold a staged beneficiary's memory (with admission headroom), slot and artifact disk."""
         need = int(math.ceil(mem * (1.0 + self.headroom)))
-        slot = Slot(ms.req.model_id, "reserved", need, runtime, 0, ms.priority)
+        slot = Slot(ms.req.model_id, "reserved", need, runtime, disk, ms.priority)
         hs.free_b -= need
+        hs.disk_used += disk
         hs.add_desired(slot, ms.req)
         self.fleet.reindex(hs)
         ms.used_domains[hs.domain] += 1
@@ -906,7 +911,10 @@ class Engine:
             hs.free_b = hs.cap_new - unmanaged - immovable_mb
             for m in sorted(live):
                 ms = models.get(m)
-                hs._add_presence(ms.req if ms is not None else None)
+                if ms is not None:
+                    hs._add_presence(ms.req.max_colocated, ms.req.excludes)
+                else:
+                    hs._add_presence(0, self.excl.get(m, frozenset()))
 
         # Kept-set bookkeeping used only while seeding (convergence checks compare an
         # incumbent against the incumbents already kept, not against everything live).
@@ -1030,12 +1038,10 @@ class Engine:
         if req.max_colocated and n > req.max_colocated:
             return ("converge", R.COLOCATION_LIMIT, f"model allows {req.max_colocated} co-located", first)
         for mid, k in kept:
-            if k is None:
-                continue
-            if k.max_colocated and n > k.max_colocated:
-                return ("converge", R.COLOCATION_LIMIT, f"{mid} allows {k.max_colocated} co-located", mid)
             if mid in req.excludes:
                 return ("converge", R.COLOCATION_EXCLUDED, f"excluded pairing with {mid}", mid)
+            if k is not None and k.max_colocated and n > k.max_colocated:
+                return ("converge", R.COLOCATION_LIMIT, f"{mid} allows {k.max_colocated} co-located", mid)
         mem = max(0, int(r.memory_mb))
         if mem > hs.free_b:
             return ("mustmove", R.INSUFFICIENT_MEMORY, f"desired footprint over capacity ({hs.free_b} MB free < {mem} MB)", "")
@@ -1117,6 +1123,14 @@ class Engine:
         if self.new_count >= self.policy.max_new_placements:
             ms.placement_budget = True
             return False
+        # A predictive (inferred-only) transfer must leave the larger predictive disk reserve.
+        self.disk_extra = self.predictive_extra if tier == "inferred" else 0
+        try:
+            return self._place_one_inner(ms, tier, prio, preemption, repair)
+        finally:
+            self.disk_extra = 0
+
+    def _place_one_inner(self, ms: ModelState, tier: str, prio: int, preemption, repair) -> bool:
         c = self.choose(ms)
         if c is not None:
             self.commit_new(ms, c, TIER_REASON[tier], prio)

@@ -52,6 +52,7 @@ class StagedSet:
     victims: list[Victim]
     runtime: str
     memory_mb: int
+    disk_bytes: int = 0
 
     def cost(self) -> tuple:
         top = max((v.priority for v in self.victims), default=-(1 << 62))
@@ -127,12 +128,10 @@ def _fits_after(eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victi
     if req.max_colocated and n > req.max_colocated:
         return False
     for m in present:
-        other = eng.by_model.get(m)
-        if other is None:
-            continue
-        if other.req.max_colocated and n > other.req.max_colocated:
-            return False
         if m in req.excludes:
+            return False
+        other = eng.by_model.get(m)
+        if other is not None and other.req.max_colocated and n > other.req.max_colocated:
             return False
     return _disk_ok(hs, disk)
 
@@ -159,7 +158,7 @@ def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None
         return None
     rt, mem = eng.runtime_for(hs.cls, ms)
     disk = eng.disk_need(hs, ms)
-    if not _disk_ok(hs, disk):
+    if not _disk_ok(hs, disk + eng.disk_extra if disk else 0):
         return None
     pool = _victims_on(eng, hs, ms, destructive)
     if not pool and hs.leaving_mb <= 0 and not eng.leaving_models.get(hs.idx):
@@ -181,7 +180,7 @@ def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None
                 chosen = trial
     if len(chosen) > budget:
         return None
-    return StagedSet(hs, chosen, rt, mem)
+    return StagedSet(hs, chosen, rt, mem, disk)
 
 
 def _candidate_hosts(eng, ms):
@@ -258,7 +257,7 @@ def _apply(eng, ms, staged: StagedSet) -> None:
                 priority=ms.priority,
             )
         )
-    eng.reserve(ms, hs, staged.memory_mb, staged.runtime)
+    eng.reserve(ms, hs, staged.memory_mb, staged.runtime, staged.disk_bytes)
     if staged.victims:
         ms.staged += 1
     else:

@@ -116,38 +116,38 @@ class HostState:
         self.leaving_mb = 0
 
     # -- presence (live models plus desired models) -------------------------------------
-    def _add_presence(self, req: ModelReq | None) -> None:
+    def _add_presence(self, max_colocated: int, excludes: frozenset[str]) -> None:
+        """A model became present. ``excludes`` is the symmetric exclusion set of that model
+        id (also for live models without a profile: another profile may exclude them)."""
         self.present_n += 1
-        if req is not None:
-            if req.max_colocated:
-                self.col_counts[req.max_colocated] += 1
-                self.col_min = min(self.col_counts)
-            for x in req.excludes:
-                self.excl_counts[x] += 1
+        if max_colocated:
+            self.col_counts[max_colocated] += 1
+            self.col_min = min(self.col_counts)
+        for x in excludes:
+            self.excl_counts[x] += 1
 
-    def _remove_presence(self, req: ModelReq | None) -> None:
+    def _remove_presence(self, max_colocated: int, excludes: frozenset[str]) -> None:
         self.present_n -= 1
-        if req is not None:
-            if req.max_colocated:
-                self.col_counts[req.max_colocated] -= 1
-                if self.col_counts[req.max_colocated] <= 0:
-                    del self.col_counts[req.max_colocated]
-                self.col_min = min(self.col_counts) if self.col_counts else 0
-            for x in req.excludes:
-                self.excl_counts[x] -= 1
-                if self.excl_counts[x] <= 0:
-                    del self.excl_counts[x]
+        if max_colocated:
+            self.col_counts[max_colocated] -= 1
+            if self.col_counts[max_colocated] <= 0:
+                del self.col_counts[max_colocated]
+            self.col_min = min(self.col_counts) if self.col_counts else 0
+        for x in excludes:
+            self.excl_counts[x] -= 1
+            if self.excl_counts[x] <= 0:
+                del self.excl_counts[x]
 
-    def add_desired(self, slot: Slot, req: ModelReq | None) -> None:
+    def add_desired(self, slot: Slot, req: ModelReq) -> None:
         assert slot.model_id not in self.desired
         self.desired[slot.model_id] = slot
         if slot.model_id not in self.live_models:
-            self._add_presence(req)
+            self._add_presence(req.max_colocated, req.excludes)
 
-    def remove_desired(self, model_id: str, req: ModelReq | None) -> Slot:
+    def remove_desired(self, model_id: str, req: ModelReq) -> Slot:
         slot = self.desired.pop(model_id)
         if model_id not in self.live_models:
-            self._remove_presence(req)
+            self._remove_presence(req.max_colocated, req.excludes)
         return slot
 
     def is_open(self) -> bool:

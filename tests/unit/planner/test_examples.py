@@ -329,6 +329,15 @@ def test_disk_ledger_is_cumulative():
     assert shortfall_reasons(p, loser) == {R.INSUFFICIENT_DISK}
 
 
+def test_predictive_transfer_keeps_the_larger_disk_reserve():
+    hosts = [host("h1", 64_000, disk_free=6 * GB)]
+    prof_a = prof("a", 4000, min_replicas=0, artifact_size_mb=2048, artifact_sha256="a" * 64)
+    assert count(plan(mk([prof_a], hosts, [want("a", 1, "direct")])), "a") == 1
+    p = plan(mk([prof_a], hosts, [want("a", 1, "inferred")]))
+    assert count(p, "a") == 0
+    assert shortfall_reasons(p, "a") == {R.INSUFFICIENT_DISK}
+
+
 def test_cached_artifact_pays_nothing():
     sha = "c" * 64
     hosts = [host("h1", 64_000, disk_free=2 * GB, cached=(CachedArtifact(model_id="a", sha256=sha, size_bytes=5 * GB),))]

@@ -107,6 +107,12 @@ def _dyn_cases():
             R.COLOCATION_EXCLUDED,
         ),
         (
+            "colocation-excluded-unprofiled-resident",
+            [host("h1", residencies=(res("ext", 2000, managed=False),))],
+            [prof("m", 2000, colocation_excludes=("ext",))],
+            R.COLOCATION_EXCLUDED,
+        ),
+        (
             "desired-ledger",
             [host("h1", 10_000, residencies=(res("x", 7000),))],
             [prof("x", 7000), prof("m", 4000)],
