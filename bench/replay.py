@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import math
 import random
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from bench._common import Timer, embedded_server
 from grid.analytics.sink import AnalyticsSink, open_store
 from grid.events import codec
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
+from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostLoad, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated, make_generation
@@ -235,8 +238,25 @@ def report(name: str, result: Any, seconds: float, raw_rate: float) -> float:
     return rate
 
 
+@contextlib.contextmanager
+def server_for(sync_always: bool) -> Iterator[EmbeddedNats]:
+    if sync_always:
+        with embedded_server() as server:
+            yield server
+        return
+    # Generating a day with an fsync per message takes most of an hour; reading (what is measured)
+    # is unaffected by the write-sync setting, so the generator's server skips it by default.
+    with tempfile.TemporaryDirectory(prefix="grid-bench-replay-") as d:
+        server = EmbeddedNats(Path(d), sync_always=False)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
-    with embedded_server() as server:
+    with server_for(args.sync_always) as server:
         log = await JetStreamLog.connect(server.url)
         with Timer() as t:
             gen = await generate(log, args.hours, args.hosts, args.models, args.rate, args.seed)
@@ -278,4 +298,5 @@ if __name__ == "__main__":
     p.add_argument("--models", type=int, default=32)
     p.add_argument("--rate", type=float, default=30.0, help="mean requests per second fleet-wide (peak ~1x, night ~0.35x)")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--sync-always", action="store_true", help="fsync every write while generating (the production setting)")
     asyncio.run(main(p.parse_args()))
