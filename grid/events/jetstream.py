@@ -7,6 +7,7 @@ subject (no per-message datetime objects on the replay hot path).
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
@@ -35,9 +37,12 @@ from grid.events.subjects import (
     subject_for,
 )
 
+log = structlog.get_logger(__name__)
+
 DAY = 86_400.0
 GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
+INITIAL_CONNECT_ATTEMPTS = 3
 DUPLICATE_WINDOW_SECONDS = 120.0
 
 
@@ -107,16 +112,27 @@ class JetStreamLog:
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "grid", durable: bool = True) -> "JetStreamLog":
+        errors: collections.deque[str] = collections.deque(maxlen=1)
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            log.warning("nats connection error", url=url, error=errors[-1])
+
         try:
+            # A bounded first connection (nats-py would otherwise retry it forever), then
+            # unlimited reconnects once we have been connected.
             nc = await nats.connect(
                 servers=[u.strip() for u in url.split(",")],
                 name=name,
                 connect_timeout=5,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
+                error_cb=on_error,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
-            raise LogError(f"cannot connect to NATS at {url}: {exc}") from exc
+            detail = errors[-1] if errors else str(exc) or type(exc).__name__
+            raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
+        nc.options["max_reconnect_attempts"] = -1
         log = cls(nc, durable=durable)
         await log.ensure_streams()
         return log
