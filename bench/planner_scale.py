@@ -30,19 +30,91 @@ import time
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
 from grid.planner.plan import build_plan, encode_plan, plan
-from grid.planner.types import DemandTarget, Harm, HostSnapshot, PlannerInput, ResidencyView
+from grid.planner.types import (
+    DemandTarget,
+    Harm,
+    HostSnapshot,
+    PlannerInput,
+    ResidencyView,
+)
 
 NOW = 1_000_000.0
 GB = 1 << 30
 
 # name, capacity MB, runtimes, backends, gpus, gpu MB, bandwidth GB/s, GFLOPS, tags, limit
 HARDWARE = [
-    ("laptop-16", 16_384, ("llama.cpp", "mlx"), ("metal",), 0, 0, 100.0, 3_600.0, ("laptop", "battery"), 2),
-    ("laptop-32", 32_768, ("llama.cpp",), ("cpu",), 0, 0, 60.0, 1_200.0, ("laptop", "battery"), 2),
-    ("studio-192", 196_608, ("llama.cpp", "mlx"), ("metal",), 0, 0, 800.0, 27_000.0, ("ssd",), 0),
-    ("rtx4090-64", 65_536, ("llama.cpp", "vllm"), ("cuda",), 1, 24_576, 1_000.0, 82_000.0, ("gpu", "ssd"), 4),
-    ("a100x2-256", 262_144, ("vllm", "llama.cpp"), ("cuda",), 2, 81_920, 2_000.0, 312_000.0, ("gpu", "ssd", "dc"), 0),
-    ("cpu-128", 131_072, ("llama.cpp",), ("cpu",), 0, 0, 80.0, 2_000.0, ("ssd", "dc"), 0),
+    (
+        "laptop-16",
+        16_384,
+        ("llama.cpp", "mlx"),
+        ("metal",),
+        0,
+        0,
+        100.0,
+        3_600.0,
+        ("laptop", "battery"),
+        2,
+    ),
+    (
+        "laptop-32",
+        32_768,
+        ("llama.cpp",),
+        ("cpu",),
+        0,
+        0,
+        60.0,
+        1_200.0,
+        ("laptop", "battery"),
+        2,
+    ),
+    (
+        "studio-192",
+        196_608,
+        ("llama.cpp", "mlx"),
+        ("metal",),
+        0,
+        0,
+        800.0,
+        27_000.0,
+        ("ssd",),
+        0,
+    ),
+    (
+        "rtx4090-64",
+        65_536,
+        ("llama.cpp", "vllm"),
+        ("cuda",),
+        1,
+        24_576,
+        1_000.0,
+        82_000.0,
+        ("gpu", "ssd"),
+        4,
+    ),
+    (
+        "a100x2-256",
+        262_144,
+        ("vllm", "llama.cpp"),
+        ("cuda",),
+        2,
+        81_920,
+        2_000.0,
+        312_000.0,
+        ("gpu", "ssd", "dc"),
+        0,
+    ),
+    (
+        "cpu-128",
+        131_072,
+        ("llama.cpp",),
+        ("cpu",),
+        0,
+        0,
+        80.0,
+        2_000.0,
+        ("ssd", "dc"),
+        0,
+    ),
 ]
 MEMORY = [1_024, 2_048, 4_096, 6_144, 8_192, 12_288, 16_384, 24_576, 40_960, 81_920]
 MEMORY_W = [8, 14, 18, 12, 12, 10, 8, 8, 6, 4]
@@ -52,9 +124,15 @@ def make_hosts(rng: random.Random, n: int) -> list[HostSnapshot]:
     n_domains = max(4, n // 16)
     hosts = []
     for i in range(n):
-        name, cap, rts, bes, gpus, gmem, bw, gf, tags, limit = rng.choice(HARDWARE)
+        _name, cap, rts, bes, gpus, gmem, bw, gf, tags, limit = rng.choice(HARDWARE)
         r = rng.random()
-        state = "accepting" if r < 0.86 else "throttled" if r < 0.94 else rng.choice(["paused", "draining", "quarantined"])
+        state = (
+            "accepting"
+            if r < 0.86
+            else "throttled"
+            if r < 0.94
+            else rng.choice(["paused", "draining", "quarantined"])
+        )
         hb = NOW - rng.uniform(0.0, 20.0) if rng.random() > 0.02 else NOW - 600.0
         t = rng.random()
         tier = "confidential" if t < 0.25 else "internal" if t < 0.9 else "public"
@@ -87,13 +165,23 @@ def make_hosts(rng: random.Random, n: int) -> list[HostSnapshot]:
     return hosts
 
 
-def make_models(rng: random.Random, n: int) -> tuple[list[ModelProfile], list[DemandTarget]]:
+def make_models(
+    rng: random.Random, n: int
+) -> tuple[list[ModelProfile], list[DemandTarget]]:
     profiles, demand = [], []
     for i in range(n):
         mid = f"model-{i:04d}.gguf"
         mem = rng.choices(MEMORY, MEMORY_W)[0]
         r = rng.random()
-        rts = ("llama.cpp",) if r < 0.6 else ("llama.cpp", "vllm") if r < 0.85 else ("vllm",) if r < 0.95 else ("mlx", "llama.cpp")
+        rts = (
+            ("llama.cpp",)
+            if r < 0.6
+            else ("llama.cpp", "vllm")
+            if r < 0.85
+            else ("vllm",)
+            if r < 0.95
+            else ("mlx", "llama.cpp")
+        )
         rtm = {"vllm": int(mem * 1.3)} if "vllm" in rts else {}
         req = ("gpu",) if (rts == ("vllm",) or rng.random() < 0.1) else ()
         forb = ("battery",) if rng.random() < 0.3 else ()
@@ -129,7 +217,10 @@ def make_models(rng: random.Random, n: int) -> tuple[list[ModelProfile], list[De
                     model_id=mid,
                     replicas=rng.randint(1, 4),
                     evidence="direct",
-                    harm=Harm(queue=rng.choice([0.0, 0.0, 2.0, 10.0]), rate=rng.uniform(0.0, 5.0)),
+                    harm=Harm(
+                        queue=rng.choice([0.0, 0.0, 2.0, 10.0]),
+                        rate=rng.uniform(0.0, 5.0),
+                    ),
                     offered_concurrency=rng.uniform(0.0, 20.0),
                 )
             )
@@ -142,7 +233,9 @@ def make_input(n_hosts: int, n_models: int, seed: int) -> PlannerInput:
     rng = random.Random(f"{seed}:{n_hosts}:{n_models}")
     hosts = make_hosts(rng, n_hosts)
     profiles, demand = make_models(rng, n_models)
-    return PlannerInput(now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand))
+    return PlannerInput(
+        now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand)
+    )
 
 
 def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
@@ -170,7 +263,13 @@ def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
                     active_requests=rng.choice([0, 0, 1, 3]),
                 )
             )
-            cached.append(CachedArtifact(model_id=pl.model_id, sha256=p.artifact_sha256 or "", size_bytes=(p.artifact_size_mb or 0) << 20))
+            cached.append(
+                CachedArtifact(
+                    model_id=pl.model_id,
+                    sha256=p.artifact_sha256 or "",
+                    size_bytes=(p.artifact_size_mb or 0) << 20,
+                )
+            )
             if rng.random() < 0.5:
                 tps[pl.model_id] = rng.uniform(10.0, 200.0)
         hosts.append(
@@ -191,9 +290,21 @@ def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
     demand = []
     for d in inp.demand:
         if rng.random() < 0.2:
-            d = DemandTarget(model_id=d.model_id, replicas=d.replicas + 1, evidence=d.evidence, harm=d.harm, offered_concurrency=d.offered_concurrency)
+            d = DemandTarget(
+                model_id=d.model_id,
+                replicas=d.replicas + 1,
+                evidence=d.evidence,
+                harm=d.harm,
+                offered_concurrency=d.offered_concurrency,
+            )
         demand.append(d)
-    return PlannerInput(now=NOW + 15.0, profiles=inp.profiles, hosts=tuple(hosts), demand=tuple(demand), policy=inp.policy)
+    return PlannerInput(
+        now=NOW + 15.0,
+        profiles=inp.profiles,
+        hosts=tuple(hosts),
+        demand=tuple(demand),
+        policy=inp.policy,
+    )
 
 
 def saturated_input(n_hosts: int, n_models: int) -> PlannerInput:
@@ -201,17 +312,28 @@ def saturated_input(n_hosts: int, n_models: int) -> PlannerInput:
         HostSnapshot(
             host_id=f"host-{i:05d}",
             state="accepting",
-            resources=HostResources(capacity_mb=8_192, failure_domain=f"rack-{i % max(4, n_hosts // 16):03d}"),
+            resources=HostResources(
+                capacity_mb=8_192,
+                failure_domain=f"rack-{i % max(4, n_hosts // 16):03d}",
+            ),
             disk_free_bytes=256 * GB,
             heartbeat_at=NOW,
         )
         for i in range(n_hosts)
     )
     profiles = tuple(
-        ModelProfile(model_id=f"model-{i:04d}.gguf", memory_mb=6_144, max_replicas=16, priority=i % 4)
+        ModelProfile(
+            model_id=f"model-{i:04d}.gguf",
+            memory_mb=6_144,
+            max_replicas=16,
+            priority=i % 4,
+        )
         for i in range(n_models)
     )
-    demand = tuple(DemandTarget(model_id=p.model_id, replicas=16, evidence="direct") for p in profiles)
+    demand = tuple(
+        DemandTarget(model_id=p.model_id, replicas=16, evidence="direct")
+        for p in profiles
+    )
     return PlannerInput(now=NOW, profiles=profiles, hosts=hosts, demand=demand)
 
 
@@ -235,16 +357,25 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="only the smallest cells")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--baseline-limit", type=int, default=512 * 128, help="max hosts*models for the full-scan baseline")
+    ap.add_argument(
+        "--baseline-limit",
+        type=int,
+        default=512 * 128,
+        help="max hosts*models for the full-scan baseline",
+    )
     args = ap.parse_args(argv)
     hosts_axis = [64] if args.quick else [64, 512, 4096]
     models_axis = [32, 128] if args.quick else [32, 128, 512]
-    print(f"{'hosts':>6} {'models':>6} {'phase':>6} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
-          f"{'seconds':>8} {'placements/s':>12} {'plan KB':>8} {'full-scan s':>11} {'ratio':>6}")
+    print(
+        f"{'hosts':>6} {'models':>6} {'phase':>6} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
+        f"{'seconds':>8} {'placements/s':>12} {'plan KB':>8} {'full-scan s':>11} {'ratio':>6}"
+    )
     times: dict[tuple[int, int, str], float] = {}
     for n_models in models_axis:
         for n_hosts in hosts_axis:
@@ -279,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         for phase in ("cold", "steady", "full"):
             for n_models in models_axis:
                 ys = [times[(n_models, h, phase)] for h in hosts_axis]
-                print(f"log-log slope of time in hosts ({phase}, {n_models} models): {slope(hosts_axis, ys):.2f}")
+                print(
+                    f"log-log slope of time in hosts ({phase}, {n_models} models): {slope(hosts_axis, ys):.2f}"
+                )
         big = times.get((models_axis[-1], hosts_axis[-1], "cold"))
         big_s = times.get((models_axis[-1], hosts_axis[-1], "steady"))
         big_f = times.get((models_axis[-1], hosts_axis[-1], "full"))

@@ -141,7 +141,11 @@ def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
         hs = eng.hosts[hi]
         v = eng.host_static(hs, ms)
         if v is not None:
-            out.append(HostVerdict(host_id=hs.host_id, eligible=False, reason=v[0], detail=v[1]))
+            out.append(
+                HostVerdict(
+                    host_id=hs.host_id, eligible=False, reason=v[0], detail=v[1]
+                )
+            )
             if len(out) >= limit:
                 break
     return out
@@ -170,18 +174,25 @@ def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT
         if mid in hs.desired:
             continue
         scanned += 1
-        rt, mem = eng.runtime_for(hs.cls, ms)
+        _, mem = eng.runtime_for(hs.cls, ms)
         disk = eng.disk_need(hs, ms)
-        r = CHAIN.dynamic_check(hs, ms.req, mem, disk + extra if disk else 0, eng.headroom)
+        r = CHAIN.dynamic_check(
+            hs, ms.req, mem, disk + extra if disk else 0, eng.headroom
+        )
         if r is None:
-            if ms.domain_target() > len(ms.used_domains) and hs.domain in ms.used_domains:
+            if (
+                ms.domain_target() > len(ms.used_domains)
+                and hs.domain in ms.used_domains
+            ):
                 r = (R.FAILURE_DOMAIN, f"domain {hs.domain} already used")
             else:
                 continue
         counts[r[0]] += 1
         first_detail.setdefault(r[0], f"{hs.host_id}: {r[1]}")
         if len(sample) < limit:
-            sample.append(HostVerdict(host_id=hs.host_id, eligible=True, reason=r[0], detail=r[1]))
+            sample.append(
+                HostVerdict(host_id=hs.host_id, eligible=True, reason=r[0], detail=r[1])
+            )
     return counts, sample, first_detail, scanned
 
 
@@ -198,25 +209,51 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
     mid = ms.req.model_id
     out: list[tuple[str, str]] = list(ms.shortfalls)
     if ms.staged:
-        out.append((R.PREEMPTION_STAGED, f"{ms.staged} replica(s) wait for staged drain on " + ",".join(ms.staged_hosts)))
+        out.append(
+            (
+                R.PREEMPTION_STAGED,
+                f"{ms.staged} replica(s) wait for staged drain on "
+                + ",".join(ms.staged_hosts),
+            )
+        )
     if ms.awaiting:
-        out.append((R.AWAITING_RELEASE, f"{ms.awaiting} replica(s) wait for leaving residencies on " + ",".join(ms.staged_hosts)))
+        out.append(
+            (
+                R.AWAITING_RELEASE,
+                f"{ms.awaiting} replica(s) wait for leaving residencies on "
+                + ",".join(ms.staged_hosts),
+            )
+        )
     pins_missing = sum(1 for r, _ in ms.shortfalls if r == R.PIN_UNSATISFIED)
     missing = wanted - placed - ms.staged - ms.awaiting - pins_missing
     if missing > 0:
         eligible, counts = static
         if eligible == 0:
-            top = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+            top = ", ".join(
+                f"{k} x{v}"
+                for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            )
             out.append((R.NO_ELIGIBLE_HOST, top))
         elif ms.placement_budget:
-            out.append((R.PLACEMENT_BUDGET, f"{eng.policy.max_new_placements} new placements per plan"))
+            out.append(
+                (
+                    R.PLACEMENT_BUDGET,
+                    f"{eng.policy.max_new_placements} new placements per plan",
+                )
+            )
         elif ms.budget_blocked and eng.evictions >= eng.policy.max_evictions:
-            out.append((R.EVICTION_BUDGET, f"{eng.policy.max_evictions} evictions already staged"))
+            out.append(
+                (
+                    R.EVICTION_BUDGET,
+                    f"{eng.policy.max_evictions} evictions already staged",
+                )
+            )
         else:
             dcounts, _, first, _ = dyn
             reason = _dominant(dcounts) or R.NOT_PLACED
             detail = f"{missing} replica(s) unplaced; " + ", ".join(
-                f"{k} x{v}" for k, v in sorted(dcounts.items(), key=lambda kv: (-kv[1], kv[0]))
+                f"{k} x{v}"
+                for k, v in sorted(dcounts.items(), key=lambda kv: (-kv[1], kv[0]))
             )
             if reason in first:
                 detail += f" (e.g. {first[reason]})"
@@ -224,12 +261,19 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
     target = ms.domain_target()
     domains = {eng.hosts[e.hidx].domain for e in ms.entries}
     if len(domains) < min(target, placed):
-        feasible = len(ms.used_domains) + len(eng.eligible_domains(ms, target, exclude=ms.used_domains))
+        feasible = len(ms.used_domains) + len(
+            eng.eligible_domains(ms, target, exclude=ms.used_domains)
+        )
         out.append(
-            (R.FAILURE_DOMAIN, f"{len(domains)} of {target} failure domains ({feasible} feasible)")
+            (
+                R.FAILURE_DOMAIN,
+                f"{len(domains)} of {target} failure domains ({feasible} feasible)",
+            )
         )
     if ms.retained and placed < wanted:
-        hosts = ", ".join(f"{eng.hosts[m.hidx].host_id} ({m.reason})" for m in ms.retained)
+        hosts = ", ".join(
+            f"{eng.hosts[m.hidx].host_id} ({m.reason})" for m in ms.retained
+        )
         out.append((R.RETAINED_NONCOMPLIANT, f"kept until replaced: {hosts}"))
     seen: set[tuple[str, str]] = set()
     result = []
@@ -237,7 +281,11 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
         if (reason, detail) in seen:
             continue
         seen.add((reason, detail))
-        result.append(Shortfall(model_id=mid, wanted=wanted, placed=placed, reason=reason, detail=detail))
+        result.append(
+            Shortfall(
+                model_id=mid, wanted=wanted, placed=placed, reason=reason, detail=detail
+            )
+        )
     result.sort(key=lambda s: (s.reason, s.detail))
     return result
 
@@ -258,11 +306,17 @@ def primary_reason(shortfalls: list[Shortfall]) -> str:
     return reasons[0]
 
 
-def model_explanation(eng, ms, chosen: tuple[Placement, ...], limit: int) -> tuple[ModelExplanation, list[Shortfall]]:
+def model_explanation(
+    eng, ms, chosen: tuple[Placement, ...], limit: int
+) -> tuple[ModelExplanation, list[Shortfall]]:
     static = static_counts(eng, ms)
     eligible_n, counts = static
     wants_more = ms.wanted > len(ms.entries)
-    dyn = dynamic_rejections(eng, ms, limit) if wants_more and eligible_n > 0 else (Counter(), [], {}, 0)
+    dyn = (
+        dynamic_rejections(eng, ms, limit)
+        if wants_more and eligible_n > 0
+        else (Counter(), [], {}, 0)
+    )
     shortfalls = model_shortfalls(eng, ms, static, dyn)
     rejected = list(dyn[1])
     if len(rejected) < limit:
@@ -302,7 +356,10 @@ def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
     from grid.planner.plan import plan as run_plan
 
     policy = inp.policy
-    full = Policy(**{f: getattr(policy, f) for f in policy.__struct_fields__} | {"explain_host_limit": 1 << 30})
+    full = Policy(
+        **{f: getattr(policy, f) for f in policy.__struct_fields__}
+        | {"explain_host_limit": 1 << 30}
+    )
     import msgspec
 
     p = run_plan(msgspec.structs.replace(inp, policy=full))
@@ -313,7 +370,10 @@ def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
 
 
 def _fmt_scores(p: Placement) -> str:
-    parts = [f"{k}={v:g}" for k, v in sorted(p.scores.items(), key=lambda kv: (-abs(kv[1]), kv[0]))]
+    parts = [
+        f"{k}={v:g}"
+        for k, v in sorted(p.scores.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+    ]
     return " ".join(parts)
 
 
@@ -327,29 +387,52 @@ def render_explanation(plan: Plan) -> list[str]:
         lines.append(head)
         for p in ex.chosen:
             tag = p.reason.lower() if p.reason else p.status
-            lines.append(f"  {p.host_id}: {p.status} {tag} score {p.score:g} ({_fmt_scores(p)})")
+            lines.append(
+                f"  {p.host_id}: {p.status} {tag} score {p.score:g} ({_fmt_scores(p)})"
+            )
         total = ex.eligible_count + sum(ex.rejected_counts.values())
-        lines.append(f"  eligible {ex.eligible_count}/{total} hosts" + (
-            (": " + ", ".join(ex.eligible_hosts) + (" ..." if ex.eligible_count > len(ex.eligible_hosts) else ""))
-            if ex.eligible_hosts
-            else ""
-        ))
+        lines.append(
+            f"  eligible {ex.eligible_count}/{total} hosts"
+            + (
+                (
+                    ": "
+                    + ", ".join(ex.eligible_hosts)
+                    + (" ..." if ex.eligible_count > len(ex.eligible_hosts) else "")
+                )
+                if ex.eligible_hosts
+                else ""
+            )
+        )
         if ex.rejected_counts:
             lines.append(
                 "  rejected: "
-                + ", ".join(f"{k} x{v}" for k, v in sorted(ex.rejected_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+                + ", ".join(
+                    f"{k} x{v}"
+                    for k, v in sorted(
+                        ex.rejected_counts.items(), key=lambda kv: (-kv[1], kv[0])
+                    )
+                )
             )
         if ex.capacity_counts:
             lines.append(
                 "  full now: "
-                + ", ".join(f"{k} x{v}" for k, v in sorted(ex.capacity_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+                + ", ".join(
+                    f"{k} x{v}"
+                    for k, v in sorted(
+                        ex.capacity_counts.items(), key=lambda kv: (-kv[1], kv[0])
+                    )
+                )
             )
         if ex.shortfall_reason:
             lines.append(f"  shortfall: {ex.shortfall_reason}")
     for s in plan.shortfalls:
-        lines.append(f"shortfall {s.model_id}: {s.reason} ({s.placed}/{s.wanted}) {s.detail}".rstrip())
+        lines.append(
+            f"shortfall {s.model_id}: {s.reason} ({s.placed}/{s.wanted}) {s.detail}".rstrip()
+        )
     for pe in plan.preemptions:
         who = f" for {pe.beneficiary_model}" if pe.beneficiary_model else ""
         when = f" not before {pe.not_before:g}" if pe.not_before is not None else ""
-        lines.append(f"preempt {pe.victim_model} on {pe.host_id}{who}: {pe.reason} ({pe.memory_mb} MB){when}")
+        lines.append(
+            f"preempt {pe.victim_model} on {pe.host_id}{who}: {pe.reason} ({pe.memory_mb} MB){when}"
+        )
     return lines

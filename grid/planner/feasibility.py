@@ -30,7 +30,9 @@ Rejection = tuple[str, str]  # (REASON, detail)
 
 ELIGIBLE_HOST_STATES: frozenset[str] = frozenset({"accepting", "throttled"})
 # Residency states that hold a process (and therefore memory and a serving slot).
-LIVE_STATES: frozenset[str] = frozenset({"loading", "warming", "ready", "draining", "unloading", "failed"})
+LIVE_STATES: frozenset[str] = frozenset(
+    {"loading", "warming", "ready", "draining", "unloading", "failed"}
+)
 # Residency states that may be seeded as healthy incumbents.
 HEALTHY_STATES: frozenset[str] = frozenset({"ready", "warming", "loading"})
 DEFAULT_RUNTIMES: tuple[str, ...] = ("llama.cpp",)
@@ -135,7 +137,9 @@ class HostClass:
 
     idx: int
     key: tuple
-    resources: HostResources  # of the first member (the compatibility fields are shared)
+    resources: (
+        HostResources  # of the first member (the compatibility fields are shared)
+    )
     eligible: bool
     lifecycle_reason: str | None
     hw_score: float
@@ -144,8 +148,12 @@ class HostClass:
     backend_set: frozenset[str]
     tag_set: frozenset[str]
     tier: int
-    hosts: list[int] = field(default_factory=list)  # host idx, ascending (= host id order)
-    caps: list[int] = field(default_factory=list)  # sorted new-work allocatable memory of members
+    hosts: list[int] = field(
+        default_factory=list
+    )  # host idx, ascending (= host id order)
+    caps: list[int] = field(
+        default_factory=list
+    )  # sorted new-work allocatable memory of members
     buckets: list[Bucket] = field(default_factory=list)
     domains: set[str] = field(default_factory=set)
 
@@ -184,31 +192,45 @@ def load_level(host: HostSnapshot) -> int:
 # ------------------------------------------------------------------------------------------
 
 
-def check_heartbeat_missing(host: HostSnapshot, now: float, policy: Policy) -> Rejection | None:
+def check_heartbeat_missing(
+    host: HostSnapshot, now: float, policy: Policy
+) -> Rejection | None:
     if host.heartbeat_at is None:
         return (R.HEARTBEAT_MISSING, "registered but never heard from")
     return None
 
 
-def check_host_state(host: HostSnapshot, now: float, policy: Policy) -> Rejection | None:
+def check_host_state(
+    host: HostSnapshot, now: float, policy: Policy
+) -> Rejection | None:
     if host.state not in ELIGIBLE_HOST_STATES:
         return (R.HOST_NOT_ELIGIBLE_STATE, host.state)
     return None
 
 
-def check_heartbeat_stale(host: HostSnapshot, now: float, policy: Policy) -> Rejection | None:
+def check_heartbeat_stale(
+    host: HostSnapshot, now: float, policy: Policy
+) -> Rejection | None:
     assert host.heartbeat_at is not None
     age = now - host.heartbeat_at
     if age > policy.heartbeat_timeout_seconds:
-        return (R.HEARTBEAT_STALE, f"age {age:.1f}s > {policy.heartbeat_timeout_seconds:g}s")
+        return (
+            R.HEARTBEAT_STALE,
+            f"age {age:.1f}s > {policy.heartbeat_timeout_seconds:g}s",
+        )
     return None
 
 
-def check_heartbeat_future(host: HostSnapshot, now: float, policy: Policy) -> Rejection | None:
+def check_heartbeat_future(
+    host: HostSnapshot, now: float, policy: Policy
+) -> Rejection | None:
     assert host.heartbeat_at is not None
     ahead = host.heartbeat_at - now
     if ahead > policy.future_skew_seconds:
-        return (R.HEARTBEAT_FUTURE, f"{ahead:.1f}s ahead > {policy.future_skew_seconds:g}s skew")
+        return (
+            R.HEARTBEAT_FUTURE,
+            f"{ahead:.1f}s ahead > {policy.future_skew_seconds:g}s skew",
+        )
     return None
 
 
@@ -242,7 +264,10 @@ def check_pinned(host_id: str, req: ModelReq) -> Rejection | None:
 
 def check_data_tier(cls: HostClass, req: ModelReq) -> Rejection | None:
     if cls.tier < req.tier:
-        return (R.DATA_TIER, f"host tier {cls.resources.data_tier} < model tier {req.profile.data_tier}")
+        return (
+            R.DATA_TIER,
+            f"host tier {cls.resources.data_tier} < model tier {req.profile.data_tier}",
+        )
     return None
 
 
@@ -284,7 +309,10 @@ def check_gpu_count(cls: HostClass, req: ModelReq) -> Rejection | None:
 
 def check_gpu_memory(cls: HostClass, req: ModelReq) -> Rejection | None:
     if cls.resources.gpu_memory_mb < req.profile.min_gpu_memory_mb:
-        return (R.GPU_MEMORY, f"{cls.resources.gpu_memory_mb} < {req.profile.min_gpu_memory_mb} MB")
+        return (
+            R.GPU_MEMORY,
+            f"{cls.resources.gpu_memory_mb} < {req.profile.min_gpu_memory_mb} MB",
+        )
     return None
 
 
@@ -312,14 +340,21 @@ def runtime_memory(req: ModelReq, runtimes: tuple[str, ...]) -> tuple[str, int] 
     return best[1], best[0]
 
 
-def check_static_memory(cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
+def check_static_memory(
+    cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool
+) -> Rejection | None:
     """The largest matching runtime estimate can never fit this host's new-work memory."""
     if mem > cap_new:
-        return (R.INSUFFICIENT_MEMORY, f"needs {mem} MB, host offers {cap_new} MB for new work")
+        return (
+            R.INSUFFICIENT_MEMORY,
+            f"needs {mem} MB, host offers {cap_new} MB for new work",
+        )
     return None
 
 
-def check_disk_telemetry(cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
+def check_disk_telemetry(
+    cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool
+) -> Rejection | None:
     """An uncached artifact that declares a size needs a free-disk observation."""
     if not cached and req.disk_bytes is not None and not cls.disk_known:
         return (R.INSUFFICIENT_DISK, "no disk telemetry for an uncached artifact")
@@ -331,54 +366,80 @@ def check_disk_telemetry(cls: HostClass, cap_new: int, mem: int, req: ModelReq, 
 # ------------------------------------------------------------------------------------------
 
 
-def check_present(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_present(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     if req.model_id in hs.desired or req.model_id in hs.live_models:
         return (R.ALREADY_PRESENT, "model already resident, leaving or reserved here")
     return None
 
 
-def check_model_limit(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_model_limit(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     if hs.limit and hs.present_n + 1 > hs.limit:
         return (R.MODEL_LIMIT, f"{hs.present_n} of {hs.limit} model slots used")
     return None
 
 
-def check_colocation_limit(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_colocation_limit(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     n = hs.present_n + 1
     if req.max_colocated and n > req.max_colocated:
-        return (R.COLOCATION_LIMIT, f"model allows {req.max_colocated} co-located, host would have {n}")
+        return (
+            R.COLOCATION_LIMIT,
+            f"model allows {req.max_colocated} co-located, host would have {n}",
+        )
     if hs.col_min and n > hs.col_min:
         return (R.COLOCATION_LIMIT, f"a resident model allows {hs.col_min} co-located")
     return None
 
 
-def check_colocation_excluded(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_colocation_excluded(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     if hs.excl_counts.get(req.model_id, 0) > 0:
         return (R.COLOCATION_EXCLUDED, "excluded pairing with a resident model")
     return None
 
 
-def check_desired_memory(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_desired_memory(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     if hs.free_b < mem:
-        return (R.INSUFFICIENT_MEMORY, f"desired footprint: {hs.free_b} MB free < {mem} MB")
+        return (
+            R.INSUFFICIENT_MEMORY,
+            f"desired footprint: {hs.free_b} MB free < {mem} MB",
+        )
     return None
 
 
-def check_live_memory(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_live_memory(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     need = mem * (1.0 + headroom)
     if hs.free_a < need:
-        return (R.INSUFFICIENT_MEMORY, f"live processes: {hs.free_a} MB free < {need:.0f} MB with headroom")
+        return (
+            R.INSUFFICIENT_MEMORY,
+            f"live processes: {hs.free_a} MB free < {need:.0f} MB with headroom",
+        )
     return None
 
 
-def check_disk(hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+def check_disk(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
     if disk <= 0:
         return None
     if hs.disk_budget is None:
         return (R.INSUFFICIENT_DISK, "no disk telemetry for an uncached artifact")
     if hs.disk_used + disk > hs.disk_budget:
         free = max(0, hs.disk_budget - hs.disk_used)
-        return (R.INSUFFICIENT_DISK, f"artifact {disk // MB} MB > {free // MB} MB free after reserve")
+        return (
+            R.INSUFFICIENT_DISK,
+            f"artifact {disk // MB} MB > {free // MB} MB free after reserve",
+        )
     return None
 
 
@@ -404,7 +465,11 @@ class FeasibilityChain:
         )
         # 2. Operator placement policy next: explicit deny beats allow, allow beats pins, and
         #    all three are exact statements that explain a rejection better than hardware.
-        self.policy: tuple[PolicyCheck, ...] = (check_denied, check_allowed, check_pinned)
+        self.policy: tuple[PolicyCheck, ...] = (
+            check_denied,
+            check_allowed,
+            check_pinned,
+        )
         # 3. Compatibility: data tier first (a safety boundary), then runtime/backend (the
         #    model cannot run at all), then tags, then GPU shape.
         self.compat: tuple[ClassCheck, ...] = (
@@ -436,7 +501,9 @@ class FeasibilityChain:
             check_disk,
         )
 
-    def host_lifecycle(self, host: HostSnapshot, now: float, policy: Policy) -> Rejection | None:
+    def host_lifecycle(
+        self, host: HostSnapshot, now: float, policy: Policy
+    ) -> Rejection | None:
         for check in self.lifecycle:
             r = check(host, now, policy)
             if r is not None:
@@ -461,14 +528,18 @@ class FeasibilityChain:
         """The class-level part of static capacity (uncached hosts): disk telemetry."""
         return check_disk_telemetry(cls, 0, 0, req, False)
 
-    def host_capacity(self, cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool) -> Rejection | None:
+    def host_capacity(
+        self, cls: HostClass, cap_new: int, mem: int, req: ModelReq, cached: bool
+    ) -> Rejection | None:
         for check in self.static_capacity:
             r = check(cls, cap_new, mem, req, cached)
             if r is not None:
                 return r
         return None
 
-    def dynamic_check(self, hs, req: ModelReq, mem: int, disk: int, headroom: float) -> Rejection | None:
+    def dynamic_check(
+        self, hs, req: ModelReq, mem: int, disk: int, headroom: float
+    ) -> Rejection | None:
         for check in self.dynamic:
             r = check(hs, req, mem, disk, headroom)
             if r is not None:
@@ -486,7 +557,11 @@ def artifact_cached(host: HostSnapshot, req: ModelReq) -> bool:
             if art.sha256.lower() == req.sha:
                 return True
         for r in host.residencies:
-            if r.model_id == req.model_id and r.artifact_sha256 and r.artifact_sha256.lower() == req.sha:
+            if (
+                r.model_id == req.model_id
+                and r.artifact_sha256
+                and r.artifact_sha256.lower() == req.sha
+            ):
                 return True
         return False
     for art in host.cached:

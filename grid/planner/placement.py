@@ -40,11 +40,11 @@ from grid.planner.feasibility import (
     DEFAULT_RUNTIMES,
     HEALTHY_STATES,
     LIVE_STATES,
+    Bucket,
     HostClass,
     ModelReq,
     Rejection,
     artifact_cached,
-    Bucket,
     load_level,
     matching_runtimes,
     new_work_allocatable_mb,
@@ -130,14 +130,18 @@ class ModelState:
     # dynamic
     entries: list[Entry] = field(default_factory=list)
     staged: int = 0  # replicas waiting for a staged preemption (victims drain first)
-    awaiting: int = 0  # replicas waiting for obsolete residencies that are already leaving
+    awaiting: int = (
+        0  # replicas waiting for obsolete residencies that are already leaving
+    )
     staged_hosts: list[str] = field(default_factory=list)
     used_domains: Counter = field(default_factory=Counter)
     mustmove: list[MustMove] = field(default_factory=list)
     retained: list[MustMove] = field(default_factory=list)
     blocked: bool = False
     shortfalls: list[tuple[str, str]] = field(default_factory=list)
-    budget_blocked: bool = False  # a preemption was possible but policy.max_evictions was reached
+    budget_blocked: bool = (
+        False  # a preemption was possible but policy.max_evictions was reached
+    )
     placement_budget: bool = False  # policy.max_new_placements was reached
 
     @property
@@ -170,7 +174,11 @@ class Engine:
         self.new_count = 0
         # Extra bytes an uncached artifact must leave free for the replica being placed now.
         self.disk_extra = 0
-        self.predictive_extra = max(0, int(inp.policy.predictive_disk_reserve_bytes) - int(inp.policy.disk_reserve_bytes))
+        self.predictive_extra = max(
+            0,
+            int(inp.policy.predictive_disk_reserve_bytes)
+            - int(inp.policy.disk_reserve_bytes),
+        )
         # priority class -> host idx -> number of movable new placements (repair scope)
         self.movable: dict[int, Counter[int]] = {}
         # priority class -> sum over movable new placements of (memory - model's minimum memory)
@@ -195,7 +203,9 @@ class Engine:
         inp = self.inp
         profiles: dict[str, ModelProfile] = {}
         for p in inp.profiles:
-            profiles[p.model_id] = p  # a later duplicate wins (input order is part of the bytes)
+            profiles[p.model_id] = (
+                p  # a later duplicate wins (input order is part of the bytes)
+            )
         self.profiles = profiles
         ids = sorted(profiles)
         # Symmetric co-location exclusions: declared by either profile, enforced both ways.
@@ -240,7 +250,7 @@ class Engine:
             tail = d.evidence if d is not None else "baseline"
             if n_pins:
                 label = "pin"
-            elif n_base >= wanted and wanted > 0:
+            elif n_base >= wanted > 0:
                 label = "baseline"
             elif d is not None:
                 label = d.evidence
@@ -252,7 +262,7 @@ class Engine:
                 if h is not None
                 else (0.0, 0.0, 0.0, 0.0, 0.0)
             )
-            harm_key = tuple(0.0 if (x != x) else float(x) for x in harm_key)
+            harm_key = tuple(float(x) if math.isfinite(x) else 0.0 for x in harm_key)
             ms = ModelState(
                 idx=i,
                 req=req,
@@ -285,8 +295,14 @@ class Engine:
             snaps[h.host_id] = h
         host_ids = sorted(snaps)
         # Fleet-wide hardware maxima for the hardware prior.
-        self.max_bw = max((float(s.resources.memory_bandwidth_gbps or 0.0) for s in snaps.values()), default=0.0)
-        self.max_gf = max((float(s.resources.compute_gflops or 0.0) for s in snaps.values()), default=0.0)
+        self.max_bw = max(
+            (float(s.resources.memory_bandwidth_gbps or 0.0) for s in snaps.values()),
+            default=0.0,
+        )
+        self.max_gf = max(
+            (float(s.resources.compute_gflops or 0.0) for s in snaps.values()),
+            default=0.0,
+        )
         classes: dict[tuple, HostClass] = {}
         class_list: list[HostClass] = []
         buckets: dict[tuple[int, int, bool], Bucket] = {}
@@ -300,7 +316,12 @@ class Engine:
                 key: tuple = (False, life[0])
                 hw = 0.0
             else:
-                hw = S.score_hardware(res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf)
+                hw = S.score_hardware(
+                    res.memory_bandwidth_gbps,
+                    res.compute_gflops,
+                    self.max_bw,
+                    self.max_gf,
+                )
                 key = (
                     True,
                     tuple(sorted(set(res.runtimes))),
@@ -346,7 +367,18 @@ class Engine:
             cls.domains.add(res.failure_domain)
             if life is not None:
                 self.lifecycle_counts[life[0]] += 1
-            hosts.append(HostState(hi, snap, cls, bucket, life, cap_new, lvl, self.policy.disk_reserve_bytes))
+            hosts.append(
+                HostState(
+                    hi,
+                    snap,
+                    cls,
+                    bucket,
+                    life,
+                    cap_new,
+                    lvl,
+                    self.policy.disk_reserve_bytes,
+                )
+            )
         for cls in class_list:
             cls.caps.sort()
             cls.buckets.sort(key=lambda b: (b.load_level, b.throttled))
@@ -380,12 +412,14 @@ class Engine:
             for m, tps in snap.measured_tokens_per_second.items():
                 if m in special and _valid_tps(tps) is not None:
                     special[m].add(hs.idx)
-        for (hid, m) in timings:
+        for hid, m in timings:
             if m in special and hid in self.fleet.by_id:
                 special[m].add(self.fleet.by_id[hid].idx)
         for ms in self.models:
             sp = special[ms.req.model_id]
-            explicit_ids = ms.req.pins or (tuple(sorted(ms.req.allow)) if ms.req.allow is not None else ())
+            explicit_ids = ms.req.pins or (
+                tuple(sorted(ms.req.allow)) if ms.req.allow is not None else ()
+            )
             if explicit_ids:
                 ms.explicit = True
                 for hid in explicit_ids:
@@ -396,7 +430,9 @@ class Engine:
             ms.special_set = frozenset(sp)
             best = 0.0
             for hi in ms.special:
-                t = _valid_tps(hosts[hi].snap.measured_tokens_per_second.get(ms.req.model_id))
+                t = _valid_tps(
+                    hosts[hi].snap.measured_tokens_per_second.get(ms.req.model_id)
+                )
                 if t is not None and t > best:
                     best = t
             ms.max_tps = best
@@ -466,7 +502,9 @@ class Engine:
                 lst = [
                     c
                     for c in self.classes
-                    if c.eligible and self.compat(c, ms.req) is None and CHAIN.class_disk(c, ms.req) is None
+                    if c.eligible
+                    and self.compat(c, ms.req) is None
+                    and CHAIN.class_disk(c, ms.req) is None
                 ]
                 passing[key] = lst
             count = 0
@@ -483,7 +521,11 @@ class Engine:
                         count -= 1
             for hi in ms.special:
                 hs = self.hosts[hi]
-                counted = (not ms.explicit) and self._class_counts(hs, ms) and hs.host_id not in ms.req.deny
+                counted = (
+                    (not ms.explicit)
+                    and self._class_counts(hs, ms)
+                    and hs.host_id not in ms.req.deny
+                )
                 if not counted and self.host_static(hs, ms) is None:
                     count += 1
             ms.eligible_count = count
@@ -500,7 +542,11 @@ class Engine:
             return out
         for hi in ms.special:
             hs = self.hosts[hi]
-            if hs.domain not in exclude and hs.domain not in out and self.host_static(hs, ms) is None:
+            if (
+                hs.domain not in exclude
+                and hs.domain not in out
+                and self.host_static(hs, ms) is None
+            ):
                 out.add(hs.domain)
                 if len(out) >= limit:
                     return out
@@ -511,7 +557,12 @@ class Engine:
                 mem = ms.class_mem[ci][1]
                 for hi in self.classes[ci].hosts:
                     hs = self.hosts[hi]
-                    if hs.domain in exclude or hs.domain in out or hs.cap_new < mem or hs.host_id in ms.req.deny:
+                    if (
+                        hs.domain in exclude
+                        or hs.domain in out
+                        or hs.cap_new < mem
+                        or hs.host_id in ms.req.deny
+                    ):
                         continue
                     out.add(hs.domain)
                     if len(out) >= limit:
@@ -548,7 +599,11 @@ class Engine:
         idx = self._scarcity_index.get(cls.idx)
         if idx is None:
             entries = sorted(
-                ((-o.priority, o.eligible_count, o.idx) for o in self.models if o.wanted > 0 and cls.idx in o.class_mem),
+                (
+                    (-o.priority, o.eligible_count, o.idx)
+                    for o in self.models
+                    if o.wanted > 0 and cls.idx in o.class_mem
+                ),
             )
             # prefix minima of the two smallest (eligible_count, idx) pairs
             keys: list[int] = []
@@ -601,7 +656,11 @@ class Engine:
         return v
 
     def host_values(
-        self, hs: HostState, ms: ModelState, mem: int, incumbent: ResidencyView | None = None
+        self,
+        hs: HostState,
+        ms: ModelState,
+        mem: int,
+        incumbent: ResidencyView | None = None,
     ) -> tuple[float, ...]:
         """Scorer values for one host (special hosts, incumbents and the naive scan)."""
         cls = hs.cls
@@ -616,19 +675,31 @@ class Engine:
         cached = self.cached(hs, ms)
         tps = _valid_tps(snap.measured_tokens_per_second.get(mid))
         res = cls.resources
-        hw = 0.0 if tps is not None else S.score_hardware(
-            res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf
+        hw = (
+            0.0
+            if tps is not None
+            else S.score_hardware(
+                res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf
+            )
         )
         sample = self.timings.get((hs.host_id, mid))
-        st = S.score_startup(S.startup_seconds(ms.profile, sample, cached or incumbent is not None, ms.req.sha))
+        st = S.score_startup(
+            S.startup_seconds(
+                ms.profile, sample, cached or incumbent is not None, ms.req.sha
+            )
+        )
         sticky = False
         if incumbent is not None:
             if incumbent.loaded_at is not None:
-                sticky = self.now - incumbent.loaded_at < ms.profile.min_residency_seconds
+                sticky = (
+                    self.now - incumbent.loaded_at < ms.profile.min_residency_seconds
+                )
             else:
                 sticky = True
         existing = hs.residencies.get(mid)
-        failed = existing is not None and existing.state == "failed" and incumbent is None
+        failed = (
+            existing is not None and existing.state == "failed" and incumbent is None
+        )
         return (
             S.score_resident(incumbent.state if incumbent is not None else None),
             S.score_cached(cached),
@@ -652,24 +723,32 @@ class Engine:
             return 0
         return ms.req.disk_bytes
 
-    def feasible(self, hs: HostState, ms: ModelState) -> tuple[Rejection | None, str, int, int]:
+    def feasible(
+        self, hs: HostState, ms: ModelState
+    ) -> tuple[Rejection | None, str, int, int]:
         """Static + dynamic verdict for placing one new replica of ms on hs."""
         r = self.host_static(hs, ms)
         if r is not None:
             return r, "", 0, 0
         rt, mem = self.runtime_for(hs.cls, ms)
         disk = self.disk_need(hs, ms)
-        r = CHAIN.dynamic_check(hs, ms.req, mem, disk + self.disk_extra if disk else 0, self.headroom)
+        r = CHAIN.dynamic_check(
+            hs, ms.req, mem, disk + self.disk_extra if disk else 0, self.headroom
+        )
         return r, rt, mem, disk
 
-    def _eval_host(self, hs: HostState, ms: ModelState, need_new_domain: bool) -> Candidate | None:
+    def _eval_host(
+        self, hs: HostState, ms: ModelState, need_new_domain: bool
+    ) -> Candidate | None:
         if need_new_domain and hs.domain in ms.used_domains:
             return None
         r, rt, mem, disk = self.feasible(hs, ms)
         if r is not None:
             return None
         values = self.host_values(hs, ms, mem)
-        return Candidate(S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values)
+        return Candidate(
+            S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
+        )
 
     def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
         """Eligible classes by an upper bound on any member's score (new domain, perfect
@@ -719,7 +798,11 @@ class Engine:
                     continue
                 load = S.score_load(b.load_level)
                 thr = S.score_throttled(b.throttled)
-                if best is not None and S.combine(_values(base, True, 100.0, load, thr), boost) < best.score:
+                if (
+                    best is not None
+                    and S.combine(_values(base, True, 100.0, load, thr), boost)
+                    < best.score
+                ):
                     continue
                 look_new = bool(used) and any(d not in used for d in b.domains)
                 if need_new_domain and not look_new:
@@ -748,13 +831,29 @@ class Engine:
                 for hs in (first_any, first_new):
                     if hs is None:
                         continue
-                    values = _values(base, hs.domain not in used, S.score_fit(hs.free_b, mem, scale), load, thr)
-                    c = Candidate(S.combine(values, boost), hs.host_id, hs.idx, rt, mem, disk, values)
+                    values = _values(
+                        base,
+                        hs.domain not in used,
+                        S.score_fit(hs.free_b, mem, scale),
+                        load,
+                        thr,
+                    )
+                    c = Candidate(
+                        S.combine(values, boost),
+                        hs.host_id,
+                        hs.idx,
+                        rt,
+                        mem,
+                        disk,
+                        values,
+                    )
                     if c.beats(best):
                         best = c
         return best
 
-    def _best_host_naive(self, ms: ModelState, need_new_domain: bool) -> Candidate | None:
+    def _best_host_naive(
+        self, ms: ModelState, need_new_domain: bool
+    ) -> Candidate | None:
         best: Candidate | None = None
         for hs in self.hosts:
             c = self._eval_host(hs, ms, need_new_domain)
@@ -778,8 +877,14 @@ class Engine:
     # ==================================================================================
     # Ledger mutations
     # ==================================================================================
-    def commit_new(self, ms: ModelState, c: Candidate, reason: str, round_class: int, pinned_phase: bool = False) -> Entry:
-        hs = self.hosts[c.hidx]
+    def commit_new(
+        self,
+        ms: ModelState,
+        c: Candidate,
+        reason: str,
+        round_class: int,
+        pinned_phase: bool = False,
+    ) -> Entry:
         slot = Slot(
             model_id=ms.req.model_id,
             kind="new",
@@ -810,7 +915,9 @@ class Engine:
         if not slot.pinned_phase:
             self.movable.setdefault(slot.round_class, Counter())[hs.idx] += 1
             self.repair_slack[slot.round_class] = (
-                self.repair_slack.get(slot.round_class, 0) + slot.memory_mb - min_memory(ms.profile)
+                self.repair_slack.get(slot.round_class, 0)
+                + slot.memory_mb
+                - min_memory(ms.profile)
             )
 
     def uncommit_new(self, ms: ModelState, e: Entry) -> None:
@@ -831,7 +938,9 @@ class Engine:
             mv[hs.idx] -= 1
             if mv[hs.idx] <= 0:
                 del mv[hs.idx]
-            self.repair_slack[slot.round_class] -= slot.memory_mb - min_memory(ms.profile)
+            self.repair_slack[slot.round_class] -= slot.memory_mb - min_memory(
+                ms.profile
+            )
 
     def remove_kept(self, ms: ModelState, e: Entry) -> None:
         hs = self.hosts[e.hidx]
@@ -844,9 +953,11 @@ class Engine:
         if ms.used_domains[hs.domain] <= 0:
             del ms.used_domains[hs.domain]
 
-    def reserve(self, ms: ModelState, hs: HostState, mem: int, runtime: str, disk: int = 0) -> None:
+    def reserve(
+        self, ms: ModelState, hs: HostState, mem: int, runtime: str, disk: int = 0
+    ) -> None:
         """Hold a staged beneficiary's memory (with admission headroom), slot and artifact disk."""
-        need = int(math.ceil(mem * (1.0 + self.headroom)))
+        need = math.ceil(mem * (1.0 + self.headroom))
         slot = Slot(ms.req.model_id, "reserved", need, runtime, disk, ms.priority)
         hs.free_b -= need
         hs.disk_used += disk
@@ -895,7 +1006,10 @@ class Engine:
                 if r.model_id not in seen:
                     seen.add(r.model_id)
                     hs.residencies[r.model_id] = r
-                elif r.state in HEALTHY_STATES and hs.residencies[r.model_id].state not in HEALTHY_STATES:
+                elif (
+                    r.state in HEALTHY_STATES
+                    and hs.residencies[r.model_id].state not in HEALTHY_STATES
+                ):
                     hs.residencies[r.model_id] = r
                 if r.state not in LIVE_STATES:
                     continue
@@ -928,19 +1042,43 @@ class Engine:
 
         # Immovable residencies satisfy demand when they are healthy, on an eligible host
         # and statically compatible (they are never actuated either way).
-        for hi, r in sorted(self.immovable, key=lambda t: (t[1].model_id, self.hosts[t[0]].host_id)):
+        for hi, r in sorted(
+            self.immovable, key=lambda t: (t[1].model_id, self.hosts[t[0]].host_id)
+        ):
             ms = models.get(r.model_id)
             hs = self.hosts[hi]
-            if ms is None or r.state not in HEALTHY_STATES or len(ms.entries) >= ms.wanted:
+            if (
+                ms is None
+                or r.state not in HEALTHY_STATES
+                or len(ms.entries) >= ms.wanted
+            ):
                 continue
             if self.host_static(hs, ms) is not None:
                 continue
             if hs.residencies.get(r.model_id) is not r:
                 continue
-            slot = Slot(r.model_id, "immovable", max(0, int(r.memory_mb)), r.runtime, 0, ms.priority, residency=r)
+            slot = Slot(
+                r.model_id,
+                "immovable",
+                max(0, int(r.memory_mb)),
+                r.runtime,
+                0,
+                ms.priority,
+                residency=r,
+            )
             values = self.host_values(hs, ms, slot.memory_mb, incumbent=r)
             reason = R.PINNED_RESIDENCY if r.pinned else R.EXTERNAL_RESIDENCY
-            ms.entries.append(Entry(hi, slot, "existing", reason, bool(r.managed), values, S.combine(values, ms.boost)))
+            ms.entries.append(
+                Entry(
+                    hi,
+                    slot,
+                    "existing",
+                    reason,
+                    bool(r.managed),
+                    values,
+                    S.combine(values, ms.boost),
+                )
+            )
             ms.used_domains[hs.domain] += 1
 
         # Managed incumbents, model by model in seeding order.
@@ -956,34 +1094,58 @@ class Engine:
                     self.obsolete.append((hs.idx, r))
             # duplicates of the same model on one host are obsolete
             for r in hs.snap.residencies:
-                if r.managed and not r.pinned and r.state in LIVE_STATES and hs.residencies.get(r.model_id) is not r:
+                if (
+                    r.managed
+                    and not r.pinned
+                    and r.state in LIVE_STATES
+                    and hs.residencies.get(r.model_id) is not r
+                ):
                     self.obsolete.append((hs.idx, r))
 
-        order = sorted(self.models, key=lambda ms: (-ms.priority, ms.eligible_count, -ms.profile.memory_mb, ms.req.model_id))
+        order = sorted(
+            self.models,
+            key=lambda ms: (
+                -ms.priority,
+                ms.eligible_count,
+                -ms.profile.memory_mb,
+                ms.req.model_id,
+            ),
+        )
         for ms in order:
-            cands = sorted(candidates.get(ms.req.model_id, ()), key=lambda t: t[0].host_id)
+            cands = sorted(
+                candidates.get(ms.req.model_id, ()), key=lambda t: t[0].host_id
+            )
             remaining = list(cands)
             while remaining:
                 if len(ms.entries) >= ms.wanted:
                     break
                 short_domains = len(ms.used_domains) < ms.domain_target()
-
-                def pref(t: tuple[HostState, ResidencyView]) -> tuple:
-                    hs, r = t
-                    new_dom = 0 if (short_domains and hs.domain not in ms.used_domains) else 1
-                    return (new_dom, _STATE_RANK.get(r.state, 9), hs.host_id)
-
-                pick = min(remaining, key=pref)
+                used = ms.used_domains
+                pick = min(
+                    remaining,
+                    key=lambda t, short=short_domains, used=used: (
+                        0 if (short and t[0].domain not in used) else 1,
+                        _STATE_RANK.get(t[1].state, 9),
+                        t[0].host_id,
+                    ),
+                )
                 remaining.remove(pick)
                 hs, r = pick
                 verdict = self._incumbent_verdict(hs, r, ms, kept_on[hs.idx])
                 if verdict is None and hs.domain in ms.used_domains:
                     # Keep room for the failure-domain spread that is still reachable.
-                    more = self.eligible_domains(ms, ms.domain_target(), exclude=ms.used_domains)
+                    more = self.eligible_domains(
+                        ms, ms.domain_target(), exclude=ms.used_domains
+                    )
                     target = min(ms.domain_target(), len(ms.used_domains) + len(more))
                     slots_left = ms.wanted - len(ms.entries) - 1
                     if slots_left < target - len(ms.used_domains):
-                        verdict = ("mustmove", R.FAILURE_DOMAIN, "spread needs another failure domain", "")
+                        verdict = (
+                            "mustmove",
+                            R.FAILURE_DOMAIN,
+                            "spread needs another failure domain",
+                            "",
+                        )
                 if verdict is None:
                     self._keep(hs, r, ms, kept_on)
                     continue
@@ -995,7 +1157,12 @@ class Engine:
                 else:
                     # Over this plan's eviction budget: the violation stays visible and
                     # converges over later plans instead of an unbounded wave.
-                    ms.shortfalls.append((R.EVICTION_BUDGET, f"{reason} convergence on {hs.host_id} deferred"))
+                    ms.shortfalls.append(
+                        (
+                            R.EVICTION_BUDGET,
+                            f"{reason} convergence on {hs.host_id} deferred",
+                        )
+                    )
                     self._keep(hs, r, ms, kept_on)
             for hs, r in remaining:
                 self.obsolete.append((hs.idx, r))
@@ -1012,16 +1179,39 @@ class Engine:
 
     def _keep(self, hs: HostState, r: ResidencyView, ms: ModelState, kept_on) -> None:
         mem = max(0, int(r.memory_mb))
-        slot = Slot(ms.req.model_id, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r)
+        slot = Slot(
+            ms.req.model_id,
+            "kept",
+            mem,
+            r.runtime,
+            0,
+            ms.priority,
+            reason=R.INCUMBENT,
+            residency=r,
+        )
         values = self.host_values(hs, ms, mem, incumbent=r)
         hs.free_b -= mem
         hs.add_desired(slot, ms.req)
         kept_on[hs.idx].append((ms.req.model_id, ms.req))
-        ms.entries.append(Entry(hs.idx, slot, "existing", R.INCUMBENT, True, values, S.combine(values, ms.boost)))
+        ms.entries.append(
+            Entry(
+                hs.idx,
+                slot,
+                "existing",
+                R.INCUMBENT,
+                True,
+                values,
+                S.combine(values, ms.boost),
+            )
+        )
         ms.used_domains[hs.domain] += 1
 
     def _incumbent_verdict(
-        self, hs: HostState, r: ResidencyView, ms: ModelState, kept: list[tuple[str, ModelReq | None]]
+        self,
+        hs: HostState,
+        r: ResidencyView,
+        ms: ModelState,
+        kept: list[tuple[str, ModelReq | None]],
     ) -> tuple[str, str, str, str] | None:
         """None (keep), ("mustmove", ...) or ("converge", ..., survivor model id)."""
         req = ms.req
@@ -1030,24 +1220,61 @@ class Engine:
             return ("mustmove", rej[0], rej[1], "")
         allowed = req.runtimes or DEFAULT_RUNTIMES
         if r.runtime not in allowed or r.runtime not in hs.cls.runtime_set:
-            return ("mustmove", R.RUNTIME_MISMATCH, f"live runtime {r.runtime} no longer allowed", "")
+            return (
+                "mustmove",
+                R.RUNTIME_MISMATCH,
+                f"live runtime {r.runtime} no longer allowed",
+                "",
+            )
         n = len(kept) + 1
         first = kept[0][0] if kept else ""
         if hs.limit and n > hs.limit:
-            return ("converge", R.MODEL_LIMIT, f"host ceiling {hs.limit} below live inventory", first)
+            return (
+                "converge",
+                R.MODEL_LIMIT,
+                f"host ceiling {hs.limit} below live inventory",
+                first,
+            )
         if req.max_colocated and n > req.max_colocated:
-            return ("converge", R.COLOCATION_LIMIT, f"model allows {req.max_colocated} co-located", first)
+            return (
+                "converge",
+                R.COLOCATION_LIMIT,
+                f"model allows {req.max_colocated} co-located",
+                first,
+            )
         for mid, k in kept:
             if mid in req.excludes:
-                return ("converge", R.COLOCATION_EXCLUDED, f"excluded pairing with {mid}", mid)
+                return (
+                    "converge",
+                    R.COLOCATION_EXCLUDED,
+                    f"excluded pairing with {mid}",
+                    mid,
+                )
             if k is not None and k.max_colocated and n > k.max_colocated:
-                return ("converge", R.COLOCATION_LIMIT, f"{mid} allows {k.max_colocated} co-located", mid)
+                return (
+                    "converge",
+                    R.COLOCATION_LIMIT,
+                    f"{mid} allows {k.max_colocated} co-located",
+                    mid,
+                )
         mem = max(0, int(r.memory_mb))
         if mem > hs.free_b:
-            return ("mustmove", R.INSUFFICIENT_MEMORY, f"desired footprint over capacity ({hs.free_b} MB free < {mem} MB)", "")
+            return (
+                "mustmove",
+                R.INSUFFICIENT_MEMORY,
+                f"desired footprint over capacity ({hs.free_b} MB free < {mem} MB)",
+                "",
+            )
         return None
 
-    def _converge(self, hs: HostState, r: ResidencyView, ms: ModelState, reason: str, survivor: str) -> None:
+    def _converge(
+        self,
+        hs: HostState,
+        r: ResidencyView,
+        ms: ModelState,
+        reason: str,
+        survivor: str,
+    ) -> None:
         """Stage drain/unload of an incumbent that violates a lowered ceiling or co-location rule."""
         self.obsolete.append((hs.idx, r))
         not_before = None
@@ -1056,7 +1283,11 @@ class Engine:
             if t > self.now:
                 not_before = t
         self.evictions += 1
-        rsn = R.MODEL_LIMIT_CONVERGENCE if reason == R.MODEL_LIMIT else R.COLOCATION_CONVERGENCE
+        rsn = (
+            R.MODEL_LIMIT_CONVERGENCE
+            if reason == R.MODEL_LIMIT
+            else R.COLOCATION_CONVERGENCE
+        )
         self.preemptions.append(
             Preemption(
                 host_id=hs.host_id,
@@ -1064,7 +1295,9 @@ class Engine:
                 beneficiary_model=survivor,
                 reason=rsn,
                 memory_mb=max(0, int(r.memory_mb)),
-                priority=self.by_model[survivor].priority if survivor in self.by_model else ms.priority,
+                priority=self.by_model[survivor].priority
+                if survivor in self.by_model
+                else ms.priority,
                 not_before=not_before,
             )
         )
@@ -1076,18 +1309,25 @@ class Engine:
         from grid.planner import preemption, repair
 
         self.seed()
-        pinned = sorted((ms for ms in self.models if ms.req.pins and ms.wanted > 0), key=lambda ms: (-ms.priority, ms.req.model_id))
+        pinned = sorted(
+            (ms for ms in self.models if ms.req.pins and ms.wanted > 0),
+            key=lambda ms: (-ms.priority, ms.req.model_id),
+        )
         for ms in pinned:
             for hid in ms.req.pins:
                 hs = self.fleet.by_id.get(hid)
                 if hs is None:
-                    ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {R.UNKNOWN_HOST}"))
+                    ms.shortfalls.append(
+                        (R.PIN_UNSATISFIED, f"{hid}: {R.UNKNOWN_HOST}")
+                    )
                     continue
                 if any(e.hidx == hs.idx for e in ms.entries):
                     continue
                 rej = self.host_static(hs, ms)
                 if rej is not None:
-                    ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {rej[0]} {rej[1]}".strip()))
+                    ms.shortfalls.append(
+                        (R.PIN_UNSATISFIED, f"{hid}: {rej[0]} {rej[1]}".strip())
+                    )
                     continue
                 c = self._eval_host(hs, ms, False)
                 if c is not None:
@@ -1101,17 +1341,37 @@ class Engine:
                         why = f"{R.EVICTION_BUDGET} ({why})"
                     ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {why}".strip()))
 
-        classes = sorted({ms.priority for ms in self.models if ms.wanted > 0}, reverse=True)
+        classes = sorted(
+            {ms.priority for ms in self.models if ms.wanted > 0}, reverse=True
+        )
         for prio in classes:
-            members = [ms for ms in self.models if ms.priority == prio and ms.wanted > 0]
-            members.sort(key=lambda ms: (ms.eligible_count, -ms.profile.memory_mb, ms.harm_key, ms.req.model_id))
+            members = [
+                ms for ms in self.models if ms.priority == prio and ms.wanted > 0
+            ]
+            members.sort(
+                key=lambda ms: (
+                    ms.eligible_count,
+                    -ms.profile.memory_mb,
+                    ms.harm_key,
+                    ms.req.model_id,
+                )
+            )
             for tier in TIERS:
-                active = [ms for ms in members if not ms.blocked and ms.progress < ms.wanted and ms.tier_of(ms.progress) == tier]
+                active = [
+                    ms
+                    for ms in members
+                    if not ms.blocked
+                    and ms.progress < ms.wanted
+                    and ms.tier_of(ms.progress) == tier
+                ]
                 while active:
                     nxt = []
                     for ms in active:
                         if self._place_one(ms, tier, prio, preemption, repair):
-                            if ms.progress < ms.wanted and ms.tier_of(ms.progress) == tier:
+                            if (
+                                ms.progress < ms.wanted
+                                and ms.tier_of(ms.progress) == tier
+                            ):
                                 nxt.append(ms)
                         else:
                             ms.blocked = True
@@ -1119,7 +1379,9 @@ class Engine:
 
         self._retain()
 
-    def _place_one(self, ms: ModelState, tier: str, prio: int, preemption, repair) -> bool:
+    def _place_one(
+        self, ms: ModelState, tier: str, prio: int, preemption, repair
+    ) -> bool:
         if self.new_count >= self.policy.max_new_placements:
             ms.placement_budget = True
             return False
@@ -1130,14 +1392,18 @@ class Engine:
         finally:
             self.disk_extra = 0
 
-    def _place_one_inner(self, ms: ModelState, tier: str, prio: int, preemption, repair) -> bool:
+    def _place_one_inner(
+        self, ms: ModelState, tier: str, prio: int, preemption, repair
+    ) -> bool:
         c = self.choose(ms)
         if c is not None:
             self.commit_new(ms, c, TIER_REASON[tier], prio)
             return True
         if repair.try_repair(self, ms, tier, prio):
             return True
-        outcome = preemption.stage(self, ms, only_host=None, destructive=tier != "inferred")
+        outcome = preemption.stage(
+            self, ms, only_host=None, destructive=tier != "inferred"
+        )
         return outcome is not None
 
     # ==================================================================================
@@ -1147,7 +1413,13 @@ class Engine:
         for ms in self.models:
             if ms.wanted <= 0 or not ms.mustmove:
                 continue
-            ready = sum(1 for e in ms.entries if e.status == "existing" and e.slot.residency is not None and e.slot.residency.state == "ready")
+            ready = sum(
+                1
+                for e in ms.entries
+                if e.status == "existing"
+                and e.slot.residency is not None
+                and e.slot.residency.state == "ready"
+            )
             deficit = ms.wanted - ready
             if deficit <= 0:
                 continue
@@ -1165,15 +1437,24 @@ _STATE_RANK = {"ready": 0, "warming": 1, "loading": 2}
 
 def min_memory(profile: ModelProfile) -> int:
     """Smallest footprint any runtime could give this model (repair lower bound)."""
-    vals = [int(profile.memory_mb)] + [int(v) for v in profile.runtime_memory_mb.values()]
+    vals = [int(profile.memory_mb)] + [
+        int(v) for v in profile.runtime_memory_mb.values()
+    ]
     return max(0, min(vals))
 
 
 def _res_order(r: ResidencyView) -> tuple:
-    return (r.model_id, 0 if r.state in HEALTHY_STATES else 1, _STATE_RANK.get(r.state, 9), r.state)
+    return (
+        r.model_id,
+        0 if r.state in HEALTHY_STATES else 1,
+        _STATE_RANK.get(r.state, 9),
+        r.state,
+    )
 
 
-def _values(base: tuple[float, ...], new_domain: bool, fit: float, load: float, thr: float) -> tuple[float, ...]:
+def _values(
+    base: tuple[float, ...], new_domain: bool, fit: float, load: float, thr: float
+) -> tuple[float, ...]:
     """Class values with the per-host entries (domain, fit, load, throttled) filled in."""
     return (
         base[0],

@@ -81,7 +81,9 @@ def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
         placements.extend(mine)
         shortfalls.extend(sf)
         explanations.append(ex)
-    preemptions = sorted(eng.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model))
+    preemptions = sorted(
+        eng.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model)
+    )
     return Plan(
         planner_version=PLANNER_VERSION,
         inputs_digest=digest,

@@ -43,7 +43,13 @@ class Victim:
     ref: object  # Entry (kept) or MustMove
 
     def key(self) -> tuple:
-        return (self.priority, 1 if self.busy else 0, self.warmback, -self.memory_mb, self.model_id)
+        return (
+            self.priority,
+            1 if self.busy else 0,
+            self.warmback,
+            -self.memory_mb,
+            self.model_id,
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -101,7 +107,9 @@ def _victim(eng, hs, vms, r, mem: int, kept: bool, ref) -> Victim:
     return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref)
 
 
-def _fits_after(eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victim]) -> bool:
+def _fits_after(
+    eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victim]
+) -> bool:
     """Would the beneficiary fit once leaving residencies and these victims are gone?"""
     need = mem * (1.0 + eng.headroom)
     free_b = hs.free_b + sum(v.memory_mb for v in victims if v.kept)
@@ -131,7 +139,11 @@ def _fits_after(eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victi
         if m in req.excludes:
             return False
         other = eng.by_model.get(m)
-        if other is not None and other.req.max_colocated and n > other.req.max_colocated:
+        if (
+            other is not None
+            and other.req.max_colocated
+            and n > other.req.max_colocated
+        ):
             return False
     return _disk_ok(hs, disk)
 
@@ -202,7 +214,9 @@ def _candidate_hosts(eng, ms):
         if ms.explicit:
             if hi not in special:
                 continue
-        elif hi not in special and (hs.cls.idx not in ms.class_mem or hs.host_id in ms.req.deny):
+        elif hi not in special and (
+            hs.cls.idx not in ms.class_mem or hs.host_id in ms.req.deny
+        ):
             continue
         yield hs
 
@@ -211,7 +225,9 @@ def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | N
     """Try to stage a preemption (or a wait for leaving capacity) for one replica of ms."""
     budget = max(0, eng.policy.max_evictions - eng.evictions)
     hosts = [only_host] if only_host is not None else list(_candidate_hosts(eng, ms))
-    passes = [True, False] if (only_host is None and eng.needs_new_domain(ms)) else [False]
+    passes = (
+        [True, False] if (only_host is None and eng.needs_new_domain(ms)) else [False]
+    )
     best: StagedSet | None = None
     saw_budget = False
     for new_domain_only in passes:
@@ -220,7 +236,11 @@ def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | N
                 continue
             s = _victim_set(eng, hs, ms, destructive, budget)
             if s is None:
-                if budget == 0 and destructive and _victim_set(eng, hs, ms, destructive, 1 << 30) is not None:
+                if (
+                    budget == 0
+                    and destructive
+                    and _victim_set(eng, hs, ms, destructive, 1 << 30) is not None
+                ):
                     saw_budget = True
                 continue
             if best is None or s.cost() < best.cost():

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 # --- host lifecycle (checked once per host) ----------------------------------------------
 HEARTBEAT_MISSING = "HEARTBEAT_MISSING"  # registered but never heard from
-HOST_NOT_ELIGIBLE_STATE = "HOST_NOT_ELIGIBLE_STATE"  # paused, draining, unhealthy, quarantined
-HEARTBEAT_STALE = "HEARTBEAT_STALE"  # now - heartbeat_at > policy.heartbeat_timeout_seconds
+HOST_NOT_ELIGIBLE_STATE = (
+    "HOST_NOT_ELIGIBLE_STATE"  # paused, draining, unhealthy, quarantined
+)
+HEARTBEAT_STALE = (
+    "HEARTBEAT_STALE"  # now - heartbeat_at > policy.heartbeat_timeout_seconds
+)
 HEARTBEAT_FUTURE = "HEARTBEAT_FUTURE"  # heartbeat_at > now + policy.future_skew_seconds
 
 # --- operator placement policy (per host, per model) --------------------------------------
@@ -64,13 +68,21 @@ FEASIBILITY_REASONS: tuple[str, ...] = (
 
 # --- shortfall reasons (a model has fewer compliant replicas than wanted) --------------------
 NO_ELIGIBLE_HOST = "NO_ELIGIBLE_HOST"  # no host passes the static checks
-PREEMPTION_STAGED = "PREEMPTION_STAGED"  # victims drain first; placed after memory is proven free
-AWAITING_RELEASE = "AWAITING_RELEASE"  # capacity is held by obsolete residencies already leaving
+PREEMPTION_STAGED = (
+    "PREEMPTION_STAGED"  # victims drain first; placed after memory is proven free
+)
+AWAITING_RELEASE = (
+    "AWAITING_RELEASE"  # capacity is held by obsolete residencies already leaving
+)
 EVICTION_BUDGET = "EVICTION_BUDGET"  # policy.max_evictions reached for this plan
 PIN_UNSATISFIED = "PIN_UNSATISFIED"  # a hard pin cannot be placed on its exact host
-RETAINED_NONCOMPLIANT = "RETAINED_NONCOMPLIANT"  # old replica kept (make-before-break) with no replacement
+RETAINED_NONCOMPLIANT = (
+    "RETAINED_NONCOMPLIANT"  # old replica kept (make-before-break) with no replacement
+)
 PLACEMENT_BUDGET = "PLACEMENT_BUDGET"  # policy.max_new_placements reached for this plan
-NOT_PLACED = "NOT_PLACED"  # eligible capacity exists now but the replica's turn had none
+NOT_PLACED = (
+    "NOT_PLACED"  # eligible capacity exists now but the replica's turn had none
+)
 
 SHORTFALL_REASONS: tuple[str, ...] = (
     NO_ELIGIBLE_HOST,
@@ -85,10 +97,16 @@ SHORTFALL_REASONS: tuple[str, ...] = (
 )
 
 # --- placement reasons ------------------------------------------------------------------------
-INCUMBENT = "INCUMBENT"  # healthy live managed residency that still satisfies every constraint
-EXTERNAL_RESIDENCY = "EXTERNAL_RESIDENCY"  # unmanaged residency that satisfies demand (never actuated)
+INCUMBENT = (
+    "INCUMBENT"  # healthy live managed residency that still satisfies every constraint
+)
+EXTERNAL_RESIDENCY = (
+    "EXTERNAL_RESIDENCY"  # unmanaged residency that satisfies demand (never actuated)
+)
 PINNED_RESIDENCY = "PINNED_RESIDENCY"  # operator-pinned residency (never actuated)
-RETAINED_UNTIL_REPLACED = "RETAINED_UNTIL_REPLACED"  # must move; kept until replacements are ready
+RETAINED_UNTIL_REPLACED = (
+    "RETAINED_UNTIL_REPLACED"  # must move; kept until replacements are ready
+)
 PIN = "PIN"  # new replica on a profile's pinned host
 BASELINE = "BASELINE"  # new replica for min_replicas
 DIRECT = "DIRECT"  # new replica for direct request/queue/SLO evidence
@@ -97,5 +115,9 @@ REPAIRED = "REPAIRED"  # moved by bounded backtracking repair
 
 # --- preemption reasons -----------------------------------------------------------------------
 PRIORITY_PREEMPTION = "PRIORITY_PREEMPTION"
-MODEL_LIMIT_CONVERGENCE = "MODEL_LIMIT_CONVERGENCE"  # host model ceiling lowered below live inventory
-COLOCATION_CONVERGENCE = "COLOCATION_CONVERGENCE"  # tightened co-location policy already violated
+MODEL_LIMIT_CONVERGENCE = (
+    "MODEL_LIMIT_CONVERGENCE"  # host model ceiling lowered below live inventory
+)
+COLOCATION_CONVERGENCE = (
+    "COLOCATION_CONVERGENCE"  # tightened co-location policy already violated
+)

@@ -31,9 +31,7 @@ def lower_bound_fails(eng: Engine, ms: ModelState, prio: int) -> bool:
     slack = max(0, eng.repair_slack.get(prio, 0))
     if t.free_mb + slack < min_memory(ms.profile):
         return True
-    if t.unlimited_open <= 0 and t.slots <= 0:
-        return True
-    return False
+    return t.unlimited_open <= 0 and t.slots <= 0
 
 
 def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
@@ -43,7 +41,9 @@ def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
         return False
     if lower_bound_fails(eng, ms, prio):
         return False
-    hosts = sorted((eng.hosts[hi] for hi, n in movable.items() if n > 0), key=lambda h: h.host_id)
+    hosts = sorted(
+        (eng.hosts[hi] for hi, n in movable.items() if n > 0), key=lambda h: h.host_id
+    )
     for hs in hosts:
         if eng.repair_steps >= budget:
             return False
@@ -52,7 +52,11 @@ def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
             continue
         items: list[tuple[ModelState, Entry]] = []
         for slot in hs.desired.values():
-            if slot.kind == "new" and slot.round_class == prio and not slot.pinned_phase:
+            if (
+                slot.kind == "new"
+                and slot.round_class == prio
+                and not slot.pinned_phase
+            ):
                 vms = eng.by_model[slot.model_id]
                 if vms is ms:
                     continue
@@ -69,7 +73,14 @@ def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
     return False
 
 
-def _attempt(eng: Engine, ms: ModelState, hs, subset: list[tuple[ModelState, Entry]], tier: str, prio: int) -> bool:
+def _attempt(
+    eng: Engine,
+    ms: ModelState,
+    hs,
+    subset: list[tuple[ModelState, Entry]],
+    tier: str,
+    prio: int,
+) -> bool:
     from grid.planner.placement import TIER_REASON
 
     for vms, e in subset:
@@ -81,7 +92,9 @@ def _attempt(eng: Engine, ms: ModelState, hs, subset: list[tuple[ModelState, Ent
     placed = eng.commit_new(ms, c, TIER_REASON[tier], prio)
     moved: list[tuple[ModelState, Entry]] = []
     ok = True
-    for vms, e in sorted(subset, key=lambda t: (-t[1].slot.memory_mb, t[0].req.model_id)):
+    for vms, e in sorted(
+        subset, key=lambda t: (-t[1].slot.memory_mb, t[0].req.model_id)
+    ):
         eng.repair_steps += 1
         c2 = eng.choose(vms)
         if c2 is None:

@@ -41,9 +41,9 @@ MAX_VALID_SECONDS = 3600.0
 
 
 def _clamp(x: float) -> float:
-    if x != x:  # NaN
+    if math.isnan(x):
         return 0.0
-    return 0.0 if x < 0.0 else 100.0 if x > 100.0 else x
+    return 0.0 if x < 0.0 else min(x, 100.0)
 
 
 def score_resident(state: str | None) -> float:
@@ -64,7 +64,9 @@ def score_throughput(tps: float | None, max_tps: float) -> float:
     return _clamp(100.0 * tps / max_tps)
 
 
-def score_hardware(bandwidth: float | None, gflops: float | None, max_bw: float, max_gflops: float) -> float:
+def score_hardware(
+    bandwidth: float | None, gflops: float | None, max_bw: float, max_gflops: float
+) -> float:
     """Whole points only: hosts with near-identical hardware share a class (and a score)."""
     s = 0.0
     if bandwidth and max_bw > 0.0:
@@ -87,7 +89,9 @@ def score_fit(free_mb: float, mem_mb: float, scale_mb: float) -> float:
 
 def score_startup(seconds: float) -> float:
     seconds = max(0.0, seconds)
-    return _clamp(100.0 * STARTUP_REFERENCE_SECONDS / (STARTUP_REFERENCE_SECONDS + seconds))
+    return _clamp(
+        100.0 * STARTUP_REFERENCE_SECONDS / (STARTUP_REFERENCE_SECONDS + seconds)
+    )
 
 
 def score_sticky(within_min_residency: bool) -> float:
@@ -96,7 +100,11 @@ def score_sticky(within_min_residency: bool) -> float:
 
 def score_scarcity(constrained_eligible: int | None, own_eligible: int) -> float:
     """Penalty (0..100) for a flexible model on a host a more constrained model needs."""
-    if constrained_eligible is None or own_eligible <= 1 or constrained_eligible >= own_eligible:
+    if (
+        constrained_eligible is None
+        or own_eligible <= 1
+        or constrained_eligible >= own_eligible
+    ):
         return 0.0
     return _clamp(100.0 * (1.0 - constrained_eligible / own_eligible))
 
@@ -117,7 +125,10 @@ def concurrency_boost(profile: ModelProfile, demand: DemandTarget | None) -> flo
     """1..8: how far offered concurrency exceeds one replica's target capacity."""
     if demand is None or not math.isfinite(demand.offered_concurrency):
         return 1.0
-    per_replica = max(1e-9, max(1, profile.replica_concurrency) * max(0.01, profile.target_utilization))
+    per_replica = max(
+        1e-9,
+        max(1, profile.replica_concurrency) * max(0.01, profile.target_utilization),
+    )
     return min(MAX_BOOST, max(1.0, demand.offered_concurrency / per_replica))
 
 
@@ -158,4 +169,6 @@ def combine(values: tuple[float, ...], boost: float) -> float:
 
 
 def as_dict(values: tuple[float, ...]) -> dict[str, float]:
-    return {name: round(v, 3) for name, v in zip(SCORERS, values, strict=True) if v != 0.0}
+    return {
+        name: round(v, 3) for name, v in zip(SCORERS, values, strict=True) if v != 0.0
+    }

@@ -46,31 +46,31 @@ class Slot:
 
 class HostState:
     __slots__ = (
-        "idx",
-        "host_id",
-        "snap",
-        "cls",
         "bucket",
-        "domain",
-        "eligible",
-        "lifecycle",
         "cap_new",
-        "load_level",
-        "throttled",
-        "free_a",
-        "free_b",
-        "live_models",
-        "desired",
-        "present_n",
-        "limit",
+        "cls",
         "col_counts",
         "col_min",
-        "excl_counts",
+        "desired",
         "disk_budget",
         "disk_used",
-        "okey",
-        "residencies",
+        "domain",
+        "eligible",
+        "excl_counts",
+        "free_a",
+        "free_b",
+        "host_id",
+        "idx",
         "leaving_mb",
+        "lifecycle",
+        "limit",
+        "live_models",
+        "load_level",
+        "okey",
+        "present_n",
+        "residencies",
+        "snap",
+        "throttled",
     )
 
     def __init__(
@@ -156,9 +156,7 @@ class HostState:
             return False
         if self.limit and self.present_n >= self.limit:
             return False
-        if self.col_min and self.present_n >= self.col_min:
-            return False
-        return True
+        return not (self.col_min and self.present_n >= self.col_min)
 
     def present(self, model_id: str) -> bool:
         return model_id in self.desired or model_id in self.live_models

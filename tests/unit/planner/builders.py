@@ -81,17 +81,39 @@ def prof(mid: str, mem: int = 4_000, **kw) -> ModelProfile:
     return ModelProfile(model_id=mid, memory_mb=mem, **kw)
 
 
-def res(mid: str, mem: int = 4_000, state: str = "ready", *, loaded_at: float | None = NOW - 10_000, **kw) -> ResidencyView:
-    return ResidencyView(model_id=mid, memory_mb=mem, state=state, loaded_at=loaded_at, **kw)
-
-
-def want(mid: str, n: int, evidence: str = "direct", *, offered_concurrency: float = 0.0, **harm: float) -> DemandTarget:
-    return DemandTarget(
-        model_id=mid, replicas=n, evidence=evidence, harm=Harm(**harm), offered_concurrency=offered_concurrency
+def res(
+    mid: str,
+    mem: int = 4_000,
+    state: str = "ready",
+    *,
+    loaded_at: float | None = NOW - 10_000,
+    **kw,
+) -> ResidencyView:
+    return ResidencyView(
+        model_id=mid, memory_mb=mem, state=state, loaded_at=loaded_at, **kw
     )
 
 
-def mk(profiles, hosts, demand=(), *, policy: Policy | None = None, **kw) -> PlannerInput:
+def want(
+    mid: str,
+    n: int,
+    evidence: str = "direct",
+    *,
+    offered_concurrency: float = 0.0,
+    **harm: float,
+) -> DemandTarget:
+    return DemandTarget(
+        model_id=mid,
+        replicas=n,
+        evidence=evidence,
+        harm=Harm(**harm),
+        offered_concurrency=offered_concurrency,
+    )
+
+
+def mk(
+    profiles, hosts, demand=(), *, policy: Policy | None = None, **kw
+) -> PlannerInput:
     return PlannerInput(
         now=NOW,
         profiles=tuple(profiles),
@@ -103,7 +125,11 @@ def mk(profiles, hosts, demand=(), *, policy: Policy | None = None, **kw) -> Pla
 
 
 def on(plan: Plan, model: str, status: str | None = None) -> list[str]:
-    return sorted(p.host_id for p in plan.placements if p.model_id == model and (status is None or p.status == status))
+    return sorted(
+        p.host_id
+        for p in plan.placements
+        if p.model_id == model and (status is None or p.status == status)
+    )
 
 
 def count(plan: Plan, model: str) -> int:

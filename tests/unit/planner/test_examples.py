@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
+
+from grid.events.codec import encode_value
 from grid.events.host import CachedArtifact
 from grid.planner import reasons as R
-from grid.planner.explain import explain_model, render_explanation
-from grid.planner.plan import PLANNER_VERSION, build_plan, decode_plan, encode_plan, plan
 from grid.planner.digest import inputs_digest
-from grid.events.codec import encode_value
+from grid.planner.explain import explain_model, render_explanation
+from grid.planner.plan import (
+    PLANNER_VERSION,
+    build_plan,
+    decode_plan,
+    encode_plan,
+    plan,
+)
 from grid.planner.types import Policy, TimingSample
 
-from .builders import GB, NOW, count, explanation, host, mk, on, prof, res, shortfall_reasons, want
-
-import hashlib
+from .builders import (
+    GB,
+    NOW,
+    count,
+    explanation,
+    host,
+    mk,
+    on,
+    prof,
+    res,
+    shortfall_reasons,
+    want,
+)
 
 
 def test_plan_identity_and_roundtrip():
-    inp = mk([prof("a", 4000, min_replicas=2, max_replicas=2)], [host("h1"), host("h2")])
+    inp = mk(
+        [prof("a", 4000, min_replicas=2, max_replicas=2)], [host("h1"), host("h2")]
+    )
     p = plan(inp)
     assert p.planner_version == PLANNER_VERSION
-    assert p.inputs_digest == hashlib.sha256(encode_value(inp)).hexdigest() == inputs_digest(inp)
+    assert (
+        p.inputs_digest
+        == hashlib.sha256(encode_value(inp)).hexdigest()
+        == inputs_digest(inp)
+    )
     b = encode_plan(p)
     assert encode_plan(plan(inp)) == b
     assert decode_plan(b) == p
@@ -29,10 +53,18 @@ def test_plan_identity_and_roundtrip():
 def test_max_min_fair_among_equal_priority_models():
     # Five 4 GB slots (two hosts of 10 GB hold two each, one of 5 GB holds one) and four
     # equal models that each want three replicas: everyone gets one before anyone gets two.
-    hosts = [host("h1", 10_000, domain="a"), host("h2", 10_000, domain="b"), host("h3", 5_000, domain="c")]
-    profiles = [prof(m, 4000, min_replicas=0, max_replicas=3) for m in ("m1", "m2", "m3", "m4")]
+    hosts = [
+        host("h1", 10_000, domain="a"),
+        host("h2", 10_000, domain="b"),
+        host("h3", 5_000, domain="c"),
+    ]
+    profiles = [
+        prof(m, 4000, min_replicas=0, max_replicas=3) for m in ("m1", "m2", "m3", "m4")
+    ]
     demand = [want(m, 3) for m in ("m1", "m2", "m3", "m4")]
-    p = plan(mk(profiles, hosts, demand, policy=Policy(admission_headroom_fraction=0.0)))
+    p = plan(
+        mk(profiles, hosts, demand, policy=Policy(admission_headroom_fraction=0.0))
+    )
     counts = sorted(count(p, m) for m in ("m1", "m2", "m3", "m4"))
     assert counts == [1, 1, 1, 2]
     assert sum(counts) == 5
@@ -40,12 +72,29 @@ def test_max_min_fair_among_equal_priority_models():
 
 def test_partial_round_goes_to_greater_harm_not_model_id():
     hosts = [host("h1", 8_000), host("h2", 4_000)]
-    profiles = [prof("aaa", 4000, min_replicas=0, max_replicas=2), prof("zzz", 4000, min_replicas=0, max_replicas=2)]
+    profiles = [
+        prof("aaa", 4000, min_replicas=0, max_replicas=2),
+        prof("zzz", 4000, min_replicas=0, max_replicas=2),
+    ]
     pol = Policy(admission_headroom_fraction=0.0)
-    p = plan(mk(profiles, hosts, [want("aaa", 2, queue=1), want("zzz", 2, queue=5)], policy=pol))
+    p = plan(
+        mk(
+            profiles,
+            hosts,
+            [want("aaa", 2, queue=1), want("zzz", 2, queue=5)],
+            policy=pol,
+        )
+    )
     assert (count(p, "aaa"), count(p, "zzz")) == (1, 2)
     # Rename: the scarce slot follows the harm, not the id.
-    p = plan(mk(profiles, hosts, [want("aaa", 2, queue=5), want("zzz", 2, queue=1)], policy=pol))
+    p = plan(
+        mk(
+            profiles,
+            hosts,
+            [want("aaa", 2, queue=5), want("zzz", 2, queue=1)],
+            policy=pol,
+        )
+    )
     assert (count(p, "aaa"), count(p, "zzz")) == (2, 1)
 
 
@@ -57,7 +106,14 @@ def test_baseline_then_direct_then_inferred_within_a_class():
         prof("c-base", 4000, min_replicas=1),
     ]
     pol = Policy(admission_headroom_fraction=0.0)
-    p = plan(mk(profiles, hosts, [want("a-inferred", 1, "inferred"), want("b-direct", 1, "direct")], policy=pol))
+    p = plan(
+        mk(
+            profiles,
+            hosts,
+            [want("a-inferred", 1, "inferred"), want("b-direct", 1, "direct")],
+            policy=pol,
+        )
+    )
     assert on(p, "c-base") == ["h1"] and on(p, "b-direct") == ["h1"]
     assert count(p, "a-inferred") == 0
 
@@ -74,15 +130,18 @@ def test_higher_priority_preempts_lower_with_staged_drain():
     h = host("h1", 10_000, residencies=(res("low", 8000, loaded_at=old),))
     profiles = [prof("low", 8000, priority=0), prof("high", 8000, priority=5)]
     p = plan(mk(profiles, [h]))
-    assert [(x.host_id, x.victim_model, x.beneficiary_model, x.reason) for x in p.preemptions] == [
-        ("h1", "low", "high", R.PRIORITY_PREEMPTION)
-    ]
+    assert [
+        (x.host_id, x.victim_model, x.beneficiary_model, x.reason)
+        for x in p.preemptions
+    ] == [("h1", "low", "high", R.PRIORITY_PREEMPTION)]
     assert p.preemptions[0].priority == 5
     # The beneficiary is not placed until a later snapshot proves the memory free.
     assert count(p, "high") == 0 and count(p, "low") == 0
     assert R.PREEMPTION_STAGED in shortfall_reasons(p, "high")
     # Later heartbeat: the victim is draining -> still waiting, no second eviction.
-    h2 = host("h1", 10_000, residencies=(res("low", 8000, state="draining", loaded_at=old),))
+    h2 = host(
+        "h1", 10_000, residencies=(res("low", 8000, state="draining", loaded_at=old),)
+    )
     p2 = plan(mk(profiles, [h2]))
     assert not p2.preemptions and count(p2, "high") == 0
     assert R.AWAITING_RELEASE in shortfall_reasons(p2, "high")
@@ -93,7 +152,10 @@ def test_higher_priority_preempts_lower_with_staged_drain():
 
 def test_inferred_demand_never_preempts():
     h = host("h1", 10_000, residencies=(res("low", 8000),))
-    profiles = [prof("low", 8000, priority=0), prof("high", 8000, priority=5, min_replicas=0)]
+    profiles = [
+        prof("low", 8000, priority=0),
+        prof("high", 8000, priority=5, min_replicas=0),
+    ]
     p = plan(mk(profiles, [h], [want("high", 1, "inferred")]))
     assert not p.preemptions
     assert on(p, "low") == ["h1"]
@@ -105,7 +167,10 @@ def test_inferred_demand_never_preempts():
 
 
 def test_protected_work_is_never_a_victim():
-    profiles = [prof("low", 8000, priority=0, min_residency_seconds=600), prof("high", 8000, priority=5)]
+    profiles = [
+        prof("low", 8000, priority=0, min_residency_seconds=600),
+        prof("high", 8000, priority=5),
+    ]
     cases = {
         "external": res("low", 8000, managed=False),
         "operator-pinned": res("low", 8000, pinned=True),
@@ -116,7 +181,10 @@ def test_protected_work_is_never_a_victim():
         assert not p.preemptions, name
         assert count(p, "high") == 0, name
     # A victim pinned by its own profile to this host is not preempted either.
-    pinned = [prof("low", 8000, priority=0, pins=("h1",)), prof("high", 8000, priority=5)]
+    pinned = [
+        prof("low", 8000, priority=0, pins=("h1",)),
+        prof("high", 8000, priority=5),
+    ]
     p = plan(mk(pinned, [host("h1", 10_000, residencies=(res("low", 8000),))]))
     assert not p.preemptions
 
@@ -130,8 +198,16 @@ def test_equal_priority_never_preempts():
 def test_preemption_prefers_idle_and_cheap_victims():
     old = NOW - 10_000
     hosts = [
-        host("h1", 10_000, residencies=(res("busy", 8000, active_requests=3, loaded_at=old),)),
-        host("h2", 10_000, residencies=(res("idle", 8000, active_requests=0, loaded_at=old),)),
+        host(
+            "h1",
+            10_000,
+            residencies=(res("busy", 8000, active_requests=3, loaded_at=old),),
+        ),
+        host(
+            "h2",
+            10_000,
+            residencies=(res("idle", 8000, active_requests=0, loaded_at=old),),
+        ),
     ]
     profiles = [prof("busy", 8000), prof("idle", 8000), prof("vip", 8000, priority=9)]
     p = plan(mk(profiles, hosts))
@@ -141,7 +217,11 @@ def test_preemption_prefers_idle_and_cheap_victims():
         host("h1", 10_000, residencies=(res("slow", 8000, loaded_at=old),)),
         host("h2", 10_000, residencies=(res("fast", 8000, loaded_at=old),)),
     ]
-    profiles = [prof("slow", 8000, load_seconds=300), prof("fast", 8000, load_seconds=5), prof("vip", 8000, priority=9)]
+    profiles = [
+        prof("slow", 8000, load_seconds=300),
+        prof("fast", 8000, load_seconds=5),
+        prof("vip", 8000, priority=9),
+    ]
     p = plan(mk(profiles, hosts))
     assert [(x.host_id, x.victim_model) for x in p.preemptions] == [("h2", "fast")]
 
@@ -152,7 +232,11 @@ def test_lowest_priority_sufficient_victim_set():
         host("h1", 10_000, residencies=(res("p1", 8000, loaded_at=old),)),
         host("h2", 10_000, residencies=(res("p3", 8000, loaded_at=old),)),
     ]
-    profiles = [prof("p1", 8000, priority=1), prof("p3", 8000, priority=3), prof("vip", 8000, priority=9)]
+    profiles = [
+        prof("p1", 8000, priority=1),
+        prof("p3", 8000, priority=3),
+        prof("vip", 8000, priority=9),
+    ]
     p = plan(mk(profiles, hosts))
     assert [(x.host_id, x.victim_model) for x in p.preemptions] == [("h1", "p1")]
     # The evicted model then looks for another home; it cannot take p3's slot (higher priority).
@@ -161,8 +245,13 @@ def test_lowest_priority_sufficient_victim_set():
 
 def test_eviction_budget_bounds_each_plan():
     old = NOW - 10_000
-    hosts = [host(f"h{i}", 10_000, residencies=(res(f"low{i}", 8000, loaded_at=old),)) for i in range(3)]
-    profiles = [prof(f"low{i}", 8000) for i in range(3)] + [prof("vip", 8000, priority=9, min_replicas=3, max_replicas=3)]
+    hosts = [
+        host(f"h{i}", 10_000, residencies=(res(f"low{i}", 8000, loaded_at=old),))
+        for i in range(3)
+    ]
+    profiles = [prof(f"low{i}", 8000) for i in range(3)] + [
+        prof("vip", 8000, priority=9, min_replicas=3, max_replicas=3)
+    ]
     p = plan(mk(profiles, hosts, policy=Policy(max_evictions=2)))
     assert len(p.preemptions) == 2
     assert R.EVICTION_BUDGET in shortfall_reasons(p, "vip")
@@ -184,18 +273,30 @@ def test_model_ceiling_lowered_below_live_inventory_converges():
 
 
 def test_tightened_colocation_converges_with_residency_fence():
-    h = host("h1", 32_000, residencies=(res("a", 4000), res("b", 4000, loaded_at=NOW - 100)))
-    profiles = [prof("a", 4000, priority=1, max_colocated_models=1), prof("b", 4000, min_residency_seconds=300)]
+    h = host(
+        "h1", 32_000, residencies=(res("a", 4000), res("b", 4000, loaded_at=NOW - 100))
+    )
+    profiles = [
+        prof("a", 4000, priority=1, max_colocated_models=1),
+        prof("b", 4000, min_residency_seconds=300),
+    ]
     p = plan(mk(profiles, [h]))
     assert on(p, "a") == ["h1"]
     (pe,) = p.preemptions
-    assert (pe.victim_model, pe.beneficiary_model, pe.reason) == ("b", "a", R.COLOCATION_CONVERGENCE)
+    assert (pe.victim_model, pe.beneficiary_model, pe.reason) == (
+        "b",
+        "a",
+        R.COLOCATION_CONVERGENCE,
+    )
     assert pe.not_before == NOW - 100 + 300
 
 
 def test_pins_reserved_first_and_exact():
     hosts = [host("big", 64_000, domain="a"), host("small", 8_000, domain="b")]
-    profiles = [prof("pinned", 6000, pins=("small",), priority=0), prof("vip", 6000, priority=9)]
+    profiles = [
+        prof("pinned", 6000, pins=("small",), priority=0),
+        prof("vip", 6000, priority=9),
+    ]
     p = plan(mk(profiles, hosts))
     assert on(p, "pinned") == ["small"]
     assert next(x for x in p.placements if x.model_id == "pinned").reason == R.PIN
@@ -217,18 +318,36 @@ def test_missing_pin_preempts_only_on_its_exact_host():
         host("h1", 10_000, residencies=(res("low1", 8000, loaded_at=old),)),
         host("h2", 10_000, residencies=(res("low2", 8000, loaded_at=old),)),
     ]
-    profiles = [prof("low1", 8000), prof("low2", 8000), prof("pinned", 8000, pins=("h2",), priority=3)]
+    profiles = [
+        prof("low1", 8000),
+        prof("low2", 8000),
+        prof("pinned", 8000, pins=("h2",), priority=3),
+    ]
     p = plan(mk(profiles, hosts))
     assert [(x.host_id, x.victim_model) for x in p.preemptions] == [("h2", "low2")]
 
 
 def test_failure_domain_spread_and_shortfall():
     hosts = [host("a1", domain="a"), host("a2", domain="a"), host("b1", domain="b")]
-    p = plan(mk([prof("m", 4000, min_replicas=2, max_replicas=2, min_failure_domains=2)], hosts))
+    p = plan(
+        mk(
+            [prof("m", 4000, min_replicas=2, max_replicas=2, min_failure_domains=2)],
+            hosts,
+        )
+    )
     assert on(p, "m") in (["a1", "b1"], ["a2", "b1"])
     # Only one domain feasible: replicas still placed, the spread shortfall is reported.
-    hosts = [host("a1", domain="a"), host("a2", domain="a"), host("b1", domain="b", state="paused")]
-    p = plan(mk([prof("m", 4000, min_replicas=2, max_replicas=2, min_failure_domains=2)], hosts))
+    hosts = [
+        host("a1", domain="a"),
+        host("a2", domain="a"),
+        host("b1", domain="b", state="paused"),
+    ]
+    p = plan(
+        mk(
+            [prof("m", 4000, min_replicas=2, max_replicas=2, min_failure_domains=2)],
+            hosts,
+        )
+    )
     assert on(p, "m") == ["a1", "a2"]
     assert shortfall_reasons(p, "m") == {R.FAILURE_DOMAIN}
 
@@ -262,7 +381,10 @@ def test_throttled_host_offers_its_fraction():
 
 def test_throttled_over_capacity_incumbent_moves_make_before_break():
     profile = prof("m", 10_000)
-    hosts = [host("h1", 16_000, state="throttled", residencies=(res("m", 10_000),)), host("h2", 16_000)]
+    hosts = [
+        host("h1", 16_000, state="throttled", residencies=(res("m", 10_000),)),
+        host("h2", 16_000),
+    ]
     p = plan(mk([profile], hosts))
     assert {(x.host_id, x.status, x.reason) for x in p.placements} == {
         ("h1", "existing", R.RETAINED_UNTIL_REPLACED),
@@ -270,7 +392,9 @@ def test_throttled_over_capacity_incumbent_moves_make_before_break():
     }
     assert not p.shortfalls
     # Replacement still warming: the old copy stays.
-    hosts[1] = host("h2", 16_000, residencies=(res("m", 10_000, state="warming", loaded_at=None),))
+    hosts[1] = host(
+        "h2", 16_000, residencies=(res("m", 10_000, state="warming", loaded_at=None),)
+    )
     p = plan(mk([profile], hosts))
     assert on(p, "m") == ["h1", "h2"]
     # Replacement ready: old copy dropped (obsolete -> the reconciler drains it).
@@ -280,14 +404,24 @@ def test_throttled_over_capacity_incumbent_moves_make_before_break():
 
 
 def test_last_replica_preserved_and_reported_without_peer():
-    p = plan(mk([prof("m", 10_000)], [host("h1", 16_000, state="throttled", residencies=(res("m", 10_000),))]))
-    assert [(x.host_id, x.reason) for x in p.placements] == [("h1", R.RETAINED_UNTIL_REPLACED)]
+    p = plan(
+        mk(
+            [prof("m", 10_000)],
+            [host("h1", 16_000, state="throttled", residencies=(res("m", 10_000),))],
+        )
+    )
+    assert [(x.host_id, x.reason) for x in p.placements] == [
+        ("h1", R.RETAINED_UNTIL_REPLACED)
+    ]
     assert R.RETAINED_NONCOMPLIANT in shortfall_reasons(p, "m")
 
 
 def test_healthy_incumbents_keep_their_slot():
     # A much faster empty host does not cause a migration.
-    hosts = [host("slow", 16_000, bw=100, residencies=(res("m", 4000),)), host("fast", 64_000, bw=800)]
+    hosts = [
+        host("slow", 16_000, bw=100, residencies=(res("m", 4000),)),
+        host("fast", 64_000, bw=800),
+    ]
     p = plan(mk([prof("m", 4000)], hosts, [want("m", 1, offered_concurrency=50.0)]))
     assert [(x.host_id, x.status) for x in p.placements] == [("slow", "existing")]
 
@@ -300,19 +434,36 @@ def test_incumbent_on_ineligible_host_is_replaced():
 
 def test_reciprocal_colocation():
     # 'solo' wants exclusive serving: nothing joins it, and it joins nothing.
-    hosts = [host("h1", 32_000, residencies=(res("solo", 4000),)), host("h2", 32_000, residencies=(res("other", 4000),))]
-    profiles = [prof("solo", 4000, max_colocated_models=1), prof("other", 4000), prof("new", 4000)]
+    hosts = [
+        host("h1", 32_000, residencies=(res("solo", 4000),)),
+        host("h2", 32_000, residencies=(res("other", 4000),)),
+    ]
+    profiles = [
+        prof("solo", 4000, max_colocated_models=1),
+        prof("other", 4000),
+        prof("new", 4000),
+    ]
     p = plan(mk(profiles, hosts))
     assert on(p, "new") == ["h2"]
     hosts = [host("h1", 32_000, residencies=(res("other", 4000),)), host("h2", 32_000)]
-    p = plan(mk([prof("other", 4000), prof("solo", 4000, max_colocated_models=1)], hosts))
+    p = plan(
+        mk([prof("other", 4000), prof("solo", 4000, max_colocated_models=1)], hosts)
+    )
     assert on(p, "solo") == ["h2"]
     # An exclusion declared by one profile binds both placement orders.
     hosts = [host("h1", 32_000, residencies=(res("x", 4000),)), host("h2", 8_000)]
     p = plan(mk([prof("x", 4000), prof("y", 4000, colocation_excludes=("x",))], hosts))
     assert on(p, "y") == ["h2"]
     hosts = [host("h1", 32_000, residencies=(res("y", 4000),)), host("h2", 8_000)]
-    p = plan(mk([prof("x", 4000, min_replicas=1), prof("y", 4000, colocation_excludes=("x",))], hosts))
+    p = plan(
+        mk(
+            [
+                prof("x", 4000, min_replicas=1),
+                prof("y", 4000, colocation_excludes=("x",)),
+            ],
+            hosts,
+        )
+    )
     assert on(p, "x") == ["h2"]
 
 
@@ -331,7 +482,9 @@ def test_disk_ledger_is_cumulative():
 
 def test_predictive_transfer_keeps_the_larger_disk_reserve():
     hosts = [host("h1", 64_000, disk_free=6 * GB)]
-    prof_a = prof("a", 4000, min_replicas=0, artifact_size_mb=2048, artifact_sha256="a" * 64)
+    prof_a = prof(
+        "a", 4000, min_replicas=0, artifact_size_mb=2048, artifact_sha256="a" * 64
+    )
     assert count(plan(mk([prof_a], hosts, [want("a", 1, "direct")])), "a") == 1
     p = plan(mk([prof_a], hosts, [want("a", 1, "inferred")]))
     assert count(p, "a") == 0
@@ -340,7 +493,14 @@ def test_predictive_transfer_keeps_the_larger_disk_reserve():
 
 def test_cached_artifact_pays_nothing():
     sha = "c" * 64
-    hosts = [host("h1", 64_000, disk_free=2 * GB, cached=(CachedArtifact(model_id="a", sha256=sha, size_bytes=5 * GB),))]
+    hosts = [
+        host(
+            "h1",
+            64_000,
+            disk_free=2 * GB,
+            cached=(CachedArtifact(model_id="a", sha256=sha, size_bytes=5 * GB),),
+        )
+    ]
     profiles = [
         prof("a", 4000, artifact_size_mb=5 * 1024, artifact_sha256=sha),
         prof("b", 4000, artifact_size_mb=512, artifact_sha256="d" * 64),
@@ -348,7 +508,14 @@ def test_cached_artifact_pays_nothing():
     p = plan(mk(profiles, hosts))
     assert on(p, "a") == ["h1"] and on(p, "b") == ["h1"]
     # A different revision is not the exact artifact.
-    hosts = [host("h1", 64_000, disk_free=2 * GB, cached=(CachedArtifact(model_id="a", sha256="e" * 64, size_bytes=5 * GB),))]
+    hosts = [
+        host(
+            "h1",
+            64_000,
+            disk_free=2 * GB,
+            cached=(CachedArtifact(model_id="a", sha256="e" * 64, size_bytes=5 * GB),),
+        )
+    ]
     assert count(plan(mk(profiles[:1], hosts)), "a") == 0
 
 
@@ -356,7 +523,13 @@ def test_cached_weights_preferred_at_light_demand():
     sha = "c" * 64
     hosts = [
         host("cold-fast", 64_000, bw=900, gflops=900),
-        host("warm-slow", 64_000, bw=100, gflops=100, cached=(CachedArtifact(model_id="m", sha256=sha, size_bytes=GB),)),
+        host(
+            "warm-slow",
+            64_000,
+            bw=100,
+            gflops=100,
+            cached=(CachedArtifact(model_id="m", sha256=sha, size_bytes=GB),),
+        ),
     ]
     p = plan(mk([prof("m", 4000, artifact_sha256=sha)], hosts))
     assert on(p, "m") == ["warm-slow"]
@@ -366,26 +539,51 @@ def test_hot_demand_amortizes_a_measured_faster_host():
     sha = "c" * 64
     hosts = [
         host("fast", 64_000, tps={"m": 200.0}),
-        host("cached", 64_000, tps={"m": 20.0}, cached=(CachedArtifact(model_id="m", sha256=sha, size_bytes=GB),)),
+        host(
+            "cached",
+            64_000,
+            tps={"m": 20.0},
+            cached=(CachedArtifact(model_id="m", sha256=sha, size_bytes=GB),),
+        ),
     ]
-    light = plan(mk([prof("m", 4000, artifact_sha256=sha)], hosts, [want("m", 1, offered_concurrency=0.5)]))
+    light = plan(
+        mk(
+            [prof("m", 4000, artifact_sha256=sha)],
+            hosts,
+            [want("m", 1, offered_concurrency=0.5)],
+        )
+    )
     assert on(light, "m") == ["cached"]
-    hot = plan(mk([prof("m", 4000, artifact_sha256=sha)], hosts, [want("m", 1, offered_concurrency=100.0)]))
+    hot = plan(
+        mk(
+            [prof("m", 4000, artifact_sha256=sha)],
+            hosts,
+            [want("m", 1, offered_concurrency=100.0)],
+        )
+    )
     assert on(hot, "m") == ["fast"]
 
 
 def test_learned_startup_time_breaks_ties():
     hosts = [host("h1"), host("h2")]
     timings = (
-        TimingSample(host_id="h1", model_id="m", load_seconds=200.0, warm_seconds=60.0, samples=8),
-        TimingSample(host_id="h2", model_id="m", load_seconds=5.0, warm_seconds=2.0, samples=8),
+        TimingSample(
+            host_id="h1", model_id="m", load_seconds=200.0, warm_seconds=60.0, samples=8
+        ),
+        TimingSample(
+            host_id="h2", model_id="m", load_seconds=5.0, warm_seconds=2.0, samples=8
+        ),
     )
     p = plan(mk([prof("m", 4000)], hosts, timings=timings))
     assert on(p, "m") == ["h2"]
 
 
 def test_stale_and_future_heartbeats_get_nothing():
-    hosts = [host("stale", hb=NOW - 500), host("future", hb=NOW + 60), host("silent", hb=None)]
+    hosts = [
+        host("stale", hb=NOW - 500),
+        host("future", hb=NOW + 60),
+        host("silent", hb=None),
+    ]
     p = plan(mk([prof("m", 4000)], hosts))
     assert count(p, "m") == 0
     assert explanation(p, "m").rejected_counts == {
@@ -396,7 +594,12 @@ def test_stale_and_future_heartbeats_get_nothing():
 
 
 def test_runtime_memory_uses_largest_matching_estimate():
-    profile = prof("m", 4000, runtimes=("llama.cpp", "vllm", "mlx"), runtime_memory_mb={"llama.cpp": 5000, "vllm": 9000, "mlx": 20000})
+    profile = prof(
+        "m",
+        4000,
+        runtimes=("llama.cpp", "vllm", "mlx"),
+        runtime_memory_mb={"llama.cpp": 5000, "vllm": 9000, "mlx": 20000},
+    )
     p = plan(mk([profile], [host("h1", 32_000, runtimes=("llama.cpp", "vllm"))]))
     (pl,) = p.placements
     assert (pl.runtime, pl.memory_mb) == ("vllm", 9000)
@@ -409,16 +612,27 @@ def test_runtime_memory_uses_largest_matching_estimate():
 
 def test_retired_models_want_zero():
     hosts = [host("h1", residencies=(res("m", 4000),))]
-    p = plan(mk([prof("m", 4000, min_replicas=2, max_replicas=2)], hosts, [want("m", 2)], retired=("m",)))
+    p = plan(
+        mk(
+            [prof("m", 4000, min_replicas=2, max_replicas=2)],
+            hosts,
+            [want("m", 2)],
+            retired=("m",),
+        )
+    )
     assert count(p, "m") == 0 and not p.shortfalls
     assert explanation(p, "m").wanted == 0
 
 
 def test_desired_replicas_clamp():
     hosts = [host(f"h{i}") for i in range(6)]
-    p = plan(mk([prof("m", 1000, min_replicas=1, max_replicas=3)], hosts, [want("m", 10)]))
+    p = plan(
+        mk([prof("m", 1000, min_replicas=1, max_replicas=3)], hosts, [want("m", 10)])
+    )
     assert count(p, "m") == 3
-    p = plan(mk([prof("m", 1000, min_replicas=2, max_replicas=3)], hosts, [want("m", 0)]))
+    p = plan(
+        mk([prof("m", 1000, min_replicas=2, max_replicas=3)], hosts, [want("m", 0)])
+    )
     assert count(p, "m") == 2
 
 
@@ -431,7 +645,14 @@ def test_bounded_repair_fixes_greedy_fragmentation():
     assert on(p, "y") == ["a"] and on(p, "x") == ["b"]
     assert next(x for x in p.placements if x.model_id == "x").reason == R.REPAIRED
     # Without a repair budget the greedy result stands and the shortfall is honest.
-    p = plan(mk(profiles, hosts, [want("y", 1)], policy=Policy(admission_headroom_fraction=0.0, max_repair_steps=0)))
+    p = plan(
+        mk(
+            profiles,
+            hosts,
+            [want("y", 1)],
+            policy=Policy(admission_headroom_fraction=0.0, max_repair_steps=0),
+        )
+    )
     assert on(p, "x") == ["a"] and count(p, "y") == 0
     assert shortfall_reasons(p, "y") == {R.INSUFFICIENT_MEMORY}
 
@@ -441,7 +662,12 @@ def test_repair_lower_bound_fails_fast_on_saturated_fleet():
 
     hosts = [host(f"h{i}", 8_000) for i in range(8)]
     profiles = [prof(f"m{i}", 4000, min_replicas=0, max_replicas=4) for i in range(6)]
-    inp = mk(profiles, hosts, [want(f"m{i}", 4) for i in range(6)], policy=Policy(admission_headroom_fraction=0.0))
+    inp = mk(
+        profiles,
+        hosts,
+        [want(f"m{i}", 4) for i in range(6)],
+        policy=Policy(admission_headroom_fraction=0.0),
+    )
     eng = Engine(inp)
     eng.run()
     assert sum(len(ms.entries) for ms in eng.models) == 16
@@ -450,19 +676,36 @@ def test_repair_lower_bound_fails_fast_on_saturated_fleet():
 
 def test_placement_budget_is_reported():
     hosts = [host(f"h{i}") for i in range(4)]
-    p = plan(mk([prof("a", 1000, min_replicas=3, max_replicas=3)], hosts, policy=Policy(max_new_placements=2)))
+    p = plan(
+        mk(
+            [prof("a", 1000, min_replicas=3, max_replicas=3)],
+            hosts,
+            policy=Policy(max_new_placements=2),
+        )
+    )
     assert count(p, "a") == 2
     assert shortfall_reasons(p, "a") == {R.PLACEMENT_BUDGET}
 
 
 def test_explanations_cover_every_model_and_render():
-    hosts = [host("h1", 8_000, tags=("gpu",)), host("h2", 8_000, state="paused"), host("h3", 2_000)]
-    profiles = [prof("a", 4000, required_tags=("gpu",)), prof("idle", 4000, min_replicas=0), prof("big", 9000)]
+    hosts = [
+        host("h1", 8_000, tags=("gpu",)),
+        host("h2", 8_000, state="paused"),
+        host("h3", 2_000),
+    ]
+    profiles = [
+        prof("a", 4000, required_tags=("gpu",)),
+        prof("idle", 4000, min_replicas=0),
+        prof("big", 9000),
+    ]
     p = plan(mk(profiles, hosts))
     assert [e.model_id for e in p.explanations] == ["a", "big", "idle"]
     a = explanation(p, "a")
     assert a.eligible_hosts == ("h1",)
-    assert a.rejected_counts == {R.HOST_NOT_ELIGIBLE_STATE: 1, R.MISSING_REQUIRED_TAG: 1}
+    assert a.rejected_counts == {
+        R.HOST_NOT_ELIGIBLE_STATE: 1,
+        R.MISSING_REQUIRED_TAG: 1,
+    }
     assert a.chosen[0].host_id == "h1" and a.chosen[0].scores
     big = explanation(p, "big")
     assert big.shortfall_reason == R.NO_ELIGIBLE_HOST
@@ -472,17 +715,33 @@ def test_explanations_cover_every_model_and_render():
 
 
 def test_explain_host_limit_bounds_lists_but_not_counts():
-    hosts = [host(f"h{i:02d}") for i in range(20)] + [host(f"p{i:02d}", state="paused") for i in range(20)]
+    hosts = [host(f"h{i:02d}") for i in range(20)] + [
+        host(f"p{i:02d}", state="paused") for i in range(20)
+    ]
     inp = mk([prof("m", 4000)], hosts, policy=Policy(explain_host_limit=5))
     ex = explanation(plan(inp), "m")
     assert len(ex.eligible_hosts) == 5 and ex.eligible_count == 20
-    assert len(ex.rejected) == 5 and ex.rejected_counts == {R.HOST_NOT_ELIGIBLE_STATE: 20}
+    assert len(ex.rejected) == 5 and ex.rejected_counts == {
+        R.HOST_NOT_ELIGIBLE_STATE: 20
+    }
     full = explain_model(inp, "m")
     assert len(full.eligible_hosts) == 20 and len(full.rejected) == 20
 
 
 def test_naive_scan_matches_indexed_scan_on_examples():
-    hosts = [host(f"h{i}", 8_000 + 4000 * (i % 3), domain=f"d{i % 2}", queue=i % 4) for i in range(12)]
-    profiles = [prof(f"m{i}", 2000 + 1000 * i, min_replicas=1, max_replicas=3, min_failure_domains=2) for i in range(5)]
+    hosts = [
+        host(f"h{i}", 8_000 + 4000 * (i % 3), domain=f"d{i % 2}", queue=i % 4)
+        for i in range(12)
+    ]
+    profiles = [
+        prof(
+            f"m{i}",
+            2000 + 1000 * i,
+            min_replicas=1,
+            max_replicas=3,
+            min_failure_domains=2,
+        )
+        for i in range(5)
+    ]
     inp = mk(profiles, hosts, [want(f"m{i}", 3) for i in range(5)])
     assert encode_plan(build_plan(inp, naive=True)) == encode_plan(plan(inp))

@@ -16,7 +16,9 @@ from grid.planner.types import DemandTarget, Harm, PlannerInput, Policy, Residen
 
 from .builders import GB, NOW, host
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 MODELS = [f"m{i}" for i in range(6)]
 LIVE = {"loading", "warming", "ready", "draining", "unloading"}
 SHAS = {m: f"{i:x}" * 64 for i, m in enumerate(MODELS)}
@@ -30,7 +32,20 @@ def residencies(draw):
             ResidencyView(
                 model_id=draw(st.sampled_from(MODELS + ["ghost"])),
                 memory_mb=draw(st.sampled_from([1000, 2000, 4000, 6000])),
-                state=draw(st.sampled_from(["ready", "ready", "ready", "warming", "loading", "draining", "failed", "cached"])),
+                state=draw(
+                    st.sampled_from(
+                        [
+                            "ready",
+                            "ready",
+                            "ready",
+                            "warming",
+                            "loading",
+                            "draining",
+                            "failed",
+                            "cached",
+                        ]
+                    )
+                ),
                 managed=draw(st.booleans()) or draw(st.booleans()),
                 pinned=draw(st.integers(0, 9)) == 0,
                 loaded_at=draw(st.sampled_from([None, NOW - 10_000, NOW - 100])),
@@ -53,15 +68,43 @@ def hosts_st(draw, n_min=2, n_max=10):
             host(
                 f"h{i}",
                 draw(st.sampled_from([16000, 4000, 8000, 16000, 24000])),
-                state=draw(st.sampled_from(["accepting"] * 16 + ["throttled", "throttled", "paused", "draining", "quarantined"])),
+                state=draw(
+                    st.sampled_from(
+                        ["accepting"] * 16
+                        + [
+                            "throttled",
+                            "throttled",
+                            "paused",
+                            "draining",
+                            "quarantined",
+                        ]
+                    )
+                ),
                 domain=draw(st.sampled_from(["a", "b", "c"])),
                 tags=draw(st.sampled_from([(), ("gpu",), ("ssd",), ("gpu", "ssd")])),
-                runtimes=draw(st.sampled_from([("llama.cpp", "vllm")] * 4 + [("llama.cpp",), ("vllm",)])),
-                tier=draw(st.sampled_from(["restricted", "confidential", "internal", "internal", "internal", "public"])),
+                runtimes=draw(
+                    st.sampled_from(
+                        [("llama.cpp", "vllm")] * 4 + [("llama.cpp",), ("vllm",)]
+                    )
+                ),
+                tier=draw(
+                    st.sampled_from(
+                        [
+                            "restricted",
+                            "confidential",
+                            "internal",
+                            "internal",
+                            "internal",
+                            "public",
+                        ]
+                    )
+                ),
                 limit=draw(st.sampled_from([0, 0, 1, 2, 3])),
                 residencies=draw(residencies()),
                 cached=cached,
-                disk_free=draw(st.sampled_from([None, 2 * GB, 6 * GB, 50 * GB, 50 * GB])),
+                disk_free=draw(
+                    st.sampled_from([None, 2 * GB, 6 * GB, 50 * GB, 50 * GB])
+                ),
                 hb=draw(st.sampled_from([NOW - 1] * 20 + [NOW - 100, NOW + 50, None])),
                 unmanaged=draw(st.sampled_from([0, 0, 1000])),
                 reserved=draw(st.sampled_from([0, 1000])),
@@ -69,7 +112,9 @@ def hosts_st(draw, n_min=2, n_max=10):
                 gpus=draw(st.integers(0, 2)),
                 gpu_mem=draw(st.sampled_from([0, 24000])),
                 bw=draw(st.sampled_from([None, 100.0, 400.0])),
-                tps={m: 50.0 for m in draw(st.lists(st.sampled_from(MODELS), max_size=1))},
+                tps={
+                    m: 50.0 for m in draw(st.lists(st.sampled_from(MODELS), max_size=1))
+                },
                 queue=draw(st.sampled_from([0, 0, 5])),
             )
         )
@@ -78,11 +123,21 @@ def hosts_st(draw, n_min=2, n_max=10):
 
 @st.composite
 def profiles_st(draw, n_max=6):
-    ids = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=n_max, unique=True))
+    ids = draw(
+        st.lists(st.sampled_from(MODELS), min_size=1, max_size=n_max, unique=True)
+    )
     out = []
     for m in sorted(ids):
-        rts = draw(st.sampled_from([("llama.cpp",), ("llama.cpp",), ("llama.cpp", "vllm"), ("vllm",)]))
-        rtm = {rt: draw(st.sampled_from([1500, 3000, 5000])) for rt in rts if draw(st.booleans())}
+        rts = draw(
+            st.sampled_from(
+                [("llama.cpp",), ("llama.cpp",), ("llama.cpp", "vllm"), ("vllm",)]
+            )
+        )
+        rtm = {
+            rt: draw(st.sampled_from([1500, 3000, 5000]))
+            for rt in rts
+            if draw(st.booleans())
+        }
         mn = draw(st.integers(0, 2))
         out.append(
             ModelProfile(
@@ -93,7 +148,11 @@ def profiles_st(draw, n_max=6):
                 min_replicas=mn,
                 max_replicas=max(mn, draw(st.integers(1, 3))),
                 priority=draw(st.integers(0, 2)),
-                data_tier=draw(st.sampled_from(["internal", "public", "internal", "internal", "confidential"])),
+                data_tier=draw(
+                    st.sampled_from(
+                        ["internal", "public", "internal", "internal", "confidential"]
+                    )
+                ),
                 required_tags=draw(st.sampled_from([()] * 6 + [("gpu",), ("ssd",)])),
                 forbidden_tags=draw(st.sampled_from([(), (), (), ("gpu",)])),
                 deny_hosts=draw(st.sampled_from([()] * 4 + [("h0",), ("h1",)])),
@@ -101,7 +160,9 @@ def profiles_st(draw, n_max=6):
                 pins=draw(st.sampled_from([()] * 10 + [("h1",), ("h2", "h9")])),
                 min_failure_domains=draw(st.integers(1, 2)),
                 max_colocated_models=draw(st.sampled_from([0, 0, 0, 1, 2])),
-                colocation_excludes=draw(st.sampled_from([()] * 4 + [(m,) for m in MODELS])),
+                colocation_excludes=draw(
+                    st.sampled_from([()] * 4 + [(m,) for m in MODELS])
+                ),
                 artifact_sha256=SHAS[m] if draw(st.booleans()) else None,
                 artifact_size_mb=draw(st.sampled_from([None, 1024, 4096])),
                 min_gpu_count=draw(st.sampled_from([0, 0, 0, 0, 1])),
@@ -120,8 +181,13 @@ def demand_st(draw, profiles):
                 DemandTarget(
                     model_id=p.model_id,
                     replicas=draw(st.integers(0, 3)),
-                    evidence=draw(st.sampled_from(["baseline", "direct", "direct", "inferred"])),
-                    harm=Harm(queue=draw(st.sampled_from([0.0, 3.0])), rate=draw(st.sampled_from([0.0, 1.0]))),
+                    evidence=draw(
+                        st.sampled_from(["baseline", "direct", "direct", "inferred"])
+                    ),
+                    harm=Harm(
+                        queue=draw(st.sampled_from([0.0, 3.0])),
+                        rate=draw(st.sampled_from([0.0, 1.0])),
+                    ),
                     offered_concurrency=draw(st.sampled_from([0.0, 10.0])),
                 )
             )
@@ -139,7 +205,14 @@ def inputs(draw):
         max_repair_steps=draw(st.sampled_from([2000, 0, 5])),
     )
     retired = tuple(draw(st.lists(st.sampled_from(MODELS), max_size=1)))
-    return PlannerInput(now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand), policy=policy, retired=retired)
+    return PlannerInput(
+        now=NOW,
+        profiles=tuple(profiles),
+        hosts=tuple(hosts),
+        demand=tuple(demand),
+        policy=policy,
+        retired=retired,
+    )
 
 
 @st.composite
@@ -155,8 +228,14 @@ def dense_inputs(draw):
                 ResidencyView(
                     model_id=m,
                     memory_mb=draw(st.sampled_from([2000, 3000, 4000, 6000])),
-                    state=draw(st.sampled_from(["ready", "ready", "ready", "warming", "draining"])),
-                    loaded_at=draw(st.sampled_from([NOW - 10_000, NOW - 10_000, NOW - 10])),
+                    state=draw(
+                        st.sampled_from(
+                            ["ready", "ready", "ready", "warming", "draining"]
+                        )
+                    ),
+                    loaded_at=draw(
+                        st.sampled_from([NOW - 10_000, NOW - 10_000, NOW - 10])
+                    ),
                     active_requests=draw(st.sampled_from([0, 1])),
                 )
             )
@@ -192,7 +271,13 @@ def dense_inputs(draw):
         max_evictions=draw(st.sampled_from([64, 64, 1])),
         max_repair_steps=draw(st.sampled_from([2000, 0])),
     )
-    return PlannerInput(now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand), policy=policy)
+    return PlannerInput(
+        now=NOW,
+        profiles=tuple(profiles),
+        hosts=tuple(hosts),
+        demand=tuple(demand),
+        policy=policy,
+    )
 
 
 def any_inputs():
@@ -213,7 +298,10 @@ def cap_new(h) -> int:
 def statically_eligible(h, p: ModelProfile, now: float, policy: Policy) -> bool:
     if h.heartbeat_at is None or h.state not in ("accepting", "throttled"):
         return False
-    if now - h.heartbeat_at > policy.heartbeat_timeout_seconds or h.heartbeat_at > now + policy.future_skew_seconds:
+    if (
+        now - h.heartbeat_at > policy.heartbeat_timeout_seconds
+        or h.heartbeat_at > now + policy.future_skew_seconds
+    ):
         return False
     r = h.resources
     if h.host_id in p.deny_hosts or (p.allow_hosts and h.host_id not in p.allow_hosts):
@@ -229,9 +317,7 @@ def statically_eligible(h, p: ModelProfile, now: float, policy: Policy) -> bool:
         return False
     if not set(p.required_tags) <= set(r.tags) or set(p.forbidden_tags) & set(r.tags):
         return False
-    if r.gpu_count < p.min_gpu_count or r.gpu_memory_mb < p.min_gpu_memory_mb:
-        return False
-    return True
+    return r.gpu_count >= p.min_gpu_count and r.gpu_memory_mb >= p.min_gpu_memory_mb
 
 
 def mem_on(h, p: ModelProfile) -> int:
@@ -242,7 +328,8 @@ def mem_on(h, p: ModelProfile) -> int:
 def is_cached(h, p: ModelProfile) -> bool:
     if p.artifact_sha256:
         return any(a.sha256 == p.artifact_sha256 for a in h.cached) or any(
-            r.model_id == p.model_id and r.artifact_sha256 == p.artifact_sha256 for r in h.residencies
+            r.model_id == p.model_id and r.artifact_sha256 == p.artifact_sha256
+            for r in h.residencies
         )
     return any(a.model_id == p.model_id for a in h.cached) or any(
         r.model_id == p.model_id and r.state != "failed" for r in h.residencies
@@ -260,23 +347,36 @@ def test_never_overcommit_either_ledger(inp):
     hh = inp.policy.admission_headroom_fraction
     for h in inp.hosts:
         mine = [x for x in p.placements if x.host_id == h.host_id]
-        managed = [x for x in mine if x.reason not in IMMOVABLE_REASONS and x.reason != R.RETAINED_UNTIL_REPLACED]
+        managed = [
+            x
+            for x in mine
+            if x.reason not in IMMOVABLE_REASONS
+            and x.reason != R.RETAINED_UNTIL_REPLACED
+        ]
         new = [x for x in mine if x.status == "new"]
         live = [r for r in h.residencies if r.state in LIVE]
         immovable = sum(r.memory_mb for r in live if not r.managed or r.pinned)
         cap = cap_new(h)
         if managed:
             # (b) complete desired footprint after unmanaged and immovable residents.
-            assert h.unmanaged_memory_mb + immovable + sum(x.memory_mb for x in managed) <= cap
+            assert (
+                h.unmanaged_memory_mb + immovable + sum(x.memory_mb for x in managed)
+                <= cap
+            )
         if new:
             # (a) incremental: every live process stays until unloaded; headroom fences new work.
-            used = h.unmanaged_memory_mb + sum(r.memory_mb for r in live) + sum(x.memory_mb for x in new)
+            used = (
+                h.unmanaged_memory_mb
+                + sum(r.memory_mb for r in live)
+                + sum(x.memory_mb for x in new)
+            )
             assert used + hh * min(x.memory_mb for x in new) <= cap + 1e-6
             # cumulative artifact disk for uncached new placements
             disk = sum(
                 profiles[x.model_id].artifact_size_mb * (1 << 20)
                 for x in new
-                if profiles[x.model_id].artifact_size_mb and not is_cached(h, profiles[x.model_id])
+                if profiles[x.model_id].artifact_size_mb
+                and not is_cached(h, profiles[x.model_id])
             )
             if disk:
                 assert h.disk_free_bytes is not None
@@ -332,7 +432,9 @@ def test_deterministic_bytes_and_exact_index(inp):
 def test_wanted_bounds_and_explanations(inp):
     p = plan(inp)
     n_hosts = len({h.host_id for h in inp.hosts})
-    per_model = Counter(x.model_id for x in p.placements if x.reason != R.RETAINED_UNTIL_REPLACED)
+    per_model = Counter(
+        x.model_id for x in p.placements if x.reason != R.RETAINED_UNTIL_REPLACED
+    )
     for ex in p.explanations:
         assert per_model[ex.model_id] <= ex.wanted
         assert ex.eligible_count + sum(ex.rejected_counts.values()) == n_hosts
@@ -346,15 +448,23 @@ def test_wanted_bounds_and_explanations(inp):
         prof = profiles[ex.model_id]
         expected = 0
         for h in hosts.values():
-            if not statically_eligible(h, prof, inp.now, inp.policy) or mem_on(h, prof) > cap_new(h):
+            if not statically_eligible(h, prof, inp.now, inp.policy) or mem_on(
+                h, prof
+            ) > cap_new(h):
                 continue
-            if prof.artifact_size_mb and h.disk_free_bytes is None and not is_cached(h, prof):
+            if (
+                prof.artifact_size_mb
+                and h.disk_free_bytes is None
+                and not is_cached(h, prof)
+            ):
                 continue
             expected += 1
         assert ex.eligible_count == expected, ex
     assert len(p.preemptions) <= inp.policy.max_evictions
     for pe in p.preemptions:
-        assert pe.victim_model not in {x.model_id for x in p.placements if x.host_id == pe.host_id}
+        assert pe.victim_model not in {
+            x.model_id for x in p.placements if x.host_id == pe.host_id
+        }
 
 
 @SETTINGS
@@ -364,9 +474,11 @@ def test_pins_honoured_or_reported(inp):
     for prof in inp.profiles:
         if not prof.pins or prof.model_id in inp.retired:
             continue
-        placed = set(x.host_id for x in p.placements if x.model_id == prof.model_id)
+        placed = {x.host_id for x in p.placements if x.model_id == prof.model_id}
         assert placed <= set(prof.pins) | {
-            x.host_id for x in p.placements if x.model_id == prof.model_id and x.reason == R.RETAINED_UNTIL_REPLACED
+            x.host_id
+            for x in p.placements
+            if x.model_id == prof.model_id and x.reason == R.RETAINED_UNTIL_REPLACED
         }
         for pin in prof.pins:
             if pin in placed:
@@ -374,21 +486,31 @@ def test_pins_honoured_or_reported(inp):
             reasons = [s for s in p.shortfalls if s.model_id == prof.model_id]
             assert any(
                 (s.reason == R.PIN_UNSATISFIED and s.detail.startswith(pin + ":"))
-                or (s.reason in (R.PREEMPTION_STAGED, R.AWAITING_RELEASE) and pin in s.detail)
+                or (
+                    s.reason in (R.PREEMPTION_STAGED, R.AWAITING_RELEASE)
+                    and pin in s.detail
+                )
                 for s in reasons
             ), (pin, reasons)
 
 
 @SETTINGS
-@given(any_inputs(), st.integers(0, 3), st.sampled_from(["direct", "baseline", "inferred"]))
-def test_lower_priority_demand_never_removes_higher_priority_placement(inp, replicas, evidence):
+@given(
+    any_inputs(), st.integers(0, 3), st.sampled_from(["direct", "baseline", "inferred"])
+)
+def test_lower_priority_demand_never_removes_higher_priority_placement(
+    inp, replicas, evidence
+):
     lowest = min((x.priority for x in inp.profiles), default=0)
-    newcomer = ModelProfile(model_id="zz-low", memory_mb=2000, priority=lowest - 1, max_replicas=3)
+    newcomer = ModelProfile(
+        model_id="zz-low", memory_mb=2000, priority=lowest - 1, max_replicas=3
+    )
     extra = PlannerInput(
         now=inp.now,
         profiles=inp.profiles + (newcomer,),
         hosts=inp.hosts,
-        demand=inp.demand + (DemandTarget(model_id="zz-low", replicas=replicas, evidence=evidence),),
+        demand=inp.demand
+        + (DemandTarget(model_id="zz-low", replicas=replicas, evidence=evidence),),
         policy=inp.policy,
         timings=inp.timings,
         retired=inp.retired,
@@ -396,10 +518,16 @@ def test_lower_priority_demand_never_removes_higher_priority_placement(inp, repl
     before, after = plan(inp), plan(extra)
 
     def high(pl):
-        return sorted((x.model_id, x.host_id, x.status, x.reason) for x in pl.placements if x.model_id != "zz-low")
+        return sorted(
+            (x.model_id, x.host_id, x.status, x.reason)
+            for x in pl.placements
+            if x.model_id != "zz-low"
+        )
 
     assert high(before) == high(after)
-    assert [x for x in after.preemptions if x.beneficiary_model != "zz-low"] == list(before.preemptions)
+    assert [x for x in after.preemptions if x.beneficiary_model != "zz-low"] == list(
+        before.preemptions
+    )
 
 
 @SETTINGS
@@ -414,9 +542,18 @@ def test_lower_priority_demand_never_removes_higher_priority_placement(inp, repl
 def test_fairness_within_a_class(n_hosts, cap, n_models, want_each, mem, evidence):
     hosts = [host(f"h{i:02d}", cap) for i in range(n_hosts)]
     models = [f"q{i}" for i in range(n_models)]
-    profiles = [ModelProfile(model_id=m, memory_mb=mem, min_replicas=0, max_replicas=want_each) for m in models]
-    demand = [DemandTarget(model_id=m, replicas=want_each, evidence=evidence) for m in models]
-    p = plan(PlannerInput(now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand)))
+    profiles = [
+        ModelProfile(model_id=m, memory_mb=mem, min_replicas=0, max_replicas=want_each)
+        for m in models
+    ]
+    demand = [
+        DemandTarget(model_id=m, replicas=want_each, evidence=evidence) for m in models
+    ]
+    p = plan(
+        PlannerInput(
+            now=NOW, profiles=tuple(profiles), hosts=tuple(hosts), demand=tuple(demand)
+        )
+    )
     counts = Counter(x.model_id for x in p.placements)
     got = [counts[m] for m in models]
     assert max(got) - min(got) <= 1
@@ -437,7 +574,14 @@ def class_heavy_inputs(draw):
         cap, rts = draw(st.sampled_from(shapes))
         rs = ()
         if draw(st.integers(0, 4)) == 0:
-            rs = (ResidencyView(model_id=draw(st.sampled_from(MODELS)), memory_mb=4000, state="ready", loaded_at=NOW - 10_000),)
+            rs = (
+                ResidencyView(
+                    model_id=draw(st.sampled_from(MODELS)),
+                    memory_mb=4000,
+                    state="ready",
+                    loaded_at=NOW - 10_000,
+                ),
+            )
         hosts.append(
             host(
                 f"h{i:02d}",
@@ -446,7 +590,9 @@ def class_heavy_inputs(draw):
                 domain=draw(st.sampled_from(["a", "b", "c"])),
                 unmanaged=draw(st.sampled_from([0, 0, 2000, 6000])),
                 residencies=rs,
-                tps={m: 80.0 for m in draw(st.lists(st.sampled_from(MODELS), max_size=1))},
+                tps={
+                    m: 80.0 for m in draw(st.lists(st.sampled_from(MODELS), max_size=1))
+                },
             )
         )
     profiles = [
