@@ -124,6 +124,42 @@ class _GapGuard:
         self.last = seq
 
 
+async def extract(
+    source: Source,
+    stream: str,
+    *,
+    start_seq: int | None = None,
+    end_seq: int | None = None,
+    start_time: float | None = None,
+    end_time: float | None = None,
+) -> AsyncIterator[StoredMessage]:
+    """The messages of one stream inside a window of sequences and/or receipt times (inclusive).
+
+    A start time is resolved to a sequence by the source (JetStream: an ordered consumer by
+    start time); the window then reads forward in sequence order.
+    """
+    first, last = await source.bounds(stream)
+    if last == 0:
+        return
+    lo = max(first, start_seq or 1)
+    if start_time is not None:
+        at = await source.first_seq_at(stream, start_time)
+        if at is None:
+            return
+        lo = max(lo, at)
+    hi = last if end_seq is None else min(end_seq, last)
+    if hi < lo:
+        return
+    reader = await source.reader(stream, lo)
+    try:
+        async for msg in reader.take(hi):
+            if end_time is not None and msg.time > end_time:
+                return
+            yield msg
+    finally:
+        await reader.close()
+
+
 async def read_range(source: Source, stream: str, start_seq: int, end_seq: int) -> list[StoredMessage]:
     reader = await source.reader(stream, start_seq)
     try:
@@ -558,5 +594,6 @@ __all__ = [
     "SourceError",
     "StreamReader",
     "Window",
+    "extract",
     "read_range",
 ]

@@ -576,9 +576,8 @@ async def replay_window(
     drift = [p for p in plans if p.input_positions is not None]
     if drift:
         warnings.append(
-            f"{len(drift)} plan(s) (first: sequence {drift[0].plan_seq}) record a based_on ahead of the input they "
-            f"were planned from ({drift[0].diagnosis.split(': ')[0].removeprefix('the recorded digest matches the input rebuilt at earlier positions ')}): "
-            "the recorder must capture positions when it builds the input"
+            f"{len(drift)} plan(s) record a based_on ahead of the input they were planned from (first: sequence "
+            f"{drift[0].plan_seq}: {drift[0].diagnosis}); the recorder must capture positions when it builds the input"
         )
     return ReplayResult(
         run_id=run_id or uuid.uuid4().hex,
