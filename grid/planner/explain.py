@@ -15,6 +15,8 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 
+import msgspec
+
 from grid.planner import reasons as R
 from grid.planner.feasibility import CHAIN
 from grid.planner.types import (
@@ -23,7 +25,6 @@ from grid.planner.types import (
     Placement,
     Plan,
     PlannerInput,
-    Policy,
     Shortfall,
 )
 
@@ -313,7 +314,7 @@ def model_explanation(
     eligible_n, counts = static
     wants_more = ms.wanted > len(ms.entries)
     dyn = (
-        dynamic_rejections(eng, ms, limit)
+        dynamic_rejections(eng, ms, limit, max(DYNAMIC_SCAN_LIMIT, limit))
         if wants_more and eligible_n > 0
         else (Counter(), [], {}, 0)
     )
@@ -355,13 +356,7 @@ def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
     """The unbounded explanation of one model (every host listed), computed on demand."""
     from grid.planner.plan import plan as run_plan
 
-    policy = inp.policy
-    full = Policy(
-        **{f: getattr(policy, f) for f in policy.__struct_fields__}
-        | {"explain_host_limit": 1 << 30}
-    )
-    import msgspec
-
+    full = msgspec.structs.replace(inp.policy, explain_host_limit=1 << 30)
     p = run_plan(msgspec.structs.replace(inp, policy=full))
     for ex in p.explanations:
         if ex.model_id == model_id:

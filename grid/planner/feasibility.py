@@ -18,6 +18,7 @@ look at the evolving ``HostState`` during placement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -195,7 +196,7 @@ def load_level(host: HostSnapshot) -> int:
 def check_heartbeat_missing(
     host: HostSnapshot, now: float, policy: Policy
 ) -> Rejection | None:
-    if host.heartbeat_at is None:
+    if host.heartbeat_at is None or not math.isfinite(host.heartbeat_at):
         return (R.HEARTBEAT_MISSING, "registered but never heard from")
     return None
 
@@ -333,7 +334,7 @@ def runtime_memory(req: ModelReq, runtimes: tuple[str, ...]) -> tuple[str, int] 
     rm = req.profile.runtime_memory_mb
     best: tuple[int, str] | None = None
     for rt in runtimes:
-        mem = int(rm.get(rt, req.profile.memory_mb))
+        mem = max(0, int(rm.get(rt, req.profile.memory_mb)))
         if best is None or mem > best[0] or (mem == best[0] and rt < best[1]):
             best = (mem, rt)
     assert best is not None

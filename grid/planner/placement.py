@@ -202,10 +202,9 @@ class Engine:
     def _compile(self) -> None:
         inp = self.inp
         profiles: dict[str, ModelProfile] = {}
+        # A later duplicate wins (input order is part of the input bytes).
         for p in inp.profiles:
-            profiles[p.model_id] = (
-                p  # a later duplicate wins (input order is part of the bytes)
-            )
+            profiles[p.model_id] = p
         self.profiles = profiles
         ids = sorted(profiles)
         # Symmetric co-location exclusions: declared by either profile, enforced both ways.

@@ -176,7 +176,8 @@ class ModelExplanation(Value, frozen=True, kw_only=True):
     # Complete counts behind the (bounded) eligible_hosts / rejected lists: hosts rejected by
     # a static check; and, for a model with a shortfall, statically eligible hosts that cannot
     # take one more replica now (HostVerdict.eligible=True in `rejected`), counted over the
-    # first 64 eligible hosts by id (``detail`` says when that bound applied).
+    # first max(64, policy.explain_host_limit) eligible hosts by id (``detail`` says when that
+    # bound applied).
     eligible_count: int = 0
     rejected_counts: dict[str, int] = {}
     capacity_counts: dict[str, int] = {}
