@@ -745,3 +745,52 @@ def test_naive_scan_matches_indexed_scan_on_examples():
     ]
     inp = mk(profiles, hosts, [want(f"m{i}", 3) for i in range(5)])
     assert encode_plan(build_plan(inp, naive=True)) == encode_plan(plan(inp))
+
+
+def test_failure_domain_reserved_before_disruption_cost():
+    old = NOW - 10_000
+    hosts = [
+        host("a1", 10_000, domain="a"),
+        host("a2", 10_000, domain="a", residencies=(res("idle", 8000, loaded_at=old),)),
+        host(
+            "b1",
+            10_000,
+            domain="b",
+            residencies=(res("busy", 8000, loaded_at=old, active_requests=4),),
+        ),
+    ]
+    profiles = [
+        prof("idle", 8000),
+        prof("busy", 8000),
+        prof(
+            "vip",
+            8000,
+            priority=9,
+            min_replicas=2,
+            max_replicas=2,
+            min_failure_domains=2,
+        ),
+    ]
+    p = plan(mk(profiles, hosts))
+    assert on(p, "vip") == ["a1"]
+    # The cheaper idle victim is in the domain vip already uses: the busy one in b goes.
+    assert [(x.host_id, x.victim_model) for x in p.preemptions] == [("b1", "busy")]
+
+
+def test_sufficient_victim_set_on_one_host():
+    old = NOW - 10_000
+    hosts = [
+        host(
+            "h1",
+            16_000,
+            residencies=(res("x", 6000, loaded_at=old), res("y", 6000, loaded_at=old)),
+        )
+    ]
+    profiles = [prof("x", 6000), prof("y", 6000), prof("big", 12_000, priority=5)]
+    p = plan(mk(profiles, hosts))
+    assert sorted(x.victim_model for x in p.preemptions) == ["x", "y"]
+    assert all(x.beneficiary_model == "big" for x in p.preemptions)
+    # Only as many victims as needed: a 9 GB beneficiary needs just one.
+    profiles[2] = prof("big", 9_000, priority=5)
+    p = plan(mk(profiles, hosts))
+    assert len(p.preemptions) == 1
