@@ -6,6 +6,7 @@ import typer
 
 from grid import __version__
 from grid.cli import chat, history, up
+from grid.cli.admin import register as register_admin
 from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
@@ -22,6 +23,7 @@ app.add_typer(node_app, name="node")
 app.command("pull")(pull)
 history.register(app)  # gridctl replay, gridctl history
 chat.register(app)  # gridctl models, gridctl chat
+register_admin(app)  # gridctl status, model set/rm, mode, tick
 
 
 @app.command("version")

@@ -699,6 +699,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl", type=float, default=15.0)
     p.add_argument("--lease-renew", type=float, default=5.0)
     p.add_argument("--restart-grace", type=float, default=10.0)
+    p.add_argument("--max-mutations", type=int, default=Limits().max_global_mutations,
+                   help="global concurrent mutation limit")
+    p.add_argument("--max-host-mutations", type=int, default=Limits().max_host_mutations,
+                   help="per-host concurrent mutation limit")
+    p.add_argument("--artifact-fanout", type=int, default=Limits().artifact_fanout,
+                   help="concurrent loads of one exact artifact")
     p.add_argument("--publish-pause", type=float, default=0.0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -718,6 +724,8 @@ async def _main(argv: list[str] | None = None) -> int:
         tick_interval_seconds=args.tick_interval, lease_ttl_seconds=args.lease_ttl,
         lease_renew_seconds=args.lease_renew, restart_grace_seconds=args.restart_grace,
         publish_pause_seconds=args.publish_pause,
+        limits=Limits(max_global_mutations=args.max_mutations, max_host_mutations=args.max_host_mutations,
+                      artifact_fanout=args.artifact_fanout),
     )
     log_ = await JetStreamLog.connect(url, name="grid-controller")
     controller = Controller(log_, GridConfig(home=home, nats_url=url), settings=settings)

@@ -1,0 +1,348 @@
+"""gridctl status | model set/rm | mode | tick: the allocator's admin API from the terminal.
+
+The admin URL comes from --admin, GRID_ADMIN_URL, or GRID_HOME/admin.url (written by the running
+controller). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
+or the owner-only GRID_HOME/operator.token.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import msgspec
+import typer
+from rich.table import Table
+
+from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
+
+AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
+                           help="Admin API URL (default: GRID_HOME/admin.url of the running controller).")
+TokenFileOption = typer.Option(None, "--token-file", envvar="GRID_ALLOCATOR_TOKEN_FILE",
+                               help="Operator token file (default: GRID_HOME/operator.token).")
+TIMEOUT_SECONDS = 30.0
+
+model_app = typer.Typer(help="Create, replace or retire model profiles.", no_args_is_help=True)
+
+
+# --- plumbing -----------------------------------------------------------------------------------
+
+
+def admin_url(explicit: str | None) -> str:
+    if explicit:
+        return explicit.rstrip("/")
+    path = config().home / "admin.url"
+    if path.exists():
+        value = path.read_text().strip()
+        if value:
+            return value.rstrip("/")
+    fail(f"no admin API found: start the grid with `gridctl up`, or pass --admin URL (looked for {path})")
+    raise AssertionError  # unreachable
+
+
+def operator_token(token_file: Path | None) -> str:
+    env = os.environ.get("GRID_ALLOCATOR_CONTROL_TOKEN")
+    if token_file is None and env:
+        return env.strip()
+    path = token_file or config().operator_token_path
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        fail(f"operator token file {path} not found (the controller creates it at first start)")
+        raise AssertionError from None
+    if mode & 0o077:
+        fail(f"{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
+    value = path.read_text().strip()
+    if not value:
+        fail(f"operator token file {path} is empty")
+    return value
+
+
+def request(method: str, url: str, path: str, *, token: str | None = None, body: Any = None) -> Any:
+    headers = {"X-Grid-Allocator-Token": token} if token else {}
+    try:
+        with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+            resp = client.request(method, url + path, headers=headers,
+                                  content=msgspec.json.encode(body) if body is not None else None)
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach the admin API at {url}: {exc}. Is the controller running (`gridctl up`)?")
+        raise AssertionError from exc
+    try:
+        data = resp.json()
+    except ValueError:
+        data = {"error": "bad_response", "detail": resp.text[:300]}
+    if resp.status_code == 401:
+        fail("unauthorized: the operator token was refused (check --token-file / GRID_HOME/operator.token)")
+    if resp.status_code >= 400:
+        field = f" (field {data.get('field')})" if data.get("field") else ""
+        fail(f"{resp.status_code} {data.get('error', 'error')}{field}: {data.get('detail', '')}")
+    return data
+
+
+def _pairs(values: list[str], option: str, cast: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"{option} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = cast(raw.strip())
+        except ValueError:
+            fail(f"{option} {item!r}: {raw!r} is not a valid {cast.__name__}")
+    return out
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def _age(value: float | None) -> str:
+    if value is None:
+        return "never"
+    return f"{value:.0f}s" if value < 120 else f"{value / 60:.0f}m"
+
+
+def render_status(s: dict[str, Any]) -> None:
+    ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
+    tick = s.get("last_tick") or {}
+    plan = s.get("plan") or {}
+    rev = s["revisions"]
+    mode_text = mode["requested"] if mode["requested"] == mode["effective"] else \
+        f"{mode['requested']} (running as {mode['effective']})"
+    console.print(f"[bold]mode[/bold] {mode_text}   [bold]lease[/bold] {lease.get('state')} term "
+                  f"{lease.get('term')} ({ctl.get('id')})   [bold]plan[/bold] {plan.get('generation') or '-'}")
+    console.print(f"last tick {tick.get('duration_ms', 0):.1f} ms ({tick.get('reason', '-')})   revisions "
+                  f"dirty {rev['dirty']} processed {rev['processed']} success {rev['success']}   "
+                  f"log durable: {mode['log_durable']}", style="dim")
+
+    hosts = Table(title="Hosts", title_justify="left")
+    for col in ("host", "state", "heartbeat", "capacity MB", "used MB", "free MB", "domain", "residencies"):
+        hosts.add_column(col)
+    for h in s["hosts"]:
+        res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)") for r in h["residencies"])
+        state = h["state"] if h["fresh"] else f"{h['state']} (stale)"
+        hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
+                      str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
+    console.print(hosts)
+
+    models = Table(title="Models", title_justify="left")
+    for col in ("model", "wanted", "placed", "ready", "evidence", "shortfall"):
+        models.add_column(col)
+    for m in s["models"]:
+        short = m["shortfall"]
+        models.add_row(m["model_id"] + (" (retired)" if m["retired"] else ""), str(m["wanted"]), str(m["placed"]),
+                       str(m["ready"]), m["evidence"] or "-",
+                       f"{short['placed']}/{short['wanted']} {short['reason']}" if short else "-")
+    console.print(models)
+
+    rec = s.get("reconciliation") or {}
+    if s["pending_commands"] or rec.get("actions"):
+        pend = Table(title="Pending mutations", title_justify="left")
+        for col in ("action", "kind", "host", "model", "status", "reason"):
+            pend.add_column(col)
+        for c in s["pending_commands"]:
+            pend.add_row(c["action_id"][:12], c["kind"], c["host_id"], c["model_id"], c["status"], c["reason"])
+        for a in rec.get("actions", ()):
+            label = "proposed" if mode["effective"] != "automatic" else "issuing"
+            pend.add_row(a["action_id"][:12], a["kind"], a["host_id"], a["model_id"], label, a["reason"])
+        console.print(pend)
+    if s["withdrawn_commands"] or rec.get("blocked"):
+        wd = Table(title="Withdrawn commands", title_justify="left")
+        for col in ("action", "kind", "host", "model", "status", "reason"):
+            wd.add_column(col)
+        for c in s["withdrawn_commands"]:
+            wd.add_row(c["action_id"][:12], c["kind"], c["host_id"], c["model_id"], c["status"], c["withdrawn_reason"])
+        console.print(wd)
+        for b in rec.get("blocked", ()):
+            console.print(f"  destructive work for {b['model_id']} blocked: {b['reason']} "
+                          f"({len(b['action_ids'])} unconfirmed)", style="yellow")
+    deferred = rec.get("deferred", ())
+    if deferred:
+        counts: dict[str, int] = {}
+        for d in deferred:
+            counts[d["reason"]] = counts.get(d["reason"], 0) + 1
+        console.print("deferred: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())), style="dim")
+    explanation = plan.get("explanation_text") or []
+    if explanation:
+        console.print("[bold]Planner[/bold]")
+        for line in explanation[:40]:
+            console.print(f"  {line}")
+    for w in s.get("warnings", ()):
+        err_console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def status(
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Allocator status: hosts, models, pending mutations, withdrawn commands, plan, warnings."""
+    url = admin_url(admin)
+    token = None
+    if token_file is not None or os.environ.get("GRID_ALLOCATOR_CONTROL_TOKEN") or config().operator_token_path.exists():
+        try:
+            token = operator_token(token_file)
+        except typer.Exit:
+            token = None  # status is open on loopback; the token only matters off loopback
+    data = request("GET", url, "/allocator/status", token=token)
+    if json_out:
+        print_json(data)
+    else:
+        render_status(data)
+
+
+# --- model set / rm -----------------------------------------------------------------------------
+
+
+@model_app.command("set")
+def model_set(
+    model_id: str = typer.Argument(..., help="Model id (e.g. the GGUF file name)."),
+    memory_mb: int = typer.Option(..., "--memory-mb", help="Resident runtime budget of one replica, MB."),
+    runtime: list[str] = typer.Option([], "--runtime", help="Eligible runtime (repeat; default llama.cpp)."),
+    runtime_memory_mb: list[str] = typer.Option([], "--runtime-memory-mb", help="RUNTIME=MB (repeat)."),
+    backend: list[str] = typer.Option([], "--backend", help="Eligible backend (repeat)."),
+    artifact_sha256: Optional[str] = typer.Option(None, "--artifact-sha256", help="Immutable artifact digest."),
+    artifact_source: Optional[str] = typer.Option(None, "--artifact-source",
+                                                  help="Exact source (hf://owner/repo/path.gguf); needs sha256 and size."),
+    artifact_size_mb: Optional[int] = typer.Option(None, "--artifact-size-mb", help="Transfer size ceiling, MB."),
+    min_replicas: Optional[int] = typer.Option(None, "--min-replicas"),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas"),
+    priority: Optional[int] = typer.Option(None, "--priority"),
+    data_tier: Optional[str] = typer.Option(None, "--data-tier", help="public | internal | confidential | restricted"),
+    required_tag: list[str] = typer.Option([], "--required-tag"),
+    forbidden_tag: list[str] = typer.Option([], "--forbidden-tag"),
+    allow_host: list[str] = typer.Option([], "--allow-host"),
+    deny_host: list[str] = typer.Option([], "--deny-host"),
+    pin: list[str] = typer.Option([], "--pin", help="Host id the model is pinned to (repeat)."),
+    min_failure_domains: Optional[int] = typer.Option(None, "--min-failure-domains"),
+    max_colocated_models: Optional[int] = typer.Option(None, "--max-colocated-models", help="0 = unlimited."),
+    colocation_exclude: list[str] = typer.Option([], "--colocation-exclude"),
+    workload_score: list[str] = typer.Option([], "--workload-score", help="WORKLOAD=SCORE in (0, 1] (repeat)."),
+    target_utilization: Optional[float] = typer.Option(None, "--target-utilization"),
+    expected_service_seconds: Optional[float] = typer.Option(None, "--expected-service-seconds"),
+    latency_slo_ms: Optional[float] = typer.Option(None, "--latency-slo-ms"),
+    replica_concurrency: Optional[int] = typer.Option(None, "--replica-concurrency"),
+    load_seconds: Optional[float] = typer.Option(None, "--load-seconds"),
+    warm_seconds: Optional[float] = typer.Option(None, "--warm-seconds"),
+    min_residency_seconds: Optional[float] = typer.Option(None, "--min-residency-seconds"),
+    scale_down_cooldown_seconds: Optional[float] = typer.Option(None, "--scale-down-cooldown-seconds"),
+    min_gpu_count: Optional[int] = typer.Option(None, "--min-gpu-count"),
+    min_gpu_memory_mb: Optional[int] = typer.Option(None, "--min-gpu-memory-mb"),
+    context_size: Optional[int] = typer.Option(None, "--context-size"),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Create or replace a model profile (omitted options take their defaults)."""
+    body: dict[str, Any] = {"memory_mb": memory_mb}
+    lists = {
+        "runtimes": runtime, "backends": backend, "required_tags": required_tag, "forbidden_tags": forbidden_tag,
+        "allow_hosts": allow_host, "deny_hosts": deny_host, "pins": pin, "colocation_excludes": colocation_exclude,
+    }
+    body.update({k: list(v) for k, v in lists.items() if v})
+    if runtime_memory_mb:
+        body["runtime_memory_mb"] = _pairs(runtime_memory_mb, "--runtime-memory-mb", int)
+    if workload_score:
+        body["workload_scores"] = _pairs(workload_score, "--workload-score", float)
+    scalars = {
+        "artifact_sha256": artifact_sha256, "artifact_source": artifact_source, "artifact_size_mb": artifact_size_mb,
+        "min_replicas": min_replicas, "max_replicas": max_replicas, "priority": priority, "data_tier": data_tier,
+        "min_failure_domains": min_failure_domains, "max_colocated_models": max_colocated_models,
+        "target_utilization": target_utilization, "expected_service_seconds": expected_service_seconds,
+        "latency_slo_ms": latency_slo_ms, "replica_concurrency": replica_concurrency, "load_seconds": load_seconds,
+        "warm_seconds": warm_seconds, "min_residency_seconds": min_residency_seconds,
+        "scale_down_cooldown_seconds": scale_down_cooldown_seconds, "min_gpu_count": min_gpu_count,
+        "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size,
+    }
+    body.update({k: v for k, v in scalars.items() if v is not None})
+    if artifact_source and (not artifact_sha256 or artifact_size_mb is None):
+        fail("--artifact-source requires --artifact-sha256 and --artifact-size-mb")
+    url = admin_url(admin)
+    data = request("PUT", url, f"/allocator/models/{model_id}", token=operator_token(token_file), body=body)
+    if json_out:
+        print_json(data)
+    else:
+        console.print(f"profile {model_id} set (log seq {data.get('seq')})")
+
+
+def _model_rm(model_id: str, json_out: bool, admin: str | None, token_file: Path | None) -> None:
+    url = admin_url(admin)
+    data = request("DELETE", url, f"/allocator/models/{model_id}", token=operator_token(token_file))
+    if json_out:
+        print_json(data)
+    else:
+        console.print(f"profile {model_id} retired: managed copies will be drained (log seq {data.get('seq')})")
+
+
+@model_app.command("rm")
+def model_rm(
+    model_id: str = typer.Argument(...),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Retire a model profile: a durable tombstone drains managed copies to zero."""
+    _model_rm(model_id, json_out, admin, token_file)
+
+
+@model_app.command("remove")
+def model_remove(
+    model_id: str = typer.Argument(...),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Alias of `model rm`."""
+    _model_rm(model_id, json_out, admin, token_file)
+
+
+# --- mode / tick --------------------------------------------------------------------------------
+
+
+def mode(
+    value: str = typer.Argument(..., metavar="observe|recommend|automatic"),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Select the allocator mode (recommend is the default; automatic actuates within governors)."""
+    if value not in ("observe", "recommend", "automatic"):
+        fail(f"mode must be observe, recommend or automatic, not {value!r}")
+    data = request("PUT", admin_url(admin), "/allocator/mode", token=operator_token(token_file), body={"mode": value})
+    if json_out:
+        print_json(data)
+    else:
+        console.print(f"mode {value}")
+
+
+def tick(
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Request an immediate reconciliation pass."""
+    data = request("POST", admin_url(admin), "/allocator/tick", token=operator_token(token_file), body={"reason": "gridctl"})
+    if json_out:
+        print_json(data)
+        return
+    t = data.get("tick", {})
+    console.print(f"tick {t.get('number')} in {t.get('duration_ms', 0):.1f} ms ({t.get('effective_mode')}): "
+                  f"{data.get('actions', 0)} actions, {data.get('deferred', 0)} deferred, "
+                  f"{t.get('published', 0)} commands published")
+    if t.get("error"):
+        err_console.print(f"[yellow]warning:[/yellow] {t['error']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+    app.add_typer(model_app, name="model")
+    app.command("mode")(mode)
+    app.command("tick")(tick)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _app = typer.Typer()
+    register(_app)
+    _app(sys.argv[1:])
