@@ -18,11 +18,20 @@ from grid.events.codec import encode_value
 from grid.planner import reasons as R
 from grid.planner import scoring as S
 from grid.planner.digest import inputs_digest
-from grid.planner.explain import model_explanation
+from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.placement import Engine
 from grid.planner.types import Placement, Plan, PlannerInput
 
 PLANNER_VERSION = "grid-planner/1.0.0"
+
+__all__ = [
+    "PLANNER_VERSION",
+    "build_plan",
+    "decode_plan",
+    "encode_plan",
+    "plan",
+    "render_explanation",
+]
 
 _plan_decoder = msgspec.json.Decoder(Plan)
 
