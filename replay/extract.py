@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import os
 from array import array
 from collections.abc import AsyncIterator
@@ -485,39 +486,59 @@ _LOST_FEATURE_FIELDS: tuple[str, ...] = tuple(
 
 
 class _DuckDBReader:
+    """Reads ahead in chunks of sequences (one range query per chunk), yields up to each end."""
+
     def __init__(self, source: "DuckDBSource", stream: str, start_seq: int) -> None:
         self.stream = stream
         self._source = source
         self._next = max(1, start_seq)
+        self._buffer: collections.deque[StoredMessage] = collections.deque()
         self._guard = _GapGuard(stream, "the DuckDB store")
+        self._exhausted = False
 
-    async def take(self, end_seq: int) -> AsyncIterator[StoredMessage]:
+    def _fill(self) -> None:
         con = self._source.con
         stream = self.stream
-        while self._next <= end_seq:
-            hi = end_seq
-            rows = con.execute(
-                "SELECT seq, subject, time, type, payload FROM events WHERE stream = ? AND seq >= ? AND seq <= ? "
-                "ORDER BY seq LIMIT ?",
-                [stream, self._next, hi, DUCKDB_CHUNK_ROWS],
-            ).fetchall()
-            if not rows:
+        rows = con.execute(
+            "SELECT seq, subject, time, type, payload FROM events WHERE stream = ? AND seq >= ? AND seq < ? ORDER BY seq",
+            [stream, self._next, self._next + DUCKDB_CHUNK_ROWS],
+        ).fetchall()
+        if not rows:
+            # Nothing in this range: find where the stream continues (a gap), if anywhere.
+            row = con.execute("SELECT min(seq) FROM events WHERE stream = ? AND seq >= ?", [stream, self._next]).fetchone()
+            if row is None or row[0] is None:
+                self._exhausted = True
                 return
-            batches = [r[0] for r in rows if r[3] == BATCH_TAG and not r[4]]
-            features = self._source._batch_features(stream, batches[0], batches[-1]) if batches else {}
-            for seq, subject, time, tag, payload in rows:
-                self._guard.check(seq)
-                if tag == BATCH_TAG and not payload:
-                    data = self._source._rebuild_batch(stream, seq, time, features.get(seq, ()))
-                else:
-                    data = payload.encode("utf-8")
-                yield StoredMessage(stream, seq, subject, data, time)
-            self._next = rows[-1][0] + 1
-            if len(rows) < DUCKDB_CHUNK_ROWS:
+            self._next = int(row[0])
+            return self._fill()
+        batches = [r[0] for r in rows if r[3] == BATCH_TAG and not r[4]]
+        features = self._source._batch_features(stream, batches[0], batches[-1]) if batches else {}
+        for seq, subject, time, tag, payload in rows:
+            if tag == BATCH_TAG and not payload:
+                data = self._source._rebuild_batch(stream, seq, time, features.get(seq, ()))
+            else:
+                data = payload.encode("utf-8")
+            self._buffer.append(StoredMessage(stream, seq, subject, data, time))
+        self._next = rows[-1][0] + 1
+
+    async def take(self, end_seq: int) -> AsyncIterator[StoredMessage]:
+        buffer = self._buffer
+        while True:
+            if not buffer:
+                if self._exhausted:
+                    return
+                self._fill()
+                if not buffer:
+                    return
+            msg = buffer[0]
+            if msg.seq > end_seq:
                 return
+            buffer.popleft()
+            self._guard.check(msg.seq)
+            yield msg
 
     async def close(self) -> None:
-        return None
+        self._buffer.clear()
 
 
 class DuckDBSource:
@@ -548,7 +569,11 @@ class DuckDBSource:
         return None if row is None or row[0] is None else int(row[0])
 
     async def reader(self, stream: str, start_seq: int = 1) -> _DuckDBReader:
-        return _DuckDBReader(self, stream, start_seq)
+        reader = _DuckDBReader(self, stream, start_seq)
+        first, _ = await self.bounds(stream)
+        if first and start_seq > first:
+            reader._guard.last = start_seq - 1  # reading on from inside the stream: the next one must follow
+        return reader
 
     def _batch_features(self, stream: str, lo: int, hi: int) -> dict[int, list[tuple[Any, ...]]]:
         cols = ", ".join(_FEATURE_COLUMNS)
