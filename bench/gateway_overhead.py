@@ -164,8 +164,11 @@ async def run(rounds: int, threads: int, warmup: int, upstream: str) -> None:
                 stats = (await cg.get(f"{gw_url}/gateway/stats")).json()
 
             load = os.getloadavg()[0]
+            import importlib.util
+
+            parser_name = "httptools" if importlib.util.find_spec("httptools") else "h11"
             print(f"gateway overhead: {rounds} interleaved rounds, llama-server threads={threads}, "
-                  f"SmolLM2-135M Q4_1, gateway in its own process, upstream client={upstream}, "
+                  f"SmolLM2-135M Q4_1, gateway in its own process (uvicorn {parser_name}), upstream client={upstream}, "
                   f"load average {load:.2f} on {os.cpu_count()} cpus")
             print(f"{'measure':<28}{'direct ms':>12}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}")
             for name, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
