@@ -180,11 +180,8 @@ class Gateway:
         self.touch(key, model_id, now)
 
     def release(self, key: RouteKey, model_id: str, now: float) -> None:
-        n = self.active.get(key, 0) - 1
-        if n > 0:
-            self.active[key] = n
-        else:
-            self.active.pop(key, None)
+        # Keys stay (at zero) once used: the proxy's count then overrides heartbeat counts.
+        self.active[key] = max(0, self.active.get(key, 0) - 1)
         self.touch(key, model_id, now)
         self.pulse()
 

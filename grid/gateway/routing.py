@@ -6,8 +6,9 @@ The order of the gates is written once, in `choose`:
    accepting or throttled, with a heartbeat that is neither stale nor implausibly in the
    future. Draining residencies and fenced hosts never receive new requests (invariant 4);
    requests already running on them are not touched by this module.
-2. admission (hard): zero advertised capacity is closed; active requests (the larger of the
-   proxy-owned counter and the heartbeat's) must stay below the effective concurrency
+2. admission (hard): zero advertised capacity is closed; active requests (the proxy-owned
+   counter, or the heartbeat's for a route the proxy never used) must stay below the effective
+   concurrency
    (a throttled host advertises only its throttle fraction of it); an open circuit is closed.
 3. protection class: accepting hosts before throttled ones.
 4. expected completion: the request's service wave (active + queued work over concurrency)
@@ -249,7 +250,9 @@ def choose(
         if conc == 0:
             closed += 1
             continue
-        active = max(c.active_requests, proxy_active.get(c.key, 0))
+        # Proxy-owned counters are authoritative once the proxy has routed to this engine; a
+        # heartbeat's count (possibly seconds old) only stands in for routes it never used.
+        active = proxy_active[c.key] if c.key in proxy_active else c.active_requests
         if conc is not None and active >= conc:
             full += 1
             continue

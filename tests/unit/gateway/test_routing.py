@@ -106,9 +106,11 @@ def test_admission_is_a_hard_limit_and_proxy_counters_count() -> None:
     a = cand("a", active=0, conc=2)
     d = choose([a], now=NOW, proxy_active={a.key: 2})
     assert d.route is None and d.reason == routing.REASON_AT_CAPACITY
-    # the larger of heartbeat and proxy counts is used
+    # once the proxy owns a route's counter, a stale heartbeat count does not block it ...
     b = cand("b", active=2, conc=2)
-    assert choose([b], now=NOW, proxy_active={b.key: 0}).reason == routing.REASON_AT_CAPACITY
+    assert choose([b], now=NOW, proxy_active={b.key: 0}).route is b
+    # ... while a route the proxy never used is judged by its heartbeat
+    assert choose([b], now=NOW, proxy_active={}).reason == routing.REASON_AT_CAPACITY
 
 
 def test_throttled_host_advertises_only_its_fraction() -> None:
