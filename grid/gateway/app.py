@@ -48,6 +48,7 @@ log = structlog.get_logger(__name__)
 # can expire with time alone).
 TABLE_MAX_AGE_SECONDS = 1.0
 FOLLOW_RETRY_SECONDS = 1.0
+MAX_REMEMBERED_ROUTES = 2048
 
 
 class Gateway:
@@ -163,7 +164,18 @@ class Gateway:
             self._table = routing.build_table(fleet.snapshots(self.runner["fleet"], now))
             self._table_version = self._version
             self._table_built_at = now
+            self._prune_routes()
         return self._table
+
+    def _prune_routes(self) -> None:
+        """Forget idle per-route counters of engines that left the fleet (bounded memory)."""
+        if len(self.served) <= MAX_REMEMBERED_ROUTES:
+            return
+        live = {c.key for cs in self._table.values() for c in cs}
+        for key in [k for k in self.served if k not in live and not self.active.get(k)]:
+            self.served.pop(key, None)
+            self.active.pop(key, None)
+            self.last_used_by_route.pop(key, None)
 
     @property
     def profiles(self) -> dict[str, ModelProfile]:

@@ -413,3 +413,15 @@ async def test_client_disconnect_mid_stream_releases_the_route(make_gateway: Gat
     assert [x["active"] for x in (await gw.stats())["routes"]] == [0]
     recs = await gw.records(want=lambda rs: len(rs) >= 1)
     assert recs[0].outcome == "cancelled" and recs[0].streamed and recs[0].output_units < 400
+
+
+async def test_a_dead_engine_port_is_a_502_then_an_open_circuit(make_gateway: GatewayFactory) -> None:
+    gw = await make_gateway()
+    await gw.heartbeat("h-dead", ready(f"http://127.0.0.1:{free_port()}", model="gone", conc=4))
+    msg = [{"role": "user", "content": "x"}]
+    codes = []
+    for _ in range(3):
+        with pytest.raises(openai.APIStatusError) as err:
+            await gw.client.chat.completions.create(model="gone", messages=msg)  # type: ignore[arg-type]
+        codes.append((err.value.status_code, err.value.code))
+    assert codes == [(502, "upstream_error"), (502, "upstream_error"), (503, "upstream_unavailable")]
