@@ -71,6 +71,8 @@ from grid.secrets import load_or_create_secret, write_owner_only
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_NAME = "controller.snapshot"
+# Concurrent appends while publishing a batch (ordered within each host's subject).
+PUBLISH_CONCURRENCY = 8
 # Streams whose changes make a prompt tick worthwhile (our own plans/commands do not).
 TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
 
@@ -95,6 +97,8 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     policy: Policy = Policy()
     # Test seam: pause between command publishes (lets a test kill the process mid-batch).
     publish_pause_seconds: float = 0.0
+    # False: no tick loop; the caller drives tick() (benchmarks, deterministic tests).
+    background_ticks: bool = True
 
 
 class TickReport(msgspec.Struct, kw_only=True):
@@ -275,9 +279,10 @@ class Controller:
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),
             loop.create_task(self._lease_loop(), name="controller-lease"),
-            loop.create_task(self._tick_loop(), name="controller-tick"),
             loop.create_task(self._snapshot_loop(), name="controller-snapshot"),
         ]
+        if s.background_ticks:
+            self._tasks.append(loop.create_task(self._tick_loop(), name="controller-tick"))
         self._dirty.set()
         log.info("controller started", controller_id=self.controller_id, term=self.lease.term,
                  positions=self.runner.positions)
@@ -570,6 +575,8 @@ class Controller:
 
     async def _publish(self, withdrawals: tuple[Withdrawal, ...], result: ReconcileResult | None, now: float,
                        report: TickReport) -> None:
+        """Withdrawals first, then commands. Appends are pipelined across hosts and kept in the
+        reconciler's order within each host's subject."""
         actions = result.actions if result is not None else ()
         if not withdrawals and not actions:
             return
@@ -577,26 +584,27 @@ class Controller:
         assert lease is not None
         if not await lease.verify():
             return
+        pause = self.settings.publish_pause_seconds
+        width = 1 if pause else PUBLISH_CONCURRENCY
         last_seq = 0
-        for w in withdrawals:
-            ev = CommandWithdrawn(
+        held_back = False
+
+        def withdrawal_event(w: Withdrawal) -> CommandWithdrawn:
+            return CommandWithdrawn(
                 event_id=f"withdraw-{w.action_id}", at=now, action_id=w.action_id, host_id=w.host_id,
                 reason=w.reason, generation=self.last_generation, controller_term=lease.term,
                 controller_id=self.controller_id,
             )
-            res = await self.log.append(ev)
-            last_seq = max(last_seq, res.seq)
-            report.withdrawn += 1
-            self.withdrawn_total += 1
-        pause = self.settings.publish_pause_seconds
-        for a in actions:
+
+        def command_event(a: Any) -> CommandIssued | None:
+            nonlocal held_back
             remaining = lease.remaining()
             if not lease.held or remaining <= lease.margin:
-                self._warn("lease authority ran out while publishing; remaining commands held back")
-                break
+                held_back = True
+                return None
             issued_at = self.clock.now()
-            cmd = CommandIssued(
-                event_id=a.action_id, at=issued_at, action_id=a.action_id, kind=a.kind,  # type: ignore[arg-type]
+            return CommandIssued(
+                event_id=a.action_id, at=issued_at, action_id=a.action_id, kind=a.kind,
                 host_id=a.host_id, model_id=a.model_id, memory_mb=a.memory_mb, generation=self.last_generation,
                 controller_term=lease.term, controller_id=self.controller_id,
                 lease_expires_at=issued_at + remaining, lease_ttl_seconds=round(remaining, 3),
@@ -605,13 +613,39 @@ class Controller:
                 artifact_source=a.artifact_source, artifact_size_mb=a.artifact_size_mb,
                 context_size=a.context_size, slots=a.slots,
             )
-            res = await self.log.append(cmd)
-            last_seq = max(last_seq, res.seq)
-            if not res.duplicate:
-                report.published += 1
-                self.published_total += 1
-            if pause:
-                await asyncio.sleep(pause)
+
+        async def run(items: list[Any], build: Any, is_command: bool) -> None:
+            nonlocal last_seq
+            per_host: dict[str, list[Any]] = {}
+            for item in items:
+                per_host.setdefault(item.host_id, []).append(item)
+            sem = asyncio.Semaphore(width)
+
+            async def host_batch(batch: list[Any]) -> None:
+                nonlocal last_seq
+                async with sem:
+                    for item in batch:
+                        ev = build(item)
+                        if ev is None:
+                            return
+                        res = await self.log.append(ev)
+                        last_seq = max(last_seq, res.seq)
+                        if is_command:
+                            if not res.duplicate:
+                                report.published += 1
+                                self.published_total += 1
+                        else:
+                            report.withdrawn += 1
+                            self.withdrawn_total += 1
+                        if pause:
+                            await asyncio.sleep(pause)
+
+            await asyncio.gather(*(host_batch(b) for b in per_host.values()))
+
+        await run(list(withdrawals), withdrawal_event, False)
+        await run(list(actions), command_event, True)
+        if held_back:
+            self._warn("lease authority ran out while publishing; remaining commands held back")
         if last_seq:
             # The next tick must see these as open (pending equivalents are suppressed).
             await self._await_position(COMMANDS_STREAM, last_seq)
