@@ -73,3 +73,53 @@ async def test_leaving_automatic_withdraws_pending_commands(js_log: JetStreamLog
         assert withdrawn == pending
     finally:
         await ctl.stop()
+
+
+async def test_corrupt_snapshot_is_quarantined_and_state_rebuilt_from_the_log(js_log: JetStreamLog,
+                                                                             tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    await js_log.append(ProfileSet(event_id=new_event_id(), at=0, profile=profile("m", min_replicas=1)))
+    first = Controller(js_log, home, settings=FAST, controller_id="ctl-a")
+    await first.start()
+    await first.stop()
+    snap = home / "snapshots" / "controller.snapshot"
+    assert snap.exists()
+    snap.write_bytes(b"{ definitely not a snapshot")
+    ctl = Controller(js_log, home, settings=FAST, controller_id="ctl-a")
+    await ctl.start()
+    try:
+        status = ctl.status()
+        assert any("quarantined" in w for w in status["warnings"])
+        assert list(home.joinpath("snapshots").glob("controller.snapshot.corrupt-*"))
+        assert [p["model_id"] for p in status["profiles"]] == ["m"]  # rebuilt from the log
+    finally:
+        await ctl.stop()
+
+
+async def test_request_demand_flows_through_the_forecast_into_the_plan(js_log: JetStreamLog, tmp_path: Path) -> None:
+    import time
+
+    from grid.events.requests import RequestBatch, RequestFeatures
+
+    hosts = [SimHost(f"h{i}") for i in range(3)]
+    for h in hosts:
+        await h.heartbeat(js_log)
+    await js_log.append(ProfileSet(event_id=new_event_id(), at=0,
+                                   profile=profile("m", min_replicas=0, max_replicas=3, expected_service_seconds=2.0)))
+    ctl = Controller(js_log, tmp_path / "home", settings=FAST, controller_id="ctl-a")
+    await ctl.start()
+    try:
+        await wait_for(lambda: ctl.last_tick is not None)
+        assert not ctl.last_plan.placements  # no demand, min_replicas 0
+        now = time.time()
+        records = tuple(RequestFeatures(endpoint="chat", requested_model="m", served_model="m", service_seconds=2.0,
+                                        finished_at=now) for _ in range(120))
+        await js_log.append(RequestBatch(event_id=new_event_id(), at=now, source="test", records=records))
+        await wait_for(lambda: ctl.last_plan is not None and ctl.last_plan.placements, timeout=10)
+        status = ctl.status()
+        target = next(t for t in status["forecasts"]["targets"] if t["model_id"] == "m")
+        assert target["evidence"] == "direct" and target["replicas"] >= 1
+        assert status["forecasts"]["version"] != "baseline"
+        assert next(m for m in status["models"] if m["model_id"] == "m")["wanted"] >= 1
+    finally:
+        await ctl.stop()
