@@ -18,16 +18,21 @@ def run(plan, hosts, history=None, profs=M, **kw):  # type: ignore[no-untyped-de
     return reconcile(plan, hosts, (history or History()).state, profs, NOW, **kw)
 
 
-def test_missing_replica_loads_then_warms_with_dependency_and_stable_ids() -> None:
+def test_missing_replica_loads_then_warms_after_the_load_and_ids_are_stable() -> None:
     plan = mkplan(placement("m", "h1"))
     r1 = run(plan, [host("h1")])
-    assert kinds(r1) == [("load", "h1", "m"), ("warm", "h1", "m")]
-    load, warm = r1.actions
-    assert warm.dependencies == (load.action_id,)
-    assert load.reason == rc.LOAD_FOR_PLACEMENT and warm.reason == rc.WARM_FOR_PLACEMENT
-    # Same intent, same ids: a retried tick reproduces them byte for byte.
+    assert kinds(r1) == [("load", "h1", "m")]
+    load = r1.actions[0]
+    assert load.reason == rc.LOAD_FOR_PLACEMENT
+    # The warm waits for its load (issued on a later tick, so its lease TTL is not spent queueing).
+    assert reasons(r1)[("warm", "h1", "m")] == rc.AWAITING_DEPENDENCY
+    # Same intent, same ids: a retried tick reproduces the result byte for byte.
     r2 = run(plan, [host("h1")])
     assert msgspec.json.encode(r1) == msgspec.json.encode(r2)
+    # Load finished (ack newer than the heartbeat): warm now, without a second load.
+    h = History().issue(load, at=NOW - 3).ack(load, at=NOW - 2)
+    r3 = reconcile(plan, [host("h1", hb_at=NOW - 2.5)], h.state, M, NOW)
+    assert kinds(r3) == [("warm", "h1", "m")] and r3.actions[0].reason == rc.WARM_FOR_PLACEMENT
 
 
 def test_cached_artifact_warms_without_load() -> None:
@@ -37,7 +42,7 @@ def test_cached_artifact_warms_without_load() -> None:
     assert r.actions[0].dependencies == ()
     # A cached copy of a different revision does not count.
     r = run(mkplan(placement("m", "h1")), [host("h1", cached=[("m", SHA_B)])], profs=profs)
-    assert kinds(r) == [("load", "h1", "m"), ("warm", "h1", "m")]
+    assert kinds(r) == [("load", "h1", "m")]
 
 
 def test_deferred_load_defers_its_warm() -> None:
@@ -173,7 +178,7 @@ def test_staged_preemption_drains_victim_first_and_prefetches_beneficiary() -> N
     )
     pre = Preemption(host_id="h1", victim_model="low", beneficiary_model="high", reason="priority")
     plan = mkplan(preemptions=[pre], shortfalls=[Shortfall(model_id="high", wanted=1, placed=0, reason="capacity")])
-    r = reconcile(plan, [host("h1", res("low"))], History().state, profs, NOW)
+    r = reconcile(plan, [host("h1", res("low"))], History().state, profs, NOW, limits=Limits(max_host_mutations=2))
     assert set(kinds(r)) == {("drain", "h1", "low"), ("load", "h1", "high")}
     drain = next(a for a in r.actions if a.kind == "drain")
     assert drain.reason == rc.DRAIN_PREEMPTION and drain.preemption_for == "high" and drain.priority == 10
@@ -215,29 +220,33 @@ def test_unmanaged_and_pinned_residencies_are_never_actuated() -> None:
 def test_observe_mode_records_drift_as_deferred() -> None:
     r = run(mkplan(placement("m", "h1")), [host("h1")], mode="observe")
     assert r.actions == ()
-    assert [(d.kind, d.reason) for d in r.deferred] == [("load", rc.OBSERVE_ONLY), ("warm", rc.OBSERVE_ONLY)]
+    assert [(d.kind, d.reason) for d in r.deferred] == [("load", rc.OBSERVE_ONLY), ("warm", rc.AWAITING_DEPENDENCY)]
 
 
 def test_pending_equivalents_are_suppressed() -> None:
     plan = mkplan(placement("m", "h1"))
-    first = run(plan, [host("h1")])
-    h = History().issue(*first.actions)
-    r = run(plan, [host("h1")], h)
+    load = run(plan, [host("h1")]).actions[0]
+    h = History().issue(load).ack(load, at=NOW - 0.5)
+    warm = reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW).actions[0]
+    h.issue(warm)
+    r = reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW)
     assert r.actions == ()
     assert reasons(r)[("warm", "h1", "m")] == rc.IN_FLIGHT
-    assert set(r.in_flight) == {a.action_id for a in first.actions}
-    # A duplicate ack is harmless: the first terminal ack stands.
-    load = first.actions[0]
+    assert r.in_flight == (warm.action_id,)
+    # Duplicate and conflicting later acks are harmless: the first terminal ack stands.
     h.ack(load, "succeeded", at=NOW).ack(load, "failed", at=NOW + 1)
     assert h.state.actions[load.action_id].status == "succeeded"
+    assert reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW) == r
 
 
-def test_warm_issued_against_an_open_load_depends_on_it() -> None:
+def test_warm_waits_while_its_load_is_open() -> None:
     plan = mkplan(placement("m", "h1"))
     load = run(plan, [host("h1")]).actions[0]
     h = History().issue(load)
     r = run(plan, [host("h1")], h)
-    assert kinds(r) == [("warm", "h1", "m")] and r.actions[0].dependencies == (load.action_id,)
+    assert r.actions == ()
+    rs = reasons(r)
+    assert rs[("warm", "h1", "m")] == rc.AWAITING_DEPENDENCY
 
 
 def test_observation_time_fencing() -> None:
@@ -318,8 +327,8 @@ def test_availability_is_served_before_destructive_work() -> None:
     profs = profiles(profile("a"), profile("b"), profile("old"))
     plan = mkplan(placement("a", "h1"), placement("b", "h2"))
     hosts = [host("h1"), host("h2"), host("h3", res("old"))]
-    r = reconcile(plan, hosts, History().state, profs, NOW, limits=Limits(max_global_mutations=4))
-    assert [a.kind for a in r.actions] == ["load", "warm", "load", "warm"]
+    r = reconcile(plan, hosts, History().state, profs, NOW, limits=Limits(max_global_mutations=2))
+    assert [a.kind for a in r.actions] == ["load", "load"]
     assert reasons(r)[("drain", "h3", "old")] == GLOBAL_LIMIT
 
 
