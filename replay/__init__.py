@@ -7,7 +7,7 @@ the log). ``gridctl replay`` and ``gridctl history`` are its command-line face.
 """
 
 from replay.diff import Difference, diff_plans
-from replay.extract import DuckDBSource, FileSource, LogSource, Source, SourceError, Window, extract
+from replay.extract import DuckDBSource, FileSource, LogSource, Source, SourceError, Window, extract_window
 from replay.rerun import (
     DEFAULT_PLANNER,
     ControllerNotReady,
@@ -35,7 +35,7 @@ __all__ = [
     "Summary",
     "Window",
     "diff_plans",
-    "extract",
+    "extract_window",
     "load_planner",
     "replay_window",
     "write_result",

@@ -125,7 +125,7 @@ class _GapGuard:
         self.last = seq
 
 
-async def extract(
+async def extract_window(
     source: Source,
     stream: str,
     *,
@@ -260,17 +260,16 @@ class _JetStreamReader:
                 return
             await self._open()
         messages = self._messages
-        pending = self._sub._pending_queue
         stream = self.stream
         while True:
-            if pending.empty():
-                try:
-                    msg = await asyncio.wait_for(messages.__anext__(), LOG_READ_TIMEOUT_SECONDS)
-                except (TimeoutError, StopAsyncIteration):
-                    self._done = True  # the rest up to `stop` was removed (retention/deletion)
-                    return
-            else:
-                msg = await messages.__anext__()
+            # The server said more messages exist (pending > 0 on the last one), so this wait is
+            # bounded; the timeout only guards against a consumer that stalls for good.
+            try:
+                async with asyncio.timeout(LOG_READ_TIMEOUT_SECONDS):
+                    msg = await messages.__anext__()
+            except (TimeoutError, StopAsyncIteration):
+                self._done = True
+                return
             seq, ts, left = parse_js_reply(msg.reply)
             headers = msg.headers
             stored = StoredMessage(stream, seq, msg.subject, msg.data, ts,
@@ -619,6 +618,6 @@ __all__ = [
     "SourceError",
     "StreamReader",
     "Window",
-    "extract",
+    "extract_window",
     "read_range",
 ]

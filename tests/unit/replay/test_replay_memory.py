@@ -14,7 +14,7 @@ from grid.clock import SimulatedClock
 from grid.events.log import InMemoryLog
 from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM, host_subject
 from grid.projections.runner import ProjectionRunner, ReplayError
-from replay import DuckDBSource, FileSource, LogSource, SourceError, Window, extract, replay_window, write_result
+from replay import DuckDBSource, FileSource, LogSource, SourceError, Window, extract_window, replay_window, write_result
 from replay import store
 from replay.rerun import controller_hooks
 from tests.unit.replay.session import Session
@@ -201,9 +201,9 @@ async def test_extract_a_window_by_sequence_or_time_from_every_source(recorded, 
     sink.close()
     path = await export(log, tmp_path / "window.ndjson")
     for source in (LogSource(log), FileSource(path), DuckDBSource(con)):
-        by_seq = [m async for m in extract(source, HOSTS_STREAM, start_seq=5, end_seq=9)]
+        by_seq = [m async for m in extract_window(source, HOSTS_STREAM, start_seq=5, end_seq=9)]
         assert [m.seq for m in by_seq] == [5, 6, 7, 8, 9]
         assert [m.data for m in by_seq] == [m.data for m in everything[4:9]]
-        by_time = [m.seq async for m in extract(source, HOSTS_STREAM, start_time=t_lo, end_time=t_hi)]
+        by_time = [m.seq async for m in extract_window(source, HOSTS_STREAM, start_time=t_lo, end_time=t_hi)]
         assert by_time == expected_time, source.kind
     con.close()
