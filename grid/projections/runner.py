@@ -147,10 +147,7 @@ class ProjectionRunner:
 
     async def follow(self, log_: EventLog, *, on_fold: Callable[[str, StoredMessage], None] | None = None) -> None:
         """Follow every stream live (ordered consumers) until cancelled."""
-        subs = [
-            await log_.subscribe(stream, start_seq=self.positions.get(stream, 0) + 1)
-            for stream in self.streams
-        ]
+        subs: list[Any] = []
 
         async def pump(sub: Any) -> None:
             while True:
@@ -163,6 +160,9 @@ class ProjectionRunner:
                     on_fold(msg.stream, msg)
 
         try:
+            # Subscribing inside the try: a cancellation half way still closes what was opened.
+            for stream in self.streams:
+                subs.append(await log_.subscribe(stream, start_seq=self.positions.get(stream, 0) + 1))
             await asyncio.gather(*(pump(s) for s in subs))
         finally:
             for sub in subs:
