@@ -32,6 +32,7 @@ from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events.control import ModelProfile
 from grid.events.log import EventLog
+from grid.events.subjects import HOSTS_STREAM
 from grid.gateway import routing
 from grid.gateway.breaker import BreakerBoard
 from grid.gateway.measure import Measurements
@@ -49,6 +50,8 @@ log = structlog.get_logger(__name__)
 TABLE_MAX_AGE_SECONDS = 1.0
 FOLLOW_RETRY_SECONDS = 1.0
 MAX_REMEMBERED_ROUTES = 2048
+# Startup replays at most this many recent host events (see Gateway._catch_up).
+HOST_REPLAY_MAX_MESSAGES = 50_000
 
 
 class Gateway:
@@ -100,7 +103,7 @@ class Gateway:
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.runner.catch_up(self.log)
+        await self._catch_up()
         self._version += 1
         self.upstream = Upstream(
             connect_timeout=self.settings.upstream_connect_timeout,
@@ -111,6 +114,21 @@ class Gateway:
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
         self.telemetry.start()
         self.started = True
+
+    async def _catch_up(self) -> None:
+        """Fold the control stream completely and only the recent tail of the hosts stream.
+
+        Routing needs each host's latest heartbeat, and only one younger than the heartbeat
+        timeout counts; replaying days of heartbeats would only delay startup.
+        """
+        for stream in self.runner.streams:
+            start = self.runner.positions.get(stream, 0) + 1
+            if stream == HOSTS_STREAM:
+                start = max(start, await self.log.last_sequence(stream) - HOST_REPLAY_MAX_MESSAGES + 1)
+                # the live follower continues after the skipped prefix, never from its start
+                self.runner.positions[stream] = max(self.runner.positions.get(stream, 0), start - 1)
+            async for msg in self.log.replay(stream, start_seq=start):
+                self.runner.fold(msg)
 
     async def stop(self) -> None:
         self.started = False

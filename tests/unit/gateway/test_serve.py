@@ -34,3 +34,28 @@ async def test_serve_gateway_until_cancelled(tmp_path: Path) -> None:
         pass
     assert not url_file.exists()
     assert app.state.gateway.started is False
+
+
+async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from grid.events.base import new_event_id
+    from grid.events.host import HostHeartbeat, HostResources, Residency
+    from grid.gateway import app as app_module
+
+    log = InMemoryLog()
+    for i in range(30):  # an old host that later went quiet, then many heartbeats of a live one
+        host = "old" if i < 10 else "live"
+        await log.append(HostHeartbeat(
+            event_id=new_event_id(), at=time.time(), host_id=host, resources=HostResources(capacity_mb=1),
+            residencies=(Residency(model_id=f"m-{host}", memory_mb=1, state="ready", endpoint="http://x:1"),),
+        ))
+    monkeypatch.setattr(app_module, "HOST_REPLAY_MAX_MESSAGES", 5)
+    gw = app_module.Gateway(log, GridConfig(home=tmp_path, nats_url=None), api_keys=[])
+    await gw.start()
+    try:
+        assert sorted(gw.runner["fleet"].hosts) == ["live"]
+        assert gw.runner.positions["GRID_HOSTS"] == 30
+        assert gw.ready_models(time.time()) == ["m-live"]
+    finally:
+        await gw.stop()
