@@ -425,3 +425,15 @@ async def test_a_dead_engine_port_is_a_502_then_an_open_circuit(make_gateway: Ga
             await gw.client.chat.completions.create(model="gone", messages=msg)  # type: ignore[arg-type]
         codes.append((err.value.status_code, err.value.code))
     assert codes == [(502, "upstream_error"), (502, "upstream_error"), (503, "upstream_unavailable")]
+
+
+async def test_httpx_upstream_backend_behaves_the_same(make_gateway: GatewayFactory,
+                                                       engines: dict[str, Engine]) -> None:
+    gw = await make_gateway(settings=GatewaySettings(upstream_backend="httpx"))
+    await gw.heartbeat("host-b", ready(engines["host-b"].endpoint))
+    msg = [{"role": "user", "content": "Hi"}]
+    assert (await gw.client.chat.completions.create(model=MODEL, messages=msg, max_tokens=3)).choices  # type: ignore[arg-type]
+    stream = await gw.client.chat.completions.create(model=MODEL, messages=msg, max_tokens=3, stream=True)  # type: ignore[arg-type]
+    assert [c async for c in stream]
+    recs = await gw.records(want=lambda rs: len(rs) >= 2)
+    assert [(r.outcome, r.streamed) for r in recs] == [("ok", False), ("ok", True)]
