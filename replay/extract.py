@@ -260,16 +260,20 @@ class _JetStreamReader:
                 return
             await self._open()
         messages = self._messages
+        pending = self._sub._pending_queue
         stream = self.stream
         while True:
-            # The server said more messages exist (pending > 0 on the last one), so this wait is
-            # bounded; the timeout only guards against a consumer that stalls for good.
-            try:
-                async with asyncio.timeout(LOG_READ_TIMEOUT_SECONDS):
-                    msg = await messages.__anext__()
-            except (TimeoutError, StopAsyncIteration):
-                self._done = True
-                return
+            if pending.empty():
+                # The server said more messages exist (pending > 0 on the last one), so this wait
+                # is bounded; the timeout only guards against a consumer that stalls for good.
+                try:
+                    async with asyncio.timeout(LOG_READ_TIMEOUT_SECONDS):
+                        msg = await messages.__anext__()
+                except (TimeoutError, StopAsyncIteration):
+                    self._done = True
+                    return
+            else:
+                msg = await messages.__anext__()
             seq, ts, left = parse_js_reply(msg.reply)
             headers = msg.headers
             stored = StoredMessage(stream, seq, msg.subject, msg.data, ts,

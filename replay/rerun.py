@@ -336,8 +336,8 @@ def _decode_plan_event(msg: Any) -> PlanCreated:
     return event
 
 
-# Digest mismatches investigated per replay (each re-folds from the stream start), and how many
-# events before based_on each looks at.
+# Investigations that re-fold from the stream start (once one finds a drift, a runner kept one plan
+# behind makes the later ones cheap), and how many events before based_on each looks at.
 MAX_DIAGNOSES = 3
 DIAGNOSE_WINDOW = 64
 
@@ -512,6 +512,9 @@ async def replay_window(
     plans_reader = await source.reader(PLANS_STREAM, 1)
     chunks: list[dict[str, int]] = []
     diagnosed = 0
+    fruitless = False
+    shadow: ProjectionRunner | None = None
+    last_delta: list[Any] = []
     try:
         if hi >= lo:
             async for msg in plans_reader.take(hi):
@@ -528,8 +531,14 @@ async def replay_window(
                     folded = folder.folded
                     folder = _Folder(source, specs, bounds, progress, fold_order)
                     folder.folded = folded
-                    chunks = []
-                await folder.advance(event.based_on, msg.seq)
+                    chunks, shadow, last_delta = [], None, []
+                if shadow is not None:
+                    for m in last_delta:  # the shadow catches up to the previous plan's positions
+                        shadow.fold(m)
+                    last_delta = []
+                    await folder.advance(event.based_on, msg.seq, sink=_tee(folder.runner, last_delta))
+                else:
+                    await folder.advance(event.based_on, msg.seq)
                 chunks.append(dict(event.based_on))
                 if msg.seq < lo or not window.contains(msg.seq, msg.time):
                     continue
@@ -537,13 +546,22 @@ async def replay_window(
                 at_based_on = digest(planner_input)
                 found: tuple[dict[str, int], PlannerInput] | None = None
                 investigated = False
-                # A lossy source (request batches rebuilt from DuckDB rows) explains a mismatch by itself.
+                # A lossy source (request batches rebuilt from DuckDB rows) may explain a mismatch by
+                # itself: there, one fruitless investigation stops further ones.
                 lossy = bool(getattr(source, "lossy_request_batches", 0))
-                if at_based_on != event.inputs_digest and diagnose and not lossy and diagnosed < MAX_DIAGNOSES:
-                    diagnosed += 1
-                    investigated = True
-                    found = await _find_input(source, specs, bounds, fold_order, chunks, msg.seq, event,
-                                              build_input, digest)
+                if at_based_on != event.inputs_digest and diagnose and not (lossy and fruitless):
+                    if shadow is not None:
+                        investigated = True
+                        found = _scan(shadow, last_delta, event, build_input, digest, DIAGNOSE_WINDOW)
+                        last_delta = []
+                    elif diagnosed < MAX_DIAGNOSES:
+                        diagnosed += 1
+                        investigated = True
+                        found, runner_at = await _find_input(source, specs, bounds, fold_order, chunks, msg.seq,
+                                                             event, build_input, digest)
+                        if found is not None:
+                            shadow, last_delta = runner_at, []  # drift recurs: keep a runner one plan behind
+                    fruitless = fruitless or found is None
                 outcome = _compare(ref, found[1] if found else planner_input, at_based_on, msg.seq, msg.time, event)
                 if found is not None:
                     moved = {s: f"{event.based_on.get(s, 0)}->{n}" for s, n in sorted(found[0].items())
@@ -557,7 +575,7 @@ async def replay_window(
                 elif at_based_on != event.inputs_digest:
                     why = ("the source rebuilt request batches without some feature fields" if lossy else
                            f"no input within the last {DIAGNOSE_WINDOW} events before based_on has the recorded digest"
-                           if investigated else "not investigated")
+                           if investigated else f"not investigated (at most {MAX_DIAGNOSES} per replay)")
                     outcome = msgspec.structs.replace(outcome, diagnosis=why)
                 outcomes.append(outcome)
                 if progress is not None:
@@ -596,14 +614,44 @@ async def replay_window(
     )
 
 
+Found = tuple[dict[str, int], PlannerInput]
+
+
+def _tee(runner: ProjectionRunner, into: list[Any]) -> Callable[[Any], None]:
+    fold = runner.fold
+    keep = into.append
+
+    def both(msg: Any) -> None:
+        fold(msg)
+        keep(msg)
+
+    return both
+
+
+def _scan(runner: ProjectionRunner, delta: Sequence[Any], event: PlanCreated, build_input: InputBuilder,
+          digest: Callable[[PlannerInput], str], window: int) -> Found | None:
+    """Fold `delta` into `runner`, checking the recorded digest before each of its last `window`
+    messages. The runner always ends at the end of `delta`; the first matching prefix is returned."""
+    found: Found | None = None
+    cut = max(0, len(delta) - window)
+    for i, msg in enumerate(delta):
+        if found is None and i >= cut:
+            candidate = build_input(runner.states, event)
+            if digest(candidate) == event.inputs_digest:
+                found = (dict(sorted(runner.positions.items())), candidate)
+        runner.fold(msg)
+    return found
+
+
 async def _find_input(source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
                       fold_order: str, chunks: Sequence[Mapping[str, int]], seq: int, event: PlanCreated,
                       build_input: InputBuilder, digest: Callable[[PlannerInput], str],
-                      window: int = DIAGNOSE_WINDOW) -> tuple[dict[str, int], PlannerInput] | None:
+                      window: int = DIAGNOSE_WINDOW) -> tuple[Found | None, ProjectionRunner]:
     """Look for positions just before `based_on` whose rebuilt input has the recorded digest.
 
-    The fold is repeated chunk by chunk as in the replay, then the last chunk's messages are
-    folded one at a time, checking the digest before each of the last `window` of them.
+    The fold is repeated from the stream start chunk by chunk as in the replay; the last chunk
+    is scanned message by message. Returns the finding and the runner, now at `based_on` (the
+    replay keeps it one plan behind as a shadow, so later investigations cost one chunk).
     """
     folder = _Folder(source, specs, bounds, None, fold_order)
     try:
@@ -611,16 +659,7 @@ async def _find_input(source: Source, specs: Sequence[ProjectionSpec], bounds: M
             await folder.advance(based_on, seq)
         delta: list[Any] = []
         await folder.advance(chunks[-1], seq, sink=delta.append)
-        runner = folder.runner
-        cut = max(0, len(delta) - window)
-        for msg in delta[:cut]:
-            runner.fold(msg)
-        for msg in delta[cut:]:
-            candidate = build_input(runner.states, event)
-            if digest(candidate) == event.inputs_digest:
-                return dict(sorted(runner.positions.items())), candidate
-            runner.fold(msg)
-        return None
+        return _scan(folder.runner, delta, event, build_input, digest, window), folder.runner
     finally:
         await folder.close()
 

@@ -119,6 +119,7 @@ class Session:
         plan = fn(pin)
         digest = inputs_digest(pin)
         if drift:
+            self._advance(1.0)
             await self.heartbeats()
             await self.runner.catch_up(self.log)
         self.sequence += 1

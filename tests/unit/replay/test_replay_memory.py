@@ -207,3 +207,17 @@ async def test_extract_a_window_by_sequence_or_time_from_every_source(recorded, 
         by_time = [m.seq async for m in extract_window(source, HOSTS_STREAM, start_time=t_lo, end_time=t_hi)]
         assert by_time == expected_time, source.kind
     con.close()
+
+
+async def test_recurring_drift_is_diagnosed_on_every_plan(recorded) -> None:
+    log, session = recorded
+    for i in range(5):
+        await session.tick(drift=i % 2 == 0)  # drift, clean, drift, clean, drift
+        await session.requests()
+    for _ in range(2):
+        await session.tick(drift=True)
+    result = await replay_window(LogSource(log))
+    drifted = [p.plan_seq for p in result.plans if not p.digest_match]
+    assert drifted == [7, 9, 11, 12, 13]  # more than MAX_DIAGNOSES: later ones use the trailing runner
+    assert result.summary.based_on_drift == 5
+    assert result.summary.identical == result.summary.plans_compared == 13
