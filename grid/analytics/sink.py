@@ -100,9 +100,8 @@ class AnalyticsSink:
                 model_id = event.profile.model_id
             case ProfileRemoved() | HostOverride() | HostRegistered() | ProtectionTransition():
                 pass
-        # Request payloads are summarised in request_features; keep the raw event small.
-        payload = "" if isinstance(event, RequestBatch) else msg.data.decode("utf-8", "replace")
-        rows["events"].append((s, q, msg.subject, t, tag, host_id, model_id, payload))
+        # Every payload is kept whole (batches too) so replay from the store is exact.
+        rows["events"].append((s, q, msg.subject, t, tag, host_id, model_id, msg.data.decode("utf-8", "replace")))
         self._pending_positions[s] = q
 
     def _feature(self, s: str, q: int, i: int, t: float, f: Any) -> None:
