@@ -1,19 +1,18 @@
-"""Build the planner's input from projection states, and find the planner/forecast to run.
+"""Build the planner's input from projection states exactly as the controller does.
 
-The real planner (grid.planner.plan) and forecast (grid.planner.forecast) are written by
-others; until they exist this module falls back to the interim placement and to baseline demand
-(each profile's min_replicas). The lookup happens at call time so a late-landing module is used
-without restarting anything that imported this one.
+Replay imports this module too, so a recorded plan's input can be rebuilt byte for byte.
+Without a forecast, demand is the baseline (each profile's min_replicas).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from grid.events.control import ModelProfile
+from grid.planner import forecast as forecast_mod
+from grid.planner import plan as plan_module
 from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy, TimingSample
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
@@ -80,45 +79,18 @@ def build_planner_input(
     )
 
 
-def _optional(module: str) -> Any | None:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
-def planner() -> tuple[PlanFn, str, Callable[[Plan], list[str]] | None]:
-    """(plan function, version, explanation renderer): the real planner when it exists."""
-    mod = _optional("grid.planner.plan")
-    if mod is not None and hasattr(mod, "plan"):
-        render = getattr(mod, "render_explanation", None)
-        if render is None:
-            explain = _optional("grid.planner.explain")
-            render = getattr(explain, "render_explanation", None) if explain is not None else None
-        return mod.plan, str(getattr(mod, "PLANNER_VERSION", "unknown")), render
-    from grid.controller import interim_plan
-
-    return interim_plan.plan, interim_plan.PLANNER_VERSION, interim_plan.render_explanation
+def planner() -> tuple[PlanFn, str, Callable[[Plan], list[str]]]:
+    """(plan function, version, explanation renderer) of the installed planner."""
+    return plan_module.plan, plan_module.PLANNER_VERSION, plan_module.render_explanation
 
 
 def encode_plan(plan: Plan) -> bytes:
-    mod = _optional("grid.planner.plan")
-    if mod is not None and hasattr(mod, "encode_plan"):
-        return bytes(mod.encode_plan(plan))
-    from grid.events import codec
-
-    return codec.encode_value(plan)
+    return bytes(plan_module.encode_plan(plan))
 
 
 def decode_plan(data: bytes) -> Plan:
-    mod = _optional("grid.planner.plan")
-    if mod is not None and hasattr(mod, "decode_plan"):
-        return mod.decode_plan(data)
-    import msgspec
-
-    return msgspec.json.decode(data, type=Plan)
+    return plan_module.decode_plan(data)
 
 
-def forecast_module() -> Any | None:
-    mod = _optional("grid.planner.forecast")
-    return mod if mod is not None and hasattr(mod, "forecast") else None
+def forecast_module() -> Any:
+    return forecast_mod

@@ -51,7 +51,7 @@ from grid.controller.reconcile import (
     reconcile,
     withdraw_all,
 )
-from grid.events.base import Event, new_event_id
+from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
 from grid.events.log import AppendResult, ConflictError, EventLog, LogError, StoredMessage

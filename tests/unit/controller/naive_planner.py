@@ -1,6 +1,7 @@
-"""A small deterministic placement used only until grid.planner.plan lands (and as its fallback).
+"""A deliberately naive placement for the reconciler's state machine (tests only).
 
-Not the product planner: no scoring, portfolio, preemption or repair. It keeps healthy live
+The product planner keeps a must-move replica in the plan until its replacement is ready, which
+would hide the reconciler's own make-before-break check; this one does not. Not a planner: no scoring, portfolio, preemption or repair. It keeps healthy live
 copies (sticky), then fills missing replicas one per model per round, higher priority first,
 on the eligible host with the most free memory. Shortfalls are reported, never hidden.
 """

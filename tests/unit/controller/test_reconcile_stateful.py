@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 import msgspec
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from grid.controller import interim_plan
+from tests.unit.controller import naive_planner as interim_plan
 from grid.controller import reconcile as rc
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
 from grid.controller.inputs import planner
 from grid.controller.reconcile import Guards, reconcile, withdraw_all
 from grid.events.acks import ActionAck
-from grid.events.commands import DESTRUCTIVE_KINDS, CommandIssued, CommandWithdrawn
+from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostResources
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
