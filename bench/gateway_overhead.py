@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,7 @@ async def heartbeats(log: JetStreamLog, endpoint: str, stop: asyncio.Event) -> N
         ))
         try:
             await asyncio.wait_for(stop.wait(), 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -115,6 +114,7 @@ async def run(rounds: int, threads: int, warmup: int, upstream: str) -> None:
         home.mkdir(mode=0o700)
         nats = EmbeddedNats(Path(tmp) / "nats").start()
         engine = gateway = None
+        heartbeat_task: asyncio.Task[None] | None = None
         stop = asyncio.Event()
         try:
             log = await JetStreamLog.connect(nats.url)
@@ -125,7 +125,7 @@ async def run(rounds: int, threads: int, warmup: int, upstream: str) -> None:
                               slots=1, context_size=1024, threads=threads)
             engine = spawn(binary, spec, Path(tmp) / "llama.log")
             await wait_http(f"{spec.endpoint}/health")
-            hb = asyncio.create_task(heartbeats(log, spec.endpoint, stop))
+            heartbeat_task = asyncio.create_task(heartbeats(log, spec.endpoint, stop))
             gw_port = free_port()
             env = dict(os.environ, GRID_HOME=str(home), GRID_NATS_URL=nats.url, GRID_GATEWAY_UPSTREAM=upstream)
             gateway = subprocess.Popen(
@@ -182,6 +182,8 @@ async def run(rounds: int, threads: int, warmup: int, upstream: str) -> None:
             print(f"goal median added <= 2 ms: {'met' if added <= 2.0 else 'NOT met'} ({added:.2f} ms)")
         finally:
             stop.set()
+            if heartbeat_task is not None:
+                heartbeat_task.cancel()
             for proc in (gateway, engine):
                 if proc is not None:
                     proc.terminate()

@@ -8,7 +8,7 @@ The gateway URL comes from --gateway, else GRID_GATEWAY_URL, else GRID_HOME/gate
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import msgspec
@@ -52,8 +52,8 @@ def _error_text(response: httpx.Response, body: bytes | None = None) -> str:
 
 
 def models(
-    gateway: Optional[str] = GatewayOption,
-    api_key: Optional[str] = ApiKeyOption,
+    gateway: str | None = GatewayOption,
+    api_key: str | None = ApiKeyOption,
     json_out: bool = JsonOption,
 ) -> None:
     """List the models the gateway can serve right now (admitted READY replicas only)."""
@@ -81,16 +81,16 @@ def models(
 def chat(
     prompt: str = typer.Argument(..., help="The user message."),
     model: str = typer.Option("auto", "--model", "-m", help="Model id, or 'auto' to route by workload."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="A system message."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Upper bound on generated tokens."),
-    temperature: Optional[float] = typer.Option(None, "--temperature"),
-    affinity_key: Optional[str] = typer.Option(
+    system: str | None = typer.Option(None, "--system", "-s", help="A system message."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Upper bound on generated tokens."),
+    temperature: float | None = typer.Option(None, "--temperature"),
+    affinity_key: str | None = typer.Option(
         None, "--affinity-key", help="Session key for X-Grid-Affinity-Key (keeps a session on one engine)."
     ),
     no_stream: bool = typer.Option(False, "--no-stream", help="Wait for the whole answer instead of streaming."),
     json_out: bool = typer.Option(False, "--json", help="Print the raw JSON response (implies --no-stream)."),
-    gateway: Optional[str] = GatewayOption,
-    api_key: Optional[str] = ApiKeyOption,
+    gateway: str | None = GatewayOption,
+    api_key: str | None = ApiKeyOption,
 ) -> None:
     """Send one chat message and stream the answer to the terminal."""
     url = resolve_gateway_url(gateway)

@@ -57,7 +57,7 @@ def rendezvous_score(digest: bytes, member: str) -> int:
 T = TypeVar("T")
 
 
-def rendezvous_pick(digest: bytes, members: Sequence[T], name_of: "callable[[T], str]") -> T:  # type: ignore[valid-type]
+def rendezvous_pick(digest: bytes, members: Sequence[T], name_of: callable[[T], str]) -> T:  # type: ignore[valid-type]
     """Highest random weight: adding a member moves only the keys that member now wins."""
     best: T | None = None
     best_score = -1

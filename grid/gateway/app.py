@@ -37,7 +37,7 @@ from grid.gateway import routing
 from grid.gateway.breaker import BreakerBoard
 from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, RouteKey
-from grid.gateway.settings import URL_FILE, ApiKeys, GatewaySettings, parse_api_keys, API_KEYS_ENV
+from grid.gateway.settings import API_KEYS_ENV, URL_FILE, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import EngineKeys, Upstream
 from grid.projections import fleet
@@ -169,7 +169,7 @@ class Gateway:
         self.waiters += 1
         try:
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             self.waiters -= 1
@@ -338,7 +338,7 @@ class RunningGateway:
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self.task), 10.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.server.force_exit = True
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -97,7 +97,7 @@ class BreakerBoard:
             return frozenset()
         return frozenset(k for k in self._circuits if not self.allows(k, now))
 
-    def retry_after(self, keys: "list[Hashable]", now: float) -> float:
+    def retry_after(self, keys: list[Hashable], now: float) -> float:
         """Seconds until the first of `keys` admits a request again (at least 1)."""
         waits = []
         for k in keys:

@@ -55,7 +55,7 @@ class UpstreamProtocolError(httpx.RemoteProtocolError):
 class Target:
     """A pre-parsed upstream URL."""
 
-    __slots__ = ("scheme", "host", "port", "path", "origin", "host_header")
+    __slots__ = ("host", "host_header", "origin", "path", "port", "scheme")
 
     def __init__(self, url: str) -> None:
         parsed = httpx.URL(url)
@@ -75,7 +75,7 @@ class Target:
 
 
 class _Conn:
-    __slots__ = ("reader", "writer", "origin", "requests", "max_requests", "idle_since", "keepalive")
+    __slots__ = ("idle_since", "keepalive", "max_requests", "origin", "reader", "requests", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, origin: tuple[str, str, int]):
         self.reader = reader
@@ -115,10 +115,20 @@ def _parse_keepalive(value: bytes) -> tuple[float | None, int | None]:
 
 
 class H1Response:
-    __slots__ = ("status_code", "raw_headers", "_conn", "_pool", "_mode", "_remaining", "_done",
-                 "_reusable", "_closed", "_read_timeout")
+    __slots__ = (
+        "_closed",
+        "_conn",
+        "_done",
+        "_mode",
+        "_pool",
+        "_read_timeout",
+        "_remaining",
+        "_reusable",
+        "raw_headers",
+        "status_code",
+    )
 
-    def __init__(self, pool: "H1Pool", conn: _Conn, status: int, headers: list[tuple[bytes, bytes]],
+    def __init__(self, pool: H1Pool, conn: _Conn, status: int, headers: list[tuple[bytes, bytes]],
                  mode: str, length: int, reusable: bool, read_timeout: float) -> None:
         self.status_code = status
         self.raw_headers = headers

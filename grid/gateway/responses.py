@@ -54,7 +54,7 @@ STREAM_UPSTREAM_TIMEOUT = "upstream_timeout"
 
 
 class RawResponse:
-    __slots__ = ("status_code", "headers", "body", "after")
+    __slots__ = ("after", "body", "headers", "status_code")
 
     def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes,
                  after: Callable[[], None] | None = None) -> None:
@@ -79,7 +79,7 @@ class RawResponse:
 
 
 class ProxyStream:
-    __slots__ = ("status_code", "headers", "upstream", "on_chunk", "on_done")
+    __slots__ = ("headers", "on_chunk", "on_done", "status_code", "upstream")
 
     def __init__(
         self,

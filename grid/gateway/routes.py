@@ -163,8 +163,20 @@ def _too_large(limit: int) -> Response:
 class _Ctx:
     """What one request needs to write its telemetry record (no text kept, no raw key)."""
 
-    __slots__ = ("kind", "requested", "served", "auto", "workload", "text_head", "units", "affinity",
-                 "stream", "queue_seconds", "queue_depth", "route")
+    __slots__ = (
+        "affinity",
+        "auto",
+        "kind",
+        "queue_depth",
+        "queue_seconds",
+        "requested",
+        "route",
+        "served",
+        "stream",
+        "text_head",
+        "units",
+        "workload",
+    )
 
     def __init__(self, kind: str, requested: str, auto: bool, units: int, affinity: bytes | None,
                  stream: bool) -> None:

@@ -41,7 +41,7 @@ class GatewaySettings:
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "GatewaySettings":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if environ is None else environ
         kwargs: dict[str, object] = {}
         if env.get("GRID_GATEWAY_MAX_BODY"):

@@ -37,8 +37,16 @@ def completion_tokens_of(data: bytes) -> int | None:
 
 
 class UsageParser:
-    __slots__ = ("_partial", "_skipping", "_data", "_data_len", "_oversized",
-                 "completion_tokens", "events", "done")
+    __slots__ = (
+        "_data",
+        "_data_len",
+        "_oversized",
+        "_partial",
+        "_skipping",
+        "completion_tokens",
+        "done",
+        "events",
+    )
 
     def __init__(self) -> None:
         self._partial = b""

@@ -118,7 +118,7 @@ class TelemetryQueue:
         # One last bounded attempt to write what is waiting.
         try:
             await asyncio.wait_for(self.flush_all(), final_flush_timeout)
-        except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - shutdown must not raise
+        except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutdown must not raise
             self.last_error = type(exc).__name__
 
     async def flush_all(self) -> None:
@@ -182,7 +182,7 @@ class TelemetryQueue:
                     self._wake.clear()
                     try:
                         await asyncio.wait_for(self._wake.wait(), remaining)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     if len(self._queue) < self._batch_size and loop.time() < oldest + self._flush_seconds:
                         continue

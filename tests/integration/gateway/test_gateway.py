@@ -216,15 +216,16 @@ class FakeFailingEngine:
         self.status = status
         self.delay = delay
         self.posts = 0
-        self.port = free_port()
+        self.port = 0
         self.server: asyncio.AbstractServer | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> "FakeFailingEngine":
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+    async def start(self) -> FakeFailingEngine:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)  # no free-port race
+        self.port = self.server.sockets[0].getsockname()[1]
         return self
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

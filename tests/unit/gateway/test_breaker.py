@@ -48,7 +48,7 @@ def test_two_consecutive_failures_open_with_capped_exponential_backoff() -> None
     t = 0.1
     waits = []
     for _ in range(8):
-        until = b._circuits[K].open_until  # noqa: SLF001 - reading state in a test
+        until = b._circuits[K].open_until
         waits.append(round(until - t, 6))
         t = until
         assert not b.allows(K, t - 0.01) and b.allows(K, t)

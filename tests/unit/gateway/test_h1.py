@@ -19,7 +19,7 @@ class Server:
         self.answer = answer
         self.delay = delay
         self.close_after_each = close_after_each
-        self.port = free_port()
+        self.port = 0
         self.connections = 0
         self.requests: list[bytes] = []
         self.server: asyncio.AbstractServer | None = None
@@ -69,7 +69,8 @@ async def serve() -> AsyncIterator[Callable[..., Server]]:
 
 
 async def start(s: Server) -> Server:
-    s.server = await asyncio.start_server(s._handle, "127.0.0.1", s.port)
+    s.server = await asyncio.start_server(s._handle, "127.0.0.1", 0)
+    s.port = s.server.sockets[0].getsockname()[1]
     return s
 
 

@@ -74,7 +74,7 @@ def test_oversized_events_are_skipped_and_memory_stays_bounded() -> None:
     big = b'data: {"usage":{"completion_tokens":99},"pad":"' + b"x" * (MAX_EVENT_BYTES * 2) + b'"}\n\n'
     for i in range(0, len(big), 4096):
         p.feed(big[i:i + 4096])
-        assert len(p._partial) <= MAX_EVENT_BYTES  # noqa: SLF001
+        assert len(p._partial) <= MAX_EVENT_BYTES
     p.feed(b'data: {"usage":{"completion_tokens":3}}\n\n')
     p.close()
     assert p.completion_tokens == 3
