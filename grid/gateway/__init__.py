@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: routing, breaker, affinity, telemetry and the proxy app."""
