@@ -45,9 +45,7 @@ from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import (
-    CONTROL_STREAM,
     HOSTS_STREAM,
-    PLAN_SUBJECT,
     PLANS_STREAM,
     REQUESTS_STREAM,
     STREAM_SUBJECTS,
