@@ -493,6 +493,9 @@ class Controller:
                             leader=leader, dirty_revision=self._processed_revision)
         try:
             # forecast + plan (pure)
+            # The positions the input is built from, read with it (no await in between): a
+            # plan's based_on must name exactly what its planner saw, or replay cannot rebuild it.
+            based_on = dict(sorted(self.runner.positions.items()))
             base = inputs_mod.build_planner_input(states, now, demand=(), policy=self.settings.policy)
             t1 = time.perf_counter()
             demand = self._forecast(base)
@@ -506,7 +509,7 @@ class Controller:
             self.last_input, self.last_plan = pin, plan
             # record the plan (lease holder only, CAS on the plan subject)
             if leader:
-                await self._record_plan(plan, pin, now, report)
+                await self._record_plan(plan, pin, now, report, based_on)
             report.generation = self.last_generation
             # reconcile (pure)
             t4 = time.perf_counter()
@@ -537,7 +540,8 @@ class Controller:
         self.ticks.append(report)
         return report
 
-    async def _record_plan(self, plan: Plan, pin: PlannerInput, now: float, report: TickReport) -> None:
+    async def _record_plan(self, plan: Plan, pin: PlannerInput, now: float, report: TickReport,
+                           based_on: dict[str, int]) -> None:
         key = plan_key(plan)
         fresh_enough = (
             self._last_plan_recorded_at is not None
@@ -555,7 +559,7 @@ class Controller:
         event = PlanCreated(
             event_id=f"plan-{self.epoch}-{sequence}-{plan.inputs_digest[:16]}", at=now,
             planner_version=plan.planner_version, generation=generation, epoch=self.epoch, sequence=sequence,
-            inputs_digest=plan.inputs_digest, based_on=dict(sorted(self.runner.positions.items())), now=now,
+            inputs_digest=plan.inputs_digest, based_on=based_on, now=now,
             controller_id=self.controller_id, controller_term=self.lease.term,
             plan=msgspec.Raw(inputs_mod.encode_plan(plan)),
         )
