@@ -6,10 +6,12 @@ sequences start at 1 in each test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats.js.errors
 import pytest
 
 from grid.events.embedded import EmbeddedNats
@@ -39,7 +41,16 @@ async def reset_streams(log: JetStreamLog) -> None:
     except Exception:
         pass
     log._kv.clear()
-    await log.ensure_streams()
+    # The server removes a deleted stream's files asynchronously; re-creating it at once can
+    # fail with "error creating store for stream" (10049) for a moment.
+    for attempt in range(50):
+        try:
+            await log.ensure_streams()
+            return
+        except nats.js.errors.ServerError:
+            if attempt == 49:
+                raise
+            await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -383,14 +383,25 @@ class _DurableSubscription:
         self._sub = sub
         self._buffer: list[Msg] = []
         self._unacked: dict[int, Msg] = {}
+        self._fetch: asyncio.Future[list[Msg]] | None = None
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         if not self._buffer:
+            wait = timeout if timeout is not None else 30.0
+            if self._fetch is None:
+                # One at a time: a larger batch makes nats-py hold the first message until the
+                # batch fills or the timeout passes, delaying commands that are already there.
+                self._fetch = asyncio.ensure_future(self._sub.fetch(1, timeout=wait))
+            # asyncio.wait never swallows our own cancellation (wait_for inside nats-py can,
+            # which would leave a stopping caller hung on a pull that never ends). A pull
+            # abandoned by a cancelled caller stays referenced and is handed back by close().
+            done, _ = await asyncio.wait({self._fetch}, timeout=wait + 1.0)
+            if not done:
+                return None
+            fetch, self._fetch = self._fetch, None
             try:
-                # One at a time: a larger batch makes nats-py hold the first message until the batch
-                # fills or the timeout passes, delaying commands that are already there.
-                self._buffer = list(await self._sub.fetch(1, timeout=timeout if timeout is not None else 30.0))
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                self._buffer = list(fetch.result())
+            except (nats.errors.TimeoutError, asyncio.TimeoutError, asyncio.CancelledError):
                 return None
             if not self._buffer:
                 return None  # the server ended the pull request without messages
@@ -408,7 +419,14 @@ class _DurableSubscription:
 
     async def close(self) -> None:
         # Closing without acking hands the messages back at once instead of after ack_wait.
-        for msg in [*self._unacked.values(), *self._buffer]:
+        fetched: list[Msg] = []
+        if self._fetch is not None:
+            if self._fetch.done() and not self._fetch.cancelled() and self._fetch.exception() is None:
+                fetched = list(self._fetch.result())
+            else:
+                self._fetch.cancel()
+            self._fetch = None
+        for msg in [*self._unacked.values(), *self._buffer, *fetched]:
             try:
                 await msg.nak()
             except nats.errors.Error:

@@ -8,6 +8,7 @@ A corrupt snapshot is quarantined with a warning and the state is rebuilt from t
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -129,18 +130,42 @@ class ProjectionRunner:
 
     async def catch_up(self, log_: EventLog, *, end: dict[str, int] | None = None,
                        progress: Callable[[str, int], None] | None = None) -> int:
-        """Fold everything each stream holds now (or up to `end[stream]`). Returns events folded."""
-        folded = 0
+        """Fold everything each stream holds now (or up to `end[stream]`). Returns events folded.
+
+        Streams are merged by receipt time (ties in STREAM_ORDER), the order a live follower
+        sees: folds that read another projection (demand reads the catalog) then give the same
+        state after a restart as they did live.
+        """
+        iterators: dict[str, Any] = {}
         for stream in self.streams:
             start = self.positions.get(stream, 0) + 1
             stop = None if end is None else end.get(stream)
-            if stop is not None and stop < start:
-                continue
-            async for msg in log_.replay(stream, start_seq=start, end_seq=stop):
+            if stop is None or stop >= start:
+                iterators[stream] = log_.replay(stream, start_seq=start, end_seq=stop).__aiter__()
+        rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
+        heap: list[tuple[float, int, int, StoredMessage]] = []
+
+        async def pull(stream: str) -> None:
+            try:
+                msg = await iterators[stream].__anext__()
+            except StopAsyncIteration:
+                return
+            heapq.heappush(heap, (msg.time, rank[stream], msg.seq, msg))
+
+        folded = 0
+        try:
+            for stream in iterators:
+                await pull(stream)
+            while heap:
+                msg = heapq.heappop(heap)[3]
                 self.fold(msg)
                 folded += 1
                 if progress is not None:
-                    progress(stream, msg.seq)
+                    progress(msg.stream, msg.seq)
+                await pull(msg.stream)
+        finally:
+            for it in iterators.values():
+                await it.aclose()
         if folded:
             self.changed.set()
         return folded
