@@ -258,29 +258,29 @@ class JetStreamLog:
             return
         sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
         # Iterate the subscription's message iterator: next_msg() spawns a task per message and
-        # wait_for() another, which cost more than decoding and folding the event. One idle
-        # deadline, pushed forward per message, ends a window whose tail has gone.
+        # wait_for() another, which cost more than decoding and folding the event. A deadline is
+        # armed only when the queue is empty (when we would block), so the tail of a window
+        # whose last message has gone ends the replay instead of hanging it.
         messages = sub.messages.__aiter__()
-        loop = asyncio.get_running_loop()
+        pending = sub._pending_queue
         try:
-            async with asyncio.timeout(None) as idle:
-                while True:
-                    idle.reschedule(loop.time() + self._timeout)
-                    try:
+            while True:
+                try:
+                    if pending.empty():
+                        async with asyncio.timeout(self._timeout):
+                            msg = await messages.__anext__()
+                    else:
                         msg = await messages.__anext__()
-                    except StopAsyncIteration:
-                        return
-                    seq, ts, _ = parse_js_reply(msg.reply)
-                    if seq > stop or (end_time is not None and ts > end_time):
-                        return
-                    headers = msg.headers
-                    idle.reschedule(None)  # the caller's own time between messages is not idle time
-                    yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
-                                        headers.get("Nats-Msg-Id") if headers else None)
-                    if seq >= stop:
-                        return
-        except TimeoutError:
-            return  # nothing (more) in the window, e.g. a start time after the last message
+                except (TimeoutError, StopAsyncIteration):
+                    return
+                seq, ts, _ = parse_js_reply(msg.reply)
+                if seq > stop or (end_time is not None and ts > end_time):
+                    return
+                headers = msg.headers
+                yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
+                                    headers.get("Nats-Msg-Id") if headers else None)
+                if seq >= stop:
+                    return
         finally:
             await sub.unsubscribe()
 
