@@ -1,22 +1,21 @@
 """Follow the log and batch-insert events into DuckDB (never row-by-row executemany).
 
-Each batch is written as NDJSON to a private temp file and inserted with one
-``INSERT OR IGNORE ... SELECT FROM read_json`` per table: primary keys on (stream, seq[, idx])
-make re-running the sink over the same window a no-op. Positions are stored in the same
+Each batch is handed to DuckDB as an Arrow table per target table and inserted with one
+``INSERT OR IGNORE ... SELECT``: primary keys on (stream, seq[, idx]) make re-running the sink
+over the same window a no-op. Positions are stored in the same
 transaction as the rows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import msgspec
+import pyarrow as pa
 
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
@@ -31,6 +30,10 @@ from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
 
 BATCH_ROWS = 20_000
+_ARROW_TYPES = {
+    "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+}
 _encoder = msgspec.json.Encoder()
 
 
@@ -52,7 +55,6 @@ class AnalyticsSink:
         self._pending_positions: dict[str, int] = {}
         self.rows_written = 0
         self.malformed = 0
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="grid-sink-"))
 
     def positions(self) -> dict[str, int]:
         return dict(self.con.execute("SELECT stream, seq FROM sink_positions").fetchall())
@@ -142,19 +144,18 @@ class AnalyticsSink:
         return written
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
-        # Columnar hand-off: one JSON object of per-column arrays (a single encoder call), which
-        # DuckDB unnests in lockstep. Far cheaper than a dict per row or executemany.
+        # Columnar hand-off as an Arrow table built from per-column lists (C-speed conversion),
+        # which DuckDB scans in place: far cheaper than executemany or a text round trip.
         columns = TABLES[table][0]
         names = [c for c, _ in columns]
-        path = self._tmpdir / f"{table}.json"
-        with open(path, "wb") as f:
-            f.write(_encoder.encode(dict(zip(names, zip(*rows)))))
-        spec = ", ".join(f"'{c}': '{ty}[]'" for c, ty in columns)
-        self.con.execute(
-            f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) "
-            f"SELECT {', '.join(f'unnest({c})' for c in names)} "
-            f"FROM read_json('{path}', format='unstructured', columns={{{spec}}}, maximum_object_size=2147483647)"
-        )
+        arrays = [pa.array(list(col), type=_ARROW_TYPES[ty]) for col, (_, ty) in zip(zip(*rows), columns)]
+        self.con.register("_grid_batch", pa.Table.from_arrays(arrays, names=names))
+        try:
+            self.con.execute(
+                f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) SELECT {', '.join(names)} FROM _grid_batch"
+            )
+        finally:
+            self.con.unregister("_grid_batch")
 
     # --- driving ---------------------------------------------------------------------------
 
@@ -206,9 +207,5 @@ class AnalyticsSink:
             self.flush()
 
     def close(self) -> None:
-        for p in self._tmpdir.glob("*"):
-            p.unlink(missing_ok=True)
-        try:
-            os.rmdir(self._tmpdir)
-        except OSError:
-            pass
+        """Flush what is pending. The connection belongs to the caller."""
+        self.flush()
