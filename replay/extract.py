@@ -21,7 +21,6 @@ incomplete prefix: allowed, but reported as a warning, because state folded befo
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import collections
 import os
@@ -33,10 +32,9 @@ from typing import Any, Protocol
 import msgspec
 
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog, parse_js_reply
 from grid.events.log import EventLog, StoredMessage
 from grid.events.requests import RequestBatch, RequestFeatures
-from grid.events.subjects import ALL_STREAMS, PLANS_STREAM, STREAM_SUBJECTS
+from grid.events.subjects import ALL_STREAMS, PLANS_STREAM
 from grid.projections.runner import ReplayError
 
 SOURCE_KINDS: tuple[str, ...] = ("jetstream", "file", "duckdb")
@@ -220,83 +218,6 @@ class _LogReader:
             self._sub = None
 
 
-class _JetStreamReader:
-    """An ordered push consumer (nats-py) iterated directly: no task per message."""
-
-    def __init__(self, log: Any, stream: str, start_seq: int, last: int) -> None:
-        self.stream = stream
-        self._log = log
-        self._start = max(1, start_seq)
-        self._last = last
-        self._sub: Any = None
-        self._messages: Any = None
-        self._buffered: StoredMessage | None = None
-        self._done = False
-
-    async def _open(self) -> None:
-        from nats.js import api
-
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._start)
-        self._sub = await self._log.client.jetstream().subscribe(
-            STREAM_SUBJECTS[self.stream][0], stream=self.stream, ordered_consumer=True, config=config,
-            pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30,
-        )
-        self._messages = self._sub.messages.__aiter__()
-
-    async def take(self, end_seq: int) -> AsyncIterator[StoredMessage]:
-        if self._done:
-            return
-        buffered = self._buffered
-        if buffered is not None:
-            if buffered.seq > end_seq:
-                return
-            self._buffered = None
-            yield buffered
-            if buffered.seq >= end_seq:
-                return
-        stop = min(end_seq, self._last)
-        if self._sub is None:
-            if self._start > stop:
-                return
-            await self._open()
-        messages = self._messages
-        pending = self._sub._pending_queue
-        stream = self.stream
-        while True:
-            if pending.empty():
-                # The server said more messages exist (pending > 0 on the last one), so this wait
-                # is bounded; the timeout only guards against a consumer that stalls for good.
-                try:
-                    async with asyncio.timeout(LOG_READ_TIMEOUT_SECONDS):
-                        msg = await messages.__anext__()
-                except (TimeoutError, StopAsyncIteration):
-                    self._done = True
-                    return
-            else:
-                msg = await messages.__anext__()
-            seq, ts, left = parse_js_reply(msg.reply)
-            headers = msg.headers
-            stored = StoredMessage(stream, seq, msg.subject, msg.data, ts,
-                                   headers.get("Nats-Msg-Id") if headers else None)
-            if seq > end_seq:
-                self._buffered = stored
-                return
-            yield stored
-            if seq >= self._last or left == 0:
-                self._done = True  # nothing at or before the last sequence is left to deliver
-                return
-            if seq >= stop:
-                return
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:  # the connection may be closing already
-                pass
-            self._sub = None
-
-
 class LogSource:
     """Replay straight from the log: one ordered consumer per stream, advanced plan by plan."""
 
@@ -331,10 +252,7 @@ class LogSource:
         return None
 
     async def reader(self, stream: str, start_seq: int = 1) -> StreamReader:
-        last = await self._last_seq(stream)
-        if isinstance(self.log, JetStreamLog):
-            return _JetStreamReader(self.log, stream, start_seq, last)
-        return _LogReader(self, stream, start_seq, last)
+        return _LogReader(self, stream, start_seq, await self._last_seq(stream))
 
     async def close(self) -> None:
         return None

@@ -350,11 +350,17 @@ class _OrderedSubscription:
     def __init__(self, stream: str, sub: Any) -> None:
         self._stream = stream
         self._sub = sub
+        # The message iterator, not next_msg(): that spawns a task per message (see replay()).
+        self._messages = sub.messages.__aiter__()
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         try:
-            msg = await self._sub.next_msg(timeout=timeout if timeout is not None else 3600 * 24 * 365)
-        except nats.errors.TimeoutError:
+            if self._sub._pending_queue.empty():
+                async with asyncio.timeout(timeout):
+                    msg = await self._messages.__anext__()
+            else:
+                msg = await self._messages.__anext__()
+        except (TimeoutError, StopAsyncIteration):
             return None
         return _stored(self._stream, msg)
 
