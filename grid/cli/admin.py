@@ -267,7 +267,13 @@ def model_set(
         console.print(f"profile {model_id} set (log seq {data.get('seq')})")
 
 
-def _model_rm(model_id: str, json_out: bool, admin: str | None, token_file: Path | None) -> None:
+def model_rm(
+    model_id: str = typer.Argument(...),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Retire a model profile: a durable tombstone drains managed copies to zero."""
     url = admin_url(admin)
     data = request("DELETE", url, f"/allocator/models/{model_id}", token=operator_token(token_file))
     if json_out:
@@ -276,26 +282,8 @@ def _model_rm(model_id: str, json_out: bool, admin: str | None, token_file: Path
         console.print(f"profile {model_id} retired: managed copies will be drained (log seq {data.get('seq')})")
 
 
-@model_app.command("rm")
-def model_rm(
-    model_id: str = typer.Argument(...),
-    json_out: bool = JsonOption,
-    admin: Optional[str] = AdminOption,
-    token_file: Optional[Path] = TokenFileOption,
-) -> None:
-    """Retire a model profile: a durable tombstone drains managed copies to zero."""
-    _model_rm(model_id, json_out, admin, token_file)
-
-
-@model_app.command("remove")
-def model_remove(
-    model_id: str = typer.Argument(...),
-    json_out: bool = JsonOption,
-    admin: Optional[str] = AdminOption,
-    token_file: Optional[Path] = TokenFileOption,
-) -> None:
-    """Alias of `model rm`."""
-    _model_rm(model_id, json_out, admin, token_file)
+model_app.command("rm")(model_rm)
+model_app.command("remove", help="Alias of `model rm`.")(model_rm)
 
 
 # --- mode / tick --------------------------------------------------------------------------------

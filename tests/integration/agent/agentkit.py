@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache
+from grid.agent.sensors import FixedSensors
+from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
 from grid.events import codec
 from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
@@ -107,3 +110,22 @@ def seed_cache(config: GridConfig, gguf: Path, model_ids: tuple[str, ...] = (BUN
             shutil.copyfile(gguf, target)
     for model_id in model_ids:
         cache.register(model_id, BUNDLED_SHA256, target.stat().st_size)
+
+
+@contextlib.asynccontextmanager
+async def agent_factory(log: JetStreamLog, config: GridConfig, **defaults: Any) -> AsyncIterator[Callable[..., Awaitable[HostAgent]]]:
+    """Start agents on demand with test defaults (overridable per call); stop them all after."""
+    agents: list[HostAgent] = []
+
+    async def factory(sensors: FixedSensors | None = None, **overrides: Any) -> HostAgent:
+        options = AgentOptions(**{"host_id": HOST, **defaults, **overrides})
+        agent = HostAgent(log, config, options, sensor_source=sensors or FixedSensors())
+        await agent.start()
+        agents.append(agent)
+        return agent
+
+    try:
+        yield factory
+    finally:
+        for agent in agents:
+            await agent.stop(drain=True)

