@@ -20,8 +20,8 @@ import time
 from grid.events import codec
 from grid.events.control import ModelProfile
 from grid.events.requests import WORKLOADS, RequestBatch, RequestFeatures
-from grid.planner.forecast import forecast
-from grid.projections import demand as dm
+from grid.demand.forecast import forecast
+from grid.demand import fold as dm
 
 BS = 60.0
 T0 = 1_800_000_000.0 - (1_800_000_000.0 % BS)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grid.events.control import ModelProfile
-from grid.planner import forecast as forecast_mod
+from grid.demand import forecast as forecast_mod
 from grid.planner import plan as plan_module
 from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy, TimingSample
 from grid.projections import catalog as catalog_proj

@@ -125,7 +125,7 @@ class TickReport(msgspec.Struct, kw_only=True):
 
 def _demand_spec() -> ProjectionSpec | None:
     try:
-        from grid.projections import demand as demand_proj
+        from grid.demand import fold as demand_proj
     except ImportError:
         return None
 

@@ -12,7 +12,7 @@ from typing import Union
 
 import msgspec
 
-from grid.planner.workload import CHARS_PER_UNIT, SCAN_CHARS
+from grid.demand.workload import CHARS_PER_UNIT, SCAN_CHARS
 
 MAX_MODEL_ID_CHARS = 256
 MAX_TOKENS_BOUND = 10_000_000

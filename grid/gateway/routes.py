@@ -39,7 +39,7 @@ from grid.gateway.responses import (
 )
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.upstream import response_headers
-from grid.planner.workload import classify
+from grid.demand.workload import classify
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]

@@ -1,1 +1,1 @@
-"""Pure planning: feasibility, scoring, placement, preemption, forecast, explanation."""
+"""Pure placement: feasibility, scoring, placement, preemption, repair, explanation."""

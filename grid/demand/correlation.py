@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from grid.projections.demand import DemandState
+from grid.demand.fold import DemandState
 
 MIN_SUPPORT = 3
 THRESHOLD = 0.70

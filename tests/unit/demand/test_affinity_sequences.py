@@ -1,11 +1,11 @@
 import pytest
 
 from grid.events.codec import encode_value
-from grid.planner import affinity as af
-from grid.planner.forecast import GATE_SEQUENCE, forecast
-from grid.projections import demand as dm
+from grid.demand import affinity as af
+from grid.demand.forecast import GATE_SEQUENCE, forecast
+from grid.demand import fold as dm
 
-from tests.unit.forecast.fc_helpers import T0, at, auto, fold, profile, target, wrow
+from tests.unit.demand.fc_helpers import T0, at, auto, fold, profile, target, wrow
 
 CONF = frozenset({"painter", "animator"})
 CATALOG = [

@@ -4,14 +4,14 @@ import pytest
 
 from grid.events.codec import encode_value
 from grid.events.requests import RequestFeatures
-from grid.planner.forecast import (
+from grid.demand.forecast import (
     REASON_BASELINE, REASON_ERRORS, REASON_HOLD, REASON_LATENCY, REASON_LOOKAHEAD, REASON_MAX,
     REASON_QUEUE, Forecast, forecast,
 )
 from grid.planner.types import DemandTarget, PlannerInput, TimingSample
-from grid.projections import demand as dm
+from grid.demand import fold as dm
 
-from tests.unit.forecast.fc_helpers import BS, T0, at, auto, feed, fold, profile, rec, row, target
+from tests.unit.demand.fc_helpers import BS, T0, at, auto, feed, fold, profile, rec, row, target
 
 CONF = frozenset({"a", "b", "c"})
 

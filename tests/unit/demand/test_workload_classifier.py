@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from grid.events.requests import WORKLOADS
-from grid.planner.workload import SCAN_CHARS, Classification, classify, input_units
+from grid.demand.workload import SCAN_CHARS, Classification, classify, input_units
 
 
 def test_embeddings_endpoint_is_embedding_whatever_the_text():

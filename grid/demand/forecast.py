@@ -28,7 +28,7 @@ Direct demand (named-model requests), per model:
   EWMA tail never keeps a model loaded past its cooldown.
 
 Workload demand (automatic traffic) is projected onto the exploitation leader: the configured
-model with the best workload score adjusted by measured outcomes (:mod:`grid.planner.outcomes`),
+model with the best workload score adjusted by measured outcomes (:mod:`grid.demand.outcomes`),
 a ready model winning exact ties. When the optimism bonus ranks a different, less proven model
 first, that model is an exploration option; the forecast spends at most one exploration canary
 (one replica, ``explore:<workload>``) on the workload with the most projected concurrency. Admission needs three
@@ -37,8 +37,8 @@ concurrency gate, without a fresh validated success of that model/workload/artif
 without direct demand, is weak evidence capped at a one-replica canary. The workload queue is
 not added to the model's projected concurrency (it has not been served by that model).
 
-Correlation (:mod:`grid.planner.correlation`) and affinity sequences
-(:mod:`grid.planner.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
+Correlation (:mod:`grid.demand.correlation`) and affinity sequences
+(:mod:`grid.demand.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
 Everything is bounded by ``[min_replicas, max(max_replicas, min_replicas)]``.
 """
 
@@ -50,13 +50,13 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from grid.events.control import ModelProfile
-from grid.planner import affinity as affinity_mod
-from grid.planner import correlation as correlation_mod
-from grid.planner import outcomes as outcomes_mod
-from grid.planner.affinity import SequenceEdge, SequencePrediction
-from grid.planner.correlation import CorrelationEdge
+from grid.demand import affinity as affinity_mod
+from grid.demand import correlation as correlation_mod
+from grid.demand import outcomes as outcomes_mod
+from grid.demand.affinity import SequenceEdge, SequencePrediction
+from grid.demand.correlation import CorrelationEdge
 from grid.planner.types import DemandTarget, Harm, TimingSample, Value
-from grid.projections.demand import Bucket, DemandState, Series, percentile_ms
+from grid.demand.fold import Bucket, DemandState, Series, percentile_ms
 
 FORECAST_VERSION = "forecast-1"
 

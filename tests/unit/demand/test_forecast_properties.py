@@ -5,11 +5,11 @@ from hypothesis import strategies as st
 
 from grid.events.codec import encode_value
 from grid.events.requests import WORKLOADS, RequestFeatures
-from grid.planner import affinity as af
-from grid.planner.forecast import forecast
-from grid.projections import demand as dm
+from grid.demand import affinity as af
+from grid.demand.forecast import forecast
+from grid.demand import fold as dm
 
-from tests.unit.forecast.fc_helpers import BS, T0, batch, profile
+from tests.unit.demand.fc_helpers import BS, T0, batch, profile
 
 CONFIGURED = ("a", "b", "c", "d")
 NAMES = CONFIGURED + ("auto", "junk-1", "junk-2", "")

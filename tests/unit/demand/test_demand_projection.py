@@ -6,10 +6,10 @@ import pytest
 from grid.events.codec import encode_value
 from grid.events.control import ModeSet
 from grid.events.requests import RequestBatch, RequestFeatures
-from grid.projections import demand as dm
-from grid.projections.demand import DemandState, bucket_offered, percentile_ms
+from grid.demand import fold as dm
+from grid.demand.fold import DemandState, bucket_offered, percentile_ms
 
-from tests.unit.forecast.fc_helpers import BS, T0, at, auto, completed, failed, fold, rec
+from tests.unit.demand.fc_helpers import BS, T0, at, auto, completed, failed, fold, rec
 
 CONF = frozenset({"a", "b"})
 

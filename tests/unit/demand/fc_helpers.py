@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from grid.events.control import ModelProfile
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed, RequestFeatures
-from grid.projections import demand as demand_mod
-from grid.projections.demand import DemandState
+from grid.demand import fold as demand_mod
+from grid.demand.fold import DemandState
 
 BS = 60.0
 # A bucket-aligned origin far from zero so negative offsets stay valid.

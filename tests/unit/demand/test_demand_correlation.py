@@ -1,10 +1,10 @@
 import pytest
 
-from grid.planner import correlation as cor
-from grid.planner.forecast import forecast
-from grid.projections import demand as dm
+from grid.demand import correlation as cor
+from grid.demand.forecast import forecast
+from grid.demand import fold as dm
 
-from tests.unit.forecast.fc_helpers import BS, at, feed, fold, profile, rec, row, target
+from tests.unit.demand.fc_helpers import BS, at, feed, fold, profile, rec, row, target
 
 MODELS = [f"m{i}" for i in range(40)] + ["a", "b", "c", "t"]
 CONF = frozenset(MODELS)

@@ -11,8 +11,8 @@ buckets of ``bucket_seconds`` (default 60 s) keyed by the log receipt time, keep
 * Workload demand: requests routed by model ``auto`` (``features.auto``) count per workload
   class of the vocabulary, never as direct demand for the model the router happened to pick.
 * Outcome evidence: every served request of a configured ``served_model`` (auto or not) is
-  folded into :mod:`grid.planner.outcomes`, keyed by (model, workload, artifact sha256).
-* Affinity sequences: records carrying ``affinity`` feed :mod:`grid.planner.affinity`.
+  folded into :mod:`grid.demand.outcomes`, keyed by (model, workload, artifact sha256).
+* Affinity sequences: records carrying ``affinity`` feed :mod:`grid.demand.affinity`.
 
 Each bucket holds counts, errors, capacity-class errors, summed service and queue seconds,
 reported queue depth, and a bounded logarithmic latency histogram (4 bins per doubling of
@@ -33,10 +33,10 @@ import msgspec
 
 from grid.events.base import Event
 from grid.events.requests import WORKLOADS, RequestBatch, RequestCompleted, RequestFailed
-from grid.planner import affinity as affinity_mod
-from grid.planner import outcomes as outcomes_mod
-from grid.planner.affinity import AffinityState
-from grid.planner.outcomes import Outcomes
+from grid.demand import affinity as affinity_mod
+from grid.demand import outcomes as outcomes_mod
+from grid.demand.affinity import AffinityState
+from grid.demand.outcomes import Outcomes
 
 DEFAULT_BUCKET_SECONDS = 60.0
 DEFAULT_MAX_BUCKETS = 60

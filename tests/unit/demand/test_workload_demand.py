@@ -1,12 +1,12 @@
 import pytest
 
-from grid.planner import outcomes as oc
-from grid.planner.forecast import (
+from grid.demand import outcomes as oc
+from grid.demand.forecast import (
     GATE_CONCURRENCY, GATE_OBSERVATIONS, REASON_CANARY, WORKLOAD_BELOW_GATE, forecast,
 )
-from grid.projections import demand as dm
+from grid.demand import fold as dm
 
-from tests.unit.forecast.fc_helpers import T0, at, auto, fold, profile, rec, row, target, wrow
+from tests.unit.demand.fc_helpers import T0, at, auto, fold, profile, rec, row, target, wrow
 
 CONF = frozenset({"coder", "generalist", "painter", "video"})
 DAY = 86_400.0
