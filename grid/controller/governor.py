@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
 from grid.projections.actions import ActionRecord
 
 # Terminal statuses that count as a failed attempt for backoff. "cancelled" is our own
@@ -37,7 +38,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_seconds: float = 900.0
     # A host silent for longer than this is stale: no new work, and its open commands stop
     # consuming the global budget (they still hold that host's slots).
-    heartbeat_timeout_seconds: float = 30.0
+    heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
     # A heartbeat received this far in the future (log clock skew) is not trusted.
     future_skew_seconds: float = 5.0
 

@@ -33,6 +33,11 @@ Rules, in the order they are applied:
 * Stable ids: sha256(kind|host|model|artifact sha|basis) where basis is the log sequence of the
   last finished or withdrawn command for the same intent, so a retried tick reproduces the same
   id (Nats-Msg-Id dedupes it) while a genuinely new lifecycle gets a new one (invariant 9).
+
+`reconcile()` builds a `Reconciler` (one method per phase, in the order above) and runs it. The
+file is longer than our usual 600 lines on purpose: the result types, the rules above and the
+phase methods that apply them read top to bottom in one place, and every phase shares the
+per-tick indexes the constructor builds.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import msgspec
 
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
+from grid.fleet import ADMITTING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
 from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, Preemption, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
 from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
@@ -99,8 +105,6 @@ WITHDRAW_MODE = "left_automatic_mode"
 BLOCKED_WITHDRAWN_DESTRUCTIVE = "withdrawn_destructive_unconfirmed"
 
 SERVING_STATES = frozenset({"warming", "ready", "draining", "unloading", "failed"})
-ROUTABLE_HOST_STATES = frozenset({"accepting", "throttled"})
-_STATE_RANK = {"ready": 7, "warming": 6, "loading": 5, "draining": 4, "unloading": 3, "failed": 2, "cached": 1}
 
 
 class Guards(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,6 +208,10 @@ class _HostModel:
         self.foreign: ResidencyView | None = None
 
 
+def _rank(r: ResidencyView) -> int:
+    return RESIDENCY_STATE_RANK.get(r.state, 0)
+
+
 def _index_residencies(host: HostSnapshot) -> dict[str, _HostModel]:
     out: dict[str, _HostModel] = {}
     for r in host.residencies:
@@ -211,20 +219,19 @@ def _index_residencies(host: HostSnapshot) -> dict[str, _HostModel]:
         if hm is None:
             hm = out[r.model_id] = _HostModel()
         if r.managed and not r.pinned:
-            if hm.managed is None or _STATE_RANK.get(r.state, 0) > _STATE_RANK.get(hm.managed.state, 0):
+            if hm.managed is None or _rank(r) > _rank(hm.managed):
                 hm.managed = r
         else:
-            if hm.foreign is None or _STATE_RANK.get(r.state, 0) > _STATE_RANK.get(hm.foreign.state, 0):
+            if hm.foreign is None or _rank(r) > _rank(hm.foreign):
                 hm.foreign = r
     return out
 
 
 def _fresh(host: HostSnapshot | None, now: float, limits: Limits) -> bool:
-    if host is None or host.heartbeat_at is None:
-        return False
-    if host.heartbeat_at > now + limits.future_skew_seconds:
-        return False
-    return now - host.heartbeat_at <= limits.heartbeat_timeout_seconds
+    at = host.heartbeat_at if host is not None else None
+    # grid.fleet leaves future skew to its callers: the reconciler does not trust a heartbeat
+    # received further in the future than the allowed log clock skew.
+    return heartbeat_fresh(at, now, limits) and at <= now + limits.future_skew_seconds  # type: ignore[operator]
 
 
 def _sha_ok(r: ResidencyView, profile: ModelProfile | None) -> bool:
@@ -283,111 +290,177 @@ def reconcile(
     limits: Limits = Limits(),
     guards: Guards = Guards(),
 ) -> ReconcileResult:
-    retired_set = frozenset(retired) - frozenset(profiles)
-    hosts_by_id = {h.host_id: h for h in hosts}
-    fresh = {h.host_id: _fresh(h, now, limits) for h in hosts}
-    residencies = {h.host_id: _index_residencies(h) for h in hosts}
+    """The lifecycle actions that move `hosts` toward `plan` at `now` (pure)."""
+    return Reconciler(
+        plan, hosts, history, profiles, now, retired=retired, mode=mode, limits=limits, guards=guards,
+    ).run()
 
-    desired: dict[tuple[str, str], Placement] = {}
-    desired_by_model: dict[str, list[Placement]] = {}
-    for p in sorted(plan.placements, key=lambda p: (p.model_id, p.host_id)):
-        if (p.host_id, p.model_id) in desired:
-            continue
-        desired[(p.host_id, p.model_id)] = p
-        desired_by_model.setdefault(p.model_id, []).append(p)
-    victims: dict[tuple[str, str], Preemption] = {}
-    beneficiaries: dict[tuple[str, str], Preemption] = {}
-    for pre in sorted(plan.preemptions, key=lambda x: (x.host_id, x.victim_model, x.beneficiary_model)):
-        victims.setdefault((pre.host_id, pre.victim_model), pre)
-        beneficiaries.setdefault((pre.host_id, pre.beneficiary_model), pre)
-    shortfall_models = frozenset(s.model_id for s in plan.shortfalls if s.wanted > s.placed)
-    evidence_rank = {e.model_id: EVIDENCE_ORDER.get(e.evidence, 1) for e in plan.explanations}
-    # Eligible hosts per model when the explanation lists them completely (it may be bounded).
-    explained_hosts = {
-        e.model_id: frozenset(e.eligible_hosts)
-        for e in plan.explanations
-        if getattr(e, "eligible_count", 0) <= len(e.eligible_hosts)
-    }
 
-    def hm_of(host_id: str, model_id: str) -> _HostModel | None:
-        return residencies.get(host_id, {}).get(model_id)
+class Reconciler:
+    """One reconciliation, in the shape of Nomad's allocReconciler.
 
-    def ready_at(host_id: str, model_id: str) -> bool:
-        host = hosts_by_id.get(host_id)
-        if host is None or not fresh[host_id] or host.state not in ROUTABLE_HOST_STATES:
+    The constructor indexes the inputs once (plan, fleet, action history); each phase method
+    reads those indexes and fills the result buckets. `run()` applies the phases in the order
+    of the rules in the module docstring, and that order is behaviour: the destructive guard and
+    the withdrawals decide what later phases see as blocked or still open, open commands hold
+    their governor slots before any candidate is admitted, and availability candidates are
+    gathered before destructive ones so equal sort keys keep their order. Single use.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        hosts: Sequence[HostSnapshot],
+        history: ActionsState,
+        profiles: Mapping[str, ModelProfile],
+        now: float,
+        *,
+        retired: Iterable[str] = (),
+        mode: str = "recommend",
+        limits: Limits = Limits(),
+        guards: Guards = Guards(),
+    ) -> None:
+        self.hosts = hosts
+        self.profiles = profiles
+        self.now = now
+        self.mode = mode
+        self.limits = limits
+        self.guards = guards
+        self.retired = frozenset(retired) - frozenset(profiles)
+        self.hosts_by_id = {h.host_id: h for h in hosts}
+        self.fresh = {h.host_id: _fresh(h, now, limits) for h in hosts}
+        self.residencies = {h.host_id: _index_residencies(h) for h in hosts}
+        self._index_plan(plan)
+        self._index_history(history)
+
+        # The result buckets, filled by the phases.
+        self.deferred: list[Deferral] = []
+        self.ignored: list[Ignored] = []
+        self.withdrawals: list[Withdrawal] = []
+        self.withdrawn_now: set[str] = set()
+        self.blocked: dict[str, list[str]] = {}
+        self.cleared: list[str] = []
+        self.in_flight: list[str] = []
+        self.candidates: list[_Candidate] = []
+        self.actions: list[Action] = []
+        self.satisfied = 0
+        self.gov = Governor(limits)
+        # Open commands by (kind, host, model) minus this tick's withdrawals (set by phase 3).
+        self.open_intents: dict[tuple[str, str, str], ActionRecord] = {}
+        # Replica round per model: spreads one model's missing replicas across service order.
+        self._round_of: dict[str, int] = {}
+
+    def run(self) -> ReconcileResult:
+        self.guard_withdrawn_destructive()
+        self.withdraw_unsafe_destructive()
+        self.withdraw_stale_availability()
+        self.charge_open_commands()
+        self.place_missing_replicas()
+        self.prefetch_for_preemptions()
+        self.release_obsolete()
+        self.slot_candidates()
+        return self.result()
+
+    # --- indexes --------------------------------------------------------------------------------
+
+    def _index_plan(self, plan: Plan) -> None:
+        self.desired: dict[tuple[str, str], Placement] = {}
+        self.desired_by_model: dict[str, list[Placement]] = {}
+        for p in sorted(plan.placements, key=lambda p: (p.model_id, p.host_id)):
+            if (p.host_id, p.model_id) in self.desired:
+                continue
+            self.desired[(p.host_id, p.model_id)] = p
+            self.desired_by_model.setdefault(p.model_id, []).append(p)
+        self.victims: dict[tuple[str, str], Preemption] = {}
+        self.beneficiaries: dict[tuple[str, str], Preemption] = {}
+        for pre in sorted(plan.preemptions, key=lambda x: (x.host_id, x.victim_model, x.beneficiary_model)):
+            self.victims.setdefault((pre.host_id, pre.victim_model), pre)
+            self.beneficiaries.setdefault((pre.host_id, pre.beneficiary_model), pre)
+        self.shortfall_models = frozenset(s.model_id for s in plan.shortfalls if s.wanted > s.placed)
+        self.evidence_rank = {e.model_id: EVIDENCE_ORDER.get(e.evidence, 1) for e in plan.explanations}
+        # Eligible hosts per model when the explanation lists them completely (it may be bounded).
+        self.explained_hosts = {
+            e.model_id: frozenset(e.eligible_hosts)
+            for e in plan.explanations
+            if getattr(e, "eligible_count", 0) <= len(e.eligible_hosts)
+        }
+        self.all_desired_ready: dict[str, bool] = {
+            m: all(self._ready_at(p.host_id, m) for p in ps) for m, ps in self.desired_by_model.items()
+        }
+
+    def _index_history(self, history: ActionsState) -> None:
+        records = sorted(history.actions.values(), key=lambda r: r.issued_seq)
+        self.open_records = [r for r in records if r.terminal_at is None]
+        # Log sequence of the last finished or withdrawn command per intent and artifact.
+        self.basis: dict[tuple[str, str, str, str], int] = {}
+        self.last_success: dict[tuple[str, str, str], float] = {}
+        self.open_by_intent: dict[tuple[str, str, str], ActionRecord] = {}
+        for r in records:
+            cmd = r.command
+            if r.terminal_at is not None or r.withdrawn:
+                key4 = (cmd.kind, cmd.host_id, cmd.model_id, (cmd.artifact_sha256 or "").lower())
+                self.basis[key4] = max(self.basis.get(key4, 0), r.issued_seq)
+            if r.terminal_at is not None and r.status == "succeeded":
+                key3 = (cmd.kind, cmd.host_id, cmd.model_id)
+                self.last_success[key3] = max(self.last_success.get(key3, 0.0), r.terminal_at)
+            if r.terminal_at is None and not r.withdrawn:
+                self.open_by_intent.setdefault((cmd.kind, cmd.host_id, cmd.model_id), r)
+        self.backoffs = backoff_index(self.limits, records)
+
+    def _hm_of(self, host_id: str, model_id: str) -> _HostModel | None:
+        return self.residencies.get(host_id, {}).get(model_id)
+
+    def _ready_at(self, host_id: str, model_id: str) -> bool:
+        host = self.hosts_by_id.get(host_id)
+        if host is None or not self.fresh[host_id] or host.state not in ADMITTING_HOST_STATES:
             return False
-        hm = hm_of(host_id, model_id)
+        hm = self._hm_of(host_id, model_id)
         if hm is None:
             return False
-        profile = profiles.get(model_id)
+        profile = self.profiles.get(model_id)
         return any(r is not None and r.state == "ready" and _sha_ok(r, profile) for r in (hm.managed, hm.foreign))
 
-    all_desired_ready: dict[str, bool] = {
-        m: all(ready_at(p.host_id, m) for p in ps) for m, ps in desired_by_model.items()
-    }
+    def _observed_after(self, host_id: str, at: float) -> bool:
+        """A heartbeat from `host_id` was received after `at`."""
+        host = self.hosts_by_id.get(host_id)
+        return host is not None and host.heartbeat_at is not None and host.heartbeat_at > at
 
-    # --- index the action history once -------------------------------------------------------
-    records = sorted(history.actions.values(), key=lambda r: r.issued_seq)
-    open_records = [r for r in records if r.terminal_at is None]
-    basis: dict[tuple[str, str, str, str], int] = {}
-    last_success: dict[tuple[str, str, str], float] = {}
-    open_by_intent: dict[tuple[str, str, str], ActionRecord] = {}
-    for r in records:
+    # --- 1. the withdrawn-destructive guard -------------------------------------------------------
+
+    def guard_withdrawn_destructive(self) -> None:
+        """A withdrawn drain/unload the node may be running blocks its model until proven done."""
+        for r in self.open_records:
+            cmd = r.command
+            if not r.withdrawn or cmd.kind not in DESTRUCTIVE_KINDS:
+                continue
+            if cmd.action_id in self.guards.cleared_withdrawals:
+                continue
+            if self._observed_after(cmd.host_id, r.issued_at) and _postcondition(
+                cmd.kind, self._hm_of(cmd.host_id, cmd.model_id)
+            ):
+                self.cleared.append(cmd.action_id)
+                continue
+            self.blocked.setdefault(cmd.model_id, []).append(cmd.action_id)
+
+    # --- 2. re-validate open commands -------------------------------------------------------------
+
+    def _destructive_unsafe(self, r: ActionRecord) -> bool:
         cmd = r.command
-        if r.terminal_at is not None or r.withdrawn:
-            key4 = (cmd.kind, cmd.host_id, cmd.model_id, (cmd.artifact_sha256 or "").lower())
-            basis[key4] = max(basis.get(key4, 0), r.issued_seq)
-        if r.terminal_at is not None and r.status == "succeeded":
-            key3 = (cmd.kind, cmd.host_id, cmd.model_id)
-            last_success[key3] = max(last_success.get(key3, 0.0), r.terminal_at)
-        if r.terminal_at is None and not r.withdrawn:
-            open_by_intent.setdefault((cmd.kind, cmd.host_id, cmd.model_id), r)
-    backoffs = backoff_index(limits, records)
-
-    deferred: list[Deferral] = []
-    ignored: list[Ignored] = []
-    withdrawals: list[Withdrawal] = []
-    withdrawn_now: set[str] = set()
-
-    # --- 1. the withdrawn-destructive guard --------------------------------------------------
-    blocked: dict[str, list[str]] = {}
-    cleared: list[str] = []
-    for r in open_records:
-        cmd = r.command
-        if not r.withdrawn or cmd.kind not in DESTRUCTIVE_KINDS:
-            continue
-        if cmd.action_id in guards.cleared_withdrawals:
-            continue
-        host = hosts_by_id.get(cmd.host_id)
-        if (
-            host is not None
-            and host.heartbeat_at is not None
-            and host.heartbeat_at > r.issued_at
-            and _postcondition(cmd.kind, hm_of(cmd.host_id, cmd.model_id))
-        ):
-            cleared.append(cmd.action_id)
-            continue
-        blocked.setdefault(cmd.model_id, []).append(cmd.action_id)
-
-    # --- 2. re-validate open commands ----------------------------------------------------------
-    def destructive_unsafe(r: ActionRecord) -> bool:
-        cmd = r.command
-        host = hosts_by_id.get(cmd.host_id)
-        hm = hm_of(cmd.host_id, cmd.model_id)
-        observed_after = host is not None and host.heartbeat_at is not None and host.heartbeat_at > r.issued_at
+        hm = self._hm_of(cmd.host_id, cmd.model_id)
+        observed_after = self._observed_after(cmd.host_id, r.issued_at)
         if observed_after and _postcondition(cmd.kind, hm):
             return False  # already done: nothing left to make unsafe
         m = cmd.model_id
         if cmd.kind == "drain":
-            if (cmd.host_id, m) in desired:
+            if (cmd.host_id, m) in self.desired:
                 return True
-            if (cmd.host_id, m) in victims or m in retired_set or m not in profiles:
+            if (cmd.host_id, m) in self.victims or m in self.retired or m not in self.profiles:
                 return False
             if hm is not None and hm.managed is not None and hm.managed.state == "failed":
                 return False
-            if m in shortfall_models:
+            if m in self.shortfall_models:
                 return True
-            return not all_desired_ready.get(m, True)
+            return not self.all_desired_ready.get(m, True)
         # unload
         state = hm.managed if hm is not None else None
         if state is None:
@@ -396,97 +469,107 @@ def reconcile(
             return True
         return state.state == "draining" and state.active_requests > 0
 
-    destructive_open: dict[str, list[ActionRecord]] = {}
-    for r in open_records:
-        if not r.withdrawn and r.command.kind in DESTRUCTIVE_KINDS:
-            destructive_open.setdefault(r.command.model_id, []).append(r)
-    for m in sorted(destructive_open):
-        batch = destructive_open[m]
-        if any(destructive_unsafe(r) for r in batch):
+    def withdraw_unsafe_destructive(self) -> None:
+        """A delivered drain/unload that fresh evidence makes unsafe withdraws its model's whole batch."""
+        destructive_open: dict[str, list[ActionRecord]] = {}
+        for r in self.open_records:
+            if not r.withdrawn and r.command.kind in DESTRUCTIVE_KINDS:
+                destructive_open.setdefault(r.command.model_id, []).append(r)
+        for m in sorted(destructive_open):
+            batch = destructive_open[m]
+            if not any(self._destructive_unsafe(r) for r in batch):
+                continue
             for r in batch:
-                cmd = r.command
-                withdrawals.append(Withdrawal(
-                    action_id=cmd.action_id, host_id=cmd.host_id, model_id=m, kind=cmd.kind,
-                    reason=WITHDRAW_UNSAFE_DESTRUCTIVE, delivered=r.status == "accepted",
-                ))
-                withdrawn_now.add(cmd.action_id)
-                blocked.setdefault(m, []).append(cmd.action_id)
+                self._withdraw(r, WITHDRAW_UNSAFE_DESTRUCTIVE)
+                self.blocked.setdefault(m, []).append(r.command.action_id)
 
-    for r in open_records:
+    def withdraw_stale_availability(self) -> None:
+        """Load/warm for a retired model, or undelivered and no longer wanted, is withdrawn."""
+        for r in self.open_records:
+            cmd = r.command
+            if r.withdrawn or cmd.kind in DESTRUCTIVE_KINDS:
+                continue
+            profile = self.profiles.get(cmd.model_id)
+            reason = None
+            if cmd.model_id in self.retired or profile is None:
+                reason = WITHDRAW_RETIRED
+            elif r.status == "pending":
+                want_sha = (profile.artifact_sha256 or "").lower()
+                if (cmd.artifact_sha256 or "").lower() != want_sha:
+                    reason = WITHDRAW_ARTIFACT_CHANGED
+                elif (cmd.host_id, cmd.model_id) not in self.desired and not (
+                    cmd.kind == "load" and (cmd.host_id, cmd.model_id) in self.beneficiaries
+                ):
+                    reason = WITHDRAW_NOT_DESIRED
+            if reason is not None:
+                self._withdraw(r, reason)
+
+    def _withdraw(self, r: ActionRecord, reason: str) -> None:
         cmd = r.command
-        if r.withdrawn or cmd.kind in DESTRUCTIVE_KINDS:
-            continue
-        profile = profiles.get(cmd.model_id)
-        reason = None
-        if cmd.model_id in retired_set or profile is None:
-            reason = WITHDRAW_RETIRED
-        elif r.status == "pending":
-            want_sha = (profile.artifact_sha256 or "").lower()
-            if (cmd.artifact_sha256 or "").lower() != want_sha:
-                reason = WITHDRAW_ARTIFACT_CHANGED
-            elif (cmd.host_id, cmd.model_id) not in desired and not (
-                cmd.kind == "load" and (cmd.host_id, cmd.model_id) in beneficiaries
-            ):
-                reason = WITHDRAW_NOT_DESIRED
-        if reason is not None:
-            withdrawals.append(Withdrawal(
-                action_id=cmd.action_id, host_id=cmd.host_id, model_id=cmd.model_id, kind=cmd.kind,
-                reason=reason, delivered=r.status == "accepted",
-            ))
-            withdrawn_now.add(cmd.action_id)
+        self.withdrawals.append(Withdrawal(
+            action_id=cmd.action_id, host_id=cmd.host_id, model_id=cmd.model_id, kind=cmd.kind,
+            reason=reason, delivered=r.status == "accepted",
+        ))
+        self.withdrawn_now.add(cmd.action_id)
 
-    # --- 3. the governor: open commands hold their slots --------------------------------------
-    gov = Governor(limits)
-    in_flight: list[str] = []
-    for r in open_records:
-        cmd = r.command
-        still_open = not r.withdrawn and cmd.action_id not in withdrawn_now
-        if still_open:
-            in_flight.append(cmd.action_id)
-        if still_open or r.status == "accepted":
-            gov.charge_open(
-                cmd.host_id, cmd.kind, artifact_key(cmd.model_id, cmd.artifact_sha256),
-                counts_globally=fresh.get(cmd.host_id, False),
-            )
-    open_intents = {k: r for k, r in open_by_intent.items() if r.command.action_id not in withdrawn_now}
+    # --- 3. the governor: open commands hold their slots ------------------------------------------
 
-    def new_id(kind: str, host_id: str, model_id: str, sha: str | None) -> str:
-        return action_id(kind, host_id, model_id, sha, basis.get((kind, host_id, model_id, (sha or "").lower()), 0))
+    def charge_open_commands(self) -> None:
+        for r in self.open_records:
+            cmd = r.command
+            still_open = not r.withdrawn and cmd.action_id not in self.withdrawn_now
+            if still_open:
+                self.in_flight.append(cmd.action_id)
+            # A withdrawal the node already accepted may still be running: it keeps its slot.
+            if still_open or r.status == "accepted":
+                self.gov.charge_open(
+                    cmd.host_id, cmd.kind, artifact_key(cmd.model_id, cmd.artifact_sha256),
+                    counts_globally=self.fresh.get(cmd.host_id, False),
+                )
+        self.open_intents = {
+            k: r for k, r in self.open_by_intent.items() if r.command.action_id not in self.withdrawn_now
+        }
 
-    def common_checks(kind: str, host_id: str, model_id: str) -> list[str]:
+    # --- shared by the candidate phases -----------------------------------------------------------
+
+    def _new_id(self, kind: str, host_id: str, model_id: str, sha: str | None) -> str:
+        basis = self.basis.get((kind, host_id, model_id, (sha or "").lower()), 0)
+        return action_id(kind, host_id, model_id, sha, basis)
+
+    def _common_checks(self, kind: str, host_id: str, model_id: str) -> list[str]:
         """Reasons that hold for any action of `kind` on this host/model right now."""
         reasons: list[str] = []
-        host = hosts_by_id.get(host_id)
+        host = self.hosts_by_id.get(host_id)
         if host is None:
             return [HOST_UNKNOWN]
-        if not fresh[host_id]:
+        if not self.fresh[host_id]:
             return [HOST_STALE]
         destructive = kind in DESTRUCTIVE_KINDS
-        if not destructive and host.state not in ROUTABLE_HOST_STATES:
+        if not destructive and host.state not in ADMITTING_HOST_STATES:
             reasons.append(HOST_NOT_ACCEPTING)
         if kind not in host.actuator_capabilities:
             reasons.append(NO_CAPABILITY)
         if destructive:
-            if now < guards.destructive_not_before or (
-                guards.fresh_after is not None and (host.heartbeat_at or 0.0) <= guards.fresh_after
+            if self.now < self.guards.destructive_not_before or (
+                self.guards.fresh_after is not None and (host.heartbeat_at or 0.0) <= self.guards.fresh_after
             ):
                 reasons.append(RESTART_GRACE)
-            if model_id in blocked:
+            if model_id in self.blocked:
                 reasons.append(DESTRUCTIVE_BLOCKED)
-        success_at = last_success.get((kind, host_id, model_id))
+        success_at = self.last_success.get((kind, host_id, model_id))
         if success_at is not None and (host.heartbeat_at or 0.0) <= success_at:
             reasons.append(AWAITING_OBSERVATION)
-        bo = backoffs.get((kind, host_id, model_id))
-        if bo is not None and now < bo.not_before:
+        bo = self.backoffs.get((kind, host_id, model_id))
+        if bo is not None and self.now < bo.not_before:
             reasons.append(BACKOFF)
         return reasons
 
-    def make_action(kind: str, host_id: str, model_id: str, profile: ModelProfile | None, memory_mb: int,
-                    reason: str, runtime: str, *, deps: tuple[str, ...] = (), preemption_for: str | None = None,
-                    priority: int = 0, detail: str = "") -> Action:
+    def _make_action(self, kind: str, host_id: str, model_id: str, profile: ModelProfile | None, memory_mb: int,
+                     reason: str, runtime: str, *, deps: tuple[str, ...] = (), preemption_for: str | None = None,
+                     priority: int = 0, detail: str = "") -> Action:
         sha = profile.artifact_sha256.lower() if profile is not None and profile.artifact_sha256 else None
         return Action(
-            action_id=new_id(kind, host_id, model_id, sha), kind=kind, host_id=host_id, model_id=model_id,
+            action_id=self._new_id(kind, host_id, model_id, sha), kind=kind, host_id=host_id, model_id=model_id,
             memory_mb=memory_mb, reason=reason, runtime=runtime, artifact_sha256=sha,
             artifact_source=profile.artifact_source if profile is not None else None,
             artifact_size_mb=profile.artifact_size_mb if profile is not None else None,
@@ -496,235 +579,257 @@ def reconcile(
             preemption_for=preemption_for, detail=detail,
         )
 
-    candidates: list[_Candidate] = []
-    satisfied = 0
+    def _defer_in_flight(self, kind: str, host_id: str, model_id: str) -> bool:
+        """Defer `kind` here when an equivalent command is still open (True when deferred)."""
+        open_cmd = self.open_intents.get((kind, host_id, model_id))
+        if open_cmd is None:
+            return False
+        self.deferred.append(Deferral(kind=kind, host_id=host_id, model_id=model_id, reason=IN_FLIGHT,
+                                      action_id=open_cmd.command.action_id))
+        return True
 
-    # --- 4. availability: missing desired replicas --------------------------------------------
-    round_of: dict[str, int] = {}
-    for (host_id, model_id), p in sorted(desired.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        profile = profiles.get(model_id)
-        hm = hm_of(host_id, model_id)
+    # --- 4. availability: missing desired replicas ------------------------------------------------
+
+    def place_missing_replicas(self) -> None:
+        for (host_id, model_id), p in sorted(self.desired.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            self._place(host_id, model_id, p)
+
+    def _place(self, host_id: str, model_id: str, p: Placement) -> None:
+        profile = self.profiles.get(model_id)
+        hm = self._hm_of(host_id, model_id)
         if not getattr(p, "managed", True):
             # An external residency the planner counted: evidence only, never actuated.
             if hm is not None and hm.foreign is not None and hm.foreign.state == "ready":
-                satisfied += 1
-            continue
+                self.satisfied += 1
+            return
         if profile is None:
-            deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id, reason=UNKNOWN_PROFILE))
-            continue
-        host = hosts_by_id.get(host_id)
+            self.deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id, reason=UNKNOWN_PROFILE))
+            return
+        host = self.hosts_by_id.get(host_id)
         if hm is not None and hm.foreign is not None:
             if hm.foreign.state == "ready" and _sha_ok(hm.foreign, profile):
-                satisfied += 1
+                self.satisfied += 1
             else:
-                ignored.append(Ignored(
+                self.ignored.append(Ignored(
                     host_id=host_id, model_id=model_id, state=hm.foreign.state,
                     reason=IGNORED_PINNED if hm.foreign.pinned else IGNORED_UNMANAGED,
                 ))
-            continue
+            return
         r = hm.managed if hm is not None else None
         state = r.state if r is not None else None
         if state == "ready":
             if _sha_ok(r, profile):  # type: ignore[arg-type]
-                satisfied += 1
+                self.satisfied += 1
             else:
-                deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id, reason=ARTIFACT_MISMATCH,
-                                         detail=f"resident {r.artifact_sha256} != profile {profile.artifact_sha256}"))  # type: ignore[union-attr]
-            continue
+                self.deferred.append(Deferral(
+                    kind="warm", host_id=host_id, model_id=model_id, reason=ARTIFACT_MISMATCH,
+                    detail=f"resident {r.artifact_sha256} != profile {profile.artifact_sha256}",  # type: ignore[union-attr]
+                ))
+            return
         if state in ("loading", "warming", "unloading", "draining"):
             # A draining desired copy is unloaded below (it is not serving) and warmed again later.
             if state != "draining":
-                deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id,
-                                         reason=TRANSITION_IN_PROGRESS, detail=state))
-            continue
+                self.deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id,
+                                              reason=TRANSITION_IN_PROGRESS, detail=state))
+            return
         # absent, cached or failed: (load) + warm
         runtime = p.runtime or "llama.cpp"
         memory = p.memory_mb or _memory_for(profile, runtime)
         steps: list[tuple[Action, list[str]]] = []
         load_dep: tuple[str, ...] = ()
-        load_success = last_success.get(("load", host_id, model_id))
+        load_success = self.last_success.get(("load", host_id, model_id))
         cached = host is not None and (
             _cached(host, model_id, profile, hm)
             or (load_success is not None and (host.heartbeat_at or 0.0) <= load_success)
         )
-        open_warm = open_intents.get(("warm", host_id, model_id))
-        if open_warm is not None:
-            deferred.append(Deferral(kind="warm", host_id=host_id, model_id=model_id, reason=IN_FLIGHT,
-                                     action_id=open_warm.command.action_id))
-            continue
-        warm_reasons = common_checks("warm", host_id, model_id)
+        if self._defer_in_flight("warm", host_id, model_id):
+            return
+        warm_reasons = self._common_checks("warm", host_id, model_id)
         if not cached:
             # The warm waits for its load to finish (it is issued on a later tick, so its lease
             # TTL is not spent queueing behind a long transfer); a deferred load defers it.
-            open_load = open_intents.get(("load", host_id, model_id))
+            open_load = self.open_intents.get(("load", host_id, model_id))
             if open_load is not None:
                 load_dep = (open_load.command.action_id,)
                 warm_reasons.insert(0, AWAITING_DEPENDENCY)
             else:
-                load = make_action("load", host_id, model_id, profile, memory, LOAD_FOR_PLACEMENT, runtime,
-                                   priority=profile.priority)
-                steps.append((load, common_checks("load", host_id, model_id)))
+                load = self._make_action("load", host_id, model_id, profile, memory, LOAD_FOR_PLACEMENT, runtime,
+                                         priority=profile.priority)
+                steps.append((load, self._common_checks("load", host_id, model_id)))
                 load_dep = (load.action_id,)
-        warm = make_action("warm", host_id, model_id, profile, memory, WARM_FOR_PLACEMENT, runtime,
-                           deps=load_dep, priority=profile.priority)
+        warm = self._make_action("warm", host_id, model_id, profile, memory, WARM_FOR_PLACEMENT, runtime,
+                                 deps=load_dep, priority=profile.priority)
         steps.append((warm, warm_reasons))
-        rnd = round_of.get(model_id, 0)
-        round_of[model_id] = rnd + 1
+        rnd = self._round_of.get(model_id, 0)
+        self._round_of[model_id] = rnd + 1
         est = (0.0 if cached else profile.load_seconds) + profile.warm_seconds
-        key = (0, -profile.priority, evidence_rank.get(model_id, 1), rnd, est, model_id, host_id)
-        candidates.append(_Candidate(key, steps))
+        key = (0, -profile.priority, self.evidence_rank.get(model_id, 1), rnd, est, model_id, host_id)
+        self.candidates.append(_Candidate(key, steps))
 
-    # Prefetch the beneficiary's exact artifact before its victim drains (disk only, never warm).
-    for (host_id, model_id), pre in sorted(beneficiaries.items()):
-        profile = profiles.get(model_id)
-        host = hosts_by_id.get(host_id)
-        if profile is None or host is None or not profile.artifact_source or not profile.artifact_sha256:
-            continue
-        if (host_id, model_id) in desired or _cached(host, model_id, profile, hm_of(host_id, model_id)):
-            continue
-        if open_intents.get(("load", host_id, model_id)) is not None:
-            continue
-        load = make_action("load", host_id, model_id, profile, _memory_for(profile, "llama.cpp"),
-                           PREFETCH_FOR_PREEMPTION, "llama.cpp", priority=profile.priority,
-                           detail=f"victim {pre.victim_model}")
-        key = (0, -profile.priority, evidence_rank.get(model_id, 1), 0, profile.load_seconds, model_id, host_id)
-        candidates.append(_Candidate(key, [(load, common_checks("load", host_id, model_id))]))
-
-    # --- 5. destructive: obsolete and draining managed residencies ----------------------------
-    for host in sorted(hosts, key=lambda h: h.host_id):
-        host_id = host.host_id
-        for model_id in sorted(residencies[host_id]):
-            hm = residencies[host_id][model_id]
-            if hm.foreign is not None and (host_id, model_id) not in desired:
-                ignored.append(Ignored(
-                    host_id=host_id, model_id=model_id, state=hm.foreign.state,
-                    reason=IGNORED_PINNED if hm.foreign.pinned else IGNORED_UNMANAGED,
-                ))
-            r = hm.managed
-            if r is None or hm.foreign is not None and (host_id, model_id) in desired:
+    def prefetch_for_preemptions(self) -> None:
+        """Fetch the beneficiary's exact artifact before its victim drains (disk only, never warm)."""
+        for (host_id, model_id), pre in sorted(self.beneficiaries.items()):
+            profile = self.profiles.get(model_id)
+            host = self.hosts_by_id.get(host_id)
+            if profile is None or host is None or not profile.artifact_source or not profile.artifact_sha256:
                 continue
-            profile = profiles.get(model_id)
-            is_desired = (host_id, model_id) in desired
-            pre = victims.get((host_id, model_id))
-            if r.state == "draining":
-                open_unload = open_intents.get(("unload", host_id, model_id))
-                if open_unload is not None:
-                    deferred.append(Deferral(kind="unload", host_id=host_id, model_id=model_id, reason=IN_FLIGHT,
-                                             action_id=open_unload.command.action_id))
+            if (host_id, model_id) in self.desired:
+                continue
+            if _cached(host, model_id, profile, self._hm_of(host_id, model_id)):
+                continue
+            if self.open_intents.get(("load", host_id, model_id)) is not None:
+                continue
+            load = self._make_action("load", host_id, model_id, profile, _memory_for(profile, "llama.cpp"),
+                                     PREFETCH_FOR_PREEMPTION, "llama.cpp", priority=profile.priority,
+                                     detail=f"victim {pre.victim_model}")
+            evidence = self.evidence_rank.get(model_id, 1)
+            key = (0, -profile.priority, evidence, 0, profile.load_seconds, model_id, host_id)
+            self.candidates.append(_Candidate(key, [(load, self._common_checks("load", host_id, model_id))]))
+
+    # --- 5. destructive: obsolete and draining managed residencies --------------------------------
+
+    def release_obsolete(self) -> None:
+        for host in sorted(self.hosts, key=lambda h: h.host_id):
+            host_id = host.host_id
+            for model_id in sorted(self.residencies[host_id]):
+                hm = self.residencies[host_id][model_id]
+                is_desired = (host_id, model_id) in self.desired
+                if hm.foreign is not None and not is_desired:
+                    self.ignored.append(Ignored(
+                        host_id=host_id, model_id=model_id, state=hm.foreign.state,
+                        reason=IGNORED_PINNED if hm.foreign.pinned else IGNORED_UNMANAGED,
+                    ))
+                r = hm.managed
+                # A desired copy beside a foreign one was judged by phase 4: never actuated.
+                if r is None or hm.foreign is not None and is_desired:
                     continue
-                act = make_action("unload", host_id, model_id, profile, r.memory_mb, UNLOAD_DRAINED, r.runtime,
-                                  preemption_for=pre.beneficiary_model if pre else None,
-                                  priority=_priority(profiles, pre, profile))
-                reasons = common_checks("unload", host_id, model_id)
-                if r.active_requests > 0:
-                    reasons.append(REQUESTS_IN_FLIGHT)
-                candidates.append(_Candidate(_destructive_key(act, pre, profiles, profile), [(act, reasons)]))
-                continue
-            if is_desired or r.state in ("cached",):
-                continue
-            if r.state in ("loading", "warming", "unloading"):
-                deferred.append(Deferral(kind="drain", host_id=host_id, model_id=model_id,
-                                         reason=TRANSITION_IN_PROGRESS, detail=r.state))
-                continue
-            # ready or failed, and not desired here: drain.
-            open_drain = open_intents.get(("drain", host_id, model_id))
-            if open_drain is not None:
-                deferred.append(Deferral(kind="drain", host_id=host_id, model_id=model_id, reason=IN_FLIGHT,
-                                         action_id=open_drain.command.action_id))
-                continue
-            retiring = model_id in retired_set
-            reasons = common_checks("drain", host_id, model_id)
-            if r.state == "failed":
-                reason = DRAIN_FAILED
-            elif pre is not None:
-                reason = DRAIN_PREEMPTION
-            elif retiring:
-                reason = DRAIN_RETIRED
-            elif profile is None:
-                reason = DRAIN_UNCONFIGURED
-            else:
-                # Scale-down: the planner could have kept this copy (the host is still eligible)
-                # but wants fewer. Otherwise it is a relocation away from an unfit host.
-                expl = explained_hosts.get(model_id)
-                still_eligible = host_id in expl if expl is not None else host.state in ROUTABLE_HOST_STATES
-                reason = DRAIN_SCALE_DOWN if still_eligible else DRAIN_OBSOLETE
-            if r.state == "ready" and pre is None and not retiring and profile is not None:
-                if model_id in shortfall_models:
-                    reasons.append(LAST_REPLICA)
-                elif not all_desired_ready.get(model_id, True):
-                    reasons.append(AWAITING_REPLACEMENT)
-                if reason == DRAIN_SCALE_DOWN and r.last_used_at is not None and (
-                    now - r.last_used_at < profile.scale_down_cooldown_seconds
-                ):
-                    reasons.append(SCALE_DOWN_COOLDOWN)
-            if r.state == "ready" and not retiring and profile is not None and r.loaded_at is not None and (
-                now - r.loaded_at < profile.min_residency_seconds
+                if r.state == "draining":
+                    self._unload_drained(host_id, model_id, r)
+                elif not is_desired and r.state != "cached":
+                    self._drain(host, model_id, r)
+
+    def _unload_drained(self, host_id: str, model_id: str, r: ResidencyView) -> None:
+        if self._defer_in_flight("unload", host_id, model_id):
+            return
+        profile = self.profiles.get(model_id)
+        pre = self.victims.get((host_id, model_id))
+        act = self._make_action("unload", host_id, model_id, profile, r.memory_mb, UNLOAD_DRAINED, r.runtime,
+                                preemption_for=pre.beneficiary_model if pre else None,
+                                priority=_priority(self.profiles, pre, profile))
+        reasons = self._common_checks("unload", host_id, model_id)
+        if r.active_requests > 0:
+            reasons.append(REQUESTS_IN_FLIGHT)
+        self.candidates.append(_Candidate(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
+
+    def _drain(self, host: HostSnapshot, model_id: str, r: ResidencyView) -> None:
+        """A ready or failed managed residency that is not desired here."""
+        host_id = host.host_id
+        if r.state in ("loading", "warming", "unloading"):
+            self.deferred.append(Deferral(kind="drain", host_id=host_id, model_id=model_id,
+                                          reason=TRANSITION_IN_PROGRESS, detail=r.state))
+            return
+        if self._defer_in_flight("drain", host_id, model_id):
+            return
+        profile = self.profiles.get(model_id)
+        pre = self.victims.get((host_id, model_id))
+        retiring = model_id in self.retired
+        reasons = self._common_checks("drain", host_id, model_id)
+        if r.state == "failed":
+            reason = DRAIN_FAILED
+        elif pre is not None:
+            reason = DRAIN_PREEMPTION
+        elif retiring:
+            reason = DRAIN_RETIRED
+        elif profile is None:
+            reason = DRAIN_UNCONFIGURED
+        else:
+            # Scale-down: the planner could have kept this copy (the host is still eligible)
+            # but wants fewer. Otherwise it is a relocation away from an unfit host.
+            expl = self.explained_hosts.get(model_id)
+            still_eligible = host_id in expl if expl is not None else host.state in ADMITTING_HOST_STATES
+            reason = DRAIN_SCALE_DOWN if still_eligible else DRAIN_OBSOLETE
+        now = self.now
+        if r.state == "ready" and pre is None and not retiring and profile is not None:
+            if model_id in self.shortfall_models:
+                reasons.append(LAST_REPLICA)
+            elif not self.all_desired_ready.get(model_id, True):
+                reasons.append(AWAITING_REPLACEMENT)
+            if reason == DRAIN_SCALE_DOWN and r.last_used_at is not None and (
+                now - r.last_used_at < profile.scale_down_cooldown_seconds
             ):
-                reasons.append(MIN_RESIDENCY)
-            elif pre is not None and getattr(pre, "not_before", None) is not None and now < pre.not_before:  # type: ignore[operator]
-                reasons.append(MIN_RESIDENCY)
-            act = make_action("drain", host_id, model_id, profile, r.memory_mb, reason, r.runtime,
-                              preemption_for=pre.beneficiary_model if pre else None,
-                              priority=_priority(profiles, pre, profile))
-            candidates.append(_Candidate(_destructive_key(act, pre, profiles, profile), [(act, reasons)]))
+                reasons.append(SCALE_DOWN_COOLDOWN)
+        if r.state == "ready" and not retiring and profile is not None and r.loaded_at is not None and (
+            now - r.loaded_at < profile.min_residency_seconds
+        ):
+            reasons.append(MIN_RESIDENCY)
+        elif pre is not None and getattr(pre, "not_before", None) is not None and now < pre.not_before:  # type: ignore[operator]
+            reasons.append(MIN_RESIDENCY)
+        act = self._make_action("drain", host_id, model_id, profile, r.memory_mb, reason, r.runtime,
+                                preemption_for=pre.beneficiary_model if pre else None,
+                                priority=_priority(self.profiles, pre, profile))
+        self.candidates.append(_Candidate(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
 
-    # --- 6. slot the candidates in service order ----------------------------------------------
-    # Memory a warm may still claim on each host: free memory in the latest heartbeat minus
-    # warms already in flight (and those admitted below). Defence in depth for invariant 1.
-    free_mb: dict[str, int] = {}
-    for host in hosts:
-        free_mb[host.host_id] = _free_memory(host)
-    for (k, h, _m), o in open_intents.items():
-        if k == "warm" and h in free_mb:
-            free_mb[h] -= o.command.memory_mb
-    actions: list[Action] = []
-    for cand in sorted(candidates, key=lambda c: c.sort_key):
-        chain_deferred = False
-        for i, (act, reasons) in enumerate(cand.steps):
-            if chain_deferred:
-                deferred.append(_defer(act, DEPENDENCY_DEFERRED))
-                continue
-            if i > 0:
-                deferred.append(_defer(act, AWAITING_DEPENDENCY))
-                continue
-            if reasons:
-                deferred.append(_defer(act, reasons[0], _not_before(act, reasons[0], backoffs)))
-                chain_deferred = True
-                continue
-            if act.kind == "warm" and free_mb.get(act.host_id, 0) < act.memory_mb:
-                deferred.append(_defer(act, INSUFFICIENT_MEMORY))
-                chain_deferred = True
-                continue
-            akey = artifact_key(act.model_id, act.artifact_sha256)
-            refusal = gov.refusal(act.host_id, act.kind, akey)
-            if refusal is not None:
-                deferred.append(_defer(act, refusal))
-                chain_deferred = True
-                continue
-            gov.admit(act.host_id, act.kind, akey)
-            if act.kind == "warm":
-                free_mb[act.host_id] = free_mb.get(act.host_id, 0) - act.memory_mb
-            actions.append(act)
+    # --- 6. slot the candidates in service order --------------------------------------------------
 
-    if mode == "observe":
-        deferred = [_defer(a, OBSERVE_ONLY) for a in actions] + deferred
-        actions = []
+    def slot_candidates(self) -> None:
+        # Memory a warm may still claim on each host: free memory in the latest heartbeat minus
+        # warms already in flight (and those admitted below). Defence in depth for invariant 1.
+        free_mb: dict[str, int] = {}
+        for host in self.hosts:
+            free_mb[host.host_id] = _free_memory(host)
+        for (k, h, _m), o in self.open_intents.items():
+            if k == "warm" and h in free_mb:
+                free_mb[h] -= o.command.memory_mb
+        for cand in sorted(self.candidates, key=lambda c: c.sort_key):
+            chain_deferred = False
+            for i, (act, reasons) in enumerate(cand.steps):
+                if chain_deferred:
+                    self.deferred.append(_defer(act, DEPENDENCY_DEFERRED))
+                    continue
+                if i > 0:
+                    self.deferred.append(_defer(act, AWAITING_DEPENDENCY))
+                    continue
+                if reasons:
+                    self.deferred.append(_defer(act, reasons[0], _not_before(act, reasons[0], self.backoffs)))
+                    chain_deferred = True
+                    continue
+                if act.kind == "warm" and free_mb.get(act.host_id, 0) < act.memory_mb:
+                    self.deferred.append(_defer(act, INSUFFICIENT_MEMORY))
+                    chain_deferred = True
+                    continue
+                akey = artifact_key(act.model_id, act.artifact_sha256)
+                refusal = self.gov.refusal(act.host_id, act.kind, akey)
+                if refusal is not None:
+                    self.deferred.append(_defer(act, refusal))
+                    chain_deferred = True
+                    continue
+                self.gov.admit(act.host_id, act.kind, akey)
+                if act.kind == "warm":
+                    free_mb[act.host_id] = free_mb.get(act.host_id, 0) - act.memory_mb
+                self.actions.append(act)
 
-    return ReconcileResult(
-        mode=mode,
-        now=now,
-        actions=tuple(actions),
-        deferred=tuple(deferred),
-        ignored=tuple(ignored),
-        blocked=tuple(
-            BlockedModel(model_id=m, reason=BLOCKED_WITHDRAWN_DESTRUCTIVE, action_ids=tuple(sorted(set(ids))))
-            for m, ids in sorted(blocked.items())
-        ),
-        withdrawals=tuple(withdrawals),
-        cleared_withdrawals=tuple(sorted(cleared)),
-        in_flight=tuple(in_flight),
-        satisfied=satisfied,
-    )
+    # --- the result -------------------------------------------------------------------------------
+
+    def result(self) -> ReconcileResult:
+        actions, deferred = self.actions, self.deferred
+        if self.mode == "observe":
+            deferred = [_defer(a, OBSERVE_ONLY) for a in actions] + deferred
+            actions = []
+        return ReconcileResult(
+            mode=self.mode,
+            now=self.now,
+            actions=tuple(actions),
+            deferred=tuple(deferred),
+            ignored=tuple(self.ignored),
+            blocked=tuple(
+                BlockedModel(model_id=m, reason=BLOCKED_WITHDRAWN_DESTRUCTIVE, action_ids=tuple(sorted(set(ids))))
+                for m, ids in sorted(self.blocked.items())
+            ),
+            withdrawals=tuple(self.withdrawals),
+            cleared_withdrawals=tuple(sorted(self.cleared)),
+            in_flight=tuple(self.in_flight),
+            satisfied=self.satisfied,
+        )
 
 
 def _priority(profiles: Mapping[str, ModelProfile], pre: Preemption | None, profile: ModelProfile | None) -> int:
