@@ -434,7 +434,10 @@ def forecast(
     retired: frozenset[str] | Sequence[str] = frozenset(),
     config: ForecastConfig = ForecastConfig(),
 ) -> Forecast:
-    """Desired replicas per configured, non-retired model at ``now`` (pure)."""
+    """Desired replicas per configured, non-retired model at ``now`` (pure).
+
+    Three demand steps (direct, workload, inferred), then one combination per model.
+    """
     cfg = config
     retired_set = frozenset(retired)
     # One profile per id (the last given wins, deterministically by input order).
@@ -444,228 +447,26 @@ def forecast(
             by_id[p.model_id] = p
     live = [by_id[m] for m in sorted(by_id)]
     starts = _start_seconds(live, fastest_start_seconds, timings, cfg)
-    bs = demand.bucket_seconds
 
-    # 1. Direct demand per model.
-    stats: dict[str, _Stats] = {}
-    for p in live:
-        prior = _finite(p.expected_service_seconds, 2.0)
-        stats[p.model_id] = _series_stats(demand.models.get(p.model_id), demand, now, prior, starts[p.model_id], cfg)
-
-    # 2. Workload demand projected onto configured models.
-    claims: dict[str, _WorkloadClaim] = {}
-    explore_options: list[tuple[float, int, str, str]] = []
-    workload_rows: list[WorkloadForecast] = []
+    stats = _direct_demand(demand, live, starts, now, cfg)
     seq_preds = affinity_mod.predictions(demand.affinity, now)
-    pred_by_target: dict[str, SequencePrediction] = {}
-    for pr in seq_preds:
-        old = pred_by_target.get(pr.target)
-        if old is None or (pr.expected, pr.confidence) > (old.expected, old.confidence):
-            pred_by_target[pr.target] = pr
-    for w in demand.vocabulary:
-        series = demand.workloads.get(w)
-        pred = pred_by_target.get(w)
-        if series is None and pred is None:
-            continue
-        ranked = _candidates(demand, w, live, now, ready_replicas)
-        # Exploitation leader: measured score without the optimism bonus. The bonus-ranked
-        # leader, when different, is only an exploration option (one canary per forecast).
-        best = min(ranked, key=_exploit_key) if ranked else None
-        explore = ranked[0] if ranked and ranked[0][0].model_id != best[0].model_id else None
-        prior = _finite(by_id[best[0].model_id].expected_service_seconds, 2.0) if best else 0.0
-        st = _series_stats(series, demand, now, prior, starts[best[0].model_id] if best else 0.0, cfg)
-        row = dict(
-            workload=w, observations=st.observations, observed_rate=st.observed, rate=st.rate,
-            trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,
-            projected_concurrency=st.rate * st.service, queue=st.queue, errors=st.errors,
-            p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
-        )
-        gate = ""
-        if st.observations >= cfg.evidence_observations and st.offered >= cfg.min_offered:
-            gate = GATE_OBSERVATIONS
-        elif st.offered >= cfg.evidence_concurrency:
-            gate = GATE_CONCURRENCY
-        elif pred is not None:
-            gate = GATE_SEQUENCE
-        if not gate:
-            workload_rows.append(WorkloadForecast(status=WORKLOAD_BELOW_GATE if st.requests else WORKLOAD_IDLE, **row))
-            continue
-        if best is None:
-            workload_rows.append(WorkloadForecast(status=WORKLOAD_NO_CANDIDATE, gate=gate, **row))
-            continue
-        cand, view = best
-        p = by_id[cand.model_id]
-        cap = _capacity(p)
-        projected = st.rate * st.service if gate != GATE_SEQUENCE else 0.0
-        canary = gate != GATE_OBSERVATIONS and not view.validated
-        replicas = 1 if canary else max(1, _replicas_for(projected, cap, cfg))
-        claim = claims.get(cand.model_id)
-        if claim is None:
-            claim = claims[cand.model_id] = _WorkloadClaim(workloads=[], sequence_reasons=[])
-        claim.offered += projected
-        claim.canary = claim.canary and canary
-        claim.workloads.append(w)
-        if gate == GATE_SEQUENCE and pred is not None:
-            claim.sequence_reasons.append(f"{REASON_SEQUENCE}:{pred.source}->{pred.target}@{pred.confidence:.2f}")
-        if explore is not None:
-            explore_options.append((projected, len(workload_rows), w, explore[0].model_id))
-        workload_rows.append(WorkloadForecast(
-            status=WORKLOAD_ADMITTED, gate=gate, model_id=cand.model_id, replicas=replicas, canary=canary,
-            explore_model_id=explore[0].model_id if explore is not None else None,
-            sequence_source=pred.source if (pred is not None and gate == GATE_SEQUENCE) else None,
-            sequence_confidence=pred.confidence if (pred is not None and gate == GATE_SEQUENCE) else 0.0,
-            **row,
-        ))
+    claims, workload_rows = _workload_demand(demand, live, by_id, starts, seq_preds, now, ready_replicas, cfg)
+    inferred, considered = _inferred_demand(demand, live, stats, now)
 
-    # Exploration budget: at most one uncertain model differs from the exploitation choice,
-    # for the workload with the most projected concurrency (vocabulary order breaks ties).
-    if explore_options:
-        _, index, w, model_id = min(explore_options, key=lambda o: (-o[0], o[1]))
-        workload_rows[index] = msgspec.structs.replace(workload_rows[index], exploring=True)
-        claim = claims.get(model_id)
-        if claim is None:
-            claim = claims[model_id] = _WorkloadClaim(workloads=[], sequence_reasons=[])
-        claim.explore.append(w)
-
-    # 3. Correlation: quiet targets inferred from models with direct current demand.
-    source_rates: dict[str, float] = {}
-    quiet: list[str] = []
-    for p in live:
-        m = p.model_id
-        st = stats[m]
-        if st.recent > 0 and st.observed > 0:
-            source_rates[m] = st.observed
-        elif max(p.max_replicas, p.min_replicas) > 0:
-            quiet.append(m)
-    inferred, considered = correlation_mod.infer(demand, now, source_rates, quiet)
-
-    # 4. Combine per model.
     targets: list[DemandTarget] = []
     rows: list[ModelForecast] = []
     for p in live:
         m = p.model_id
-        st = stats[m]
-        cap = _capacity(p)
-        ready = max(0, int(ready_replicas.get(m, 0)))
-        reasons: list[str] = []
-        # Staleness: direct demand older than the cooldown no longer desires anything.
-        series = demand.models.get(m)
-        last_seen = series.last_seen if series is not None else None
-        wm = watermarks.get(m)
-        if wm is not None and math.isfinite(wm) and (last_seen is None or wm > last_seen):
-            last_seen = wm
-        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
-        fresh = last_seen is not None and now - last_seen <= max(cooldown, bs)
-        direct_offered = st.offered if fresh else 0.0
-        # Direct.
-        direct_need = _replicas_for(direct_offered, cap, cfg)
-        if direct_need:
-            reasons.append(REASON_DIRECT)
-            if st.lookahead_used:
-                reasons.append(REASON_LOOKAHEAD)
-        pressure = False
-        if st.recent and st.queue >= cfg.queue_pressure:
-            reasons.append(REASON_QUEUE)
-            pressure = True
-        slo = p.latency_slo_ms
-        latency_ratio = 0.0
-        if slo and slo > 0 and st.p95_ms is not None:
-            latency_ratio = st.p95_ms / slo
-            if st.latency_samples >= cfg.min_latency_samples and st.p95_ms > slo:
-                reasons.append(REASON_LATENCY)
-                pressure = True
-        error_ratio = st.errors / st.recent if st.recent else 0.0
-        if st.pressure_errors and st.pressure_errors / st.recent >= cfg.error_pressure_ratio:
-            reasons.append(REASON_ERRORS)
-            pressure = True
-        if pressure:
-            direct_need = max(direct_need, ready + 1)
-        # Hysteresis: within the cooldown after the last demand, ready replicas that demand
-        # justified during the cooldown window stay desired (at least one: a quiet minute or
-        # a controller restart never unloads a model that was just used).
-        hold_until = None
-        if last_seen is not None and now - last_seen <= cooldown:
-            hold_until = last_seen + cooldown
-            peak = _peak_need(series, demand, now, cooldown, st.service, cap, cfg)
-            hold = max(1, ready if peak is None else min(ready, peak))
-            if hold > direct_need:
-                direct_need = hold
-                reasons.append(REASON_HOLD)
-        # Workload and inferred.
-        claim = claims.get(m)
-        inf = inferred.get(m)
-        inf_offered = inf.rate * st.service if inf is not None else 0.0
-        inf_need = max(1, _replicas_for(inf_offered, cap, cfg)) if inf is not None else 0
-        wl_offered = claim.offered if claim is not None else 0.0
-        evidence = ""
-        canary = False
-        offered = 0.0
-        if direct_need:
-            offered = direct_offered + wl_offered
-            replicas = max(direct_need, _replicas_for(offered, cap, cfg))
-            evidence = "direct"
-            if claim is not None:
-                reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
-                reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
-        elif claim is not None or inf is not None:
-            wl_need = 0
-            if claim is not None:
-                wl_need = 1 if claim.canary else max(1, _replicas_for(wl_offered, cap, cfg))
-                reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
-                reasons.extend(claim.sequence_reasons)
-                reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
-            if inf is not None:
-                reasons.append(f"{REASON_CORRELATION}:{inf.kind}:{inf.source}")
-            replicas = max(wl_need, inf_need)
-            offered = wl_offered + inf_offered
-            evidence = "inferred"
-            canary = claim is not None and claim.canary and inf_need <= 1
-            if canary:
-                replicas = 1
-                reasons.append(REASON_CANARY)
-        else:
-            replicas = 0
-        if p.min_replicas > 0 and p.min_replicas >= replicas:
-            replicas = p.min_replicas
-            evidence = "baseline"
-            canary = False
-            reasons.append(REASON_BASELINE)
-        hi = max(p.max_replicas, p.min_replicas, 0)
-        if replicas > hi:
-            replicas = hi
-            reasons.append(REASON_MAX)
-        if replicas <= 0:
-            replicas = 0
-            evidence = ""
-            canary = False
-        reason = "+".join(reasons) if reasons else REASON_IDLE
-        direct_evidence = evidence in ("direct", "baseline")
-        harm = Harm(
-            queue=st.queue if direct_evidence else 0.0,
-            latency_ratio=latency_ratio if direct_evidence else 0.0,
-            errors=float(st.errors) if direct_evidence else 0.0,
-            concurrency=max(0.0, offered),
-            rate=st.observed if direct_evidence else 0.0,
+        target, row = _model_forecast(
+            p, stats[m], claims.get(m), inferred.get(m), demand, now,
+            ready=max(0, int(ready_replicas.get(m, 0))), watermark=watermarks.get(m), cfg=cfg,
         )
-        if replicas > 0:
-            targets.append(DemandTarget(
-                model_id=m, replicas=replicas, evidence=evidence, harm=harm,  # type: ignore[arg-type]
-                offered_concurrency=max(0.0, offered), canary=canary, reason=reason,
-            ))
-        rows.append(ModelForecast(
-            model_id=m, target=replicas, evidence=evidence, canary=canary, reason=reason,
-            observed_rate=st.observed, ewma=st.ewma, trend=st.slope, rate=st.rate,
-            lookahead_seconds=st.lookahead, service_seconds=st.service,
-            offered_concurrency=max(0.0, offered), direct_offered=direct_offered, workload_offered=wl_offered,
-            inferred_rate=inf.rate if inf is not None else 0.0, inferred_offered=inf_offered,
-            peak_rate=st.peak_rate, p95_ms=st.p95_ms, latency_slo_ms=slo, errors=st.errors,
-            error_ratio=error_ratio, queue=st.queue, requests=st.requests, ready=ready,
-            last_seen=last_seen, hold_until=hold_until,
-            workloads=tuple(claim.workloads) if claim is not None else (),
-        ))
+        if target is not None:
+            targets.append(target)
+        rows.append(row)
     return Forecast(
         now=now,
-        bucket_seconds=bs,
+        bucket_seconds=demand.bucket_seconds,
         window_buckets=demand.max_buckets,
         evidence_observations=cfg.evidence_observations,
         evidence_concurrency=cfg.evidence_concurrency,
@@ -677,3 +478,297 @@ def forecast(
         predictions=seq_preds,
         ignored_requests=demand.ignored,
     )
+
+
+# --- 1. direct demand ---------------------------------------------------------------------------
+
+
+def _direct_demand(
+    demand: DemandState, live: Sequence[ModelProfile], starts: Mapping[str, float], now: float, cfg: ForecastConfig,
+) -> dict[str, _Stats]:
+    """Rate, trend, service time and pressure of each model's named-model requests."""
+    stats: dict[str, _Stats] = {}
+    for p in live:
+        prior = _finite(p.expected_service_seconds, 2.0)
+        stats[p.model_id] = _series_stats(demand.models.get(p.model_id), demand, now, prior, starts[p.model_id], cfg)
+    return stats
+
+
+# --- 2. workload demand -------------------------------------------------------------------------
+
+
+def _workload_demand(
+    demand: DemandState,
+    live: Sequence[ModelProfile],
+    by_id: Mapping[str, ModelProfile],
+    starts: Mapping[str, float],
+    seq_preds: Sequence[SequencePrediction],
+    now: float,
+    ready_replicas: Mapping[str, int],
+    cfg: ForecastConfig,
+) -> tuple[dict[str, _WorkloadClaim], list[WorkloadForecast]]:
+    """Automatic traffic per workload, projected onto its exploitation leader (the claims)."""
+    claims: dict[str, _WorkloadClaim] = {}
+    explore_options: list[tuple[float, int, str, str]] = []
+    rows: list[WorkloadForecast] = []
+    pred_by_target: dict[str, SequencePrediction] = {}
+    for pr in seq_preds:
+        old = pred_by_target.get(pr.target)
+        if old is None or (pr.expected, pr.confidence) > (old.expected, old.confidence):
+            pred_by_target[pr.target] = pr
+    for w in demand.vocabulary:
+        series = demand.workloads.get(w)
+        pred = pred_by_target.get(w)
+        if series is None and pred is None:
+            continue
+        row, projected = _workload_row(w, series, pred, demand, live, by_id, starts, now, ready_replicas, cfg)
+        if row.status == WORKLOAD_ADMITTED:
+            claim = _claim(claims, row.model_id)  # type: ignore[arg-type]
+            claim.offered += projected
+            claim.canary = claim.canary and row.canary
+            claim.workloads.append(w)
+            if row.gate == GATE_SEQUENCE and pred is not None:
+                claim.sequence_reasons.append(f"{REASON_SEQUENCE}:{pred.source}->{pred.target}@{pred.confidence:.2f}")
+            if row.explore_model_id is not None:
+                explore_options.append((projected, len(rows), w, row.explore_model_id))
+        rows.append(row)
+
+    # Exploration budget: at most one uncertain model differs from the exploitation choice,
+    # for the workload with the most projected concurrency (vocabulary order breaks ties).
+    if explore_options:
+        _, index, w, model_id = min(explore_options, key=lambda o: (-o[0], o[1]))
+        rows[index] = msgspec.structs.replace(rows[index], exploring=True)
+        _claim(claims, model_id).explore.append(w)
+    return claims, rows
+
+
+def _claim(claims: dict[str, _WorkloadClaim], model_id: str) -> _WorkloadClaim:
+    claim = claims.get(model_id)
+    if claim is None:
+        claim = claims[model_id] = _WorkloadClaim(workloads=[], sequence_reasons=[])
+    return claim
+
+
+def _workload_row(
+    w: str,
+    series: Series | None,
+    pred: SequencePrediction | None,
+    demand: DemandState,
+    live: Sequence[ModelProfile],
+    by_id: Mapping[str, ModelProfile],
+    starts: Mapping[str, float],
+    now: float,
+    ready_replicas: Mapping[str, int],
+    cfg: ForecastConfig,
+) -> tuple[WorkloadForecast, float]:
+    """One workload's row and the concurrency it projects onto its leader (0 unless admitted)."""
+    ranked = _candidates(demand, w, live, now, ready_replicas)
+    # Exploitation leader: measured score without the optimism bonus. The bonus-ranked
+    # leader, when different, is only an exploration option (one canary per forecast).
+    best = min(ranked, key=_exploit_key) if ranked else None
+    explore = ranked[0] if ranked and ranked[0][0].model_id != best[0].model_id else None  # type: ignore[index]
+    leader = by_id[best[0].model_id] if best is not None else None
+    prior = _finite(leader.expected_service_seconds, 2.0) if leader is not None else 0.0
+    st = _series_stats(series, demand, now, prior, starts[leader.model_id] if leader is not None else 0.0, cfg)
+    row = dict(
+        workload=w, observations=st.observations, observed_rate=st.observed, rate=st.rate,
+        trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,
+        projected_concurrency=st.rate * st.service, queue=st.queue, errors=st.errors,
+        p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
+    )
+    gate = ""
+    if st.observations >= cfg.evidence_observations and st.offered >= cfg.min_offered:
+        gate = GATE_OBSERVATIONS
+    elif st.offered >= cfg.evidence_concurrency:
+        gate = GATE_CONCURRENCY
+    elif pred is not None:
+        gate = GATE_SEQUENCE
+    if not gate:
+        return WorkloadForecast(status=WORKLOAD_BELOW_GATE if st.requests else WORKLOAD_IDLE, **row), 0.0
+    if best is None or leader is None:
+        return WorkloadForecast(status=WORKLOAD_NO_CANDIDATE, gate=gate, **row), 0.0
+    cand, view = best
+    projected = st.rate * st.service if gate != GATE_SEQUENCE else 0.0
+    canary = gate != GATE_OBSERVATIONS and not view.validated
+    replicas = 1 if canary else max(1, _replicas_for(projected, _capacity(leader), cfg))
+    sequenced = pred is not None and gate == GATE_SEQUENCE
+    return WorkloadForecast(
+        status=WORKLOAD_ADMITTED, gate=gate, model_id=cand.model_id, replicas=replicas, canary=canary,
+        explore_model_id=explore[0].model_id if explore is not None else None,
+        sequence_source=pred.source if sequenced else None,  # type: ignore[union-attr]
+        sequence_confidence=pred.confidence if sequenced else 0.0,  # type: ignore[union-attr]
+        **row,
+    ), projected
+
+
+# --- 3. inferred demand -------------------------------------------------------------------------
+
+
+def _inferred_demand(
+    demand: DemandState, live: Sequence[ModelProfile], stats: Mapping[str, _Stats], now: float,
+) -> tuple[dict[str, correlation_mod.Inference], tuple[CorrelationEdge, ...]]:
+    """Correlation: quiet targets inferred from models with direct current demand."""
+    source_rates: dict[str, float] = {}
+    quiet: list[str] = []
+    for p in live:
+        m = p.model_id
+        st = stats[m]
+        if st.recent > 0 and st.observed > 0:
+            source_rates[m] = st.observed
+        elif max(p.max_replicas, p.min_replicas) > 0:
+            quiet.append(m)
+    return correlation_mod.infer(demand, now, source_rates, quiet)
+
+
+# --- combination per model ----------------------------------------------------------------------
+
+
+class _DirectNeed(msgspec.Struct, kw_only=True):
+    replicas: int
+    offered: float
+    reasons: list[str]
+    latency_ratio: float
+    error_ratio: float
+    last_seen: float | None
+    hold_until: float | None
+
+
+def _direct_need(
+    p: ModelProfile, st: _Stats, series: Series | None, demand: DemandState, now: float, ready: int,
+    watermark: float | None, cfg: ForecastConfig,
+) -> _DirectNeed:
+    """Replicas direct demand asks for: load, pressure beyond the ready set, cooldown hold."""
+    cap = _capacity(p)
+    reasons: list[str] = []
+    # Staleness: direct demand older than the cooldown no longer desires anything.
+    last_seen = series.last_seen if series is not None else None
+    if watermark is not None and math.isfinite(watermark) and (last_seen is None or watermark > last_seen):
+        last_seen = watermark
+    cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
+    fresh = last_seen is not None and now - last_seen <= max(cooldown, demand.bucket_seconds)
+    direct_offered = st.offered if fresh else 0.0
+    need = _replicas_for(direct_offered, cap, cfg)
+    if need:
+        reasons.append(REASON_DIRECT)
+        if st.lookahead_used:
+            reasons.append(REASON_LOOKAHEAD)
+    pressure = False
+    if st.recent and st.queue >= cfg.queue_pressure:
+        reasons.append(REASON_QUEUE)
+        pressure = True
+    slo = p.latency_slo_ms
+    latency_ratio = 0.0
+    if slo and slo > 0 and st.p95_ms is not None:
+        latency_ratio = st.p95_ms / slo
+        if st.latency_samples >= cfg.min_latency_samples and st.p95_ms > slo:
+            reasons.append(REASON_LATENCY)
+            pressure = True
+    error_ratio = st.errors / st.recent if st.recent else 0.0
+    if st.pressure_errors and st.pressure_errors / st.recent >= cfg.error_pressure_ratio:
+        reasons.append(REASON_ERRORS)
+        pressure = True
+    if pressure:
+        need = max(need, ready + 1)
+    # Hysteresis: within the cooldown after the last demand, ready replicas that demand
+    # justified during the cooldown window stay desired (at least one: a quiet minute or
+    # a controller restart never unloads a model that was just used).
+    hold_until = None
+    if last_seen is not None and now - last_seen <= cooldown:
+        hold_until = last_seen + cooldown
+        peak = _peak_need(series, demand, now, cooldown, st.service, cap, cfg)
+        hold = max(1, ready if peak is None else min(ready, peak))
+        if hold > need:
+            need = hold
+            reasons.append(REASON_HOLD)
+    return _DirectNeed(replicas=need, offered=direct_offered, reasons=reasons, latency_ratio=latency_ratio,
+                       error_ratio=error_ratio, last_seen=last_seen, hold_until=hold_until)
+
+
+def _model_forecast(
+    p: ModelProfile,
+    st: _Stats,
+    claim: _WorkloadClaim | None,
+    inf: correlation_mod.Inference | None,
+    demand: DemandState,
+    now: float,
+    *,
+    ready: int,
+    watermark: float | None,
+    cfg: ForecastConfig,
+) -> tuple[DemandTarget | None, ModelForecast]:
+    """Direct, workload and inferred demand combined into one bounded target (None = nothing desired)."""
+    m = p.model_id
+    cap = _capacity(p)
+    direct = _direct_need(p, st, demand.models.get(m), demand, now, ready, watermark, cfg)
+    reasons = direct.reasons
+    inf_offered = inf.rate * st.service if inf is not None else 0.0
+    inf_need = max(1, _replicas_for(inf_offered, cap, cfg)) if inf is not None else 0
+    wl_offered = claim.offered if claim is not None else 0.0
+    evidence = ""
+    canary = False
+    offered = 0.0
+    if direct.replicas:
+        offered = direct.offered + wl_offered
+        replicas = max(direct.replicas, _replicas_for(offered, cap, cfg))
+        evidence = "direct"
+        if claim is not None:
+            reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
+            reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
+    elif claim is not None or inf is not None:
+        wl_need = 0
+        if claim is not None:
+            wl_need = 1 if claim.canary else max(1, _replicas_for(wl_offered, cap, cfg))
+            reasons.extend(f"{REASON_WORKLOAD}:{w}" for w in claim.workloads)
+            reasons.extend(claim.sequence_reasons)
+            reasons.extend(f"{REASON_EXPLORE}:{w}" for w in claim.explore)
+        if inf is not None:
+            reasons.append(f"{REASON_CORRELATION}:{inf.kind}:{inf.source}")
+        replicas = max(wl_need, inf_need)
+        offered = wl_offered + inf_offered
+        evidence = "inferred"
+        canary = claim is not None and claim.canary and inf_need <= 1
+        if canary:
+            replicas = 1
+            reasons.append(REASON_CANARY)
+    else:
+        replicas = 0
+    if p.min_replicas > 0 and p.min_replicas >= replicas:
+        replicas = p.min_replicas
+        evidence = "baseline"
+        canary = False
+        reasons.append(REASON_BASELINE)
+    hi = max(p.max_replicas, p.min_replicas, 0)
+    if replicas > hi:
+        replicas = hi
+        reasons.append(REASON_MAX)
+    if replicas <= 0:
+        replicas = 0
+        evidence = ""
+        canary = False
+    reason = "+".join(reasons) if reasons else REASON_IDLE
+    direct_evidence = evidence in ("direct", "baseline")
+    harm = Harm(
+        queue=st.queue if direct_evidence else 0.0,
+        latency_ratio=direct.latency_ratio if direct_evidence else 0.0,
+        errors=float(st.errors) if direct_evidence else 0.0,
+        concurrency=max(0.0, offered),
+        rate=st.observed if direct_evidence else 0.0,
+    )
+    target = None
+    if replicas > 0:
+        target = DemandTarget(
+            model_id=m, replicas=replicas, evidence=evidence, harm=harm,  # type: ignore[arg-type]
+            offered_concurrency=max(0.0, offered), canary=canary, reason=reason,
+        )
+    row = ModelForecast(
+        model_id=m, target=replicas, evidence=evidence, canary=canary, reason=reason,
+        observed_rate=st.observed, ewma=st.ewma, trend=st.slope, rate=st.rate,
+        lookahead_seconds=st.lookahead, service_seconds=st.service,
+        offered_concurrency=max(0.0, offered), direct_offered=direct.offered, workload_offered=wl_offered,
+        inferred_rate=inf.rate if inf is not None else 0.0, inferred_offered=inf_offered,
+        peak_rate=st.peak_rate, p95_ms=st.p95_ms, latency_slo_ms=p.latency_slo_ms, errors=st.errors,
+        error_ratio=direct.error_ratio, queue=st.queue, requests=st.requests, ready=ready,
+        last_seen=direct.last_seen, hold_until=direct.hold_until,
+        workloads=tuple(claim.workloads) if claim is not None else (),
+    )
+    return target, row
