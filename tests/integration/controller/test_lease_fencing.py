@@ -80,8 +80,17 @@ async def test_two_controllers_racing_never_share_a_term(nats_server: EmbeddedNa
         assert {len(ids) for ids in one_writer_per_term(plans).values()} == {1}
         assert {c.controller_id for c in cmds if c.model_id == "b"} == {other.controller_id}
         assert len({c.action_id for c in cmds}) == len(cmds)
-        # Every simulated host accepted only non-decreasing terms (real agent fencing).
-        assert all(cmd.controller_term >= 1 for h in hosts for cmd in h.executed)
+        # Terms strictly increase across the takeover: everything the new leader issued carries
+        # a higher term than anything the old one issued...
+        old_terms = {c.controller_term for c in cmds if c.controller_id == first.controller_id}
+        new_terms = {c.controller_term for c in cmds if c.controller_id == other.controller_id}
+        assert old_terms == {first.lease.term} and new_terms == {other.lease.term}
+        assert max(old_terms) < min(new_terms)
+        # ...and no simulated host ever executed a lower term after a higher one (real agent fencing).
+        for h in hosts:
+            executed = [cmd.controller_term for cmd in h.executed]
+            assert executed == sorted(executed), (h.host_id, executed)
+        assert {cmd.controller_term for h in hosts for cmd in h.executed} == old_terms | new_terms
     finally:
         await asyncio.gather(a.stop(), b.stop())
         await log_a.close()
