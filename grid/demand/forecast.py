@@ -40,6 +40,11 @@ not added to the model's projected concurrency (it has not been served by that m
 Correlation (:mod:`grid.demand.correlation`) and affinity sequences
 (:mod:`grid.demand.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
 Everything is bounded by ``[min_replicas, max(max_replicas, min_replicas)]``.
+
+``forecast()`` runs the steps in that order: ``_direct_demand``, ``_workload_demand``,
+``_inferred_demand``, then ``_model_forecast`` per model. The file is longer than our usual 600
+lines on purpose: the rules above, the rows ``gridctl status`` shows and the steps that fill
+them share one configuration and one set of series statistics, and read top to bottom here.
 """
 
 from __future__ import annotations
