@@ -8,10 +8,11 @@ A corrupt snapshot is quarantined with a warning and the state is rebuilt from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,30 @@ log = structlog.get_logger(__name__)
 SNAPSHOT_VERSION = 1
 # Catch-up order: commands before host acks, control before everything that depends on it.
 STREAM_ORDER: tuple[str, ...] = (CONTROL_STREAM, COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM, REQUESTS_STREAM)
+
+
+async def merge_by_receipt_time(iterators: Mapping[str, AsyncIterator[StoredMessage]]) -> AsyncIterator[StoredMessage]:
+    """The messages of several streams in receipt-time order, ties in STREAM_ORDER (a k-way merge).
+
+    This is the interleaving a live follower sees, so folds that read another projection (demand
+    reads the catalog) give the same state after a catch-up or a replay as they did live. The
+    caller owns the iterators (and closes them).
+    """
+    rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
+    heap: list[tuple[float, int, int, StoredMessage]] = []
+    for stream, it in iterators.items():
+        msg = await anext(it, None)
+        if msg is not None:
+            heap.append((msg.time, rank[stream], msg.seq, msg))
+    heapq.heapify(heap)
+    while heap:
+        _, r, _, msg = heap[0]
+        yield msg
+        nxt = await anext(iterators[msg.stream], None)
+        if nxt is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (nxt.time, r, nxt.seq, nxt))
 
 
 class ReplayError(RuntimeError):
@@ -142,28 +167,16 @@ class ProjectionRunner:
             stop = None if end is None else end.get(stream)
             if stop is None or stop >= start:
                 iterators[stream] = log_.replay(stream, start_seq=start, end_seq=stop).__aiter__()
-        rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
-        heap: list[tuple[float, int, int, StoredMessage]] = []
-
-        async def pull(stream: str) -> None:
-            try:
-                msg = await iterators[stream].__anext__()
-            except StopAsyncIteration:
-                return
-            heapq.heappush(heap, (msg.time, rank[stream], msg.seq, msg))
-
         folded = 0
+        merged = merge_by_receipt_time(iterators)
         try:
-            for stream in iterators:
-                await pull(stream)
-            while heap:
-                msg = heapq.heappop(heap)[3]
+            async for msg in merged:
                 self.fold(msg)
                 folded += 1
                 if progress is not None:
                     progress(msg.stream, msg.seq)
-                await pull(msg.stream)
         finally:
+            await merged.aclose()
             for it in iterators.values():
                 await it.aclose()
         if folded:
@@ -171,7 +184,12 @@ class ProjectionRunner:
         return folded
 
     async def follow(self, log_: EventLog, *, on_fold: Callable[[str, StoredMessage], None] | None = None) -> None:
-        """Follow every stream live (ordered consumers) until cancelled."""
+        """Follow every stream live (ordered consumers) until cancelled.
+
+        Every subscription opened is closed, even when the task is cancelled while subscribing
+        (a leaked consumer makes the client's drain hang), and one failing close does not keep
+        the others open.
+        """
         subs: list[Any] = []
 
         async def pump(sub: Any) -> None:
@@ -191,7 +209,8 @@ class ProjectionRunner:
             await asyncio.gather(*(pump(s) for s in subs))
         finally:
             for sub in subs:
-                await sub.close()
+                with contextlib.suppress(Exception):
+                    await sub.close()
 
     # --- snapshots -------------------------------------------------------------------------
 
