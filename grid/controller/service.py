@@ -225,7 +225,7 @@ class Controller:
         self.controller_id = self._explicit_id or _persistent_value(self.files.controller_id)
         self.epoch = _persistent_value(self.files.epoch, 8)
         self.token = load_or_create_secret(self.config.operator_token_path)
-        self.runner.load_snapshot(self.files.snapshot)
+        await self.runner.restore_snapshot(self.files.snapshot, self.log)
         await self.runner.catch_up(self.log)
         self.started_at = self.clock.now()
         s = self.settings

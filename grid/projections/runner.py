@@ -2,7 +2,10 @@
 
 Each stream is folded in order. A malformed or unknown-tag message is counted and skipped by
 live folding (visible in `malformed`), and makes strict replay fail with its sequence number.
-A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log.
+A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log; so is a
+snapshot that does not describe the log it is restored against (`restore_snapshot`): a position
+past a stream's last sequence, or a folded message the stream no longer holds as recorded (the
+stream was deleted and created again).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class _Snapshot(msgspec.Struct):
     positions: dict[str, int]
     states: dict[str, msgspec.Raw]
     malformed: int = 0
+    # Receipt time of the message at each position: identifies the stream's incarnation.
+    last_time: dict[str, float] = {}
 
 
 class ProjectionRunner:
@@ -220,6 +225,7 @@ class ProjectionRunner:
             positions=dict(sorted(self.positions.items())),
             states={s.name: msgspec.Raw(codec.encode_value(self.states[s.name])) for s in self.specs},
             malformed=self.malformed,
+            last_time=dict(sorted(self.last_time.items())),
         )
         return codec.encode_value(snap)
 
@@ -235,6 +241,7 @@ class ProjectionRunner:
             states[spec.name] = msgspec.json.decode(raw, type=spec.state_type)
         self.states = states
         self.positions = dict(snap.positions)
+        self.last_time = dict(snap.last_time)
         self.malformed = snap.malformed
 
     def save_snapshot(self, path: Path) -> None:
@@ -255,11 +262,57 @@ class ProjectionRunner:
             self.restore_bytes(path.read_bytes())
             return True
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            quarantine = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            os.replace(path, quarantine)
-            warning = f"corrupt projection snapshot quarantined to {quarantine}: {exc}; rebuilt from the log"
-            self.warnings.append(warning)
-            log.warning("snapshot quarantined", path=str(quarantine), error=str(exc))
-            self.states = {s.name: s.initial() for s in self.specs}
-            self.positions = {}
+            self._discard(path, "corrupt", str(exc))
             return False
+
+    async def restore_snapshot(self, path: Path, log_: EventLog) -> bool:
+        """Restore from `path` if the snapshot still describes `log_`; otherwise start empty.
+
+        A snapshot whose position is past a stream's last sequence would make every later event
+        up to that position invisible (folding skips what it believes it has seen), and one taken
+        from an earlier incarnation of a stream would do the same with events it never saw. Such
+        a snapshot is quarantined with a warning and the state is rebuilt from the log.
+        """
+        if not self.load_snapshot(path):
+            return False
+        problem = await self._mismatch(log_)
+        if problem is None:
+            return True
+        self._discard(path, "stale", problem)
+        return False
+
+    async def _mismatch(self, log_: EventLog) -> str | None:
+        for stream, position in sorted(self.positions.items()):
+            if position <= 0:
+                continue
+            try:
+                last = await log_.last_sequence(stream)
+            except Exception as exc:  # an absent stream holds nothing the snapshot could describe
+                return f"{stream}: cannot read its last sequence ({type(exc).__name__}: {exc})"
+            if position > last:
+                return f"{stream}: position {position} is past the stream's last sequence {last}"
+            recorded = self.last_time.get(stream)
+            if recorded is None:
+                continue  # written before receipt times were kept: the sequence check is all we have
+            messages = log_.replay(stream, start_seq=position, end_seq=position)
+            try:
+                held = await anext(aiter(messages), None)
+            finally:
+                await messages.aclose()  # type: ignore[attr-defined]
+            # A message removed by retention cannot be compared; a different one at that
+            # sequence means the stream was created again since the snapshot.
+            if held is not None and held.seq == position and held.time != recorded:
+                return (f"{stream}: sequence {position} was received at {held.time}, not at {recorded} as "
+                        "recorded (another incarnation of the stream)")
+        return None
+
+    def _discard(self, path: Path, kind: str, reason: str) -> None:
+        quarantine = path.with_name(f"{path.name}.{kind}-{int(time.time())}")
+        os.replace(path, quarantine)
+        warning = f"{kind} projection snapshot quarantined to {quarantine}: {reason}; rebuilt from the log"
+        self.warnings.append(warning)
+        log.warning("snapshot quarantined", path=str(quarantine), kind=kind, error=reason)
+        self.states = {s.name: s.initial() for s in self.specs}
+        self.positions = {}
+        self.last_time = {}
+        self.malformed = 0
