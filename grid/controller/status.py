@@ -37,6 +37,7 @@ from grid.controller.inputs import ready_replicas
 from grid.controller.reconcile import SERVING_STATES, ReconcileResult
 from grid.demand.forecast import Forecast
 from grid.events.commands import DESTRUCTIVE_KINDS
+from grid.fleet import heartbeat_fresh
 from grid.planner.plan import render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
@@ -119,15 +120,15 @@ def _command_row(r: ActionRecord) -> dict[str, Any]:
 def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
     fleet = ctl.states["fleet"]
     limits = ctl.limits
-    timeout = limits.heartbeat_timeout_seconds
     rows = []
     for h in snaps:
         res = h.resources
         used = sum(r.memory_mb for r in h.residencies if r.state in SERVING_STATES)
         age = None if h.heartbeat_at is None else round(now - h.heartbeat_at, 3)
         rec = fleet.hosts.get(h.host_id)
+        fresh = heartbeat_fresh(h.heartbeat_at, now, limits) and age is not None and age >= -limits.future_skew_seconds
         rows.append({
-            "host_id": h.host_id, "state": h.state, "fresh": age is not None and -limits.future_skew_seconds <= age <= timeout,
+            "host_id": h.host_id, "state": h.state, "fresh": fresh,
             "heartbeat_age_seconds": age, "capacity_mb": res.capacity_mb, "reserved_mb": res.reserved_mb,
             "unmanaged_mb": h.unmanaged_memory_mb, "used_mb": used,
             "free_mb": res.capacity_mb - res.reserved_mb - h.unmanaged_memory_mb - used,
