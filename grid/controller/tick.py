@@ -1,6 +1,6 @@
 """The one tick composition: projection states -> planner input -> forecast -> plan (pure).
 
-The controller service, replay and the scenario lab all call this module, and nothing else
+The controller service and replay (and any simulator) call this module, and nothing else
 builds a tick: a recorded plan's input is rebuilt by exactly the code that built it, so replay
 reproduces it byte for byte. Everything here is a function of the projection states, an
 explicit ``now`` and the planner ``Policy``; the side effects (recording, reconciling,
