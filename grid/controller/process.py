@@ -18,7 +18,8 @@ from grid.cli.common import fail, resolve_nats_url
 from grid.config import GridConfig
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
-from grid.controller.service import Controller, ControllerSettings
+from grid.controller.service import Controller, ControllerError, ControllerSettings
+from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.logs import configure_logging
 
@@ -68,13 +69,11 @@ def serve_controller(
     )
     try:
         asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port)))
-    except LogError as exc:
+    except (LogError, ControllerError) as exc:  # no log, or another controller holds this grid home
         fail(str(exc))
 
 
 async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None) -> None:
-    from grid.events.jetstream import JetStreamLog
-
     assert cfg.nats_url is not None
     log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller")
     controller = Controller(log_, cfg, settings=settings)
