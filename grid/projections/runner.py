@@ -147,6 +147,7 @@ class ProjectionRunner:
             self.malformed_last = (msg.stream, msg.seq, exc.reason)
             log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=exc.reason)
             self.positions[msg.stream] = msg.seq
+            self.last_time[msg.stream] = msg.time
             return False
         self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
         return True
