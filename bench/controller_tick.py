@@ -30,14 +30,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import embedded_server  # noqa: E402
-from grid.controller import inputs as inputs_mod  # noqa: E402
 from grid.controller.governor import Limits  # noqa: E402
 from grid.controller.service import Controller, ControllerSettings  # noqa: E402
+from grid.controller.tick import compose_tick  # noqa: E402
 from grid.events.base import new_event_id  # noqa: E402
 from grid.events.control import ModelProfile, ModeSet, ProfileSet  # noqa: E402
 from grid.events.host import HostHeartbeat, HostResources, Residency  # noqa: E402
 from grid.events.jetstream import JetStreamLog  # noqa: E402
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET  # noqa: E402
+from grid.planner.plan import plan  # noqa: E402
 
 MODELS = 32
 
@@ -106,10 +107,7 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
         catch_up = time.perf_counter() - t0
         try:
             # Warm the planner and forecast (first-call costs) on this very input, untimed.
-            plan_fn, _v, _r = inputs_mod.planner()
-            warm_pin = inputs_mod.build_planner_input(ctl.runner.states, time.time())
-            ctl._forecast(warm_pin)
-            plan_fn(warm_pin)
+            compose_tick(ctl.runner.states, time.time(), settings.policy)
             t0 = time.perf_counter()
             cold = await ctl.tick("bench-cold")
             cold_s = time.perf_counter() - t0
@@ -125,7 +123,7 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
             plan_only = []
             for _ in range(3):
                 t0 = time.perf_counter()
-                plan_fn(pin)
+                plan(pin)
                 plan_only.append(time.perf_counter() - t0)
         finally:
             await ctl.stop()

@@ -37,6 +37,7 @@ from nats.js import api
 
 from bench._common import Timer, embedded_server
 from grid.analytics.sink import AnalyticsSink, open_store
+from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.events import codec
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.embedded import EmbeddedNats
@@ -51,9 +52,10 @@ from grid.events.subjects import (
     STREAM_SUBJECTS,
     subject_for,
 )
+from grid.planner.types import Policy
 from grid.projections.runner import ProjectionRunner
 from replay.extract import DuckDBSource, LogSource, Window
-from replay.rerun import Progress, controller_hooks, encode_plan, inputs_digest, load_planner, replay_window
+from replay.rerun import Progress, encode_plan, inputs_digest, replay_window
 
 T0 = 1_800_000_000.0
 WORKLOADS = ("coding", "research", "marketing", "sales", "general", "embedding")
@@ -138,9 +140,8 @@ async def wait_ingested(log: JetStreamLog, expected: dict[str, int]) -> None:
 async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rate: float, seed: int) -> dict[str, Any]:
     fleet = Fleet(hosts, models, seed)
     nc = log.client
-    specs, builder = controller_hooks()
-    runner = ProjectionRunner(specs)
-    ref = load_planner()
+    runner = ProjectionRunner(PROJECTIONS)
+    policy = Policy()
     await log.append(ModeSet(event_id="mode", at=T0, mode="automatic"))
     for p in fleet.profiles():
         await log.append(ProfileSet(event_id=f"profile-{p.model_id}", at=T0, profile=p))
@@ -165,12 +166,9 @@ async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rat
             await wait_ingested(log, published)
             await runner.catch_up(log)
             now = time.time()
-            stub = PlanCreated(event_id="", at=now, planner_version="", generation="", epoch="", sequence=0,
-                               inputs_digest="", based_on={}, now=now)
-            pin = builder(runner.states, stub)
-            t = time.perf_counter()
-            plan = ref.func(pin)
-            plan_seconds += time.perf_counter() - t
+            tick = compose_tick(runner.states, now, policy, stopwatch=time.perf_counter)
+            pin, plan = tick.planner_input, tick.plan
+            plan_seconds += tick.plan_seconds
             digest = inputs_digest(pin)
             plans += 1
             event = PlanCreated(
@@ -178,6 +176,7 @@ async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rat
                 generation=make_generation("bench", plans, digest), epoch="bench", sequence=plans,
                 inputs_digest=digest, based_on=dict(sorted(runner.positions.items())), now=now,
                 controller_id="bench-controller", controller_term=1, plan=msgspec.Raw(encode_plan(plan)),
+                policy=encode_policy(policy),
             )
             await log.append(event, expected_last_subject_seq=runner.positions.get(PLANS_STREAM, 0))
             # The agents converge to the plan before their next heartbeat.
@@ -260,8 +259,7 @@ async def main(args: argparse.Namespace) -> None:
             gen = await generate(log, args.hours, args.hosts, args.models, args.rate, args.seed)
         print(f"generated {args.hours:g} h of a {args.hosts}-host fleet in {t.seconds:.1f}s: {gen['heartbeats']:,} heartbeats, "
               f"{gen['batches']:,} request batches, {gen['plans']} plans (planner {gen['plan_seconds']:.1f}s)")
-        specs, _ = controller_hooks()
-        streams = ProjectionRunner(specs).streams
+        streams = ProjectionRunner(PROJECTIONS).streams
         stream_sizes = {s: await log.last_sequence(s) for s in streams}
         print("stream sizes: " + ", ".join(f"{s}={n:,}" for s, n in stream_sizes.items()))
 

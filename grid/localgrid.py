@@ -70,6 +70,7 @@ class LocalGrid:
         self.controller: Any = None
         self.gateway: Any = None
         self.agent: Any = None
+        self.admin: Any = None
         self.admin_url = ""
 
     @property
@@ -78,6 +79,7 @@ class LocalGrid:
 
     async def start(self) -> "LocalGrid":
         from grid.agent.service import AgentOptions, HostAgent
+        from grid.controller.api import serve_admin
         from grid.controller.service import Controller
         from grid.gateway.app import create_gateway_app, start_gateway
 
@@ -93,7 +95,8 @@ class LocalGrid:
 
         self.controller = Controller(self.log, cfg, settings=self.controller_settings)
         await self.controller.start()
-        self.admin_url = await self.controller.serve_admin("127.0.0.1", self.admin_port)
+        self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)
+        self.admin_url = self.admin.url or ""
         # Profile and mode travel through the log like any operator's change.
         catalog = self.controller.runner["catalog"]
         if catalog.profiles.get(self.profile.model_id) is None:
@@ -115,6 +118,9 @@ class LocalGrid:
 
     async def stop(self) -> None:
         # Controller first: nothing may re-warm what the agent is draining.
+        if self.admin is not None:
+            with contextlib.suppress(Exception):
+                await self.admin.stop()
         if self.controller is not None:
             with contextlib.suppress(Exception):
                 await self.controller.stop()

@@ -3,14 +3,14 @@
     from replay import LogSource, FileSource, DuckDBSource, Window, replay_window, write_result
 
 The package sits beside ``grid`` (it reads the log and the analytics store; it never writes
-the log). ``gridctl replay`` and ``gridctl history`` are its command-line face.
+the log) and never imports ``grid.cli``: ``gridctl replay`` (grid/cli/replay.py) and ``gridctl
+history`` are its command-line face and call into it.
 """
 
 from replay.diff import Difference, diff_plans
 from replay.extract import DuckDBSource, FileSource, LogSource, Source, SourceError, Window, extract_window
 from replay.rerun import (
     DEFAULT_PLANNER,
-    ControllerNotReady,
     PlannerPathError,
     PlanOutcome,
     ReplayResult,
@@ -22,7 +22,6 @@ from replay.store import write_result
 
 __all__ = [
     "DEFAULT_PLANNER",
-    "ControllerNotReady",
     "Difference",
     "DuckDBSource",
     "FileSource",

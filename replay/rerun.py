@@ -1,9 +1,8 @@
 """Re-run recorded plans: fold the log exactly as the controller did, plan again, compare.
 
-For every recorded plan (PlanCreated) in order, the projections are advanced, stream by stream
-in the runner's catch-up order, to the plan's ``based_on`` positions; the planner input is
-rebuilt from those states with the controller's own builder and the plan's recorded ``now``;
-its digest is checked against the recorded ``inputs_digest``; the chosen planner runs and its
+For every recorded plan (PlanCreated) in order, the projections are advanced to the plan's
+``based_on`` positions; the planner input is rebuilt from those states by the controller's own
+tick composition (grid.controller.tick) with the plan's recorded ``now`` and ``policy``; its digest is checked against the recorded ``inputs_digest``; the chosen planner runs and its
 encoded plan is compared with the recorded bytes. Folding stops at each plan's positions (the
 controller catches up to the log's end before each tick), so folds that read other
 projections see the same cross-stream prefix the controller saw.
@@ -16,7 +15,6 @@ The result is a value; writing it to DuckDB is ``replay.store``'s job.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import importlib
 import importlib.util
 import math
@@ -31,12 +29,21 @@ from typing import Any
 
 import msgspec
 
+from grid.controller.tick import PROJECTIONS, recorded_policy, tick_input
 from grid.events import codec
 from grid.events.codec import EventDecodeError
 from grid.events.plan import PlanCreated
 from grid.events.subjects import PLANS_STREAM
-from grid.planner.types import Plan, PlannerInput, Policy
-from grid.projections.runner import CORE_PROJECTIONS, STREAM_ORDER, ProjectionRunner, ProjectionSpec, ReplayError
+from grid.planner import plan as planner_plan
+from grid.planner.digest import inputs_digest
+from grid.planner.types import Plan, PlannerInput
+from grid.projections.runner import (
+    STREAM_ORDER,
+    ProjectionRunner,
+    ProjectionSpec,
+    ReplayError,
+    merge_by_receipt_time,
+)
 from replay.diff import Difference, diff_plans
 from replay.extract import Source, StreamReader, Window, read_range
 
@@ -62,10 +69,6 @@ class PlannerPathError(ValueError):
         self.reason = reason
 
 
-class ControllerNotReady(RuntimeError):
-    """The controller's input builder (grid.controller.inputs) is not installed."""
-
-
 # --- the planner under test -------------------------------------------------------------------
 
 
@@ -77,30 +80,15 @@ class PlannerRef:
     encode: Callable[[Any], bytes]
 
 
-def _installed_plan_module() -> Any | None:
-    try:
-        return importlib.import_module("grid.planner.plan")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("grid.planner.plan",):
-            return None
-        raise
-
-
 def encode_plan(plan: Any) -> bytes:
-    """Encode a plan the way the controller records it (the installed planner's encoder)."""
+    """Encode a plan the way the controller records it (the planner's encode_plan)."""
     if isinstance(plan, (bytes, bytearray, memoryview)):
         return bytes(plan)
-    module = _installed_plan_module()
-    encoder = getattr(module, "encode_plan", None) if module is not None else None
-    return encoder(plan) if encoder is not None else codec.encode_value(plan)
+    return planner_plan.encode_plan(plan)
 
 
 def decode_plan(data: bytes) -> Plan:
-    module = _installed_plan_module()
-    decoder = getattr(module, "decode_plan", None) if module is not None else None
-    if decoder is not None:
-        return decoder(data)  # type: ignore[no-any-return]
-    return msgspec.json.decode(data, type=Plan)
+    return planner_plan.decode_plan(data)
 
 
 def _import_path(path: str, module_part: str) -> Any:
@@ -135,22 +123,8 @@ def _import_path(path: str, module_part: str) -> Any:
 
 
 def load_planner(path: str | None = None) -> PlannerRef:
-    """Resolve ``module:function`` (or ``file.py:function``); default the installed planner.
-
-    Without a path this is the planner the controller would run now: grid.planner.plan when it is
-    installed, else the controller's own fallback (grid.controller.inputs.planner()).
-    """
-    if not path:
-        path = DEFAULT_PLANNER
-        if _installed_plan_module() is None:
-            try:
-                from grid.controller import inputs as controller_inputs
-
-                fn = controller_inputs.planner()[0]
-                path = f"{fn.__module__}:{fn.__qualname__}"
-            except (ImportError, AttributeError):
-                pass
-    path = path.strip()
+    """Resolve ``module:function`` (or ``file.py:function``); default the planner the controller runs."""
+    path = (path or DEFAULT_PLANNER).strip()
     module_part, sep, attr = path.rpartition(":")
     if not sep or not module_part or not attr:
         raise PlannerPathError(path, "expected module:function (e.g. grid.planner.plan:plan)")
@@ -171,81 +145,9 @@ def load_planner(path: str | None = None) -> PlannerRef:
 # --- the controller's view --------------------------------------------------------------------
 
 
-class _ForecastHost:
-    """The little of a Controller that its `_forecast` reads: the runner's states."""
-
-    def __init__(self, states: Mapping[str, Any]) -> None:
-        self.runner = self
-        self.states = states
-        self.last_forecast: Any = None
-        self.warnings: list[str] = []
-
-    def _warn(self, message: str) -> None:
-        self.warnings.append(message)
-
-
-def controller_hooks(policy: Policy | None = None) -> tuple[tuple[ProjectionSpec, ...], InputBuilder]:
-    """The projection specs and the planner-input builder the controller itself uses.
-
-    Specs: ``grid.controller.inputs.PROJECTIONS`` if the controller exports one, else the
-    service's ``controller_projections()`` (core projections plus demand). Builder: a complete
-    ``grid.controller.inputs`` builder when one exists (``build_tick_input(states, now, policy)``),
-    else the service's own tick composition: ``build_planner_input(..., demand=())`` then
-    ``Controller._forecast`` for the demand targets, with the recorded ``now``.
-    """
-    try:
-        from grid.controller import inputs as controller_inputs
-    except ModuleNotFoundError as exc:
-        raise ControllerNotReady(
-            "grid.controller.inputs is not installed: replay rebuilds planner inputs with the controller's builder"
-        ) from exc
-    try:
-        from grid.controller import service as controller_service
-    except ModuleNotFoundError:
-        controller_service = None  # type: ignore[assignment]
-    if policy is None:
-        settings_type = getattr(controller_service, "ControllerSettings", None)
-        policy = settings_type().policy if settings_type is not None else Policy()
-
-    specs: tuple[ProjectionSpec, ...]
-    if hasattr(controller_inputs, "PROJECTIONS"):
-        specs = tuple(controller_inputs.PROJECTIONS)
-    elif controller_service is not None and hasattr(controller_service, "controller_projections"):
-        specs = tuple(controller_service.controller_projections())
-    else:
-        specs = CORE_PROJECTIONS
-
-    complete = getattr(controller_inputs, "build_tick_input", None)
-    if complete is not None:
-        def builder(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
-            return complete(states, plan.now, policy=policy)  # type: ignore[no-any-return]
-
-        return specs, builder
-
-    forecast_of = getattr(getattr(controller_service, "Controller", None), "_forecast", None)
-
-    def composed(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
-        base = controller_inputs.build_planner_input(states, plan.now, demand=(), policy=policy)
-        if forecast_of is None:
-            return controller_inputs.build_planner_input(states, plan.now, policy=policy)
-        demand = forecast_of(_ForecastHost(states), base)
-        return msgspec.structs.replace(base, demand=demand)
-
-    return specs, composed
-
-
-def inputs_digest(planner_input: PlannerInput) -> str:
-    """The digest the controller records: the planner's own, else sha256 of the encoding."""
-    try:
-        digest_mod = importlib.import_module("grid.planner.digest")
-    except ModuleNotFoundError as exc:
-        if exc.name != "grid.planner.digest":
-            raise
-        digest_mod = None
-    fn = getattr(digest_mod, "inputs_digest", None) if digest_mod is not None else None
-    if fn is not None:
-        return fn(planner_input)  # type: ignore[no-any-return]
-    return hashlib.sha256(codec.encode_value(planner_input)).hexdigest()
+def controller_input(states: Mapping[str, Any], plan: PlanCreated) -> PlannerInput:
+    """The planner input the controller built for `plan`: its tick at the recorded now and policy."""
+    return tick_input(states, plan.now, recorded_policy(plan)).planner_input
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -364,7 +266,6 @@ class _Folder:
         self.progress = progress
         self.order = order
         self.folded = 0
-        self._rank = {s: i for i, s in enumerate(STREAM_ORDER)}
 
     async def _pending(self, based_on: Mapping[str, int], plan_seq: int) -> list[tuple[str, int]]:
         runner = self.runner
@@ -406,26 +307,14 @@ class _Folder:
                 self._count(n % 4096)
             return
         # Receipt-time merge of every stream with something to fold (a k-way heap merge).
-        rank = self._rank
+        # The same receipt-time merge as the controller's catch-up.
         iters = {stream: self.readers[stream].take(target).__aiter__() for stream, target in pending}
-        heap: list[tuple[float, int, int, Any]] = []
-        for stream, it in iters.items():
-            msg = await anext(it, None)
-            if msg is not None:
-                heap.append((msg.time, rank[stream], msg.seq, msg))
-        heapq.heapify(heap)
         n = 0
-        while heap:
-            _, r, _, msg = heap[0]
+        async for msg in merge_by_receipt_time(iters):
             fold(msg)
             n += 1
             if n % 4096 == 0:
                 self._count(4096)
-            nxt = await anext(iters[msg.stream], None)
-            if nxt is None:
-                heapq.heappop(heap)
-            else:
-                heapq.heapreplace(heap, (nxt.time, r, nxt.seq, nxt))
         self._count(n % 4096)
 
     def behind(self, based_on: Mapping[str, int]) -> str | None:
@@ -461,8 +350,8 @@ async def replay_window(
     window: Window = Window(),
     *,
     planner: PlannerRef | str | None = None,
-    specs: Sequence[ProjectionSpec] | None = None,
-    build_input: InputBuilder | None = None,
+    specs: Sequence[ProjectionSpec] = PROJECTIONS,
+    build_input: InputBuilder = controller_input,
     digest: Callable[[PlannerInput], str] = inputs_digest,
     progress: Progress | None = None,
     run_id: str | None = None,
@@ -472,10 +361,6 @@ async def replay_window(
     """Re-run every recorded plan of `window` (plans-stream receipt time / sequence) from `source`."""
     started = time.time()
     ref = planner if isinstance(planner, PlannerRef) else load_planner(planner)
-    if specs is None or build_input is None:
-        controller_specs, controller_builder = controller_hooks()
-        specs = controller_specs if specs is None else specs
-        build_input = controller_builder if build_input is None else build_input
     warnings: list[str] = []
 
     probe = ProjectionRunner(specs)
@@ -710,7 +595,6 @@ def _compare(ref: PlannerRef, planner_input: PlannerInput, replayed_digest: str,
 
 __all__ = [
     "DEFAULT_PLANNER",
-    "ControllerNotReady",
     "InputBuilder",
     "PlanOutcome",
     "PlannerPathError",
@@ -719,7 +603,7 @@ __all__ = [
     "ReplayResult",
     "STREAM_ORDER",
     "Summary",
-    "controller_hooks",
+    "controller_input",
     "decode_plan",
     "encode_plan",
     "inputs_digest",

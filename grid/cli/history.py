@@ -1,4 +1,4 @@
-"""gridctl replay | history: re-run recorded plans, and read history from the DuckDB store.
+"""gridctl history: read history from the DuckDB store.
 
 ``history`` subcommands read the analytics store read-only (grid.analytics.queries, plus the
 replay tables of replay.store); every one has ``--json``.
@@ -18,7 +18,6 @@ from grid.analytics import queries
 from grid.cli.common import JsonOption, config, console, fail, print_json
 from grid.cli.events import parse_when
 from replay import store as replay_store
-from replay.cli import replay_command
 
 history_app = typer.Typer(help="History from the DuckDB analytics store.", no_args_is_help=True)
 
@@ -28,8 +27,7 @@ DbOption = typer.Option(None, "--db", help="DuckDB store (default the grid home'
 
 
 def register(app: typer.Typer) -> None:
-    """Add `gridctl replay` and `gridctl history ...` to the gridctl app."""
-    app.command("replay")(replay_command)
+    """Add `gridctl history ...` to the gridctl app."""
     app.add_typer(history_app, name="history")
 
 

@@ -10,6 +10,7 @@ from grid.cli.admin import register as register_admin
 from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
+from grid.cli.replay import replay_command
 
 app = typer.Typer(
     name="gridctl",
@@ -21,7 +22,8 @@ up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
 app.command("pull")(pull)
-history.register(app)  # gridctl replay, gridctl history
+app.command("replay")(replay_command)
+history.register(app)  # gridctl history
 chat.register(app)  # gridctl models, gridctl chat
 register_admin(app)  # gridctl status, model set/rm, mode, tick
 

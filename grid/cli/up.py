@@ -21,6 +21,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from grid.cli.common import console, err_console, fail
 from grid.config import GridConfig
+from grid.controller.process import serve_controller
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
@@ -195,34 +196,8 @@ async def _serve_forever(start, stop) -> None:  # type: ignore[no-untyped-def]
         await stop()
 
 
-@serve_app.command("controller")
-def serve_controller(
-    nats: str = typer.Option(..., "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Admin API listen address."),
-    port: int = typer.Option(8787, "--port", help="Admin API port."),
-) -> None:
-    """Run the controller and its admin API."""
-    from grid.controller.service import Controller
-
-    cfg = GridConfig.from_environ()
-    state: dict[str, object] = {}
-
-    async def start() -> None:
-        log = await JetStreamLog.connect(nats, name="grid-controller")
-        controller = Controller(log, cfg)
-        await controller.start()
-        url = await controller.serve_admin(host, port)
-        state.update(log=log, controller=controller)
-        console.print(f"controller {controller.controller_id}: admin API {url}")
-
-    async def stop() -> None:
-        await state["controller"].stop()  # type: ignore[attr-defined]
-        await state["log"].close()  # type: ignore[attr-defined]
-
-    try:
-        asyncio.run(_serve_forever(start, stop))
-    except LogError as exc:
-        fail(str(exc))
+# The controller's one process entry (also `python -m grid.controller.service`).
+serve_app.command("controller")(serve_controller)
 
 
 @serve_app.command("gateway")

@@ -6,6 +6,9 @@
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
 
+`AdminServer` serves the app with uvicorn in the controller's event loop and records its URL in
+GRID_HOME/admin.url while it runs (that is how gridctl finds it).
+
 Mutations need the operator token in ``X-Grid-Allocator-Token`` or ``Authorization: Bearer``
 (constant-time compare); a wrong or missing token is 401. Bodies are bounded (413). A malformed
 body is 422 naming the field at fault, and nothing is appended. Automatic mode is refused with
@@ -14,9 +17,12 @@ body is 422 naming the field at fault, and nothing is appended. Automatic mode i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -24,13 +30,49 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from grid.events.base import new_event_id
-from grid.events.control import DATA_TIERS, MODES, ModelProfile, ModeSet, ProfileRemoved, ProfileSet, TickRequested
-from grid.events.log import LogError
-from grid.secrets import tokens_equal
+from grid.clock import Clock
+from grid.config import GridConfig
+from grid.controller.reconcile import ReconcileResult
+from grid.controller.status import ControllerView, TickReport, build_status
+from grid.events.base import Event, new_event_id
+from grid.events.control import (
+    DATA_TIERS,
+    MODES,
+    ModelProfile,
+    ModeSet,
+    ProfileRemoved,
+    ProfileSet,
+    TickRequested,
+)
+from grid.events.embedded import free_port
+from grid.events.log import AppendResult, EventLog, LogError
+from grid.projections.runner import ProjectionRunner
+from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
 
-if TYPE_CHECKING:
-    from grid.controller.service import Controller
+
+class AdminTarget(Protocol):
+    """What the admin API needs of a controller (grid.controller.service.Controller is one).
+
+    A protocol rather than the service class, so this edge module does not import the service.
+    """
+
+    config: GridConfig
+    token: str | None
+    clock: Clock
+    log: EventLog
+    runner: ProjectionRunner
+    last_result: ReconcileResult | None
+
+    def snapshot(self) -> ControllerView: ...
+
+    async def append_control(self, event: Event) -> AppendResult: ...
+
+    async def tick(self, reason: str = "manual") -> TickReport: ...
+
+
+class AdminServerError(RuntimeError):
+    pass
+
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_MODEL_ID_LENGTH = 256
@@ -221,12 +263,16 @@ def validate_profile(model_id: str, body: Any) -> ModelProfile:
 
 
 def create_admin_app(
-    controller: "Controller",
-    token: str,
+    controller: AdminTarget,
+    token: str | None = None,
     *,
+    admin_url: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     status_requires_token_off_loopback: bool = True,
 ) -> Starlette:
+    """The admin app of `controller`. Without `token`, the grid home's operator token (created if absent)."""
+    if token is None:
+        token = controller.token or load_or_create_secret(controller.config.operator_token_path)
     if not token:
         raise ValueError("the operator token must not be empty")
 
@@ -252,7 +298,7 @@ def create_admin_app(
     async def status(request: Request) -> Response:
         if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
             return unauthorized()
-        return _json(controller.status())
+        return _json(build_status(controller.snapshot(), admin_url=admin_url))
 
     async def put_model(request: Request) -> Response:
         if not authorized(request):
@@ -335,3 +381,63 @@ def create_admin_app(
         Route("/allocator/tick", post_tick, methods=["POST"]),
     ]
     return Starlette(routes=routes)
+
+
+class AdminServer:
+    """The admin API served by uvicorn in the running event loop (no second thread or process)."""
+
+    def __init__(self, controller: AdminTarget) -> None:
+        self.controller = controller
+        self.url: str | None = None
+        self._server: Any = None
+        self._task: asyncio.Task[Any] | None = None
+
+    @property
+    def url_file(self) -> Path:
+        return self.controller.config.home / "admin.url"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on host:port (0 picks a free port); writes GRID_HOME/admin.url. Returns the URL."""
+        import uvicorn
+
+        if port == 0:
+            port = free_port(host)
+        url_host = f"[{host}]" if ":" in host else host
+        url = f"http://{url_host}:{port}"
+        config = uvicorn.Config(create_admin_app(self.controller, admin_url=url), host=host, port=port,
+                                log_level="warning", lifespan="off", access_log=False)
+        server = uvicorn.Server(config)
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
+        for _ in range(500):
+            if server.started or self._task.done():
+                break
+            await asyncio.sleep(0.01)
+        if not server.started:
+            await self.stop()
+            raise AdminServerError(f"admin API did not start on {host}:{port}")
+        self.url = url
+        write_owner_only(self.url_file, (url + "\n").encode())
+        return url
+
+    async def stop(self) -> None:
+        server, task = self._server, self._task
+        self._server = self._task = None
+        if server is not None:
+            server.should_exit = True
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 5.0)
+        if self.url is not None:
+            # Another controller may have taken the file over since: remove only our own URL.
+            with contextlib.suppress(OSError):
+                if self.url_file.read_text().strip() == self.url:
+                    self.url_file.unlink()
+            self.url = None
+
+
+async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0) -> AdminServer:
+    """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller."""
+    server = AdminServer(controller)
+    await server.start(host, port)
+    return server

@@ -1,24 +1,28 @@
-"""Build the planner's input from projection states exactly as the controller does.
+"""The planner's input from projection states, and the fleet facts the forecast needs (pure).
 
-Replay imports this module too, so a recorded plan's input can be rebuilt byte for byte.
-Without a forecast, demand is the baseline (each profile's min_replicas).
+grid.controller.tick composes these into a tick; the controller and replay both go through it,
+so a recorded plan's input can be rebuilt byte for byte. Without a forecast, demand is the
+baseline (each profile's min_replicas).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grid.events.control import ModelProfile
-from grid.demand import forecast as forecast_mod
-from grid.planner import plan as plan_module
-from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy, TimingSample
+from grid.fleet import FreshnessPolicy, heartbeat_fresh
+from grid.planner.types import (
+    DemandTarget,
+    HostSnapshot,
+    PlannerInput,
+    Policy,
+    TimingSample,
+)
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
 from grid.projections.actions import TIMING_AUTHORITATIVE_SAMPLES, ActionsState
-
-PlanFn = Callable[[PlannerInput], Plan]
 
 
 def baseline_demand(profiles: tuple[ModelProfile, ...]) -> tuple[DemandTarget, ...]:
@@ -79,18 +83,13 @@ def build_planner_input(
     )
 
 
-def planner() -> tuple[PlanFn, str, Callable[[Plan], list[str]]]:
-    """(plan function, version, explanation renderer) of the installed planner."""
-    return plan_module.plan, plan_module.PLANNER_VERSION, plan_module.render_explanation
-
-
-def encode_plan(plan: Plan) -> bytes:
-    return bytes(plan_module.encode_plan(plan))
-
-
-def decode_plan(data: bytes) -> Plan:
-    return plan_module.decode_plan(data)
-
-
-def forecast_module() -> Any:
-    return forecast_mod
+def ready_replicas(hosts: Sequence[HostSnapshot], now: float, policy: FreshnessPolicy) -> dict[str, int]:
+    """Ready replicas per model on hosts whose heartbeat is fresh at `now` (the forecast's supply)."""
+    ready: dict[str, int] = {}
+    for h in hosts:
+        if not heartbeat_fresh(h.heartbeat_at, now, policy):
+            continue
+        for r in h.residencies:
+            if r.state == "ready":
+                ready[r.model_id] = ready.get(r.model_id, 0) + 1
+    return ready

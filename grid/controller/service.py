@@ -16,12 +16,12 @@ Side effects live here and nowhere else in grid.controller:
 * after a start, destructive work waits for a grace period and for heartbeats received after
   the start.
 
-Run standalone: ``python -m grid.controller.service --nats URL --home DIR [--admin-port N]``.
+The process entry (``gridctl serve controller``, alias ``python -m grid.controller.service``) is
+the typer command in grid.controller.process; the admin HTTP server is grid.controller.api's.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import os
 import secrets
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,21 +39,30 @@ import structlog
 
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
-from grid.controller import inputs as inputs_mod
 from grid.controller.governor import Limits
 from grid.controller.lease import Lease
 from grid.controller.reconcile import (
+    WITHDRAW_MODE,
     Guards,
     ReconcileResult,
     Withdrawal,
-    WITHDRAW_MODE,
     reconcile,
     withdraw_all,
 )
+from grid.controller.status import ControllerView, TickReport, build_status
+from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
+from grid.demand.forecast import Forecast
+from grid.events import codec
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
-from grid.events.log import AppendResult, ConflictError, EventLog, LogError, StoredMessage
+from grid.events.log import (
+    AppendResult,
+    ConflictError,
+    EventLog,
+    LogError,
+    StoredMessage,
+)
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.subjects import (
     COMMANDS_STREAM,
@@ -63,9 +71,10 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
 )
-from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy
+from grid.planner.plan import decode_plan, encode_plan
+from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
-from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner, ProjectionSpec
+from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
 
 log = structlog.get_logger(__name__)
@@ -101,50 +110,9 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     background_ticks: bool = True
 
 
-class TickReport(msgspec.Struct, kw_only=True):
-    number: int
-    at: float
-    reason: str
-    mode: str
-    effective_mode: str
-    leader: bool
-    duration_ms: float = 0.0
-    plan_ms: float = 0.0
-    forecast_ms: float = 0.0
-    reconcile_ms: float = 0.0
-    publish_ms: float = 0.0
-    generation: str = ""
-    plan_recorded: bool = False
-    actions: int = 0
-    deferred: int = 0
-    published: int = 0
-    withdrawn: int = 0
-    dirty_revision: int = 0
-    error: str | None = None
-
-
-def _demand_spec() -> ProjectionSpec | None:
-    try:
-        from grid.demand import fold as demand_proj
-    except ImportError:
-        return None
-
-    def fold(state: Any, event: Event, position: Any, states: dict[str, Any]) -> Any:
-        return demand_proj.apply(state, event, position.time, catalog_proj.configured_models(states["catalog"]))
-
-    return ProjectionSpec("demand", (REQUESTS_STREAM,), demand_proj.DemandState, demand_proj.initial, fold)
-
-
-def controller_projections() -> tuple[ProjectionSpec, ...]:
-    spec = _demand_spec()
-    return CORE_PROJECTIONS + ((spec,) if spec is not None else ())
-
-
 def plan_key(plan: Plan) -> str:
     """Identity of a plan's decisions (not of its inputs or `now`): when to record a new one."""
     body = (plan.placements, plan.preemptions, plan.shortfalls)
-    from grid.events import codec
-
     return hashlib.sha256(codec.encode_value(body)).hexdigest()
 
 
@@ -188,7 +156,7 @@ def _persistent_value(path: Path, nbytes: int = 16) -> str:
 
 
 class Controller:
-    """The allocator controller. `start()` / `stop()`; `tick()`; `status()`; admin app helpers."""
+    """The allocator controller. `start()` / `stop()`; `tick()`; `snapshot()` / `status()`."""
 
     def __init__(
         self,
@@ -207,7 +175,7 @@ class Controller:
         self._explicit_id = controller_id
         self.controller_id = controller_id or ""
         self.epoch = ""
-        self.runner = ProjectionRunner(controller_projections())
+        self.runner = ProjectionRunner(PROJECTIONS)
         self.lease: Lease | None = None
         self.token: str | None = None
         self.started_at: float | None = None
@@ -216,7 +184,7 @@ class Controller:
         self.last_result: ReconcileResult | None = None
         self.last_plan: Plan | None = None
         self.last_input: PlannerInput | None = None
-        self.last_forecast: Any = None
+        self.last_forecast: Forecast | None = None
         self.last_generation = ""
         self.plan_recorded = False
         self.last_tick: TickReport | None = None
@@ -235,10 +203,7 @@ class Controller:
         self._lock_fd: int | None = None
         self._last_plan_key: str | None = None
         self._last_plan_recorded_at: float | None = None
-        self._admin_server: Any = None
-        self._admin_task: asyncio.Task[Any] | None = None
         self._stopping = False
-        self.admin_url: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -260,7 +225,7 @@ class Controller:
         self.controller_id = self._explicit_id or _persistent_value(self.files.controller_id)
         self.epoch = _persistent_value(self.files.epoch, 8)
         self.token = load_or_create_secret(self.config.operator_token_path)
-        self.runner.load_snapshot(self.files.snapshot)
+        await self.runner.restore_snapshot(self.files.snapshot, self.log)
         await self.runner.catch_up(self.log)
         self.started_at = self.clock.now()
         s = self.settings
@@ -289,7 +254,6 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True
-        await self.stop_admin()
         await _cancel_all(self._tasks)
         self._tasks = []
         if self.lease is not None:
@@ -319,7 +283,7 @@ class Controller:
         self.last_generation = latest.generation
         self._last_plan_recorded_at = latest.now
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            self._last_plan_key = plan_key(inputs_mod.decode_plan(bytes(latest.plan)))
+            self._last_plan_key = plan_key(decode_plan(bytes(latest.plan)))
 
     # --- background loops -------------------------------------------------------------------------
 
@@ -328,36 +292,10 @@ class Controller:
             self._dirty_revision += 1
             self._dirty.set()
 
-    async def _follow_once(self) -> None:
-        # Like ProjectionRunner.follow, but every subscription opened is closed even when the
-        # task is cancelled while subscribing (a leaked consumer makes the client's drain hang).
-        subs: list[Any] = []
-        runner = self.runner
-
-        async def pump(sub: Any) -> None:
-            while True:
-                msg = await sub.next(timeout=None)
-                if msg is None:
-                    return
-                runner.fold(msg)
-                runner.changed.set()
-                self._on_fold(msg.stream, msg)
-
-        try:
-            for stream in runner.streams:
-                subs.append(await self.log.subscribe(stream, start_seq=runner.positions.get(stream, 0) + 1))
-            if self._stopping:
-                return  # a cancellation swallowed inside the client's subscribe
-            await asyncio.gather(*(pump(sub) for sub in subs))
-        finally:
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.close()
-
     async def _follow(self) -> None:
         while not self._stopping:
             try:
-                await self._follow_once()
+                await self.runner.follow(self.log, on_fold=self._on_fold)
                 return
             except asyncio.CancelledError:
                 raise
@@ -442,30 +380,6 @@ class Controller:
             cleared_withdrawals=frozenset(self._cleared),
         )
 
-    def _forecast(self, pin: PlannerInput) -> tuple[DemandTarget, ...]:
-        mod = inputs_mod.forecast_module()
-        states = self.runner.states
-        if mod is None or "demand" not in states:
-            self.last_forecast = None
-            return inputs_mod.baseline_demand(pin.profiles)
-        ready: dict[str, int] = {}
-        for h in pin.hosts:
-            if h.heartbeat_at is None or pin.now - h.heartbeat_at > pin.policy.heartbeat_timeout_seconds:
-                continue
-            for r in h.residencies:
-                if r.state == "ready":
-                    ready[r.model_id] = ready.get(r.model_id, 0) + 1
-        try:
-            fc = mod.forecast(states["demand"], pin.profiles, pin.now, ready_replicas=ready,
-                              timings=pin.timings, retired=frozenset(pin.retired))
-        except Exception as exc:  # the forecast must never stop the controller
-            log.exception("forecast failed; using baseline demand")
-            self._warn(f"forecast failed ({type(exc).__name__}: {exc}); using min_replicas")
-            self.last_forecast = None
-            return inputs_mod.baseline_demand(pin.profiles)
-        self.last_forecast = fc
-        return tuple(fc.targets)
-
     def _warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)
@@ -496,17 +410,14 @@ class Controller:
             # The positions the input is built from, read with it (no await in between): a
             # plan's based_on must name exactly what its planner saw, or replay cannot rebuild it.
             based_on = dict(sorted(self.runner.positions.items()))
-            base = inputs_mod.build_planner_input(states, now, demand=(), policy=self.settings.policy)
-            t1 = time.perf_counter()
-            demand = self._forecast(base)
-            pin = msgspec.structs.replace(base, demand=demand)
-            t2 = time.perf_counter()
-            plan_fn, _version, _render = inputs_mod.planner()
-            plan = plan_fn(pin)
-            t3 = time.perf_counter()
-            report.forecast_ms = (t2 - t1) * 1000
-            report.plan_ms = (t3 - t2) * 1000
-            self.last_input, self.last_plan = pin, plan
+            composed = compose_tick(states, now, self.settings.policy, stopwatch=time.perf_counter)
+            if composed.forecast_error is not None:
+                log.warning("forecast failed; using baseline demand", error=composed.forecast_error)
+                self._warn(f"forecast failed ({composed.forecast_error}); using min_replicas")
+            pin, plan = composed.planner_input, composed.plan
+            report.forecast_ms = composed.forecast_seconds * 1000
+            report.plan_ms = composed.plan_seconds * 1000
+            self.last_input, self.last_plan, self.last_forecast = pin, plan, composed.forecast
             # record the plan (lease holder only, CAS on the plan subject)
             if leader:
                 await self._record_plan(plan, pin, now, report, based_on)
@@ -561,7 +472,7 @@ class Controller:
             planner_version=plan.planner_version, generation=generation, epoch=self.epoch, sequence=sequence,
             inputs_digest=plan.inputs_digest, based_on=based_on, now=now,
             controller_id=self.controller_id, controller_term=self.lease.term,
-            plan=msgspec.Raw(inputs_mod.encode_plan(plan)),
+            plan=msgspec.Raw(encode_plan(plan)), policy=encode_policy(pin.policy),
         )
         try:
             res = await self.log.append(event, expected_last_subject_seq=expected)
@@ -656,57 +567,28 @@ class Controller:
 
     # --- status -------------------------------------------------------------------------------
 
+    def snapshot(self) -> ControllerView:
+        """What status shows, read at one instant (nothing awaits while it is taken)."""
+        lease = self.lease
+        s = self.settings
+        return ControllerView(
+            now=self.clock.now(), controller_id=self.controller_id, epoch=self.epoch, started_at=self.started_at,
+            restart_grace_until=None if self.first_tick_at is None else self.first_tick_at + s.restart_grace_seconds,
+            lease=lease.describe() if lease is not None else None,
+            lease_error=lease.last_error if lease is not None and lease.state != "held" else None,
+            published_total=self.published_total, withdrawn_total=self.withdrawn_total,
+            plan_conflicts=self.plan_conflicts, log_durable=bool(getattr(self.log, "durable", False)),
+            dirty_revision=self._dirty_revision, processed_revision=self._processed_revision,
+            success_revision=self._success_revision, states=dict(self.runner.states),
+            positions=dict(sorted(self.runner.positions.items())), malformed_events=self.runner.malformed,
+            warnings=tuple(self.runner.warnings) + tuple(self.warnings), limits=s.limits,
+            history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
+            last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,
+            last_generation=self.last_generation, last_result=self.last_result,
+        )
+
     def status(self) -> dict[str, Any]:
-        from grid.controller.status import build_status
-
-        return build_status(self)
-
-    # --- admin HTTP -----------------------------------------------------------------------------
-
-    def admin_app(self, **kwargs: Any) -> Any:
-        from grid.controller.api import create_admin_app
-
-        if self.token is None:
-            self.token = load_or_create_secret(self.config.operator_token_path)
-        return create_admin_app(self, self.token, **kwargs)
-
-    async def serve_admin(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve the admin API in this event loop; writes GRID_HOME/admin.url. Returns the URL."""
-        import uvicorn
-
-        from grid.events.embedded import free_port
-
-        if port == 0:
-            port = free_port(host)
-        config = uvicorn.Config(self.admin_app(), host=host, port=port, log_level="warning", lifespan="off",
-                                access_log=False)
-        server = uvicorn.Server(config)
-        self._admin_server = server
-        self._admin_task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
-        for _ in range(500):
-            if server.started or self._admin_task.done():
-                break
-            await asyncio.sleep(0.01)
-        if not server.started:
-            raise ControllerError(f"admin API did not start on {host}:{port}")
-        url_host = f"[{host}]" if ":" in host else host
-        self.admin_url = f"http://{url_host}:{port}"
-        write_owner_only(self.files.admin_url, (self.admin_url + "\n").encode())
-        return self.admin_url
-
-    async def stop_admin(self) -> None:
-        server, task = self._admin_server, self._admin_task
-        self._admin_server = self._admin_task = None
-        if server is not None:
-            server.should_exit = True
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 5.0)
-        if self.admin_url is not None:
-            with contextlib.suppress(OSError):
-                if self.files.admin_url.read_text().strip() == self.admin_url:
-                    self.files.admin_url.unlink()
-            self.admin_url = None
+        return build_status(self.snapshot())
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
@@ -723,70 +605,8 @@ async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
                 t.exception()
 
 
-# --- standalone process ---------------------------------------------------------------------------
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m grid.controller.service", description=__doc__.split("\n")[0])
-    p.add_argument("--nats", default=os.environ.get("GRID_NATS_URL"), help="NATS URL (default GRID_NATS_URL)")
-    p.add_argument("--home", default=None, help="grid home (default GRID_HOME or ~/.grid)")
-    p.add_argument("--admin-host", default="127.0.0.1")
-    p.add_argument("--admin-port", type=int, default=0, help="0 picks a free port (written to GRID_HOME/admin.url)")
-    p.add_argument("--no-admin", action="store_true")
-    p.add_argument("--tick-interval", type=float, default=5.0)
-    p.add_argument("--lease-ttl", type=float, default=15.0)
-    p.add_argument("--lease-renew", type=float, default=5.0)
-    p.add_argument("--restart-grace", type=float, default=10.0)
-    p.add_argument("--max-mutations", type=int, default=Limits().max_global_mutations,
-                   help="global concurrent mutation limit")
-    p.add_argument("--max-host-mutations", type=int, default=Limits().max_host_mutations,
-                   help="per-host concurrent mutation limit")
-    p.add_argument("--artifact-fanout", type=int, default=Limits().artifact_fanout,
-                   help="concurrent loads of one exact artifact")
-    p.add_argument("--publish-pause", type=float, default=0.0, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
-async def _main(argv: list[str] | None = None) -> int:
-    from grid.events.jetstream import JetStreamLog
-
-    args = _parse_args(argv)
-    cfg = GridConfig.from_environ()
-    home = Path(args.home).expanduser() if args.home else cfg.home
-    url = args.nats
-    if not url and (home / "nats.url").exists():
-        url = (home / "nats.url").read_text().strip()
-    if not url:
-        raise SystemExit("no NATS URL: pass --nats or set GRID_NATS_URL")
-    settings = ControllerSettings(
-        tick_interval_seconds=args.tick_interval, lease_ttl_seconds=args.lease_ttl,
-        lease_renew_seconds=args.lease_renew, restart_grace_seconds=args.restart_grace,
-        publish_pause_seconds=args.publish_pause,
-        limits=Limits(max_global_mutations=args.max_mutations, max_host_mutations=args.max_host_mutations,
-                      artifact_fanout=args.artifact_fanout),
-    )
-    log_ = await JetStreamLog.connect(url, name="grid-controller")
-    controller = Controller(log_, GridConfig(home=home, nats_url=url), settings=settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await controller.start()
-    if not args.no_admin:
-        admin = await controller.serve_admin(args.admin_host, args.admin_port)
-        print(f"admin API {admin}", flush=True)
-    print(f"controller {controller.controller_id} started", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await controller.stop()
-        await log_.close()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(_main(argv))
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m grid.controller.service`: an alias of `gridctl serve controller`.
+    from grid.controller.process import main
+
+    main()

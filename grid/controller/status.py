@@ -19,23 +19,87 @@ Shape (every key always present; lists bounded):
     history      recent terminal actions, newest first
     ticks        recent tick reports; last_tick
     warnings     snapshot quarantine, non-durable log, forecast failures, plan conflicts, ...
+
+It is built from a `ControllerView` (the controller's public snapshot), never from the live
+controller, so this module knows nothing of the service that produces the view.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
-from grid.controller import inputs as inputs_mod
-from grid.controller.reconcile import SERVING_STATES
+from grid.controller.governor import Limits
+from grid.controller.inputs import ready_replicas
+from grid.controller.reconcile import SERVING_STATES, ReconcileResult
+from grid.demand.forecast import Forecast
 from grid.events.commands import DESTRUCTIVE_KINDS
-from grid.planner.types import HostSnapshot
+from grid.fleet import heartbeat_fresh
+from grid.planner.plan import render_explanation
+from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
 from grid.projections.actions import ActionRecord, ActionsState
 
-if TYPE_CHECKING:
-    from grid.controller.service import Controller
+
+class TickReport(msgspec.Struct, kw_only=True):
+    """One controller tick as status reports it (durations in milliseconds)."""
+
+    number: int
+    at: float
+    reason: str
+    mode: str
+    effective_mode: str
+    leader: bool
+    duration_ms: float = 0.0
+    plan_ms: float = 0.0
+    forecast_ms: float = 0.0
+    reconcile_ms: float = 0.0
+    publish_ms: float = 0.0
+    generation: str = ""
+    plan_recorded: bool = False
+    actions: int = 0
+    deferred: int = 0
+    published: int = 0
+    withdrawn: int = 0
+    dirty_revision: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ControllerView:
+    """A controller's public snapshot: everything status shows, read at one instant."""
+
+    now: float
+    controller_id: str
+    epoch: str
+    started_at: float | None
+    restart_grace_until: float | None
+    lease: dict[str, object] | None
+    # The lease's last error while it is not held (None when held or absent).
+    lease_error: str | None
+    published_total: int
+    withdrawn_total: int
+    plan_conflicts: int
+    log_durable: bool
+    dirty_revision: int
+    processed_revision: int
+    success_revision: int
+    states: Mapping[str, Any]
+    positions: dict[str, int]
+    malformed_events: int
+    warnings: tuple[str, ...]
+    limits: Limits
+    history_limit: int
+    last_tick: TickReport | None
+    ticks: tuple[TickReport, ...]
+    last_plan: Plan | None
+    last_input: PlannerInput | None
+    last_forecast: Forecast | None
+    last_generation: str
+    last_result: ReconcileResult | None
 
 
 def _b(value: Any) -> Any:
@@ -53,18 +117,18 @@ def _command_row(r: ActionRecord) -> dict[str, Any]:
     }
 
 
-def _hosts(ctl: "Controller", now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
-    fleet = ctl.runner["fleet"]
-    limits = ctl.settings.limits
-    timeout = limits.heartbeat_timeout_seconds
+def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+    fleet = ctl.states["fleet"]
+    limits = ctl.limits
     rows = []
     for h in snaps:
         res = h.resources
         used = sum(r.memory_mb for r in h.residencies if r.state in SERVING_STATES)
         age = None if h.heartbeat_at is None else round(now - h.heartbeat_at, 3)
         rec = fleet.hosts.get(h.host_id)
+        fresh = heartbeat_fresh(h.heartbeat_at, now, limits) and age is not None and age >= -limits.future_skew_seconds
         rows.append({
-            "host_id": h.host_id, "state": h.state, "fresh": age is not None and -limits.future_skew_seconds <= age <= timeout,
+            "host_id": h.host_id, "state": h.state, "fresh": fresh,
             "heartbeat_age_seconds": age, "capacity_mb": res.capacity_mb, "reserved_mb": res.reserved_mb,
             "unmanaged_mb": h.unmanaged_memory_mb, "used_mb": used,
             "free_mb": res.capacity_mb - res.reserved_mb - h.unmanaged_memory_mb - used,
@@ -83,8 +147,8 @@ def _hosts(ctl: "Controller", now: float, snaps: tuple[HostSnapshot, ...]) -> li
     return rows
 
 
-def _models(ctl: "Controller", now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
-    catalog = ctl.runner["catalog"]
+def _models(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+    catalog = ctl.states["catalog"]
     plan, pin = ctl.last_plan, ctl.last_input
     expl = {e.model_id: e for e in plan.explanations} if plan is not None else {}
     short = {s.model_id: s for s in plan.shortfalls} if plan is not None else {}
@@ -92,14 +156,7 @@ def _models(ctl: "Controller", now: float, snaps: tuple[HostSnapshot, ...]) -> l
     for p in plan.placements if plan is not None else ():
         placed[p.model_id] = placed.get(p.model_id, 0) + 1
     demand = {d.model_id: d for d in pin.demand} if pin is not None else {}
-    ready: dict[str, int] = {}
-    timeout = ctl.settings.limits.heartbeat_timeout_seconds
-    for h in snaps:
-        if h.heartbeat_at is None or now - h.heartbeat_at > timeout:
-            continue
-        for r in h.residencies:
-            if r.state == "ready":
-                ready[r.model_id] = ready.get(r.model_id, 0) + 1
+    ready = ready_replicas(snaps, now, ctl.limits)
     rows = []
     for model_id in sorted(set(catalog.profiles) | set(catalog.retired)):
         e, s, d = expl.get(model_id), short.get(model_id), demand.get(model_id)
@@ -115,7 +172,7 @@ def _models(ctl: "Controller", now: float, snaps: tuple[HostSnapshot, ...]) -> l
     return rows
 
 
-def _forecasts(ctl: "Controller") -> dict[str, Any]:
+def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     fc = ctl.last_forecast
     if fc is None:
         pin = ctl.last_input
@@ -128,18 +185,14 @@ def _forecasts(ctl: "Controller") -> dict[str, Any]:
     }
 
 
-def _plan(ctl: "Controller") -> dict[str, Any] | None:
+def _plan(ctl: ControllerView) -> dict[str, Any] | None:
     plan = ctl.last_plan
     if plan is None:
         return None
-    _fn, version, render = inputs_mod.planner()
-    text: list[str] = []
-    if render is not None:
-        try:
-            rendered = render(plan)
-            text = list(rendered) if not isinstance(rendered, str) else rendered.splitlines()
-        except Exception as exc:  # explanation rendering must never break status
-            text = [f"(explanation unavailable: {type(exc).__name__})"]
+    try:
+        text = list(render_explanation(plan))
+    except Exception as exc:  # explanation rendering must never break status
+        text = [f"(explanation unavailable: {type(exc).__name__})"]
     return {
         "generation": ctl.last_generation, "recorded": bool(ctl.last_tick and ctl.last_tick.plan_recorded),
         "planner_version": plan.planner_version, "inputs_digest": plan.inputs_digest, "now": plan.now,
@@ -148,30 +201,29 @@ def _plan(ctl: "Controller") -> dict[str, Any] | None:
     }
 
 
-def build_status(ctl: "Controller") -> dict[str, Any]:
-    now = ctl.clock.now()
-    catalog = ctl.runner["catalog"]
-    actions: ActionsState = ctl.runner["actions"]
+def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[str, Any]:
+    """The status document of a controller snapshot; `admin_url` is where its admin API listens."""
+    now = ctl.now
+    catalog = ctl.states["catalog"]
+    actions: ActionsState = ctl.states["actions"]
     records = sorted(actions.actions.values(), key=lambda r: r.issued_seq)
     open_records = [r for r in records if r.terminal_at is None]
     pending = [r for r in open_records if not r.withdrawn]
     withdrawn = [r for r in open_records if r.withdrawn]
     terminal = sorted((r for r in records if r.terminal_at is not None),
                       key=lambda r: (r.terminal_at or 0.0, r.issued_seq), reverse=True)
-    limit = ctl.settings.history_limit
-    lease = ctl.lease
-    durable = bool(getattr(ctl.log, "durable", False))
-    grace_until = None if ctl.first_tick_at is None else ctl.first_tick_at + ctl.settings.restart_grace_seconds
-    warnings = list(ctl.runner.warnings) + list(ctl.warnings)
-    snaps = fleet_proj.snapshots(ctl.runner["fleet"], now)
-    if lease is not None and lease.last_error and lease.state != "held":
-        warnings.append(f"lease: {lease.last_error}")
+    limit = ctl.history_limit
+    durable = ctl.log_durable
+    warnings = list(ctl.warnings)
+    snaps = fleet_proj.snapshots(ctl.states["fleet"], now)
+    if ctl.lease_error:
+        warnings.append(f"lease: {ctl.lease_error}")
     return {
         "now": now,
         "controller": {
             "id": ctl.controller_id, "epoch": ctl.epoch, "started_at": ctl.started_at,
-            "restart_grace_until": grace_until, "admin_url": ctl.admin_url,
-            "lease": lease.describe() if lease is not None else None,
+            "restart_grace_until": ctl.restart_grace_until, "admin_url": admin_url,
+            "lease": ctl.lease,
             "published_total": ctl.published_total, "withdrawn_total": ctl.withdrawn_total,
             "plan_conflicts": ctl.plan_conflicts,
         },
@@ -181,9 +233,9 @@ def build_status(ctl: "Controller") -> dict[str, Any]:
             "changed_at": catalog.mode_changed_at, "log_durable": durable,
         },
         "revisions": {
-            "dirty": ctl._dirty_revision, "processed": ctl._processed_revision, "success": ctl._success_revision,
-            "positions": dict(sorted(ctl.runner.positions.items())), "profiles": dict(sorted(catalog.revisions.items())),
-            "plans": ctl.runner["plans"].count, "malformed_events": ctl.runner.malformed,
+            "dirty": ctl.dirty_revision, "processed": ctl.processed_revision, "success": ctl.success_revision,
+            "positions": dict(sorted(ctl.positions.items())), "profiles": dict(sorted(catalog.revisions.items())),
+            "plans": ctl.states["plans"].count, "malformed_events": ctl.malformed_events,
         },
         "hosts": _hosts(ctl, now, snaps),
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],

@@ -22,6 +22,10 @@ class PlanCreated(Event, frozen=True, kw_only=True, tag="plan.created.v1"):
     controller_term: int = 0
     # The planner's Plan, encoded deterministically by grid.planner (opaque to the log).
     plan: msgspec.Raw = msgspec.Raw(b"null")
+    # The planner Policy the plan ran under, encoded like `plan` (grid.controller.tick.encode_policy),
+    # so replay re-runs a controller with a non-default policy exactly. null: recorded before this
+    # field existed, under the default Policy.
+    policy: msgspec.Raw = msgspec.Raw(b"null")
 
 
 def make_generation(epoch: str, sequence: int, inputs_digest: str) -> str:

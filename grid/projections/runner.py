@@ -2,16 +2,20 @@
 
 Each stream is folded in order. A malformed or unknown-tag message is counted and skipped by
 live folding (visible in `malformed`), and makes strict replay fail with its sequence number.
-A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log.
+A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log; so is a
+snapshot that does not describe the log it is restored against (`restore_snapshot`): a position
+past a stream's last sequence, or a folded message the stream no longer holds as recorded (the
+stream was deleted and created again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,30 @@ log = structlog.get_logger(__name__)
 SNAPSHOT_VERSION = 1
 # Catch-up order: commands before host acks, control before everything that depends on it.
 STREAM_ORDER: tuple[str, ...] = (CONTROL_STREAM, COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM, REQUESTS_STREAM)
+
+
+async def merge_by_receipt_time(iterators: Mapping[str, AsyncIterator[StoredMessage]]) -> AsyncIterator[StoredMessage]:
+    """The messages of several streams in receipt-time order, ties in STREAM_ORDER (a k-way merge).
+
+    This is the interleaving a live follower sees, so folds that read another projection (demand
+    reads the catalog) give the same state after a catch-up or a replay as they did live. The
+    caller owns the iterators (and closes them).
+    """
+    rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
+    heap: list[tuple[float, int, int, StoredMessage]] = []
+    for stream, it in iterators.items():
+        msg = await anext(it, None)
+        if msg is not None:
+            heap.append((msg.time, rank[stream], msg.seq, msg))
+    heapq.heapify(heap)
+    while heap:
+        _, r, _, msg = heap[0]
+        yield msg
+        nxt = await anext(iterators[msg.stream], None)
+        if nxt is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (nxt.time, r, nxt.seq, nxt))
 
 
 class ReplayError(RuntimeError):
@@ -80,6 +108,8 @@ class _Snapshot(msgspec.Struct):
     positions: dict[str, int]
     states: dict[str, msgspec.Raw]
     malformed: int = 0
+    # Receipt time of the message at each position: identifies the stream's incarnation.
+    last_time: dict[str, float] = {}
 
 
 class ProjectionRunner:
@@ -117,6 +147,7 @@ class ProjectionRunner:
             self.malformed_last = (msg.stream, msg.seq, exc.reason)
             log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=exc.reason)
             self.positions[msg.stream] = msg.seq
+            self.last_time[msg.stream] = msg.time
             return False
         self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
         return True
@@ -142,28 +173,16 @@ class ProjectionRunner:
             stop = None if end is None else end.get(stream)
             if stop is None or stop >= start:
                 iterators[stream] = log_.replay(stream, start_seq=start, end_seq=stop).__aiter__()
-        rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
-        heap: list[tuple[float, int, int, StoredMessage]] = []
-
-        async def pull(stream: str) -> None:
-            try:
-                msg = await iterators[stream].__anext__()
-            except StopAsyncIteration:
-                return
-            heapq.heappush(heap, (msg.time, rank[stream], msg.seq, msg))
-
         folded = 0
+        merged = merge_by_receipt_time(iterators)
         try:
-            for stream in iterators:
-                await pull(stream)
-            while heap:
-                msg = heapq.heappop(heap)[3]
+            async for msg in merged:
                 self.fold(msg)
                 folded += 1
                 if progress is not None:
                     progress(msg.stream, msg.seq)
-                await pull(msg.stream)
         finally:
+            await merged.aclose()
             for it in iterators.values():
                 await it.aclose()
         if folded:
@@ -171,7 +190,12 @@ class ProjectionRunner:
         return folded
 
     async def follow(self, log_: EventLog, *, on_fold: Callable[[str, StoredMessage], None] | None = None) -> None:
-        """Follow every stream live (ordered consumers) until cancelled."""
+        """Follow every stream live (ordered consumers) until cancelled.
+
+        Every subscription opened is closed, even when the task is cancelled while subscribing
+        (a leaked consumer makes the client's drain hang), and one failing close does not keep
+        the others open.
+        """
         subs: list[Any] = []
 
         async def pump(sub: Any) -> None:
@@ -191,7 +215,8 @@ class ProjectionRunner:
             await asyncio.gather(*(pump(s) for s in subs))
         finally:
             for sub in subs:
-                await sub.close()
+                with contextlib.suppress(Exception):
+                    await sub.close()
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -201,6 +226,7 @@ class ProjectionRunner:
             positions=dict(sorted(self.positions.items())),
             states={s.name: msgspec.Raw(codec.encode_value(self.states[s.name])) for s in self.specs},
             malformed=self.malformed,
+            last_time=dict(sorted(self.last_time.items())),
         )
         return codec.encode_value(snap)
 
@@ -216,6 +242,7 @@ class ProjectionRunner:
             states[spec.name] = msgspec.json.decode(raw, type=spec.state_type)
         self.states = states
         self.positions = dict(snap.positions)
+        self.last_time = dict(snap.last_time)
         self.malformed = snap.malformed
 
     def save_snapshot(self, path: Path) -> None:
@@ -236,11 +263,57 @@ class ProjectionRunner:
             self.restore_bytes(path.read_bytes())
             return True
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            quarantine = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            os.replace(path, quarantine)
-            warning = f"corrupt projection snapshot quarantined to {quarantine}: {exc}; rebuilt from the log"
-            self.warnings.append(warning)
-            log.warning("snapshot quarantined", path=str(quarantine), error=str(exc))
-            self.states = {s.name: s.initial() for s in self.specs}
-            self.positions = {}
+            self._discard(path, "corrupt", str(exc))
             return False
+
+    async def restore_snapshot(self, path: Path, log_: EventLog) -> bool:
+        """Restore from `path` if the snapshot still describes `log_`; otherwise start empty.
+
+        A snapshot whose position is past a stream's last sequence would make every later event
+        up to that position invisible (folding skips what it believes it has seen), and one taken
+        from an earlier incarnation of a stream would do the same with events it never saw. Such
+        a snapshot is quarantined with a warning and the state is rebuilt from the log.
+        """
+        if not self.load_snapshot(path):
+            return False
+        problem = await self._mismatch(log_)
+        if problem is None:
+            return True
+        self._discard(path, "stale", problem)
+        return False
+
+    async def _mismatch(self, log_: EventLog) -> str | None:
+        for stream, position in sorted(self.positions.items()):
+            if position <= 0:
+                continue
+            try:
+                last = await log_.last_sequence(stream)
+            except Exception as exc:  # an absent stream holds nothing the snapshot could describe
+                return f"{stream}: cannot read its last sequence ({type(exc).__name__}: {exc})"
+            if position > last:
+                return f"{stream}: position {position} is past the stream's last sequence {last}"
+            recorded = self.last_time.get(stream)
+            if recorded is None:
+                continue  # written before receipt times were kept: the sequence check is all we have
+            messages = log_.replay(stream, start_seq=position, end_seq=position)
+            try:
+                held = await anext(aiter(messages), None)
+            finally:
+                await messages.aclose()  # type: ignore[attr-defined]
+            # A message removed by retention cannot be compared; a different one at that
+            # sequence means the stream was created again since the snapshot.
+            if held is not None and held.seq == position and held.time != recorded:
+                return (f"{stream}: sequence {position} was received at {held.time}, not at {recorded} as "
+                        "recorded (another incarnation of the stream)")
+        return None
+
+    def _discard(self, path: Path, kind: str, reason: str) -> None:
+        quarantine = path.with_name(f"{path.name}.{kind}-{int(time.time())}")
+        os.replace(path, quarantine)
+        warning = f"{kind} projection snapshot quarantined to {quarantine}: {reason}; rebuilt from the log"
+        self.warnings.append(warning)
+        log.warning("snapshot quarantined", path=str(quarantine), kind=kind, error=reason)
+        self.states = {s.name: s.initial() for s in self.specs}
+        self.positions = {}
+        self.last_time = {}
+        self.malformed = 0

@@ -116,3 +116,15 @@ async def test_corrupt_snapshot_is_quarantined_and_state_rebuilt(js_log, tmp_pat
     assert runner.warnings and "quarantined" in runner.warnings[0]
     await runner.catch_up(js_log)
     assert "m" in runner["catalog"].profiles
+
+
+async def test_a_snapshot_ending_on_a_skipped_malformed_event_still_matches_the_log(js_log, tmp_path) -> None:
+    await js_log.append(HostHeartbeat(event_id="ok", at=0, host_id="h", resources=HostResources(capacity_mb=1)))
+    await js_log.append_raw(host_subject("h", "heartbeat"), b'{"type":"no.such.v1","event_id":"y","at":0}', msg_id="odd")
+    runner = ProjectionRunner()
+    await runner.catch_up(js_log)
+    snap = tmp_path / "snap.json"
+    runner.save_snapshot(snap)
+    resumed = ProjectionRunner()
+    assert await resumed.restore_snapshot(snap, js_log)
+    assert not resumed.warnings and resumed.positions == runner.positions and resumed.malformed == 1

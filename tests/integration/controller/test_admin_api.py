@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grid.controller.api import create_admin_app
 from grid.controller.service import Controller, ControllerSettings
 from grid.events import codec
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
@@ -34,7 +35,7 @@ async def ctl(js_log: JetStreamLog, tmp_path: Path) -> AsyncIterator[Controller]
 
 def client(c: Controller, *, token: str | None = None, peer: str = "127.0.0.1") -> httpx.AsyncClient:
     headers = {"X-Grid-Allocator-Token": token} if token is not None else {}
-    transport = httpx.ASGITransport(app=c.admin_app(), client=(peer, 40000))
+    transport = httpx.ASGITransport(app=create_admin_app(c), client=(peer, 40000))
     return httpx.AsyncClient(transport=transport, base_url="http://controller", headers=headers)
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.jetstream import JetStreamLog
 
@@ -34,8 +35,10 @@ async def test_gridctl_admin_workflow(js_log: JetStreamLog, tmp_path: Path) -> N
     await host.heartbeat(js_log)
     ctl = Controller(js_log, home, settings=SETTINGS, controller_id="ctl-cli")
     await ctl.start()
+    admin = None
     try:
-        url = await ctl.serve_admin("127.0.0.1", 0)
+        admin = await serve_admin(ctl, "127.0.0.1", 0)
+        url = admin.url
         assert (home / "admin.url").read_text().strip() == url
         rc, out, err = await gridctl(
             home, "model", "set", "SmolLM2.Q4.gguf", "--memory-mb", "600", "--runtime", "llama.cpp",
@@ -81,5 +84,7 @@ async def test_gridctl_admin_workflow(js_log: JetStreamLog, tmp_path: Path) -> N
         rc, out, err = await gridctl(home, "mode", "recommend", "--token-file", str(bad))
         assert rc != 0 and "unauthorized" in err
     finally:
+        if admin is not None:
+            await admin.stop()
         await ctl.stop()
     assert not (home / "admin.url").exists()

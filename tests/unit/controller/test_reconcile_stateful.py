@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tests.unit.controller import naive_planner as interim_plan
 from grid.controller import reconcile as rc
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
-from grid.controller.inputs import planner
+from grid.planner.plan import plan as PLAN
 from grid.controller.reconcile import Guards, reconcile, withdraw_all
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued, CommandWithdrawn
@@ -41,7 +41,6 @@ from grid.projections.position import Position
 HOSTS = ("h0", "h1", "h2")
 MODELS = {"a": ("a" * 64, 1000, 0), "b": ("b" * 64, 1500, 5)}
 LIMITS = Limits(max_global_mutations=3, max_host_mutations=1, artifact_fanout=2, backoff_base_seconds=10.0)
-PLAN, _VERSION, _RENDER = planner()
 
 
 @dataclass

@@ -8,19 +8,17 @@ from __future__ import annotations
 import msgspec
 
 from grid.planner.types import Plan, PlannerInput
-from tests.unit.replay.session import installed_planner
+from grid.planner.plan import plan as installed
 
 
 def without_first_host(pin: PlannerInput) -> Plan:
     """As if the first host did not exist: its placements move or become shortfalls."""
-    fn, _ = installed_planner()
-    return fn(msgspec.structs.replace(pin, hosts=pin.hosts[1:]))
+    return installed(msgspec.structs.replace(pin, hosts=pin.hosts[1:]))
 
 
 def renamed_version(pin: PlannerInput) -> Plan:
     """The same decisions under another version string: equivalent, never byte-identical."""
-    fn, _ = installed_planner()
-    plan = fn(pin)
+    plan = installed(pin)
     return msgspec.structs.replace(plan, planner_version=plan.planner_version + "-candidate")
 
 

@@ -2,8 +2,8 @@
 
 Agents are modelled at the event level (they follow each plan: a new placement is reported as
 loading, then ready; a managed residency no longer planned drains, then disappears), and the
-controller tick uses the controller's own functions (grid.controller.inputs builder and planner
-lookup) and appends PlanCreated with based_on = the positions its runner had folded.
+controller tick is the controller's own composition (grid.controller.tick.compose_tick) and
+appends PlanCreated with based_on = the positions its runner had folded.
 """
 
 from __future__ import annotations
@@ -14,32 +14,31 @@ from typing import Any
 import msgspec
 
 from grid.clock import Clock, SimulatedClock
+from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostRegistered, HostResources, Residency
 from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import PLAN_SUBJECT
+from grid.planner.digest import inputs_digest
+from grid.planner.plan import encode_plan
+from grid.planner.types import Policy
 from grid.projections.runner import ProjectionRunner
-from replay.rerun import controller_hooks, encode_plan, inputs_digest
-
-
-def installed_planner() -> tuple[Any, str]:
-    from grid.controller import inputs
-
-    fn, version, _ = inputs.planner()
-    return fn, version
 
 
 class Session:
-    def __init__(self, log: EventLog, clock: Clock | None = None, *, hosts: int = 4, models: int = 3, seed: int = 1) -> None:
+    def __init__(self, log: EventLog, clock: Clock | None = None, *, hosts: int = 4, models: int = 3, seed: int = 1,
+                 policy: Policy = Policy(), record_policy: bool = True) -> None:
+        """`record_policy=False` records plans the way controllers did before PlanCreated carried the policy."""
         self.log = log
         self.clock = clock or SimulatedClock(1_800_000_000.0)
         self.rng = random.Random(seed)
         self.hosts = [f"host-{i}" for i in range(hosts)]
         self.models = [f"model-{i}.Q4.gguf" for i in range(models)]
-        self.specs, self.builder = controller_hooks()
-        self.runner = ProjectionRunner(self.specs)
+        self.policy = policy
+        self.record_policy = record_policy
+        self.runner = ProjectionRunner(PROJECTIONS)
         self.residencies: dict[str, dict[str, str]] = {h: {} for h in self.hosts}
         self.paused: set[str] = set()
         self.sequence = 0
@@ -112,11 +111,8 @@ class Session:
         """
         await self.runner.catch_up(self.log)
         now = self.clock.now()
-        plan_stub = PlanCreated(event_id="", at=now, planner_version="", generation="", epoch="", sequence=0,
-                                inputs_digest="", based_on={}, now=now)
-        pin = self.builder(self.runner.states, plan_stub)
-        fn, version = installed_planner()
-        plan = fn(pin)
+        tick = compose_tick(self.runner.states, now, self.policy)
+        pin, plan = tick.planner_input, tick.plan
         digest = inputs_digest(pin)
         if drift:
             self._advance(1.0)
@@ -124,10 +120,11 @@ class Session:
             await self.runner.catch_up(self.log)
         self.sequence += 1
         event = PlanCreated(
-            event_id=self._eid("plan"), at=now, planner_version=version,
+            event_id=self._eid("plan"), at=now, planner_version=plan.planner_version,
             generation=make_generation("epoch-1", self.sequence, digest), epoch="epoch-1", sequence=self.sequence,
             inputs_digest=digest, based_on=dict(sorted(self.runner.positions.items())), now=now,
             controller_id="controller-1", controller_term=1, plan=msgspec.Raw(encode_plan(plan)),
+            policy=encode_policy(self.policy) if self.record_policy else msgspec.Raw(b"null"),
         )
         await self.log.append(event, expected_last_subject_seq=await self.log.last_subject_sequence(PLAN_SUBJECT))
         self.plans.append(event)

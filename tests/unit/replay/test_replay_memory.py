@@ -11,12 +11,28 @@ import pytest
 from grid.analytics.sink import AnalyticsSink, open_store
 from grid.cli.events import _ndjson_line
 from grid.clock import SimulatedClock
+from grid.controller.tick import PROJECTIONS
 from grid.events.log import InMemoryLog
-from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM, host_subject
+from grid.events.subjects import (
+    ALL_STREAMS,
+    HOSTS_STREAM,
+    PLANS_STREAM,
+    REQUESTS_STREAM,
+    host_subject,
+)
+from grid.planner.types import Policy
 from grid.projections.runner import ProjectionRunner, ReplayError
-from replay import DuckDBSource, FileSource, LogSource, SourceError, Window, extract_window, replay_window, write_result
-from replay import store
-from replay.rerun import controller_hooks
+from replay import (
+    DuckDBSource,
+    FileSource,
+    LogSource,
+    SourceError,
+    Window,
+    extract_window,
+    replay_window,
+    store,
+    write_result,
+)
 from tests.unit.replay.session import Session
 
 
@@ -147,7 +163,7 @@ async def test_duckdb_store_replays_identically_and_refuses_gaps(recorded) -> No
     assert source.lossy_request_batches == 0 and not result.warnings  # the sink keeps batch payloads
 
     # A store written before the sink kept batch payloads: batches are rebuilt from request_features.
-    assert REQUESTS_STREAM in ProjectionRunner(controller_hooks()[0]).streams
+    assert REQUESTS_STREAM in ProjectionRunner(PROJECTIONS).streams
     con.execute("UPDATE events SET payload = '' WHERE type = 'request.batch.v1'")
     legacy = DuckDBSource(con)
     result = await replay_window(legacy)
@@ -228,3 +244,29 @@ async def test_recurring_drift_is_diagnosed_on_every_plan(recorded) -> None:
     assert drifted == [7, 9, 11, 12, 13]  # more than MAX_DIAGNOSES: later ones use the trailing runner
     assert result.summary.based_on_drift == 5
     assert result.summary.identical == result.summary.plans_compared == 13
+
+
+# A policy that changes the planner input (and so its digest) but not the session's decisions.
+NON_DEFAULT_POLICY = Policy(max_evictions=3, explain_host_limit=2, heartbeat_timeout_seconds=45.0)
+
+
+async def test_a_controller_with_a_non_default_policy_is_reproduced() -> None:
+    clock = SimulatedClock(1_800_000_000.0)
+    log = InMemoryLog(clock)
+    await Session(log, clock, policy=NON_DEFAULT_POLICY).run(rounds=3)
+    result = await replay_window(LogSource(log))
+    assert result.summary.plans_compared == 3
+    assert result.reproduced and result.summary.digest_mismatches == 0
+
+
+async def test_plans_recorded_without_a_policy_replay_under_the_default_policy() -> None:
+    clock = SimulatedClock(1_800_000_000.0)
+    log = InMemoryLog(clock)
+    await Session(log, clock, record_policy=False).run(rounds=3)  # as recorded before the field existed
+    assert (await replay_window(LogSource(log))).reproduced
+    # Without the record, a non-default policy cannot be known: reported, not silently matched.
+    clock = SimulatedClock(1_800_000_000.0)
+    log = InMemoryLog(clock)
+    await Session(log, clock, policy=NON_DEFAULT_POLICY, record_policy=False).run(rounds=3)
+    result = await replay_window(LogSource(log), diagnose=False)
+    assert result.summary.digest_mismatches == 3 and not result.reproduced

@@ -1,7 +1,7 @@
 """`gridctl replay`: re-run the recorded plans of a window and show what a planner would change.
 
-The command is defined here (with its rendering and progress bar) and registered on the
-gridctl app by ``grid.cli.history.register``. Exit codes: 0 done, 1 ``--check`` found a plan
+The command (with its rendering and progress bar) calls the ``replay`` package, which knows
+nothing of the CLI; grid.cli.main registers it. Exit codes: 0 done, 1 ``--check`` found a plan
 that did not reproduce, 2 bad input (malformed event, sequence gap, unknown planner path,
 unreadable source); bad input writes nothing to the store.
 """
@@ -31,7 +31,6 @@ from replay.rerun import (
     DEFAULT_PLANNER,
     FOLD_ORDERS,
     FOLD_TIME,
-    ControllerNotReady,
     PlannerPathError,
     ReplayResult,
     load_planner,
@@ -220,7 +219,7 @@ def replay_command(
             source_kind=kind, file=file, db_path=db_path, nats=nats, window=window, planner=planner,
             sync=sync, show_progress=not json_out and sys.stderr.isatty(), fold_order=fold_order,
         ))
-    except (ReplayError, PlannerPathError, SourceError, ControllerNotReady) as exc:
+    except (ReplayError, PlannerPathError, SourceError) as exc:
         fail(f"{exc} (nothing was written)", EXIT_BAD_INPUT)
         raise AssertionError from exc
     except LogError as exc:

@@ -1,0 +1,109 @@
+"""The controller process: one typer command, `gridctl serve controller`.
+
+``python -m grid.controller.service`` is a thin alias of the same command (kept for scripts and
+tests that start a controller process by module name); there is no second parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from grid.cli.common import fail, resolve_nats_url
+from grid.config import GridConfig
+from grid.controller.api import serve_admin
+from grid.controller.governor import Limits
+from grid.controller.service import Controller, ControllerError, ControllerSettings
+from grid.events.jetstream import JetStreamLog
+from grid.events.log import LogError
+from grid.logs import configure_logging
+
+DEFAULT_ADMIN_PORT = 8787
+_DEFAULT_SETTINGS = ControllerSettings()
+_DEFAULT_LIMITS = Limits()
+
+
+def serve_controller(
+    nats: Optional[str] = typer.Option(
+        None, "--nats", envvar="GRID_NATS_URL",
+        help="NATS URL of the grid (default: the URL a local `gridctl up` recorded in the grid home)."),
+    home: Optional[Path] = typer.Option(None, "--home", help="Grid home (default GRID_HOME or ~/.grid)."),
+    admin_host: str = typer.Option("127.0.0.1", "--admin-host", "--host", help="Admin API listen address."),
+    admin_port: int = typer.Option(DEFAULT_ADMIN_PORT, "--admin-port", "--port",
+                                   help="Admin API port; 0 picks a free one (the URL is written to GRID_HOME/admin.url)."),
+    no_admin: bool = typer.Option(False, "--no-admin", help="Do not serve the admin API."),
+    tick_interval: float = typer.Option(_DEFAULT_SETTINGS.tick_interval_seconds, "--tick-interval",
+                                        help="Seconds between periodic ticks (changes tick sooner)."),
+    lease_ttl: float = typer.Option(_DEFAULT_SETTINGS.lease_ttl_seconds, "--lease-ttl",
+                                    help="Controller lease time-to-live in seconds."),
+    lease_renew: float = typer.Option(_DEFAULT_SETTINGS.lease_renew_seconds, "--lease-renew",
+                                      help="Seconds between lease renewals."),
+    restart_grace: float = typer.Option(_DEFAULT_SETTINGS.restart_grace_seconds, "--restart-grace",
+                                        help="Seconds after the first tick before destructive work is allowed."),
+    max_mutations: int = typer.Option(_DEFAULT_LIMITS.max_global_mutations, "--max-mutations",
+                                      help="Global concurrent mutation limit."),
+    max_host_mutations: int = typer.Option(_DEFAULT_LIMITS.max_host_mutations, "--max-host-mutations",
+                                           help="Per-host concurrent mutation limit."),
+    artifact_fanout: int = typer.Option(_DEFAULT_LIMITS.artifact_fanout, "--artifact-fanout",
+                                        help="Concurrent loads of one exact artifact."),
+    log_format: str = typer.Option("auto", "--log-format", help="Log format: auto (JSON unless a terminal), json or console."),
+    publish_pause: float = typer.Option(0.0, "--publish-pause", hidden=True,
+                                        help="Test seam: pause between command publishes."),
+) -> None:
+    """Run the controller (and its admin API) in the foreground until SIGINT/SIGTERM."""
+    configure_logging(log_format)
+    cfg = GridConfig.from_environ()
+    if home is not None:
+        cfg = GridConfig(home=home.expanduser(), nats_url=cfg.nats_url)
+    url = resolve_nats_url(nats, cfg)
+    settings = ControllerSettings(
+        tick_interval_seconds=tick_interval, lease_ttl_seconds=lease_ttl, lease_renew_seconds=lease_renew,
+        restart_grace_seconds=restart_grace, publish_pause_seconds=publish_pause,
+        limits=Limits(max_global_mutations=max_mutations, max_host_mutations=max_host_mutations,
+                      artifact_fanout=artifact_fanout),
+    )
+    try:
+        asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port)))
+    except (LogError, ControllerError) as exc:  # no log, or another controller holds this grid home
+        fail(str(exc))
+
+
+async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None) -> None:
+    assert cfg.nats_url is not None
+    log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller")
+    controller = Controller(log_, cfg, settings=settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await controller.start()
+    except BaseException:
+        await log_.close()
+        raise
+    server = None
+    try:
+        if admin is not None:
+            server = await serve_admin(controller, *admin)
+            print(f"admin API {server.url}", flush=True)
+        print(f"controller {controller.controller_id} started", flush=True)
+        await stop.wait()
+    finally:
+        if server is not None:
+            await server.stop()
+        await controller.stop()
+        await log_.close()
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app.command()(serve_controller)
+
+
+def main() -> None:
+    app(prog_name="python -m grid.controller.service")

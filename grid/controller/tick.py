@@ -1,0 +1,130 @@
+"""The one tick composition: projection states -> planner input -> forecast -> plan (pure).
+
+The controller service and replay (and any simulator) call this module, and nothing else
+builds a tick: a recorded plan's input is rebuilt by exactly the code that built it, so replay
+reproduces it byte for byte. Everything here is a function of the projection states, an
+explicit ``now`` and the planner ``Policy``; the side effects (recording, reconciling,
+publishing) stay in ``grid.controller.service``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from grid.controller.inputs import baseline_demand, build_planner_input, ready_replicas
+from grid.demand import fold as demand_fold
+from grid.demand.forecast import Forecast, forecast
+from grid.events.base import Event
+from grid.events.codec import encode_value
+from grid.events.plan import PlanCreated
+from grid.events.subjects import REQUESTS_STREAM
+from grid.planner import plan as planner_plan
+from grid.planner.types import Plan, PlannerInput, Policy
+from grid.projections import catalog as catalog_proj
+from grid.projections.position import Position
+from grid.projections.runner import CORE_PROJECTIONS, ProjectionSpec
+
+PlanFn = Callable[[PlannerInput], Plan]
+# Reads a monotonic clock in seconds (time.perf_counter); only durations are taken from it.
+Stopwatch = Callable[[], float]
+
+
+def _fold_demand(state: Any, event: Event, position: Position, states: dict[str, Any]) -> Any:
+    # Demand only counts models the catalog configures, as of the same position in the log.
+    return demand_fold.apply(state, event, position.time, catalog_proj.configured_models(states["catalog"]))
+
+
+DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM,), demand_fold.DemandState, demand_fold.initial, _fold_demand)
+# The projections a tick reads: the core ones plus request demand (for the forecast).
+PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND,)
+
+
+class TickInput(msgspec.Struct, frozen=True, kw_only=True):
+    """What the planner runs on, and the forecast its demand came from."""
+
+    planner_input: PlannerInput
+    # None: demand is the baseline (min_replicas), because there is no demand projection or
+    # the forecast failed (then `forecast_error` says why).
+    forecast: Forecast | None = None
+    forecast_error: str | None = None
+
+
+class Tick(msgspec.Struct, frozen=True, kw_only=True):
+    planner_input: PlannerInput
+    forecast: Forecast | None
+    plan: Plan
+    forecast_error: str | None = None
+    # Durations measured with the caller's stopwatch (0.0 without one); they never feed a decision.
+    forecast_seconds: float = 0.0
+    plan_seconds: float = 0.0
+
+
+def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInput:
+    """The planner input a tick at `now` plans from: the fleet and catalog, demand from the forecast."""
+    base = build_planner_input(states, now, demand=(), policy=policy)
+    if "demand" not in states:
+        return TickInput(planner_input=msgspec.structs.replace(base, demand=baseline_demand(base.profiles)))
+    try:
+        fc = forecast(
+            states["demand"], base.profiles, now,
+            ready_replicas=ready_replicas(base.hosts, now, policy),
+            timings=base.timings, retired=frozenset(base.retired),
+        )
+    except Exception as exc:  # the forecast must never stop a tick: plan for the baseline instead
+        return TickInput(
+            planner_input=msgspec.structs.replace(base, demand=baseline_demand(base.profiles)),
+            forecast_error=f"{type(exc).__name__}: {exc}",
+        )
+    return TickInput(planner_input=msgspec.structs.replace(base, demand=tuple(fc.targets)), forecast=fc)
+
+
+def compose_tick(
+    states: Mapping[str, Any],
+    now: float,
+    policy: Policy,
+    *,
+    planner: PlanFn = planner_plan.plan,
+    stopwatch: Stopwatch | None = None,
+) -> Tick:
+    """One tick: forecast, then plan, from the projection states at `now` under `policy`."""
+    t0 = stopwatch() if stopwatch is not None else 0.0
+    prepared = tick_input(states, now, policy)
+    t1 = stopwatch() if stopwatch is not None else 0.0
+    plan = planner(prepared.planner_input)
+    t2 = stopwatch() if stopwatch is not None else 0.0
+    return Tick(
+        planner_input=prepared.planner_input, forecast=prepared.forecast, plan=plan,
+        forecast_error=prepared.forecast_error, forecast_seconds=t1 - t0, plan_seconds=t2 - t1,
+    )
+
+
+# --- the policy a recorded plan ran under -----------------------------------------------------------
+
+
+def encode_policy(policy: Policy) -> msgspec.Raw:
+    """The policy as PlanCreated records it (deterministic bytes, opaque to the log)."""
+    return msgspec.Raw(encode_value(policy))
+
+
+def recorded_policy(event: PlanCreated) -> Policy:
+    """The policy a recorded plan ran under; plans recorded before the field existed used the default."""
+    raw = bytes(event.policy)
+    if raw.strip() in (b"", b"null"):
+        return Policy()
+    return msgspec.json.decode(raw, type=Policy)
+
+
+__all__ = [
+    "DEMAND",
+    "PROJECTIONS",
+    "PlanFn",
+    "Tick",
+    "TickInput",
+    "compose_tick",
+    "encode_policy",
+    "recorded_policy",
+    "tick_input",
+]
