@@ -56,6 +56,7 @@ class Scores(NamedTuple):
 
 # The vector's positions are the weight table's order (and so the summation order).
 assert Scores._fields == SCORERS
+_new_scores = tuple.__new__
 BOOSTED: frozenset[str] = frozenset({"throughput", "hardware"})
 MAX_BOOST = 8.0
 # Startup seconds at which the startup scorer gives 50.
@@ -198,20 +199,28 @@ def weights_for(boost: float) -> tuple[float, ...]:
 def with_host_terms(
     base: Scores, new_domain: bool, fit: float, load: float, throttled: float
 ) -> Scores:
-    """A host class's values with the per-host scorers (domain, fit, load, throttled) set."""
-    return Scores(
-        base.resident,
-        base.cached,
-        score_domain(new_domain),
-        base.throughput,
-        base.hardware,
-        fit,
-        base.startup,
-        base.sticky,
-        base.scarcity,
-        load,
-        throttled,
-        base.failed,
+    """A host class's values with the per-host scorers (domain, fit, load, throttled) set.
+
+    Called for every bucket and candidate of the indexed search, hence the unpacking and the
+    direct tuple construction (a NamedTuple's keyword constructor costs about three times as
+    much)."""
+    (resident, cached, _, throughput, hardware, _, startup, sticky, scarcity, _, _, failed) = base
+    return _new_scores(
+        Scores,
+        (
+            resident,
+            cached,
+            100.0 if new_domain else 0.0,  # score_domain
+            throughput,
+            hardware,
+            fit,
+            startup,
+            sticky,
+            scarcity,
+            load,
+            throttled,
+            failed,
+        ),
     )
 
 
