@@ -1,4 +1,6 @@
-"""Mutable per-plan host state: the two memory ledgers, model slots, co-location, disk ledger.
+"""Mutable per-plan state: per host the two memory ledgers, model slots, co-location and the
+disk ledger; per model its desired entries, must-move residencies and progress
+(``ModelState``). ``ledger.Ledger`` is the one owner that changes them.
 
 Ledger (a), ``free_a``: incremental make-before-break capacity. Every live process on the host
 (managed or not, desired or obsolete) plus unmanaged memory plus this plan's new placements is
