@@ -12,7 +12,7 @@ tiers, failure domains, lifecycle states and load; seeded generator). Two plans 
 
 Prints wall time, placements/s, plan size and the log-log slope of time in hosts per model
 count. The baseline measured in the same run is the planner's reference full-scan candidate
-search (``build_plan(naive=True)``), run on the cells where it finishes quickly; the ratio
+search (``build_plan(reference_scan=True)``), run on the cells where it finishes quickly; the ratio
 column is baseline time / indexed time (identical plan bytes are asserted).
 
     python bench/planner_scale.py            # full grid
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 data = encode_plan(p)
                 base_s, ratio = "", ""
                 if n_hosts * n_models <= args.baseline_limit:
-                    bt, bp = timed(lambda x: build_plan(x, naive=True), i)
+                    bt, bp = timed(lambda x: build_plan(x, reference_scan=True), i)
                     assert encode_plan(bp) == data, "full scan and indexed plan differ"
                     base_s, ratio = f"{bt:.3f}", f"{bt / t:.1f}x"
                 print(

@@ -5,7 +5,8 @@ rejection reason per rejected host (static reasons for every model; for a model 
 shortfall also the dynamic reason each eligible host could not take one more replica), the
 scores of the chosen hosts and the shortfall reason. Host lists are bounded by
 ``policy.explain_host_limit`` (first hosts by id) so a 4096-host plan stays small; the counts
-per reason are complete. ``explain_model`` gives the unbounded per-host breakdown for one model.
+per reason are complete. ``grid.planner.plan.explain_model`` gives the unbounded per-host
+breakdown for one model.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 
-import msgspec
-
 from grid.planner import reasons as R
 from grid.planner.feasibility import CHAIN
+from grid.planner.ledger import Ledger
+from grid.planner.state import HostState, ModelState
 from grid.planner.types import (
     HostVerdict,
     ModelExplanation,
     Placement,
     Plan,
-    PlannerInput,
     Shortfall,
 )
+
+# (counts per reason, first verdicts, first detail per reason, hosts examined)
+DynamicRejections = tuple[Counter[str], list[HostVerdict], dict[str, str], int]
 
 # Shortfall precedence for ModelExplanation.shortfall_reason.
 _PRIMARY = (
@@ -39,31 +42,31 @@ _PRIMARY = (
 _LAST = (R.FAILURE_DOMAIN, R.RETAINED_NONCOMPLIANT)
 
 
-def _listed(eng, ms) -> list[int]:
+def _listed(led: Ledger, ms: ModelState) -> list[int]:
     req = ms.req
     ids: set[str] = set(req.deny) | set(req.pins)
     if req.allow is not None:
         ids |= req.allow
-    out = {eng.fleet.by_id[h].idx for h in ids if h in eng.fleet.by_id}
+    out = {led.fleet.by_id[h].idx for h in ids if h in led.fleet.by_id}
     out.update(ms.special)
     return sorted(out)
 
 
-def static_counts(eng, ms) -> tuple[int, Counter[str]]:
+def static_counts(led: Ledger, ms: ModelState) -> tuple[int, Counter[str]]:
     """(eligible host count, rejected hosts per static reason), complete and exact."""
     counts: Counter[str] = Counter()
     eligible = 0
-    listed = _listed(eng, ms)
+    listed = _listed(led, ms)
     per_class: dict[int, list] = {}
     for hi in listed:
-        hs = eng.hosts[hi]
+        hs = led.hosts[hi]
         per_class.setdefault(hs.cls.idx, []).append(hs)
-        v = eng.host_static(hs, ms)
+        v = led.host_static(hs, ms)
         if v is None:
             eligible += 1
         else:
             counts[v[0]] += 1
-    for cls in eng.classes:
+    for cls in led.classes:
         mine = per_class.get(cls.idx, ())
         n = len(cls.hosts) - len(mine)
         if n <= 0:
@@ -75,7 +78,7 @@ def static_counts(eng, ms) -> tuple[int, Counter[str]]:
         elif ms.req.pins:
             counts[R.PIN_MISMATCH] += n
         else:
-            v = eng.class_verdict(cls, ms)
+            v = led.class_verdict(cls, ms)
             if v is not None:
                 counts[v[0]] += n
                 continue
@@ -93,16 +96,16 @@ def static_counts(eng, ms) -> tuple[int, Counter[str]]:
     return eligible, counts
 
 
-def eligible_hosts(eng, ms) -> Iterator:
+def eligible_hosts(led: Ledger, ms: ModelState) -> Iterator[HostState]:
     """Statically eligible hosts in host-id order (lazy)."""
     special = ms.special_set
     if ms.explicit:
         for hi in ms.special:
-            hs = eng.hosts[hi]
-            if eng.host_static(hs, ms) is None:
+            hs = led.hosts[hi]
+            if led.host_static(hs, ms) is None:
                 yield hs
         return
-    lists = [eng.classes[ci].hosts for ci in sorted(ms.class_mem)]
+    lists = [led.classes[ci].hosts for ci in sorted(ms.class_mem)]
     lists.append(list(ms.special))
     last = -1
     deny = ms.req.deny
@@ -110,37 +113,37 @@ def eligible_hosts(eng, ms) -> Iterator:
         if hi == last:
             continue
         last = hi
-        hs = eng.hosts[hi]
+        hs = led.hosts[hi]
         if hi in special:
-            if eng.host_static(hs, ms) is None:
+            if led.host_static(hs, ms) is None:
                 yield hs
         elif hs.host_id not in deny and hs.cap_new >= ms.class_mem[hs.cls.idx][1]:
             yield hs
 
 
-def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
+def static_rejections(led: Ledger, ms: ModelState, limit: int) -> list[HostVerdict]:
     """The first `limit` statically rejected hosts by id, with reason and detail."""
     out: list[HostVerdict] = []
     if limit <= 0:
         return out
     if ms.explicit:
-        source: Iterator[int] = iter(range(len(eng.hosts)))
+        source: Iterator[int] = iter(range(len(led.hosts)))
     else:
-        lists: list = [cls.hosts for cls in eng.classes if cls.idx not in ms.class_mem]
-        lists.append(_listed(eng, ms))
+        lists: list = [cls.hosts for cls in led.classes if cls.idx not in ms.class_mem]
+        lists.append(_listed(led, ms))
         for ci in sorted(ms.class_mem):
-            cls = eng.classes[ci]
+            cls = led.classes[ci]
             mem = ms.class_mem[ci][1]
             if cls.caps and cls.caps[0] < mem:
-                lists.append(hi for hi in cls.hosts if eng.hosts[hi].cap_new < mem)
+                lists.append(hi for hi in cls.hosts if led.hosts[hi].cap_new < mem)
         source = heapq.merge(*lists)
     last = -1
     for hi in source:
         if hi == last:
             continue
         last = hi
-        hs = eng.hosts[hi]
-        v = eng.host_static(hs, ms)
+        hs = led.hosts[hi]
+        v = led.host_static(hs, ms)
         if v is not None:
             out.append(
                 HostVerdict(
@@ -157,7 +160,9 @@ def static_rejections(eng, ms, limit: int) -> list[HostVerdict]:
 DYNAMIC_SCAN_LIMIT = 64
 
 
-def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT):
+def dynamic_rejections(
+    led: Ledger, ms: ModelState, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT
+) -> DynamicRejections:
     """Why eligible hosts (without this model) cannot take one more replica now.
 
     Returns (counts per reason, first `limit` verdicts, first detail per reason, hosts
@@ -168,17 +173,17 @@ def dynamic_rejections(eng, ms, limit: int, scan_limit: int = DYNAMIC_SCAN_LIMIT
     mid = ms.req.model_id
     scanned = 0
     # The next replica's tier decides the disk reserve (predictive transfers leave more free).
-    extra = eng.predictive_extra if ms.tier_of(ms.progress) == "inferred" else 0
-    for hs in eligible_hosts(eng, ms):
+    extra = led.predictive_extra if ms.tier_of(ms.progress) == "inferred" else 0
+    for hs in eligible_hosts(led, ms):
         if scanned >= scan_limit:
             break
         if mid in hs.desired:
             continue
         scanned += 1
-        _, mem = eng.runtime_for(hs.cls, ms)
-        disk = eng.disk_need(hs, ms)
+        _, mem = led.runtime_for(hs.cls, ms)
+        disk = led.disk_need(hs, ms)
         r = CHAIN.dynamic_check(
-            hs, ms.req, mem, disk + extra if disk else 0, eng.headroom
+            hs, ms.req, mem, disk + extra if disk else 0, led.headroom
         )
         if r is None:
             if (
@@ -203,7 +208,12 @@ def _dominant(counts: Counter[str]) -> str | None:
     return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
-def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Shortfall]:
+def model_shortfalls(
+    led: Ledger,
+    ms: ModelState,
+    static: tuple[int, Counter[str]],
+    dyn: DynamicRejections,
+) -> list[Shortfall]:
     """Every reason this model has fewer compliant replicas than wanted (or a weaker spread)."""
     placed = len(ms.entries)
     wanted = ms.wanted
@@ -239,14 +249,14 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
             out.append(
                 (
                     R.PLACEMENT_BUDGET,
-                    f"{eng.policy.max_new_placements} new placements per plan",
+                    f"{led.policy.max_new_placements} new placements per plan",
                 )
             )
-        elif ms.budget_blocked and eng.evictions >= eng.policy.max_evictions:
+        elif ms.budget_blocked and led.evictions >= led.policy.max_evictions:
             out.append(
                 (
                     R.EVICTION_BUDGET,
-                    f"{eng.policy.max_evictions} evictions already staged",
+                    f"{led.policy.max_evictions} evictions already staged",
                 )
             )
         else:
@@ -260,10 +270,10 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
                 detail += f" (e.g. {first[reason]})"
             out.append((reason, detail))
     target = ms.domain_target()
-    domains = {eng.hosts[e.hidx].domain for e in ms.entries}
+    domains = {led.hosts[e.hidx].domain for e in ms.entries}
     if len(domains) < min(target, placed):
         feasible = len(ms.used_domains) + len(
-            eng.eligible_domains(ms, target, exclude=ms.used_domains)
+            led.eligible_domains(ms, target, exclude=ms.used_domains)
         )
         out.append(
             (
@@ -273,7 +283,7 @@ def model_shortfalls(eng, ms, static: tuple[int, Counter[str]], dyn) -> list[Sho
         )
     if ms.retained and placed < wanted:
         hosts = ", ".join(
-            f"{eng.hosts[m.hidx].host_id} ({m.reason})" for m in ms.retained
+            f"{led.hosts[m.hidx].host_id} ({m.reason})" for m in ms.retained
         )
         out.append((R.RETAINED_NONCOMPLIANT, f"kept until replaced: {hosts}"))
     seen: set[tuple[str, str]] = set()
@@ -308,23 +318,23 @@ def primary_reason(shortfalls: list[Shortfall]) -> str:
 
 
 def model_explanation(
-    eng, ms, chosen: tuple[Placement, ...], limit: int
+    led: Ledger, ms: ModelState, chosen: tuple[Placement, ...], limit: int
 ) -> tuple[ModelExplanation, list[Shortfall]]:
-    static = static_counts(eng, ms)
+    static = static_counts(led, ms)
     eligible_n, counts = static
     wants_more = ms.wanted > len(ms.entries)
     dyn = (
-        dynamic_rejections(eng, ms, limit, max(DYNAMIC_SCAN_LIMIT, limit))
+        dynamic_rejections(led, ms, limit, max(DYNAMIC_SCAN_LIMIT, limit))
         if wants_more and eligible_n > 0
         else (Counter(), [], {}, 0)
     )
-    shortfalls = model_shortfalls(eng, ms, static, dyn)
+    shortfalls = model_shortfalls(led, ms, static, dyn)
     rejected = list(dyn[1])
     if len(rejected) < limit:
-        rejected.extend(static_rejections(eng, ms, limit - len(rejected)))
+        rejected.extend(static_rejections(led, ms, limit - len(rejected)))
     elig: list[str] = []
     if limit > 0:
-        for hs in eligible_hosts(eng, ms):
+        for hs in eligible_hosts(led, ms):
             elig.append(hs.host_id)
             if len(elig) >= limit:
                 break
@@ -352,18 +362,6 @@ def model_explanation(
     return ex, shortfalls
 
 
-def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
-    """The unbounded explanation of one model (every host listed), computed on demand."""
-    from grid.planner.plan import plan as run_plan
-
-    full = msgspec.structs.replace(inp.policy, explain_host_limit=1 << 30)
-    p = run_plan(msgspec.structs.replace(inp, policy=full))
-    for ex in p.explanations:
-        if ex.model_id == model_id:
-            return ex
-    return None
-
-
 def _fmt_scores(p: Placement) -> str:
     parts = [
         f"{k}={v:g}"
@@ -381,7 +379,7 @@ def render_explanation(plan: Plan) -> list[str]:
             head += f" ({ex.detail})"
         lines.append(head)
         for p in ex.chosen:
-            tag = p.reason.lower() if p.reason else p.status
+            tag = p.reason or p.status
             lines.append(
                 f"  {p.host_id}: {p.status} {tag} score {p.score:g} ({_fmt_scores(p)})"
             )

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 from grid.events.control import DATA_TIERS, ModelProfile
 from grid.events.host import HostResources
+from grid.fleet import ADMITTING_HOST_STATES, heartbeat_fresh
 from grid.planner import reasons as R
 from grid.planner.types import HostSnapshot, Policy
 
 Rejection = tuple[str, str]  # (REASON, detail)
 
-ELIGIBLE_HOST_STATES: frozenset[str] = frozenset({"accepting", "throttled"})
 # Residency states that hold a process (and therefore memory and a serving slot).
 LIVE_STATES: frozenset[str] = frozenset(
     {"loading", "warming", "ready", "draining", "unloading", "failed"}
@@ -204,7 +204,7 @@ def check_heartbeat_missing(
 def check_host_state(
     host: HostSnapshot, now: float, policy: Policy
 ) -> Rejection | None:
-    if host.state not in ELIGIBLE_HOST_STATES:
+    if host.state not in ADMITTING_HOST_STATES:
         return (R.HOST_NOT_ELIGIBLE_STATE, host.state)
     return None
 
@@ -213,8 +213,8 @@ def check_heartbeat_stale(
     host: HostSnapshot, now: float, policy: Policy
 ) -> Rejection | None:
     assert host.heartbeat_at is not None
-    age = now - host.heartbeat_at
-    if age > policy.heartbeat_timeout_seconds:
+    if not heartbeat_fresh(host.heartbeat_at, now, policy):
+        age = now - host.heartbeat_at
         return (
             R.HEARTBEAT_STALE,
             f"age {age:.1f}s > {policy.heartbeat_timeout_seconds:g}s",

@@ -20,15 +20,16 @@ from grid.planner import scoring as S
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.placement import Engine
-from grid.planner.types import Placement, Plan, PlannerInput
+from grid.planner.types import ModelExplanation, Placement, Plan, PlannerInput
 
-PLANNER_VERSION = "grid-planner/1.0.0"
+PLANNER_VERSION = "grid-planner/1.1.0"
 
 __all__ = [
     "PLANNER_VERSION",
     "build_plan",
     "decode_plan",
     "encode_plan",
+    "explain_model",
     "plan",
     "render_explanation",
 ]
@@ -41,19 +42,21 @@ def plan(inp: PlannerInput) -> Plan:
     return build_plan(inp)
 
 
-def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
-    """``plan`` with a switch for the reference full-scan candidate search (tests only)."""
+def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
+    """``plan`` with a switch for the reference full-scan candidate search (tests and the
+    planner benchmark: both searches must give byte-identical plans)."""
     digest = inputs_digest(inp)
-    eng = Engine(inp, naive=naive)
+    eng = Engine(inp, reference_scan=reference_scan)
     eng.run()
+    led = eng.ledger
     limit = max(0, int(inp.policy.explain_host_limit))
     placements: list[Placement] = []
     shortfalls = []
     explanations = []
-    for ms in eng.models:
+    for ms in led.models:
         mine: list[Placement] = []
         for e in ms.entries:
-            hs = eng.hosts[e.hidx]
+            hs = led.hosts[e.hidx]
             mine.append(
                 Placement(
                     model_id=ms.req.model_id,
@@ -68,10 +71,10 @@ def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
                 )
             )
         for mm in ms.retained:
-            hs = eng.hosts[mm.hidx]
+            hs = led.hosts[mm.hidx]
             r = mm.residency
             mem = max(0, int(r.memory_mb))
-            values = eng.host_values(hs, ms, mem, incumbent=r)
+            values = led.host_values(hs, ms, mem, incumbent=r)
             mine.append(
                 Placement(
                     model_id=ms.req.model_id,
@@ -86,12 +89,12 @@ def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
                 )
             )
         mine.sort(key=lambda p: p.host_id)
-        ex, sf = model_explanation(eng, ms, tuple(mine), limit)
+        ex, sf = model_explanation(led, ms, tuple(mine), limit)
         placements.extend(mine)
         shortfalls.extend(sf)
         explanations.append(ex)
     preemptions = sorted(
-        eng.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model)
+        led.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model)
     )
     return Plan(
         planner_version=PLANNER_VERSION,
@@ -102,6 +105,16 @@ def build_plan(inp: PlannerInput, *, naive: bool = False) -> Plan:
         shortfalls=tuple(shortfalls),
         explanations=tuple(explanations),
     )
+
+
+def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
+    """The unbounded explanation of one model (every host listed), computed on demand."""
+    full = msgspec.structs.replace(inp.policy, explain_host_limit=1 << 30)
+    p = plan(msgspec.structs.replace(inp, policy=full))
+    for ex in p.explanations:
+        if ex.model_id == model_id:
+            return ex
+    return None
 
 
 def encode_plan(p: Plan) -> bytes:

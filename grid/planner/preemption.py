@@ -25,22 +25,26 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from collections.abc import Iterator
+
 from grid.planner import reasons as R
 from grid.planner import scoring as S
 from grid.planner.feasibility import ModelReq
-from grid.planner.types import Preemption
+from grid.planner.ledger import Ledger
+from grid.planner.state import Entry, HostState, ModelState, MustMove
+from grid.planner.types import Preemption, ResidencyView
 
 
 @dataclass(slots=True, eq=False)
 class Victim:
     model_id: str
-    ms: object  # placement.ModelState of the victim
+    ms: ModelState  # the victim's model
     memory_mb: int
     kept: bool  # a kept incumbent (in the desired ledger) rather than a must-move residency
     busy: bool
     warmback: float
     priority: int
-    ref: object  # Entry (kept) or MustMove
+    ref: Entry | MustMove  # Entry (kept) or MustMove
 
     def key(self) -> tuple:
         return (
@@ -54,7 +58,7 @@ class Victim:
 
 @dataclass(slots=True, eq=False)
 class StagedSet:
-    hs: object
+    hs: HostState
     victims: list[Victim]
     runtime: str
     memory_mb: int
@@ -67,14 +71,16 @@ class StagedSet:
         return (top, busy, warm, len(self.victims), self.hs.host_id)
 
 
-def _protected(eng, vms, hs, residency) -> bool:
+def _protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
     """Minimum-residency protection (a loading/warming residency without loaded_at counts)."""
     if residency.loaded_at is None:
         return residency.state in ("loading", "warming")
-    return eng.now - residency.loaded_at < vms.profile.min_residency_seconds
+    return led.now - residency.loaded_at < vms.profile.min_residency_seconds
 
 
-def _victims_on(eng, hs, ms, destructive: bool) -> list[Victim]:
+def _victims_on(
+    led: Ledger, hs: HostState, ms: ModelState, destructive: bool
+) -> list[Victim]:
     if not destructive:
         return []
     out: list[Victim] = []
@@ -84,34 +90,42 @@ def _victims_on(eng, hs, ms, destructive: bool) -> list[Victim]:
         r = slot.residency
         if r is None or not r.managed or r.pinned:
             continue
-        vms = eng.by_model[slot.model_id]
-        if hs.host_id in vms.req.pins or _protected(eng, vms, hs, r):
+        vms = led.by_model[slot.model_id]
+        if hs.host_id in vms.req.pins or _protected(led, vms, r):
             continue
         entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
-        out.append(_victim(eng, hs, vms, r, slot.memory_mb, True, entry))
-    for vms, mm in eng.mustmove_on.get(hs.idx, ()):
+        out.append(_victim(led, hs, vms, r, slot.memory_mb, True, entry))
+    for vms, mm in led.mustmove_on.get(hs.idx, ()):
         if mm.preempted or vms.priority >= ms.priority:
             continue
         r = mm.residency
-        if hs.host_id in vms.req.pins or _protected(eng, vms, hs, r):
+        if hs.host_id in vms.req.pins or _protected(led, vms, r):
             continue
-        out.append(_victim(eng, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
+        out.append(_victim(led, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
     out.sort(key=Victim.key)
     return out
 
 
-def _victim(eng, hs, vms, r, mem: int, kept: bool, ref) -> Victim:
-    sample = eng.timings.get((hs.host_id, vms.req.model_id))
+def _victim(
+    led: Ledger,
+    hs: HostState,
+    vms: ModelState,
+    r: ResidencyView,
+    mem: int,
+    kept: bool,
+    ref: Entry | MustMove,
+) -> Victim:
+    sample = led.timings.get((hs.host_id, vms.req.model_id))
     warm = S.startup_seconds(vms.profile, sample, False, vms.req.sha)
     busy = r.state == "ready" and r.active_requests > 0
     return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref)
 
 
 def _fits_after(
-    eng, hs, req: ModelReq, mem: int, disk: int, victims: list[Victim]
+    led: Ledger, hs: HostState, req: ModelReq, mem: int, disk: int, victims: list[Victim]
 ) -> bool:
     """Would the beneficiary fit once leaving residencies and these victims are gone?"""
-    need = mem * (1.0 + eng.headroom)
+    need = mem * (1.0 + led.headroom)
     free_b = hs.free_b + sum(v.memory_mb for v in victims if v.kept)
     if free_b < math.ceil(need):
         return False
@@ -119,12 +133,12 @@ def _fits_after(
     if free_a < need:
         return False
     gone = {v.model_id for v in victims}
-    leaving = eng.leaving_models.get(hs.idx, ())
+    leaving = led.leaving_models.get(hs.idx, ())
     present = set(hs.desired)
     for m in hs.live_models:
         if m in hs.desired:
             continue
-        if m in leaving and not _still_live_elsewhere(eng, hs, m):
+        if m in leaving and not _still_live_elsewhere(led, hs, m):
             continue
         present.add(m)
     present -= gone
@@ -138,7 +152,7 @@ def _fits_after(
     for m in present:
         if m in req.excludes:
             return False
-        other = eng.by_model.get(m)
+        other = led.by_model.get(m)
         if (
             other is not None
             and other.req.max_colocated
@@ -148,16 +162,16 @@ def _fits_after(
     return _disk_ok(hs, disk)
 
 
-def _still_live_elsewhere(eng, hs, model_id: str) -> bool:
+def _still_live_elsewhere(led: Ledger, hs: HostState, model_id: str) -> bool:
     """A leaving model id is still present if another live residency of it is not leaving
     (e.g. a must-move copy that may be retained)."""
-    for vms, mm in eng.mustmove_on.get(hs.idx, ()):
+    for vms, mm in led.mustmove_on.get(hs.idx, ()):
         if mm.residency.model_id == model_id and not mm.preempted:
             return True
     return False
 
 
-def _disk_ok(hs, disk: int) -> bool:
+def _disk_ok(hs: HostState, disk: int) -> bool:
     if disk <= 0:
         return True
     if hs.disk_budget is None:
@@ -165,22 +179,24 @@ def _disk_ok(hs, disk: int) -> bool:
     return hs.disk_used + disk <= hs.disk_budget
 
 
-def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None:
-    if eng.host_static(hs, ms) is not None:
+def _victim_set(
+    led: Ledger, hs: HostState, ms: ModelState, destructive: bool, budget: int
+) -> StagedSet | None:
+    if led.host_static(hs, ms) is not None:
         return None
-    rt, mem = eng.runtime_for(hs.cls, ms)
-    disk = eng.disk_need(hs, ms)
-    if not _disk_ok(hs, disk + eng.disk_extra if disk else 0):
+    rt, mem = led.runtime_for(hs.cls, ms)
+    disk = led.disk_need(hs, ms)
+    if not _disk_ok(hs, disk + led.disk_extra if disk else 0):
         return None
-    pool = _victims_on(eng, hs, ms, destructive)
-    if not pool and hs.leaving_mb <= 0 and not eng.leaving_models.get(hs.idx):
+    pool = _victims_on(led, hs, ms, destructive)
+    if not pool and hs.leaving_mb <= 0 and not led.leaving_models.get(hs.idx):
         return None
     chosen: list[Victim] = []
-    if not _fits_after(eng, hs, ms.req, mem, disk, chosen):
+    if not _fits_after(led, hs, ms.req, mem, disk, chosen):
         ok = False
         for v in pool:
             chosen.append(v)
-            if _fits_after(eng, hs, ms.req, mem, disk, chosen):
+            if _fits_after(led, hs, ms.req, mem, disk, chosen):
                 ok = True
                 break
         if not ok:
@@ -188,27 +204,27 @@ def _victim_set(eng, hs, ms, destructive: bool, budget: int) -> StagedSet | None
         # Drop victims that turned out unnecessary (latest additions are the most costly).
         for v in list(reversed(chosen)):
             trial = [x for x in chosen if x is not v]
-            if _fits_after(eng, hs, ms.req, mem, disk, trial):
+            if _fits_after(led, hs, ms.req, mem, disk, trial):
                 chosen = trial
     if len(chosen) > budget:
         return None
     return StagedSet(hs, chosen, rt, mem, disk)
 
 
-def _candidate_hosts(eng, ms):
+def _candidate_hosts(led: Ledger, ms: ModelState) -> Iterator[HostState]:
     """Statically eligible hosts for ms that may have something to release (host id order).
 
-    Uses the engine's release index: hosts whose lowest removable-incumbent priority is below
+    Uses the ledger's release index: hosts whose lowest removable-incumbent priority is below
     the beneficiary's, plus hosts with leaving or must-move residencies. Entries only go stale
     in the conservative direction (a victim removed later), and every host is re-checked."""
-    idx = eng.release_index()
+    idx = led.release_index()
     floors, leaving = idx
     cut = bisect_left(floors, (ms.priority, -1))
     chosen = {hi for _, hi in floors[:cut]}
     chosen.update(leaving)
     special = ms.special_set
     for hi in sorted(chosen):
-        hs = eng.hosts[hi]
+        hs = led.hosts[hi]
         if not hs.eligible:
             continue
         if ms.explicit:
@@ -221,12 +237,18 @@ def _candidate_hosts(eng, ms):
         yield hs
 
 
-def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | None:
+def stage(
+    led: Ledger,
+    ms: ModelState,
+    *,
+    only_host: HostState | None = None,
+    destructive: bool = True,
+) -> StagedSet | None:
     """Try to stage a preemption (or a wait for leaving capacity) for one replica of ms."""
-    budget = max(0, eng.policy.max_evictions - eng.evictions)
-    hosts = [only_host] if only_host is not None else list(_candidate_hosts(eng, ms))
+    budget = max(0, led.policy.max_evictions - led.evictions)
+    hosts = [only_host] if only_host is not None else list(_candidate_hosts(led, ms))
     passes = (
-        [True, False] if (only_host is None and eng.needs_new_domain(ms)) else [False]
+        [True, False] if (only_host is None and led.needs_new_domain(ms)) else [False]
     )
     best: StagedSet | None = None
     saw_budget = False
@@ -234,12 +256,12 @@ def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | N
         for hs in hosts:
             if new_domain_only and hs.domain in ms.used_domains:
                 continue
-            s = _victim_set(eng, hs, ms, destructive, budget)
+            s = _victim_set(led, hs, ms, destructive, budget)
             if s is None:
                 if (
                     budget == 0
                     and destructive
-                    and _victim_set(eng, hs, ms, destructive, 1 << 30) is not None
+                    and _victim_set(led, hs, ms, destructive, 1 << 30) is not None
                 ):
                     saw_budget = True
                 continue
@@ -251,23 +273,21 @@ def stage(eng, ms, *, only_host=None, destructive: bool = True) -> StagedSet | N
         if saw_budget:
             ms.budget_blocked = True
         return None
-    _apply(eng, ms, best)
+    _apply(led, ms, best)
     return best
 
 
-def _apply(eng, ms, staged: StagedSet) -> None:
+def _apply(led: Ledger, ms: ModelState, staged: StagedSet) -> None:
     hs = staged.hs
     for v in staged.victims:
         vms = v.ms
-        if v.kept:
-            eng.remove_kept(vms, v.ref)
+        if isinstance(v.ref, Entry):
+            led.remove_kept(vms, v.ref)
         else:
             v.ref.preempted = True
-        hs.leaving_mb += v.memory_mb
-        eng.leaving_models.setdefault(hs.idx, set()).add(v.model_id)
-        eng.note_leaving(hs.idx)
-        eng.evictions += 1
-        eng.preemptions.append(
+        led.note_leaving(hs.idx, v.model_id, v.memory_mb)
+        led.evictions += 1
+        led.preemptions.append(
             Preemption(
                 host_id=hs.host_id,
                 victim_model=v.model_id,
@@ -277,7 +297,7 @@ def _apply(eng, ms, staged: StagedSet) -> None:
                 priority=ms.priority,
             )
         )
-    eng.reserve(ms, hs, staged.memory_mb, staged.runtime, staged.disk_bytes)
+    led.reserve(ms, hs, staged.memory_mb, staged.runtime, staged.disk_bytes)
     if staged.victims:
         ms.staged += 1
     else:

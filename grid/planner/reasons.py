@@ -1,5 +1,8 @@
 """REASON constants: every expected planner outcome is a value carrying one of these names.
 
+Constant names are UPPER_CASE; their values are lower snake_case, the one case every reason in
+Grid uses (reconciler, gateway, agent and OpenAI error codes alike).
+
 Feasibility reasons (why a host cannot take a model), shortfall reasons (why a model is not
 fully placed), placement reasons (why a replica is in the desired set) and preemption reasons.
 """
@@ -7,39 +10,39 @@ fully placed), placement reasons (why a replica is in the desired set) and preem
 from __future__ import annotations
 
 # --- host lifecycle (checked once per host) ----------------------------------------------
-HEARTBEAT_MISSING = "HEARTBEAT_MISSING"  # registered but never heard from
+HEARTBEAT_MISSING = "heartbeat_missing"  # registered but never heard from
 HOST_NOT_ELIGIBLE_STATE = (
-    "HOST_NOT_ELIGIBLE_STATE"  # paused, draining, unhealthy, quarantined
+    "host_not_eligible_state"  # paused, draining, unhealthy, quarantined
 )
 HEARTBEAT_STALE = (
-    "HEARTBEAT_STALE"  # now - heartbeat_at > policy.heartbeat_timeout_seconds
+    "heartbeat_stale"  # now - heartbeat_at > policy.heartbeat_timeout_seconds
 )
-HEARTBEAT_FUTURE = "HEARTBEAT_FUTURE"  # heartbeat_at > now + policy.future_skew_seconds
+HEARTBEAT_FUTURE = "heartbeat_future"  # heartbeat_at > now + policy.future_skew_seconds
 
 # --- operator placement policy (per host, per model) --------------------------------------
-DENIED = "DENIED"  # host in profile.deny_hosts
-NOT_ALLOWED = "NOT_ALLOWED"  # profile.allow_hosts set and host not in it
-PIN_MISMATCH = "PIN_MISMATCH"  # profile.pins set and host not in it
+DENIED = "denied"  # host in profile.deny_hosts
+NOT_ALLOWED = "not_allowed"  # profile.allow_hosts set and host not in it
+PIN_MISMATCH = "pin_mismatch"  # profile.pins set and host not in it
 
 # --- compatibility (per host class, per model) ---------------------------------------------
-DATA_TIER = "DATA_TIER"
-RUNTIME_MISMATCH = "RUNTIME_MISMATCH"
-BACKEND_MISMATCH = "BACKEND_MISMATCH"
-MISSING_REQUIRED_TAG = "MISSING_REQUIRED_TAG"
-FORBIDDEN_TAG = "FORBIDDEN_TAG"
-GPU_COUNT = "GPU_COUNT"
-GPU_MEMORY = "GPU_MEMORY"
+DATA_TIER = "data_tier"
+RUNTIME_MISMATCH = "runtime_mismatch"
+BACKEND_MISMATCH = "backend_mismatch"
+MISSING_REQUIRED_TAG = "missing_required_tag"
+FORBIDDEN_TAG = "forbidden_tag"
+GPU_COUNT = "gpu_count"
+GPU_MEMORY = "gpu_memory"
 
 # --- capacity (static: never fits; dynamic: does not fit now) ------------------------------
-INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
-INSUFFICIENT_DISK = "INSUFFICIENT_DISK"
-MODEL_LIMIT = "MODEL_LIMIT"
-COLOCATION_LIMIT = "COLOCATION_LIMIT"
-COLOCATION_EXCLUDED = "COLOCATION_EXCLUDED"
+INSUFFICIENT_MEMORY = "insufficient_memory"
+INSUFFICIENT_DISK = "insufficient_disk"
+MODEL_LIMIT = "model_limit"
+COLOCATION_LIMIT = "colocation_limit"
+COLOCATION_EXCLUDED = "colocation_excluded"
 # The model already has (or is draining/unloading/reserving) a residency on this host.
-ALREADY_PRESENT = "ALREADY_PRESENT"
-FAILURE_DOMAIN = "FAILURE_DOMAIN"
-UNKNOWN_HOST = "UNKNOWN_HOST"  # a pin names a host with no snapshot
+ALREADY_PRESENT = "already_present"
+FAILURE_DOMAIN = "failure_domain"
+UNKNOWN_HOST = "unknown_host"  # a pin names a host with no snapshot
 
 FEASIBILITY_REASONS: tuple[str, ...] = (
     HEARTBEAT_MISSING,
@@ -67,21 +70,21 @@ FEASIBILITY_REASONS: tuple[str, ...] = (
 )
 
 # --- shortfall reasons (a model has fewer compliant replicas than wanted) --------------------
-NO_ELIGIBLE_HOST = "NO_ELIGIBLE_HOST"  # no host passes the static checks
+NO_ELIGIBLE_HOST = "no_eligible_host"  # no host passes the static checks
 PREEMPTION_STAGED = (
-    "PREEMPTION_STAGED"  # victims drain first; placed after memory is proven free
+    "preemption_staged"  # victims drain first; placed after memory is proven free
 )
 AWAITING_RELEASE = (
-    "AWAITING_RELEASE"  # capacity is held by obsolete residencies already leaving
+    "awaiting_release"  # capacity is held by obsolete residencies already leaving
 )
-EVICTION_BUDGET = "EVICTION_BUDGET"  # policy.max_evictions reached for this plan
-PIN_UNSATISFIED = "PIN_UNSATISFIED"  # a hard pin cannot be placed on its exact host
+EVICTION_BUDGET = "eviction_budget"  # policy.max_evictions reached for this plan
+PIN_UNSATISFIED = "pin_unsatisfied"  # a hard pin cannot be placed on its exact host
 RETAINED_NONCOMPLIANT = (
-    "RETAINED_NONCOMPLIANT"  # old replica kept (make-before-break) with no replacement
+    "retained_noncompliant"  # old replica kept (make-before-break) with no replacement
 )
-PLACEMENT_BUDGET = "PLACEMENT_BUDGET"  # policy.max_new_placements reached for this plan
+PLACEMENT_BUDGET = "placement_budget"  # policy.max_new_placements reached for this plan
 NOT_PLACED = (
-    "NOT_PLACED"  # eligible capacity exists now but the replica's turn had none
+    "not_placed"  # eligible capacity exists now but the replica's turn had none
 )
 
 SHORTFALL_REASONS: tuple[str, ...] = (
@@ -98,26 +101,26 @@ SHORTFALL_REASONS: tuple[str, ...] = (
 
 # --- placement reasons ------------------------------------------------------------------------
 INCUMBENT = (
-    "INCUMBENT"  # healthy live managed residency that still satisfies every constraint
+    "incumbent"  # healthy live managed residency that still satisfies every constraint
 )
 EXTERNAL_RESIDENCY = (
-    "EXTERNAL_RESIDENCY"  # unmanaged residency that satisfies demand (never actuated)
+    "external_residency"  # unmanaged residency that satisfies demand (never actuated)
 )
-PINNED_RESIDENCY = "PINNED_RESIDENCY"  # operator-pinned residency (never actuated)
+PINNED_RESIDENCY = "pinned_residency"  # operator-pinned residency (never actuated)
 RETAINED_UNTIL_REPLACED = (
-    "RETAINED_UNTIL_REPLACED"  # must move; kept until replacements are ready
+    "retained_until_replaced"  # must move; kept until replacements are ready
 )
-PIN = "PIN"  # new replica on a profile's pinned host
-BASELINE = "BASELINE"  # new replica for min_replicas
-DIRECT = "DIRECT"  # new replica for direct request/queue/SLO evidence
-INFERRED = "INFERRED"  # new replica for correlation-only (predictive) evidence
-REPAIRED = "REPAIRED"  # moved by bounded backtracking repair
+PIN = "pin"  # new replica on a profile's pinned host
+BASELINE = "baseline"  # new replica for min_replicas
+DIRECT = "direct"  # new replica for direct request/queue/SLO evidence
+INFERRED = "inferred"  # new replica for correlation-only (predictive) evidence
+REPAIRED = "repaired"  # moved by bounded backtracking repair
 
 # --- preemption reasons -----------------------------------------------------------------------
-PRIORITY_PREEMPTION = "PRIORITY_PREEMPTION"
+PRIORITY_PREEMPTION = "priority_preemption"
 MODEL_LIMIT_CONVERGENCE = (
-    "MODEL_LIMIT_CONVERGENCE"  # host model ceiling lowered below live inventory
+    "model_limit_convergence"  # host model ceiling lowered below live inventory
 )
 COLOCATION_CONVERGENCE = (
-    "COLOCATION_CONVERGENCE"  # tightened co-location policy already violated
+    "colocation_convergence"  # tightened co-location policy already violated
 )

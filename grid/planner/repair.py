@@ -21,34 +21,35 @@ from __future__ import annotations
 from itertools import combinations
 
 from grid.planner import reasons as R
-from grid.planner.placement import Engine, Entry, ModelState, min_memory
+from grid.planner.ledger import Ledger
+from grid.planner.state import TIER_REASON, Entry, HostState, ModelState, min_memory
 
 MAX_SUBSET = 2
 
 
-def lower_bound_fails(eng: Engine, ms: ModelState, prio: int) -> bool:
-    t = eng.fleet.totals
-    slack = max(0, eng.repair_slack.get(prio, 0))
+def lower_bound_fails(led: Ledger, ms: ModelState, prio: int) -> bool:
+    t = led.fleet.totals
+    slack = max(0, led.repair_slack.get(prio, 0))
     if t.free_mb + slack < min_memory(ms.profile):
         return True
     return t.unlimited_open <= 0 and t.slots <= 0
 
 
-def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
-    budget = eng.policy.max_repair_steps
-    movable = eng.movable.get(prio)
-    if not movable or eng.repair_steps >= budget:
+def try_repair(led: Ledger, ms: ModelState, tier: str, prio: int) -> bool:
+    budget = led.policy.max_repair_steps
+    movable = led.movable.get(prio)
+    if not movable or led.repair_steps >= budget:
         return False
-    if lower_bound_fails(eng, ms, prio):
+    if lower_bound_fails(led, ms, prio):
         return False
     hosts = sorted(
-        (eng.hosts[hi] for hi, n in movable.items() if n > 0), key=lambda h: h.host_id
+        (led.hosts[hi] for hi, n in movable.items() if n > 0), key=lambda h: h.host_id
     )
     for hs in hosts:
-        if eng.repair_steps >= budget:
+        if led.repair_steps >= budget:
             return False
-        eng.repair_steps += 1
-        if hs.present(ms.req.model_id) or eng.host_static(hs, ms) is not None:
+        led.repair_steps += 1
+        if hs.present(ms.req.model_id) or led.host_static(hs, ms) is not None:
             continue
         items: list[tuple[ModelState, Entry]] = []
         for slot in hs.desired.values():
@@ -57,7 +58,7 @@ def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
                 and slot.round_class == prio
                 and not slot.pinned_phase
             ):
-                vms = eng.by_model[slot.model_id]
+                vms = led.by_model[slot.model_id]
                 if vms is ms:
                     continue
                 e = next(x for x in vms.entries if x.slot is slot)
@@ -65,51 +66,49 @@ def try_repair(eng: Engine, ms: ModelState, tier: str, prio: int) -> bool:
         items.sort(key=lambda t: (-t[1].slot.memory_mb, t[0].req.model_id))
         for size in range(1, min(MAX_SUBSET, len(items)) + 1):
             for subset in combinations(items, size):
-                if eng.repair_steps >= budget:
+                if led.repair_steps >= budget:
                     return False
-                eng.repair_steps += 1
-                if _attempt(eng, ms, hs, list(subset), tier, prio):
+                led.repair_steps += 1
+                if _attempt(led, ms, hs, list(subset), tier, prio):
                     return True
     return False
 
 
 def _attempt(
-    eng: Engine,
+    led: Ledger,
     ms: ModelState,
-    hs,
+    hs: HostState,
     subset: list[tuple[ModelState, Entry]],
     tier: str,
     prio: int,
 ) -> bool:
-    from grid.planner.placement import TIER_REASON
-
     for vms, e in subset:
-        eng.uncommit_new(vms, e)
-    c = eng._eval_host(hs, ms, False)
+        led.uncommit_new(vms, e)
+    c = led.eval_host(hs, ms, False)
     if c is None:
-        _restore(eng, subset)
+        _restore(led, subset)
         return False
-    placed = eng.commit_new(ms, c, TIER_REASON[tier], prio)
+    placed = led.commit_new(ms, c, TIER_REASON[tier], prio)
     moved: list[tuple[ModelState, Entry]] = []
     ok = True
     for vms, e in sorted(
         subset, key=lambda t: (-t[1].slot.memory_mb, t[0].req.model_id)
     ):
-        eng.repair_steps += 1
-        c2 = eng.choose(vms)
+        led.repair_steps += 1
+        c2 = led.choose(vms)
         if c2 is None:
             ok = False
             break
-        moved.append((vms, eng.commit_new(vms, c2, R.REPAIRED, prio)))
+        moved.append((vms, led.commit_new(vms, c2, R.REPAIRED, prio)))
     if ok:
         return True
     for vms, e in reversed(moved):
-        eng.uncommit_new(vms, e)
-    eng.uncommit_new(ms, placed)
-    _restore(eng, subset)
+        led.uncommit_new(vms, e)
+    led.uncommit_new(ms, placed)
+    _restore(led, subset)
     return False
 
 
-def _restore(eng: Engine, subset: list[tuple[ModelState, Entry]]) -> None:
+def _restore(led: Ledger, subset: list[tuple[ModelState, Entry]]) -> None:
     for vms, e in subset:
-        eng.recommit_new(vms, e)
+        led.recommit_new(vms, e)

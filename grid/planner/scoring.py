@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from typing import NamedTuple
 
 from grid.events.control import ModelProfile
 from grid.planner.types import DemandTarget, TimingSample
@@ -31,6 +32,31 @@ WEIGHTS: dict[str, float] = {
     "failed": -200.0,  # a failed residency of this model sits on this host
 }
 SCORERS: tuple[str, ...] = tuple(WEIGHTS)
+
+
+class Scores(NamedTuple):
+    """One candidate's scorer values (0..100 each), one field per scorer in ``WEIGHTS``.
+
+    A tuple so that ``combine`` stays one multiply-add over two sequences in the hot path; the
+    field names are what plans and ``explain`` record (``as_dict``)."""
+
+    resident: float = 0.0
+    cached: float = 0.0
+    domain: float = 0.0
+    throughput: float = 0.0
+    hardware: float = 0.0
+    fit: float = 0.0
+    startup: float = 0.0
+    sticky: float = 0.0
+    scarcity: float = 0.0
+    load: float = 0.0
+    throttled: float = 0.0
+    failed: float = 0.0
+
+
+# The vector's positions are the weight table's order (and so the summation order).
+assert Scores._fields == SCORERS
+_new_scores = tuple.__new__
 BOOSTED: frozenset[str] = frozenset({"throughput", "hardware"})
 MAX_BOOST = 8.0
 # Startup seconds at which the startup scorer gives 50.
@@ -44,6 +70,13 @@ def _clamp(x: float) -> float:
     if math.isnan(x):
         return 0.0
     return 0.0 if x < 0.0 else min(x, 100.0)
+
+
+def valid_tps(x: float | None) -> float | None:
+    """A usable tokens/s measurement (finite and positive), else None."""
+    if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0.0:
+        return None
+    return float(x)
 
 
 def score_resident(state: str | None) -> float:
@@ -163,12 +196,41 @@ def weights_for(boost: float) -> tuple[float, ...]:
     return tuple(w * boost if name in BOOSTED else w for name, w in WEIGHTS.items())
 
 
-def combine(values: tuple[float, ...], boost: float) -> float:
-    """Weighted total of scorer values given in SCORERS order (always summed in that order)."""
+def with_host_terms(
+    base: Scores, new_domain: bool, fit: float, load: float, throttled: float
+) -> Scores:
+    """A host class's values with the per-host scorers (domain, fit, load, throttled) set.
+
+    Called for every bucket and candidate of the indexed search, hence the unpacking and the
+    direct tuple construction (a NamedTuple's keyword constructor costs about three times as
+    much)."""
+    (resident, cached, _, throughput, hardware, _, startup, sticky, scarcity, _, _, failed) = base
+    return _new_scores(
+        Scores,
+        (
+            resident,
+            cached,
+            100.0 if new_domain else 0.0,  # score_domain
+            throughput,
+            hardware,
+            fit,
+            startup,
+            sticky,
+            scarcity,
+            load,
+            throttled,
+            failed,
+        ),
+    )
+
+
+def combine(values: Scores, boost: float) -> float:
+    """Weighted total of scorer values (always summed in SCORERS order)."""
     return round(sum(map(operator.mul, weights_for(boost), values)), 6)
 
 
-def as_dict(values: tuple[float, ...]) -> dict[str, float]:
+def as_dict(values: Scores) -> dict[str, float]:
+    """The non-zero scores by scorer name, as a plan records them."""
     return {
-        name: round(v, 3) for name, v in zip(SCORERS, values, strict=True) if v != 0.0
+        name: round(v, 3) for name, v in zip(Scores._fields, values, strict=True) if v != 0.0
     }

@@ -1,4 +1,6 @@
-"""Mutable per-plan host state: the two memory ledgers, model slots, co-location, disk ledger.
+"""Mutable per-plan state: per host the two memory ledgers, model slots, co-location and the
+disk ledger; per model its desired entries, must-move residencies and progress
+(``ModelState``). ``ledger.Ledger`` is the one owner that changes them.
 
 Ledger (a), ``free_a``: incremental make-before-break capacity. Every live process on the host
 (managed or not, desired or obsolete) plus unmanaged memory plus this plan's new placements is
@@ -24,8 +26,15 @@ from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass, field
 
+from grid.events.control import ModelProfile
+from grid.planner import reasons as R
 from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
-from grid.planner.types import HostSnapshot, ResidencyView
+from grid.planner.scoring import Scores
+from grid.planner.types import DemandTarget, HostSnapshot, ResidencyView
+
+# Within a priority class, replicas fill in this order; each tier's new replicas carry its reason.
+TIERS: tuple[str, ...] = ("baseline", "direct", "inferred")
+TIER_REASON = {"baseline": R.BASELINE, "direct": R.DIRECT, "inferred": R.INFERRED}
 
 
 @dataclass(slots=True, eq=False)
@@ -213,3 +222,108 @@ class FleetState:
             t.slots += new[1] - old[1]
             t.unlimited_open += new[2] - old[2]
             t.contrib[hs.idx] = new
+
+
+# ------------------------------------------------------------------------------------------
+# Per-model state
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Candidate:
+    """A feasible host for one more replica of a model, with its scores."""
+
+    score: float
+    host_id: str
+    hidx: int
+    runtime: str
+    memory_mb: int
+    disk_bytes: int
+    values: Scores
+
+    def beats(self, other: Candidate | None) -> bool:
+        if other is None:
+            return True
+        if self.score != other.score:
+            return self.score > other.score
+        return self.host_id < other.host_id
+
+
+@dataclass(slots=True, eq=False)
+class MustMove:
+    """A live managed residency that no longer satisfies a hard constraint."""
+
+    hidx: int
+    residency: ResidencyView
+    reason: str
+    detail: str
+    preempted: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A compliant desired replica of a model (kept, immovable or new)."""
+
+    hidx: int
+    slot: Slot
+    status: str  # existing | new
+    reason: str
+    managed: bool
+    values: Scores
+    score: float
+
+
+@dataclass(slots=True, eq=False)
+class ModelState:
+    idx: int
+    req: ModelReq
+    profile: ModelProfile
+    priority: int
+    retired: bool
+    wanted: int
+    n_base: int
+    tail_evidence: str
+    evidence_label: str
+    demand: DemandTarget | None
+    harm_key: tuple[float, ...]
+    boost: float
+    # static eligibility
+    class_mem: dict[int, tuple[str, int]] = field(default_factory=dict)
+    class_order: list[tuple[float, int]] = field(default_factory=list)
+    special: tuple[int, ...] = ()
+    special_set: frozenset[int] = frozenset()
+    explicit: bool = False
+    eligible_count: int = 0
+    max_tps: float = 0.0
+    # dynamic
+    entries: list[Entry] = field(default_factory=list)
+    staged: int = 0  # replicas waiting for a staged preemption (victims drain first)
+    # replicas waiting for obsolete residencies that are already leaving
+    awaiting: int = 0
+    staged_hosts: list[str] = field(default_factory=list)
+    used_domains: Counter = field(default_factory=Counter)
+    mustmove: list[MustMove] = field(default_factory=list)
+    retained: list[MustMove] = field(default_factory=list)
+    blocked: bool = False
+    shortfalls: list[tuple[str, str]] = field(default_factory=list)
+    # a preemption was possible but policy.max_evictions was reached
+    budget_blocked: bool = False
+    placement_budget: bool = False  # policy.max_new_placements was reached
+
+    @property
+    def progress(self) -> int:
+        return len(self.entries) + self.staged + self.awaiting
+
+    def tier_of(self, index: int) -> str:
+        return "baseline" if index < self.n_base else self.tail_evidence
+
+    def domain_target(self) -> int:
+        return max(0, min(int(self.profile.min_failure_domains), self.wanted))
+
+
+def min_memory(profile: ModelProfile) -> int:
+    """Smallest footprint any runtime could give this model (repair lower bound)."""
+    vals = [int(profile.memory_mb)] + [
+        int(v) for v in profile.runtime_memory_mb.values()
+    ]
+    return max(0, min(vals))

@@ -12,6 +12,7 @@ import msgspec
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
+from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
 
 Evidence = Literal["baseline", "direct", "inferred"]
 EVIDENCE_ORDER: dict[str, int] = {"baseline": 0, "direct": 1, "inferred": 2}
@@ -96,12 +97,12 @@ class Policy(Value, frozen=True, kw_only=True):
     predictive_disk_reserve_bytes: int = 10 << 30
     # Extra fraction of a new allocation that must fit (admission headroom for new work).
     admission_headroom_fraction: float = 0.05
-    heartbeat_timeout_seconds: float = 30.0
+    heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
     future_skew_seconds: float = 5.0
     max_repair_steps: int = 2000
     max_new_placements: int = 1_000_000
     # Per-model bound on host ids listed in a plan's explanation (eligible hosts and per-host
-    # rejections); counts per reason stay complete. grid.planner.explain.explain_model gives
+    # rejections); counts per reason stay complete. grid.planner.plan.explain_model gives
     # the unbounded per-host breakdown for one model on demand.
     explain_host_limit: int = 8
 

@@ -8,12 +8,13 @@ from grid.events.codec import encode_value
 from grid.events.host import CachedArtifact
 from grid.planner import reasons as R
 from grid.planner.digest import inputs_digest
-from grid.planner.explain import explain_model, render_explanation
+from grid.planner.explain import render_explanation
 from grid.planner.plan import (
     PLANNER_VERSION,
     build_plan,
     decode_plan,
     encode_plan,
+    explain_model,
     plan,
 )
 from grid.planner.types import Policy, TimingSample
@@ -403,6 +404,25 @@ def test_throttled_over_capacity_incumbent_moves_make_before_break():
     assert on(p, "m") == ["h2"]
 
 
+def test_incumbent_kept_in_residency_rank_order():
+    # Three live copies of a one-replica model: the most useful copy (ready, then warming,
+    # then loading: grid.fleet.RESIDENCY_STATE_RANK) is kept whatever its host id.
+    copies = {"h1": "loading", "h2": "warming", "h3": "ready"}
+    hosts = [host(h, residencies=(res("m", 4000, state=s),)) for h, s in copies.items()]
+    p = plan(mk([prof("m", 4000)], hosts))
+    assert [(x.host_id, x.reason) for x in p.placements] == [("h3", R.INCUMBENT)]
+    hosts[2] = host("h3")
+    p = plan(mk([prof("m", 4000)], hosts))
+    assert [(x.host_id, x.reason) for x in p.placements] == [("h2", R.INCUMBENT)]
+
+
+def test_duplicate_residencies_on_one_host_described_by_the_most_useful():
+    dup = (res("m", 4000, state="loading"), res("m", 4000, state="ready"))
+    p = plan(mk([prof("m", 4000)], [host("h1", residencies=dup)]))
+    (kept,) = p.placements
+    assert kept.reason == R.INCUMBENT and kept.scores["resident"] == 100.0
+
+
 def test_last_replica_preserved_and_reported_without_peer():
     p = plan(
         mk(
@@ -671,7 +691,7 @@ def test_repair_lower_bound_fails_fast_on_saturated_fleet():
     eng = Engine(inp)
     eng.run()
     assert sum(len(ms.entries) for ms in eng.models) == 16
-    assert eng.repair_steps == 0
+    assert eng.ledger.repair_steps == 0
 
 
 def test_placement_budget_is_reported():
@@ -711,7 +731,7 @@ def test_explanations_cover_every_model_and_render():
     assert big.shortfall_reason == R.NO_ELIGIBLE_HOST
     lines = render_explanation(p)
     assert any(line.startswith("a [priority 0") for line in lines)
-    assert any("shortfall big: NO_ELIGIBLE_HOST" in line for line in lines)
+    assert any("shortfall big: no_eligible_host" in line for line in lines)
 
 
 def test_explain_host_limit_bounds_lists_but_not_counts():
@@ -728,7 +748,7 @@ def test_explain_host_limit_bounds_lists_but_not_counts():
     assert len(full.eligible_hosts) == 20 and len(full.rejected) == 20
 
 
-def test_naive_scan_matches_indexed_scan_on_examples():
+def test_reference_scan_matches_indexed_scan_on_examples():
     hosts = [
         host(f"h{i}", 8_000 + 4000 * (i % 3), domain=f"d{i % 2}", queue=i % 4)
         for i in range(12)
@@ -744,7 +764,7 @@ def test_naive_scan_matches_indexed_scan_on_examples():
         for i in range(5)
     ]
     inp = mk(profiles, hosts, [want(f"m{i}", 3) for i in range(5)])
-    assert encode_plan(build_plan(inp, naive=True)) == encode_plan(plan(inp))
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(plan(inp))
 
 
 def test_failure_domain_reserved_before_disruption_cost():

@@ -424,7 +424,7 @@ def test_deterministic_bytes_and_exact_index(inp):
     assert encode_plan(plan(again)) == a
     assert encode_plan(decode_plan(a)) == a
     # The class index and pruning return exactly what a full scan returns.
-    assert encode_plan(build_plan(inp, naive=True)) == a
+    assert encode_plan(build_plan(inp, reference_scan=True)) == a
 
 
 @SETTINGS
@@ -614,4 +614,4 @@ def class_heavy_inputs(draw):
 @SETTINGS
 @given(class_heavy_inputs())
 def test_class_index_equals_full_scan(inp):
-    assert encode_plan(build_plan(inp, naive=True)) == encode_plan(plan(inp))
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(plan(inp))

@@ -1,0 +1,498 @@
+"""The plan's ledger: capacity bookkeeping, candidate search and the operations that change it.
+
+One ``Ledger`` holds everything a plan mutates while it is built: the per-host memory, slot
+and disk ledgers (``state.HostState``), each model's desired entries, the repair scope, the
+hosts with leaving capacity, and the staged preemptions. The placement engine
+(``placement.Engine``) drives it; staged preemption, repair and explanations take it as their
+one typed parameter, so none of them needs the engine's module (or another's).
+
+Candidate selection is exact: ``best_host`` returns the host with the highest total score
+(ties: smaller host id) as a full scan would, but scans per host class (see state.py) with an
+upper bound that prunes classes that cannot win. ``Ledger(reference_scan=True)`` performs the
+plain full scan; tests and the planner benchmark prove both give byte-identical plans.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import Counter
+
+from grid.planner import scoring as S
+from grid.planner.eligibility import StaticEligibility
+from grid.planner.feasibility import CHAIN, HostClass, Rejection
+from grid.planner.scoring import Scores
+from grid.planner.state import (
+    Candidate,
+    Entry,
+    FleetState,
+    HostState,
+    ModelState,
+    MustMove,
+    Slot,
+    min_memory,
+)
+from grid.planner.types import Policy, Preemption, ResidencyView, TimingSample
+
+
+class Ledger(StaticEligibility):
+    """One plan's mutable placement state over the (memoised) static eligibility."""
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        policy: Policy,
+        hosts: list[HostState],
+        classes: list[HostClass],
+        fleet: FleetState,
+        models: list[ModelState],
+        excl: dict[str, frozenset[str]],
+        timings: dict[tuple[str, str], TimingSample],
+        max_bw: float,
+        max_gf: float,
+        reference_scan: bool = False,
+    ) -> None:
+        super().__init__(hosts, classes, fleet, models)
+        self.now = now
+        self.policy = policy
+        self.headroom = max(0.0, float(policy.admission_headroom_fraction))
+        self.reference_scan = reference_scan
+        # Symmetric co-location exclusions by model id (also for models without a profile).
+        self.excl = excl
+        # (host id, model id) -> learned load/warm timing
+        self.timings = timings
+        # Fleet-wide hardware maxima for the hardware prior.
+        self.max_bw = max_bw
+        self.max_gf = max_gf
+        # Best-fit normalisation: the largest new-work memory in the fleet.
+        self.fit_scale = max((h.cap_new for h in hosts if h.eligible), default=1) or 1
+        self.preemptions: list[Preemption] = []
+        self.evictions = 0
+        self.repair_steps = 0
+        self.new_count = 0
+        # Extra bytes an uncached artifact must leave free for the replica being placed now.
+        self.disk_extra = 0
+        self.predictive_extra = max(
+            0,
+            int(policy.predictive_disk_reserve_bytes) - int(policy.disk_reserve_bytes),
+        )
+        # priority class -> host idx -> number of movable new placements (repair scope)
+        self.movable: dict[int, Counter[int]] = {}
+        # priority class -> sum over movable new placements of (memory - model's minimum memory)
+        self.repair_slack: dict[int, int] = {}
+        # host idx -> model ids of obsolete live residencies (released by the reconciler)
+        self.leaving_models: dict[int, set[str]] = {}
+        # host idx -> must-move residencies on that host (preemption victims)
+        self.mustmove_on: dict[int, list[tuple[ModelState, MustMove]]] = {}
+        self._class_values: dict[tuple[int, int], Scores] = {}
+        self._release: tuple[list[tuple[int, int]], set[int]] | None = None
+        self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
+
+    # ==================================================================================
+    # Scoring
+    # ==================================================================================
+    def scarcity(self, cls: HostClass, ms: ModelState) -> float:
+        """Penalty when a more constrained model of equal or higher priority needs this class."""
+        idx = self._scarcity_index.get(cls.idx)
+        if idx is None:
+            entries = sorted(
+                (
+                    (-o.priority, o.eligible_count, o.idx)
+                    for o in self.models
+                    if o.wanted > 0 and cls.idx in o.class_mem
+                ),
+            )
+            # prefix minima of the two smallest (eligible_count, idx) pairs
+            keys: list[int] = []
+            pref: list[tuple] = []
+            a: tuple | None = None
+            b: tuple | None = None
+            for negp, e, i in entries:
+                cand = (e, i)
+                if a is None or cand < a:
+                    a, b = cand, a
+                elif b is None or cand < b:
+                    b = cand
+                keys.append(negp)
+                pref.append((a, b))
+            idx = (keys, pref)
+            self._scarcity_index[cls.idx] = idx
+        keys, pref = idx
+        # entries with priority >= ms.priority are those with -priority <= -ms.priority
+        j = bisect_right(keys, -ms.priority)
+        if j == 0:
+            return 0.0
+        a, b = pref[j - 1]
+        best = a if (a is not None and a[1] != ms.idx) else b
+        if best is None:
+            return 0.0
+        return S.score_scarcity(best[0], ms.eligible_count)
+
+    def class_values(self, cls: HostClass, ms: ModelState) -> Scores:
+        """Scorer values for a plain (non-special) host of the class; domain, fit, load and
+        throttling are left at 0 and set per bucket and host (``S.with_host_terms``)."""
+        key = (cls.idx, ms.idx)
+        v = self._class_values.get(key)
+        if v is None:
+            st = S.score_startup(S.startup_seconds(ms.profile, None, False, ms.req.sha))
+            v = Scores(hardware=cls.hw_score, startup=st, scarcity=self.scarcity(cls, ms))
+            self._class_values[key] = v
+        return v
+
+    def host_values(
+        self,
+        hs: HostState,
+        ms: ModelState,
+        mem: int,
+        incumbent: ResidencyView | None = None,
+    ) -> Scores:
+        """Scorer values for one host (special hosts, incumbents and the reference scan)."""
+        cls = hs.cls
+        fit = S.score_fit(hs.free_b, mem, self.fit_scale)
+        load = S.score_load(hs.load_level)
+        thr = S.score_throttled(hs.throttled)
+        new_domain = hs.domain not in ms.used_domains
+        if incumbent is None and hs.idx not in ms.special_set:
+            return S.with_host_terms(
+                self.class_values(cls, ms), new_domain, fit, load, thr
+            )
+        mid = ms.req.model_id
+        snap = hs.snap
+        cached = self.cached(hs, ms)
+        tps = S.valid_tps(snap.measured_tokens_per_second.get(mid))
+        res = cls.resources
+        hw = (
+            0.0
+            if tps is not None
+            else S.score_hardware(
+                res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf
+            )
+        )
+        sample = self.timings.get((hs.host_id, mid))
+        st = S.score_startup(
+            S.startup_seconds(
+                ms.profile, sample, cached or incumbent is not None, ms.req.sha
+            )
+        )
+        sticky = False
+        if incumbent is not None:
+            if incumbent.loaded_at is not None:
+                sticky = (
+                    self.now - incumbent.loaded_at < ms.profile.min_residency_seconds
+                )
+            else:
+                sticky = True
+        existing = hs.residencies.get(mid)
+        failed = (
+            existing is not None and existing.state == "failed" and incumbent is None
+        )
+        return Scores(
+            resident=S.score_resident(
+                incumbent.state if incumbent is not None else None
+            ),
+            cached=S.score_cached(cached),
+            domain=S.score_domain(new_domain),
+            throughput=S.score_throughput(tps, ms.max_tps),
+            hardware=hw,
+            fit=fit,
+            startup=st,
+            sticky=S.score_sticky(sticky),
+            scarcity=self.scarcity(cls, ms),
+            load=load,
+            throttled=thr,
+            failed=S.score_failed(failed),
+        )
+
+    # ==================================================================================
+    # Host evaluation and candidate selection
+    # ==================================================================================
+    def disk_need(self, hs: HostState, ms: ModelState) -> int:
+        if ms.req.disk_bytes is None or self.cached(hs, ms):
+            return 0
+        return ms.req.disk_bytes
+
+    def feasible(
+        self, hs: HostState, ms: ModelState
+    ) -> tuple[Rejection | None, str, int, int]:
+        """Static + dynamic verdict for placing one new replica of ms on hs."""
+        r = self.host_static(hs, ms)
+        if r is not None:
+            return r, "", 0, 0
+        rt, mem = self.runtime_for(hs.cls, ms)
+        disk = self.disk_need(hs, ms)
+        r = CHAIN.dynamic_check(
+            hs, ms.req, mem, disk + self.disk_extra if disk else 0, self.headroom
+        )
+        return r, rt, mem, disk
+
+    def eval_host(
+        self, hs: HostState, ms: ModelState, need_new_domain: bool
+    ) -> Candidate | None:
+        """One host as a candidate for one more replica of ms (None: infeasible)."""
+        if need_new_domain and hs.domain in ms.used_domains:
+            return None
+        r, rt, mem, disk = self.feasible(hs, ms)
+        if r is not None:
+            return None
+        values = self.host_values(hs, ms, mem)
+        return Candidate(
+            S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
+        )
+
+    def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
+        """Eligible classes by an upper bound on any member's score (new domain, perfect
+        fit, no load or throttling penalty), best first. Computed once per model."""
+        if not ms.class_order and ms.class_mem and not ms.explicit:
+            order = []
+            for ci in ms.class_mem:
+                v = self.class_values(self.classes[ci], ms)
+                ub = S.combine(S.with_host_terms(v, True, 100.0, 0.0, 0.0), ms.boost)
+                order.append((-ub, ci))
+            order.sort()
+            ms.class_order = order
+        return ms.class_order
+
+    def best_host(self, ms: ModelState, need_new_domain: bool) -> Candidate | None:
+        """The feasible host with the highest score (ties: smaller host id), exactly as a full
+        scan would find it: special hosts one by one, every other host through its bucket."""
+        if self.reference_scan:
+            return self._best_host_reference(ms, need_new_domain)
+        best: Candidate | None = None
+        hosts = self.hosts
+        for hi in ms.special:
+            c = self.eval_host(hosts[hi], ms, need_new_domain)
+            if c is not None and c.beats(best):
+                best = c
+        if ms.explicit:
+            return best
+        used = ms.used_domains
+        deny = ms.req.deny
+        special = ms.special_set
+        headroom = self.headroom
+        req = ms.req
+        dyn = CHAIN.dynamic_check
+        boost = ms.boost
+        scale = self.fit_scale
+        combine = S.combine
+        host_terms = S.with_host_terms
+        disk = req.disk_bytes or 0
+        disk_check = disk + self.disk_extra if disk else 0
+        for neg_ub, ci in self._class_upper_bounds(ms):
+            if best is not None and -neg_ub < best.score:
+                break
+            cls = self.classes[ci]
+            rt, mem = ms.class_mem[ci]
+            base = self.class_values(cls, ms)
+            for b in cls.buckets:
+                lst = b.open
+                if not lst:
+                    continue
+                load = S.score_load(b.load_level)
+                thr = S.score_throttled(b.throttled)
+                if (
+                    best is not None
+                    and combine(host_terms(base, True, 100.0, load, thr), boost)
+                    < best.score
+                ):
+                    continue
+                look_new = bool(used) and any(d not in used for d in b.domains)
+                if need_new_domain and not look_new:
+                    continue
+                i = bisect_left(lst, (mem, "", -1))
+                n = len(lst)
+                first_any: HostState | None = None
+                first_new: HostState | None = None
+                while i < n:
+                    _, hid, hi = lst[i]
+                    i += 1
+                    if hi in special or hid in deny:
+                        continue
+                    hs = hosts[hi]
+                    is_new = hs.domain not in used
+                    if not is_new and (first_any is not None or need_new_domain):
+                        continue
+                    if dyn(hs, req, mem, disk_check, headroom) is not None:
+                        continue
+                    if is_new:
+                        first_new = hs
+                        break
+                    first_any = hs
+                    if not look_new:
+                        break
+                for hs in (first_any, first_new):
+                    if hs is None:
+                        continue
+                    values = host_terms(
+                        base,
+                        hs.domain not in used,
+                        S.score_fit(hs.free_b, mem, scale),
+                        load,
+                        thr,
+                    )
+                    c = Candidate(
+                        combine(values, boost), hs.host_id, hs.idx, rt, mem, disk, values
+                    )
+                    if c.beats(best):
+                        best = c
+        return best
+
+    def _best_host_reference(
+        self, ms: ModelState, need_new_domain: bool
+    ) -> Candidate | None:
+        """The plain full scan ``best_host`` must agree with."""
+        best: Candidate | None = None
+        for hs in self.hosts:
+            c = self.eval_host(hs, ms, need_new_domain)
+            if c is not None and c.beats(best):
+                best = c
+        return best
+
+    def needs_new_domain(self, ms: ModelState) -> bool:
+        target = ms.domain_target()
+        if len(ms.used_domains) >= target:
+            return False
+        return bool(self.eligible_domains(ms, 1, exclude=ms.used_domains))
+
+    def choose(self, ms: ModelState) -> Candidate | None:
+        """The best host for one more replica, in a new failure domain while one is needed."""
+        if self.needs_new_domain(ms):
+            c = self.best_host(ms, True)
+            if c is not None:
+                return c
+        return self.best_host(ms, False)
+
+    # ==================================================================================
+    # Ledger mutations
+    # ==================================================================================
+    def commit_new(
+        self,
+        ms: ModelState,
+        c: Candidate,
+        reason: str,
+        round_class: int,
+        pinned_phase: bool = False,
+    ) -> Entry:
+        slot = Slot(
+            model_id=ms.req.model_id,
+            kind="new",
+            memory_mb=c.memory_mb,
+            runtime=c.runtime,
+            disk_bytes=c.disk_bytes,
+            priority=ms.priority,
+            reason=reason,
+            round_class=round_class,
+            pinned_phase=pinned_phase,
+        )
+        e = Entry(c.hidx, slot, "new", reason, True, c.values, c.score)
+        self.recommit_new(ms, e)
+        return e
+
+    def recommit_new(self, ms: ModelState, e: Entry) -> None:
+        """Add a new-placement entry to the ledgers (also used to undo an uncommit exactly)."""
+        hs = self.hosts[e.hidx]
+        slot = e.slot
+        hs.free_a -= slot.memory_mb
+        hs.free_b -= slot.memory_mb
+        hs.disk_used += slot.disk_bytes
+        hs.add_desired(slot, ms.req)
+        self.fleet.reindex(hs)
+        ms.entries.append(e)
+        ms.used_domains[hs.domain] += 1
+        self.new_count += 1
+        if not slot.pinned_phase:
+            self.movable.setdefault(slot.round_class, Counter())[hs.idx] += 1
+            self.repair_slack[slot.round_class] = (
+                self.repair_slack.get(slot.round_class, 0)
+                + slot.memory_mb
+                - min_memory(ms.profile)
+            )
+
+    def uncommit_new(self, ms: ModelState, e: Entry) -> None:
+        hs = self.hosts[e.hidx]
+        slot = hs.remove_desired(ms.req.model_id, ms.req)
+        assert slot is e.slot and slot.kind == "new"
+        hs.free_a += slot.memory_mb
+        hs.free_b += slot.memory_mb
+        hs.disk_used -= slot.disk_bytes
+        self.fleet.reindex(hs)
+        ms.entries.remove(e)
+        ms.used_domains[hs.domain] -= 1
+        if ms.used_domains[hs.domain] <= 0:
+            del ms.used_domains[hs.domain]
+        self.new_count -= 1
+        if not slot.pinned_phase:
+            mv = self.movable[slot.round_class]
+            mv[hs.idx] -= 1
+            if mv[hs.idx] <= 0:
+                del mv[hs.idx]
+            self.repair_slack[slot.round_class] -= slot.memory_mb - min_memory(
+                ms.profile
+            )
+
+    def keep(
+        self, hs: HostState, r: ResidencyView, ms: ModelState, slot: Slot, reason: str
+    ) -> Entry:
+        """Add a live residency (kept incumbent or immovable) to the model's desired set."""
+        values = self.host_values(hs, ms, slot.memory_mb, incumbent=r)
+        e = Entry(
+            hs.idx,
+            slot,
+            "existing",
+            reason,
+            bool(r.managed),
+            values,
+            S.combine(values, ms.boost),
+        )
+        ms.entries.append(e)
+        ms.used_domains[hs.domain] += 1
+        return e
+
+    def remove_kept(self, ms: ModelState, e: Entry) -> None:
+        hs = self.hosts[e.hidx]
+        slot = hs.remove_desired(ms.req.model_id, ms.req)
+        assert slot is e.slot and slot.kind == "kept"
+        hs.free_b += slot.memory_mb
+        self.fleet.reindex(hs)
+        ms.entries.remove(e)
+        ms.used_domains[hs.domain] -= 1
+        if ms.used_domains[hs.domain] <= 0:
+            del ms.used_domains[hs.domain]
+
+    def reserve(
+        self, ms: ModelState, hs: HostState, mem: int, runtime: str, disk: int = 0
+    ) -> None:
+        """Hold a staged beneficiary's memory (with admission headroom), slot and artifact disk."""
+        need = math.ceil(mem * (1.0 + self.headroom))
+        slot = Slot(ms.req.model_id, "reserved", need, runtime, disk, ms.priority)
+        hs.free_b -= need
+        hs.disk_used += disk
+        hs.add_desired(slot, ms.req)
+        self.fleet.reindex(hs)
+        ms.used_domains[hs.domain] += 1
+
+    def release_index(self) -> tuple[list[tuple[int, int]], set[int]]:
+        """(sorted (lowest kept-incumbent priority, host idx), hosts with leaving or must-move
+        residencies): the hosts a staged preemption may look at. Built once after seeding;
+        kept incumbents are only ever removed afterwards, so entries can only be stale in the
+        conservative direction."""
+        if self._release is None:
+            floors: list[tuple[int, int]] = []
+            for hs in self.hosts:
+                lo = None
+                for slot in hs.desired.values():
+                    if slot.kind == "kept" and (lo is None or slot.priority < lo):
+                        lo = slot.priority
+                if lo is not None:
+                    floors.append((lo, hs.idx))
+            floors.sort()
+            leaving = {hi for hi in self.leaving_models} | set(self.mustmove_on)
+            self._release = (floors, leaving)
+        return self._release
+
+    def note_leaving(self, hidx: int, model_id: str, memory_mb: int) -> None:
+        """A residency on this host will be released by the reconciler (obsolete or evicted)."""
+        self.hosts[hidx].leaving_mb += memory_mb
+        self.leaving_models.setdefault(hidx, set()).add(model_id)
+        if self._release is not None:
+            self._release[1].add(hidx)
