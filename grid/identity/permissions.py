@@ -11,10 +11,12 @@ makes through `grid.events.jetstream.JetStreamLog`:
 - replaying and live-tailing a stream create an ephemeral ordered consumer
   (`$JS.API.CONSUMER.CREATE.<stream>`, the form that refuses a durable name) after
   `$JS.API.STREAM.INFO.<stream>`; its flow-control requests are answered as replies;
-- a host consumes its commands through its own durable pull consumer on GRID_CMDS, created with
-  the filter in the subject (`$JS.API.CONSUMER.CREATE.GRID_CMDS.<consumer>.<filter>`, which the
-  server checks against the request), fetched with `CONSUMER.MSG.NEXT` and acked on
-  `$JS.ACK.GRID_CMDS.<consumer>.>`; no other consumer name or filter is reachable;
+- a host consumes its commands through its own durable pull consumer `agent-<id>` on GRID_CMDS,
+  which the controller creates when it admits the host (`provision_host_consumer`): the host may
+  look it up (`CONSUMER.INFO`), fetch (`CONSUMER.MSG.NEXT`) and ack (`$JS.ACK.GRID_CMDS.<consumer>.>`)
+  but not create or update it, because a consumer update can re-point delivery at any subject
+  (a push `deliver_subject` such as another host's heartbeat) and the server checks no
+  permission on that;
 - stream, KV and consumer management otherwise belong to the controller alone.
 
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
@@ -37,7 +39,6 @@ from grid.events.subjects import (
     PLAN_SUBJECT,
     PLANS_STREAM,
     PREFIX,
-    command_subject,
     escape_token,
     host_wildcard,
 )
@@ -131,12 +132,10 @@ def _controller(p: Principal, inbox: str) -> Grant:
 def _host(p: Principal, inbox: str) -> Grant:
     assert p.host_id is not None
     consumer = host_consumer(p.host_id)
-    own_commands = command_subject(p.host_id)
     return Grant(
         pub_allow=(
             host_wildcard(p.host_id),
             f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
-            f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}.{consumer}.{own_commands}",
             f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
             f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
             ENROL_RENEW_SUBJECT,
@@ -202,11 +201,11 @@ ROLES: tuple[RoleSpec, ...] = (
              "everything on the grid streams, the lease KV, the plan and command subjects; "
              "answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
-             "publish `grid.host.<id>.>`; create, read and ack only its own durable consumer "
-             "`agent-<id>` of `grid.cmd.<id>`; serve `grid.infer.<id>.>`; renew its credential",
+             "publish `grid.host.<id>.>`; fetch and ack only its own durable consumer "
+             "`agent-<id>` of `grid.cmd.<id>` (the controller creates it); serve `grid.infer.<id>.>`; "
+             "renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
-             "`grid.ctl.>`, `grid.plan`; the lease KV; stream or consumer management beyond its own "
-             "consumer", _host),
+             "`grid.ctl.>`, `grid.plan`; the lease KV; any stream or consumer management", _host),
     RoleSpec(Role.GATEWAY, "gateway",
              "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
              "control, commands, host subjects, plans (publish), the lease", _gateway),

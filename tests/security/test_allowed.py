@@ -16,6 +16,7 @@ from grid.events.subjects import (
     command_subject,
 )
 from grid.identity.permissions import Role, host_consumer
+from grid.identity.provision import provision_host_consumer
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
 HOST = "node-1.example"
@@ -35,6 +36,7 @@ async def test_controller_appends_everywhere_and_holds_the_lease(controller_log:
 async def test_host_speaks_for_itself_and_consumes_its_own_commands(
     secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
 ) -> None:
+    await provision_host_consumer(controller_log, HOST)
     host = await JetStreamLog.connect(secured_server.url, name="grid-agent",
                                       credentials=creds(Role.HOST, host_id=HOST), ensure_streams=False)
     try:

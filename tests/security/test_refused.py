@@ -1,0 +1,206 @@
+"""Every "may not" of the permission table, tried by a real client holding that identity's
+credential: the server refuses it with a permission error and no stream gains a message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import msgspec
+import nats
+import nats.errors
+import pytest
+
+from grid.events import codec
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import (
+    ALL_STREAMS,
+    COMMANDS_STREAM,
+    CONTROL_STREAM,
+    HOSTS_STREAM,
+    LEASE_BUCKET,
+    PLANS_STREAM,
+    REQUESTS_STREAM,
+    command_subject,
+    host_subject,
+    subject_for,
+)
+from grid.identity.permissions import Role, host_consumer, infer_subject_root
+from grid.identity.provision import provision_host_consumer
+from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
+
+HOST = "node-1"
+OTHER = "node-2"
+REFUSAL_WAIT_SECONDS = 3.0
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    """One forbidden action: publish `data` to `subject`, or subscribe to it."""
+
+    what: str
+    subject: str
+    data: bytes = b""
+    subscribe: bool = False
+
+
+def _publish(what: str, ev_tag: str, **changes: object) -> Attempt:
+    ev = event(ev_tag, **changes)
+    return Attempt(what, subject_for(ev), codec.encode(ev))
+
+
+def _api(what: str, subject: str, body: dict[str, object] | None = None) -> Attempt:
+    return Attempt(what, subject, json.dumps(body or {}).encode())
+
+
+def _consumer(stream: str, filter_subject: str, **config: object) -> dict[str, object]:
+    return {"stream_name": stream, "config": {"filter_subject": filter_subject, "ack_policy": "none",
+                                              "deliver_policy": "all", **config}}
+
+
+FORGED_COMMAND = dict(host_id=HOST, controller_term=1_000_000_000, kind="load",
+                      artifact_source="file:///etc/shadow")
+
+_LEASE = [
+    Attempt("write the lease", f"$KV.{LEASE_BUCKET}.controller", b"forged"),
+    _api("read the lease bucket", f"$JS.API.STREAM.INFO.KV_{LEASE_BUCKET}"),
+    _api("read the lease key", f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller"),
+]
+_MANAGEMENT = [
+    _api("delete a stream", f"$JS.API.STREAM.DELETE.{HOSTS_STREAM}"),
+    _api("purge a stream", f"$JS.API.STREAM.PURGE.{COMMANDS_STREAM}"),
+    _api("create a stream", "$JS.API.STREAM.CREATE.EVIL", {"name": "EVIL", "subjects": ["evil.>"]}),
+    _api("delete a host's consumer", f"$JS.API.CONSUMER.DELETE.{COMMANDS_STREAM}.{host_consumer(HOST)}"),
+    _api("pull a host's commands", f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{host_consumer(HOST)}",
+         {"batch": 1}),
+]
+
+CASES: dict[Role, list[Attempt]] = {
+    Role.HOST: [
+        _publish("heartbeat under another host's id", "host.heartbeat.v1", host_id=OTHER),
+        _publish("register as another host", "host.registered.v1", host_id=OTHER),
+        _publish("ack for another host", "host.ack.v1", host_id=OTHER),
+        _publish("a forged command to itself", "command.issued.v1", **FORGED_COMMAND),
+        _publish("a command to another host", "command.issued.v1", **{**FORGED_COMMAND, "host_id": OTHER}),
+        _publish("request features", "request.batch.v1"),
+        _publish("control: mode", "control.mode_set.v1"),
+        _publish("control: profile", "control.profile_set.v1"),
+        _publish("a plan", "plan.created.v1"),
+        Attempt("read another host's subjects", host_subject(OTHER, "heartbeat"), subscribe=True),
+        Attempt("read all host subjects", "grid.host.>", subscribe=True),
+        Attempt("read requests", "grid.req.>", subscribe=True),
+        Attempt("read commands", "grid.cmd.>", subscribe=True),
+        Attempt("read control", "grid.ctl.>", subscribe=True),
+        Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        Attempt("serve another host's inference", f"{infer_subject_root(OTHER)}.>", subscribe=True),
+        _api("replay the hosts stream", f"$JS.API.CONSUMER.CREATE.{HOSTS_STREAM}",
+             _consumer(HOSTS_STREAM, "grid.host.>", deliver_subject="_INBOX.x")),
+        _api("replay the requests stream", f"$JS.API.CONSUMER.CREATE.{REQUESTS_STREAM}",
+             _consumer(REQUESTS_STREAM, "grid.req.>", deliver_subject="_INBOX.x")),
+        _api("its own consumer re-pointed at another host's heartbeat subject",
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}.{command_subject(HOST)}",
+             _consumer(COMMANDS_STREAM, command_subject(HOST), durable_name=host_consumer(HOST),
+                       name=host_consumer(HOST), deliver_subject=host_subject(OTHER, "heartbeat"))),
+        _api("its consumer name over every host's commands",
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}.grid.cmd.>",
+             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name=host_consumer(HOST))),
+        _api("its consumer through the legacy durable API",
+             f"$JS.API.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}",
+             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name=host_consumer(HOST))),
+        _api("another host's consumer",
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(OTHER)}.{command_subject(OTHER)}",
+             _consumer(COMMANDS_STREAM, command_subject(OTHER), durable_name=host_consumer(OTHER))),
+        _api("pull another host's commands",
+             f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{host_consumer(OTHER)}", {"batch": 1}),
+        Attempt("ack another host's commands", f"$JS.ACK.{COMMANDS_STREAM}.{host_consumer(OTHER)}.1.1.1.1.0"),
+        _api("list streams", "$JS.API.STREAM.NAMES"),
+        *_LEASE,
+        *_MANAGEMENT[:4],
+    ],
+    Role.GATEWAY: [
+        _publish("a forged command", "command.issued.v1", **FORGED_COMMAND),
+        _publish("control: mode", "control.mode_set.v1"),
+        _publish("control: profile", "control.profile_set.v1"),
+        _publish("a heartbeat", "host.heartbeat.v1", host_id=HOST),
+        _publish("a plan", "plan.created.v1"),
+        Attempt("read commands", "grid.cmd.>", subscribe=True),
+        Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        _api("replay the commands stream", f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
+             _consumer(COMMANDS_STREAM, "grid.cmd.>", deliver_subject="_INBOX.x")),
+        *_LEASE,
+        *_MANAGEMENT,
+    ],
+    Role.OPERATOR: [
+        _publish("a forged command", "command.issued.v1", **FORGED_COMMAND),
+        _publish("a heartbeat", "host.heartbeat.v1", host_id=HOST),
+        _publish("request features", "request.batch.v1"),
+        _publish("a plan", "plan.created.v1"),
+        Attempt("read requests live", "grid.req.>", subscribe=True),
+        Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        *_LEASE,
+        *_MANAGEMENT,
+    ],
+    Role.READER: [
+        _publish("a forged command", "command.issued.v1", **FORGED_COMMAND),
+        _publish("a heartbeat", "host.heartbeat.v1", host_id=HOST),
+        _publish("request features", "request.batch.v1"),
+        _publish("control: mode", "control.mode_set.v1"),
+        _publish("a plan", "plan.created.v1"),
+        _api("replay a stream it was not given", f"$JS.API.CONSUMER.CREATE.{REQUESTS_STREAM}",
+             _consumer(REQUESTS_STREAM, "grid.req.>", deliver_subject="_INBOX.x")),
+        Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        *_LEASE,
+        *_MANAGEMENT,
+    ],
+}
+PARAMS = [pytest.param(role, attempt, id=f"{role.value}: {attempt.what}")
+          for role, attempts in CASES.items() for attempt in attempts]
+
+
+async def refused(nc: nats.NATS, attempt: Attempt) -> str:
+    """Make the attempt; return the server's permission error for it (fails if none comes)."""
+    errors: list[Exception] = nc.permission_errors  # type: ignore[attr-defined]
+    if attempt.subscribe:
+        sub = await nc.subscribe(attempt.subject)
+    else:
+        headers = {"Nats-Msg-Id": f"attempt-{attempt.what}"}
+        await nc.publish(attempt.subject, attempt.data, reply=nc.new_inbox(), headers=headers)
+    await nc.flush()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + REFUSAL_WAIT_SECONDS
+    kind = "subscription" if attempt.subject and attempt.subscribe else "publish"
+    wanted = f'permissions violation for {kind} to "{attempt.subject}"'
+    while loop.time() < deadline:
+        for exc in errors:
+            if wanted.lower() in str(exc).lower():
+                return str(exc)
+        await asyncio.sleep(0.02)
+    if attempt.subscribe:
+        await sub.unsubscribe()
+    raise AssertionError(f"no permission error for {attempt.what!r} ({attempt.subject}); saw {errors}")
+
+
+@pytest.mark.parametrize(("role", "attempt"), PARAMS)
+async def test_refused_and_nothing_appended(
+    role: Role, attempt: Attempt, secured_server: SecuredNats, creds: CredsFactory,
+    controller_log: JetStreamLog,
+) -> None:
+    # Something in every stream, a host consumer to attack, and the lease held.
+    for tag in ("host.heartbeat.v1", "request.batch.v1", "control.mode_set.v1", "plan.created.v1"):
+        await controller_log.append(event(tag, host_id=HOST) if tag.startswith("host") else event(tag))
+    await controller_log.append(event("command.issued.v1", host_id=HOST))
+    await controller_log.kv_put(LEASE_BUCKET, "controller", b"term-1")
+    await provision_host_consumer(controller_log, HOST)
+    before = await stream_sequences(controller_log)
+    principal = {"host_id": HOST} if role is Role.HOST else {}
+    streams = {"streams": (HOSTS_STREAM,)} if role is Role.READER else {}
+    nc = await raw_client(secured_server, creds(role, **principal, **streams))
+    try:
+        await refused(nc, attempt)
+    finally:
+        await nc.close()
+    assert await stream_sequences(controller_log) == before
+    assert sorted(before) == sorted(ALL_STREAMS)
+    info = await controller_log.client.jetstream().consumer_info(COMMANDS_STREAM, host_consumer(HOST))
+    assert info.num_pending == 1 and info.config.filter_subject == command_subject(HOST)
+    lease = await controller_log.kv_get(LEASE_BUCKET, "controller")
+    assert lease is not None and lease.value == b"term-1"
