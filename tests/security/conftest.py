@@ -16,36 +16,16 @@ import pytest
 
 from grid.events import codec
 from grid.events.base import Event, new_event_id
-from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS
 from grid.identity.authority import Authority
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role
+from grid.identity.server import SecuredEmbeddedNats
 from tests.conftest import reset_streams
 
 
-class SecuredNats(EmbeddedNats):
-    """The embedded server with the authority's operator/resolver lines (and TLS when given)."""
-
-    def __init__(self, store_dir: Path, authority: Authority, *, tls: tuple[Path, Path] | None = None) -> None:
-        super().__init__(store_dir)
-        self.authority = authority
-        self.tls = tls
-
-    def _write_config(self) -> Path:
-        path = super()._write_config()
-        extra = self.authority.server_config(now=time.time(), resolver_dir=self.store_dir / "resolver")
-        if self.tls is not None:
-            cert, key = self.tls
-            extra += f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n  timeout: 2\n}}\n'
-        path.write_text(path.read_text() + extra)
-        return path
-
-    @property
-    def url(self) -> str:
-        scheme = "tls" if self.tls is not None else "nats"
-        return f"{scheme}://{self.host}:{self.port}"
+SecuredNats = SecuredEmbeddedNats
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,7 @@ def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory, authority: Authority,
                tls_material: TLSMaterial) -> Iterator[SecuredNats]:
-    server = SecuredNats(tmp_path_factory.mktemp("tls-nats"), authority,
-                         tls=(tls_material.server_cert, tls_material.server_key))
+    server = SecuredNats(tmp_path_factory.mktemp("tls-nats"), authority, tls=tls_material)
     server.start()
     try:
         yield server
