@@ -27,15 +27,13 @@ from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair, create
 
 from grid.identity import jwt
 from grid.identity.creds import write_creds
-from grid.identity.permissions import Principal, Role, grant_for
+from grid.identity.permissions import Principal, Role, grant_for, new_host_consumer, principal_from_tags, principal_tags
 from grid.secrets import write_owner_only
 
 OPERATOR_NAME = "grid"
 ACCOUNT_NAME = "GRID"
 SYSTEM_ACCOUNT_NAME = "SYS"
 HOST_CREDENTIAL_TTL_SECONDS = 24 * 3600.0
-HOST_TAG = "grid-host:"
-ROLE_TAG = "grid-role:"
 
 
 class AuthorityError(RuntimeError):
@@ -43,6 +41,7 @@ class AuthorityError(RuntimeError):
 
 
 class HostRecord(msgspec.Struct):
+    command_consumer: str
     keys: list[str] = msgspec.field(default_factory=list)
     revoked_at: int | None = None
 
@@ -66,13 +65,7 @@ def _load_seed(path: Path, create: Any) -> nkeys.KeyPair:
 
 def principal_from_claims(claims: dict[str, Any]) -> Principal | None:
     """The principal a user JWT of ours was issued for (its tags record it), else None."""
-    tags = claims.get("nats", {}).get("tags") or []
-    role = next((t[len(ROLE_TAG):] for t in tags if t.startswith(ROLE_TAG)), None)
-    host = next((t[len(HOST_TAG):] for t in tags if t.startswith(HOST_TAG)), None)
-    try:
-        return Principal(Role(role), host_id=host) if role else None
-    except ValueError:
-        return None
+    return principal_from_tags(list(claims.get("nats", {}).get("tags") or []))
 
 
 class Authority:
@@ -129,13 +122,11 @@ class Authority:
         except (nkeys.NkeysError, ValueError) as exc:
             raise AuthorityError("not a user public key") from exc
         if principal.host_id is not None:
-            record = self.registry.hosts.get(principal.host_id)
-            if record is not None and record.revoked_at is not None:
+            if self.host_revoked(principal.host_id):
                 raise AuthorityError(f"host {principal.host_id} is revoked")
+            principal = self.host_principal(principal.host_id)
         grant = grant_for(principal, user_public_key)
-        tags = [ROLE_TAG + principal.role.value]
-        if principal.host_id is not None:
-            tags.append(HOST_TAG + principal.host_id)
+        tags = principal_tags(principal)
         claims = jwt.user_claims(
             user_public_key,
             principal.label,
@@ -149,7 +140,7 @@ class Authority:
         )
         token = jwt.encode(claims, self._account, issued_at=int(now))
         if principal.host_id is not None:
-            record = self.registry.hosts.setdefault(principal.host_id, HostRecord())
+            record = self.registry.hosts[principal.host_id]
             if user_public_key not in record.keys:
                 record.keys.append(user_public_key)
                 self._save()
@@ -161,6 +152,14 @@ class Authority:
         pair = create_user_pair()
         token = self.issue(principal, pair.public_key.decode(), now=now, ttl_seconds=ttl_seconds)
         return write_creds(path, token, pair.seed)
+
+    def host_principal(self, host_id: str) -> Principal:
+        """The host's principal, with its command consumer's name (drawn on first use)."""
+        record = self.registry.hosts.get(host_id)
+        if record is None:
+            record = self.registry.hosts[host_id] = HostRecord(command_consumer=new_host_consumer(host_id))
+            self._save()
+        return Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
 
     def verify_user(self, user_jwt: str) -> dict[str, Any]:
         """Claims of a user JWT this authority signed (signature checked, expiry not)."""
@@ -177,7 +176,8 @@ class Authority:
 
     def revoke_host(self, host_id: str, *, now: float) -> str:
         """Revoke every key issued to `host_id`; returns the account JWT to push to the servers."""
-        record = self.registry.hosts.setdefault(host_id, HostRecord())
+        self.host_principal(host_id)
+        record = self.registry.hosts[host_id]
         record.revoked_at = int(now)
         for key in record.keys:
             self.registry.revocations[key] = int(now)
@@ -185,10 +185,12 @@ class Authority:
         return self.account_jwt(now)
 
     def readmit_host(self, host_id: str) -> None:
-        """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid."""
+        """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid,
+        and it reads its commands through a new consumer (the revoked key knew the old name)."""
         record = self.registry.hosts.get(host_id)
         if record is not None and record.revoked_at is not None:
             record.revoked_at = None
+            record.command_consumer = new_host_consumer(host_id)
             self._save()
 
     def _save(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grid.identity import jwt
-from grid.identity.permissions import inbox_prefix
+from grid.identity.permissions import Principal, inbox_prefix, principal_from_tags
 from grid.secrets import SecretFileError, write_owner_only
 
 _BLOCK = re.compile(r"-{3,}BEGIN ([A-Z ]+)-{3,}\s*\n(.+?)\n\s*-{3,}END \1-{3,}", re.S)
@@ -62,6 +62,11 @@ def read_creds(path: Path) -> tuple[str, str]:
 
 def creds_claims(path: Path) -> dict[str, Any]:
     return jwt.decode(read_creds(path)[0])
+
+
+def credential_principal(path: Path) -> Principal | None:
+    """Who a creds file speaks for (a host's agent learns its command consumer's name here)."""
+    return principal_from_tags(list(creds_claims(path).get("nats", {}).get("tags") or []))
 
 
 def client_tls_context(ca_path: Path) -> ssl.SSLContext:

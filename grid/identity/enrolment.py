@@ -74,6 +74,7 @@ class RenewRequest(msgspec.Struct, frozen=True):
 
 class Granted(msgspec.Struct, frozen=True):
     host_id: str
+    command_consumer: str
     jwt: str
     expires_at: float
     ca_pem: str | None = None
@@ -118,7 +119,7 @@ class EnrolmentService:
         clock: Callable[[], float] = time.time,
         host_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS,
         ca_pem: str | None = None,
-        on_admitted: Callable[[str], Awaitable[None]] | None = None,
+        on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
     ) -> None:
         self.authority = authority
         self.invitations = invitations
@@ -145,16 +146,17 @@ class EnrolmentService:
         return invitation, token
 
     def _grant(self, host_id: str, public_key: str, now: float, invitation: Invitation | None) -> Granted:
-        token = self.authority.issue(Principal(Role.HOST, host_id=host_id), public_key, now=now,
-                                     ttl_seconds=self.host_ttl_seconds)
+        principal = self.authority.host_principal(host_id)
+        token = self.authority.issue(principal, public_key, now=now, ttl_seconds=self.host_ttl_seconds)
+        assert principal.command_consumer is not None
         return Granted(
-            host_id=host_id, jwt=token, expires_at=now + self.host_ttl_seconds, ca_pem=self.ca_pem,
+            host_id=host_id, command_consumer=principal.command_consumer, jwt=token, expires_at=now + self.host_ttl_seconds, ca_pem=self.ca_pem,
             failure_domain=invitation.failure_domain if invitation else None,
             tags=invitation.tags if invitation else (), dedicated=invitation.dedicated if invitation else False,
         )
 
-    def handle_join(self, data: bytes) -> tuple[Reply, str | None]:
-        """The reply to one join request, and the host id admitted (None when refused)."""
+    def handle_join(self, data: bytes) -> tuple[Reply, Principal | None]:
+        """The reply to one join request, and the host admitted (None when refused)."""
         now = self.clock()
         try:
             request = msgspec.json.decode(data, type=JoinRequest)
@@ -170,9 +172,10 @@ class EnrolmentService:
         # The operator invited this host id again after revoking it: its old keys stay revoked.
         self.authority.readmit_host(outcome.host_id)
         try:
-            return Reply(granted=self._grant(outcome.host_id, request.public_key, now, outcome)), outcome.host_id
+            granted = self._grant(outcome.host_id, request.public_key, now, outcome)
         except AuthorityError:
             return Reply(refused=REFUSED_BAD_PROOF), None
+        return Reply(granted=granted), self.authority.host_principal(outcome.host_id)
 
     def handle_renew(self, data: bytes) -> Reply:
         now = self.clock()
@@ -225,6 +228,7 @@ class EnrolmentService:
 # ---------------------------------------------------------------------- the host's side
 class Enrolment(msgspec.Struct, frozen=True):
     host_id: str
+    command_consumer: str
     creds_path: str
     ca_path: str | None
     expires_at: float
@@ -279,7 +283,7 @@ async def join(token: JoinToken | str, directory: Path, *, timeout: float = REQU
     if granted.ca_pem is not None:
         ca_path = directory / "ca.pem"
         write_owner_only(ca_path, granted.ca_pem.encode())
-    return Enrolment(host_id=granted.host_id, creds_path=str(creds_path), ca_path=str(ca_path) if ca_path else None,
+    return Enrolment(host_id=granted.host_id, command_consumer=granted.command_consumer, creds_path=str(creds_path), ca_path=str(ca_path) if ca_path else None,
                      expires_at=granted.expires_at, failure_domain=granted.failure_domain,
                      tags=granted.tags, dedicated=granted.dedicated)
 

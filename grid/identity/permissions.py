@@ -11,12 +11,18 @@ makes through `grid.events.jetstream.JetStreamLog`:
 - replaying and live-tailing a stream create an ephemeral ordered consumer
   (`$JS.API.CONSUMER.CREATE.<stream>`, the form that refuses a durable name) after
   `$JS.API.STREAM.INFO.<stream>`; its flow-control requests are answered as replies;
-- a host consumes its commands through its own durable pull consumer `agent-<id>` on GRID_CMDS,
-  which the controller creates when it admits the host (`provision_host_consumer`): the host may
-  look it up (`CONSUMER.INFO`), fetch (`CONSUMER.MSG.NEXT`) and ack (`$JS.ACK.GRID_CMDS.<consumer>.>`)
+- a host consumes its commands through its own durable pull consumer on GRID_CMDS, which the
+  controller creates when it admits the host (`provision_host_consumer`): the host may look it
+  up (`CONSUMER.INFO`), fetch (`CONSUMER.MSG.NEXT`) and ack (`$JS.ACK.GRID_CMDS.<consumer>.>`)
   but not create or update it, because a consumer update can re-point delivery at any subject
   (a push `deliver_subject` such as another host's heartbeat) and the server checks no
   permission on that;
+- that consumer's name is `agent-<id>-<random>`, drawn once per host by the authority and
+  carried in the host's credential (`host_consumer`), never `agent-<id>`: whoever may create an
+  ephemeral consumer on GRID_CMDS (operator, a reader given it) can, through that same API,
+  update any consumer whose name it knows (its filter, ack wait, max deliver), and no subject
+  permission can tell the two apart. Nobody but the controller may list consumers, so an
+  unguessable name is what keeps the host's queue its own;
 - stream, KV and consumer management otherwise belong to the controller alone.
 
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
@@ -26,6 +32,7 @@ subscribe only there, so nobody reads another identity's PubAcks or consumer del
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -63,15 +70,21 @@ class Role(enum.StrEnum):
 
 
 class Principal(msgspec.Struct, frozen=True):
-    """Who a credential speaks for: a role, plus the host id (hosts) or the streams (readers)."""
+    """Who a credential speaks for: a role, plus the host id and its command consumer's name
+    (hosts) or the streams (readers)."""
 
     role: Role
     host_id: str | None = None
     streams: tuple[str, ...] = ()
+    command_consumer: str | None = None
 
     def __post_init__(self) -> None:
         if (self.role is Role.HOST) != (self.host_id is not None):
             raise ValueError("a host principal, and only a host principal, names a host id")
+        if self.command_consumer is not None and not (
+            self.host_id is not None and self.command_consumer.startswith(host_consumer_prefix(self.host_id))
+        ):
+            raise ValueError("a command consumer belongs to a host and is named after it")
         unknown = sorted(set(self.streams) - set(ALL_STREAMS))
         if unknown:
             raise ValueError(f"unknown streams {unknown}")
@@ -79,6 +92,38 @@ class Principal(msgspec.Struct, frozen=True):
     @property
     def label(self) -> str:
         return f"host {self.host_id}" if self.role is Role.HOST else self.role.value
+
+
+# A credential records the principal it was issued for in its JWT's tags.
+ROLE_TAG = "grid-role:"
+HOST_TAG = "grid-host:"
+CONSUMER_TAG = "grid-consumer:"
+STREAM_TAG = "grid-stream:"
+
+
+def principal_tags(principal: Principal) -> list[str]:
+    tags = [ROLE_TAG + principal.role.value]
+    if principal.host_id is not None:
+        tags.append(HOST_TAG + principal.host_id)
+    if principal.command_consumer is not None:
+        tags.append(CONSUMER_TAG + principal.command_consumer)
+    tags += [STREAM_TAG + s for s in principal.streams]
+    return tags
+
+
+def principal_from_tags(tags: list[str]) -> Principal | None:
+    """The principal a credential of ours was issued for, else None."""
+
+    def values(prefix: str) -> list[str]:
+        return [t[len(prefix):] for t in tags if t.startswith(prefix)]
+
+    roles, hosts, consumers = values(ROLE_TAG), values(HOST_TAG), values(CONSUMER_TAG)
+    try:
+        return Principal(Role(roles[0]), host_id=hosts[0] if hosts else None,
+                         command_consumer=consumers[0] if consumers else None,
+                         streams=tuple(values(STREAM_TAG))) if roles else None
+    except ValueError:
+        return None
 
 
 class Grant(msgspec.Struct, frozen=True):
@@ -94,9 +139,13 @@ def inbox_prefix(user_public_key: str) -> str:
     return f"{INBOX_ROOT}.{user_public_key}"
 
 
-def host_consumer(host_id: str) -> str:
-    """The durable consumer a host reads its commands through (the agent's name for it)."""
-    return f"agent-{escape_token(host_id)}"
+def host_consumer_prefix(host_id: str) -> str:
+    return f"agent-{escape_token(host_id)}-"
+
+
+def new_host_consumer(host_id: str) -> str:
+    """A fresh, unguessable name for the durable consumer a host reads its commands through."""
+    return host_consumer_prefix(host_id) + secrets.token_hex(12)
 
 
 def infer_subject_root(host_id: str) -> str:
@@ -131,7 +180,9 @@ def _controller(p: Principal, inbox: str) -> Grant:
 
 def _host(p: Principal, inbox: str) -> Grant:
     assert p.host_id is not None
-    consumer = host_consumer(p.host_id)
+    if p.command_consumer is None:
+        raise ValueError("a host credential names its command consumer")
+    consumer = p.command_consumer
     return Grant(
         pub_allow=(
             host_wildcard(p.host_id),
@@ -201,9 +252,9 @@ ROLES: tuple[RoleSpec, ...] = (
              "everything on the grid streams, the lease KV, the plan and command subjects; "
              "answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
-             "publish `grid.host.<id>.>`; fetch and ack only its own durable consumer "
-             "`agent-<id>` of `grid.cmd.<id>` (the controller creates it); serve `grid.infer.<id>.>`; "
-             "renew its credential",
+             "publish `grid.host.<id>.>`; fetch and ack only its own durable consumer of "
+             "`grid.cmd.<id>` (the controller creates it; its unguessable name is in the credential); "
+             "serve `grid.infer.<id>.>`; renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; the lease KV; any stream or consumer management", _host),
     RoleSpec(Role.GATEWAY, "gateway",
@@ -224,8 +275,31 @@ def grant_for(principal: Principal, user_public_key: str) -> Grant:
     return _BY_ROLE[principal.role].grant(principal, inbox_prefix(user_public_key))
 
 
+# Placeholders the rendered table shows in place of a real host id and user key.
+_DOC_HOST = "HOSTID"
+_DOC_KEY = "UKEY"
+_DOC_RANDOM = "RANDOM"
+
+
+def _doc_subjects(subjects: tuple[str, ...]) -> str:
+    shown = [s.replace(_DOC_HOST, "<id>").replace(_DOC_KEY, "<user key>").replace(_DOC_RANDOM, "<random>")
+             for s in subjects]
+    return "<br>".join(f"`{s}`" for s in shown) or "-"
+
+
 def render_security_table() -> str:
-    """The README's security table (markdown), generated from `ROLES`."""
-    lines = ["| identity | may | may not |", "|---|---|---|"]
-    lines += [f"| {spec.who} | {spec.may} | {spec.may_not} |" for spec in ROLES]
+    """The README's security table (markdown), generated from `ROLES` and the grants the server
+    enforces (a reader is shown with every stream; its credential names the ones it gets)."""
+    lines = ["| identity | may | may not | publish allow | subscribe allow |", "|---|---|---|---|---|"]
+    for spec in ROLES:
+        host = spec.role is Role.HOST
+        principal = Principal(
+            spec.role,
+            host_id=_DOC_HOST if host else None,
+            streams=ALL_STREAMS if spec.role is Role.READER else (),
+            command_consumer=host_consumer_prefix(_DOC_HOST) + _DOC_RANDOM if host else None,
+        )
+        grant = spec.grant(principal, inbox_prefix(_DOC_KEY))
+        lines.append(f"| {spec.who} | {spec.may} | {spec.may_not} | {_doc_subjects(grant.pub_allow)} "
+                     f"| {_doc_subjects(grant.sub_allow)} |")
     return "\n".join(lines) + "\n"

@@ -15,7 +15,8 @@ from grid.events.subjects import (
     REQUESTS_STREAM,
     command_subject,
 )
-from grid.identity.permissions import Role, host_consumer
+from grid.identity.creds import credential_principal
+from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
@@ -36,23 +37,26 @@ async def test_controller_appends_everywhere_and_holds_the_lease(controller_log:
 async def test_host_speaks_for_itself_and_consumes_its_own_commands(
     secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
 ) -> None:
-    await provision_host_consumer(controller_log, HOST)
+    host_creds = creds(Role.HOST, host_id=HOST)
+    principal = credential_principal(host_creds)
+    assert principal is not None and principal.command_consumer is not None
+    await provision_host_consumer(controller_log, principal)
     host = await JetStreamLog.connect(secured_server.url, name="grid-agent",
-                                      credentials=creds(Role.HOST, host_id=HOST), ensure_streams=False)
+                                      credentials=host_creds, ensure_streams=False)
     try:
         for tag in ("host.registered.v1", "host.heartbeat.v1", "host.protection.v1", "host.ack.v1"):
             result = await host.append(event(tag, host_id=HOST))
             assert result.stream == HOSTS_STREAM
         command = event("command.issued.v1", host_id=HOST)
         await controller_log.append(command)
-        sub = await host.subscribe(COMMANDS_STREAM, durable=host_consumer(HOST),
+        sub = await host.subscribe(COMMANDS_STREAM, durable=principal.command_consumer,
                                    subject_filter=command_subject(HOST))
         got = await sub.next(timeout=5)
         assert got is not None and got.subject == command_subject(HOST) and got.msg_id == command.event_id
         await sub.ack(got)
         await sub.close()
         # Acked for good: a second subscription sees nothing more.
-        again = await host.subscribe(COMMANDS_STREAM, durable=host_consumer(HOST),
+        again = await host.subscribe(COMMANDS_STREAM, durable=principal.command_consumer,
                                      subject_filter=command_subject(HOST))
         assert await again.next(timeout=1) is None
         await again.close()

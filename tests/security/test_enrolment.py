@@ -33,7 +33,7 @@ from grid.identity.invitations import (
     InvitationStore,
     JoinToken,
 )
-from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role, host_consumer
+from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
@@ -55,7 +55,7 @@ async def enrolment(
     clock = Clock()
     service = EnrolmentService(
         authority, InvitationStore(tmp_path / "invitations.json"), clock=clock,
-        on_admitted=lambda host_id: provision_host_consumer(controller_log, host_id),
+        on_admitted=lambda host: provision_host_consumer(controller_log, host),
     )
     await service.serve(controller_log.client)
     try:
@@ -95,7 +95,8 @@ async def test_join_gives_a_host_credential_bound_to_the_invited_id(
     host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
     try:
         assert (await host.append(event("host.heartbeat.v1", host_id=HOST))).stream == HOSTS_STREAM
-        sub = await host.subscribe(COMMANDS_STREAM, durable=host_consumer(HOST), subject_filter=command_subject(HOST))
+        sub = await host.subscribe(COMMANDS_STREAM, durable=joined.command_consumer,
+                                   subject_filter=command_subject(HOST))
         got = await sub.next(timeout=5)
         assert got is not None
         await sub.ack(got)

@@ -25,7 +25,8 @@ from grid.events.subjects import (
     host_subject,
     subject_for,
 )
-from grid.identity.permissions import Role, host_consumer, infer_subject_root
+from grid.identity.authority import Authority
+from grid.identity.permissions import Role, host_consumer_prefix, infer_subject_root
 from grid.identity.provision import provision_host_consumer
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
@@ -69,8 +70,8 @@ _MANAGEMENT = [
     _api("delete a stream", f"$JS.API.STREAM.DELETE.{HOSTS_STREAM}"),
     _api("purge a stream", f"$JS.API.STREAM.PURGE.{COMMANDS_STREAM}"),
     _api("create a stream", "$JS.API.STREAM.CREATE.EVIL", {"name": "EVIL", "subjects": ["evil.>"]}),
-    _api("delete a host's consumer", f"$JS.API.CONSUMER.DELETE.{COMMANDS_STREAM}.{host_consumer(HOST)}"),
-    _api("pull a host's commands", f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{host_consumer(HOST)}",
+    _api("delete a host's consumer", f"$JS.API.CONSUMER.DELETE.{COMMANDS_STREAM}.{{consumer}}"),
+    _api("pull a host's commands", f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{{consumer}}",
          {"batch": 1}),
 ]
 
@@ -97,21 +98,21 @@ CASES: dict[Role, list[Attempt]] = {
         _api("replay the requests stream", f"$JS.API.CONSUMER.CREATE.{REQUESTS_STREAM}",
              _consumer(REQUESTS_STREAM, "grid.req.>", deliver_subject="_INBOX.x")),
         _api("its own consumer re-pointed at another host's heartbeat subject",
-             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}.{command_subject(HOST)}",
-             _consumer(COMMANDS_STREAM, command_subject(HOST), durable_name=host_consumer(HOST),
-                       name=host_consumer(HOST), deliver_subject=host_subject(OTHER, "heartbeat"))),
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{{consumer}}.{command_subject(HOST)}",
+             _consumer(COMMANDS_STREAM, command_subject(HOST), durable_name="{consumer}",
+                       name="{consumer}", deliver_subject=host_subject(OTHER, "heartbeat"))),
         _api("its consumer name over every host's commands",
-             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}.grid.cmd.>",
-             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name=host_consumer(HOST))),
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{{consumer}}.grid.cmd.>",
+             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name="{consumer}")),
         _api("its consumer through the legacy durable API",
-             f"$JS.API.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.{host_consumer(HOST)}",
-             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name=host_consumer(HOST))),
+             f"$JS.API.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.{{consumer}}",
+             _consumer(COMMANDS_STREAM, "grid.cmd.>", durable_name="{consumer}")),
         _api("another host's consumer",
-             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{host_consumer(OTHER)}.{command_subject(OTHER)}",
-             _consumer(COMMANDS_STREAM, command_subject(OTHER), durable_name=host_consumer(OTHER))),
+             f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{{other_consumer}}.{command_subject(OTHER)}",
+             _consumer(COMMANDS_STREAM, command_subject(OTHER), durable_name="{other_consumer}")),
         _api("pull another host's commands",
-             f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{host_consumer(OTHER)}", {"batch": 1}),
-        Attempt("ack another host's commands", f"$JS.ACK.{COMMANDS_STREAM}.{host_consumer(OTHER)}.1.1.1.1.0"),
+             f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{{other_consumer}}", {"batch": 1}),
+        Attempt("ack another host's commands", f"$JS.ACK.{COMMANDS_STREAM}.{{other_consumer}}.1.1.1.1.0"),
         _api("list streams", "$JS.API.STREAM.NAMES"),
         *_LEASE,
         *_MANAGEMENT[:4],
@@ -156,6 +157,16 @@ PARAMS = [pytest.param(role, attempt, id=f"{role.value}: {attempt.what}")
           for role, attempts in CASES.items() for attempt in attempts]
 
 
+def _resolve(attempt: Attempt, consumer: str | None, other_consumer: str | None) -> Attempt:
+    """Fill in the real consumer names: refused even by an attacker who learnt them."""
+    assert consumer is not None and other_consumer is not None
+
+    def fill(text: str) -> str:
+        return text.replace("{consumer}", consumer).replace("{other_consumer}", other_consumer)
+
+    return msgspec.structs.replace(attempt, subject=fill(attempt.subject), data=fill(attempt.data.decode()).encode())
+
+
 async def refused(nc: nats.NATS, attempt: Attempt) -> str:
     """Make the attempt; return the server's permission error for it (fails if none comes)."""
     errors: list[Exception] = nc.permission_errors  # type: ignore[attr-defined]
@@ -182,14 +193,16 @@ async def refused(nc: nats.NATS, attempt: Attempt) -> str:
 @pytest.mark.parametrize(("role", "attempt"), PARAMS)
 async def test_refused_and_nothing_appended(
     role: Role, attempt: Attempt, secured_server: SecuredNats, creds: CredsFactory,
-    controller_log: JetStreamLog,
+    controller_log: JetStreamLog, authority: Authority,
 ) -> None:
     # Something in every stream, a host consumer to attack, and the lease held.
     for tag in ("host.heartbeat.v1", "request.batch.v1", "control.mode_set.v1", "plan.created.v1"):
         await controller_log.append(event(tag, host_id=HOST) if tag.startswith("host") else event(tag))
     await controller_log.append(event("command.issued.v1", host_id=HOST))
     await controller_log.kv_put(LEASE_BUCKET, "controller", b"term-1")
-    await provision_host_consumer(controller_log, HOST)
+    host = authority.host_principal(HOST)
+    await provision_host_consumer(controller_log, host)
+    attempt = _resolve(attempt, host.command_consumer, authority.host_principal(OTHER).command_consumer)
     before = await stream_sequences(controller_log)
     principal = {"host_id": HOST} if role is Role.HOST else {}
     streams = {"streams": (HOSTS_STREAM,)} if role is Role.READER else {}
@@ -200,7 +213,37 @@ async def test_refused_and_nothing_appended(
         await nc.close()
     assert await stream_sequences(controller_log) == before
     assert sorted(before) == sorted(ALL_STREAMS)
-    info = await controller_log.client.jetstream().consumer_info(COMMANDS_STREAM, host_consumer(HOST))
+    info = await controller_log.client.jetstream().consumer_info(COMMANDS_STREAM, host.command_consumer)
     assert info.num_pending == 1 and info.config.filter_subject == command_subject(HOST)
     lease = await controller_log.kv_get(LEASE_BUCKET, "controller")
     assert lease is not None and lease.value == b"term-1"
+
+
+@pytest.mark.parametrize("role", [Role.OPERATOR, Role.READER, Role.GATEWAY])
+async def test_the_ephemeral_consumer_api_cannot_reach_a_host_consumer_it_cannot_name(
+    role: Role, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+    authority: Authority,
+) -> None:
+    """`CONSUMER.CREATE.<stream>` (every reader's right) with a `name` updates that consumer if it
+    exists; a host's consumer name is unguessable, so a guess creates a harmless ephemeral."""
+    host = authority.host_principal(HOST)
+    assert host.command_consumer is not None and host.command_consumer != f"agent-{HOST}"
+    await controller_log.append(event("command.issued.v1", host_id=HOST))
+    await provision_host_consumer(controller_log, host)
+    js = controller_log.client.jetstream()
+    before = await js.consumer_info(COMMANDS_STREAM, host.command_consumer)
+    nc = await raw_client(secured_server, creds(role, streams=(COMMANDS_STREAM,) if role is Role.READER else ()))
+    try:
+        for guess in (f"agent-{HOST}", host_consumer_prefix(HOST).rstrip("-"), host_consumer_prefix(HOST) + "0" * 24):
+            body = {"stream_name": COMMANDS_STREAM, "config": {
+                "name": guess, "filter_subject": "grid.cmd.nobody", "ack_policy": "explicit",
+                "deliver_policy": "all", "max_deliver": 1}}
+            await nc.publish(f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}", json.dumps(body).encode(),
+                             reply=nc.new_inbox())
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+    after = await js.consumer_info(COMMANDS_STREAM, host.command_consumer)
+    assert (after.config.filter_subject, after.config.max_deliver, after.num_pending) == (
+        command_subject(HOST), before.config.max_deliver, 1)

@@ -57,7 +57,7 @@ async def service(authority: Authority, tls_controller: JetStreamLog, tls_materi
                   tmp_path: Path) -> AsyncIterator[EnrolmentService]:
     service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
                                ca_pem=tls_material.ca_cert.read_text(),
-                               on_admitted=lambda h: provision_host_consumer(tls_controller, h))
+                               on_admitted=lambda host: provision_host_consumer(tls_controller, host))
     await service.serve(tls_controller.client)
     try:
         yield service
