@@ -132,6 +132,9 @@ class JetStreamLog:
             errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("nats connection error", url=url, error=errors[-1])
 
+        # The identity's credentials, its own inbox prefix and the TLS trust anchor (a bad
+        # credentials file is its own error, not a connection failure).
+        identity = connect_options(credentials, tls_ca)
         try:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
@@ -142,8 +145,7 @@ class JetStreamLog:
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
-                # The identity's credentials, its own inbox prefix and the TLS trust anchor.
-                **connect_options(credentials, tls_ca),
+                **identity,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             detail = errors[-1] if errors else str(exc) or type(exc).__name__

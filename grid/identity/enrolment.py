@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import msgspec
 import nats
 import nkeys
+import structlog
 from nats_jwt.nkeys_ext import create_user_pair, keypair_from_pubkey
 
 from grid.identity import jwt
@@ -38,6 +39,8 @@ from grid.identity.invitations import INVITATION_TTL_SECONDS, Invitation, Invita
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Principal, Role, inbox_prefix
 from grid.identity.tls import pinned_tls_context
 from grid.secrets import write_owner_only
+
+log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "grid-enrol"
 RENEW_CLOCK_SKEW_SECONDS = 120.0
@@ -207,11 +210,18 @@ class EnrolmentService:
         async def on_join(msg: Any) -> None:
             reply, admitted = self.handle_join(msg.data)
             if admitted is not None and self.on_admitted is not None:
-                await self.on_admitted(admitted)
+                try:
+                    await self.on_admitted(admitted)
+                except Exception as exc:  # the credential stands; the consumer can be made later
+                    log.warning("enrolment.provision_failed", host_id=admitted.host_id, error=str(exc))
+            log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
             await msg.respond(msgspec.json.encode(reply))
 
         async def on_renew(msg: Any) -> None:
-            await msg.respond(msgspec.json.encode(self.handle_renew(msg.data)))
+            reply = self.handle_renew(msg.data)
+            log.info("enrolment.renew", host_id=reply.granted.host_id if reply.granted else None,
+                     refused=reply.refused)
+            await msg.respond(msgspec.json.encode(reply))
 
         self._subs = [
             await nc.subscribe(ENROL_JOIN_SUBJECT, queue=QUEUE_GROUP, cb=on_join),

@@ -247,3 +247,27 @@ async def test_the_ephemeral_consumer_api_cannot_reach_a_host_consumer_it_cannot
     after = await js.consumer_info(COMMANDS_STREAM, host.command_consumer)
     assert (after.config.filter_subject, after.config.max_deliver, after.num_pending) == (
         command_subject(HOST), before.config.max_deliver, 1)
+
+
+@pytest.mark.parametrize(("stream", "target"), [
+    (COMMANDS_STREAM, "grid.host.node-2.heartbeat"),
+    (CONTROL_STREAM, "grid.cmd.node-1"),
+    (PLANS_STREAM, "grid.ctl.mode"),
+])
+async def test_a_consumer_aimed_at_another_streams_subject_appends_nothing(
+    stream: str, target: str, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
+) -> None:
+    """Any reader may create an ephemeral consumer, and the server does not check its delivery
+    subject against the reader's permissions: it must not launder old events into a stream."""
+    for tag in ("command.issued.v1", "control.mode_set.v1", "plan.created.v1"):
+        await controller_log.append(event(tag, host_id=HOST) if tag.startswith("command") else event(tag))
+    before = await stream_sequences(controller_log)
+    nc = await raw_client(secured_server, creds(Role.OPERATOR))
+    try:
+        body = {"stream_name": stream, "config": {"deliver_subject": target, "ack_policy": "none",
+                                                  "deliver_policy": "all"}}
+        await nc.request(f"$JS.API.CONSUMER.CREATE.{stream}", json.dumps(body).encode(), timeout=5)
+        await asyncio.sleep(1.0)
+    finally:
+        await nc.close()
+    assert await stream_sequences(controller_log) == before
