@@ -55,10 +55,10 @@ REFUSED_CREDENTIAL_REVOKED = "credential_revoked"
 REFUSED_STALE_PROOF = "stale_proof"
 
 
-class EnrolmentRefused(RuntimeError):
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"enrolment refused: {reason}")
-        self.reason = reason
+class Refused(msgspec.Struct, frozen=True):
+    """The service said no; `reason` is one of the REFUSED_* constants."""
+
+    reason: str
 
 
 class JoinRequest(msgspec.Struct, frozen=True):
@@ -252,17 +252,17 @@ def _server_address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 4222
 
 
-def _decode_reply(data: bytes) -> Granted:
+def _decode_reply(data: bytes) -> Granted | Refused:
     reply = msgspec.json.decode(data, type=Reply)
-    if reply.granted is None:
-        raise EnrolmentRefused(reply.refused or REFUSED_MALFORMED)
-    return reply.granted
+    return reply.granted if reply.granted is not None else Refused(reply.refused or REFUSED_MALFORMED)
 
 
-async def join(token: JoinToken | str, directory: Path, *, timeout: float = REQUEST_TIMEOUT_SECONDS) -> Enrolment:
+async def join(token: JoinToken | str, directory: Path, *,
+               timeout: float = REQUEST_TIMEOUT_SECONDS) -> Enrolment | Refused:
     """Join with a token: make this host's key here, prove it, and store the host credential.
 
-    Writes `host.creds` (JWT and seed, 0600) and `ca.pem` under `directory` (0700)."""
+    Writes `host.creds` (JWT and seed, 0600) and `ca.pem` under `directory` (0700); writes
+    nothing when refused."""
     if isinstance(token, str):
         token = JoinToken.decode(token)
     directory = Path(directory)
@@ -288,6 +288,8 @@ async def join(token: JoinToken | str, directory: Path, *, timeout: float = REQU
     finally:
         await nc.close()
     granted = _decode_reply(reply.data)
+    if isinstance(granted, Refused):
+        return granted
     creds_path = write_creds(directory / "host.creds", granted.jwt, pair.seed)
     ca_path = None
     if granted.ca_pem is not None:
@@ -299,7 +301,7 @@ async def join(token: JoinToken | str, directory: Path, *, timeout: float = REQU
 
 
 async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
-                timeout: float = REQUEST_TIMEOUT_SECONDS) -> float:
+                timeout: float = REQUEST_TIMEOUT_SECONDS) -> float | Refused:
     """Renew the host credential in `creds_path` over `nc` (connected with it); rewrites the file
     in place (the client reads it again on its next reconnect) and returns the new expiry."""
     current_jwt, seed = read_creds(Path(creds_path))
@@ -310,5 +312,7 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
                            signature=_sign(pair, renew_statement(current_jwt, nonce, signed_at)))
     reply = await nc.request(ENROL_RENEW_SUBJECT, msgspec.json.encode(request), timeout=timeout)
     granted = _decode_reply(reply.data)
+    if isinstance(granted, Refused):
+        return granted
     write_creds(Path(creds_path), granted.jwt, seed)
     return granted.expires_at

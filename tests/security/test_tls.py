@@ -12,7 +12,7 @@ from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM
 from grid.identity.authority import Authority
-from grid.identity.enrolment import EnrolmentService, join
+from grid.identity.enrolment import Enrolment, EnrolmentService, join
 from grid.identity.invitations import InvitationStore
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
@@ -83,6 +83,7 @@ async def test_join_over_tls_pins_the_fingerprint_then_trusts_the_ca(
 ) -> None:
     _, token = service.invite(HOST, servers=(tls_server.url,), tls_fingerprint=tls_material.server_fingerprint())
     joined = await join(token.encode(), tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
     assert joined.ca_path is not None and Path(joined.ca_path).read_bytes() == tls_material.ca_cert.read_bytes()
     host = await JetStreamLog.connect(tls_server.url, credentials=Path(joined.creds_path),
                                       tls_ca=Path(joined.ca_path), ensure_streams=False)
