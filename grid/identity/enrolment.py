@@ -43,6 +43,9 @@ from grid.secrets import write_owner_only
 log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "grid-enrol"
+# A host renews once two thirds of its credential's lifetime have passed: with the 24 h default
+# that leaves 8 h of retries before the server disconnects it.
+RENEW_AT_FRACTION = 2 / 3
 RENEW_CLOCK_SKEW_SECONDS = 120.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 
@@ -316,3 +319,12 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
         return granted
     write_creds(Path(creds_path), granted.jwt, seed)
     return granted.expires_at
+
+
+def renewal_due(creds_path: Path, now: float) -> bool:
+    """Whether the credential in `creds_path` should be renewed at `now`."""
+    claims = jwt.decode(read_creds(Path(creds_path))[0])
+    if "exp" not in claims:
+        return False
+    issued, expires = float(claims.get("iat", 0)), float(claims["exp"])
+    return now >= issued + RENEW_AT_FRACTION * (expires - issued)

@@ -12,6 +12,7 @@ from nats_jwt.v2.decoder import decode as reference_decode
 from grid.identity import jwt
 from grid.identity.authority import Authority, AuthorityError, principal_from_claims
 from grid.identity.creds import credential_principal, read_creds
+from grid.identity.enrolment import renewal_due
 from grid.identity.invitations import (
     REFUSED_INVITATION_EXPIRED,
     REFUSED_INVITATION_USED,
@@ -130,3 +131,12 @@ def test_creds_files_readable_by_others_are_refused(tmp_path: Path) -> None:
     path.chmod(0o640)
     with pytest.raises(SecretFileError):
         read_creds(path)
+
+
+def test_renewal_is_due_after_two_thirds_of_the_lifetime(tmp_path: Path) -> None:
+    authority = Authority(tmp_path / "identity")
+    host = authority.issue_creds(Principal(Role.HOST, host_id="node-1"), tmp_path / "h.creds", now=1000.0,
+                                 ttl_seconds=3000.0)
+    assert not renewal_due(host, 2999.0) and renewal_due(host, 3000.0)
+    forever = authority.issue_creds(Principal(Role.GATEWAY), tmp_path / "g.creds", now=1000.0, ttl_seconds=None)
+    assert not renewal_due(forever, 10**10)
