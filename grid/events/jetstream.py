@@ -10,6 +10,7 @@ import asyncio
 import collections
 import datetime as dt
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -36,6 +37,7 @@ from grid.events.subjects import (
     stream_for_subject,
     subject_for,
 )
+from grid.identity.creds import connect_options
 
 log = structlog.get_logger(__name__)
 
@@ -111,13 +113,28 @@ class JetStreamLog:
         self.durable = durable
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "grid", durable: bool = True) -> "JetStreamLog":
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str = "grid",
+        durable: bool = True,
+        credentials: Path | None = None,
+        tls_ca: Path | None = None,
+        ensure_streams: bool = True,
+    ) -> "JetStreamLog":
+        """Connect as the identity of `credentials` (a NATS `.creds` file), verifying the server
+        against `tls_ca`. Only the controller manages streams: every other identity passes
+        `ensure_streams=False`, since the server refuses it stream creation."""
         errors: collections.deque[str] = collections.deque(maxlen=1)
 
         async def on_error(exc: Exception) -> None:
             errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("nats connection error", url=url, error=errors[-1])
 
+        # The identity's credentials, its own inbox prefix and the TLS trust anchor (a bad
+        # credentials file is its own error, not a connection failure).
+        identity = connect_options(credentials, tls_ca)
         try:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
@@ -128,13 +145,15 @@ class JetStreamLog:
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
+                **identity,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             detail = errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
         log = cls(nc, durable=durable)
-        await log.ensure_streams()
+        if ensure_streams:
+            await log.ensure_streams()
         return log
 
     @property

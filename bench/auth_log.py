@@ -1,0 +1,136 @@
+"""Append and replay through JetStreamLog vs raw nats-py, both on the same authenticated server.
+
+One nats-server in operator mode (accounts, user JWTs with the permission table's allow/deny
+lists, file store with sync_interval: always). Appends: a host credential appending its own
+heartbeats, JetStreamLog.append vs js.publish of the same bytes with the same Nats-Msg-Id, the
+same window in flight, interleaved rounds. Replay: an operator credential folding the fleet and
+actions projections through JetStreamLog vs a raw ordered consumer reading every message. Also
+prints raw appends on an unauthenticated server, to show what the permission checks cost.
+
+    python -m bench.auth_log [--events 3000] [--window 64] [--rounds 3] [--replay-events 30000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import nats
+
+from bench._common import Timer, embedded_server, heartbeat
+from bench.log_ingest import windowed
+from bench.log_replay import raw_ordered
+from grid.events import codec
+from grid.events.host import HostHeartbeat
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import HOSTS_STREAM, subject_for
+from grid.identity.authority import Authority
+from grid.identity.creds import connect_options
+from grid.identity.permissions import Principal, Role
+from grid.identity.server import SecuredEmbeddedNats
+
+HOST = "bench-host"
+
+
+def own_heartbeats(n: int, offset: int) -> list[HostHeartbeat]:
+    return [msgspec.structs.replace(heartbeat(i), host_id=HOST, event_id=f"hb-{i}")
+            for i in range(offset, offset + n)]
+
+
+async def appends(url: str, creds: Path | None, events: int, window: int, rounds: int) -> tuple[float, float]:
+    log = await JetStreamLog.connect(url, name="bench-host", credentials=creds, ensure_streams=False)
+    raw = await nats.connect(url, **connect_options(creds, None))
+    js = raw.jetstream()
+    ours, theirs = [], []
+    offset = 0
+    try:
+        for _ in range(rounds):  # interleaved, to cancel drift in disk and CPU state
+            chunk = own_heartbeats(events, offset)
+            offset += events
+            with Timer() as t:
+                await windowed(events, window, lambda i: log.append(chunk[i]))
+            ours.append(events / t.seconds)
+            payloads = [(subject_for(e), codec.encode(e), e.event_id) for e in own_heartbeats(events, offset)]
+            offset += events
+            with Timer() as t:
+                await windowed(events, window, lambda i: js.publish(
+                    payloads[i][0], payloads[i][1], headers={"Nats-Msg-Id": payloads[i][2]}))
+            theirs.append(events / t.seconds)
+    finally:
+        await log.close()
+        await raw.close()
+    return sorted(ours)[len(ours) // 2], sorted(theirs)[len(theirs) // 2]
+
+
+async def replays(url: str, creds: Path, controller_creds: Path, events: int, hosts: int,
+                  rounds: int) -> tuple[float, float, int]:
+    from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
+
+    controller = await JetStreamLog.connect(url, name="bench-controller", credentials=controller_creds)
+    js = controller.client.jetstream()
+    await js.purge_stream(HOSTS_STREAM)  # only the replay window's heartbeats, not the appends'
+    for start in range(0, events, 256):
+        chunk = [heartbeat(i, hosts) for i in range(start, min(events, start + 256))]
+        await asyncio.gather(*(js.publish(subject_for(e), codec.encode(e)) for e in chunk))
+    total = (await js.stream_info(HOSTS_STREAM)).state.messages
+    await controller.close()
+    operator = await JetStreamLog.connect(url, name="bench-operator", credentials=creds, ensure_streams=False)
+    raw_rates, fold_rates = [], []
+    try:
+        for _ in range(rounds):
+            with Timer() as t:
+                n = await raw_ordered(operator, HOSTS_STREAM, "grid.host.>", total)
+            raw_rates.append(n / t.seconds)
+            runner = ProjectionRunner((FLEET, ACTIONS), strict=True)
+            with Timer() as t:
+                folded = await runner.catch_up(operator)
+            fold_rates.append(folded / t.seconds)
+    finally:
+        await operator.close()
+    return max(fold_rates), max(raw_rates), total
+
+
+async def main(events: int, window: int, rounds: int, replay_events: int, hosts: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="grid-bench-auth-") as d:
+        authority = Authority(Path(d) / "identity")
+        now = time.time()
+        creds = {
+            role: authority.issue_creds(Principal(role, host_id=HOST if role is Role.HOST else None),
+                                        Path(d) / f"{role.value}.creds", now=now, ttl_seconds=3600.0)
+            for role in (Role.CONTROLLER, Role.HOST, Role.OPERATOR)
+        }
+        server = SecuredEmbeddedNats(Path(d) / "nats", authority)
+        server.start()
+        try:
+            # The controller creates the streams; the host and the operator may not.
+            await (await JetStreamLog.connect(server.url, credentials=creds[Role.CONTROLLER])).close()
+            ours, raw = await appends(server.url, creds[Role.HOST], events, window, rounds)
+            print(f"authenticated appends/s  JetStreamLog={ours:,.0f}  raw nats-py={raw:,.0f}  "
+                  f"ratio={ours / raw:.2f} (goal >= 0.8; host credential, window={window}, "
+                  f"{events} events x {rounds} rounds)")
+            fold, raw_replay, total = await replays(server.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
+                                                    replay_events, hosts, rounds)
+            print(f"authenticated replay events/s  fleet projection={fold:,.0f}  raw ordered={raw_replay:,.0f}  "
+                  f"ratio={fold / raw_replay:.2f} (goal >= 0.7; operator credential, {total} heartbeats)")
+        finally:
+            server.stop()
+    with embedded_server() as plain:
+        await (await JetStreamLog.connect(plain.url)).close()
+        _, raw_plain = await appends(plain.url, None, events, window, rounds)
+    print(f"raw nats-py appends/s without auth={raw_plain:,.0f}  with auth={raw:,.0f}  "
+          f"(auth cost ratio={raw / raw_plain:.2f})")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--events", type=int, default=3000)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--replay-events", type=int, default=30000)
+    p.add_argument("--hosts", type=int, default=256)
+    a = p.parse_args()
+    asyncio.run(main(a.events, a.window, a.rounds, a.replay_events, a.hosts))

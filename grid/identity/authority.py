@@ -1,0 +1,246 @@
+"""The trust root of one grid: operator -> accounts (SYS, GRID) -> users, kept owner-only on disk.
+
+Layout of the authority directory (0700; every file 0600):
+  operator.nk, system.nk, account.nk   nkey seeds of the operator, the system and the GRID account
+  operator.jwt, system.jwt             self-signed operator, operator-signed SYS account
+  account.jwt                          the GRID account as last signed (revocations included)
+  registry.json                        user keys issued per host, revoked hosts, revocations
+  system.creds                         a SYS user that pushes account updates to the servers
+  nats-auth.conf                       the snippet a nats-server config includes
+
+Server side we use the NATS "full" account resolver rather than `resolver: MEMORY`: the memory
+resolver only learns an account JWT from its config file (a reload per change, and impossible
+for a server or cluster we do not run), while the full resolver accepts an operator-signed
+account JWT pushed on `$SYS.REQ.ACCOUNT.<account>.CLAIMS.UPDATE`, stores it, propagates it
+through a cluster and, when the new JWT revokes a user key, closes that user's connections at
+once. That is how `revoke_host` disconnects a host within seconds, embedded server or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nkeys
+from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair, create_user_pair, keypair_from_pubkey
+
+from grid.identity import jwt
+from grid.identity.creds import write_creds
+from grid.identity.permissions import Principal, Role, grant_for, new_host_consumer, principal_from_tags, principal_tags
+from grid.secrets import write_owner_only
+
+OPERATOR_NAME = "grid"
+ACCOUNT_NAME = "GRID"
+SYSTEM_ACCOUNT_NAME = "SYS"
+HOST_CREDENTIAL_TTL_SECONDS = 24 * 3600.0
+
+
+class AuthorityError(RuntimeError):
+    pass
+
+
+class HostRecord(msgspec.Struct):
+    command_consumer: str
+    keys: list[str] = msgspec.field(default_factory=list)
+    revoked_at: int | None = None
+
+
+class Registry(msgspec.Struct):
+    hosts: dict[str, HostRecord] = msgspec.field(default_factory=dict)
+    # user public key -> unix seconds; JWTs of that key issued at or before it are refused.
+    revocations: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def _load_seed(path: Path, create: Any) -> nkeys.KeyPair:
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise AuthorityError(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+        return nkeys.from_seed(path.read_bytes().strip())
+    pair = create()
+    write_owner_only(path, pair.seed + b"\n")
+    return nkeys.from_seed(path.read_bytes().strip())
+
+
+def principal_from_claims(claims: dict[str, Any]) -> Principal | None:
+    """The principal a user JWT of ours was issued for (its tags record it), else None."""
+    return principal_from_tags(list(claims.get("nats", {}).get("tags") or []))
+
+
+class Authority:
+    """Holds the operator and account keys; issues user JWTs; keeps the revocation list."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory.chmod(0o700)
+        self._operator = _load_seed(self.directory / "operator.nk", create_operator_pair)
+        self._system = _load_seed(self.directory / "system.nk", create_account_pair)
+        self._account = _load_seed(self.directory / "account.nk", create_account_pair)
+        self._registry_path = self.directory / "registry.json"
+        self.registry = (
+            msgspec.json.decode(self._registry_path.read_bytes(), type=Registry)
+            if self._registry_path.exists()
+            else Registry()
+        )
+
+    # ------------------------------------------------------------------ keys and JWTs
+    @property
+    def operator_public(self) -> str:
+        return self._operator.public_key.decode()
+
+    @property
+    def account_public(self) -> str:
+        return self._account.public_key.decode()
+
+    @property
+    def system_public(self) -> str:
+        return self._system.public_key.decode()
+
+    def operator_jwt(self, now: float) -> str:
+        claims = jwt.operator_claims(self.operator_public, OPERATOR_NAME, system_account=self.system_public)
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def system_account_jwt(self, now: float) -> str:
+        claims = jwt.account_claims(self.system_public, SYSTEM_ACCOUNT_NAME, jetstream=False)
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def account_jwt(self, now: float) -> str:
+        claims = jwt.account_claims(
+            self.account_public, ACCOUNT_NAME, jetstream=True, revocations=self.registry.revocations
+        )
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def issue(self, principal: Principal, user_public_key: str, *, now: float,
+              ttl_seconds: float | None) -> str:
+        """A user JWT for `user_public_key` carrying `principal`'s permissions."""
+        if not user_public_key.startswith("U"):
+            raise AuthorityError("not a user public key")
+        try:
+            keypair_from_pubkey(user_public_key.encode())
+        except (nkeys.NkeysError, ValueError) as exc:
+            raise AuthorityError("not a user public key") from exc
+        if principal.host_id is not None:
+            if self.host_revoked(principal.host_id):
+                raise AuthorityError(f"host {principal.host_id} is revoked")
+            principal = self.host_principal(principal.host_id)
+        grant = grant_for(principal, user_public_key)
+        tags = principal_tags(principal)
+        claims = jwt.user_claims(
+            user_public_key,
+            principal.label,
+            pub_allow=list(grant.pub_allow),
+            pub_deny=list(grant.pub_deny),
+            sub_allow=list(grant.sub_allow),
+            sub_deny=list(grant.sub_deny),
+            allow_responses=grant.allow_responses,
+            expires_at=None if ttl_seconds is None else int(now + ttl_seconds),
+            tags=tags,
+        )
+        token = jwt.encode(claims, self._account, issued_at=int(now))
+        if principal.host_id is not None:
+            record = self.registry.hosts[principal.host_id]
+            if user_public_key not in record.keys:
+                record.keys.append(user_public_key)
+                self._save()
+        return token
+
+    def issue_creds(self, principal: Principal, path: Path, *, now: float,
+                    ttl_seconds: float | None) -> Path:
+        """A fresh user key and a creds file for a process on this machine (the key is made here)."""
+        pair = create_user_pair()
+        token = self.issue(principal, pair.public_key.decode(), now=now, ttl_seconds=ttl_seconds)
+        return write_creds(path, token, pair.seed)
+
+    def host_principal(self, host_id: str) -> Principal:
+        """The host's principal, with its command consumer's name (drawn on first use)."""
+        record = self.registry.hosts.get(host_id)
+        if record is None:
+            record = self.registry.hosts[host_id] = HostRecord(command_consumer=new_host_consumer(host_id))
+            self._save()
+        return Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
+
+    def verify_user(self, user_jwt: str) -> dict[str, Any]:
+        """Claims of a user JWT this authority signed (signature checked, expiry not)."""
+        return jwt.verify(user_jwt, self.account_public)
+
+    # ------------------------------------------------------------------ revocation
+    def host_revoked(self, host_id: str) -> bool:
+        record = self.registry.hosts.get(host_id)
+        return record is not None and record.revoked_at is not None
+
+    def key_revoked(self, user_public_key: str, issued_at: int) -> bool:
+        at = self.registry.revocations.get(user_public_key)
+        return at is not None and issued_at <= at
+
+    def revoke_host(self, host_id: str, *, now: float) -> str:
+        """Revoke every key issued to `host_id`; returns the account JWT to push to the servers."""
+        self.host_principal(host_id)
+        record = self.registry.hosts[host_id]
+        record.revoked_at = int(now)
+        for key in record.keys:
+            self.registry.revocations[key] = int(now)
+        self._save()
+        return self.account_jwt(now)
+
+    def readmit_host(self, host_id: str) -> None:
+        """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid,
+        and it reads its commands through a new consumer (the revoked key knew the old name)."""
+        record = self.registry.hosts.get(host_id)
+        if record is not None and record.revoked_at is not None:
+            record.revoked_at = None
+            record.command_consumer = new_host_consumer(host_id)
+            self._save()
+
+    def _save(self) -> None:
+        write_owner_only(self._registry_path, msgspec.json.encode(self.registry))
+
+    # ------------------------------------------------------------------ server side
+    def system_creds(self, *, now: float) -> Path:
+        """A SYS-account user allowed only to push account claims (and read its replies)."""
+        path = self.directory / "system.creds"
+        pair = create_user_pair()
+        public = pair.public_key.decode()
+        claims = jwt.user_claims(
+            public, "grid-claims-pusher",
+            pub_allow=["$SYS.REQ.CLAIMS.UPDATE", "$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"],
+            pub_deny=[], sub_allow=[f"_INBOX.{public}.>"], sub_deny=[],
+            allow_responses=False, expires_at=None,
+        )
+        return write_creds(path, jwt.encode(claims, self._system, issued_at=int(now)), pair.seed)
+
+    def server_config(self, *, now: float, resolver_dir: Path | None = None) -> str:
+        """The nats-server configuration lines that turn on operator mode for this grid."""
+        resolver = Path(resolver_dir) if resolver_dir is not None else self.directory / "resolver"
+        resolver.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return (
+            f"operator: {self.operator_jwt(now)}\n"
+            f"system_account: {self.system_public}\n"
+            "resolver: {\n"
+            "  type: full\n"
+            f"  dir: \"{resolver}\"\n"
+            "  allow_delete: false\n"
+            "  interval: \"2m\"\n"
+            "}\n"
+            "resolver_preload: {\n"
+            f"  {self.system_public}: {self.system_account_jwt(now)}\n"
+            f"  {self.account_public}: {self.account_jwt(now)}\n"
+            "}\n"
+        )
+
+    def write_server_config(self, *, now: float, resolver_dir: Path | None = None) -> Path:
+        path = self.directory / "nats-auth.conf"
+        write_owner_only(path, self.server_config(now=now, resolver_dir=resolver_dir).encode())
+        return path
+
+
+async def push_account_jwt(nc: Any, account_public: str, account_jwt: str, *, timeout: float = 5.0) -> None:
+    """Hand an operator-signed account JWT to every server of the cluster (system account user)."""
+    reply = await nc.request(f"$SYS.REQ.ACCOUNT.{account_public}.CLAIMS.UPDATE", account_jwt.encode(),
+                             timeout=timeout)
+    answer = msgspec.json.decode(reply.data)
+    data = answer.get("data") or {}
+    error = answer.get("error")
+    if error or data.get("code") != 200:
+        raise AuthorityError(f"account update refused: {error or data}")

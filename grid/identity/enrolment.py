@@ -1,0 +1,330 @@
+"""The join and renewal exchange: a host proves it holds its own key and receives a host JWT.
+
+Where it runs: a NATS request/reply service of the controller on `grid.enrol.join` and
+`grid.enrol.renew`, not an HTTP endpoint. A joining machine must reach the NATS listener anyway
+(it is the only port a host needs), its TLS certificate is the one the join token pins, and the
+only thing a token's invitee credential may do there is publish a join request; an HTTP
+endpoint would be a second internet-facing listener, with its own TLS and its own exposure,
+for one request per machine. Several controllers may serve it (a queue group): redeeming an
+invitation is a compare-and-set on the invitation store.
+
+The proof of possession needs one round trip: the host signs, with the nkey it generated (whose
+seed never leaves it), a statement binding the invitation (by the hash of its secret), its
+public key and a nonce of its own. A captured request is worthless: the invitation is single
+use, and the JWT it would yield is bound to a key the captor does not hold. Renewal is the
+same with the current (unexpired, unrevoked) JWT in place of the invitation, and a signing time
+that must be fresh.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+import nats
+import nkeys
+import structlog
+from nats_jwt.nkeys_ext import create_user_pair, keypair_from_pubkey
+
+from grid.identity import jwt
+from grid.identity.authority import HOST_CREDENTIAL_TTL_SECONDS, Authority, AuthorityError, principal_from_claims
+from grid.identity.creds import read_creds, write_creds
+from grid.identity.invitations import INVITATION_TTL_SECONDS, Invitation, InvitationStore, JoinToken, secret_hash
+from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Principal, Role, inbox_prefix
+from grid.identity.tls import pinned_tls_context
+from grid.secrets import write_owner_only
+
+log = structlog.get_logger(__name__)
+
+QUEUE_GROUP = "grid-enrol"
+# A host renews once two thirds of its credential's lifetime have passed: with the 24 h default
+# that leaves 8 h of retries before the server disconnects it.
+RENEW_AT_FRACTION = 2 / 3
+RENEW_CLOCK_SKEW_SECONDS = 120.0
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+REFUSED_MALFORMED = "malformed_request"
+REFUSED_BAD_PROOF = "bad_proof"
+REFUSED_HOST_REVOKED = "host_revoked"
+REFUSED_NOT_A_HOST_CREDENTIAL = "not_a_host_credential"
+REFUSED_CREDENTIAL_EXPIRED = "credential_expired"
+REFUSED_CREDENTIAL_REVOKED = "credential_revoked"
+REFUSED_STALE_PROOF = "stale_proof"
+
+
+class Refused(msgspec.Struct, frozen=True):
+    """The service said no; `reason` is one of the REFUSED_* constants."""
+
+    reason: str
+
+
+class JoinRequest(msgspec.Struct, frozen=True):
+    secret: str
+    public_key: str
+    nonce: str
+    signature: str
+
+
+class RenewRequest(msgspec.Struct, frozen=True):
+    jwt: str
+    nonce: str
+    signed_at: float
+    signature: str
+
+
+class Granted(msgspec.Struct, frozen=True):
+    host_id: str
+    command_consumer: str
+    jwt: str
+    expires_at: float
+    ca_pem: str | None = None
+    failure_domain: str | None = None
+    tags: tuple[str, ...] = ()
+    dedicated: bool = False
+
+
+class Reply(msgspec.Struct, frozen=True):
+    granted: Granted | None = None
+    refused: str | None = None
+
+
+def join_statement(secret: str, public_key: str, nonce: str) -> bytes:
+    return f"grid-join\n{secret_hash(secret)}\n{public_key}\n{nonce}".encode()
+
+
+def renew_statement(current_jwt: str, nonce: str, signed_at: float) -> bytes:
+    return f"grid-renew\n{current_jwt}\n{nonce}\n{signed_at!r}".encode()
+
+
+def _sign(pair: nkeys.KeyPair, statement: bytes) -> str:
+    return base64.b64encode(pair.sign(statement)).decode()
+
+
+def _signed_by(public_key: str, statement: bytes, signature: str) -> bool:
+    try:
+        keypair_from_pubkey(public_key.encode()).verify(statement, base64.b64decode(signature))
+    except (nkeys.NkeysError, ValueError):
+        return False
+    return True
+
+
+class EnrolmentService:
+    """Answers join and renewal requests for one authority (the controller runs it)."""
+
+    def __init__(
+        self,
+        authority: Authority,
+        invitations: InvitationStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        host_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS,
+        ca_pem: str | None = None,
+        on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
+    ) -> None:
+        self.authority = authority
+        self.invitations = invitations
+        self.clock = clock
+        self.host_ttl_seconds = host_ttl_seconds
+        self.ca_pem = ca_pem
+        # Set up what the host may not set up itself (its command consumer) before it connects.
+        self.on_admitted = on_admitted
+        self._subs: list[Any] = []
+
+    def invite(self, host_id: str, *, servers: tuple[str, ...], tls_fingerprint: str | None,
+               ttl_seconds: float = INVITATION_TTL_SECONDS, failure_domain: str | None = None,
+               tags: tuple[str, ...] = (), dedicated: bool = False) -> tuple[Invitation, JoinToken]:
+        now = self.clock()
+        invitation, secret = self.invitations.create(
+            host_id, now=now, ttl_seconds=ttl_seconds, failure_domain=failure_domain, tags=tags,
+            dedicated=dedicated,
+        )
+        invitee = create_user_pair()
+        invitee_jwt = self.authority.issue(Principal(Role.INVITEE), invitee.public_key.decode(), now=now,
+                                           ttl_seconds=ttl_seconds)
+        token = JoinToken(servers=servers, secret=secret, tls_fingerprint=tls_fingerprint,
+                          invitee_jwt=invitee_jwt, invitee_seed=invitee.seed.decode())
+        return invitation, token
+
+    def _grant(self, host_id: str, public_key: str, now: float, invitation: Invitation | None) -> Granted:
+        principal = self.authority.host_principal(host_id)
+        token = self.authority.issue(principal, public_key, now=now, ttl_seconds=self.host_ttl_seconds)
+        assert principal.command_consumer is not None
+        return Granted(
+            host_id=host_id, command_consumer=principal.command_consumer, jwt=token, expires_at=now + self.host_ttl_seconds, ca_pem=self.ca_pem,
+            failure_domain=invitation.failure_domain if invitation else None,
+            tags=invitation.tags if invitation else (), dedicated=invitation.dedicated if invitation else False,
+        )
+
+    def handle_join(self, data: bytes) -> tuple[Reply, Principal | None]:
+        """The reply to one join request, and the host admitted (None when refused)."""
+        now = self.clock()
+        try:
+            request = msgspec.json.decode(data, type=JoinRequest)
+        except msgspec.DecodeError:
+            return Reply(refused=REFUSED_MALFORMED), None
+        if not request.public_key.startswith("U") or not _signed_by(
+            request.public_key, join_statement(request.secret, request.public_key, request.nonce), request.signature
+        ):
+            return Reply(refused=REFUSED_BAD_PROOF), None
+        outcome = self.invitations.redeem(request.secret, now=now)
+        if isinstance(outcome, str):
+            return Reply(refused=outcome), None
+        # The operator invited this host id again after revoking it: its old keys stay revoked.
+        self.authority.readmit_host(outcome.host_id)
+        try:
+            granted = self._grant(outcome.host_id, request.public_key, now, outcome)
+        except AuthorityError:
+            return Reply(refused=REFUSED_BAD_PROOF), None
+        return Reply(granted=granted), self.authority.host_principal(outcome.host_id)
+
+    def handle_renew(self, data: bytes) -> Reply:
+        now = self.clock()
+        try:
+            request = msgspec.json.decode(data, type=RenewRequest)
+            claims = self.authority.verify_user(request.jwt)
+        except (msgspec.DecodeError, jwt.JWTError):
+            return Reply(refused=REFUSED_MALFORMED)
+        principal = principal_from_claims(claims)
+        if principal is None or principal.role is not Role.HOST or principal.host_id is None:
+            return Reply(refused=REFUSED_NOT_A_HOST_CREDENTIAL)
+        public_key = str(claims["sub"])
+        if not _signed_by(public_key, renew_statement(request.jwt, request.nonce, request.signed_at),
+                          request.signature):
+            return Reply(refused=REFUSED_BAD_PROOF)
+        if abs(now - request.signed_at) > RENEW_CLOCK_SKEW_SECONDS:
+            return Reply(refused=REFUSED_STALE_PROOF)
+        if self.authority.host_revoked(principal.host_id):
+            return Reply(refused=REFUSED_HOST_REVOKED)
+        if self.authority.key_revoked(public_key, int(claims.get("iat", 0))):
+            return Reply(refused=REFUSED_CREDENTIAL_REVOKED)
+        if "exp" in claims and int(claims["exp"]) <= now:
+            return Reply(refused=REFUSED_CREDENTIAL_EXPIRED)
+        return Reply(granted=self._grant(principal.host_id, public_key, now, None))
+
+    async def serve(self, nc: nats.NATS) -> None:
+        """Answer requests on `nc` (a controller connection) until `stop`."""
+
+        async def on_join(msg: Any) -> None:
+            reply, admitted = self.handle_join(msg.data)
+            if admitted is not None and self.on_admitted is not None:
+                try:
+                    await self.on_admitted(admitted)
+                except Exception as exc:  # the credential stands; the consumer can be made later
+                    log.warning("enrolment.provision_failed", host_id=admitted.host_id, error=str(exc))
+            log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
+            await msg.respond(msgspec.json.encode(reply))
+
+        async def on_renew(msg: Any) -> None:
+            reply = self.handle_renew(msg.data)
+            log.info("enrolment.renew", host_id=reply.granted.host_id if reply.granted else None,
+                     refused=reply.refused)
+            await msg.respond(msgspec.json.encode(reply))
+
+        self._subs = [
+            await nc.subscribe(ENROL_JOIN_SUBJECT, queue=QUEUE_GROUP, cb=on_join),
+            await nc.subscribe(ENROL_RENEW_SUBJECT, queue=QUEUE_GROUP, cb=on_renew),
+        ]
+        await nc.flush()
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs = []
+
+
+# ---------------------------------------------------------------------- the host's side
+class Enrolment(msgspec.Struct, frozen=True):
+    host_id: str
+    command_consumer: str
+    creds_path: str
+    ca_path: str | None
+    expires_at: float
+    failure_domain: str | None
+    tags: tuple[str, ...]
+    dedicated: bool
+
+
+def _server_address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    return parts.hostname or "127.0.0.1", parts.port or 4222
+
+
+def _decode_reply(data: bytes) -> Granted | Refused:
+    reply = msgspec.json.decode(data, type=Reply)
+    return reply.granted if reply.granted is not None else Refused(reply.refused or REFUSED_MALFORMED)
+
+
+async def join(token: JoinToken | str, directory: Path, *,
+               timeout: float = REQUEST_TIMEOUT_SECONDS) -> Enrolment | Refused:
+    """Join with a token: make this host's key here, prove it, and store the host credential.
+
+    Writes `host.creds` (JWT and seed, 0600) and `ca.pem` under `directory` (0700); writes
+    nothing when refused."""
+    if isinstance(token, str):
+        token = JoinToken.decode(token)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.chmod(0o700)
+    pair = create_user_pair()
+    public_key = pair.public_key.decode()
+    nonce = secrets.token_hex(16)
+    request = JoinRequest(secret=token.secret, public_key=public_key, nonce=nonce,
+                          signature=_sign(pair, join_statement(token.secret, public_key, nonce)))
+    invitee = nkeys.from_seed(token.invitee_seed.encode())
+    options: dict[str, Any] = {
+        "user_jwt_cb": lambda: token.invitee_jwt.encode(),
+        "signature_cb": lambda server_nonce: base64.b64encode(invitee.sign(server_nonce.encode())),
+        "inbox_prefix": inbox_prefix(jwt.decode(token.invitee_jwt)["sub"]),
+    }
+    if token.tls_fingerprint is not None:
+        options["tls"] = pinned_tls_context(*_server_address(token.servers[0]), token.tls_fingerprint)
+    nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
+                            max_reconnect_attempts=0, connect_timeout=timeout, **options)
+    try:
+        reply = await nc.request(ENROL_JOIN_SUBJECT, msgspec.json.encode(request), timeout=timeout)
+    finally:
+        await nc.close()
+    granted = _decode_reply(reply.data)
+    if isinstance(granted, Refused):
+        return granted
+    creds_path = write_creds(directory / "host.creds", granted.jwt, pair.seed)
+    ca_path = None
+    if granted.ca_pem is not None:
+        ca_path = directory / "ca.pem"
+        write_owner_only(ca_path, granted.ca_pem.encode())
+    return Enrolment(host_id=granted.host_id, command_consumer=granted.command_consumer, creds_path=str(creds_path), ca_path=str(ca_path) if ca_path else None,
+                     expires_at=granted.expires_at, failure_domain=granted.failure_domain,
+                     tags=granted.tags, dedicated=granted.dedicated)
+
+
+async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
+                timeout: float = REQUEST_TIMEOUT_SECONDS) -> float | Refused:
+    """Renew the host credential in `creds_path` over `nc` (connected with it); rewrites the file
+    in place (the client reads it again on its next reconnect) and returns the new expiry."""
+    current_jwt, seed = read_creds(Path(creds_path))
+    pair = nkeys.from_seed(seed.encode())
+    nonce = secrets.token_hex(16)
+    signed_at = time.time() if now is None else now
+    request = RenewRequest(jwt=current_jwt, nonce=nonce, signed_at=signed_at,
+                           signature=_sign(pair, renew_statement(current_jwt, nonce, signed_at)))
+    reply = await nc.request(ENROL_RENEW_SUBJECT, msgspec.json.encode(request), timeout=timeout)
+    granted = _decode_reply(reply.data)
+    if isinstance(granted, Refused):
+        return granted
+    write_creds(Path(creds_path), granted.jwt, seed)
+    return granted.expires_at
+
+
+def renewal_due(creds_path: Path, now: float) -> bool:
+    """Whether the credential in `creds_path` should be renewed at `now`."""
+    claims = jwt.decode(read_creds(Path(creds_path))[0])
+    if "exp" not in claims:
+        return False
+    issued, expires = float(claims.get("iat", 0)), float(claims["exp"])
+    return now >= issued + RENEW_AT_FRACTION * (expires - issued)

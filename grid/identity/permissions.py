@@ -1,0 +1,305 @@
+"""The one permission table: what each identity may publish and subscribe to, enforced by NATS.
+
+Every user JWT's `pub`/`sub` lists come from `grant_for`, and the README's security table comes
+from `render_security_table`, both reading `ROLES`, so the documentation cannot drift from what
+the server enforces. Allow lists are exact; deny lists repeat the dangerous families as a second
+line (a deny wins over any allow, so a later, broader allow cannot re-open them).
+
+JetStream is itself spoken over subjects, so the table also names the `$JS.API` calls each role
+makes through `grid.events.jetstream.JetStreamLog`:
+- appending is a plain publish to the event's subject (the PubAck comes back on the inbox);
+- replaying and live-tailing a stream create an ephemeral ordered consumer
+  (`$JS.API.CONSUMER.CREATE.<stream>`, the form that refuses a durable name) after
+  `$JS.API.STREAM.INFO.<stream>`; its flow-control requests are answered as replies;
+- a host consumes its commands through its own durable pull consumer on GRID_CMDS, which the
+  controller creates when it admits the host (`provision_host_consumer`): the host may look it
+  up (`CONSUMER.INFO`), fetch (`CONSUMER.MSG.NEXT`) and ack (`$JS.ACK.GRID_CMDS.<consumer>.>`)
+  but not create or update it, because a consumer update can re-point delivery at any subject
+  (a push `deliver_subject` such as another host's heartbeat) and the server checks no
+  permission on that;
+- that consumer's name is `agent-<id>-<random>`, drawn once per host by the authority and
+  carried in the host's credential (`host_consumer`), never `agent-<id>`: whoever may create an
+  ephemeral consumer on GRID_CMDS (operator, a reader given it) can, through that same API,
+  update any consumer whose name it knows (its filter, ack wait, max deliver), and no subject
+  permission can tell the two apart. Nobody but the controller may list consumers, so an
+  unguessable name is what keeps the host's queue its own;
+- stream, KV and consumer management otherwise belong to the controller alone.
+
+Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
+subscribe only there, so nobody reads another identity's PubAcks or consumer deliveries.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from grid.events.subjects import (
+    ALL_STREAMS,
+    COMMANDS_STREAM,
+    CONTROL_STREAM,
+    HOSTS_STREAM,
+    LEASE_BUCKET,
+    PLAN_SUBJECT,
+    PLANS_STREAM,
+    PREFIX,
+    escape_token,
+    host_wildcard,
+)
+
+JS_API = "$JS.API"
+INBOX_ROOT = "_INBOX"
+# Core NATS request/reply, in no stream: a gateway asks a host to serve an inference request.
+INFER_ROOT = f"{PREFIX}.infer"
+# Core NATS request/reply served by the controller's enrolment service (grid.identity.enrolment).
+ENROL_JOIN_SUBJECT = f"{PREFIX}.enrol.join"
+ENROL_RENEW_SUBJECT = f"{PREFIX}.enrol.renew"
+
+
+class Role(enum.StrEnum):
+    CONTROLLER = "controller"
+    HOST = "host"
+    GATEWAY = "gateway"
+    OPERATOR = "operator"
+    READER = "reader"
+    # Holds nothing but the right to ask to join; lives inside a join token until it expires.
+    INVITEE = "invitee"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who a credential speaks for: a role, plus the host id and its command consumer's name
+    (hosts) or the streams (readers)."""
+
+    role: Role
+    host_id: str | None = None
+    streams: tuple[str, ...] = ()
+    command_consumer: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.role is Role.HOST) != (self.host_id is not None):
+            raise ValueError("a host principal, and only a host principal, names a host id")
+        if self.command_consumer is not None and not (
+            self.host_id is not None and self.command_consumer.startswith(host_consumer_prefix(self.host_id))
+        ):
+            raise ValueError("a command consumer belongs to a host and is named after it")
+        unknown = sorted(set(self.streams) - set(ALL_STREAMS))
+        if unknown:
+            raise ValueError(f"unknown streams {unknown}")
+
+    @property
+    def label(self) -> str:
+        return f"host {self.host_id}" if self.role is Role.HOST else self.role.value
+
+
+# A credential records the principal it was issued for in its JWT's tags.
+ROLE_TAG = "grid-role:"
+HOST_TAG = "grid-host:"
+CONSUMER_TAG = "grid-consumer:"
+STREAM_TAG = "grid-stream:"
+
+
+def principal_tags(principal: Principal) -> list[str]:
+    tags = [ROLE_TAG + principal.role.value]
+    if principal.host_id is not None:
+        tags.append(HOST_TAG + principal.host_id)
+    if principal.command_consumer is not None:
+        tags.append(CONSUMER_TAG + principal.command_consumer)
+    tags += [STREAM_TAG + s for s in principal.streams]
+    return tags
+
+
+def principal_from_tags(tags: list[str]) -> Principal | None:
+    """The principal a credential of ours was issued for, else None."""
+
+    def values(prefix: str) -> list[str]:
+        return [t[len(prefix):] for t in tags if t.startswith(prefix)]
+
+    roles, hosts, consumers = values(ROLE_TAG), values(HOST_TAG), values(CONSUMER_TAG)
+    try:
+        return Principal(Role(roles[0]), host_id=hosts[0] if hosts else None,
+                         command_consumer=consumers[0] if consumers else None,
+                         streams=tuple(values(STREAM_TAG))) if roles else None
+    except ValueError:
+        return None
+
+
+class Grant(msgspec.Struct, frozen=True):
+    pub_allow: tuple[str, ...]
+    pub_deny: tuple[str, ...]
+    sub_allow: tuple[str, ...]
+    sub_deny: tuple[str, ...]
+    allow_responses: bool
+
+
+def inbox_prefix(user_public_key: str) -> str:
+    """The reply-subject prefix of one credential (its nkey is unique and fixed in its JWT)."""
+    return f"{INBOX_ROOT}.{user_public_key}"
+
+
+def host_consumer_prefix(host_id: str) -> str:
+    return f"agent-{escape_token(host_id)}-"
+
+
+def new_host_consumer(host_id: str) -> str:
+    """A fresh, unguessable name for the durable consumer a host reads its commands through."""
+    return host_consumer_prefix(host_id) + secrets.token_hex(12)
+
+
+def infer_subject_root(host_id: str) -> str:
+    return f"{INFER_ROOT}.{escape_token(host_id)}"
+
+
+def _read(stream: str) -> tuple[str, ...]:
+    # nats-py answers a stalled consumer's flow control on the subject the server names in a
+    # header (not the message's reply subject), so responses alone do not cover it.
+    return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>")
+
+
+def _reads(streams: Sequence[str]) -> tuple[str, ...]:
+    return tuple(s for stream in streams for s in _read(stream))
+
+
+_STREAM_FAMILIES = (f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT)
+_LEASE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.*.*.KV_{LEASE_BUCKET}", f"{JS_API}.*.*.KV_{LEASE_BUCKET}.>")
+_MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_API}.STREAM.DELETE.>",
+               f"{JS_API}.STREAM.PURGE.>", f"{JS_API}.STREAM.MSG.DELETE.>", f"{JS_API}.CONSUMER.DELETE.>")
+
+
+def _controller(p: Principal, inbox: str) -> Grant:
+    return Grant(
+        pub_allow=(f"{PREFIX}.>", f"{JS_API}.>", "$JS.ACK.>", "$JS.FC.>", f"$KV.{LEASE_BUCKET}.>"),
+        pub_deny=(),
+        sub_allow=(f"{inbox}.>", ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT),
+        sub_deny=(),
+        allow_responses=True,
+    )
+
+
+def _host(p: Principal, inbox: str) -> Grant:
+    assert p.host_id is not None
+    if p.command_consumer is None:
+        raise ValueError("a host credential names its command consumer")
+    consumer = p.command_consumer
+    return Grant(
+        pub_allow=(
+            host_wildcard(p.host_id),
+            f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
+            f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
+            f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
+            ENROL_RENEW_SUBJECT,
+        ),
+        pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
+        sub_deny=_STREAM_FAMILIES,
+        allow_responses=True,
+    )
+
+
+def _gateway(p: Principal, inbox: str) -> Grant:
+    # The catalog projection folds profiles from GRID_CTL, so the gateway reads it (never writes).
+    return Grant(
+        pub_allow=(f"{PREFIX}.req.>", f"{INFER_ROOT}.>", *_reads((HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM))),
+        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        sub_allow=(f"{inbox}.>",),
+        sub_deny=_STREAM_FAMILIES,
+        allow_responses=True,
+    )
+
+
+def _operator(p: Principal, inbox: str) -> Grant:
+    return Grant(
+        pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS)),
+        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        sub_allow=(f"{inbox}.>",),
+        sub_deny=_STREAM_FAMILIES,
+        allow_responses=True,
+    )
+
+
+def _reader(p: Principal, inbox: str) -> Grant:
+    return Grant(
+        pub_allow=_reads(p.streams),
+        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT),
+        sub_allow=(f"{inbox}.>",),
+        sub_deny=_STREAM_FAMILIES,
+        allow_responses=True,
+    )
+
+
+def _invitee(p: Principal, inbox: str) -> Grant:
+    return Grant(
+        pub_allow=(ENROL_JOIN_SUBJECT,),
+        pub_deny=(),
+        sub_allow=(f"{inbox}.>",),
+        sub_deny=(),
+        allow_responses=False,
+    )
+
+
+class RoleSpec(msgspec.Struct, frozen=True):
+    role: Role
+    who: str
+    may: str
+    may_not: str
+    grant: Callable[[Principal, str], Grant]
+
+
+ROLES: tuple[RoleSpec, ...] = (
+    RoleSpec(Role.CONTROLLER, "controller",
+             "everything on the grid streams, the lease KV, the plan and command subjects; "
+             "answers enrolment requests", "-", _controller),
+    RoleSpec(Role.HOST, "host `<id>`",
+             "publish `grid.host.<id>.>`; fetch and ack only its own durable consumer of "
+             "`grid.cmd.<id>` (the controller creates it; its unguessable name is in the credential); "
+             "serve `grid.infer.<id>.>`; renew its credential",
+             "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
+             "`grid.ctl.>`, `grid.plan`; the lease KV; any stream or consumer management", _host),
+    RoleSpec(Role.GATEWAY, "gateway",
+             "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
+             "control, commands, host subjects, plans (publish), the lease", _gateway),
+    RoleSpec(Role.OPERATOR, "operator",
+             "read every stream (events tail/export, replay, history); publish `grid.ctl.>`",
+             "commands, the lease, host subjects, requests, plans (publish)", _operator),
+    RoleSpec(Role.READER, "reader",
+             "read the streams named in its credential", "any publish; the lease", _reader),
+    RoleSpec(Role.INVITEE, "invitee (inside a join token)",
+             "send one join request to `grid.enrol.join`", "everything else", _invitee),
+)
+_BY_ROLE = {spec.role: spec for spec in ROLES}
+
+
+def grant_for(principal: Principal, user_public_key: str) -> Grant:
+    return _BY_ROLE[principal.role].grant(principal, inbox_prefix(user_public_key))
+
+
+# Placeholders the rendered table shows in place of a real host id and user key.
+_DOC_HOST = "HOSTID"
+_DOC_KEY = "UKEY"
+_DOC_RANDOM = "RANDOM"
+
+
+def _doc_subjects(subjects: tuple[str, ...]) -> str:
+    shown = [s.replace(_DOC_HOST, "<id>").replace(_DOC_KEY, "<user key>").replace(_DOC_RANDOM, "<random>")
+             for s in subjects]
+    return "<br>".join(f"`{s}`" for s in shown) or "-"
+
+
+def render_security_table() -> str:
+    """The README's security table (markdown), generated from `ROLES` and the grants the server
+    enforces (a reader is shown with every stream; its credential names the ones it gets)."""
+    lines = ["| identity | may | may not | publish allow | subscribe allow |", "|---|---|---|---|---|"]
+    for spec in ROLES:
+        host = spec.role is Role.HOST
+        principal = Principal(
+            spec.role,
+            host_id=_DOC_HOST if host else None,
+            streams=ALL_STREAMS if spec.role is Role.READER else (),
+            command_consumer=host_consumer_prefix(_DOC_HOST) + _DOC_RANDOM if host else None,
+        )
+        grant = spec.grant(principal, inbox_prefix(_DOC_KEY))
+        lines.append(f"| {spec.who} | {spec.may} | {spec.may_not} | {_doc_subjects(grant.pub_allow)} "
+                     f"| {_doc_subjects(grant.sub_allow)} |")
+    return "\n".join(lines) + "\n"

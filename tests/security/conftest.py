@@ -1,0 +1,98 @@
+"""Real nats-server processes in operator mode (accounts, user JWTs), one per test module.
+
+Each module gets its own authority and server so revocations and expiries in one module never
+leak into another. Credentials are issued per test through the `creds` factory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import nats
+import pytest
+
+from grid.events import codec
+from grid.events.base import Event, new_event_id
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import ALL_STREAMS
+from grid.identity.authority import Authority
+from grid.identity.creds import connect_options
+from grid.identity.permissions import Principal, Role
+from grid.identity.server import SecuredEmbeddedNats
+from tests.conftest import reset_streams
+
+
+SecuredNats = SecuredEmbeddedNats
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
+    return Authority(tmp_path_factory.mktemp("authority") / "identity")
+
+
+@pytest.fixture(scope="module")
+def secured_server(tmp_path_factory: pytest.TempPathFactory, authority: Authority) -> Iterator[SecuredNats]:
+    server = SecuredNats(tmp_path_factory.mktemp("secured-nats"), authority)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+CredsFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def creds(tmp_path: Path, authority: Authority) -> CredsFactory:
+    """creds(role, host_id=None, streams=(), ttl=3600.0, now=None) -> a creds file path."""
+
+    def make(role: Role, host_id: str | None = None, streams: tuple[str, ...] = (),
+             ttl: float | None = 3600.0, now: float | None = None) -> Path:
+        principal = Principal(role, host_id=host_id, streams=streams)
+        name = f"{role.value}-{host_id or 'x'}-{time.monotonic_ns()}.creds"
+        return authority.issue_creds(principal, tmp_path / name, now=time.time() if now is None else now,
+                                     ttl_seconds=ttl)
+
+    return make
+
+
+@pytest.fixture
+async def controller_log(secured_server: SecuredNats, creds: CredsFactory) -> AsyncIterator[JetStreamLog]:
+    """The controller's log, with every stream freshly created (sequences start at 1)."""
+    log = await JetStreamLog.connect(secured_server.url, name="grid-controller",
+                                     credentials=creds(Role.CONTROLLER))
+    await reset_streams(log)
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+async def raw_client(server: SecuredNats, credentials: Path | None, **kwargs: object) -> nats.NATS:
+    """A plain nats-py client (what an attacker would use) holding `credentials`."""
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
+                            error_cb=on_error, **connect_options(credentials, None), **kwargs)
+    nc.permission_errors = errors  # type: ignore[attr-defined]
+    return nc
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
+
+
+def event(tag: str, **changes: object) -> Event:
+    """A real catalogue event (from its golden payload) with `changes` and a fresh event id."""
+    base = codec.decode((GOLDEN / f"{tag}.json").read_bytes())
+    return msgspec.structs.replace(base, event_id=new_event_id(), **changes)
+
+
+async def stream_sequences(log: JetStreamLog) -> dict[str, int]:
+    return {name: await log.last_sequence(name) for name in ALL_STREAMS}

@@ -1,0 +1,256 @@
+"""Invite, join, renew and revoke, over a real nats-server in operator mode."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import nats
+import pytest
+
+from grid.events.jetstream import JetStreamLog
+from grid.events.log import LogError
+from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject
+from grid.identity import jwt
+from grid.identity.authority import Authority, push_account_jwt
+from grid.identity.creds import connect_options, read_creds
+from grid.identity.enrolment import (
+    REFUSED_BAD_PROOF,
+    REFUSED_HOST_REVOKED,
+    Enrolment,
+    EnrolmentService,
+    Refused,
+    JoinRequest,
+    join,
+    join_statement,
+    renew,
+)
+from grid.identity.invitations import (
+    REFUSED_INVITATION_EXPIRED,
+    REFUSED_INVITATION_USED,
+    InvitationStore,
+    JoinToken,
+)
+from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
+from grid.identity.provision import provision_host_consumer
+from tests.security.conftest import CredsFactory, SecuredNats, event, stream_sequences
+
+HOST = "edge-7"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.fixture
+async def enrolment(
+    secured_server: SecuredNats, authority: Authority, controller_log: JetStreamLog, tmp_path: Path
+) -> AsyncIterator[tuple[EnrolmentService, Clock]]:
+    clock = Clock()
+    service = EnrolmentService(
+        authority, InvitationStore(tmp_path / "invitations.json"), clock=clock,
+        on_admitted=lambda host: provision_host_consumer(controller_log, host),
+    )
+    await service.serve(controller_log.client)
+    try:
+        yield service, clock
+    finally:
+        await service.stop()
+
+
+def _token(service: EnrolmentService, server: SecuredNats, **kwargs: object) -> JoinToken:
+    _, token = service.invite(HOST, servers=(server.url,), tls_fingerprint=None, **kwargs)  # type: ignore[arg-type]
+    return token
+
+
+async def test_join_gives_a_host_credential_bound_to_the_invited_id(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, controller_log: JetStreamLog,
+    tmp_path: Path, authority: Authority,
+) -> None:
+    service, _ = enrolment
+    token = _token(service, secured_server, failure_domain="rack-2", tags=("gpu",), dedicated=True)
+    text = token.encode()
+    joined = await join(text, tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
+    assert (joined.host_id, joined.failure_domain, joined.tags, joined.dedicated) == (HOST, "rack-2", ("gpu",), True)
+    creds_path = Path(joined.creds_path)
+    assert creds_path.stat().st_mode & 0o777 == 0o600
+    assert creds_path.parent.stat().st_mode & 0o777 == 0o700
+    user_jwt, seed = read_creds(creds_path)
+    claims = jwt.verify(user_jwt, authority.account_public)
+    assert claims["sub"] == authority.registry.hosts[HOST].keys[-1]
+    assert 0 < claims["exp"] - time.time() <= 24 * 3600
+    # Neither the host's seed nor the invitation secret is stored on the controller's side.
+    stored = b"".join(p.read_bytes() for p in [*authority.directory.rglob("*"), *tmp_path.glob("invitations*")]
+                      if p.is_file())
+    assert seed.encode() not in stored and token.secret.encode() not in stored
+
+    # The credential works as that host, and only as that host.
+    await controller_log.append(event("command.issued.v1", host_id=HOST))
+    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    try:
+        assert (await host.append(event("host.heartbeat.v1", host_id=HOST))).stream == HOSTS_STREAM
+        sub = await host.subscribe(COMMANDS_STREAM, durable=joined.command_consumer,
+                                   subject_filter=command_subject(HOST))
+        got = await sub.next(timeout=5)
+        assert got is not None
+        await sub.ack(got)
+        await sub.close()
+        with pytest.raises(LogError, match="timed out"):
+            host._timeout = 1.0
+            await host.append(event("host.heartbeat.v1", host_id="someone-else"))
+    finally:
+        await host.close()
+    assert await controller_log.last_sequence(HOSTS_STREAM) == 1
+
+
+async def test_an_invitation_is_single_use(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, tmp_path: Path
+) -> None:
+    service, _ = enrolment
+    token = _token(service, secured_server)
+    assert not isinstance(await join(token, tmp_path / "first"), Refused)
+    assert await join(token, tmp_path / "second") == Refused(REFUSED_INVITATION_USED)
+    assert not (tmp_path / "second" / "host.creds").exists()
+
+
+async def test_an_expired_invitation_is_refused(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, tmp_path: Path
+) -> None:
+    service, clock = enrolment
+    token = _token(service, secured_server, ttl_seconds=600.0)
+    clock.offset = 601.0
+    assert await join(token, tmp_path / "late") == Refused(REFUSED_INVITATION_EXPIRED)
+    assert not (tmp_path / "late" / "host.creds").exists()
+
+
+async def test_an_expired_invitee_credential_cannot_connect(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, tmp_path: Path
+) -> None:
+    service, clock = enrolment
+    clock.offset = -3600.0  # invited an hour ago, for ten minutes
+    token = _token(service, secured_server, ttl_seconds=600.0)
+    with pytest.raises(Exception, match="(?i)(authorization violation|expired)"):
+        await join(token, tmp_path / "late")
+
+
+async def test_a_join_without_proof_of_the_key_is_refused(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, creds: CredsFactory
+) -> None:
+    service, _ = enrolment
+    token = _token(service, secured_server)
+    victim_key = read_creds(creds(Role.HOST, host_id="node-9"))[0]
+    victim_public = jwt.decode(victim_key)["sub"]
+    # Asks for a JWT for somebody else's public key, signing with nothing of theirs.
+    request = JoinRequest(secret=token.secret, public_key=victim_public, nonce="n",
+                          signature="AAAA" + "A" * 84)
+    invitee = await _invitee_client(secured_server, token)
+    try:
+        reply = await invitee.request(ENROL_JOIN_SUBJECT, msgspec.json.encode(request), timeout=5)
+    finally:
+        await invitee.close()
+    assert msgspec.json.decode(reply.data)["refused"] == REFUSED_BAD_PROOF
+    assert join_statement(token.secret, victim_public, "n")  # the statement it would have had to sign
+
+
+async def _invitee_client(server: SecuredNats, token: JoinToken) -> nats.NATS:
+    import base64
+
+    import nkeys
+
+    pair = nkeys.from_seed(token.invitee_seed.encode())
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        server.url, allow_reconnect=False, error_cb=on_error,
+        user_jwt_cb=lambda: token.invitee_jwt.encode(),
+        signature_cb=lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
+        inbox_prefix=f"_INBOX.{jwt.decode(token.invitee_jwt)['sub']}",
+    )
+    nc.permission_errors = errors  # type: ignore[attr-defined]
+    return nc
+
+
+async def test_the_invitee_credential_can_only_ask_to_join(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, controller_log: JetStreamLog
+) -> None:
+    service, _ = enrolment
+    token = _token(service, secured_server)
+    before = await stream_sequences(controller_log)
+    invitee = await _invitee_client(secured_server, token)
+    try:
+        await invitee.publish("grid.host.edge-7.heartbeat", b"{}")
+        await invitee.publish("grid.cmd.edge-7", b"{}")
+        await invitee.publish("grid.enrol.renew", b"{}")
+        await invitee.flush()
+        await asyncio.sleep(0.5)
+        errors = " ".join(str(e).lower() for e in invitee.permission_errors)  # type: ignore[attr-defined]
+    finally:
+        await invitee.close()
+    for subject in ("grid.host.edge-7.heartbeat", "grid.cmd.edge-7", "grid.enrol.renew"):
+        assert f'permissions violation for publish to "{subject}"' in errors
+    assert await stream_sequences(controller_log) == before
+
+
+async def test_renewal_with_the_current_credential_extends_it(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, tmp_path: Path
+) -> None:
+    service, clock = enrolment
+    joined = await join(_token(service, secured_server), tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
+    creds_path = Path(joined.creds_path)
+    old_jwt, seed = read_creds(creds_path)
+    nc = await nats.connect(secured_server.url, allow_reconnect=False, **connect_options(creds_path, None))
+    try:
+        clock.offset = 3600.0
+        expires_at = await renew(nc, creds_path, now=clock())
+    finally:
+        await nc.close()
+    new_jwt, new_seed = read_creds(creds_path)
+    assert new_seed == seed and new_jwt != old_jwt
+    assert jwt.decode(new_jwt)["sub"] == jwt.decode(old_jwt)["sub"]
+    assert jwt.decode(new_jwt)["exp"] > jwt.decode(old_jwt)["exp"]
+    assert expires_at == pytest.approx(jwt.decode(new_jwt)["exp"], abs=1.0)
+    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    await host.append(event("host.heartbeat.v1", host_id=HOST))
+    await host.close()
+
+
+async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, authority: Authority,
+    controller_log: JetStreamLog, tmp_path: Path,
+) -> None:
+    service, _ = enrolment
+    joined = await join(_token(service, secured_server), tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
+    creds_path = Path(joined.creds_path)
+    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    await host.append(event("host.heartbeat.v1", host_id=HOST))
+
+    account_jwt = authority.revoke_host(HOST, now=time.time())
+    # Renewal is refused as soon as the authority has revoked the host (before servers hear of it).
+    assert await renew(host.client, creds_path) == Refused(REFUSED_HOST_REVOKED)
+
+    system = await nats.connect(secured_server.url, **connect_options(authority.system_creds(now=time.time()), None))
+    try:
+        started = time.monotonic()
+        await push_account_jwt(system, authority.account_public, account_jwt)
+        while host.client.is_connected and time.monotonic() - started < 5.0:
+            await asyncio.sleep(0.05)
+        assert not host.client.is_connected, "a revoked host must be disconnected within seconds"
+    finally:
+        await system.close()
+        await host.client.close()
+    with pytest.raises(LogError, match="(?i)(authorization violation|revoked)"):
+        await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    assert await controller_log.last_sequence(HOSTS_STREAM) == 1

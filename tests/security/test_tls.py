@@ -1,0 +1,114 @@
+"""TLS on the NATS listener: Grid's private CA, and the join token's pinned fingerprint."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from grid.events.jetstream import JetStreamLog
+from grid.events.log import LogError
+from grid.events.subjects import HOSTS_STREAM
+from grid.identity.authority import Authority
+from grid.identity.enrolment import Enrolment, EnrolmentService, join
+from grid.identity.invitations import InvitationStore
+from grid.identity.permissions import Role
+from grid.identity.provision import provision_host_consumer
+from grid.identity.tls import TLSMaterial, TLSMaterialError
+from tests.conftest import reset_streams
+from tests.security.conftest import CredsFactory, SecuredNats, event
+
+HOST = "remote-3"
+
+
+@pytest.fixture(scope="module")
+def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
+    return TLSMaterial(tmp_path_factory.mktemp("tls") / "tls").ensure(
+        ["127.0.0.1", "localhost"], now=dt.datetime.now(dt.timezone.utc)
+    )
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, authority: Authority,
+               tls_material: TLSMaterial) -> Iterator[SecuredNats]:
+    server = SecuredNats(tmp_path_factory.mktemp("tls-nats"), authority, tls=tls_material)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def tls_controller(tls_server: SecuredNats, creds: CredsFactory,
+                         tls_material: TLSMaterial) -> AsyncIterator[JetStreamLog]:
+    log = await JetStreamLog.connect(tls_server.url, credentials=creds(Role.CONTROLLER), tls_ca=tls_material.ca_cert)
+    await reset_streams(log)
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+@pytest.fixture
+async def service(authority: Authority, tls_controller: JetStreamLog, tls_material: TLSMaterial,
+                  tmp_path: Path) -> AsyncIterator[EnrolmentService]:
+    service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
+                               ca_pem=tls_material.ca_cert.read_text(),
+                               on_admitted=lambda host: provision_host_consumer(tls_controller, host))
+    await service.serve(tls_controller.client)
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+def test_material_is_owner_only_and_reused(tls_material: TLSMaterial) -> None:
+    assert tls_material.directory.stat().st_mode & 0o777 == 0o700
+    for path in tls_material.directory.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    before = tls_material.server_fingerprint()
+    tls_material.ensure(["127.0.0.1", "localhost"], now=dt.datetime.now(dt.timezone.utc))
+    assert tls_material.server_fingerprint() == before
+    tls_material.ensure(["127.0.0.1", "grid.example"], now=dt.datetime.now(dt.timezone.utc))
+    assert tls_material.server_fingerprint() != before
+    tls_material.ensure(["127.0.0.1", "localhost"], now=dt.datetime.now(dt.timezone.utc))
+
+
+async def test_join_over_tls_pins_the_fingerprint_then_trusts_the_ca(
+    tls_server: SecuredNats, service: EnrolmentService, tls_material: TLSMaterial, tls_controller: JetStreamLog,
+    tmp_path: Path,
+) -> None:
+    _, token = service.invite(HOST, servers=(tls_server.url,), tls_fingerprint=tls_material.server_fingerprint())
+    joined = await join(token.encode(), tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
+    assert joined.ca_path is not None and Path(joined.ca_path).read_bytes() == tls_material.ca_cert.read_bytes()
+    host = await JetStreamLog.connect(tls_server.url, credentials=Path(joined.creds_path),
+                                      tls_ca=Path(joined.ca_path), ensure_streams=False)
+    try:
+        await host.append(event("host.heartbeat.v1", host_id=HOST))
+    finally:
+        await host.close()
+    assert await tls_controller.last_sequence(HOSTS_STREAM) == 1
+
+
+async def test_a_server_with_another_certificate_is_not_trusted_at_join(
+    tls_server: SecuredNats, service: EnrolmentService, tmp_path: Path
+) -> None:
+    _, token = service.invite(HOST, servers=(tls_server.url,), tls_fingerprint="sha256:" + "0" * 64)
+    with pytest.raises(TLSMaterialError, match="not the pinned"):
+        await join(token, tmp_path / "host-home")
+    assert not (tmp_path / "host-home" / "host.creds").exists()
+
+
+async def test_clients_without_the_ca_or_without_tls_cannot_connect(
+    tls_server: SecuredNats, creds: CredsFactory
+) -> None:
+    host_creds = creds(Role.HOST, host_id=HOST)
+    with pytest.raises(LogError, match="(?i)certificate"):
+        await JetStreamLog.connect(tls_server.url, credentials=host_creds, ensure_streams=False)
+    plain = f"nats://127.0.0.1:{tls_server.port}"
+    with pytest.raises(LogError):
+        await JetStreamLog.connect(plain, credentials=host_creds, ensure_streams=False)
