@@ -13,7 +13,7 @@ vocabularies in grid.events.host. No label ever carries a prompt, a key or a use
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -127,7 +127,3 @@ def metrics_route(registry: CollectorRegistry, *, path: str = "/metrics") -> Rou
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return Route(path, metrics, methods=["GET"])
-
-
-def labelled(mapping: Mapping[tuple[str, ...], float]) -> list[Sample]:
-    return sorted(mapping.items())
