@@ -101,6 +101,23 @@ def command_subject(host_id: str) -> str:
     return f"{PREFIX}.cmd.{escape_token(host_id)}"
 
 
+# Inference travels on core NATS request/reply, outside every stream: no prompt or response is
+# ever persisted. Only the gateway publishes these and only host <id> subscribes to its own.
+INFER_FAMILY = "infer"
+
+
+def infer_request_subject(host_id: str) -> str:
+    return f"{PREFIX}.{INFER_FAMILY}.{escape_token(host_id)}.req"
+
+
+def infer_cancel_subject(host_id: str) -> str:
+    return f"{PREFIX}.{INFER_FAMILY}.{escape_token(host_id)}.cancel"
+
+
+def infer_wildcard(host_id: str | None = None) -> str:
+    return f"{PREFIX}.{INFER_FAMILY}.{escape_token(host_id)}.>" if host_id else f"{PREFIX}.{INFER_FAMILY}.>"
+
+
 def stream_for_subject(subject: str) -> str:
     parts = subject.split(".")
     if len(parts) < 2 or parts[0] != PREFIX:

@@ -1,0 +1,150 @@
+"""The gateway side: an `UpstreamClient` whose wire is NATS request/reply to a host's agent.
+
+Failures surface as the same httpx exceptions the HTTP pools raise, so the proxy's breaker,
+"never replay a POST" and error mapping apply unchanged: no agent listening is a connect
+error, a silent agent a connect timeout, a gap or an engine failure mid-answer a read error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from nats.aio.client import Client as NATS
+
+from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
+from grid.infer import wire
+
+SCHEME = "grid+nats"
+# Pauses between publishes answered by "no responders" (None: give up).
+NO_RESPONDER_RETRIES: tuple[float | None, ...] = (0.01, 0.05, 0.2, None)
+
+
+class InferTarget:
+    """One engine reached through its host's agent: host, model and engine path."""
+
+    __slots__ = ("host_id", "model_id", "path", "url")
+
+    def __init__(self, host_id: str, model_id: str, path: str) -> None:
+        self.host_id = host_id
+        self.model_id = model_id
+        self.path = path
+        self.url = f"{SCHEME}://{escape_token(host_id)}/{escape_token(model_id)}{path}"
+
+    def __repr__(self) -> str:
+        return f"InferTarget({self.url})"
+
+
+class NatsResponse:
+    def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
+                 headers: list[tuple[bytes, bytes]], read_timeout: float, *, whole: bytes | None = None) -> None:
+        self._nc = nc
+        self._target = target
+        self._sub = sub
+        self._reply = reply
+        self.status_code = status
+        self.raw_headers = headers
+        self._read_timeout = read_timeout
+        self._next_seq = 1
+        # An agent-side refusal arrives whole in the first message.
+        self._whole = whole
+        self._ended = whole is not None
+        self._closed = False
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._whole:
+            yield self._whole
+            self._whole = None
+        while not self._ended:
+            try:
+                msg = await self._sub.next_msg(timeout=self._read_timeout)
+            except Exception as exc:  # nats-py raises its own TimeoutError type
+                raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
+            headers = msg.headers or {}
+            seq = int(headers.get(wire.H_SEQ, "-1"))
+            if seq != self._next_seq:
+                raise httpx.ReadError(f"{self._target}: lost part of the answer (got {seq}, wanted {self._next_seq})")
+            self._next_seq += 1
+            if wire.H_END in headers:
+                self._ended = True
+                if wire.H_ERROR in headers:
+                    raise httpx.ReadError(f"{self._target}: {headers[wire.H_ERROR]}")
+            if msg.data:
+                yield msg.data
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._ended:
+            # The client left: tell the agent, which drops its engine connection (frees the slot).
+            with contextlib.suppress(Exception):
+                await self._nc.publish(infer_cancel_subject(self._target.host_id), self._reply.encode("ascii"))
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+
+class NatsUpstream:
+    def __init__(self, nc: NATS, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
+        self.nc = nc
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+
+    async def post(self, target: InferTarget, body: bytes, headers: list[tuple[bytes, bytes]]) -> NatsResponse:
+        if len(body) > self.nc.max_payload:
+            raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {self.nc.max_payload}")
+        reply = self.nc.new_inbox()
+        sub = await self.nc.subscribe(reply)
+        out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id}
+        for name, value in headers:
+            key = name.decode("latin-1").title()
+            if key in wire.FORWARDED_REQUEST_HEADERS:
+                out[key] = value.decode("latin-1")
+        try:
+            first = await self._first_answer(target, body, reply, sub, out)
+            headers_in = first.headers or {}
+            if wire.H_ERROR in headers_in:
+                if headers_in.get(wire.H_PHASE) == wire.PHASE_CONNECT:
+                    raise httpx.ConnectError(f"{target}: {headers_in[wire.H_ERROR]}")
+                raise httpx.ReadError(f"{target}: {headers_in[wire.H_ERROR]}")
+            if headers_in.get(wire.H_SEQ) != "0" or wire.H_STATUS not in headers_in:
+                raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
+            return NatsResponse(self.nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
+                                wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
+                                whole=first.data if wire.H_END in headers_in else None)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            raise
+
+    async def _first_answer(self, target: InferTarget, body: bytes, reply: str, sub: Any, headers: dict[str, str]) -> Any:
+        """Publish the request and wait for the agent's first message.
+
+        A no-responders status proves the request reached nobody, so publishing it again
+        cannot execute it twice. nats-server can report no responders for a moment after a
+        subscription was made on another connection (seen here about 1 in 20 times right
+        after an agent subscribed), hence a few short retries before calling the host absent.
+        """
+        for delay in NO_RESPONDER_RETRIES:
+            await self.nc.publish(infer_request_subject(target.host_id), body, reply=reply, headers=headers)
+            try:
+                first = await sub.next_msg(timeout=self.connect_timeout)
+            except Exception as exc:
+                raise httpx.ConnectTimeout(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s") from exc
+            status = (first.headers or {}).get("Status")
+            if status != "503" or wire.H_SEQ in (first.headers or {}):
+                return first
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        raise httpx.ConnectError(f"{target}: no agent is serving host {target.host_id!r}")
+
+    async def aclose(self) -> None:
+        return None
+

@@ -1,0 +1,148 @@
+"""The agent side: forward inference requests from NATS to this host's loopback engines.
+
+The engine key is added here, on the engine's own host, and never travels. Only the paths in
+`wire.ALLOWED_PATHS` are forwarded, only to an engine this agent runs for the named model;
+everything else is answered with an OpenAI-shaped error without touching an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from grid.events.subjects import infer_cancel_subject, infer_request_subject
+from grid.infer import wire
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineRoute:
+    """Where this host serves a model: its loopback endpoint and its engine key."""
+
+    endpoint: str
+    key: str
+
+
+EngineResolver = Callable[[str], EngineRoute | None]
+
+
+def _error_body(message: str, code: str, kind: str = "invalid_request_error") -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+class InferenceResponder:
+    def __init__(self, nc: NATS, host_id: str, resolve: EngineResolver, *,
+                 connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256) -> None:
+        self.nc = nc
+        self.host_id = host_id
+        self.resolve = resolve
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0, pool=30.0),
+            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight),
+            transport=httpx.AsyncHTTPTransport(retries=0),  # a failed POST is never replayed
+        )
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._subs: list[Any] = []
+        self.served = 0
+        self.cancelled = 0
+
+    async def start(self) -> None:
+        self._subs = [
+            await self.nc.subscribe(infer_request_subject(self.host_id), cb=self._on_request),
+            await self.nc.subscribe(infer_cancel_subject(self.host_id), cb=self._on_cancel),
+        ]
+        await self.nc.flush()  # subscribed on the server before anyone is told we serve
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs = []
+        tasks = list(self._active.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self._http.aclose()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    async def _on_request(self, msg: Msg) -> None:
+        if not msg.reply or msg.reply in self._active:
+            return
+        reply = msg.reply
+        task = asyncio.create_task(self._serve(msg), name="infer-forward")
+        self._active[reply] = task
+        task.add_done_callback(lambda _t: self._active.pop(reply, None))
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        task = self._active.get(msg.data.decode("ascii", "replace"))
+        if task is not None:
+            self.cancelled += 1
+            task.cancel()
+
+    async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
+        await self.nc.publish(reply, body, headers={wire.H_SEQ: str(seq), **headers})
+
+    async def _refuse(self, reply: str, status: int, message: str, code: str) -> None:
+        headers = wire.encode_headers([(b"content-type", b"application/json")])
+        await self._send(reply, 0, _error_body(message, code), **{wire.H_STATUS: str(status), wire.H_HEADERS: headers,
+                                                                 wire.H_END: "1"})
+
+    async def _serve(self, msg: Msg) -> None:
+        reply = msg.reply
+        req_headers = msg.headers or {}
+        path = req_headers.get(wire.H_PATH, "")
+        model = req_headers.get(wire.H_MODEL, "")
+        if path not in wire.ALLOWED_PATHS:
+            await self._refuse(reply, 404, f"{path or 'this path'} is not served through Grid", wire.ERR_PATH)
+            return
+        route = self.resolve(model)
+        if route is None:
+            await self._refuse(reply, 503, f"{model!r} is not ready on this host", wire.ERR_NO_ENGINE)
+            return
+        headers = {"Authorization": f"Bearer {route.key}"}
+        for name in wire.FORWARDED_REQUEST_HEADERS:
+            if (value := req_headers.get(name)) is not None:
+                headers[name] = value
+        seq = 0
+        try:
+            request = self._http.build_request("POST", route.endpoint.rstrip("/") + path, content=msg.data, headers=headers)
+            response = await self._http.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # The engine is down or refusing connections: nothing reached it, like a failed connect.
+            await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine unreachable: {type(exc).__name__}",
+                                          wire.H_PHASE: wire.PHASE_CONNECT})
+            return
+        except httpx.HTTPError as exc:
+            # The request may have reached the engine: the gateway must not send it anywhere else.
+            await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}",
+                                          wire.H_PHASE: wire.PHASE_READ})
+            return
+        try:
+            await self._send(reply, 0, **{wire.H_STATUS: str(response.status_code),
+                                          wire.H_HEADERS: wire.encode_headers(response.headers.raw)})
+            async for chunk in response.aiter_raw():
+                for i in range(0, len(chunk), wire.CHUNK_BYTES):
+                    seq += 1
+                    await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
+            await self._send(reply, seq + 1, **{wire.H_END: "1"})
+            self.served += 1
+        except httpx.HTTPError as exc:
+            await self._send(reply, seq + 1, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}"})
+        finally:
+            # Closing mid-stream (a cancel) drops the engine connection: llama.cpp frees the slot.
+            await response.aclose()

@@ -1,0 +1,54 @@
+"""Framing of one inference exchange over core NATS.
+
+Request: one message on `grid.infer.<host>.req` with a unique reply inbox; headers name the
+engine path and the model; the body is the client's request body, unchanged.
+
+Response: messages on the reply inbox, numbered from 0 by `Grid-Seq` so a loss (core NATS
+drops messages for a slow consumer) is detected rather than silently corrupting a stream.
+Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`);
+every message may carry body bytes; the last carries `Grid-End`, and `Grid-Error` if the
+engine failed part way. The gateway cancels by publishing the reply inbox on
+`grid.infer.<host>.cancel`; the agent then closes its engine connection, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+H_PATH = "Grid-Path"
+H_MODEL = "Grid-Model"
+H_ACCEPT = "Accept"
+H_CONTENT_TYPE = "Content-Type"
+H_SEQ = "Grid-Seq"
+H_STATUS = "Grid-Status"
+H_HEADERS = "Grid-Headers"
+H_END = "Grid-End"
+H_ERROR = "Grid-Error"
+# Where a failure happened: "connect" means nothing reached the engine (another replica may be
+# tried); "read" means the request may have been executed (it is never sent elsewhere).
+H_PHASE = "Grid-Phase"
+PHASE_CONNECT = "connect"
+PHASE_READ = "read"
+
+# Paths an agent forwards; anything else is refused before it reaches an engine.
+ALLOWED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# Request headers carried to the engine (content negotiation only; never Authorization).
+FORWARDED_REQUEST_HEADERS = (H_CONTENT_TYPE, H_ACCEPT)
+# Response bodies are cut into messages of at most this many bytes (well under the 1 MiB
+# default max_payload of a NATS server we do not configure).
+CHUNK_BYTES = 256 * 1024
+
+# Refusals before the engine (a status the gateway passes on, never a transport error).
+ERR_NO_ENGINE = "no_engine_for_model"
+ERR_PATH = "path_not_allowed"
+
+_headers_encoder = msgspec.json.Encoder()
+_headers_decoder = msgspec.json.Decoder(list[tuple[str, str]])
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> str:
+    return _headers_encoder.encode([(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]).decode()
+
+
+def decode_headers(value: str) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in _headers_decoder.decode(value)]

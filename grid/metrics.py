@@ -1,0 +1,129 @@
+"""Prometheus metrics for the gateway, the controller and the agent (`/metrics` on each).
+
+Each process owns one registry (never the global default: `gridctl up` runs every component
+in one process, and a test runs many). Counters and histograms are updated where the event
+happens; everything that is a state (routes by state, residencies, plan age, lease term) is
+read from the component's own snapshot at scrape time, so it can never drift from what the
+component believes.
+
+Labels are bounded: model ids come from configured profiles (the gateway refuses unknown
+models before they reach a metric), statuses are HTTP codes, states are the fixed
+vocabularies in grid.events.host. No label ever carries a prompt, a key or a user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from grid.events.requests import RequestFeatures
+
+# Latency buckets (seconds) for requests on small local models up to long generations.
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Tick and action durations: a tick is milliseconds; a load can be minutes.
+TICK_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+ACTION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+Sample = tuple[tuple[str, ...], float]
+
+
+@dataclass(frozen=True)
+class GaugeSource:
+    """A gauge family read at scrape time: `read()` returns (label values, value) pairs."""
+
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+    read: Callable[[], Iterable[Sample]]
+
+
+class SnapshotCollector:
+    """Turns GaugeSources into metric families on every scrape."""
+
+    def __init__(self, sources: Iterable[GaugeSource]) -> None:
+        self.sources = tuple(sources)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        # Describing without reading keeps registration free of side effects.
+        return [GaugeMetricFamily(s.name, s.documentation, labels=list(s.labels)) for s in self.sources]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        for s in self.sources:
+            family = GaugeMetricFamily(s.name, s.documentation, labels=list(s.labels))
+            for labels, value in s.read():
+                family.add_metric(list(labels), float(value))
+            yield family
+
+
+def counts(values: Iterable[str], vocabulary: Iterable[str] = ()) -> list[Sample]:
+    """(state,) -> count, with every state of `vocabulary` present (zero included) and sorted."""
+    tally: dict[str, int] = {v: 0 for v in vocabulary}
+    for v in values:
+        tally[v] = tally.get(v, 0) + 1
+    return [((k,), float(n)) for k, n in sorted(tally.items())]
+
+
+class GatewayMetrics:
+    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("grid_gateway_requests", "Requests answered, by served model, endpoint and HTTP status.",
+                                ["model", "endpoint", "status"], registry=r)
+        self.latency = Histogram("grid_gateway_request_seconds", "Time from request to last byte, by served model.",
+                                 ["model", "endpoint"], buckets=REQUEST_BUCKETS, registry=r)
+        self.ttft = Histogram("grid_gateway_time_to_first_token_seconds",
+                              "Time from request to the first streamed chunk, by served model.",
+                              ["model"], buckets=REQUEST_BUCKETS, registry=r)
+        self.tokens = Counter("grid_gateway_tokens", "Approximate input and output units, by served model.",
+                              ["model", "direction"], registry=r)
+        self.telemetry_dropped = Counter("grid_gateway_telemetry_dropped",
+                                         "Request records dropped because the telemetry queue was full.", registry=r)
+        r.register(SnapshotCollector(sources))
+
+    def observe(self, features: RequestFeatures, *, ttft_seconds: float | None = None) -> None:
+        model = features.served_model or features.requested_model
+        status = str(features.status_code)
+        self.requests.labels(model, features.endpoint, status).inc()
+        self.latency.labels(model, features.endpoint).observe(max(0.0, features.service_seconds + features.queue_seconds))
+        if ttft_seconds is not None:
+            self.ttft.labels(model).observe(max(0.0, ttft_seconds))
+        if features.input_units:
+            self.tokens.labels(model, "input").inc(features.input_units)
+        if features.output_units:
+            self.tokens.labels(model, "output").inc(features.output_units)
+
+
+class ControllerMetrics:
+    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.tick = Histogram("grid_controller_tick_seconds", "Duration of one reconciliation pass (plan + commands).",
+                              buckets=TICK_BUCKETS, registry=self.registry)
+        self.commands = Counter("grid_controller_commands_issued", "Commands issued, by kind.", ["kind"],
+                                registry=self.registry)
+        self.registry.register(SnapshotCollector(sources))
+
+
+class AgentMetrics:
+    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.actions = Histogram("grid_agent_action_seconds", "Duration of lifecycle actions, by kind and outcome.",
+                                 ["kind", "status"], buckets=ACTION_BUCKETS, registry=self.registry)
+        self.registry.register(SnapshotCollector(sources))
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
+
+
+def metrics_route(registry: CollectorRegistry, *, path: str = "/metrics") -> Route:
+    async def metrics(_request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Route(path, metrics, methods=["GET"])

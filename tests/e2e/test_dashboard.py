@@ -1,0 +1,113 @@
+"""The dashboard in a real browser: it loads, goes live, and shows a `gridctl model set` within seconds.
+
+Real parts throughout: nats-server with JetStream, the controller and its admin API, the
+dashboard following the log, Debian's Chromium driven by Playwright, and `gridctl` as a child
+process. Screenshots are saved under the test's temporary directory (printed on failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from grid.controller.service import Controller, ControllerSettings
+from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
+from grid.events.jetstream import JetStreamLog
+from grid.serving import serve
+
+from tests.integration.controller.simhost import SimHost
+
+pytestmark = pytest.mark.e2e
+
+SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
+                              lease_renew_seconds=0.5, restart_grace_seconds=0.0)
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("GRID_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("the dashboard test needs Chromium: `apt-get install chromium` (or set GRID_CHROMIUM)")
+    return path
+
+
+async def gridctl(home: Path, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "GRID_HOME": str(home)}
+    env.pop("GRID_ADMIN_URL", None)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "grid.cli.main", *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright
+
+    home = tmp_path / "home"
+    host = SimHost("laptop-1")
+    await host.heartbeat(js_log)
+    ctl = Controller(js_log, home, settings=SETTINGS, controller_id="ctl-dash")
+    await ctl.start()
+    dash = Dashboard(js_log)
+    await dash.start()
+    server = await serve(create_dashboard_app(dash, token=None), "127.0.0.1", 0, name="dashboard-test")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        await ctl.serve_admin("127.0.0.1", 0)
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page(viewport={"width": 1400, "height": 900})
+                await page.goto(server.url + "/")
+                await page.wait_for_selector("#conn.live", timeout=10_000)
+                await page.wait_for_selector("#hosts >> text=laptop-1", timeout=10_000)
+                await page.screenshot(path=str(shots / "1-loaded.png"), full_page=True)
+
+                rc, _out, err = await gridctl(home, "model", "set", "dash-model.gguf", "--memory-mb", "300",
+                                              "--min-replicas", "1")
+                assert rc == 0, err
+                # The profile, then the controller's plan for it, arrive over SSE without a reload.
+                await page.wait_for_selector("#models >> text=dash-model.gguf", timeout=5_000)
+                await page.wait_for_selector("#plan >> text=dash-model.gguf", timeout=10_000)
+                await page.screenshot(path=str(shots / "2-model-set.png"), full_page=True)
+                assert await page.locator("#mode").text_content() in ("recommend", "observe", "automatic")
+            finally:
+                await browser.close()
+    finally:
+        print(f"dashboard screenshots in {shots}")
+        await server.stop()
+        await dash.stop()
+        await ctl.stop()
+    assert (shots / "2-model-set.png").stat().st_size > 10_000
+
+
+async def test_dashboard_token_is_required_when_configured(js_log: JetStreamLog) -> None:
+    dash = Dashboard(js_log)
+    await dash.start()
+    server = await serve(create_dashboard_app(dash, token="s3cret-token"), "127.0.0.1", 0, name="dashboard-auth")
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.get("/")).status_code == 401
+            assert (await client.get("/api/view")).status_code == 401
+            assert (await client.get("/?token=wrong")).status_code == 401
+            assert (await client.get("/api/view", headers={"Authorization": "Bearer s3cret-token"})).status_code == 200
+            first = await client.get("/?token=s3cret-token")
+            assert first.status_code == 303 and "token" not in first.headers["location"]
+            assert (await client.get("/")).status_code == 200  # the HttpOnly cookie now authorizes
+            view = (await client.get("/api/view")).json()
+            assert view["version"] == 1 and "hosts" in view
+    finally:
+        await server.stop()
+        await dash.stop()
+    with pytest.raises(ValueError, match="open to the network"):
+        require_token_off_loopback("0.0.0.0", None)
+    require_token_off_loopback("127.0.0.1", None)
+    require_token_off_loopback("::1", None)

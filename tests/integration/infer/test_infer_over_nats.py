@@ -1,0 +1,194 @@
+"""Inference over NATS against a real nats-server and a real llama-server with the real GGUF.
+
+The gateway side (`NatsUpstream`) and the agent side (`InferenceResponder`) hold separate NATS
+connections, as they do on two machines; the engine listens on loopback with its own key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
+from grid.events.embedded import EmbeddedNats
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
+from grid.infer.client import InferTarget, NatsUpstream
+from grid.infer.responder import EngineRoute, InferenceResponder
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smol"
+CHAT = "/v1/chat/completions"
+JSON = [(b"content-type", b"application/json")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("infer-engine")
+    key = secrets.token_urlsafe(24)
+    key_file = home / "engine.key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=_free_port(), key_file=key_file, slots=2,
+                      context_size=1024, threads=1)
+    proc = spawn(llama_server_bin, spec, home / "engine.log")
+    try:
+        # Synchronous polling: a module fixture must not run an event loop of its own.
+        deadline = time.monotonic() + 120
+        while not _healthy(spec.endpoint, key):
+            assert proc.poll() is None and time.monotonic() < deadline, (home / "engine.log").read_text()[-2000:]
+            time.sleep(0.1)
+        yield EngineRoute(spec.endpoint, key)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+async def pair(nats_server: EmbeddedNats, engine: EngineRoute) -> AsyncIterator[tuple[NatsUpstream, InferenceResponder, JetStreamLog]]:
+    agent_log = await JetStreamLog.connect(nats_server.url, name="agent-host-a")
+    gateway_log = await JetStreamLog.connect(nats_server.url, name="gateway")
+    responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None)
+    await responder.start()
+    try:
+        yield NatsUpstream(gateway_log.client, connect_timeout=3.0, read_timeout=120.0), responder, gateway_log
+    finally:
+        await responder.stop()
+        await agent_log.close()
+        await gateway_log.close()
+
+
+def _healthy(endpoint: str, key: str) -> bool:
+    try:
+        return httpx.get(endpoint + "/health", headers={"Authorization": f"Bearer {key}"}, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _chat(stream: bool, max_tokens: int = 8) -> bytes:
+    return json.dumps({"model": MODEL, "stream": stream, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "Say hello"}]}).encode()
+
+
+async def test_non_streaming_and_streaming_answers(pair) -> None:
+    upstream, responder, _log = pair
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(False), JSON)
+    assert resp.status_code == 200
+    assert (b"content-type", b"application/json; charset=utf-8") in [(k.lower(), v) for k, v in resp.raw_headers]
+    body = json.loads(await resp.aread())
+    await resp.aclose()
+    assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] >= 1
+
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True), JSON)
+    assert resp.status_code == 200
+    raw = b"".join([c async for c in resp.aiter_raw()])
+    await resp.aclose()
+    events = [line for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert len(events) >= 3 and events[-1] == "data: [DONE]"
+    assert responder.served == 2 and responder.in_flight == 0
+
+
+async def test_client_disconnect_frees_the_engine_slot(pair, engine: EngineRoute) -> None:
+    upstream, responder, _log = pair
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True, max_tokens=4000), JSON)
+    it = resp.aiter_raw()
+    first = await it.__anext__()
+    assert first
+    async with httpx.AsyncClient() as c:
+        assert await probe_active(c, engine.endpoint, engine.key) == 1
+        await resp.aclose()  # the gateway's client went away
+        for _ in range(100):
+            if responder.in_flight == 0 and await probe_active(c, engine.endpoint, engine.key) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert responder.cancelled == 1 and responder.in_flight == 0
+        assert await probe_active(c, engine.endpoint, engine.key) == 0
+
+
+async def test_refusals_and_failures_map_like_http(pair, nats_server: EmbeddedNats) -> None:
+    upstream, _responder, _log = pair
+    # No agent for the host: a connect error (the breaker counts it), fast, nothing replayed.
+    with pytest.raises(httpx.ConnectError, match="no agent"):
+        await upstream.post(InferTarget("host-absent", MODEL, CHAT), _chat(False), JSON)
+    # A model this host does not serve, a path Grid does not forward: OpenAI-shaped answers.
+    resp = await upstream.post(InferTarget("host-a", "other-model", CHAT), _chat(False), JSON)
+    assert resp.status_code == 503 and json.loads(await resp.aread())["error"]["code"] == "no_engine_for_model"
+    await resp.aclose()
+    resp = await upstream.post(InferTarget("host-a", MODEL, "/slots"), b"", JSON)
+    assert resp.status_code == 404 and json.loads(await resp.aread())["error"]["code"] == "path_not_allowed"
+    await resp.aclose()
+
+    # An engine that is down: the agent reports a transport failure, not an answer.
+    down = await JetStreamLog.connect(nats_server.url, name="agent-host-down")
+    dead = InferenceResponder(down.client, "host-down", lambda m: EngineRoute(f"http://127.0.0.1:{_free_port()}", "k"))
+    await dead.start()
+    try:
+        with pytest.raises(httpx.ConnectError, match="engine unreachable"):
+            await upstream.post(InferTarget("host-down", MODEL, CHAT), _chat(False), JSON)
+    finally:
+        await dead.stop()
+        await down.close()
+
+
+async def test_prompts_are_never_persisted_and_keys_never_travel(pair, nats_server: EmbeddedNats, engine: EngineRoute) -> None:
+    upstream, _responder, log = pair
+    js = log.client.jetstream()
+    for stream in ALL_STREAMS:
+        info = await js.stream_info(stream)
+        for pattern in info.config.subjects or ():
+            assert not _matches(pattern, infer_request_subject("host-a")), (stream, pattern)
+    before = {s: (await js.stream_info(s)).state.messages for s in ALL_STREAMS}
+
+    snoop = await nats.connect(nats_server.url)
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def record(m) -> None:
+        seen.append((m.subject, dict(m.headers or {}), m.data))
+
+    await snoop.subscribe(infer_wildcard(), cb=record)
+    await snoop.subscribe("_INBOX.>", cb=record)
+    await snoop.flush()
+    try:
+        resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(False),
+                                   JSON + [(b"authorization", b"Bearer client-secret")])
+        await resp.aread()
+        await resp.aclose()
+        await snoop.flush()
+        await asyncio.sleep(0.2)
+    finally:
+        await snoop.close()
+    assert seen, "the exchange crossed NATS"
+    for _subject, headers, data in seen:
+        assert "Authorization" not in headers and "authorization" not in headers
+        assert engine.key.encode() not in data and b"client-secret" not in data
+    assert {s: (await js.stream_info(s)).state.messages for s in ALL_STREAMS} == before
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
