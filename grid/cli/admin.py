@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
+from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
                            help="Admin API URL (default: GRID_HOME/admin.url of the running controller).")
@@ -48,17 +49,13 @@ def operator_token(token_file: Path | None) -> str:
     if token_file is None and env:
         return env.strip()
     path = token_file or config().operator_token_path
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
+    if not path.exists():
         fail(f"operator token file {path} not found (the controller creates it at first start)")
-        raise AssertionError from None
-    if mode & 0o077:
-        fail(f"{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
-    value = path.read_text().strip()
-    if not value:
-        fail(f"operator token file {path} is empty")
-    return value
+    try:
+        return read_secret(path)
+    except SecretFileError as exc:
+        fail(f"operator token: {exc}")
+        raise AssertionError from exc  # unreachable: fail() exits
 
 
 def request(method: str, url: str, path: str, *, token: str | None = None, body: Any = None) -> Any:
