@@ -19,7 +19,7 @@ import psutil
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from grid.cli.common import LogFormatOption, console, err_console, fail, resolve_nats_url
+from grid.cli.common import LogFormatOption, NatsOption, console, err_console, fail, resolve_nats_url
 from grid.config import GridConfig
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
@@ -208,14 +208,9 @@ async def _serve_forever(start, stop) -> None:  # type: ignore[no-untyped-def]
         await stop()
 
 
-ServeNatsOption = typer.Option(
-    None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid (default: the local `gridctl up`)."
-)
-
-
 @serve_app.command("controller")
 def serve_controller(
-    nats: Optional[str] = ServeNatsOption,
+    nats: Optional[str] = NatsOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Admin API listen address."),
     port: int = typer.Option(8787, "--port", help="Admin API port."),
     log_format: str = LogFormatOption,
@@ -248,7 +243,7 @@ def serve_controller(
 
 @serve_app.command("gateway")
 def serve_gateway_command(
-    nats: Optional[str] = ServeNatsOption,
+    nats: Optional[str] = NatsOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
     port: int = typer.Option(8080, "--port", help="Listen port."),
     log_format: str = LogFormatOption,
