@@ -8,7 +8,6 @@ or the owner-only GRID_HOME/operator.token.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -325,9 +324,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")
     app.command("mode")(mode)
     app.command("tick")(tick)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _app = typer.Typer()
-    register(_app)
-    _app(sys.argv[1:])
