@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from typing import Any
 
 from grid.config import GridConfig
@@ -18,7 +17,6 @@ from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
 
-NATS_URL_FILE = "nats.url"
 # Resident budget for the bundled 135M Q4_1 model with a 2k context (the file is 94 MiB).
 BUNDLED_MEMORY_MB = 512
 
@@ -90,7 +88,7 @@ class LocalGrid:
             self.embedded = EmbeddedNats(cfg.nats_store_dir)
             self.embedded.start()
             self.nats_url = self.embedded.url
-        (cfg.home / NATS_URL_FILE).write_text(self.nats_url + "\n")
+        cfg.nats_url_file.write_text(self.nats_url + "\n")
         self.log = await JetStreamLog.connect(self.nats_url, name="grid-local")
 
         self.controller = Controller(self.log, cfg, settings=self.controller_settings)
@@ -136,4 +134,4 @@ class LocalGrid:
         if self.embedded is not None:
             self.embedded.stop()
             with contextlib.suppress(OSError):
-                Path(self.config.home / NATS_URL_FILE).unlink()
+                self.config.nats_url_file.unlink()

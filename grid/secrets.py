@@ -18,7 +18,7 @@ OPERATOR_TOKEN_FILE = "operator.token"
 
 
 class SecretFileError(RuntimeError):
-    pass
+    """A secret file exists but cannot be used; the message names the file and the fix."""
 
 
 def write_owner_only(path: Path, data: bytes) -> None:
@@ -35,16 +35,36 @@ def write_owner_only(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def load_or_create_secret(path: Path, nbytes: int = 32) -> str:
-    """Read a token file, creating it (0600) on first use. Refuses group/world-readable files."""
-    if path.exists():
+def read_secret(path: Path) -> str:
+    """The token in an existing secret file, or SecretFileError saying what is wrong and what to do.
+
+    Refuses group/world-readable files, empty files and files that are not text: a token that
+    others can read, or one that is silently wrong, is worse than a refusal to start.
+    """
+    try:
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
-            raise SecretFileError(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
-        value = path.read_text().strip()
-        if not value:
-            raise SecretFileError(f"{path} is empty")
-        return value
+            raise SecretFileError(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
+        value = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise SecretFileError(
+            f"{path} does not hold a text token (binary data); delete it to have a new one generated"
+        ) from exc
+    except OSError as exc:
+        raise SecretFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if not value:
+        raise SecretFileError(f"{path} is empty; delete it to have a new token generated")
+    if not value.isprintable():
+        raise SecretFileError(
+            f"{path} does not hold a text token (control characters); delete it to have a new one generated"
+        )
+    return value
+
+
+def load_or_create_secret(path: Path, nbytes: int = 32) -> str:
+    """Read a token file (see read_secret), creating it (0600) on first use."""
+    if path.exists():
+        return read_secret(path)
     value = secrets.token_hex(nbytes)
     write_owner_only(path, (value + "\n").encode())
     return value

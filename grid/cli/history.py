@@ -6,7 +6,9 @@ replay tables of replay.store); every one has ``--json``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,15 +33,32 @@ def register(app: typer.Typer) -> None:
     app.add_typer(history_app, name="history")
 
 
-def _open(db: Optional[str]) -> duckdb.DuckDBPyConnection:
+def _damaged(path: Path, exc: duckdb.Error) -> None:
+    fail(f"cannot read the analytics store {path}: {exc}\n"
+         "The file is damaged (for example truncated by a full disk or an interrupted copy). Move it aside "
+         "and rebuild it from the log with `gridctl replay --source duckdb --sync`, or pass --db another store.")
+
+
+@contextlib.contextmanager
+def _store(db: Optional[str]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The analytics store, read-only. DuckDB reads pages lazily, so a damaged file can pass the
+    open and fail in any later query: every read happens inside this block."""
     path = Path(db) if db else config().duckdb_path
     if not path.exists():
         fail(f"no analytics store at {path}: it is written by the controller's analytics sink (or pass --db)")
     try:
-        return duckdb.connect(str(path), read_only=True)
+        con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
-        fail(f"cannot open {path}: {exc}")
-        raise AssertionError from exc
+        _damaged(path, exc)
+        raise AssertionError from exc  # unreachable: fail() exits
+    try:
+        yield con
+    except duckdb.CatalogException as exc:
+        fail(f"the store has no such table yet ({exc}); has the analytics sink run?")
+    except duckdb.Error as exc:
+        _damaged(path, exc)
+    finally:
+        con.close()
 
 
 def _when(value: Any) -> str:
@@ -54,14 +73,6 @@ def _num(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
-
-
-def _query(fn: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-    try:
-        return fn(*args, **kwargs)  # type: ignore[no-any-return]
-    except duckdb.CatalogException as exc:
-        fail(f"the store has no such table yet ({exc}); has the analytics sink run?")
-        raise AssertionError from exc
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]], fmt: dict[str, Any]) -> None:
@@ -84,11 +95,8 @@ def demand(
     db: Optional[str] = DbOption,
 ) -> None:
     """Requests, errors and latency per model per time window."""
-    con = _open(db)
-    try:
-        rows = _query(queries.requests_per_model, con, parse_when(start), parse_when(end), bucket or None)
-    finally:
-        con.close()
+    with _store(db) as con:
+        rows = queries.requests_per_model(con, parse_when(start), parse_when(end), bucket or None)
     if json_out:
         print_json(rows)
         return
@@ -107,13 +115,10 @@ def plans(
     db: Optional[str] = DbOption,
 ) -> None:
     """Recorded plans: generation, planner version and placements added/removed against the previous one."""
-    con = _open(db)
     t0, t1 = parse_when(start), parse_when(end)
-    try:
-        meta = {r["seq"]: r for r in _query(queries.plan_changes, con, t0, t1)}
-        rows = _query(replay_store.plan_placement_changes, con, t0, t1)
-    finally:
-        con.close()
+    with _store(db) as con:
+        meta = {r["seq"]: r for r in queries.plan_changes(con, t0, t1)}
+        rows = replay_store.plan_placement_changes(con, t0, t1)
     for row in rows:
         extra = meta.get(row["seq"], {})
         row["inputs_digest"] = extra.get("inputs_digest")
@@ -138,11 +143,8 @@ def commands(
     db: Optional[str] = DbOption,
 ) -> None:
     """Commands issued and their acknowledgements, per host and kind."""
-    con = _open(db)
-    try:
-        rows = _query(queries.commands_and_acks, con, parse_when(start), parse_when(end))
-    finally:
-        con.close()
+    with _store(db) as con:
+        rows = queries.commands_and_acks(con, parse_when(start), parse_when(end))
     if json_out:
         print_json(rows)
         return
@@ -160,11 +162,8 @@ def residency(
     db: Optional[str] = DbOption,
 ) -> None:
     """Residency timeline: each change of a model's reported state on a host."""
-    con = _open(db)
-    try:
-        rows = _query(queries.residency_timeline, con, parse_when(start), parse_when(end), model)
-    finally:
-        con.close()
+    with _store(db) as con:
+        rows = queries.residency_timeline(con, parse_when(start), parse_when(end), model)
     if json_out:
         print_json(rows)
         return
@@ -181,8 +180,7 @@ def replays(
     db: Optional[str] = DbOption,
 ) -> None:
     """Recorded replay runs (gridctl replay), or one run's per-plan outcomes and differences."""
-    con = _open(db)
-    try:
+    with _store(db) as con:
         if run is None:
             rows = replay_store.runs(con, last)
             if json_out:
@@ -200,8 +198,6 @@ def replays(
             fail(f"no single replay run matches {run!r}")
         plan_rows = replay_store.run_plans(con, run_id)  # type: ignore[arg-type]
         diff_rows = replay_store.run_diffs(con, run_id)  # type: ignore[arg-type]
-    finally:
-        con.close()
     if json_out:
         print_json({"run_id": run_id, "plans": plan_rows, "differences": diff_rows})
         return

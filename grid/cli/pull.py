@@ -98,7 +98,3 @@ def pull(
         typer.echo(f"{mid} cached and verified (sha256 {digest}): {outcome.path}")
 
     asyncio.run(fetch())
-
-
-if __name__ == "__main__":
-    typer.run(pull)

@@ -19,7 +19,7 @@ import psutil
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from grid.cli.common import console, err_console, fail
+from grid.cli.common import LogFormatOption, NatsOption, console, err_console, fail, resolve_nats_url
 from grid.config import GridConfig
 from grid.controller.process import serve_controller
 from grid.events.control import MODES
@@ -27,6 +27,8 @@ from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
+from grid.logs import configure_logging
+from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, read_secret
 
 UP_PID_FILE = "up.pid"
 READY_TIMEOUT_SECONDS = 180.0
@@ -82,11 +84,20 @@ async def _wait_ready(grid: LocalGrid, model_id: str, stop: asyncio.Event, timeo
     return False
 
 
+def _check_secrets(cfg: GridConfig) -> None:
+    """Refuse an unusable operator token or engine secret before starting anything (the
+    components would otherwise fail one by one, after NATS and the model download)."""
+    for path in (cfg.operator_token_path, cfg.home / ENGINE_SECRET_FILE):
+        if path.exists():
+            read_secret(path)
+
+
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
         fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
+    _check_secrets(cfg)
     me = psutil.Process()
     _pid_file(cfg).write_text(f"{me.pid} {me.create_time()}\n")
 
@@ -135,8 +146,10 @@ def up(
     port: int = typer.Option(8080, "--port", help="Gateway port (0 picks a free one)."),
     admin_port: int = typer.Option(0, "--admin-port", help="Admin API port (0 picks a free one)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the bundled model is READY."),
+    log_format: str = LogFormatOption,
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
+    configure_logging(log_format)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     if port and _port_taken(host, port):
@@ -144,7 +157,7 @@ def up(
         port = 0
     try:
         asyncio.run(_up(mode, nats, host, port, admin_port, wait))
-    except (EmbeddedNatsError, LogError) as exc:
+    except (EmbeddedNatsError, LogError, SecretFileError) as exc:
         fail(str(exc))
 
 
@@ -202,18 +215,21 @@ serve_app.command("controller")(serve_controller)
 
 @serve_app.command("gateway")
 def serve_gateway_command(
-    nats: str = typer.Option(..., "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+    nats: Optional[str] = NatsOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
     port: int = typer.Option(8080, "--port", help="Listen port."),
+    log_format: str = LogFormatOption,
 ) -> None:
     """Run the OpenAI-compatible gateway."""
     from grid.gateway.app import create_gateway_app, start_gateway
 
+    configure_logging(log_format)
     cfg = GridConfig.from_environ()
+    nats_url = resolve_nats_url(nats, cfg)
     state: dict[str, object] = {}
 
     async def start() -> None:
-        log = await JetStreamLog.connect(nats, name="grid-gateway")
+        log = await JetStreamLog.connect(nats_url, name="grid-gateway")
         running = await start_gateway(create_gateway_app(log, cfg), host, port)
         state.update(log=log, running=running)
         console.print(f"gateway {running.url}/v1")
@@ -224,7 +240,7 @@ def serve_gateway_command(
 
     try:
         asyncio.run(_serve_forever(start, stop))
-    except LogError as exc:
+    except (LogError, SecretFileError) as exc:
         fail(str(exc))
 
 

@@ -6,6 +6,7 @@ embedded nats-server, the controller, the gateway and a local agent serving Smol
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -61,13 +62,24 @@ def test_up_chat_status_down(tmp_path: Path, bundled_model_home: Path) -> None:
         models = gridctl(env, "models", "--json")
         assert models.returncode == 0 and MODEL in models.stdout
 
+        # The llama-server child the agent started for the model, as the agent itself reports it.
+        node = gridctl(env, "node", "status", "--json")
+        assert node.returncode == 0, node.stderr
+        (resident,) = [r for r in json.loads(node.stdout)["residencies"] if r["model_id"] == MODEL]
+        assert resident["state"] == "ready" and resident["endpoint"], resident
+        engine = resident["endpoint"]
+        assert httpx.get(f"{engine}/health", timeout=10).status_code == 200
+
         down = gridctl(env, "down")
         assert down.returncode == 0, down.stderr + log_path.read_text()[-3000:]
         assert proc.wait(60) == 0
         final = log_path.read_text()
         assert "grid stopped" in final
         assert not (home / "up.pid").exists()
-        # The agent drained and unloaded its llama-server child: its port no longer answers.
+        # The agent drained and unloaded its llama-server child: the engine's port no longer
+        # answers (and neither does the gateway's).
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{engine}/health", timeout=2)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{gateway}/v1/models", timeout=2)
     finally:

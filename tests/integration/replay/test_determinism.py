@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.slow
 
 
 def gridctl(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["gridctl", *args], capture_output=True, text=True, env=env, timeout=120)
+    """This checkout's gridctl (the interpreter running the tests), never whatever is on PATH."""
+    proc = subprocess.run([sys.executable, "-m", "grid.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
     if check and proc.returncode != 0:
         raise AssertionError(f"gridctl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
