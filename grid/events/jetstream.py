@@ -2,6 +2,12 @@
 
 Receipt time is the server's message timestamp, parsed straight from the JetStream reply
 subject (no per-message datetime objects on the replay hot path).
+
+Losing the server: nats-py reconnects (unlimited attempts once connected) and re-sends SUB for
+every inbox, but a restarted server has forgotten the ordered consumers behind those inboxes
+(they live in memory). Every live subscription is therefore registered here and renewed on
+reconnect: an ordered one restarts after the last message it handed out, a durable one checks
+that its consumer still exists and re-creates it with the same configuration if not.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,6 +51,8 @@ GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
 INITIAL_CONNECT_ATTEMPTS = 3
 DUPLICATE_WINDOW_SECONDS = 120.0
+# Between attempts to re-create a consumer while the server is still coming back.
+RENEW_RETRY_SECONDS = 0.5
 
 
 class StreamPolicy(msgspec.Struct, frozen=True):
@@ -109,14 +118,29 @@ class JetStreamLog:
         self._kv: dict[str, Any] = {}
         # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
         self.durable = durable
+        self.reconnects = 0
+        # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
+        # (or collected, if a caller forgets to close it).
+        self._live: weakref.WeakSet[_OrderedSubscription | _DurableSubscription] = weakref.WeakSet()
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "grid", durable: bool = True) -> "JetStreamLog":
         errors: collections.deque[str] = collections.deque(maxlen=1)
+        connected: list[JetStreamLog] = []
 
+        # nats-py awaits these callbacks inside its reconnect task: one that raises ends
+        # reconnecting for good, and one that blocks stalls it. They only log and flag.
         async def on_error(exc: Exception) -> None:
             errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("nats connection error", url=url, error=errors[-1])
+
+        async def on_disconnected() -> None:
+            if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
+                log.warning("nats disconnected; reconnecting", url=url)
+
+        async def on_reconnected() -> None:
+            if connected:
+                connected[0]._reconnected()
 
         try:
             # A bounded first connection (nats-py would otherwise retry it forever), then
@@ -128,14 +152,25 @@ class JetStreamLog:
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             detail = errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        log = cls(nc, durable=durable)
-        await log.ensure_streams()
-        return log
+        event_log = cls(nc, durable=durable)
+        connected.append(event_log)
+        await event_log.ensure_streams()
+        return event_log
+
+    def _reconnected(self) -> None:
+        """Renew every live subscription (runs inside nats-py's reconnect task: must not block)."""
+        self.reconnects += 1
+        live = list(self._live)
+        log.info("nats reconnected; renewing subscriptions", subscriptions=len(live), reconnects=self.reconnects)
+        for sub in live:
+            sub.renew()
 
     @property
     def client(self) -> NATS:
@@ -232,7 +267,7 @@ class JetStreamLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
             )
         subject = subject_filter or STREAM_SUBJECTS[stream][0]
-        return await self._js.subscribe(
+        sub = await self._js.subscribe(
             subject,
             stream=stream,
             ordered_consumer=True,
@@ -240,6 +275,31 @@ class JetStreamLog:
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
+        jsi = getattr(sub._sub, "_jsi", None)
+        if start_seq is not None and start_time is None and jsi is not None and jsi._sseq == 0:
+            # nats-py's own ordered reset (after two missed idle heartbeats) restarts after the
+            # last stream sequence it saw, which it starts at 0: a reset before the first message
+            # would replay the stream from its beginning.
+            jsi._sseq = max(1, start_seq) - 1
+        return sub
+
+    async def _ordered_subscription(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None,
+        start_time: float | None = None,
+        subject_filter: str | None = None,
+    ) -> "_OrderedSubscription":
+        if start_seq is None and start_time is None:
+            # "New messages only" as a position, so a renewal after a server restart resumes
+            # where this subscription stood instead of skipping what arrived meanwhile.
+            start_seq = await self.last_sequence(stream) + 1
+        sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time, subject_filter=subject_filter)
+        ordered = _OrderedSubscription(self, stream, sub, start_seq=start_seq, start_time=start_time,
+                                       subject_filter=subject_filter)
+        self._live.add(ordered)
+        return ordered
 
     async def replay(
         self,
@@ -256,33 +316,21 @@ class JetStreamLog:
         stop = last if end_seq is None else min(end_seq, last)
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
             return
-        sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
-        # Iterate the subscription's message iterator: next_msg() spawns a task per message and
-        # wait_for() another, which cost more than decoding and folding the event. A deadline is
-        # armed only when the queue is empty (when we would block), so the tail of a window
-        # whose last message has gone ends the replay instead of hanging it.
-        messages = sub.messages.__aiter__()
-        pending = sub._pending_queue
+        sub = await self._ordered_subscription(stream, start_seq=start_seq if start_time is None else None,
+                                               start_time=start_time)
         try:
             while True:
-                try:
-                    if pending.empty():
-                        async with asyncio.timeout(self._timeout):
-                            msg = await messages.__anext__()
-                    else:
-                        msg = await messages.__anext__()
-                except (TimeoutError, StopAsyncIteration):
+                # The deadline only matters when the queue is empty (when we would block), so
+                # the tail of a window whose last message has gone ends the replay instead of
+                # hanging it.
+                msg = await sub.next(self._timeout)
+                if msg is None or msg.seq > stop or (end_time is not None and msg.time > end_time):
                     return
-                seq, ts, _ = parse_js_reply(msg.reply)
-                if seq > stop or (end_time is not None and ts > end_time):
-                    return
-                headers = msg.headers
-                yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
-                                    headers.get("Nats-Msg-Id") if headers else None)
-                if seq >= stop:
+                yield msg
+                if msg.seq >= stop:
                     return
         finally:
-            await sub.unsubscribe()
+            await sub.close()
 
     async def subscribe(
         self,
@@ -293,8 +341,7 @@ class JetStreamLog:
         subject_filter: str | None = None,
     ) -> "_OrderedSubscription | _DurableSubscription":
         if durable is None:
-            sub = await self._ordered(stream, start_seq=start_seq, start_time=None, subject_filter=subject_filter)
-            return _OrderedSubscription(stream, sub)
+            return await self._ordered_subscription(stream, start_seq=start_seq, subject_filter=subject_filter)
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -309,7 +356,9 @@ class JetStreamLog:
         sub = await self._js.pull_subscribe(
             subject_filter or STREAM_SUBJECTS[stream][0], durable=durable, stream=stream, config=config
         )
-        return _DurableSubscription(stream, sub)
+        pull = _DurableSubscription(self, stream, sub, durable=durable, config=config)
+        self._live.add(pull)
+        return pull
 
     async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
         kv = await self._bucket(bucket)
@@ -345,33 +394,114 @@ class JetStreamLog:
 
 
 class _OrderedSubscription:
-    """Ephemeral ordered push consumer; position lives with the caller."""
+    """Ephemeral ordered push consumer; position lives with the caller.
 
-    def __init__(self, stream: str, sub: Any) -> None:
+    `renew()` (after a reconnect) retires the current nats-py subscription: the reader first
+    drains what it had already received, then subscribes again right after the last message it
+    handed out, so a server restart neither loses nor repeats a message.
+    """
+
+    def __init__(self, log_: JetStreamLog, stream: str, sub: Any, *, start_seq: int | None,
+                 start_time: float | None, subject_filter: str | None) -> None:
+        self._log = log_
         self._stream = stream
-        self._sub = sub
+        self._sub: Any = sub
         # The message iterator, not next_msg(): that spawns a task per message (see replay()).
         self._messages = sub.messages.__aiter__()
+        self._start_time = start_time
+        self._subject_filter = subject_filter
+        # First stream sequence not yet handed out (0: unknown yet, a replay by start time).
+        self._next_seq = start_seq or 0
+        self._generation = 0  # bumped by every renew(): a consumer made before it is stale
+        self._renewing = False
+        self._closed = False
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def renew(self) -> None:
+        if self._closed:
+            return
+        self._generation += 1
+        self._renewing = True
+        if self._sub is not None:
+            self._retire(self._sub)
+
+    def _retire(self, sub: Any) -> None:
+        # Unsubscribing ends the message iterator once its queue is drained; done in a task
+        # because renew() runs inside nats-py's reconnect callback.
+        task = asyncio.get_running_loop().create_task(_unsubscribe(sub))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _resubscribe(self, deadline: float | None) -> bool:
+        """A fresh consumer after the last message handed out; False when the deadline passed."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            generation = self._generation
+            try:
+                sub = await self._log._ordered(
+                    self._stream,
+                    start_seq=self._next_seq if self._next_seq else None,
+                    start_time=None if self._next_seq else self._start_time,
+                    subject_filter=self._subject_filter,
+                )
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                if self._log.client.is_closed:
+                    return False
+                log.warning("ordered consumer not re-created yet; retrying", stream=self._stream,
+                            from_seq=self._next_seq, error=f"{type(exc).__name__}: {exc}")
+                pause = RENEW_RETRY_SECONDS
+                if deadline is not None:
+                    pause = min(pause, deadline - loop.time())
+                    if pause <= 0:
+                        return False
+                await asyncio.sleep(pause)
+                continue
+            if generation != self._generation:  # another reconnect while creating it
+                self._retire(sub)
+                continue
+            self._sub = sub
+            self._messages = sub.messages.__aiter__()
+            self._renewing = False
+            log.info("ordered consumer re-created", stream=self._stream, from_seq=self._next_seq)
+            return True
+        return False
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
-        try:
-            if self._sub._pending_queue.empty():
-                async with asyncio.timeout(timeout):
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while True:
+            sub = self._sub
+            if sub is None:
+                if not self._renewing or not await self._resubscribe(deadline):
+                    return None
+                continue
+            try:
+                if sub._pending_queue.empty():
+                    async with asyncio.timeout_at(deadline):
+                        msg = await self._messages.__anext__()
+                else:
                     msg = await self._messages.__anext__()
-            else:
-                msg = await self._messages.__anext__()
-        except (TimeoutError, StopAsyncIteration):
-            return None
-        return _stored(self._stream, msg)
+            except TimeoutError:
+                return None
+            except StopAsyncIteration:
+                # Retired by renew(), or closed (by us, or by the connection closing).
+                self._sub = None
+                if self._closed or not self._renewing:
+                    return None
+                continue
+            stored = _stored(self._stream, msg)
+            if stored.seq < self._next_seq:
+                continue  # already handed out before a renewal
+            self._next_seq = stored.seq + 1
+            return stored
 
     async def ack(self, message: StoredMessage) -> None:
         return None
 
     async def close(self) -> None:
-        try:
-            await self._sub.unsubscribe()
-        except nats.errors.Error:
-            pass
+        self._closed = True
+        self._log._live.discard(self)
+        if self._sub is not None:
+            await _unsubscribe(self._sub)
 
     async def __aiter__(self) -> AsyncIterator[StoredMessage]:
         while True:
@@ -381,19 +511,56 @@ class _OrderedSubscription:
             yield msg
 
 
-class _DurableSubscription:
-    """Durable pull consumer with explicit acks: unacked messages are redelivered."""
+async def _unsubscribe(sub: Any) -> None:
+    try:
+        await sub.unsubscribe()
+    except nats.errors.Error:
+        pass  # already gone with its connection
 
-    def __init__(self, stream: str, sub: Any) -> None:
+
+class _DurableSubscription:
+    """Durable pull consumer with explicit acks: unacked messages are redelivered.
+
+    The consumer and its acknowledged position live on the server (file storage), so they
+    survive a server restart; after a reconnect the next pull checks that the consumer is
+    still there and re-creates it from the same configuration if it is not.
+    """
+
+    def __init__(self, log_: JetStreamLog, stream: str, sub: Any, *, durable: str,
+                 config: api.ConsumerConfig) -> None:
+        self._log = log_
         self._stream = stream
         self._sub = sub
+        self._durable = durable
+        self._config = config
+        self._verify = False
         self._buffer: list[Msg] = []
         self._unacked: dict[int, Msg] = {}
         self._fetch: asyncio.Future[list[Msg]] | None = None
 
+    def renew(self) -> None:
+        self._verify = True
+
+    async def _ensure_consumer(self) -> None:
+        js = self._log._js
+        try:
+            await js.consumer_info(self._stream, self._durable)
+        except nats.js.errors.NotFoundError:
+            await js.add_consumer(self._stream, config=self._config)
+            log.warning("durable consumer was missing; re-created", stream=self._stream, durable=self._durable)
+        self._verify = False
+
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         if not self._buffer:
             wait = timeout if timeout is not None else 30.0
+            if self._verify and self._fetch is None:
+                try:
+                    await self._ensure_consumer()
+                except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                    log.warning("durable consumer not checked yet", durable=self._durable,
+                                error=f"{type(exc).__name__}: {exc}")
+                    await asyncio.sleep(min(wait, RENEW_RETRY_SECONDS))
+                    return None
             if self._fetch is None:
                 # One at a time: a larger batch makes nats-py hold the first message until the
                 # batch fills or the timeout passes, delaying commands that are already there.
@@ -408,6 +575,12 @@ class _DurableSubscription:
             try:
                 self._buffer = list(fetch.result())
             except (nats.errors.TimeoutError, asyncio.TimeoutError, asyncio.CancelledError):
+                return None
+            except nats.js.errors.APIError as exc:
+                if exc.code not in (404, 503):
+                    raise
+                # No consumer answers the pull (deleted, or lost with the server's store).
+                self._verify = True
                 return None
             if not self._buffer:
                 return None  # the server ended the pull request without messages
@@ -424,6 +597,7 @@ class _DurableSubscription:
             await msg.ack_sync(timeout=5)
 
     async def close(self) -> None:
+        self._log._live.discard(self)
         # Closing without acking hands the messages back at once instead of after ack_wait.
         fetched: list[Msg] = []
         if self._fetch is not None:
@@ -439,10 +613,7 @@ class _DurableSubscription:
                 pass
         self._unacked.clear()
         self._buffer.clear()
-        try:
-            await self._sub.unsubscribe()
-        except nats.errors.Error:
-            pass
+        await _unsubscribe(self._sub)
 
     async def __aiter__(self) -> AsyncIterator[StoredMessage]:
         while True:
