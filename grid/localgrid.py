@@ -3,22 +3,38 @@
 Embedded NATS JetStream (unless a URL is given), the controller with its admin API, the
 OpenAI-compatible gateway and a local host agent. Stopping drains and unloads the agent's
 children after the controller has stopped issuing commands.
+
+An embedded server that dies is started again on the same port with the same store (the
+components reconnect on their own). The log counts as durable only when we know every write is
+fsynced: the embedded server is configured so; an external one must report it (or the operator
+vouches for it with assume_durable), otherwise automatic mode is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats
+from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 
+log = structlog.get_logger(__name__)
+
 NATS_URL_FILE = "nats.url"
+# How often the embedded server's process is checked, and the bounds of the pause between
+# failed restarts (a store that cannot be opened must not turn into a busy loop).
+NATS_WATCH_SECONDS = 0.5
+NATS_RESTART_BACKOFF_SECONDS = (1.0, 30.0)
 # Resident budget for the bundled 135M Q4_1 model with a 2k context (the file is 94 MiB).
 BUNDLED_MEMORY_MB = 512
 
@@ -55,6 +71,8 @@ class LocalGrid:
         admin_port: int = 0,
         agent_options: Any = None,
         controller_settings: Any = None,
+        assume_durable: bool = False,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.nats_url = nats_url
@@ -65,6 +83,12 @@ class LocalGrid:
         self.admin_port = admin_port
         self.agent_options = agent_options
         self.controller_settings = controller_settings
+        self.assume_durable = assume_durable
+        # Where operator-facing notices go (gridctl up prints them); they are logged as well.
+        self.notify = notify
+        self.durability_note = ""  # why the log does not count as durable, when it does not
+        self.nats_restarts = 0
+        self._supervisor: asyncio.Task[None] | None = None
         self.embedded: EmbeddedNats | None = None
         self.log: JetStreamLog | None = None
         self.controller: Any = None
@@ -89,7 +113,10 @@ class LocalGrid:
             self.embedded.start()
             self.nats_url = self.embedded.url
         (cfg.home / NATS_URL_FILE).write_text(self.nats_url + "\n")
-        self.log = await JetStreamLog.connect(self.nats_url, name="grid-local")
+        self.log = await JetStreamLog.connect(self.nats_url, name="grid-local", durable=False)
+        self.log.durable = await self._log_is_durable(self.log)
+        if self.embedded is not None:
+            self._supervisor = asyncio.create_task(self._supervise_nats(self.embedded), name="grid-nats-supervisor")
 
         self.controller = Controller(self.log, cfg, settings=self.controller_settings)
         await self.controller.start()
@@ -107,6 +134,45 @@ class LocalGrid:
         await self.agent.start()
         return self
 
+    def _say(self, text: str) -> None:
+        log.warning(text)
+        if self.notify is not None:
+            self.notify(text)
+
+    async def _log_is_durable(self, event_log: JetStreamLog) -> bool:
+        if self.embedded is not None:
+            return self.embedded.sync_always  # we wrote its configuration
+        if self.assume_durable:
+            return True
+        reported = await event_log.server_syncs_always()
+        if reported is None:
+            self.durability_note = (f"the NATS server at {self.nats_url} does not report its sync policy to this "
+                                    "connection")
+        elif not reported:
+            self.durability_note = f"the NATS server at {self.nats_url} does not fsync every write (sync_interval)"
+        return bool(reported)
+
+    async def _supervise_nats(self, server: EmbeddedNats) -> None:
+        """Start the embedded server again, same port and store, whenever it dies."""
+        pause = NATS_RESTART_BACKOFF_SECONDS[0]
+        while True:
+            await asyncio.sleep(NATS_WATCH_SECONDS)
+            if server.alive:
+                continue
+            self.nats_restarts += 1
+            self._say(f"embedded NATS server {_exit_reason(server.exit_code)}; restarting it on {server.url} "
+                      f"with the same store")
+            try:
+                server.respawn()  # from this (the main) thread: the server dies with it (embedded.py)
+                await asyncio.to_thread(server.wait_ready)
+            except EmbeddedNatsError as exc:
+                self._say(f"embedded NATS server did not restart ({exc}); next attempt in {pause:.0f}s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, NATS_RESTART_BACKOFF_SECONDS[1])
+                continue
+            pause = NATS_RESTART_BACKOFF_SECONDS[0]
+            self._say(f"embedded NATS server restarted on {server.url}; the components reconnect on their own")
+
     def residency_state(self, model_id: str) -> str | None:
         hb = getattr(self.agent, "last_heartbeat", None)
         if hb is None:
@@ -114,6 +180,11 @@ class LocalGrid:
         return {r.model_id: r.state for r in hb.residencies}.get(model_id)
 
     async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()  # a server stopped on purpose stays stopped
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
         # Controller first: nothing may re-warm what the agent is draining.
         if self.controller is not None:
             with contextlib.suppress(Exception):
@@ -131,3 +202,12 @@ class LocalGrid:
             self.embedded.stop()
             with contextlib.suppress(OSError):
                 Path(self.config.home / NATS_URL_FILE).unlink()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"

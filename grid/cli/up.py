@@ -81,7 +81,12 @@ async def _wait_ready(grid: LocalGrid, model_id: str, stop: asyncio.Event, timeo
     return False
 
 
-async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool) -> None:
+def _notice(text: str) -> None:
+    err_console.print(f"[yellow]{text}[/yellow]")
+
+
+async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
+              assume_durable: bool = False) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -95,7 +100,8 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
 
-    grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port)
+    grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
+                     assume_durable=assume_durable, notify=_notice)
     try:
         await _ensure_model(cfg)
         await grid.start()
@@ -106,13 +112,18 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         console.print(f"  admin API       {grid.admin_url}/allocator/status")
         console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
         console.print(f"  host agent      {grid.agent.host_id}")
-        if mode == "automatic":
+        durable = grid.log is not None and grid.log.durable
+        if mode == "automatic" and not durable:
+            console.print("  mode            automatic requested, refused: recommend until the log is durable")
+            _notice(f"{grid.durability_note}; automatic mode is refused (the controller only recommends). "
+                    "If its JetStream fsyncs every write (sync_interval: always), restart with --assume-durable.")
+        elif mode == "automatic":
             console.print("  mode            automatic: this one-machine grid belongs to you; "
                           "`gridctl mode recommend` stops new automatic work")
         else:
             console.print(f"  mode            {mode}: the controller proposes, nothing is actuated "
                           "(`gridctl status` shows the plan)")
-        if wait and mode == "automatic":
+        if wait and mode == "automatic" and durable:
             if await _wait_ready(grid, model_id, stop, READY_TIMEOUT_SECONDS):
                 console.print(f'[green]ready:[/green] gridctl chat -m {model_id} "hello"')
             elif not stop.is_set():
@@ -134,6 +145,10 @@ def up(
     port: int = typer.Option(8080, "--port", help="Gateway port (0 picks a free one)."),
     admin_port: int = typer.Option(0, "--admin-port", help="Admin API port (0 picks a free one)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the bundled model is READY."),
+    assume_durable: bool = typer.Option(
+        False, "--assume-durable",
+        help="With --nats: treat that server as durable (it fsyncs every write) when it does not report its "
+             "sync policy; automatic mode is refused otherwise."),
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
     if mode not in MODES:
@@ -142,7 +157,7 @@ def up(
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
-        asyncio.run(_up(mode, nats, host, port, admin_port, wait))
+        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable))
     except (EmbeddedNatsError, LogError) as exc:
         fail(str(exc))
 

@@ -53,6 +53,8 @@ INITIAL_CONNECT_ATTEMPTS = 3
 DUPLICATE_WINDOW_SECONDS = 120.0
 # Between attempts to re-create a consumer while the server is still coming back.
 RENEW_RETRY_SECONDS = 0.5
+# The server's own report of its configuration; every server of a cluster answers.
+VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
 
 
 class StreamPolicy(msgspec.Struct, frozen=True):
@@ -74,6 +76,25 @@ STREAM_POLICIES: dict[str, StreamPolicy] = {
 }
 
 _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+class _VarzJetStreamConfig(msgspec.Struct):
+    sync_always: bool = False
+
+
+class _VarzJetStream(msgspec.Struct):
+    config: _VarzJetStreamConfig | None = None
+
+
+class _Varz(msgspec.Struct):
+    jetstream: _VarzJetStream | None = None
+
+
+class _VarzReply(msgspec.Struct):
+    data: _Varz
+
+
+_varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
 def parse_js_reply(reply: str) -> tuple[int, float, int]:
@@ -119,6 +140,7 @@ class JetStreamLog:
         # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
         self.durable = durable
         self.reconnects = 0
+        self._outage_reported = False
         # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
         # (or collected, if a caller forgets to close it).
         self._live: weakref.WeakSet[_OrderedSubscription | _DurableSubscription] = weakref.WeakSet()
@@ -132,6 +154,13 @@ class JetStreamLog:
         # reconnecting for good, and one that blocks stalls it. They only log and flag.
         async def on_error(exc: Exception) -> None:
             errors.append(f"{type(exc).__name__}: {exc}")
+            # While the server is down every reconnect attempt (two a second) fails: say it
+            # once per outage, and keep the rest for debugging.
+            if connected and connected[0]._outage_reported:
+                log.debug("nats connection error", url=url, error=errors[-1])
+                return
+            if connected:
+                connected[0]._outage_reported = True
             log.warning("nats connection error", url=url, error=errors[-1])
 
         async def on_disconnected() -> None:
@@ -167,6 +196,7 @@ class JetStreamLog:
     def _reconnected(self) -> None:
         """Renew every live subscription (runs inside nats-py's reconnect task: must not block)."""
         self.reconnects += 1
+        self._outage_reported = False
         live = list(self._live)
         log.info("nats reconnected; renewing subscriptions", subscriptions=len(live), reconnects=self.reconnects)
         for sub in live:
@@ -175,6 +205,38 @@ class JetStreamLog:
     @property
     def client(self) -> NATS:
         return self._nc
+
+    async def server_syncs_always(self, *, timeout: float = 1.0, linger: float = 0.25) -> bool | None:
+        """Whether every server that answers fsyncs each write (JetStream `sync_interval: always`).
+
+        Only a server's VARZ tells, and over NATS only to the system account or an account that
+        imports the service. None: no server answered this connection, so its durability is not
+        known (an ordinary account gets "no responders"). Replies are gathered for `linger`
+        seconds after the first, so every server of a cluster counts.
+        """
+        loop = asyncio.get_running_loop()
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        verdicts: list[bool] = []
+        try:
+            await self._nc.publish(VARZ_PING_SUBJECT, b"", reply=inbox)
+            deadline = loop.time() + timeout
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=remaining)
+                except nats.errors.TimeoutError:
+                    break
+                if not msg.data:  # a status message: no responders
+                    break
+                try:
+                    js = _varz_decoder.decode(msg.data).data.jetstream
+                except msgspec.DecodeError:
+                    continue
+                verdicts.append(bool(js and js.config and js.config.sync_always))
+                deadline = min(deadline, loop.time() + linger)
+        finally:
+            await _unsubscribe(sub)
+        return all(verdicts) if verdicts else None
 
     async def ensure_streams(self) -> None:
         """Create every stream (and the lease bucket) idempotently, updating drifted config."""
