@@ -145,11 +145,8 @@ class LocalGrid:
         if self.assume_durable:
             return True
         reported = await event_log.server_syncs_always()
-        if reported is None:
-            self.durability_note = (f"the NATS server at {self.nats_url} does not report its sync policy to this "
-                                    "connection")
-        elif not reported:
-            self.durability_note = f"the NATS server at {self.nats_url} does not fsync every write (sync_interval)"
+        # The URL may carry credentials: the note names the server by role only.
+        self.durability_note = durability_note(reported)
         return bool(reported)
 
     async def _supervise_nats(self, server: EmbeddedNats) -> None:
@@ -211,3 +208,12 @@ def _exit_reason(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"was killed by {signal.Signals(-code).name}"
     return f"exited with status {code}"
+
+
+def durability_note(reported: bool | None) -> str:
+    """Why an external server does not count as durable ("" when it does)."""
+    if reported is None:
+        return "the external NATS server does not report its sync policy to this connection"
+    if not reported:
+        return "the external NATS server does not fsync every write (its sync_interval is not always)"
+    return ""

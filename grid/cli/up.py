@@ -25,7 +25,7 @@ from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
-from grid.localgrid import LocalGrid
+from grid.localgrid import LocalGrid, durability_note
 
 UP_PID_FILE = "up.pid"
 READY_TIMEOUT_SECONDS = 180.0
@@ -215,6 +215,10 @@ def serve_controller(
     nats: str = typer.Option(..., "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
     host: str = typer.Option("127.0.0.1", "--host", help="Admin API listen address."),
     port: int = typer.Option(8787, "--port", help="Admin API port."),
+    assume_durable: bool = typer.Option(
+        False, "--assume-durable",
+        help="Treat the NATS server as durable (it fsyncs every write) when it does not report its sync "
+             "policy; automatic mode is refused otherwise."),
 ) -> None:
     """Run the controller and its admin API."""
     from grid.controller.service import Controller
@@ -223,7 +227,12 @@ def serve_controller(
     state: dict[str, object] = {}
 
     async def start() -> None:
-        log = await JetStreamLog.connect(nats, name="grid-controller")
+        log = await JetStreamLog.connect(nats, name="grid-controller", durable=False)
+        reported = None if assume_durable else await log.server_syncs_always()
+        log.durable = assume_durable or bool(reported)
+        if not log.durable:
+            _notice(f"{durability_note(reported)}; automatic mode is refused (the controller only recommends). "
+                    "If its JetStream fsyncs every write (sync_interval: always), restart with --assume-durable.")
         controller = Controller(log, cfg)
         await controller.start()
         url = await controller.serve_admin(host, port)

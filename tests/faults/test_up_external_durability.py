@@ -3,12 +3,14 @@
 Automatic mode needs a log that fsyncs every write. The embedded server is configured so; an
 external one counts as durable only when it reports `sync_always` itself (its VARZ, which an
 account sees when it imports the system service) or when the operator passes --assume-durable.
-Otherwise up says why and the controller only recommends.
+Otherwise up (or `gridctl serve controller`) says why and the controller only recommends.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,8 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grid.events.base import new_event_id
+from grid.events.control import ModeSet
 from grid.events.embedded import EmbeddedNats, find_nats_server, free_port
-from tests.faults.test_up_nats_restart import start_up, stop_up
+from grid.events.jetstream import JetStreamLog
+from tests.faults.test_up_nats_restart import GRIDCTL, start_up, stop_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -110,3 +115,40 @@ def test_automatic_mode_needs_a_known_durable_external_server(
             if up.proc.poll() is None:
                 up.proc.kill()
                 up.proc.wait(30)
+
+
+@pytest.mark.parametrize(("flags", "durable"), [((), False), (("--assume-durable",), True)],
+                         ids=["unreported-refused", "assume-durable"])
+async def test_serve_controller_needs_a_known_durable_server(
+    plain_server: str, tmp_path: Path, flags: tuple[str, ...], durable: bool
+) -> None:
+    home = tmp_path / "controller-home"
+    home.mkdir()
+    env = {**os.environ, "GRID_HOME": str(home), "COLUMNS": "200"}
+    port = free_port()
+    log_path = tmp_path / "controller.log"
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([*GRIDCTL, "serve", "controller", "--nats", plain_server, "--port", str(port),
+                                 *flags], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log = await JetStreamLog.connect(plain_server, name="faults-test")
+    try:
+        await log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode="automatic"))
+        deadline = time.monotonic() + 60
+        mode: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                mode = httpx.get(f"http://127.0.0.1:{port}/allocator/status", timeout=5).json()["mode"]
+            except httpx.HTTPError:
+                mode = {}
+            if mode.get("requested") == "automatic" and mode.get("effective") == (
+                    "automatic" if durable else "recommend"):
+                break
+            time.sleep(0.2)
+        assert mode.get("log_durable") is durable, (mode, log_path.read_text())
+        assert mode.get("effective") == ("automatic" if durable else "recommend")
+        assert ("--assume-durable" in log_path.read_text()) is not durable
+    finally:
+        await log.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
