@@ -228,9 +228,8 @@ class DurableSubscription:
                 self._buffer = list(fetch.result())
             except (nats.errors.TimeoutError, asyncio.TimeoutError, asyncio.CancelledError):
                 return None
-            except nats.js.errors.APIError as exc:
-                if exc.code not in (404, 503):
-                    raise
+            except (nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError,
+                    nats.errors.NoRespondersError):
                 # No consumer answers the pull (deleted, or lost with the server's store).
                 self._verify = True
                 return None

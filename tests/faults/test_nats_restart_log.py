@@ -110,3 +110,30 @@ async def test_subscriptions_resume_after_kill_9(private_nats: EmbeddedNats) -> 
     finally:
         await log.close()
 
+
+
+async def test_a_lost_durable_consumer_is_recreated(private_nats: EmbeddedNats) -> None:
+    """A server whose store lost the consumer (here: deleted under us) gets it back on the next pull.
+
+    Re-created from its configuration, it starts over: redelivery the agent's receipts absorb.
+    """
+    log = await JetStreamLog.connect(private_nats.url, name="faults-test")
+    try:
+        for i in range(3):
+            await log.append(mode_event(i))
+        durable = await log.subscribe(CONTROL_STREAM, durable="faults-lost")
+        first = await durable.next(5)
+        assert first is not None
+        await durable.ack(first)
+        await log.client.jetstream().delete_consumer(CONTROL_STREAM, "faults-lost")
+        seen: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            msg = await durable.next(1)
+            if msg is not None:
+                seen.append(msg.seq)
+                await durable.ack(msg)
+        assert seen[-2:] == [2, 3], seen
+        await durable.close()
+    finally:
+        await log.close()
