@@ -135,7 +135,7 @@ class LocalGrid:
         return self
 
     def _say(self, text: str) -> None:
-        log.warning(text)
+        log.warning("local grid notice", notice=text)
         if self.notify is not None:
             self.notify(text)
 
@@ -162,7 +162,7 @@ class LocalGrid:
             try:
                 server.respawn()  # from this (the main) thread: the server dies with it (embedded.py)
                 await asyncio.to_thread(server.wait_ready)
-            except EmbeddedNatsError as exc:
+            except (EmbeddedNatsError, OSError) as exc:
                 self._say(f"embedded NATS server did not restart ({exc}); next attempt in {pause:.0f}s")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, NATS_RESTART_BACKOFF_SECONDS[1])
