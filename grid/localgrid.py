@@ -3,20 +3,36 @@
 Embedded NATS JetStream (unless a URL is given), the controller with its admin API, the
 OpenAI-compatible gateway and a local host agent. Stopping drains and unloads the agent's
 children after the controller has stopped issuing commands.
+
+An embedded server that dies is started again on the same port with the same store (the
+components reconnect on their own). The log counts as durable only when we know every write is
+fsynced: the embedded server is configured so; an external one must report it (or the operator
+vouches for it with assume_durable), otherwise automatic mode is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 import time
+from collections.abc import Callable
 from typing import Any
+
+import structlog
 
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats
+from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 
+log = structlog.get_logger(__name__)
+
+# How often the embedded server's process is checked, and the bounds of the pause between
+# failed restarts (a store that cannot be opened must not turn into a busy loop).
+NATS_WATCH_SECONDS = 0.5
+NATS_RESTART_BACKOFF_SECONDS = (1.0, 30.0)
 # Resident budget for the bundled 135M Q4_1 model with a 2k context (the file is 94 MiB).
 BUNDLED_MEMORY_MB = 512
 
@@ -53,6 +69,8 @@ class LocalGrid:
         admin_port: int = 0,
         agent_options: Any = None,
         controller_settings: Any = None,
+        assume_durable: bool = False,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.nats_url = nats_url
@@ -63,6 +81,12 @@ class LocalGrid:
         self.admin_port = admin_port
         self.agent_options = agent_options
         self.controller_settings = controller_settings
+        self.assume_durable = assume_durable
+        # Where operator-facing notices go (gridctl up prints them); they are logged as well.
+        self.notify = notify
+        self.durability_note = ""  # why the log does not count as durable, when it does not
+        self.nats_restarts = 0
+        self._supervisor: asyncio.Task[None] | None = None
         self.embedded: EmbeddedNats | None = None
         self.log: JetStreamLog | None = None
         self.controller: Any = None
@@ -89,7 +113,10 @@ class LocalGrid:
             self.embedded.start()
             self.nats_url = self.embedded.url
         cfg.nats_url_file.write_text(self.nats_url + "\n")
-        self.log = await JetStreamLog.connect(self.nats_url, name="grid-local")
+        self.log = await JetStreamLog.connect(self.nats_url, name="grid-local", durable=False)
+        self.log.durable = await self._log_is_durable(self.log)
+        if self.embedded is not None:
+            self._supervisor = asyncio.create_task(self._supervise_nats(self.embedded), name="grid-nats-supervisor")
 
         self.controller = Controller(self.log, cfg, settings=self.controller_settings)
         await self.controller.start()
@@ -108,6 +135,42 @@ class LocalGrid:
         await self.agent.start()
         return self
 
+    def _say(self, text: str) -> None:
+        log.warning("local grid notice", notice=text)
+        if self.notify is not None:
+            self.notify(text)
+
+    async def _log_is_durable(self, event_log: JetStreamLog) -> bool:
+        if self.embedded is not None:
+            return self.embedded.sync_always  # we wrote its configuration
+        if self.assume_durable:
+            return True
+        reported = await event_log.server_syncs_always()
+        # The URL may carry credentials: the note names the server by role only.
+        self.durability_note = durability_note(reported)
+        return bool(reported)
+
+    async def _supervise_nats(self, server: EmbeddedNats) -> None:
+        """Start the embedded server again, same port and store, whenever it dies."""
+        pause = NATS_RESTART_BACKOFF_SECONDS[0]
+        while True:
+            await asyncio.sleep(NATS_WATCH_SECONDS)
+            if server.alive:
+                continue
+            self.nats_restarts += 1
+            self._say(f"embedded NATS server {_exit_reason(server.exit_code)}; restarting it on {server.url} "
+                      f"with the same store")
+            try:
+                server.respawn()  # from this (the main) thread: the server dies with it (embedded.py)
+                await asyncio.to_thread(server.wait_ready)
+            except (EmbeddedNatsError, OSError) as exc:
+                self._say(f"embedded NATS server did not restart ({exc}); next attempt in {pause:.0f}s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, NATS_RESTART_BACKOFF_SECONDS[1])
+                continue
+            pause = NATS_RESTART_BACKOFF_SECONDS[0]
+            self._say(f"embedded NATS server restarted on {server.url}; the components reconnect on their own")
+
     def residency_state(self, model_id: str) -> str | None:
         hb = getattr(self.agent, "last_heartbeat", None)
         if hb is None:
@@ -115,6 +178,11 @@ class LocalGrid:
         return {r.model_id: r.state for r in hb.residencies}.get(model_id)
 
     async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()  # a server stopped on purpose stays stopped
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
         # Controller first: nothing may re-warm what the agent is draining.
         if self.admin is not None:
             with contextlib.suppress(Exception):
@@ -135,3 +203,21 @@ class LocalGrid:
             self.embedded.stop()
             with contextlib.suppress(OSError):
                 self.config.nats_url_file.unlink()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+def durability_note(reported: bool | None) -> str:
+    """Why an external server does not count as durable ("" when it does)."""
+    if reported is None:
+        return "the external NATS server does not report its sync policy to this connection"
+    if not reported:
+        return "the external NATS server does not fsync every write (its sync_interval is not always)"
+    return ""

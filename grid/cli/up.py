@@ -21,12 +21,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from grid.cli.common import LogFormatOption, NatsOption, console, err_console, fail, resolve_nats_url
 from grid.config import GridConfig
-from grid.controller.process import serve_controller
+from grid.cli.controller import serve_controller
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
-from grid.localgrid import LocalGrid
+from grid.localgrid import LocalGrid, durability_note
 from grid.logs import configure_logging
 from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, read_secret
 
@@ -92,7 +92,12 @@ def _check_secrets(cfg: GridConfig) -> None:
             read_secret(path)
 
 
-async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool) -> None:
+def _notice(text: str) -> None:
+    err_console.print(f"[yellow]{text}[/yellow]")
+
+
+async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
+              assume_durable: bool = False) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -107,7 +112,8 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
 
-    grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port)
+    grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
+                     assume_durable=assume_durable, notify=_notice)
     try:
         await _ensure_model(cfg)
         await grid.start()
@@ -118,13 +124,18 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         console.print(f"  admin API       {grid.admin_url}/allocator/status")
         console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
         console.print(f"  host agent      {grid.agent.host_id}")
-        if mode == "automatic":
+        durable = grid.log is not None and grid.log.durable
+        if mode == "automatic" and not durable:
+            console.print("  mode            automatic requested, refused: recommend until the log is durable")
+            _notice(f"{grid.durability_note}; automatic mode is refused (the controller only recommends). "
+                    "If its JetStream fsyncs every write (sync_interval: always), restart with --assume-durable.")
+        elif mode == "automatic":
             console.print("  mode            automatic: this one-machine grid belongs to you; "
                           "`gridctl mode recommend` stops new automatic work")
         else:
             console.print(f"  mode            {mode}: the controller proposes, nothing is actuated "
                           "(`gridctl status` shows the plan)")
-        if wait and mode == "automatic":
+        if wait and mode == "automatic" and durable:
             if await _wait_ready(grid, model_id, stop, READY_TIMEOUT_SECONDS):
                 console.print(f'[green]ready:[/green] gridctl chat -m {model_id} "hello"')
             elif not stop.is_set():
@@ -147,6 +158,10 @@ def up(
     admin_port: int = typer.Option(0, "--admin-port", help="Admin API port (0 picks a free one)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the bundled model is READY."),
     log_format: str = LogFormatOption,
+    assume_durable: bool = typer.Option(
+        False, "--assume-durable",
+        help="With --nats: treat that server as durable (it fsyncs every write) when it does not report its "
+             "sync policy; automatic mode is refused otherwise."),
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
     configure_logging(log_format)
@@ -156,7 +171,7 @@ def up(
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
-        asyncio.run(_up(mode, nats, host, port, admin_port, wait))
+        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable))
     except (EmbeddedNatsError, LogError, SecretFileError) as exc:
         fail(str(exc))
 
@@ -209,7 +224,7 @@ async def _serve_forever(start, stop) -> None:  # type: ignore[no-untyped-def]
         await stop()
 
 
-# The controller's one process entry (also `python -m grid.controller.service`).
+# The controller's one process entry.
 serve_app.command("controller")(serve_controller)
 
 

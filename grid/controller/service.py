@@ -16,8 +16,8 @@ Side effects live here and nowhere else in grid.controller:
 * after a start, destructive work waits for a grace period and for heartbeats received after
   the start.
 
-The process entry (``gridctl serve controller``, alias ``python -m grid.controller.service``) is
-the typer command in grid.controller.process; the admin HTTP server is grid.controller.api's.
+The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
+the admin HTTP server is grid.controller.api's.
 """
 
 from __future__ import annotations
@@ -604,9 +604,3 @@ async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 t.exception()
 
-
-if __name__ == "__main__":
-    # `python -m grid.controller.service`: an alias of `gridctl serve controller`.
-    from grid.controller.process import main
-
-    main()

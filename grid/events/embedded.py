@@ -111,6 +111,12 @@ class EmbeddedNats:
         return path
 
     def start(self) -> "EmbeddedNats":
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (call from the main thread, see above)."""
         binary = self.binary or find_nats_server()
         if not (binary.is_file() and os.access(binary, os.X_OK)):
             raise EmbeddedNatsError(f"nats-server binary not found or not executable at {binary}")
@@ -124,9 +130,11 @@ class EmbeddedNats:
         else:
             self.port = free_port(self.host)
         self.monitor_port = free_port(self.host)
+        self._launch(binary)
+
+    def _launch(self, binary: Path) -> None:
         config = self._write_config()
-        log_path = self.store_dir / "nats-server.log"
-        with open(log_path, "ab") as log:
+        with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(binary), "-c", str(config)],
                 stdout=log,
@@ -136,8 +144,36 @@ class EmbeddedNats:
                 preexec_fn=_terminate_with_parent,
             )
         (self.store_dir / "nats-server.pid").write_text(str(self.process.pid))
-        self._wait_ready(log_path)
-        return self
+
+    @property
+    def log_path(self) -> Path:
+        return self.store_dir / "nats-server.log"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit status of a server that died (negative: killed by that signal)."""
+        return None if self.process is None else self.process.poll()
+
+    def respawn(self) -> None:
+        """Start a dead server again on the same ports with the same store, without waiting.
+
+        Clients reconnect to the URL they know, and JetStream recovers its streams and durable
+        consumers from the store. The port is not probed first: the dead server's connections
+        leave it in TIME_WAIT, which our probe would report as taken but nats-server (which
+        binds with SO_REUSEADDR) does not mind; a port really taken fails wait_ready instead.
+        """
+        if self.alive:
+            raise EmbeddedNatsError(f"nats-server (pid {self.process.pid}) is still running")  # type: ignore[union-attr]
+        if not self.port:
+            raise EmbeddedNatsError("nats-server was never started")
+        self._launch(self.binary or find_nats_server())
+
+    def wait_ready(self) -> None:
+        self._wait_ready(self.log_path)
 
     def _wait_ready(self, log_path: Path) -> None:
         assert self.process is not None

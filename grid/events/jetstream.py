@@ -2,6 +2,13 @@
 
 Receipt time is the server's message timestamp, parsed straight from the JetStream reply
 subject (no per-message datetime objects on the replay hot path).
+
+Losing the server: nats-py reconnects (unlimited attempts once connected) and re-sends SUB for
+every inbox, but a restarted server has forgotten the ordered consumers behind those inboxes
+(they live in memory). Every live subscription is therefore registered here and renewed on
+reconnect: an ordered one restarts after the last message it handed out, a durable one checks
+that its consumer still exists and re-creates it with the same configuration if not (the
+subscription classes live in grid.events.jetstream_consumers).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +27,16 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import api
 
 from grid.events import codec
 from grid.events.base import Event
+from grid.events.jetstream_consumers import (
+    DurableSubscription,
+    OrderedSubscription,
+    parse_js_reply,  # noqa: F401 - part of this module's interface
+    unsubscribe,
+)
 from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, StoredMessage
 from grid.events.subjects import (
     ALL_STREAMS,
@@ -46,6 +59,8 @@ GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
 INITIAL_CONNECT_ATTEMPTS = 3
 DUPLICATE_WINDOW_SECONDS = 120.0
+# The server's own report of its configuration; every server of a cluster answers.
+VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
 
 
 class StreamPolicy(msgspec.Struct, frozen=True):
@@ -69,20 +84,23 @@ STREAM_POLICIES: dict[str, StreamPolicy] = {
 _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
-def parse_js_reply(reply: str) -> tuple[int, float, int]:
-    """(stream sequence, server timestamp seconds, pending) from a JetStream ack subject."""
-    tokens = reply.split(".")
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-        return int(tokens[5]), int(tokens[7]) / 1e9, int(tokens[8])
-    if len(tokens) >= 11:  # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pending>
-        return int(tokens[7]), int(tokens[9]) / 1e9, int(tokens[10])
-    raise LogError(f"not a JetStream reply subject: {reply!r}")
+class _VarzJetStreamConfig(msgspec.Struct):
+    sync_always: bool = False
 
 
-def _stored(stream: str, msg: Msg) -> StoredMessage:
-    seq, ts, _ = parse_js_reply(msg.reply)
-    headers = msg.headers
-    return StoredMessage(stream, seq, msg.subject, msg.data, ts, headers.get("Nats-Msg-Id") if headers else None)
+class _VarzJetStream(msgspec.Struct):
+    config: _VarzJetStreamConfig | None = None
+
+
+class _Varz(msgspec.Struct):
+    jetstream: _VarzJetStream | None = None
+
+
+class _VarzReply(msgspec.Struct):
+    data: _Varz
+
+
+_varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
 def _stream_config(name: str) -> api.StreamConfig:
@@ -111,6 +129,11 @@ class JetStreamLog:
         self._kv: dict[str, Any] = {}
         # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
         self.durable = durable
+        self.reconnects = 0
+        self._outage_reported = False
+        # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
+        # (or collected, if a caller forgets to close it).
+        self._live: weakref.WeakSet[OrderedSubscription | DurableSubscription] = weakref.WeakSet()
 
     @classmethod
     async def connect(
@@ -127,14 +150,33 @@ class JetStreamLog:
         against `tls_ca`. Only the controller manages streams: every other identity passes
         `ensure_streams=False`, since the server refuses it stream creation."""
         errors: collections.deque[str] = collections.deque(maxlen=1)
+        connected: list[JetStreamLog] = []
 
+        # nats-py awaits these callbacks inside its reconnect task: one that raises ends
+        # reconnecting for good, and one that blocks stalls it. They only log and flag.
         async def on_error(exc: Exception) -> None:
             errors.append(f"{type(exc).__name__}: {exc}")
+            # While the server is down every reconnect attempt (two a second) fails: say it
+            # once per outage, and keep the rest for debugging.
+            if connected and connected[0]._outage_reported:
+                log.debug("nats connection error", url=url, error=errors[-1])
+                return
+            if connected:
+                connected[0]._outage_reported = True
             log.warning("nats connection error", url=url, error=errors[-1])
 
         # The identity's credentials, its own inbox prefix and the TLS trust anchor (a bad
         # credentials file is its own error, not a connection failure).
         identity = connect_options(credentials, tls_ca)
+
+        async def on_disconnected() -> None:
+            if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
+                log.warning("nats disconnected; reconnecting", url=url)
+
+        async def on_reconnected() -> None:
+            if connected:
+                connected[0]._reconnected()
+
         try:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
@@ -145,20 +187,64 @@ class JetStreamLog:
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
                 **identity,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             detail = errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        log = cls(nc, durable=durable)
+        event_log = cls(nc, durable=durable)
+        connected.append(event_log)
         if ensure_streams:
-            await log.ensure_streams()
-        return log
+            await event_log.ensure_streams()
+        return event_log
+
+    def _reconnected(self) -> None:
+        """Renew every live subscription (runs inside nats-py's reconnect task: must not block)."""
+        self.reconnects += 1
+        self._outage_reported = False
+        live = list(self._live)
+        log.info("nats reconnected; renewing subscriptions", subscriptions=len(live), reconnects=self.reconnects)
+        for sub in live:
+            sub.renew()
 
     @property
     def client(self) -> NATS:
         return self._nc
+
+    async def server_syncs_always(self, *, timeout: float = 1.0, linger: float = 0.25) -> bool | None:
+        """Whether every server that answers fsyncs each write (JetStream `sync_interval: always`).
+
+        Only a server's VARZ tells, and over NATS only to the system account or an account that
+        imports the service. None: no server answered this connection, so its durability is not
+        known (an ordinary account gets "no responders"). Replies are gathered for `linger`
+        seconds after the first, so every server of a cluster counts.
+        """
+        loop = asyncio.get_running_loop()
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        verdicts: list[bool] = []
+        try:
+            await self._nc.publish(VARZ_PING_SUBJECT, b"", reply=inbox)
+            deadline = loop.time() + timeout
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=remaining)
+                except nats.errors.TimeoutError:
+                    break
+                if not msg.data:  # a status message: no responders
+                    break
+                try:
+                    js = _varz_decoder.decode(msg.data).data.jetstream
+                except msgspec.DecodeError:
+                    continue
+                verdicts.append(bool(js and js.config and js.config.sync_always))
+                deadline = min(deadline, loop.time() + linger)
+        finally:
+            await unsubscribe(sub)
+        return all(verdicts) if verdicts else None
 
     async def ensure_streams(self) -> None:
         """Create every stream (and the lease bucket) idempotently, updating drifted config."""
@@ -251,7 +337,7 @@ class JetStreamLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
             )
         subject = subject_filter or STREAM_SUBJECTS[stream][0]
-        return await self._js.subscribe(
+        sub = await self._js.subscribe(
             subject,
             stream=stream,
             ordered_consumer=True,
@@ -259,6 +345,31 @@ class JetStreamLog:
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
+        jsi = getattr(sub._sub, "_jsi", None)
+        if start_seq is not None and start_time is None and jsi is not None and jsi._sseq == 0:
+            # nats-py's own ordered reset (after two missed idle heartbeats) restarts after the
+            # last stream sequence it saw, which it starts at 0: a reset before the first message
+            # would replay the stream from its beginning.
+            jsi._sseq = max(1, start_seq) - 1
+        return sub
+
+    async def _ordered_subscription(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None,
+        start_time: float | None = None,
+        subject_filter: str | None = None,
+    ) -> "OrderedSubscription":
+        if start_seq is None and start_time is None:
+            # "New messages only" as a position, so a renewal after a server restart resumes
+            # where this subscription stood instead of skipping what arrived meanwhile.
+            start_seq = await self.last_sequence(stream) + 1
+        sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time, subject_filter=subject_filter)
+        ordered = OrderedSubscription(self, stream, sub, start_seq=start_seq, start_time=start_time,
+                                      subject_filter=subject_filter)
+        self._live.add(ordered)
+        return ordered
 
     async def replay(
         self,
@@ -275,33 +386,21 @@ class JetStreamLog:
         stop = last if end_seq is None else min(end_seq, last)
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
             return
-        sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time)
-        # Iterate the subscription's message iterator: next_msg() spawns a task per message and
-        # wait_for() another, which cost more than decoding and folding the event. A deadline is
-        # armed only when the queue is empty (when we would block), so the tail of a window
-        # whose last message has gone ends the replay instead of hanging it.
-        messages = sub.messages.__aiter__()
-        pending = sub._pending_queue
+        sub = await self._ordered_subscription(stream, start_seq=start_seq if start_time is None else None,
+                                               start_time=start_time)
         try:
             while True:
-                try:
-                    if pending.empty():
-                        async with asyncio.timeout(self._timeout):
-                            msg = await messages.__anext__()
-                    else:
-                        msg = await messages.__anext__()
-                except (TimeoutError, StopAsyncIteration):
+                # The deadline only matters when the queue is empty (when we would block), so
+                # the tail of a window whose last message has gone ends the replay instead of
+                # hanging it.
+                msg = await sub.next(self._timeout)
+                if msg is None or msg.seq > stop or (end_time is not None and msg.time > end_time):
                     return
-                seq, ts, _ = parse_js_reply(msg.reply)
-                if seq > stop or (end_time is not None and ts > end_time):
-                    return
-                headers = msg.headers
-                yield StoredMessage(stream, seq, msg.subject, msg.data, ts,
-                                    headers.get("Nats-Msg-Id") if headers else None)
-                if seq >= stop:
+                yield msg
+                if msg.seq >= stop:
                     return
         finally:
-            await sub.unsubscribe()
+            await sub.close()
 
     async def subscribe(
         self,
@@ -310,10 +409,9 @@ class JetStreamLog:
         start_seq: int | None = None,
         durable: str | None = None,
         subject_filter: str | None = None,
-    ) -> "_OrderedSubscription | _DurableSubscription":
+    ) -> "OrderedSubscription | DurableSubscription":
         if durable is None:
-            sub = await self._ordered(stream, start_seq=start_seq, start_time=None, subject_filter=subject_filter)
-            return _OrderedSubscription(stream, sub)
+            return await self._ordered_subscription(stream, start_seq=start_seq, subject_filter=subject_filter)
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -328,7 +426,9 @@ class JetStreamLog:
         sub = await self._js.pull_subscribe(
             subject_filter or STREAM_SUBJECTS[stream][0], durable=durable, stream=stream, config=config
         )
-        return _DurableSubscription(stream, sub)
+        pull = DurableSubscription(self, stream, sub, durable=durable, config=config)
+        self._live.add(pull)
+        return pull
 
     async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
         kv = await self._bucket(bucket)
@@ -361,111 +461,3 @@ class JetStreamLog:
                 await self._nc.drain()
             except Exception:  # already closing or disconnected: nothing left to flush
                 await self._nc.close()
-
-
-class _OrderedSubscription:
-    """Ephemeral ordered push consumer; position lives with the caller."""
-
-    def __init__(self, stream: str, sub: Any) -> None:
-        self._stream = stream
-        self._sub = sub
-        # The message iterator, not next_msg(): that spawns a task per message (see replay()).
-        self._messages = sub.messages.__aiter__()
-
-    async def next(self, timeout: float | None = None) -> StoredMessage | None:
-        try:
-            if self._sub._pending_queue.empty():
-                async with asyncio.timeout(timeout):
-                    msg = await self._messages.__anext__()
-            else:
-                msg = await self._messages.__anext__()
-        except (TimeoutError, StopAsyncIteration):
-            return None
-        return _stored(self._stream, msg)
-
-    async def ack(self, message: StoredMessage) -> None:
-        return None
-
-    async def close(self) -> None:
-        try:
-            await self._sub.unsubscribe()
-        except nats.errors.Error:
-            pass
-
-    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
-        while True:
-            msg = await self.next()
-            if msg is None:
-                return
-            yield msg
-
-
-class _DurableSubscription:
-    """Durable pull consumer with explicit acks: unacked messages are redelivered."""
-
-    def __init__(self, stream: str, sub: Any) -> None:
-        self._stream = stream
-        self._sub = sub
-        self._buffer: list[Msg] = []
-        self._unacked: dict[int, Msg] = {}
-        self._fetch: asyncio.Future[list[Msg]] | None = None
-
-    async def next(self, timeout: float | None = None) -> StoredMessage | None:
-        if not self._buffer:
-            wait = timeout if timeout is not None else 30.0
-            if self._fetch is None:
-                # One at a time: a larger batch makes nats-py hold the first message until the
-                # batch fills or the timeout passes, delaying commands that are already there.
-                self._fetch = asyncio.ensure_future(self._sub.fetch(1, timeout=wait))
-            # asyncio.wait never swallows our own cancellation (wait_for inside nats-py can,
-            # which would leave a stopping caller hung on a pull that never ends). A pull
-            # abandoned by a cancelled caller stays referenced and is handed back by close().
-            done, _ = await asyncio.wait({self._fetch}, timeout=wait + 1.0)
-            if not done:
-                return None
-            fetch, self._fetch = self._fetch, None
-            try:
-                self._buffer = list(fetch.result())
-            except (nats.errors.TimeoutError, asyncio.TimeoutError, asyncio.CancelledError):
-                return None
-            if not self._buffer:
-                return None  # the server ended the pull request without messages
-        msg = self._buffer.pop(0)
-        stored = _stored(self._stream, msg)
-        self._unacked[stored.seq] = msg
-        return stored
-
-    async def ack(self, message: StoredMessage) -> None:
-        msg = self._unacked.pop(message.seq, None)
-        if msg is not None:
-            # Confirmed ack: the caller has finished its side effect and must know the server
-            # will not redeliver.
-            await msg.ack_sync(timeout=5)
-
-    async def close(self) -> None:
-        # Closing without acking hands the messages back at once instead of after ack_wait.
-        fetched: list[Msg] = []
-        if self._fetch is not None:
-            if self._fetch.done() and not self._fetch.cancelled() and self._fetch.exception() is None:
-                fetched = list(self._fetch.result())
-            else:
-                self._fetch.cancel()
-            self._fetch = None
-        for msg in [*self._unacked.values(), *self._buffer, *fetched]:
-            try:
-                await msg.nak()
-            except nats.errors.Error:
-                pass
-        self._unacked.clear()
-        self._buffer.clear()
-        try:
-            await self._sub.unsubscribe()
-        except nats.errors.Error:
-            pass
-
-    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
-        while True:
-            msg = await self.next()
-            if msg is None:
-                continue
-            yield msg

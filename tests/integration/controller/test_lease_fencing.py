@@ -154,7 +154,8 @@ async def test_stale_controller_can_append_neither_plan_nor_command(nats_server:
 
 async def _spawn(nats_url: str, home: Path) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "grid.controller.service", "--nats", nats_url, "--home", str(home), "--no-admin",
+        sys.executable, "-m", "grid.cli.main", "serve", "controller", "--nats", nats_url, "--home", str(home), "--no-admin",
+        "--assume-durable",
         "--tick-interval", "0.3", "--lease-ttl", "3", "--lease-renew", "0.5", "--restart-grace", "0",
         "--publish-pause", "0.25", "--artifact-fanout", "8",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,

@@ -1,7 +1,7 @@
 """The controller process: one typer command, `gridctl serve controller`.
 
-``python -m grid.controller.service`` is a thin alias of the same command (kept for scripts and
-tests that start a controller process by module name); there is no second parser.
+It lives with the CLI (the CLI depends on the controller, never the reverse) and is the only
+way to start a controller process; there is no second parser.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ from typing import Optional
 
 import typer
 
-from grid.cli.common import fail, resolve_nats_url
+from grid.cli.common import LogFormatOption, err_console, fail, resolve_nats_url
 from grid.config import GridConfig
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
 from grid.controller.service import Controller, ControllerError, ControllerSettings
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
+from grid.localgrid import durability_note
 from grid.logs import configure_logging
+from grid.secrets import SecretFileError
 
 DEFAULT_ADMIN_PORT = 8787
 _DEFAULT_SETTINGS = ControllerSettings()
@@ -51,7 +53,11 @@ def serve_controller(
                                            help="Per-host concurrent mutation limit."),
     artifact_fanout: int = typer.Option(_DEFAULT_LIMITS.artifact_fanout, "--artifact-fanout",
                                         help="Concurrent loads of one exact artifact."),
-    log_format: str = typer.Option("auto", "--log-format", help="Log format: auto (JSON unless a terminal), json or console."),
+    assume_durable: bool = typer.Option(
+        False, "--assume-durable",
+        help="Treat the NATS server as durable (it fsyncs every write) when it does not report its sync "
+             "policy; automatic mode is refused otherwise."),
+    log_format: str = LogFormatOption,
     publish_pause: float = typer.Option(0.0, "--publish-pause", hidden=True,
                                         help="Test seam: pause between command publishes."),
 ) -> None:
@@ -68,14 +74,24 @@ def serve_controller(
                       artifact_fanout=artifact_fanout),
     )
     try:
-        asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port)))
-    except (LogError, ControllerError) as exc:  # no log, or another controller holds this grid home
+        asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port),
+                         assume_durable))
+    except (LogError, ControllerError, SecretFileError) as exc:  # no log, another controller holds this home, a bad token
         fail(str(exc))
 
 
-async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None) -> None:
+async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None,
+               assume_durable: bool) -> None:
     assert cfg.nats_url is not None
-    log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller")
+    log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller", durable=False)
+    # An external server counts as durable only when it says it fsyncs every write (or the
+    # operator vouches for it); otherwise automatic mode is refused and the controller recommends.
+    reported = None if assume_durable else await log_.server_syncs_always()
+    log_.durable = assume_durable or bool(reported)
+    if not log_.durable:
+        err_console.print(f"[yellow]{durability_note(reported)}; automatic mode is refused (the controller only "
+                          "recommends). If its JetStream fsyncs every write (sync_interval: always), restart with "
+                          "--assume-durable.[/yellow]")
     controller = Controller(log_, cfg, settings=settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -100,10 +116,3 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
         await controller.stop()
         await log_.close()
 
-
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-app.command()(serve_controller)
-
-
-def main() -> None:
-    app(prog_name="python -m grid.controller.service")
