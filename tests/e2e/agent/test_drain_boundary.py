@@ -1,0 +1,84 @@
+"""Work in flight survives the drain boundaries: an unload after a drain that timed out, and a
+graceful agent stop (what `gridctl node stop` and `gridctl down` do) while a request runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import psutil
+import pytest
+
+from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
+from grid.events.jetstream import JetStreamLog
+from tests.integration.agent.agentkit import make_command, wait_ack, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ART = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, memory_mb=400)
+
+
+async def _warm(log: JetStreamLog, agent, tag: str) -> tuple[str, dict[str, str], psutil.Process]:
+    await log.append(make_command(f"load-{tag}", "load", **ART))
+    await log.append(make_command(f"warm-{tag}", "warm", dependencies=(f"load-{tag}",), context_size=2048, **ART))
+    warm = await wait_ack(log, f"warm-{tag}", timeout=60)
+    assert (warm.status, warm.message) == ("succeeded", "ready"), warm
+    rec = agent.state.residencies[BUNDLED_MODEL_ID]
+    key = agent.paths.engine_key.read_text().strip()
+    return f"http://127.0.0.1:{rec.port}", {"Authorization": f"Bearer {key}"}, psutil.Process(rec.process.pid)
+
+
+async def _start_long_request(client: httpx.AsyncClient, auth: dict[str, str], tokens: int) -> asyncio.Task:
+    body = {"model": BUNDLED_MODEL_ID, "prompt": "Count slowly:", "n_predict": tokens, "ignore_eos": True}
+    running = asyncio.create_task(client.post("/completion", json=body, headers=auth))
+
+    async def processing() -> bool:
+        slots = (await client.get("/slots", headers=auth)).json()
+        return any(s["is_processing"] for s in slots)
+
+    await wait_for(processing, timeout=15, interval=0.02)
+    return running
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_unload_after_timed_out_drain_refuses_while_a_request_runs(js_log: JetStreamLog, start_agent):
+    agent = await start_agent(drain_deadline=0.5)
+    endpoint, auth, child = await _warm(js_log, agent, "u")
+    async with httpx.AsyncClient(base_url=endpoint, timeout=300, trust_env=False) as client:
+        # Long enough to outlast the drain deadline and the unload's boundary check.
+        running = await _start_long_request(client, auth, tokens=1500)
+        await js_log.append(make_command("drain", "drain", **ART))
+        drain = await wait_ack(js_log, "drain", timeout=30)
+        assert drain.status == "failed" and drain.message.startswith("drain_deadline_exceeded"), drain
+        await js_log.append(make_command("unload-1", "unload", **ART))
+        unload = await wait_ack(js_log, "unload-1", timeout=30)
+        assert not running.done(), "the request finished too early to exercise the boundary"
+        assert unload.status == "failed" and unload.message == "requests_in_flight: 1", unload
+        assert _alive(child)
+        resp = await running
+        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 1500
+    # Idle now: the same unload goes through.
+    await js_log.append(make_command("unload-2", "unload", **ART))
+    unload = await wait_ack(js_log, "unload-2", timeout=60)
+    assert (unload.status, unload.message) == ("succeeded", "unloaded")
+    assert not _alive(child)
+
+
+async def test_graceful_stop_waits_for_the_request_in_flight(js_log: JetStreamLog, start_agent):
+    agent = await start_agent()
+    endpoint, auth, child = await _warm(js_log, agent, "s")
+    async with httpx.AsyncClient(base_url=endpoint, timeout=300, trust_env=False) as client:
+        running = await _start_long_request(client, auth, tokens=400)
+        await agent.stop(drain=True)
+        # The stop returned only after the child went idle and was stopped: the request is whole.
+        assert running.done()
+        resp = running.result()
+        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 400
+    assert not _alive(child)
+    assert agent.state.residencies[BUNDLED_MODEL_ID].state == "cached"
