@@ -16,6 +16,9 @@ from tests.integration.agent.agentkit import make_command, wait_ack, wait_for
 pytestmark = pytest.mark.e2e
 
 ART = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, memory_mb=400)
+# Tokens of the request in flight: seconds of generation even on a fast machine (one thread:
+# on a loaded machine two threads spin on each other and crawl).
+TOKENS = 256
 
 
 async def _warm(log: JetStreamLog, agent, tag: str) -> tuple[str, dict[str, str], psutil.Process]:
@@ -48,36 +51,49 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 async def test_unload_after_timed_out_drain_refuses_while_a_request_runs(js_log: JetStreamLog, start_agent):
-    agent = await start_agent(drain_deadline=0.5)
+    agent = await start_agent(drain_deadline=0.2, drain_poll=0.05, threads=1)
     endpoint, auth, child = await _warm(js_log, agent, "u")
-    async with httpx.AsyncClient(base_url=endpoint, timeout=300, trust_env=False) as client:
-        # Long enough to outlast the drain deadline and the unload's boundary check.
-        running = await _start_long_request(client, auth, tokens=1500)
-        await js_log.append(make_command("drain", "drain", **ART))
-        drain = await wait_ack(js_log, "drain", timeout=30)
-        assert drain.status == "failed" and drain.message.startswith("drain_deadline_exceeded"), drain
-        await js_log.append(make_command("unload-1", "unload", **ART))
-        unload = await wait_ack(js_log, "unload-1", timeout=30)
-        assert not running.done(), "the request finished too early to exercise the boundary"
-        assert unload.status == "failed" and unload.message == "requests_in_flight: 1", unload
-        assert _alive(child)
-        resp = await running
-        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 1500
-    # Idle now: the same unload goes through.
-    await js_log.append(make_command("unload-2", "unload", **ART))
-    unload = await wait_ack(js_log, "unload-2", timeout=60)
-    assert (unload.status, unload.message) == ("succeeded", "unloaded")
-    assert not _alive(child)
+    try:
+        async with httpx.AsyncClient(base_url=endpoint, timeout=280, trust_env=False) as client:
+            # Long enough to outlast the (short) drain deadline and the unload's boundary check.
+            running = await _start_long_request(client, auth, tokens=TOKENS)
+            await js_log.append(make_command("drain", "drain", **ART))
+            drain = await wait_ack(js_log, "drain", timeout=30)
+            assert drain.status == "failed" and drain.message.startswith("drain_deadline_exceeded"), drain
+            await js_log.append(make_command("unload-1", "unload", **ART))
+            unload = await wait_ack(js_log, "unload-1", timeout=30)
+            assert unload.status == "failed" and unload.message == "requests_in_flight: 1", unload
+            assert not running.done(), "the request finished too early to exercise the boundary"
+            assert _alive(child)
+            resp = await running
+            assert resp.status_code == 200 and resp.json()["tokens_predicted"] == TOKENS
+        # Idle now: the same unload goes through.
+        await js_log.append(make_command("unload-2", "unload", **ART))
+        unload = await wait_ack(js_log, "unload-2", timeout=60)
+        assert (unload.status, unload.message) == ("succeeded", "unloaded")
+        assert not _alive(child)
+    finally:
+        _kill(child)  # a failed run must not leave a busy engine behind (the short drain deadline would)
 
 
 async def test_graceful_stop_waits_for_the_request_in_flight(js_log: JetStreamLog, start_agent):
-    agent = await start_agent()
+    # A drain deadline well beyond the request: this test is about waiting, not giving up.
+    agent = await start_agent(drain_deadline=240.0, threads=1)
     endpoint, auth, child = await _warm(js_log, agent, "s")
-    async with httpx.AsyncClient(base_url=endpoint, timeout=300, trust_env=False) as client:
-        running = await _start_long_request(client, auth, tokens=400)
-        await agent.stop(drain=True)
-        # The child was stopped only after it went idle: the request came back whole.
-        resp = await running
-        assert resp.status_code == 200 and resp.json()["tokens_predicted"] == 400
-    assert not _alive(child)
-    assert agent.state.residencies[BUNDLED_MODEL_ID].state == "cached"
+    try:
+        async with httpx.AsyncClient(base_url=endpoint, timeout=280, trust_env=False) as client:
+            running = await _start_long_request(client, auth, tokens=TOKENS)
+            assert not running.done()
+            await agent.stop(drain=True)
+            # The child was stopped only after it went idle: the request came back whole.
+            resp = await running
+            assert resp.status_code == 200 and resp.json()["tokens_predicted"] == TOKENS
+        assert not _alive(child)
+        assert agent.state.residencies[BUNDLED_MODEL_ID].state == "cached"
+    finally:
+        _kill(child)
+
+
+def _kill(proc: psutil.Process) -> None:
+    if _alive(proc):
+        proc.kill()
