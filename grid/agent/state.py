@@ -4,8 +4,10 @@ Write path: encode -> temp file (0600) -> fsync -> rename -> fsync the directory
 does not decode is never trusted: it is renamed aside with a timestamp (quarantined), the agent
 starts clean and reports a warning. Decoding is strict: an unknown key (a renamed or misspelt
 field) or a missing fence field is damage, never a default, because a fence that silently
-reads as 0 would let a deposed controller's commands through. Every other agent file (host id, overrides, pid file, engine
-key) lives in the same owner-only directory.
+reads as 0 would let a deposed controller's commands through. (A quarantined file's fence is
+then restored from this host's last heartbeat in the log: grid.agent.recovery.) Every other
+agent file (host id, overrides, pid file, lock, engine key) lives in the same owner-only
+directory.
 """
 
 from __future__ import annotations
