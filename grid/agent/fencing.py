@@ -19,6 +19,7 @@ import msgspec
 
 from grid.events.commands import ACTION_KINDS, CommandIssued
 from grid.events.plan import parse_generation
+from grid.fleet import ADMITTING_HOST_STATES
 
 REASON_WRONG_HOST = "wrong_host"
 REASON_NOT_EXECUTABLE = "not_executable"
@@ -31,7 +32,6 @@ REASON_STALE_GENERATION = "stale_generation"
 REASON_DEPENDENCY_NOT_SUCCEEDED = "dependency_not_succeeded"
 REASON_PROTECTION_REJECTS_ADMISSION = "protection_rejects_admission"
 
-ADMITTING_STATES: frozenset[str] = frozenset({"accepting", "throttled"})
 ADMISSION_KINDS: frozenset[str] = frozenset({"load", "warm"})
 
 
@@ -98,7 +98,7 @@ def check_command(
         status = dependency_status.get(dep)
         if status != "succeeded":
             return _reject(REASON_DEPENDENCY_NOT_SUCCEEDED, f"{dep} is {status or 'unknown'}")
-    if cmd.kind in ADMISSION_KINDS and protection_state not in ADMITTING_STATES:
+    if cmd.kind in ADMISSION_KINDS and protection_state not in ADMITTING_HOST_STATES:
         return Verdict(
             ok=False, status="cancelled", reason=REASON_PROTECTION_REJECTS_ADMISSION, detail=protection_state
         )

@@ -6,6 +6,8 @@ agent restarts; an optional wall-clock expiry releases it automatically.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -79,3 +81,28 @@ def active_override(override: Override | None, now: float) -> Override | None:
     if override.expires_at is not None and now >= override.expires_at:
         return None
     return override
+
+
+class OverrideWatcher:
+    """Re-reads the override file only when it changed (mtime), reporting problems through `warn`."""
+
+    def __init__(self, path: Path, warn: Callable[[str], None]) -> None:
+        self.path = path
+        self.warn = warn
+        self._override: Override | None = None
+        self._mtime: int | None = None
+
+    def current(self) -> Override | None:
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            self._override, self._mtime = None, None
+            return None
+        if mtime != self._mtime:
+            override, warning = read_override(self.path)
+            if warning:
+                self.warn(warning)
+            self._override = override
+            with contextlib.suppress(FileNotFoundError):
+                self._mtime = self.path.stat().st_mtime_ns
+        return self._override

@@ -2,8 +2,12 @@
 
 Write path: encode -> temp file (0600) -> fsync -> rename -> fsync the directory. A file that
 does not decode is never trusted: it is renamed aside with a timestamp (quarantined), the agent
-starts clean and reports a warning. Every other agent file (host id, overrides, pid file, engine
-key) lives in the same owner-only directory.
+starts clean and reports a warning. Decoding is strict: an unknown key (a renamed or misspelt
+field) or a missing fence field is damage, never a default, because a fence that silently
+reads as 0 would let a deposed controller's commands through. (A quarantined file's fence is
+then restored from this host's last heartbeat in the log: grid.agent.recovery.) Every other
+agent file (host id, overrides, pid file, lock, engine key) lives in the same owner-only
+directory.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ MAX_RECEIPTS = 2048
 WARNING_STATE_QUARANTINED = "state_file_quarantined"
 
 
-class ProcessProof(msgspec.Struct, kw_only=True):
+class ProcessProof(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What we know about a child we spawned: enough to prove a PID is still ours."""
 
     pid: int
@@ -34,7 +38,7 @@ class ProcessProof(msgspec.Struct, kw_only=True):
     create_time: float | None = None
 
 
-class ResidencyRecord(msgspec.Struct, kw_only=True):
+class ResidencyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_id: str
     # grid.events.host.ResidencyState
     state: str
@@ -57,7 +61,7 @@ class ResidencyRecord(msgspec.Struct, kw_only=True):
     spawn_started_at: float | None = None
 
 
-class Receipt(msgspec.Struct, kw_only=True):
+class Receipt(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The terminal outcome of one action: makes redelivery and duplicates no-ops."""
 
     action_id: str
@@ -74,7 +78,7 @@ class Receipt(msgspec.Struct, kw_only=True):
     published: bool = False
 
 
-class InFlight(msgspec.Struct, kw_only=True):
+class InFlight(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     action_id: str
     kind: str
     model_id: str
@@ -83,7 +87,7 @@ class InFlight(msgspec.Struct, kw_only=True):
     controller_term: int = 0
 
 
-class AgentState(msgspec.Struct, kw_only=True):
+class AgentState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     schema_version: int = SCHEMA_VERSION
     host_id: str = ""
     # Fencing: the highest controller term ever accepted and the one controller id of that term.
@@ -114,8 +118,15 @@ class AgentState(msgspec.Struct, kw_only=True):
             self.receipts = self.receipts[-MAX_RECEIPTS:]
 
 
+# Fields that must be present in the file: the fence and the identity it belongs to. Other
+# fields may be added later with defaults (older files still decode).
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "schema_version", "host_id", "highest_term", "term_controller_id", "generation_epoch", "generation_sequence",
+)
+
 _encoder = msgspec.json.Encoder(order="deterministic")
 _decoder = msgspec.json.Decoder(AgentState)
+_keys_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 @dataclass(frozen=True)
@@ -208,9 +219,7 @@ class StateStore:
         except FileNotFoundError:
             return AgentState(), None
         try:
-            state = _decoder.decode(data)
-            if state.schema_version != SCHEMA_VERSION:
-                raise msgspec.ValidationError(f"unsupported schema_version {state.schema_version}")
+            state = decode_state(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             target = quarantine_file(self.path)
             return AgentState(), f"{WARNING_STATE_QUARANTINED}: {target.name} ({str(exc)[:160]})"
@@ -225,4 +234,11 @@ def encode_state(state: AgentState) -> bytes:
 
 
 def decode_state(data: bytes) -> AgentState:
-    return _decoder.decode(data)
+    """Strict decode (raises msgspec.DecodeError / ValidationError on any damage)."""
+    state = _decoder.decode(data)
+    missing = [name for name in REQUIRED_FIELDS if name not in _keys_decoder.decode(data)]
+    if missing:
+        raise msgspec.ValidationError(f"missing required field(s) {', '.join(missing)}")
+    if state.schema_version != SCHEMA_VERSION:
+        raise msgspec.ValidationError(f"unsupported schema_version {state.schema_version}")
+    return state

@@ -21,6 +21,7 @@ import psutil
 import typer
 from rich.table import Table
 
+from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
@@ -122,6 +123,7 @@ def start(
     json_logs: Optional[bool] = typer.Option(None, "--json-logs/--pretty-logs", hidden=True),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
+    from grid.agent.lock import AgentLockedError
     from grid.agent.service import AgentOptions, HostAgent, HostIdError
     from grid.cli.common import resolve_nats_url
     from grid.events.jetstream import JetStreamLog
@@ -136,6 +138,10 @@ def start(
     existing = read_pid_record(paths)
     if existing is not None and verify_pid(existing) == "running" and existing.pid != os.getpid():
         _fail(f"an agent is already running for {paths.root} (pid {existing.pid}); `gridctl node stop` first")
+    if is_locked(paths.root):
+        holder = read_holder(paths.root)
+        _fail(f"an agent is already running for {paths.root}" + (f" (pid {holder.pid})" if holder else "")
+              + "; one agent per state directory")
     url = resolve_nats_url(nats, cfg)
     lo, hi = _parse_port_range(port_range)
     policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
@@ -165,7 +171,7 @@ def start(
         atomic_write(paths.pid_file, msgspec.json.encode(record))
         try:
             await agent.start()
-        except (HostIdError, LogError, OSError, SecretFileError) as exc:
+        except (HostIdError, AgentLockedError, LogError, OSError, SecretFileError) as exc:
             _echo_err(str(exc))
             await agent.stop(drain=False)
             paths.pid_file.unlink(missing_ok=True)
@@ -244,6 +250,11 @@ def status(
     state, warning = _load_state_readonly(paths)
     record = read_pid_record(paths)
     running = record is not None and verify_pid(record) == "running"
+    pid = record.pid if record is not None and running else None
+    # The agent inside `gridctl up` writes no pid file; its state-directory lock shows it.
+    if not running and is_locked(paths.root):
+        holder = read_holder(paths.root)
+        running, pid = True, holder.pid if holder is not None else None
     override, override_warning = (None, None)
     if paths.override.exists():
         try:
@@ -273,7 +284,7 @@ def status(
         "host_id": host_id,
         "state_dir": str(paths.root),
         "running": running,
-        "pid": record.pid if record and running else None,
+        "pid": pid,
         "protection_state": state.protection_state if state else None,
         "protection_reason": state.protection_reason if state else None,
         "override": None if override is None else {

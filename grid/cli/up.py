@@ -19,6 +19,7 @@ import psutil
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from grid.agent.lock import AgentLockedError
 from grid.cli.common import LogFormatOption, NatsOption, console, err_console, fail, resolve_nats_url
 from grid.config import GridConfig
 from grid.cli.controller import serve_controller
@@ -172,7 +173,7 @@ def up(
         port = 0
     try:
         asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable))
-    except (EmbeddedNatsError, LogError, SecretFileError) as exc:
+    except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError) as exc:
         fail(str(exc))
 
 

@@ -103,8 +103,13 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in _ENV_ALLOW}
 
 
-def spawn(binary: Path, spec: EngineSpec, log_path: Path) -> subprocess.Popen[bytes]:
-    """Start the child in its own session so it outlives an agent crash (and can be adopted)."""
+def spawn(
+    binary: Path, spec: EngineSpec, log_path: Path, marker: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the child in its own session so it outlives an agent crash (and can be adopted).
+
+    `marker` (grid.agent.ownership) goes into the child's environment: the proof of ownership
+    the child carries itself, so the agent can find it even when its state file is lost."""
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     log = open(log_path, "ab")
     try:
@@ -113,7 +118,7 @@ def spawn(binary: Path, spec: EngineSpec, log_path: Path) -> subprocess.Popen[by
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env={**child_env(), **(marker or {})},
             start_new_session=True,
             close_fds=True,
         )

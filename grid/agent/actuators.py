@@ -1,0 +1,359 @@
+"""The four actuators (load, warm, drain, unload) and the graceful drain of every child at stop.
+
+Each actuator runs inside the agent's single worker, after fencing admitted its command; it
+persists every state change before the next side effect and returns an Outcome (never raises
+for an expected failure). A child is only ever signalled through llama_cpp.stop_process, which
+re-proves ownership right before each signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from pathlib import Path
+
+import psutil
+import structlog
+
+from grid.agent.context import MIB, AgentContext, endpoint
+from grid.agent.engines import llama_cpp
+from grid.agent.outcomes import (
+    MSG_ACTIVITY_UNKNOWN,
+    MSG_ALREADY_ABSENT,
+    MSG_ALREADY_READY,
+    MSG_DRAIN_DEADLINE,
+    MSG_DRAINED,
+    MSG_ENGINE_EXITED,
+    MSG_FENCED,
+    MSG_INSUFFICIENT_MEMORY,
+    MSG_NO_FREE_PORT,
+    MSG_NOT_DRAINED,
+    MSG_PERSIST_FAILED,
+    MSG_READINESS_TIMEOUT,
+    MSG_READY,
+    MSG_REQUESTS_IN_FLIGHT,
+    MSG_RESIDENCY_BUSY,
+    MSG_RUNTIME_UNAVAILABLE,
+    MSG_SPAWN_FAILED,
+    MSG_STOP_TIMED_OUT,
+    MSG_UNLOADED,
+    NOTE_EXITED,
+    NOTE_FENCED,
+    SERVING_STATES,
+    Outcome,
+)
+from grid.agent.state import ProcessProof, ResidencyRecord
+from grid.events.commands import CommandIssued
+from grid.events.subjects import escape_token
+
+log = structlog.get_logger("grid.agent")
+
+
+class Actuators:
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+
+    async def run(self, cmd: CommandIssued) -> Outcome:
+        handler = {"load": self.load, "warm": self.warm, "drain": self.drain, "unload": self.unload}[cmd.kind]
+        return await handler(cmd)
+
+    # ------------------------------------------------------------------ load
+    async def load(self, cmd: CommandIssued) -> Outcome:
+        ctx = self.ctx
+        rec = ctx.state.residencies.get(cmd.model_id)
+        created = rec is None
+        if rec is None:
+            rec = ResidencyRecord(model_id=cmd.model_id, state="loading", memory_mb=cmd.memory_mb,
+                                  action_id=cmd.action_id)
+            ctx.state.residencies[cmd.model_id] = rec
+        elif rec.state == "cached":
+            rec.state = "loading"
+        ctx.save()
+        ctx.poke()
+        outcome = await ctx.cache.ensure_artifact(
+            cmd.model_id, sha256=cmd.artifact_sha256, source=cmd.artifact_source, size_mb=cmd.artifact_size_mb
+        )
+        if outcome.ok:
+            if rec.state == "loading":
+                rec.state = "cached"
+            rec.artifact_sha256 = outcome.sha256
+            rec.model_path = outcome.path
+            rec.memory_mb = cmd.memory_mb or rec.memory_mb
+        elif created:
+            ctx.state.residencies.pop(cmd.model_id, None)
+        elif rec.state == "loading":
+            rec.state = "cached"
+            if not (rec.artifact_sha256 and ctx.cache.has_blob(rec.artifact_sha256)):
+                ctx.state.residencies.pop(cmd.model_id, None)
+        ctx.save()
+        ctx.poke()
+        if outcome.ok:
+            return Outcome("succeeded", outcome.reason, fetched=outcome.fetched)
+        return Outcome("failed", outcome.message)
+
+    # ------------------------------------------------------------------ warm
+    def allocate_port(self) -> int | None:
+        residencies = self.ctx.state.residencies.values()
+        lo, hi = self.ctx.options.port_range
+        taken = {r.port for r in residencies if r.port is not None}
+        taken |= {r.process.port for r in residencies if r.process is not None}
+        for port in range(lo, hi + 1):
+            if port not in taken and llama_cpp.port_free(port):
+                return port
+        return None
+
+    def memory_admits(self, memory_mb: int) -> tuple[bool, str]:
+        ctx = self.ctx
+        vm = psutil.virtual_memory()
+        available = int(vm.available // MIB)
+        if available < memory_mb:
+            return False, f"{available} MiB available < {memory_mb} MiB"
+        usable = ctx.capacity_mb() - ctx.options.reserved_mb
+        if ctx.protection_state() == "throttled":
+            usable = int(usable * ctx.options.policy.throttle_fraction)
+        committed = sum(
+            r.memory_mb for r in ctx.state.residencies.values() if r.state in SERVING_STATES and r.process is not None
+        )
+        if committed + memory_mb > usable:
+            return False, f"{committed}+{memory_mb} MiB > usable {usable} MiB"
+        return True, ""
+
+    async def warm(self, cmd: CommandIssued) -> Outcome:
+        ctx = self.ctx
+        rec = ctx.state.residencies.get(cmd.model_id)
+        if rec is not None and rec.process is not None:
+            if rec.state == "ready":
+                verdict = await asyncio.to_thread(llama_cpp.prove, rec.process)
+                if verdict == llama_cpp.PROOF_MATCH:
+                    return Outcome("succeeded", MSG_ALREADY_READY)
+                if verdict == llama_cpp.PROOF_GONE:
+                    ctx.release(rec, NOTE_EXITED)
+                else:
+                    return Outcome("failed", f"{MSG_FENCED}: pid {rec.process.pid}")
+            elif rec.state == "failed" and rec.note == NOTE_FENCED:
+                return Outcome("failed", f"{MSG_FENCED}: a fenced process may still hold this model")
+            elif rec.state != "cached":
+                return Outcome("failed", f"{MSG_RESIDENCY_BUSY}: {rec.state}")
+        if ctx.binary is None:
+            return Outcome("failed", MSG_RUNTIME_UNAVAILABLE)
+        artifact = await asyncio.to_thread(ctx.cache.verify_cached, cmd.model_id, cmd.artifact_sha256)
+        if not artifact.ok:
+            return Outcome("failed", artifact.message)
+        admits, why = self.memory_admits(cmd.memory_mb)
+        if not admits:
+            return Outcome("failed", f"{MSG_INSUFFICIENT_MEMORY}: {why}")
+        port = self.allocate_port()
+        if port is None:
+            return Outcome("failed", MSG_NO_FREE_PORT)
+        assert artifact.path is not None
+        spec = llama_cpp.EngineSpec(
+            model_id=cmd.model_id, model_path=Path(artifact.path), port=port, key_file=ctx.paths.engine_key,
+            slots=max(1, cmd.slots), context_size=cmd.context_size, threads=ctx.options.threads,
+        )
+        argv = tuple(llama_cpp.build_argv(ctx.binary, spec))
+        if rec is None:
+            rec = ResidencyRecord(model_id=cmd.model_id, state="warming")
+            ctx.state.residencies[cmd.model_id] = rec
+        rec.state = "warming"
+        rec.memory_mb = cmd.memory_mb
+        rec.artifact_sha256 = artifact.sha256
+        rec.model_path = artifact.path
+        rec.port = port
+        rec.slots = spec.slots
+        rec.context_size = cmd.context_size
+        rec.action_id = cmd.action_id
+        rec.note = ""
+        rec.spawn_argv = argv
+        rec.spawn_started_at = ctx.clock.now()
+        rec.loaded_at = None
+        ctx.save()
+        ctx.poke()
+        log_path = ctx.paths.logs / f"{escape_token(cmd.model_id)}-{port}.log"
+        try:
+            popen = await asyncio.to_thread(
+                llama_cpp.spawn, ctx.binary, spec, log_path, ctx.owner.environ(cmd.memory_mb)
+            )
+        except OSError as exc:
+            ctx.release(rec, MSG_SPAWN_FAILED)
+            ctx.save()
+            return Outcome("failed", f"{MSG_SPAWN_FAILED}: {exc.strerror}")
+        ctx.popens[cmd.model_id] = popen
+        # Persist PID and port in the immediate post-spawn step, then the birth proof.
+        try:
+            rec.process = ProcessProof(pid=popen.pid, port=port)
+            ctx.save()
+            rec.process = await asyncio.to_thread(llama_cpp.capture_proof, popen.pid, port)
+            ctx.save()
+        except Exception as exc:
+            await asyncio.to_thread(kill_popen, popen)
+            ctx.release(rec, MSG_PERSIST_FAILED)
+            with contextlib.suppress(Exception):
+                ctx.save()
+            return Outcome("failed", f"{MSG_PERSIST_FAILED}: {type(exc).__name__}")
+        ready = await llama_cpp.wait_ready(
+            ctx.http, spec.endpoint, ctx.key, timeout=ctx.options.ready_timeout,
+            alive=lambda: popen.poll() is None,
+        )
+        if ready:
+            rec.state = "ready"
+            rec.loaded_at = ctx.clock.now()
+            rec.last_used_at = None
+            ctx.save()
+            await ctx.heartbeat_now()
+            return Outcome("succeeded", MSG_READY)
+        exit_code = popen.poll()
+        proof = rec.process
+        await asyncio.to_thread(
+            llama_cpp.stop_process, proof, term_timeout=ctx.options.stop_term_timeout,
+            kill_timeout=ctx.options.stop_kill_timeout, popen=popen,
+        )
+        still = await asyncio.to_thread(llama_cpp.prove, proof)
+        if still == llama_cpp.PROOF_GONE:
+            ctx.release(rec, MSG_ENGINE_EXITED if exit_code is not None else MSG_READINESS_TIMEOUT)
+        else:
+            rec.state = "failed"
+            rec.note = "warm failed and the child could not be stopped"
+        ctx.save()
+        ctx.poke()
+        if exit_code is not None:
+            return Outcome("failed", f"{MSG_ENGINE_EXITED}: exit code {exit_code}")
+        return Outcome("failed", f"{MSG_READINESS_TIMEOUT}: {ctx.options.ready_timeout:.0f}s")
+
+    # ------------------------------------------------------------------ drain
+    async def wait_idle(self, rec: ResidencyRecord, deadline_mono: float) -> Outcome:
+        """Poll authenticated /slots until no work (two consecutive idle readings)."""
+        ctx = self.ctx
+        idle_streak = 0
+        unknown_streak = 0
+        while True:
+            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=1.0)
+            if active is None:
+                unknown_streak += 1
+                idle_streak = 0
+                if unknown_streak >= 3:
+                    return Outcome("failed", MSG_ACTIVITY_UNKNOWN)
+            elif active == 0:
+                unknown_streak = 0
+                idle_streak += 1
+                if idle_streak >= 2:
+                    return Outcome("succeeded", MSG_DRAINED)
+            else:
+                unknown_streak = 0
+                idle_streak = 0
+                rec.last_used_at = ctx.clock.now()
+            if ctx.clock.monotonic() >= deadline_mono:
+                return Outcome("failed", f"{MSG_DRAIN_DEADLINE}: {ctx.options.drain_deadline:.0f}s")
+            await asyncio.sleep(ctx.options.drain_poll)
+
+    async def drain(self, cmd: CommandIssued) -> Outcome:
+        ctx = self.ctx
+        rec = ctx.state.residencies.get(cmd.model_id)
+        if rec is None or rec.process is None or rec.state == "cached":
+            return Outcome("succeeded", MSG_ALREADY_ABSENT)
+        if rec.state not in ("ready", "draining"):
+            return Outcome("failed", f"{MSG_RESIDENCY_BUSY}: {rec.state}")
+        if rec.state == "ready":
+            rec.state = "draining"
+            ctx.save()
+            # Leave routing at once: the heartbeat goes out before we wait for idleness.
+            await ctx.heartbeat_now()
+        outcome = await self.wait_idle(rec, ctx.clock.monotonic() + ctx.options.drain_deadline)
+        ctx.save()
+        return outcome
+
+    # ------------------------------------------------------------------ unload
+    async def unload(self, cmd: CommandIssued) -> Outcome:
+        ctx = self.ctx
+        rec = ctx.state.residencies.get(cmd.model_id)
+        if rec is None or rec.state == "cached" or (rec.process is None and rec.state != "failed"):
+            if rec is not None and rec.state != "cached":
+                ctx.release(rec, MSG_UNLOADED)
+                ctx.save()
+            return Outcome("succeeded", MSG_ALREADY_ABSENT)
+        if rec.state in ("ready", "warming", "loading"):
+            return Outcome("failed", f"{MSG_NOT_DRAINED}: {rec.state}")
+        if rec.process is None:
+            ctx.release(rec, MSG_UNLOADED)
+            ctx.save()
+            return Outcome("succeeded", MSG_ALREADY_ABSENT)
+        proof = rec.process
+        verdict = await asyncio.to_thread(llama_cpp.prove, proof)
+        if verdict == llama_cpp.PROOF_GONE:
+            ctx.release(rec, MSG_UNLOADED)
+            ctx.save()
+            await ctx.heartbeat_now()
+            return Outcome("succeeded", MSG_ALREADY_ABSENT)
+        if verdict != llama_cpp.PROOF_MATCH:
+            rec.state = "failed"
+            rec.note = NOTE_FENCED
+            ctx.save()
+            return Outcome("failed", f"{MSG_FENCED}: pid {proof.pid} {verdict}")
+        if rec.state == "draining":
+            # Final activity check at the unload boundary (drain before unload): a drain that
+            # timed out leaves the child draining with work still in flight.
+            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=1.0)
+            if active is None:
+                return Outcome("failed", MSG_ACTIVITY_UNKNOWN)
+            if active > 0:
+                return Outcome("failed", f"{MSG_REQUESTS_IN_FLIGHT}: {active}")
+        rec.state = "unloading"
+        ctx.save()
+        ctx.poke()
+        result = await asyncio.to_thread(
+            llama_cpp.stop_process, proof, term_timeout=ctx.options.stop_term_timeout,
+            kill_timeout=ctx.options.stop_kill_timeout, popen=ctx.popens.get(cmd.model_id),
+        )
+        if result in (llama_cpp.STOP_STOPPED, llama_cpp.STOP_ALREADY_GONE):
+            ctx.release(rec, MSG_UNLOADED)
+            ctx.save()
+            await ctx.heartbeat_now()
+            return Outcome("succeeded", MSG_UNLOADED)
+        rec.state = "failed"
+        rec.note = result
+        ctx.save()
+        ctx.poke()
+        msg = MSG_FENCED if result == llama_cpp.STOP_NOT_PROVEN else MSG_STOP_TIMED_OUT
+        return Outcome("failed", msg)
+
+    # ------------------------------------------------------------------ shutdown
+    async def drain_all(self) -> None:
+        """Graceful stop: drain every proven child (bounded by the drain deadline), then stop it."""
+        ctx = self.ctx
+        live = [r for _, r in sorted(ctx.state.residencies.items()) if r.process is not None
+                and r.state in ("ready", "draining", "failed", "warming", "unloading")]
+        if not live:
+            return
+        for rec in live:
+            if rec.state == "ready":
+                rec.state = "draining"
+        ctx.save()
+        with contextlib.suppress(Exception):
+            await ctx.heartbeat_now()
+        deadline = ctx.clock.monotonic() + ctx.options.drain_deadline
+
+        async def finish(rec: ResidencyRecord) -> None:
+            if rec.state == "draining":
+                outcome = await self.wait_idle(rec, deadline)
+                if outcome.status != "succeeded":
+                    ctx.warn(f"stop: {rec.model_id} {outcome.message}; left running")
+                    return
+            assert rec.process is not None
+            result = await asyncio.to_thread(
+                llama_cpp.stop_process, rec.process, term_timeout=ctx.options.stop_term_timeout,
+                kill_timeout=ctx.options.stop_kill_timeout, popen=ctx.popens.get(rec.model_id),
+            )
+            if result in (llama_cpp.STOP_STOPPED, llama_cpp.STOP_ALREADY_GONE):
+                ctx.release(rec, MSG_UNLOADED)
+            else:
+                ctx.warn(f"stop: {rec.model_id} {result}; left running")
+
+        await asyncio.gather(*(finish(r) for r in live))
+        ctx.save()
+
+
+def kill_popen(popen: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        popen.kill()
+    with contextlib.suppress(Exception):
+        popen.wait(timeout=5)

@@ -1,0 +1,105 @@
+"""The agent's level-triggered report, built purely from what the agent observed.
+
+`build_heartbeat` reads no clock, process table or disk: the agent samples those (activity
+from /slots, RSS of its children, memory in use, the artifact cache, disk usage) and passes the
+readings in, so one set of readings always yields the same event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from grid.agent.context import endpoint
+from grid.agent.engines import llama_cpp
+from grid.agent.options import AgentOptions
+from grid.agent.outcomes import SERVING_STATES
+from grid.agent.state import ResidencyRecord
+from grid.events.host import (
+    ACTUATOR_CAPABILITIES,
+    CachedArtifact,
+    HostHeartbeat,
+    HostLoad,
+    HostResources,
+    Residency,
+)
+
+# Residency states that serve traffic (or finish it): they report an endpoint and concurrency.
+ROUTED_STATES = ("ready", "draining")
+
+
+def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool, cpu_count: int) -> HostResources:
+    return HostResources(
+        capacity_mb=capacity_mb,
+        reserved_mb=options.reserved_mb,
+        runtimes=(llama_cpp.RUNTIME,) if has_runtime else (),
+        backends=("cpu",),
+        failure_domain=options.failure_domain,
+        tags=tuple(options.tags),
+        data_tier=options.data_tier,
+        cpu_count=cpu_count,
+        throttle_fraction=options.policy.throttle_fraction,
+    )
+
+
+def residency_report(rec: ResidencyRecord, active: int | None, now: float) -> Residency:
+    routed = rec.state in ROUTED_STATES
+    return Residency(
+        model_id=rec.model_id,
+        memory_mb=rec.memory_mb if rec.state in SERVING_STATES else 0,
+        state=rec.state,  # type: ignore[arg-type]
+        managed=True,
+        runtime=llama_cpp.RUNTIME,
+        artifact_sha256=rec.artifact_sha256,
+        loaded_age_seconds=None if rec.loaded_at is None or not routed else max(0.0, now - rec.loaded_at),
+        last_used_age_seconds=None if rec.last_used_at is None else max(0.0, now - rec.last_used_at),
+        active_requests=active or 0,
+        max_concurrency=rec.slots if routed else None,
+        endpoint=endpoint(rec) if routed else None,
+    )
+
+
+def build_heartbeat(
+    *,
+    event_id: str,
+    now: float,
+    host_id: str,
+    protection_state: str,
+    resources: HostResources,
+    residencies: Mapping[str, ResidencyRecord],
+    activity: Mapping[str, int | None],
+    managed_rss_mb: int,
+    memory_used_mb: int,
+    cached: Sequence[CachedArtifact],
+    disk_free_bytes: int | None,
+    disk_total_bytes: int | None,
+    cpu_percent: float | None,
+    highest_term: int,
+    warnings: Sequence[str],
+) -> HostHeartbeat:
+    """One heartbeat. `activity` maps model id -> requests in flight (None: unknown);
+    `managed_rss_mb` is the summed RSS of Grid-owned children, so unmanaged memory is the rest."""
+    reports = tuple(
+        residency_report(residencies[model_id], activity.get(model_id), now) for model_id in sorted(residencies)
+    )
+    active_total = sum(a for a in activity.values() if a)
+    return HostHeartbeat(
+        event_id=event_id,
+        at=now,
+        host_id=host_id,
+        state=protection_state,  # type: ignore[arg-type]
+        resources=resources,
+        residencies=reports,
+        cached=tuple(cached),
+        disk_free_bytes=disk_free_bytes,
+        disk_total_bytes=disk_total_bytes,
+        load=HostLoad(
+            active_tasks=active_total,
+            queue_depth=0,
+            cpu_percent=cpu_percent,
+            memory_used_mb=memory_used_mb,
+        ),
+        unmanaged_memory_mb=max(0, memory_used_mb - managed_rss_mb),
+        actuator_capabilities=ACTUATOR_CAPABILITIES,
+        highest_term=highest_term,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,36 @@
+"""How one host agent runs: identity hints, capacity, intervals, deadlines and its port range."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grid.agent.engines import llama_cpp
+from grid.agent.protection import ProtectionPolicy
+
+
+@dataclass
+class AgentOptions:
+    host_id: str | None = None
+    capacity_mb: int | None = None
+    reserved_mb: int = 0
+    failure_domain: str = "default"
+    tags: tuple[str, ...] = ()
+    port_range: tuple[int, int] = (38000, 38999)
+    heartbeat_interval: float = 2.0
+    sample_interval: float = 2.0
+    # Bound on command pickup latency: the JetStream pull fetch lingers until its timeout once
+    # a batch has started, so the consumer polls with a short timeout.
+    command_poll_seconds: float = 0.2
+    state_dir: Path | None = None
+    llama_server: Path | None = None
+    threads: int = llama_cpp.DEFAULT_THREADS
+    ready_timeout: float = 60.0
+    drain_deadline: float = 60.0
+    drain_poll: float = 0.2
+    stop_term_timeout: float = 10.0
+    stop_kill_timeout: float = 5.0
+    policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
+    hostname: str = field(default_factory=socket.gethostname)
+    data_tier: str = "internal"
