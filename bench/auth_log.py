@@ -26,12 +26,12 @@ from bench.log_ingest import windowed
 from bench.log_replay import raw_ordered
 from grid.events import codec
 from grid.events.host import HostHeartbeat
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, subject_for
 from grid.identity.authority import Authority
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role
 from grid.identity.server import SecuredEmbeddedNats
+from grid.identity.connect import connect_log
 
 HOST = "bench-host"
 
@@ -42,7 +42,7 @@ def own_heartbeats(n: int, offset: int) -> list[HostHeartbeat]:
 
 
 async def appends(url: str, creds: Path | None, events: int, window: int, rounds: int) -> tuple[float, float]:
-    log = await JetStreamLog.connect(url, name="bench-host", credentials=creds, ensure_streams=False)
+    log = await connect_log(url, name="bench-host", credentials=creds, ensure_streams=False)
     raw = await nats.connect(url, **connect_options(creds, None))
     js = raw.jetstream()
     ours, theirs = [], []
@@ -70,7 +70,7 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
                   rounds: int) -> tuple[float, float, int]:
     from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
 
-    controller = await JetStreamLog.connect(url, name="bench-controller", credentials=controller_creds)
+    controller = await connect_log(url, name="bench-controller", credentials=controller_creds)
     js = controller.client.jetstream()
     await js.purge_stream(HOSTS_STREAM)  # only the replay window's heartbeats, not the appends'
     for start in range(0, events, 256):
@@ -78,7 +78,7 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
         await asyncio.gather(*(js.publish(subject_for(e), codec.encode(e)) for e in chunk))
     total = (await js.stream_info(HOSTS_STREAM)).state.messages
     await controller.close()
-    operator = await JetStreamLog.connect(url, name="bench-operator", credentials=creds, ensure_streams=False)
+    operator = await connect_log(url, name="bench-operator", credentials=creds, ensure_streams=False)
     raw_rates, fold_rates = [], []
     try:
         for _ in range(rounds):
@@ -107,7 +107,7 @@ async def main(events: int, window: int, rounds: int, replay_events: int, hosts:
         server.start()
         try:
             # The controller creates the streams; the host and the operator may not.
-            await (await JetStreamLog.connect(server.url, credentials=creds[Role.CONTROLLER])).close()
+            await (await connect_log(server.url, credentials=creds[Role.CONTROLLER])).close()
             ours, raw = await appends(server.url, creds[Role.HOST], events, window, rounds)
             print(f"authenticated appends/s  JetStreamLog={ours:,.0f}  raw nats-py={raw:,.0f}  "
                   f"ratio={ours / raw:.2f} (goal >= 0.8; host credential, window={window}, "
@@ -119,7 +119,7 @@ async def main(events: int, window: int, rounds: int, replay_events: int, hosts:
         finally:
             server.stop()
     with embedded_server() as plain:
-        await (await JetStreamLog.connect(plain.url)).close()
+        await (await connect_log(plain.url)).close()
         _, raw_plain = await appends(plain.url, None, events, window, rounds)
     print(f"raw nats-py appends/s without auth={raw_plain:,.0f}  with auth={raw:,.0f}  "
           f"(auth cost ratio={raw / raw_plain:.2f})")

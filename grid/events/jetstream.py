@@ -17,8 +17,7 @@ import asyncio
 import collections
 import datetime as dt
 import weakref
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -50,7 +49,6 @@ from grid.events.subjects import (
     stream_for_subject,
     subject_for,
 )
-from grid.identity.creds import connect_options
 
 log = structlog.get_logger(__name__)
 
@@ -142,14 +140,13 @@ class JetStreamLog:
         *,
         name: str = "grid",
         durable: bool = True,
-        credentials: Path | None = None,
-        tls_ca: Path | None = None,
+        nats_options: Mapping[str, Any] | None = None,
         ensure_streams: bool = True,
     ) -> "JetStreamLog":
-        """Connect as the identity of `credentials` (a NATS `.creds` file), verifying the server
-        against `tls_ca`. Only the controller manages streams: every other identity passes
-        `ensure_streams=False`, since the server refuses it stream creation."""
-        errors: collections.deque[str] = collections.deque(maxlen=1)
+        """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
+        see grid.identity.connect). `ensure_streams=False` for identities that may not manage
+        streams."""
+        errors: collections.deque[str] = collections.deque(maxlen=8)
         connected: list[JetStreamLog] = []
 
         # nats-py awaits these callbacks inside its reconnect task: one that raises ends
@@ -165,9 +162,7 @@ class JetStreamLog:
                 connected[0]._outage_reported = True
             log.warning("nats connection error", url=url, error=errors[-1])
 
-        # The identity's credentials, its own inbox prefix and the TLS trust anchor (a bad
-        # credentials file is its own error, not a connection failure).
-        identity = connect_options(credentials, tls_ca)
+        identity = dict(nats_options or {})
 
         async def on_disconnected() -> None:
             if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
@@ -192,7 +187,10 @@ class JetStreamLog:
                 **identity,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
-            detail = errors[-1] if errors else str(exc) or type(exc).__name__
+            # The server's refusal (-ERR 'Authorization Violation') and the reset that follows it
+            # race; the refusal is the one that tells the user what to fix.
+            refusals = [e for e in errors if "authorization" in e.lower() or "expired" in e.lower()]
+            detail = refusals[-1] if refusals else errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
         event_log = cls(nc, durable=durable)

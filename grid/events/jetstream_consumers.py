@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import nats
 import nats.errors
@@ -20,8 +20,23 @@ from nats.js import api
 
 from grid.events.log import LogError, StoredMessage
 
-if TYPE_CHECKING:
-    from grid.events.jetstream import JetStreamLog
+
+
+class SubscriptionOwner(Protocol):
+    """What a subscription uses of the JetStreamLog that owns it.
+
+    Structural, so this module need not import grid.events.jetstream (which imports it): the
+    subscriptions are that log's internals, split out only to keep each file readable.
+    """
+
+    _js: Any
+    _live: Any
+
+    @property
+    def client(self) -> Any: ...
+
+    async def _ordered(self, stream: str, *, start_seq: int | None, start_time: Any,
+                       subject_filter: str | None) -> Any: ...
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +68,7 @@ class OrderedSubscription:
     handed out, so a server restart neither loses nor repeats a message.
     """
 
-    def __init__(self, log_: JetStreamLog, stream: str, sub: Any, *, start_seq: int | None,
+    def __init__(self, log_: SubscriptionOwner, stream: str, sub: Any, *, start_seq: int | None,
                  start_time: float | None, subject_filter: str | None) -> None:
         self._log = log_
         self._stream = stream
@@ -178,7 +193,7 @@ class DurableSubscription:
     still there and re-creates it from the same configuration if it is not.
     """
 
-    def __init__(self, log_: JetStreamLog, stream: str, sub: Any, *, durable: str,
+    def __init__(self, log_: SubscriptionOwner, stream: str, sub: Any, *, durable: str,
                  config: api.ConsumerConfig) -> None:
         self._log = log_
         self._stream = stream

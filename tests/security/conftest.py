@@ -22,6 +22,7 @@ from grid.identity.authority import Authority
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role
 from grid.identity.server import SecuredEmbeddedNats
+from grid.identity.connect import connect_log
 from tests.conftest import reset_streams
 
 
@@ -63,7 +64,7 @@ def creds(tmp_path: Path, authority: Authority) -> CredsFactory:
 @pytest.fixture
 async def controller_log(secured_server: SecuredNats, creds: CredsFactory) -> AsyncIterator[JetStreamLog]:
     """The controller's log, with every stream freshly created (sequences start at 1)."""
-    log = await JetStreamLog.connect(secured_server.url, name="grid-controller",
+    log = await connect_log(secured_server.url, name="grid-controller",
                                      credentials=creds(Role.CONTROLLER))
     await reset_streams(log)
     try:

@@ -18,6 +18,7 @@ from grid.events.subjects import (
 from grid.identity.creds import credential_principal
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
+from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
 HOST = "node-1.example"
@@ -41,7 +42,7 @@ async def test_host_speaks_for_itself_and_consumes_its_own_commands(
     principal = credential_principal(host_creds)
     assert principal is not None and principal.command_consumer is not None
     await provision_host_consumer(controller_log, principal)
-    host = await JetStreamLog.connect(secured_server.url, name="grid-agent",
+    host = await connect_log(secured_server.url, name="grid-agent",
                                       credentials=host_creds, ensure_streams=False)
     try:
         for tag in ("host.registered.v1", "host.heartbeat.v1", "host.protection.v1", "host.ack.v1"):
@@ -71,7 +72,7 @@ async def test_gateway_appends_requests_and_reads_hosts_control_and_plans(
     await controller_log.append(event("host.heartbeat.v1"))
     await controller_log.append(event("control.profile_set.v1"))
     await controller_log.append(event("plan.created.v1"))
-    gateway = await JetStreamLog.connect(secured_server.url, name="grid-gateway",
+    gateway = await connect_log(secured_server.url, name="grid-gateway",
                                          credentials=creds(Role.GATEWAY), ensure_streams=False)
     try:
         assert (await gateway.append(event("request.batch.v1"))).stream == REQUESTS_STREAM
@@ -90,7 +91,7 @@ async def test_operator_reads_every_stream_and_publishes_control(
 ) -> None:
     for tag in ("host.heartbeat.v1", "request.batch.v1", "plan.created.v1", "command.issued.v1"):
         await controller_log.append(event(tag))
-    operator = await JetStreamLog.connect(secured_server.url, name="gridctl",
+    operator = await connect_log(secured_server.url, name="gridctl",
                                           credentials=creds(Role.OPERATOR), ensure_streams=False)
     try:
         for tag in ("control.profile_set.v1", "control.mode_set.v1", "control.host_override.v1",
@@ -108,7 +109,7 @@ async def test_reader_reads_the_streams_it_was_given(
 ) -> None:
     await controller_log.append(event("host.heartbeat.v1"))
     await controller_log.append(event("request.batch.v1"))
-    reader = await JetStreamLog.connect(secured_server.url, name="dashboard", ensure_streams=False,
+    reader = await connect_log(secured_server.url, name="dashboard", ensure_streams=False,
                                         credentials=creds(Role.READER, streams=(HOSTS_STREAM, REQUESTS_STREAM)))
     try:
         for stream in (HOSTS_STREAM, REQUESTS_STREAM):

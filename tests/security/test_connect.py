@@ -15,13 +15,14 @@ from grid.events.log import LogError
 from grid.identity import jwt
 from grid.identity.creds import write_creds
 from grid.identity.permissions import Principal, Role, grant_for
+from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
 
 async def test_no_credential_is_refused(secured_server: SecuredNats, controller_log: JetStreamLog) -> None:
     before = await stream_sequences(controller_log)
     with pytest.raises(LogError, match="(?i)authorization violation"):
-        await JetStreamLog.connect(secured_server.url, name="anonymous", ensure_streams=False)
+        await connect_log(secured_server.url, name="anonymous", ensure_streams=False)
     with pytest.raises(Exception, match="(?i)authorization violation"):
         await raw_client(secured_server, None)
     assert await stream_sequences(controller_log) == before
@@ -37,20 +38,20 @@ async def test_credential_from_another_account_is_refused(secured_server: Secure
     forged = write_creds(tmp_path / "forged.creds", jwt.encode(claims, rogue_account, issued_at=int(time.time())),
                          user.seed)
     with pytest.raises(LogError, match="(?i)authorization violation"):
-        await JetStreamLog.connect(secured_server.url, credentials=forged, ensure_streams=False)
+        await connect_log(secured_server.url, credentials=forged, ensure_streams=False)
 
 
 async def test_expired_credential_is_refused(secured_server: SecuredNats, creds: CredsFactory) -> None:
     expired = creds(Role.HOST, host_id="node-1", ttl=3600.0, now=time.time() - 7200.0)
     with pytest.raises(LogError, match="(?i)(authorization violation|expired)"):
-        await JetStreamLog.connect(secured_server.url, credentials=expired, ensure_streams=False)
+        await connect_log(secured_server.url, credentials=expired, ensure_streams=False)
 
 
 async def test_credential_expiring_while_connected_is_disconnected(
     secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
 ) -> None:
     short = creds(Role.HOST, host_id="node-1", ttl=2.0)
-    host = await JetStreamLog.connect(secured_server.url, credentials=short, ensure_streams=False)
+    host = await connect_log(secured_server.url, credentials=short, ensure_streams=False)
     try:
         await host.append(event("host.heartbeat.v1", host_id="node-1"))
         deadline = time.monotonic() + 10.0

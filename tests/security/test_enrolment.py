@@ -36,6 +36,7 @@ from grid.identity.invitations import (
 )
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
+from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event, stream_sequences
 
 HOST = "edge-7"
@@ -94,7 +95,7 @@ async def test_join_gives_a_host_credential_bound_to_the_invited_id(
 
     # The credential works as that host, and only as that host.
     await controller_log.append(event("command.issued.v1", host_id=HOST))
-    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    host = await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
     try:
         assert (await host.append(event("host.heartbeat.v1", host_id=HOST))).stream == HOSTS_STREAM
         sub = await host.subscribe(COMMANDS_STREAM, durable=joined.command_consumer,
@@ -221,7 +222,7 @@ async def test_renewal_with_the_current_credential_extends_it(
     assert jwt.decode(new_jwt)["sub"] == jwt.decode(old_jwt)["sub"]
     assert jwt.decode(new_jwt)["exp"] > jwt.decode(old_jwt)["exp"]
     assert expires_at == pytest.approx(jwt.decode(new_jwt)["exp"], abs=1.0)
-    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    host = await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
     await host.append(event("host.heartbeat.v1", host_id=HOST))
     await host.close()
 
@@ -234,7 +235,7 @@ async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
     joined = await join(_token(service, secured_server), tmp_path / "host-home")
     assert isinstance(joined, Enrolment), joined
     creds_path = Path(joined.creds_path)
-    host = await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+    host = await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
     await host.append(event("host.heartbeat.v1", host_id=HOST))
 
     account_jwt = authority.revoke_host(HOST, now=time.time())
@@ -252,5 +253,5 @@ async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
         await system.close()
         await host.client.close()
     with pytest.raises(LogError, match="(?i)(authorization violation|revoked)"):
-        await JetStreamLog.connect(secured_server.url, credentials=creds_path, ensure_streams=False)
+        await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
     assert await controller_log.last_sequence(HOSTS_STREAM) == 1

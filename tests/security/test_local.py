@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import COMMANDS_STREAM, CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM, command_subject
 from grid.identity.authority import Authority
 from grid.identity.creds import credential_principal, creds_claims
 from grid.identity.local import AUTHORITY_DIR, ensure_local_credentials
 from grid.identity.provision import provision_host_consumer
 from grid.identity.server import SecuredEmbeddedNats
+from grid.identity.connect import connect_log
 from tests.security.conftest import event
 
 HOST = "local"
@@ -30,14 +30,14 @@ async def test_local_processes_connect_with_their_own_credentials(home: Path) ->
     server = SecuredEmbeddedNats(home / "nats", Authority(home / AUTHORITY_DIR))
     server.start()
     try:
-        controller = await JetStreamLog.connect(server.url, credentials=local.controller)
+        controller = await connect_log(server.url, credentials=local.controller)
         host_principal = credential_principal(local.hosts[HOST])
         assert host_principal is not None
         await provision_host_consumer(controller, host_principal)
         await controller.append(event("command.issued.v1", host_id=HOST))
-        agent = await JetStreamLog.connect(server.url, credentials=local.hosts[HOST], ensure_streams=False)
-        gateway = await JetStreamLog.connect(server.url, credentials=local.gateway, ensure_streams=False)
-        cli = await JetStreamLog.connect(server.url, credentials=local.operator, ensure_streams=False)
+        agent = await connect_log(server.url, credentials=local.hosts[HOST], ensure_streams=False)
+        gateway = await connect_log(server.url, credentials=local.gateway, ensure_streams=False)
+        cli = await connect_log(server.url, credentials=local.operator, ensure_streams=False)
         try:
             await agent.append(event("host.heartbeat.v1", host_id=HOST))
             sub = await agent.subscribe(COMMANDS_STREAM, durable=host_principal.command_consumer,

@@ -7,13 +7,14 @@ from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
 from grid.identity.permissions import Role
 from grid.identity.provenance import vouched_for
+from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
 
 async def test_a_heartbeat_naming_another_host_on_its_own_subject_is_not_vouched_for(
     secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
 ) -> None:
-    host = await JetStreamLog.connect(secured_server.url, credentials=creds(Role.HOST, host_id="node-1"),
+    host = await connect_log(secured_server.url, credentials=creds(Role.HOST, host_id="node-1"),
                                       ensure_streams=False)
     try:
         honest = event("host.heartbeat.v1", host_id="node-1")

@@ -17,6 +17,7 @@ from grid.identity.invitations import InvitationStore
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from grid.identity.tls import TLSMaterial, TLSMaterialError
+from grid.identity.connect import connect_log
 from tests.conftest import reset_streams
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
@@ -44,7 +45,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, authority: Authority,
 @pytest.fixture
 async def tls_controller(tls_server: SecuredNats, creds: CredsFactory,
                          tls_material: TLSMaterial) -> AsyncIterator[JetStreamLog]:
-    log = await JetStreamLog.connect(tls_server.url, credentials=creds(Role.CONTROLLER), tls_ca=tls_material.ca_cert)
+    log = await connect_log(tls_server.url, credentials=creds(Role.CONTROLLER), tls_ca=tls_material.ca_cert)
     await reset_streams(log)
     try:
         yield log
@@ -85,7 +86,7 @@ async def test_join_over_tls_pins_the_fingerprint_then_trusts_the_ca(
     joined = await join(token.encode(), tmp_path / "host-home")
     assert isinstance(joined, Enrolment), joined
     assert joined.ca_path is not None and Path(joined.ca_path).read_bytes() == tls_material.ca_cert.read_bytes()
-    host = await JetStreamLog.connect(tls_server.url, credentials=Path(joined.creds_path),
+    host = await connect_log(tls_server.url, credentials=Path(joined.creds_path),
                                       tls_ca=Path(joined.ca_path), ensure_streams=False)
     try:
         await host.append(event("host.heartbeat.v1", host_id=HOST))
@@ -108,7 +109,7 @@ async def test_clients_without_the_ca_or_without_tls_cannot_connect(
 ) -> None:
     host_creds = creds(Role.HOST, host_id=HOST)
     with pytest.raises(LogError, match="(?i)certificate"):
-        await JetStreamLog.connect(tls_server.url, credentials=host_creds, ensure_streams=False)
+        await connect_log(tls_server.url, credentials=host_creds, ensure_streams=False)
     plain = f"nats://127.0.0.1:{tls_server.port}"
     with pytest.raises(LogError):
-        await JetStreamLog.connect(plain, credentials=host_creds, ensure_streams=False)
+        await connect_log(plain, credentials=host_creds, ensure_streams=False)

@@ -1,0 +1,23 @@
+"""Connect to the log as an identity: a `.creds` file and the CA that vouches for the server.
+
+The log (grid.events.jetstream) knows nothing of identities: it takes nats-py options. This is
+where an identity's credential becomes those options, so grid.events never imports grid.identity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grid.events.jetstream import JetStreamLog
+from grid.identity.creds import connect_options
+
+
+async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path | None = None,
+                      **kwargs: Any) -> JetStreamLog:
+    """`JetStreamLog.connect` as the identity of `credentials`, verifying the server with `tls_ca`.
+
+    Only the controller manages streams: every other identity passes `ensure_streams=False`,
+    since the server refuses it stream creation.
+    """
+    return await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca), **kwargs)
