@@ -24,11 +24,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from grid.demand.workload import classify
 from grid.events.requests import RequestFeatures
 from grid.gateway import bodies, errors, routing
 from grid.gateway.affinity import HEADER as AFFINITY_HEADER
 from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
-from grid.gateway.app import Gateway
 from grid.gateway.breaker import OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
@@ -38,8 +38,8 @@ from grid.gateway.responses import (
     RawResponse,
 )
 from grid.gateway.sse import UsageParser, completion_tokens_of
+from grid.gateway.state import Gateway
 from grid.gateway.upstream import response_headers
-from grid.demand.workload import classify
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -459,15 +459,6 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
                                      errors.INVALID_REQUEST, "upstream_rejected")
-
-
-async def proxy_asgi(scope: Any, receive: Any, send: Any, kind: str) -> None:
-    """The inference endpoints as a bare ASGI call (GatewayApp's fast path)."""
-    try:
-        response = await _proxy(Request(scope, receive), kind)
-    except Exception as exc:  # noqa: BLE001 - never let an unexpected error escape as a non-JSON 500
-        response = await _internal(Request(scope, receive), exc)
-    await response(scope, receive, send)
 
 
 async def chat_completions(request: Request) -> Any:
