@@ -39,7 +39,7 @@ from grid.gateway.responses import (
 )
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
-from grid.gateway.upstream import response_headers
+from grid.gateway.upstream import UpstreamResponse, response_headers
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -423,7 +423,7 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
     return _upstream_failure(gw, status, content, latency, done)
 
 
-async def _read_bounded(upstream: httpx.Response, limit: int | None) -> bytes:
+async def _read_bounded(upstream: UpstreamResponse, limit: int | None) -> bytes:
     if limit is None:
         return await upstream.aread()
     chunks: list[bytes] = []
