@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import msgspec
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -29,7 +29,7 @@ from grid.events.requests import RequestFeatures
 from grid.gateway import bodies, errors, routing
 from grid.gateway.affinity import HEADER as AFFINITY_HEADER
 from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
-from grid.gateway.breaker import OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
+from grid.gateway.breaker import CALLER_CAUSED_5XX, OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
     STREAM_OK,
@@ -133,33 +133,6 @@ async def health(request: Request) -> Any:
 # --- proxy ---------------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int, declared: bytes | None) -> bytes | Response:
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            return errors.bad_request("Invalid Content-Length header.")
-        if size > limit:
-            return _too_large(limit)
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                return _too_large(limit)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        return errors.bad_request("The client disconnected while sending the body.")
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _too_large(limit: int) -> Response:
-    return errors.error_response(
-        413, f"Request body exceeds the {limit} byte limit.", errors.INVALID_REQUEST, errors.CODE_BODY_TOO_LARGE
-    )
-
-
 class _Ctx:
     """What one request needs to write its telemetry record (no text kept, no raw key)."""
 
@@ -250,7 +223,7 @@ async def _proxy(request: Request, kind: str) -> Any:
     if isinstance(affinity, AffinityError):
         gw.counters["bad_request"] += 1
         return errors.bad_request(affinity.message, code=errors.CODE_INVALID_AFFINITY)
-    body = await _read_body(request, gw.settings.max_body_bytes, declared)
+    body = await gw.intake.read(request.receive, declared)
     if not isinstance(body, bytes):
         gw.counters["bad_request"] += 1
         return body
@@ -446,12 +419,13 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
         done("error", 502, latency)
         return errors.error_response(502, "The engine refused Grid's engine key.", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR)
-    if status >= 500:
+    if status >= 500 and status not in CALLER_CAUSED_5XX:
         code = 503 if status == 503 else 502
         done("error", code, latency)
         return errors.error_response(code, f"The engine failed (HTTP {status}).", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR, retry_after=1.0 if code == 503 else None)
-    # A caller-caused 4xx: pass the engine's OpenAI-shaped explanation through.
+    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): pass
+    # the engine's OpenAI-shaped explanation through with its status.
     done("rejected", status, latency)
     try:
         _upstream_error.decode(content)

@@ -27,6 +27,7 @@ from grid.events.log import EventLog
 from grid.events.subjects import HOSTS_STREAM
 from grid.gateway import routing
 from grid.gateway.breaker import BreakerBoard
+from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
@@ -82,6 +83,11 @@ class Gateway:
             max_queue=self.settings.telemetry_max_queue,
         )
         self.engine_keys = EngineKeys(config.home)
+        self.intake = BodyReader(
+            max_bytes=self.settings.max_body_bytes,
+            timeout_seconds=self.settings.body_timeout_seconds,
+            max_incomplete=self.settings.max_incomplete_bodies,
+        )
         self.upstream: Upstream | None = None
         self.waiters = 0
         self._released = asyncio.Event()
@@ -241,6 +247,7 @@ class Gateway:
             "waiting": self.waiters,
             "open_circuits": sum(1 for c in self.breakers.describe(now) if c["state"] != "closed"),
             "telemetry": self.telemetry.stats(),
+            "intake": self.intake.stats(),
             "requests": dict(sorted(self.counters.items())),
             "projection": {
                 "positions": dict(sorted(self.runner.positions.items())),
