@@ -1,11 +1,16 @@
 """Reading a request body off the wire: bounded in size, in time, and in how many may be pending.
 
-A body that arrived with its headers (the common case: a small JSON request) is taken at once
-and never counted. A body still on its way holds a connection and memory, so those requests
-are counted: beyond `max_incomplete` a new one is refused at once (503, Retry-After), and each
-must finish within `timeout_seconds` (else 408). Both refusals close the connection, since the
-rest of an unread body would otherwise be parsed as the next request. Without these bounds,
-clients that send half a body and stop held hundreds of requests open indefinitely.
+A body still on its way holds a connection and memory. Each must arrive within
+`timeout_seconds` (else 408), and while `max_incomplete` requests are waiting for theirs, a new
+request that would have to wait too is refused at once (503, Retry-After). Both refusals close
+the connection, since the rest of an unread body would otherwise be parsed as the next request.
+Without these bounds, clients that sent half a body and stopped held hundreds of requests open.
+
+A body that arrived with its headers (the common case: a small JSON request) is never held
+back: reading it completes without suspending, so no other request ever sees it counted, and
+when the bound is reached the request gets a deadline of zero, which only fires if it waits.
+(Polling the receive channel inside a cancelled anyio scope, as Starlette's
+`is_disconnected` does, gives the same answer but cost ~45 us of CPU per request.)
 """
 
 from __future__ import annotations
@@ -13,26 +18,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import anyio
 from starlette.responses import Response
-from starlette.types import Message, Receive
+from starlette.types import Receive
 
 from grid.gateway import errors
 
 _CLOSE = {"Connection": "close"}
-
-
-async def _poll(receive: Receive) -> Message | None:
-    """The next ASGI message if the server already has it, else None (nothing is consumed).
-
-    The same technique as Starlette's `Request.is_disconnected`: a receive inside an already
-    cancelled scope returns only when it completes without waiting.
-    """
-    message: Message | None = None
-    with anyio.CancelScope() as scope:
-        scope.cancel()
-        message = await receive()
-    return message
 
 
 class BodyReader:
@@ -57,21 +48,18 @@ class BodyReader:
                 return errors.bad_request("Invalid Content-Length header.")
             if size > self.max_bytes:
                 return self._too_large()
-        message = await _poll(receive)
-        if message is not None and message["type"] == "http.request" and not message.get("more_body", False):
-            body: bytes = message.get("body", b"")
-            return self._too_large() if len(body) > self.max_bytes else body
-        if self.incomplete >= self.max_incomplete:
-            self.refused += 1
-            return errors.error_response(
-                503, "Too many requests are still sending their bodies; retry shortly.", errors.UNAVAILABLE,
-                errors.CODE_TOO_MANY_INCOMPLETE, retry_after=1.0, headers=_CLOSE,
-            )
-        self.incomplete += 1
+        full = self.incomplete >= self.max_incomplete
+        self.incomplete += 1  # observable by other requests only while this one waits
         try:
-            async with asyncio.timeout(self.timeout_seconds):
-                return await self._rest(receive, message)
+            async with asyncio.timeout(0.0 if full else self.timeout_seconds):
+                return await self._receive_all(receive)
         except TimeoutError:
+            if full:
+                self.refused += 1
+                return errors.error_response(
+                    503, "Too many requests are still sending their bodies; retry shortly.", errors.UNAVAILABLE,
+                    errors.CODE_TOO_MANY_INCOMPLETE, retry_after=1.0, headers=_CLOSE,
+                )
             self.timed_out += 1
             return errors.error_response(
                 408, f"The request body did not arrive within {self.timeout_seconds:g} seconds.",
@@ -80,12 +68,11 @@ class BodyReader:
         finally:
             self.incomplete -= 1
 
-    async def _rest(self, receive: Receive, message: Message | None) -> bytes | Response:
+    async def _receive_all(self, receive: Receive) -> bytes | Response:
         chunks: list[bytes] = []
         total = 0
         while True:
-            if message is None:
-                message = await receive()
+            message = await receive()
             if message["type"] == "http.disconnect":
                 return errors.bad_request("The client disconnected while sending the body.")
             chunk = message.get("body", b"")
@@ -96,7 +83,6 @@ class BodyReader:
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            message = None
 
     def _too_large(self) -> Response:
         return errors.error_response(
