@@ -2,7 +2,8 @@
 
 `Gateway` owns a live ProjectionRunner (fleet + catalog) following the log, the routing table
 cache, the private breaker board and measurements, the proxy-owned active counters and
-last_used_at watermarks, the telemetry queue, the shared upstream client and the engine keys.
+last_used_at watermarks, the telemetry queue, the request-body intake bounds, the shared
+upstream client and the engine keys.
 The pure choice is `grid.gateway.routing.choose`; the HTTP handlers (`grid.gateway.routes`)
 read and update this state, and `grid.gateway.app` composes both into a served app. This
 module imports neither of them.
