@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import psutil
+import structlog
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -233,31 +234,42 @@ serve_app.command("controller")(serve_controller)
 def serve_gateway_command(
     nats: Optional[str] = NatsOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
-    port: int = typer.Option(8080, "--port", help="Listen port."),
+    port: int = typer.Option(8080, "--port", help="Listen port (0 picks a free one)."),
     log_format: str = LogFormatOption,
 ) -> None:
-    """Run the OpenAI-compatible gateway."""
-    from grid.gateway.app import create_gateway_app, start_gateway
-
+    """Run the OpenAI-compatible gateway (`python -m grid.gateway` is the same command)."""
     configure_logging(log_format)
     cfg = GridConfig.from_environ()
     nats_url = resolve_nats_url(nats, cfg)
-    state: dict[str, object] = {}
-
-    async def start() -> None:
-        log = await JetStreamLog.connect(nats_url, name="grid-gateway")
-        running = await start_gateway(create_gateway_app(log, cfg), host, port)
-        state.update(log=log, running=running)
-        console.print(f"gateway {running.url}/v1")
-
-    async def stop() -> None:
-        await state["running"].stop()  # type: ignore[attr-defined]
-        await state["log"].close()  # type: ignore[attr-defined]
-
+    cfg.ensure_home()
     try:
-        asyncio.run(_serve_forever(start, stop))
+        asyncio.run(_serve_gateway(cfg, nats_url, host, port))
     except (LogError, SecretFileError) as exc:
         fail(str(exc))
+
+
+async def _serve_gateway(cfg: GridConfig, nats: str, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM, or until the server itself exits."""
+    from grid.gateway.app import create_gateway_app, start_gateway
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log = await JetStreamLog.connect(nats, name="grid-gateway")
+    try:
+        running = await start_gateway(create_gateway_app(log, cfg), host, port)
+        console.print(f"gateway {running.url}/v1")
+        structlog.get_logger("grid.gateway").info("gateway serving", url=running.url)
+        waiter = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({waiter, running.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            await running.stop()
+    finally:
+        await log.close()
 
 
 def register(app: typer.Typer) -> None:

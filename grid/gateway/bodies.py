@@ -13,9 +13,26 @@ from typing import Union
 import msgspec
 
 from grid.demand.workload import CHARS_PER_UNIT, SCAN_CHARS
+from grid.gateway.errors import CODE_OUT_OF_RANGE
 
 MAX_MODEL_ID_CHARS = 256
-MAX_TOKENS_BOUND = 10_000_000
+# The most tokens one request may ask for: above any context window the fleet runs. An engine
+# reads max_tokens=-1 as "until the context is full", so such values never go upstream.
+MAX_TOKENS_LIMIT = 131_072
+
+# Inclusive bounds of the sampling parameters checked before a request reaches an engine
+# (OpenAI's documented ranges; top_k and min_p are llama.cpp's). Out of range is a 400.
+SAMPLING_BOUNDS: dict[str, tuple[float, float]] = {
+    "max_tokens": (1, MAX_TOKENS_LIMIT),
+    "max_completion_tokens": (1, MAX_TOKENS_LIMIT),
+    "n": (1, 128),
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "top_k": (0, 1000),
+    "min_p": (0.0, 1.0),
+}
 
 
 class _Part(msgspec.Struct):
@@ -34,6 +51,13 @@ class ChatBody(msgspec.Struct):
     stream: bool | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
 
 _PromptItem = Union[str, int, list[int]]
@@ -44,6 +68,13 @@ class CompletionBody(msgspec.Struct):
     prompt: str | list[_PromptItem] | None = None
     stream: bool | None = None
     max_tokens: int | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
 
 class EmbeddingBody(msgspec.Struct):
@@ -123,10 +154,21 @@ def parse(kind: str, body: bytes) -> Parsed | BodyError:
             pieces.append(i)
         else:
             pieces.extend(x for x in i if isinstance(x, str))
-    if max_tokens is not None and not (0 < max_tokens <= MAX_TOKENS_BOUND):
-        max_tokens = None  # not a usable hint; the engine validates the field itself
+    if not isinstance(value, EmbeddingBody):
+        out_of_range = _check_sampling(value)
+        if out_of_range is not None:
+            return out_of_range
     head, units = _text_units(pieces)
     return Parsed(model=model, stream=stream, max_tokens=max_tokens, text_head=head, input_units=units)
+
+
+def _check_sampling(value: ChatBody | CompletionBody) -> BodyError | None:
+    for name, (low, high) in SAMPLING_BOUNDS.items():
+        v = getattr(value, name, None)
+        if v is not None and not (low <= v <= high):  # NaN fails this too
+            return BodyError(f"Invalid '{name}': expected a value from {low:g} to {high:g}.", param=name,
+                             code=CODE_OUT_OF_RANGE)
+    return None
 
 
 def _short(exc: Exception) -> str:

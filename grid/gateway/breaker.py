@@ -4,7 +4,10 @@
 * two consecutive transport or 5xx failures open it, with exponential backoff
   (1 s, 2 s, 4 s, ... capped at 30 s) that keeps growing while the failure streak lasts;
 * an expired circuit admits exactly one half-open probe; any 2xx resets everything;
-* caller-caused 4xx responses are neutral (they only release a probe).
+* caller-caused answers are neutral (they only release a probe): a 4xx other than 401/403/429,
+  and 501, which an engine gives for an endpoint it does not serve (embeddings sent to a
+  chat-only model). One client asking for the wrong thing must never take a model offline
+  for everyone else.
 
 State lives in memory only: it never changes discovery inventory, grants no lifecycle
 authority and is not persisted across a restart. Nothing here replays a request: a failure
@@ -30,7 +33,10 @@ HALF_OPEN = "half_open"
 OUTCOME_SUCCESS = "success"
 OUTCOME_RATE_LIMITED = "rate_limited"
 OUTCOME_FAILURE = "failure"  # transport error or 5xx
-OUTCOME_NEUTRAL = "neutral"  # caller 4xx, cancelled before an answer
+OUTCOME_NEUTRAL = "neutral"  # caller 4xx or 501, cancelled before an answer
+
+# Server-side statuses that the request caused: the engine does not implement what was asked.
+CALLER_CAUSED_5XX = frozenset({501})
 
 
 def classify_status(status: int) -> str:
@@ -43,6 +49,8 @@ def classify_status(status: int) -> str:
         return OUTCOME_SUCCESS
     if status == 429:
         return OUTCOME_RATE_LIMITED
+    if status in CALLER_CAUSED_5XX:
+        return OUTCOME_NEUTRAL
     if status >= 500 or status in (401, 403):
         return OUTCOME_FAILURE
     return OUTCOME_NEUTRAL

@@ -1,39 +1,55 @@
-"""A minimal HTTP/1.1 client for the private upstream hop (gateway -> engine), on asyncio streams.
+"""A minimal HTTP/1.1 client for the private upstream hop (gateway -> engine): an asyncio
+Protocol per connection, responses parsed by `httptools` (llhttp, the parser uvicorn uses).
 
-Why not httpx here: measured on this fleet's 2-core machines, one pooled httpx round trip to a
-trivial loopback server costs ~1.3 ms against ~0.2 ms for the same exchange on raw asyncio
-streams (about 2,000 Python calls per request through the client, pool, anyio and h11 layers).
-That alone would spend most of the gateway's 2 ms budget. The hop it serves is narrow — POST a
-JSON body to a known engine, read a Content-Length or chunked (SSE) response — so a small,
-strict client does the job; httpx remains the client everywhere else (CLI, tests) and can be
-selected for this hop too (GRID_GATEWAY_UPSTREAM=httpx).
+Why not httpx here: `python -m bench.gateway_overhead --rounds 120` (real llama-server, 2-core
+machine shared with other work, load average ~3.5) measured, in back-to-back runs:
+
+    upstream client   added median (max_tokens=1)   gateway CPU per proxied request
+    h1 (this)         1.80-1.89 ms                  2.21-2.38 ms
+    httpx             2.78 ms                       3.79 ms
+
+and in isolation one pooled keep-alive POST + read of a small JSON answer costs ~120 us of CPU
+here against ~600 us through a shared httpx transport (the anyio, httpcore and h11 layers).
+
+The hop is narrow — POST a JSON body to a known engine, read a Content-Length or chunked
+(SSE) response — so a small, strict client does the job; httpx remains the client everywhere
+else (CLI, tests) and can be selected for this hop too (GRID_GATEWAY_UPSTREAM=httpx).
 
 Behaviour:
 * one `write` per request (head and body together: a single send on the wire);
 * a keep-alive pool per (scheme, host, port); an idle connection is dropped when the server
-  closed it, when it is older than the server's advertised Keep-Alive timeout minus a margin
-  (default 4 s), or after the advertised max requests — so a reused connection is not one the
-  server is about to close (a POST is never replayed, so that race must be avoided up front);
+  closed it or sent anything unsolicited, when it is older than the server's advertised
+  Keep-Alive timeout minus a margin (default 4 s), or after the advertised max requests — so
+  a reused connection is not one the server is about to close;
+* a POST is sent exactly once: a connection that breaks after the request was written is an
+  error for the caller, never a silent retry (the engine may already be generating);
 * a response is returned to the pool only when its body was read completely and both sides
   allow keep-alive; a partially read or `Connection: close` response closes its connection;
+* body chunks are buffered up to a high-water mark, then the socket stops being read until
+  the caller catches up (a slow client never makes the gateway buffer a whole generation);
 * every failure surfaces as an httpx exception subclass (ConnectError, ConnectTimeout,
-  ReadTimeout, RemoteProtocolError), so callers handle both clients the same way.
+  ReadTimeout, RemoteProtocolError), mapped in one place (`_transport_error`), so callers
+  handle both clients the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl as ssl_module
 import time
 from collections.abc import AsyncIterator
 
+import httptools
 import httpx
 
-MAX_HEAD_BYTES = 64 * 1024
-READ_SIZE = 64 * 1024
 DEFAULT_KEEPALIVE_SECONDS = 4.0
 KEEPALIVE_MARGIN_SECONDS = 1.0
 MAX_IDLE_PER_ORIGIN = 64
+MAX_HEAD_BYTES = 64 * 1024
+# Body bytes held per connection before reading from the socket pauses (and resumes below LOW).
+HIGH_WATER_BYTES = 256 * 1024
+LOW_WATER_BYTES = 64 * 1024
 
 
 class UpstreamConnectError(httpx.ConnectError):
@@ -52,15 +68,41 @@ class UpstreamProtocolError(httpx.RemoteProtocolError):
     pass
 
 
+# The phases a failure can happen in; `_transport_error` maps (phase, cause) to one exception.
+CONNECT = "connect"
+ANSWER = "answer"  # request written, waiting for the response head
+BODY = "body"  # reading the response body
+
+# Causes that mean "this connection is broken" rather than a bug in the caller.
+_TRANSPORT_CAUSES = (OSError, EOFError, TimeoutError, httptools.HttpParserError, ValueError)
+
+
+def _transport_error(exc: BaseException, phase: str, where: str) -> httpx.TransportError:
+    """The single mapping from asyncio, socket and parser failures to httpx exceptions."""
+    if isinstance(exc, TimeoutError):
+        if phase == CONNECT:
+            return UpstreamConnectTimeout(f"connecting to {where} timed out")
+        if phase == ANSWER:
+            return UpstreamReadTimeout("the engine did not answer in time")
+        return UpstreamReadTimeout("the engine stopped sending")
+    if phase == CONNECT:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return UpstreamConnectError(f"cannot connect to {where}: {detail}")
+    if phase == ANSWER:
+        return UpstreamProtocolError(f"the engine connection failed: {type(exc).__name__}")
+    return UpstreamProtocolError(f"broken engine response: {type(exc).__name__}")
+
+
 class Target:
     """A pre-parsed upstream URL."""
 
-    __slots__ = ("host", "host_header", "origin", "path", "port", "scheme")
+    __slots__ = ("host", "host_header", "origin", "path", "port", "scheme", "url")
 
     def __init__(self, url: str) -> None:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise httpx.InvalidURL(f"not an http(s) engine endpoint: {url!r}")
+        self.url = url
         self.scheme = parsed.scheme
         self.host = parsed.host
         self.port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -74,30 +116,175 @@ class Target:
         return f"Target({self.scheme}://{self.host_header.decode()}{self.path})"
 
 
-class _Conn:
-    __slots__ = ("idle_since", "keepalive", "max_requests", "origin", "reader", "requests", "writer")
+class _Conn(asyncio.Protocol):
+    """One upstream connection: the transport, its parser, and the response being read."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, origin: tuple[str, str, int]):
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, origin: tuple[str, str, int]) -> None:
         self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
         self.requests = 0
         self.max_requests: int | None = None
         self.idle_since = 0.0
         self.keepalive = DEFAULT_KEEPALIVE_SECONDS
+        self.lost = False
+        self.broken = False  # unsolicited bytes or a parse failure: never reuse
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._read_paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.expecting = False
+        self.informational = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.error: BaseException | None = None
+
+    # --- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self.expecting:
+            self.broken = True  # bytes nobody asked for: this connection is out of step
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, ValueError) as exc:
+            self.broken = True
+            if not self.complete:
+                self.error = exc
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.expecting and not self.complete and self.error is None:
+            if self.head_done and self._until_eof():
+                self.complete = True  # an EOF-delimited body ends with the connection
+            else:
+                self.error = exc or ConnectionResetError("the engine closed the connection")
+        self._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # --- httptools callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.broken = True  # a second response to one request
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise ValueError("response head too large")
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self.informational = True  # 100 Continue and friends: the real head follows
+            self.headers = []
+            return
+        self.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(bytes(body))
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER_BYTES and not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
+        self.complete = True
+
+    # --- used by the pool and the response -----------------------------------------------------------
+
+    def _until_eof(self) -> bool:
+        return not any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.lost and not self.complete:
+            raise ConnectionResetError("the engine closed the connection")
+
+    async def send(self, payload: bytes, write_timeout: float) -> None:
+        assert self.transport is not None
+        self._reset()
+        self.expecting = True
+        self.requests += 1
+        self.transport.write(payload)
+        if self._write_paused and not self.lost:
+            self._drain = asyncio.get_running_loop().create_future()
+            async with asyncio.timeout(write_timeout):
+                await self._drain
+
+    async def read_head(self) -> None:
+        while not self.head_done:
+            self._raise_if_failed()
+            await self._wait()
+
+    async def read_piece(self) -> bytes:
+        """The next body piece; b"" once the body is complete."""
+        while not self.chunks:
+            if self.complete:
+                return b""
+            self._raise_if_failed()
+            await self._wait()
+        piece = self.chunks.popleft()
+        self.buffered -= len(piece)
+        if self._read_paused and self.buffered <= LOW_WATER_BYTES and self.transport is not None:
+            self._read_paused = False
+            self.transport.resume_reading()
+        return piece
 
     def usable(self, now: float) -> bool:
-        if self.writer.transport.is_closing() or self.reader.at_eof() or self.reader._buffer:  # type: ignore[attr-defined]
+        if self.transport is None or self.transport.is_closing() or self.lost or self.broken:
             return False  # closed by the server, or unsolicited bytes: never reuse
         if now - self.idle_since >= self.keepalive:
             return False
         return self.max_requests is None or self.requests < self.max_requests
 
     def close(self) -> None:
-        try:
-            self.writer.close()
-        except Exception:  # noqa: BLE001 - already closed
-            pass
+        if self.transport is not None:
+            self.transport.close()
 
 
 def _parse_keepalive(value: bytes) -> tuple[float | None, int | None]:
@@ -115,73 +302,29 @@ def _parse_keepalive(value: bytes) -> tuple[float | None, int | None]:
 
 
 class H1Response:
-    __slots__ = (
-        "_closed",
-        "_conn",
-        "_done",
-        "_mode",
-        "_pool",
-        "_read_timeout",
-        "_remaining",
-        "_reusable",
-        "raw_headers",
-        "status_code",
-    )
+    __slots__ = ("_closed", "_conn", "_pool", "_read_timeout", "_reusable", "raw_headers", "status_code")
 
-    def __init__(self, pool: H1Pool, conn: _Conn, status: int, headers: list[tuple[bytes, bytes]],
-                 mode: str, length: int, reusable: bool, read_timeout: float) -> None:
-        self.status_code = status
-        self.raw_headers = headers
+    def __init__(self, pool: H1Pool, conn: _Conn, reusable: bool, read_timeout: float) -> None:
+        self.status_code = conn.status
+        self.raw_headers = conn.headers
         self._pool = pool
         self._conn = conn
-        self._mode = mode  # "length" | "chunked" | "eof"
-        self._remaining = length
-        self._done = mode == "length" and length == 0
         self._reusable = reusable
         self._closed = False
         self._read_timeout = read_timeout
 
-    async def _read_piece(self) -> bytes:
-        reader = self._conn.reader
-        try:
-            async with asyncio.timeout(self._read_timeout):
-                if self._mode == "length":
-                    data = await reader.read(min(READ_SIZE, self._remaining))
-                    if not data:
-                        raise UpstreamProtocolError("the engine closed the connection mid-body")
-                    self._remaining -= len(data)
-                    if self._remaining <= 0:
-                        self._done = True
-                    return data
-                if self._mode == "chunked":
-                    line = await reader.readuntil(b"\r\n")
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                    if size < 0:
-                        raise ValueError("negative chunk size")
-                    if size == 0:
-                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                            pass  # trailers
-                        self._done = True
-                        return b""
-                    data = await reader.readexactly(size + 2)
-                    if data[-2:] != b"\r\n":
-                        raise ValueError("chunk without CRLF")
-                    return data[:-2]
-                data = await reader.read(READ_SIZE)
-                if not data:
-                    self._done = True
-                return data
-        except TimeoutError as exc:
-            raise UpstreamReadTimeout("the engine stopped sending") from exc
-        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            raise UpstreamProtocolError(f"broken engine response: {type(exc).__name__}") from exc
-
     async def aiter_raw(self) -> AsyncIterator[bytes]:
+        conn = self._conn
         try:
-            while not self._done:
-                piece = await self._read_piece()
-                if piece:
-                    yield piece
+            while True:
+                try:
+                    async with asyncio.timeout(self._read_timeout):
+                        piece = await conn.read_piece()
+                except _TRANSPORT_CAUSES as exc:
+                    raise _transport_error(exc, BODY, conn.origin[1]) from exc
+                if not piece:
+                    return
+                yield piece
         except BaseException:
             self._reusable = False
             raise
@@ -194,10 +337,12 @@ class H1Response:
         if self._closed:
             return
         self._closed = True
-        if self._done and self._reusable:
-            self._pool._release(self._conn)
+        conn = self._conn
+        if conn.complete and not conn.chunks and self._reusable and not conn.broken:
+            conn.expecting = False
+            self._pool._release(conn)
         else:
-            self._conn.close()
+            conn.close()
 
 
 class H1Pool:
@@ -218,17 +363,16 @@ class H1Pool:
             if self._ssl is None:
                 self._ssl = ssl_module.create_default_context()
             ssl_ctx = self._ssl
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(
-                    target.host, target.port, ssl=ssl_ctx, limit=MAX_HEAD_BYTES
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(target.origin), target.host, target.port, ssl=ssl_ctx
                 )
-        except TimeoutError as exc:
-            raise UpstreamConnectTimeout(f"connecting to {target.host}:{target.port} timed out") from exc
-        except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {target.host}:{target.port}: {exc.strerror or exc}") from exc
+        except _TRANSPORT_CAUSES as exc:
+            raise _transport_error(exc, CONNECT, f"{target.host}:{target.port}") from exc
         self.opened += 1
-        return _Conn(reader, writer, target.origin)
+        return conn
 
     def _acquire_idle(self, origin: tuple[str, str, int]) -> _Conn | None:
         idle = self._idle.get(origin)
@@ -267,76 +411,29 @@ class H1Pool:
         conn = self._acquire_idle(target.origin)
         if conn is None:
             conn = await self._connect(target)
-        conn.requests += 1
         try:
-            conn.writer.write(payload)
-            if conn.writer.transport.get_write_buffer_size() > 0:
-                async with asyncio.timeout(self.write_timeout):
-                    await conn.writer.drain()
+            await conn.send(payload, self.write_timeout)
             async with asyncio.timeout(self.read_timeout):
-                while True:
-                    raw = await conn.reader.readuntil(b"\r\n\r\n")
-                    status, headers_out, version = _parse_head(raw)
-                    if not (100 <= status < 200) or status == 101:
-                        break
-        except TimeoutError as exc:
+                await conn.read_head()
+        except _TRANSPORT_CAUSES as exc:
             conn.close()
-            raise UpstreamReadTimeout("the engine did not answer in time") from exc
-        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            conn.close()
-            raise UpstreamProtocolError(f"the engine connection failed: {type(exc).__name__}") from exc
+            raise _transport_error(exc, ANSWER, target.host) from exc
         except BaseException:
             conn.close()
             raise
 
-        length = -1
-        chunked = False
-        reusable = version == b"HTTP/1.1" and not close
-        for name, value in headers_out:
-            if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    conn.close()
-                    raise UpstreamProtocolError("invalid Content-Length from the engine") from None
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                if b"close" in value.lower():
-                    reusable = False
-            elif name == b"keep-alive":
+        reusable = conn.keep_alive and not close
+        for name, value in conn.headers:
+            if name == b"keep-alive":
                 timeout, maximum = _parse_keepalive(value)
                 if timeout is not None:
                     conn.keepalive = max(0.0, min(DEFAULT_KEEPALIVE_SECONDS, timeout - KEEPALIVE_MARGIN_SECONDS))
                 if maximum is not None:
                     conn.max_requests = conn.requests + maximum - 1
-        if status in (204, 304):
-            mode, length = "length", 0
-        elif chunked:
-            mode = "chunked"
-        elif length >= 0:
-            mode = "length"
-        else:
-            mode, reusable = "eof", False
-        return H1Response(self, conn, status, headers_out, mode, max(0, length), reusable, self.read_timeout)
+        return H1Response(self, conn, reusable, self.read_timeout)
 
     async def aclose(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
         self._idle.clear()
-
-
-def _parse_head(raw: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    lines = raw[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise ValueError("not an HTTP/1.x status line")
-    status = int(parts[1])
-    headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            raise ValueError("malformed header line")
-        headers.append((name.strip().lower(), value.strip()))
-    return status, headers, parts[0]

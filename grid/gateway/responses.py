@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from grid.gateway.upstream import UpstreamResponse
+
 _TCP_CORK = getattr(socket, "TCP_CORK", None)
 
 
@@ -85,7 +87,7 @@ class ProxyStream:
         self,
         status_code: int,
         headers: list[tuple[bytes, bytes]],
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         on_chunk: Callable[[bytes], None],
         on_done: Callable[[str], None],
     ) -> None:

@@ -20,16 +20,16 @@ from typing import Any
 import httpx
 import msgspec
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from grid.demand.workload import classify
 from grid.events.requests import RequestFeatures
 from grid.gateway import bodies, errors, routing
 from grid.gateway.affinity import HEADER as AFFINITY_HEADER
 from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
-from grid.gateway.app import Gateway
-from grid.gateway.breaker import OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
+from grid.gateway.breaker import CALLER_CAUSED_5XX, OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
     STREAM_OK,
@@ -38,8 +38,8 @@ from grid.gateway.responses import (
     RawResponse,
 )
 from grid.gateway.sse import UsageParser, completion_tokens_of
-from grid.gateway.upstream import response_headers
-from grid.demand.workload import classify
+from grid.gateway.state import Gateway
+from grid.gateway.upstream import UpstreamResponse, response_headers
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -133,33 +133,6 @@ async def health(request: Request) -> Any:
 # --- proxy ---------------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int, declared: bytes | None) -> bytes | Response:
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            return errors.bad_request("Invalid Content-Length header.")
-        if size > limit:
-            return _too_large(limit)
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                return _too_large(limit)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        return errors.bad_request("The client disconnected while sending the body.")
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _too_large(limit: int) -> Response:
-    return errors.error_response(
-        413, f"Request body exceeds the {limit} byte limit.", errors.INVALID_REQUEST, errors.CODE_BODY_TOO_LARGE
-    )
-
-
 class _Ctx:
     """What one request needs to write its telemetry record (no text kept, no raw key)."""
 
@@ -250,7 +223,7 @@ async def _proxy(request: Request, kind: str) -> Any:
     if isinstance(affinity, AffinityError):
         gw.counters["bad_request"] += 1
         return errors.bad_request(affinity.message, code=errors.CODE_INVALID_AFFINITY)
-    body = await _read_body(request, gw.settings.max_body_bytes, declared)
+    body = await gw.intake.read(request.receive, declared)
     if not isinstance(body, bytes):
         gw.counters["bad_request"] += 1
         return body
@@ -423,7 +396,7 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
     return _upstream_failure(gw, status, content, latency, done)
 
 
-async def _read_bounded(upstream: httpx.Response, limit: int | None) -> bytes:
+async def _read_bounded(upstream: UpstreamResponse, limit: int | None) -> bytes:
     if limit is None:
         return await upstream.aread()
     chunks: list[bytes] = []
@@ -446,12 +419,13 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
         done("error", 502, latency)
         return errors.error_response(502, "The engine refused Grid's engine key.", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR)
-    if status >= 500:
+    if status >= 500 and status not in CALLER_CAUSED_5XX:
         code = 503 if status == 503 else 502
         done("error", code, latency)
         return errors.error_response(code, f"The engine failed (HTTP {status}).", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR, retry_after=1.0 if code == 503 else None)
-    # A caller-caused 4xx: pass the engine's OpenAI-shaped explanation through.
+    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): pass
+    # the engine's OpenAI-shaped explanation through with its status.
     done("rejected", status, latency)
     try:
         _upstream_error.decode(content)
@@ -459,15 +433,6 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
                                      errors.INVALID_REQUEST, "upstream_rejected")
-
-
-async def proxy_asgi(scope: Any, receive: Any, send: Any, kind: str) -> None:
-    """The inference endpoints as a bare ASGI call (GatewayApp's fast path)."""
-    try:
-        response = await _proxy(Request(scope, receive), kind)
-    except Exception as exc:  # noqa: BLE001 - never let an unexpected error escape as a non-JSON 500
-        response = await _internal(Request(scope, receive), exc)
-    await response(scope, receive, send)
 
 
 async def chat_completions(request: Request) -> Any:

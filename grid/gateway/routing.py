@@ -29,14 +29,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
+from grid.fleet import ADMITTING_HOST_STATES, HEARTBEAT_TIMEOUT_SECONDS, heartbeat_fresh
 from grid.gateway.affinity import rendezvous_pick
 from grid.gateway.measure import RouteMeasurement
 from grid.planner.types import HostSnapshot
 
 RouteKey = tuple[str, str, str]  # (host_id, endpoint, model_id)
 
-ROUTABLE_HOST_STATES: tuple[str, ...] = ("accepting", "throttled")
+# Order within the admitting host states: a throttled host only takes what accepting ones cannot.
 PROTECTION_RANK: dict[str, int] = {"accepting": 0, "throttled": 1}
+assert set(PROTECTION_RANK) == set(ADMITTING_HOST_STATES)
 
 # Decision reasons
 ROUTED = "routed"
@@ -60,7 +62,7 @@ MAX_AUTO_RETRY_SECONDS = 300.0
 
 @dataclass(frozen=True, slots=True)
 class RoutingPolicy:
-    heartbeat_timeout_seconds: float = 30.0
+    heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
     future_skew_seconds: float = 5.0
     affinity_slack: float = 0.20
     default_latency_seconds: float = 1.0
@@ -123,7 +125,7 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
     """Why `c` may not take new requests at `now`, or None when it is eligible."""
     if c.state != "ready":
         return EXCLUDED_DRAINING if c.state == "draining" else EXCLUDED_NOT_READY
-    if c.host_state not in PROTECTION_RANK:
+    if c.host_state not in ADMITTING_HOST_STATES:
         return EXCLUDED_HOST_FENCED
     if not c.endpoint:
         return EXCLUDED_NO_ENDPOINT
@@ -131,7 +133,7 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
         return EXCLUDED_NO_HEARTBEAT
     if c.heartbeat_at > now + policy.future_skew_seconds:
         return EXCLUDED_FUTURE
-    if now - c.heartbeat_at > policy.heartbeat_timeout_seconds:
+    if not heartbeat_fresh(c.heartbeat_at, now, policy):
         return EXCLUDED_STALE
     return None
 

@@ -4,6 +4,8 @@ GRID_GATEWAY_API_KEYS     a file (one key per line, '#' comments) or a comma-sep
                           unset or empty: no client keys required
 GRID_GATEWAY_MAX_BODY     request body limit in bytes (default 4 MiB)
 GRID_GATEWAY_QUEUE_SECONDS  how long a request may wait for a free slot (default 30)
+GRID_GATEWAY_BODY_SECONDS   how long a request body may take to arrive (default 10)
+GRID_GATEWAY_MAX_INCOMPLETE how many request bodies may be arriving at once (default 128)
 GRID_GATEWAY_UPSTREAM     upstream client: h1 (default, grid.gateway.h1) or httpx
 """
 
@@ -28,6 +30,9 @@ class GatewaySettings:
     # Waiting for a free slot when every ready route is at its concurrency limit.
     queue_timeout_seconds: float = 30.0
     max_waiters: int = 1024
+    # Request bodies still arriving: each bounded in time, and bounded in number.
+    body_timeout_seconds: float = 10.0
+    max_incomplete_bodies: int = 128
     telemetry_batch_size: int = 256
     telemetry_flush_seconds: float = 1.0
     telemetry_max_queue: int = 8192
@@ -48,6 +53,10 @@ class GatewaySettings:
             kwargs["max_body_bytes"] = max(1024, int(env["GRID_GATEWAY_MAX_BODY"]))
         if env.get("GRID_GATEWAY_QUEUE_SECONDS"):
             kwargs["queue_timeout_seconds"] = max(0.0, float(env["GRID_GATEWAY_QUEUE_SECONDS"]))
+        if env.get("GRID_GATEWAY_BODY_SECONDS"):
+            kwargs["body_timeout_seconds"] = max(0.1, float(env["GRID_GATEWAY_BODY_SECONDS"]))
+        if env.get("GRID_GATEWAY_MAX_INCOMPLETE"):
+            kwargs["max_incomplete_bodies"] = max(1, int(env["GRID_GATEWAY_MAX_INCOMPLETE"]))
         if env.get("GRID_GATEWAY_UPSTREAM"):
             kwargs["upstream_backend"] = env["GRID_GATEWAY_UPSTREAM"].strip().lower()
         return cls(**kwargs)  # type: ignore[arg-type]

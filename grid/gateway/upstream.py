@@ -8,8 +8,9 @@ the fleet engine secret, cached in memory, and never logged or put in events.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import httpx
 
@@ -24,13 +25,96 @@ HOP_HEADERS = frozenset({
 })
 
 
-class Upstream:
-    """The shared keep-alive connection pool for the private hop.
+BACKENDS = ("h1", "httpx")
+MAX_TARGETS = 4096
 
-    Default backend "h1" is grid.gateway.h1 (see there for why); "httpx" calls a shared httpx
-    transport directly with a pre-parsed URL (the AsyncClient layers above it do nothing for
-    this hop). Both return responses with `status_code`, `aiter_raw()`, `aread()`, `aclose()`
-    and raise httpx exceptions.
+
+class UpstreamResponse(Protocol):
+    """What the proxy reads from an engine's answer, whichever client fetched it."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class UpstreamClient(Protocol):
+    """The seam between the proxy and the wire: POST once, never replayed.
+
+    Failures raise httpx exceptions (TimeoutException, TransportError, ...) from either client.
+    """
+
+    async def post(self, target: Target, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxResponse:
+    """An httpx response seen through `UpstreamResponse`."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status_code
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._response.headers.raw
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_raw()
+
+    async def aread(self) -> bytes:
+        return await self._response.aread()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxClient:
+    """The private hop on a shared httpx transport (the AsyncClient layers above it do nothing
+    for this hop, so requests go to the transport directly)."""
+
+    def __init__(self, *, connect_timeout: float, read_timeout: float, max_connections: int) -> None:
+        self.transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=4.0
+            ),
+            retries=0,  # a failed POST is never replayed
+        )
+        timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0, pool=30.0)
+        self._extensions = {"timeout": timeout.as_dict()}
+        self._urls: dict[str, httpx.URL] = {}
+
+    async def post(self, target: Target, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse:
+        url = self._urls.get(target.url)
+        if url is None:
+            if len(self._urls) >= MAX_TARGETS:
+                self._urls.clear()
+            url = self._urls[target.url] = httpx.URL(target.url)
+        request = httpx.Request("POST", url, content=body, headers=headers, extensions=self._extensions)
+        return _HttpxResponse(await self.transport.handle_async_request(request))
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+class Upstream:
+    """The shared keep-alive connection pool for the private hop, and its parsed targets.
+
+    Default backend "h1" is grid.gateway.h1 (see there for why and by how much); "httpx" is
+    `HttpxClient`. Both satisfy `UpstreamClient`.
     """
 
     def __init__(
@@ -41,45 +125,36 @@ class Upstream:
         max_connections: int = 512,
         backend: str = "h1",
     ) -> None:
-        if backend not in ("h1", "httpx"):
-            raise ValueError(f"unknown upstream backend {backend!r} (h1 or httpx)")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown upstream backend {backend!r} ({' or '.join(BACKENDS)})")
         self.backend = backend
-        self._targets: dict[tuple[str, str], object] = {}
-        self.pool = H1Pool(connect_timeout=connect_timeout, read_timeout=read_timeout)
-        self.transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=4.0
-            ),
-            retries=0,  # a failed POST is never replayed
-        )
-        timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0, pool=30.0)
-        self._extensions = {"timeout": timeout.as_dict()}
+        self.client: UpstreamClient
+        if backend == "h1":
+            self.client = H1Pool(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        else:
+            self.client = HttpxClient(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                      max_connections=max_connections)
+        self._targets: dict[tuple[str, str], Target] = {}
 
-    def target(self, endpoint: str, path: str) -> object:
+    def target(self, endpoint: str, path: str) -> Target:
+        """The parsed URL of `path` on an engine endpoint (raises httpx.InvalidURL)."""
         key = (endpoint, path)
         target = self._targets.get(key)
         if target is None:
             base = endpoint.rstrip("/")
             if base.endswith("/v1") and path.startswith("/v1/"):
                 base = base[:-3]
-            target = Target(base + path) if self.backend == "h1" else httpx.URL(base + path)
-            if isinstance(target, httpx.URL) and (target.scheme not in ("http", "https") or not target.host):
-                raise httpx.InvalidURL(f"not an http(s) engine endpoint: {endpoint!r}")
-            if len(self._targets) >= 4096:
+            target = Target(base + path)
+            if len(self._targets) >= MAX_TARGETS:
                 self._targets.clear()
             self._targets[key] = target
         return target
 
-    async def post(self, target: object, body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
-        if isinstance(target, Target):
-            return await self.pool.post(target, body, headers)
-        request = httpx.Request("POST", target, content=body, headers=headers,  # type: ignore[arg-type]
-                                extensions=self._extensions)
-        return await self.transport.handle_async_request(request)
+    async def post(self, target: Target, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse:
+        return await self.client.post(target, body, headers)
 
     async def aclose(self) -> None:
-        await self.pool.aclose()
-        await self.transport.aclose()
+        await self.client.aclose()
 
 
 class EngineKeys:
@@ -99,6 +174,5 @@ class EngineKeys:
         return f"EngineKeys(hosts={len(self._headers)})"
 
 
-def response_headers(upstream: Any) -> list[tuple[bytes, bytes]]:
-    raw = upstream.raw_headers if hasattr(upstream, "raw_headers") else upstream.headers.raw
-    return [(k.lower(), v) for k, v in raw if k.lower() not in HOP_HEADERS]
+def response_headers(upstream: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() not in HOP_HEADERS]

@@ -5,6 +5,7 @@ nats-server."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -142,7 +143,8 @@ async def test_auto_with_nothing_ready_is_an_honest_503_and_records_demand(
     demand = recs[0]
     assert (demand.auto, demand.outcome, demand.workload, demand.requested_model) == (True, "unavailable", "coding", "auto")
     assert demand.status_code == 503 and demand.served_model is None and demand.host_id is None
-    assert demand.affinity is not None and len(demand.affinity) == 64  # double hash, hex
+    # the double hash (hex) of the key, never the routing digest itself
+    assert demand.affinity == hashlib.sha256(hashlib.sha256(b"user-77/session-3").digest()).hexdigest()
     assert b"user-77" not in await gw.raw_request_log()
 
     # Once a ready model scores the workload (here through "general"), auto routes to it.

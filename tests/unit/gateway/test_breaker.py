@@ -24,6 +24,8 @@ def test_status_classes() -> None:
     assert classify_status(429) == OUTCOME_RATE_LIMITED
     assert classify_status(500) == OUTCOME_FAILURE and classify_status(503) == OUTCOME_FAILURE
     assert classify_status(400) == OUTCOME_NEUTRAL and classify_status(404) == OUTCOME_NEUTRAL
+    # an endpoint the engine does not serve (embeddings on a chat-only model) is the caller's
+    assert classify_status(501) == OUTCOME_NEUTRAL and classify_status(502) == OUTCOME_FAILURE
     # the engine refusing Grid's own key is a broken route, not a caller mistake
     assert classify_status(401) == OUTCOME_FAILURE
 

@@ -174,6 +174,7 @@ async def test_failures_are_httpx_exceptions(serve: Callable[..., Server]) -> No
     hangup = await start(serve(lambda req: None))
     with pytest.raises(httpx.RemoteProtocolError):
         await pool.post(hangup.target(), b"{}", [])
+    assert len(hangup.requests) == 1 and hangup.connections == 1  # never replayed
     slow = await start(serve(lambda req: fixed(b"late"), delay=1.0))
     with pytest.raises(httpx.ReadTimeout):
         await pool.post(slow.target(), b"{}", [])
@@ -186,4 +187,45 @@ async def test_failures_are_httpx_exceptions(serve: Callable[..., Server]) -> No
         await pool.post(garbage.target(), b"{}", [(b"x-evil", b"a\r\nb")])
     with pytest.raises(httpx.InvalidURL):
         Target("ftp://example/x")
+    await pool.aclose()
+
+
+async def test_a_post_on_a_pooled_connection_that_breaks_is_sent_once(serve: Callable[..., Server]) -> None:
+    # The engine answers the first request with keep-alive, then reads the second and hangs up.
+    s = await start(serve(lambda req: fixed(b"ok") if b'"n":1' in req else None))
+    pool = H1Pool()
+    r = await pool.post(s.target(), b'{"n":1}', [])
+    assert await r.aread() == b"ok"
+    await r.aclose()
+    with pytest.raises(httpx.RemoteProtocolError):
+        await pool.post(s.target(), b'{"n":2}', [])
+    assert [req.endswith(b'{"n":2}') for req in s.requests] == [False, True]
+    assert s.connections == 1 and pool.opened == 1
+    await pool.aclose()
+
+
+async def test_unsolicited_bytes_make_an_idle_connection_unusable(serve: Callable[..., Server]) -> None:
+    # An answer followed by bytes nobody asked for: the connection is out of step, never reused.
+    s = await start(serve(lambda req: fixed(b"ok") + b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"))
+    pool = H1Pool()
+    for _ in range(2):
+        r = await pool.post(s.target(), b"{}", [])
+        assert await r.aread() == b"ok"
+        await r.aclose()
+        await asyncio.sleep(0.02)
+    assert s.connections == 2 and pool.reused == 0
+    await pool.aclose()
+
+
+async def test_a_slow_reader_pauses_the_socket_and_gets_every_byte(serve: Callable[..., Server]) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB, far above the high-water mark
+    s = await start(serve(lambda req: fixed(body)))
+    pool = H1Pool()
+    r = await pool.post(s.target(), b"{}", [])
+    got = []
+    async for piece in r.aiter_raw():
+        got.append(piece)
+        await asyncio.sleep(0)  # let the socket fill the buffer while we lag
+    await r.aclose()
+    assert b"".join(got) == body
     await pool.aclose()

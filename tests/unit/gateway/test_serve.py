@@ -41,7 +41,7 @@ async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Pat
 
     from grid.events.base import new_event_id
     from grid.events.host import HostHeartbeat, HostResources, Residency
-    from grid.gateway import app as app_module
+    from grid.gateway import state as state_module
 
     log = InMemoryLog()
     for i in range(30):  # an old host that later went quiet, then many heartbeats of a live one
@@ -50,8 +50,8 @@ async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Pat
             event_id=new_event_id(), at=time.time(), host_id=host, resources=HostResources(capacity_mb=1),
             residencies=(Residency(model_id=f"m-{host}", memory_mb=1, state="ready", endpoint="http://x:1"),),
         ))
-    monkeypatch.setattr(app_module, "HOST_REPLAY_MAX_MESSAGES", 5)
-    gw = app_module.Gateway(log, GridConfig(home=tmp_path, nats_url=None), api_keys=[])
+    monkeypatch.setattr(state_module, "HOST_REPLAY_MAX_MESSAGES", 5)
+    gw = state_module.Gateway(log, GridConfig(home=tmp_path, nats_url=None), api_keys=[])
     await gw.start()
     try:
         assert sorted(gw.runner["fleet"].hosts) == ["live"]

@@ -1,0 +1,258 @@
+"""The gateway process state: everything with side effects at this edge, and no HTTP.
+
+`Gateway` owns a live ProjectionRunner (fleet + catalog) following the log, the routing table
+cache, the private breaker board and measurements, the proxy-owned active counters and
+last_used_at watermarks, the telemetry queue, the request-body intake bounds, the shared
+upstream client and the engine keys.
+The pure choice is `grid.gateway.routing.choose`; the HTTP handlers (`grid.gateway.routes`)
+read and update this state, and `grid.gateway.app` composes both into a served app. This
+module imports neither of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from grid.clock import Clock, SystemClock
+from grid.config import GridConfig
+from grid.events.control import ModelProfile
+from grid.events.log import EventLog
+from grid.events.subjects import HOSTS_STREAM
+from grid.gateway import routing
+from grid.gateway.breaker import BreakerBoard
+from grid.gateway.intake import BodyReader
+from grid.gateway.measure import Measurements
+from grid.gateway.routing import Candidate, RouteKey
+from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
+from grid.gateway.telemetry import TelemetryQueue
+from grid.gateway.upstream import EngineKeys, Upstream
+from grid.projections import fleet
+from grid.projections.runner import CATALOG, FLEET, ProjectionRunner
+
+log = structlog.get_logger(__name__)
+
+# The routing table is rebuilt when the projection moved, and at least this often (overrides
+# can expire with time alone).
+TABLE_MAX_AGE_SECONDS = 1.0
+FOLLOW_RETRY_SECONDS = 1.0
+MAX_REMEMBERED_ROUTES = 2048
+# Startup replays at most this many recent host events (see Gateway._catch_up).
+HOST_REPLAY_MAX_MESSAGES = 50_000
+
+
+class Gateway:
+    def __init__(
+        self,
+        event_log: EventLog,
+        config: GridConfig,
+        *,
+        api_keys: Iterable[str] | None = None,
+        clock: Clock | None = None,
+        settings: GatewaySettings | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.log = event_log
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.settings = settings or GatewaySettings.from_environ(env)
+        self.policy = self.settings.policy
+        keys = list(api_keys) if api_keys is not None else parse_api_keys(env.get(API_KEYS_ENV))
+        self.api_keys = ApiKeys(keys)
+        self.runner = ProjectionRunner((CATALOG, FLEET))
+        self.breakers = BreakerBoard()
+        self.measurements = Measurements()
+        self.active: dict[RouteKey, int] = {}
+        self.served: Counter[RouteKey] = Counter()
+        self.last_used: dict[str, float] = {}
+        self.last_used_by_route: dict[RouteKey, float] = {}
+        self.counters: Counter[str] = Counter()
+        self.telemetry = TelemetryQueue(
+            event_log,
+            source=f"gateway:{socket.gethostname()}",
+            clock=self.clock,
+            batch_size=self.settings.telemetry_batch_size,
+            flush_seconds=self.settings.telemetry_flush_seconds,
+            max_queue=self.settings.telemetry_max_queue,
+        )
+        self.engine_keys = EngineKeys(config.home)
+        self.intake = BodyReader(
+            max_bytes=self.settings.max_body_bytes,
+            timeout_seconds=self.settings.body_timeout_seconds,
+            max_incomplete=self.settings.max_incomplete_bodies,
+        )
+        self.upstream: Upstream | None = None
+        self.waiters = 0
+        self._released = asyncio.Event()
+        self._version = 0
+        self._table: dict[str, tuple[Candidate, ...]] = {}
+        self._table_version = -1
+        self._table_built_at = float("-inf")
+        self._follower: asyncio.Task[None] | None = None
+        self.started = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._catch_up()
+        self._version += 1
+        self.upstream = Upstream(
+            connect_timeout=self.settings.upstream_connect_timeout,
+            read_timeout=self.settings.upstream_read_timeout,
+            max_connections=self.settings.upstream_max_connections,
+            backend=self.settings.upstream_backend,
+        )
+        self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
+        self.telemetry.start()
+        self.started = True
+
+    async def _catch_up(self) -> None:
+        """Fold the control stream completely and only the recent tail of the hosts stream.
+
+        Routing needs each host's latest heartbeat, and only one younger than the heartbeat
+        timeout counts; replaying days of heartbeats would only delay startup.
+        """
+        for stream in self.runner.streams:
+            start = self.runner.positions.get(stream, 0) + 1
+            if stream == HOSTS_STREAM:
+                start = max(start, await self.log.last_sequence(stream) - HOST_REPLAY_MAX_MESSAGES + 1)
+                # the live follower continues after the skipped prefix, never from its start
+                self.runner.positions[stream] = max(self.runner.positions.get(stream, 0), start - 1)
+            async for msg in self.log.replay(stream, start_seq=start):
+                self.runner.fold(msg)
+
+    async def stop(self) -> None:
+        self.started = False
+        if self._follower is not None:
+            self._follower.cancel()
+            # Closing subscriptions on a dead NATS connection can hang: bound it.
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._follower), 2.0)
+            self._follower = None
+        await self.telemetry.stop()
+        if self.upstream is not None:
+            await self.upstream.aclose()
+            self.upstream = None
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.runner.follow(self.log, on_fold=self._on_fold)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep following; routing uses the last state
+                self.counters["follow_errors"] += 1
+                log.warning("projection follower restarting", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(FOLLOW_RETRY_SECONDS)
+
+    def _on_fold(self, stream: str, msg: Any) -> None:
+        self._version += 1
+        self.pulse()
+
+    def pulse(self) -> None:
+        """Wake requests waiting for capacity (a slot freed or the fleet changed)."""
+        if self.waiters:
+            self._released.set()
+            self._released = asyncio.Event()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        event = self._released
+        self.waiters += 1
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.waiters -= 1
+
+    # --- views -------------------------------------------------------------------------------------
+
+    def table(self, now: float) -> dict[str, tuple[Candidate, ...]]:
+        if self._table_version != self._version or now - self._table_built_at > TABLE_MAX_AGE_SECONDS \
+                or now < self._table_built_at:
+            self._table = routing.build_table(fleet.snapshots(self.runner["fleet"], now))
+            self._table_version = self._version
+            self._table_built_at = now
+            self._prune_routes()
+        return self._table
+
+    def _prune_routes(self) -> None:
+        """Forget idle per-route counters of engines that left the fleet (bounded memory)."""
+        if len(self.served) <= MAX_REMEMBERED_ROUTES:
+            return
+        live = {c.key for cs in self._table.values() for c in cs}
+        for key in [k for k in self.served if k not in live and not self.active.get(k)]:
+            self.served.pop(key, None)
+            self.active.pop(key, None)
+            self.last_used_by_route.pop(key, None)
+
+    @property
+    def profiles(self) -> dict[str, ModelProfile]:
+        return self.runner["catalog"].profiles  # type: ignore[no-any-return]
+
+    def ready_models(self, now: float) -> list[str]:
+        return routing.ready_models(self.table(now), now, self.policy)
+
+    # --- proxy-owned counters --------------------------------------------------------------------
+
+    def acquire(self, key: RouteKey, model_id: str, now: float) -> None:
+        self.active[key] = self.active.get(key, 0) + 1
+        self.served[key] += 1
+        self.touch(key, model_id, now)
+
+    def release(self, key: RouteKey, model_id: str, now: float) -> None:
+        # Keys stay (at zero) once used: the proxy's count then overrides heartbeat counts.
+        self.active[key] = max(0, self.active.get(key, 0) - 1)
+        self.touch(key, model_id, now)
+        self.pulse()
+
+    def touch(self, key: RouteKey, model_id: str, now: float) -> None:
+        # Monotonic watermarks: a clock step backwards never lowers them.
+        if now > self.last_used.get(model_id, 0.0):
+            self.last_used[model_id] = now
+        if now > self.last_used_by_route.get(key, 0.0):
+            self.last_used_by_route[key] = now
+
+    def stats(self) -> dict[str, Any]:
+        now = self.clock.now()
+        keys = sorted(set(self.active) | set(self.served) | set(self.last_used_by_route))
+        by_host: dict[str, dict[str, float]] = {}
+        for (host_id, _endpoint, model_id), ts in sorted(self.last_used_by_route.items()):
+            host = by_host.setdefault(host_id, {})
+            host[model_id] = max(ts, host.get(model_id, 0.0))
+        return {
+            "now": now,
+            "ready_models": self.ready_models(now),
+            "routes": [
+                {
+                    "host_id": k[0],
+                    "endpoint": k[1],
+                    "model_id": k[2],
+                    "active": self.active.get(k, 0),
+                    "served": self.served.get(k, 0),
+                    "last_used_at": self.last_used_by_route.get(k),
+                    "circuit": self.breakers.state(k, now),
+                }
+                for k in keys
+            ],
+            "last_used_at": dict(sorted(self.last_used.items())),
+            "last_used_at_by_host": by_host,
+            "waiting": self.waiters,
+            "open_circuits": sum(1 for c in self.breakers.describe(now) if c["state"] != "closed"),
+            "telemetry": self.telemetry.stats(),
+            "intake": self.intake.stats(),
+            "requests": dict(sorted(self.counters.items())),
+            "projection": {
+                "positions": dict(sorted(self.runner.positions.items())),
+                "malformed": self.runner.malformed,
+            },
+            "api_keys_required": self.api_keys.required,
+        }
