@@ -28,7 +28,7 @@ from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
-from grid.localgrid import LocalGrid, durability_note
+from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
 from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, read_secret
 

@@ -1,4 +1,4 @@
-"""The gateway's process entry: `python -m grid.gateway` is `gridctl serve gateway`, over a real
+"""The gateway's process entry: `gridctl serve gateway`, over a real
 nats-server, started and stopped the way a process manager does it."""
 
 from __future__ import annotations
