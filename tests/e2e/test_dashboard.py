@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
 from grid.events.jetstream import JetStreamLog
@@ -31,8 +33,25 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-q
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def _find_chromium() -> str | None:
+    return os.environ.get("GRID_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
 def chromium_path() -> str:
-    path = os.environ.get("GRID_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    """Debian's Chromium (Playwright's own browser download cannot work without the internet).
+
+    pip cannot install it, so on a Debian machine where the suite runs as root (CI here) the
+    test installs the distribution package once; elsewhere a missing browser is a failure
+    that says what to install, never a skip.
+    """
+    path = _find_chromium()
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=False, timeout=600,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"], env=env,
+                       check=False, timeout=900, stdout=subprocess.DEVNULL)
+        path = _find_chromium()
     if path is None:
         pytest.fail("the dashboard test needs Chromium: `apt-get install chromium` (or set GRID_CHROMIUM)")
     return path
@@ -60,8 +79,9 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
     server = await serve(create_dashboard_app(dash, token=None), "127.0.0.1", 0, name="dashboard-test")
     shots = tmp_path / "screenshots"
     shots.mkdir()
+    admin = None
     try:
-        await ctl.serve_admin("127.0.0.1", 0)
+        admin = await serve_admin(ctl, "127.0.0.1", 0)
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
             try:
@@ -83,6 +103,8 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
                 await browser.close()
     finally:
         print(f"dashboard screenshots in {shots}")
+        if admin is not None:
+            await admin.stop()
         await server.stop()
         await dash.stop()
         await ctl.stop()
