@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -117,6 +118,15 @@ def _stream_config(name: str) -> api.StreamConfig:
     )
 
 
+class _Refused(Exception):
+    """The server refused us in a way retrying cannot fix (raised from nats-py's error callback)."""
+
+
+def _hopeless(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, ssl.SSLCertVerificationError) or "authorization violation" in text or "expired" in text
+
+
 class JetStreamLog:
     """EventLog over a real NATS JetStream server or cluster."""
 
@@ -161,6 +171,11 @@ class JetStreamLog:
             if connected:
                 connected[0]._outage_reported = True
             log.warning("nats connection error", url=url, error=errors[-1])
+            # Before the first connection, a certificate that does not verify or a refused
+            # credential cannot get better by retrying; raising here makes nats-py give up at
+            # once (after such a TLS failure its own retry can hang closing the transport).
+            if not connected and _hopeless(exc):
+                raise _Refused(errors[-1]) from exc
 
         identity = dict(nats_options or {})
 
@@ -186,6 +201,8 @@ class JetStreamLog:
                 reconnected_cb=on_reconnected,
                 **identity,
             )
+        except _Refused as exc:
+            raise LogError(f"cannot connect to NATS at {url}: {exc}") from exc
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             # The server's refusal (-ERR 'Authorization Violation') and the reset that follows it
             # race; the refusal is the one that tells the user what to fix.
