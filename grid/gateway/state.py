@@ -25,15 +25,17 @@ from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events.control import ModelProfile
 from grid.events.log import EventLog
+from grid.events.host import RESIDENCY_STATES
 from grid.events.subjects import HOSTS_STREAM
 from grid.gateway import routing
-from grid.gateway.breaker import BreakerBoard
+from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import EngineKeys, Upstream
+from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts
 from grid.projections import fleet
 from grid.projections.runner import CATALOG, FLEET, ProjectionRunner
 
@@ -89,6 +91,7 @@ class Gateway:
             timeout_seconds=self.settings.body_timeout_seconds,
             max_incomplete=self.settings.max_incomplete_bodies,
         )
+        self.metrics = GatewayMetrics(self._gauges())
         self.upstream: Upstream | None = None
         self.waiters = 0
         self._released = asyncio.Event()
@@ -200,6 +203,34 @@ class Gateway:
 
     def ready_models(self, now: float) -> list[str]:
         return routing.ready_models(self.table(now), now, self.policy)
+
+    # --- metrics (read at scrape time from the state the gateway routes with) ------------------
+
+    def _gauges(self) -> list[GaugeSource]:
+        def in_flight() -> list[Sample]:
+            by_model: dict[str, float] = {}
+            for (_host, _endpoint, model_id), n in self.active.items():
+                by_model[model_id] = by_model.get(model_id, 0.0) + n
+            return [((m,), v) for m, v in sorted(by_model.items())]
+
+        def routes() -> list[Sample]:
+            return counts((c.state for cs in self.table(self.clock.now()).values() for c in cs), RESIDENCY_STATES)
+
+        def breakers() -> list[Sample]:
+            now = self.clock.now()
+            return counts((str(c["state"]) for c in self.breakers.describe(now)), (CLOSED, HALF_OPEN, OPEN))
+
+        return [
+            GaugeSource("grid_gateway_in_flight", "Requests being proxied now, by served model.", ("model",), in_flight),
+            GaugeSource("grid_gateway_routes", "Engine routes known from heartbeats, by residency state.",
+                        ("state",), routes),
+            GaugeSource("grid_gateway_breakers", "Per-route circuit breakers, by state.", ("state",), breakers),
+            GaugeSource("grid_gateway_waiting", "Requests waiting for a free slot.", (),
+                        lambda: [((), float(self.waiters))]),
+            GaugeSource("grid_gateway_telemetry_failed_records",
+                        "Request records dropped because their batch could not be appended to the log.", (),
+                        lambda: [((), float(self.telemetry.dropped_failed))]),
+        ]
 
     # --- proxy-owned counters --------------------------------------------------------------------
 
