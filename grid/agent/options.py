@@ -34,3 +34,5 @@ class AgentOptions:
     policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
     hostname: str = field(default_factory=socket.gethostname)
     data_tier: str = "internal"
+    # Loopback /metrics listener (grid.agent.http): 0 = a free port, None = no listener.
+    http_port: int | None = 0

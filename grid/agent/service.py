@@ -36,6 +36,7 @@ from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.heartbeat import build_heartbeat, host_resources
+from grid.agent.http import AgentHttp, agent_metrics
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
@@ -124,6 +125,8 @@ class HostAgent:
         self._worker_closing = False
         self.last_heartbeat: HostHeartbeat | None = None
         self.on_heartbeat: Callable[[HostHeartbeat], None] | None = None
+        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection)
+        self.http: AgentHttp | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -163,7 +166,7 @@ class HostAgent:
             heartbeat_now=self._heartbeat_now, warn=self._warn, protection_state=lambda: self._protection.state,
             owner=EngineOwner(token=token, host_id=self.host_id),
         )
-        self._actuators = Actuators(self._ctx)
+        self._actuators = Actuators(self._ctx, self.metrics.actions)
         self._protection = ProtectionStatus(
             state=self.state.protection_state,
             reason=self.state.protection_reason or "restored",
@@ -204,7 +207,15 @@ class HostAgent:
             asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
         ]
         self._started = True
-        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies))
+        if self.options.http_port is not None:
+            self.http = AgentHttp(self.metrics, self.paths.root)
+            try:
+                await self.http.start(self.options.http_port)
+            except (OSError, RuntimeError, SystemExit) as exc:  # metrics are optional; serving is not
+                self._warn(f"metrics_listener_failed: {type(exc).__name__}")
+                self.http = None
+        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
+                 metrics_url=self.http.url if self.http else None)
 
     async def run_until_stopped(self) -> None:
         await self._stopped.wait()
@@ -220,6 +231,9 @@ class HostAgent:
             await self._stopped.wait()
             return
         self._stopping = True
+        if self.http is not None:
+            with contextlib.suppress(Exception):
+                await self.http.stop()
         if not self._started:
             if self._http is not None:
                 await self._http.aclose()

@@ -21,6 +21,7 @@ import psutil
 import typer
 from rich.table import Table
 
+from grid.agent.http import read_metrics_url
 from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
@@ -298,6 +299,7 @@ def status(
         ),
         "in_flight": None if state is None or state.in_flight is None else state.in_flight.action_id,
         "residencies": residencies,
+        "metrics_url": read_metrics_url(paths.root) if running else None,
         "warnings": [w for w in (warning, override_warning) if w],
     }
     if json_out:
@@ -316,6 +318,8 @@ def status(
         console.print(f"override: {override.state} {until}" + ("" if active else " [expired]")
                       + (f" — {override.reason}" if override.reason else ""))
     console.print(f"fence: term {report['highest_term']}, plan {report['plan_generation'] or '-'}")
+    if report["metrics_url"]:
+        console.print(f"metrics: {report['metrics_url']}/metrics")
     if residencies:
         table = Table("model", "state", "port", "pid", "memory MiB", "note")
         for r in residencies:
