@@ -158,6 +158,7 @@ class Actuators:
         spec = llama_cpp.EngineSpec(
             model_id=cmd.model_id, model_path=Path(artifact.path), port=port, key_file=ctx.paths.engine_key,
             slots=max(1, cmd.slots), context_size=cmd.context_size, threads=ctx.options.threads,
+            embeddings=cmd.embeddings,
         )
         argv = tuple(llama_cpp.build_argv(ctx.binary, spec))
         if rec is None:

@@ -277,6 +277,12 @@ async def _proxy(request: Request, kind: str) -> Any:
             return errors.model_not_found(target)
     ctx.served = target
     profile = profiles.get(target)
+    if kind == "embeddings" and profile is not None and not profile.embeddings:
+        # Capability routing: a chat-only engine would answer 501; refuse here, before any
+        # route is chosen, so the caller's mistake never touches an engine or its breaker.
+        # (A model with no profile has unknown capability: its engine decides.)
+        gw.counters["unsupported_endpoint"] += 1
+        return errors.embeddings_not_supported(target)
     prior = profile.expected_service_seconds if profile is not None else None
 
     # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
@@ -450,15 +456,14 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
         done("error", code, latency)
         return errors.error_response(code, f"The engine failed (HTTP {status}).", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR, retry_after=1.0 if code == 503 else None)
-    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): pass
-    # the engine's OpenAI-shaped explanation through with its status.
+    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): the
+    # engine's explanation, rewritten to the OpenAI shape, with its status.
     done("rejected", status, latency)
     try:
-        _upstream_error.decode(content)
-        return Response(content, status_code=status, media_type="application/json")
+        return errors.from_upstream(status, _upstream_error.decode(content).error)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
-                                     errors.INVALID_REQUEST, "upstream_rejected")
+                                     errors.INVALID_REQUEST, errors.CODE_UPSTREAM_REJECTED)
 
 
 async def chat_completions(request: Request) -> Any:

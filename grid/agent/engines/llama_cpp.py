@@ -72,6 +72,7 @@ class EngineSpec:
     context_size: int = 2048
     threads: int = DEFAULT_THREADS
     host: str = "127.0.0.1"
+    embeddings: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -95,7 +96,11 @@ def build_argv(binary: Path, spec: EngineSpec) -> list[str]:
         "--threads-batch", str(spec.threads),
         "--threads-http", str(max(2, min(4, slots + 1))),
         "--no-webui",
-    ]
+    ] + (
+        # Mean pooling: chat GGUFs declare no pooling, and llama-server then refuses the
+        # OpenAI embeddings shape; chat keeps working with the flag on.
+        ["--embeddings", "--pooling", "mean"] if spec.embeddings else []
+    )
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
