@@ -11,6 +11,9 @@ import math
 import msgspec
 from starlette.responses import Response
 
+# The machine-readable reason of a refusal that has one (a planner or gateway REASON constant).
+REASON_HEADER = "X-Grid-Reason"
+
 # type
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
@@ -37,6 +40,7 @@ CODE_UPSTREAM_TIMEOUT = "upstream_timeout"
 CODE_NOT_FOUND = "not_found"
 CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
 CODE_INTERNAL = "internal_error"
+CODE_CANNOT_BE_PLACED = "model_cannot_be_placed"
 CODE_EMBEDDINGS_NOT_SUPPORTED = "model_does_not_support_embeddings"
 # An engine's own refusal, rewritten to the OpenAI shape (its numeric code becomes one of these).
 CODE_UPSTREAM_REJECTED = "upstream_rejected"
@@ -119,6 +123,13 @@ def from_upstream(status: int, error: dict[str, object]) -> Response:
         code if isinstance(code, str) and code else UPSTREAM_CODES.get(status, CODE_UPSTREAM_REJECTED),
         param=param if isinstance(param, str) and param else None,
     )
+
+
+def cannot_be_placed(model: str, reason: str, detail: str) -> Response:
+    """503 without Retry-After: the reason (a planner REASON constant) is in the message."""
+    message = f"The model '{_shown(model)}' cannot be placed on this grid: {reason}"
+    return error_response(503, message + (f" ({detail})." if detail else "."), UNAVAILABLE, CODE_CANNOT_BE_PLACED,
+                          headers={REASON_HEADER: reason})
 
 
 def model_not_found(model: str) -> Response:

@@ -323,6 +323,12 @@ async def _proxy(request: Request, kind: str) -> Any:
             return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
                                 errors.CODE_CIRCUIT_OPEN,
                                 gw.breakers.retry_after(list(decision.circuit_blocked), now))
+        blocked = gw.unplaceable(profile, now) if profile is not None else None
+        if blocked is not None:
+            # Not "retry after N s": nothing will change until the profile or the fleet does.
+            gw.counters["cannot_be_placed"] += 1
+            _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
+            return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
         retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
             else gw.settings.unavailable_retry_seconds
         return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
