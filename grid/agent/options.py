@@ -24,7 +24,8 @@ class AgentOptions:
     # a batch has started, so the consumer polls with a short timeout.
     command_poll_seconds: float = 0.2
     state_dir: Path | None = None
-    llama_server: Path | None = None
+    # --runtime-binary: a llama-server path or "xllamacpp" (grid.agent.engines.runtime); None: auto.
+    llama_server: Path | str | None = None
     threads: int = llama_cpp.DEFAULT_THREADS
     ready_timeout: float = 60.0
     drain_deadline: float = 60.0

