@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,10 +77,21 @@ class AgentHttp:
         return Starlette(routes=[metrics_route(self.metrics.registry), Route("/health", health, methods=["GET"])])
 
     async def start(self, port: int = 0) -> str:
-        config = uvicorn.Config(self.app(), host=LOOPBACK, port=port, lifespan="off", log_level="warning",
+        # Bind here: uvicorn answers a bind failure with sys.exit, which asyncio re-raises out of
+        # the event loop (it would stop the whole agent, or `gridctl up`). An OSError is ours.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((LOOPBACK, port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        config = uvicorn.Config(self.app(), lifespan="off", log_level="warning",
                                 access_log=False, log_config=None, server_header=False, date_header=False)
         self._server = _Server(config)
-        self._task = asyncio.create_task(self._server.serve(), name="agent-http")
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-http")
         while not self._server.started:
             if self._task.done():
                 self._task.result()
@@ -108,6 +120,20 @@ class AgentHttp:
             if self.url_file.read_text().strip() == self.url:
                 self.url_file.unlink()
         self._server = self._task = None
+
+
+async def start_listener(metrics: AgentMetrics, state_dir: Path, port: int | None,
+                         warn: Callable[[str], None]) -> AgentHttp | None:
+    """Start the listener (port None: none). A failure is a warning: metrics are optional, serving is not."""
+    if port is None:
+        return None
+    http = AgentHttp(metrics, state_dir)
+    try:
+        await http.start(port)
+    except (OSError, RuntimeError) as exc:
+        warn(f"metrics_listener_failed: {type(exc).__name__}")
+        return None
+    return http
 
 
 def read_metrics_url(state_dir: Path) -> str | None:

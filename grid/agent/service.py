@@ -37,7 +37,7 @@ from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.heartbeat import build_heartbeat, host_resources
-from grid.agent.http import AgentHttp, agent_metrics
+from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
@@ -213,13 +213,7 @@ class HostAgent:
             asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
         ]
         self._started = True
-        if self.options.http_port is not None:
-            self.http = AgentHttp(self.metrics, self.paths.root)
-            try:
-                await self.http.start(self.options.http_port)
-            except (OSError, RuntimeError, SystemExit) as exc:  # metrics are optional; serving is not
-                self._warn(f"metrics_listener_failed: {type(exc).__name__}")
-                self.http = None
+        self.http = await start_listener(self.metrics, self.paths.root, self.options.http_port, self._warn)
         log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
                  runtime=self.runtime.name if self.runtime else None,
                  metrics_url=self.http.url if self.http else None)

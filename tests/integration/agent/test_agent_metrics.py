@@ -49,3 +49,22 @@ async def test_agent_metrics_listener(js_log: JetStreamLog, start_agent) -> None
     await agent.stop(drain=True)
     assert not (agent.paths.root / METRICS_URL_FILE).exists()
     assert json.loads(CliRunner().invoke(node_app, ["status", "--json"]).output)["metrics_url"] is None
+
+
+async def test_a_port_in_use_is_a_warning_not_a_failed_agent(tmp_path) -> None:
+    import socket
+
+    from grid.agent.http import agent_metrics, start_listener
+    from grid.agent.protection import ProtectionStatus
+    from grid.agent.state import AgentState
+
+    warnings: list[str] = []
+    metrics = agent_metrics(AgentState, ProtectionStatus)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert await start_listener(metrics, tmp_path, port, warnings.append) is None
+    assert warnings and warnings[0].startswith("metrics_listener_failed")
+    assert not (tmp_path / METRICS_URL_FILE).exists()
+    assert await start_listener(metrics, tmp_path, None, warnings.append) is None  # no listener asked for
