@@ -71,6 +71,7 @@ class LocalGrid:
         controller_settings: Any = None,
         assume_durable: bool = False,
         notify: Callable[[str], None] | None = None,
+        gateway_insecure: bool = False,
     ) -> None:
         self.config = config
         self.nats_url = nats_url
@@ -78,6 +79,7 @@ class LocalGrid:
         self.profile = profile if profile is not None else bundled_profile()
         self.gateway_host = gateway_host
         self.gateway_port = gateway_port
+        self.gateway_insecure = gateway_insecure
         self.admin_port = admin_port
         self.agent_options = agent_options
         self.controller_settings = controller_settings
@@ -129,7 +131,8 @@ class LocalGrid:
         if catalog.mode != self.mode:
             await self.log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=self.mode))  # type: ignore[arg-type]
 
-        self.gateway = await start_gateway(create_gateway_app(self.log, cfg), self.gateway_host, self.gateway_port)
+        self.gateway = await start_gateway(create_gateway_app(self.log, cfg), self.gateway_host, self.gateway_port,
+                                           insecure=self.gateway_insecure)
         options = self.agent_options or AgentOptions(failure_domain="local", tags=("local",))
         self.agent = HostAgent(self.log, cfg, options)
         await self.agent.start()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
 import structlog
+from prometheus_client import Histogram
 
 from grid.agent.context import MIB, AgentContext, endpoint
 from grid.agent.engines import llama_cpp
@@ -51,12 +53,18 @@ log = structlog.get_logger("grid.agent")
 
 
 class Actuators:
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(self, ctx: AgentContext, durations: Histogram | None = None) -> None:
         self.ctx = ctx
+        # grid_agent_action_seconds{kind, status}: how long each side effect took
+        self.durations = durations
 
     async def run(self, cmd: CommandIssued) -> Outcome:
         handler = {"load": self.load, "warm": self.warm, "drain": self.drain, "unload": self.unload}[cmd.kind]
-        return await handler(cmd)
+        started = time.monotonic()
+        outcome = await handler(cmd)
+        if self.durations is not None:
+            self.durations.labels(cmd.kind, outcome.status).observe(time.monotonic() - started)
+        return outcome
 
     # ------------------------------------------------------------------ load
     async def load(self, cmd: CommandIssued) -> Outcome:
@@ -150,6 +158,7 @@ class Actuators:
         spec = llama_cpp.EngineSpec(
             model_id=cmd.model_id, model_path=Path(artifact.path), port=port, key_file=ctx.paths.engine_key,
             slots=max(1, cmd.slots), context_size=cmd.context_size, threads=ctx.options.threads,
+            embeddings=cmd.embeddings,
         )
         argv = tuple(llama_cpp.build_argv(ctx.binary, spec))
         if rec is None:

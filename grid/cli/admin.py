@@ -227,6 +227,8 @@ def model_set(
     min_gpu_count: Optional[int] = typer.Option(None, "--min-gpu-count"),
     min_gpu_memory_mb: Optional[int] = typer.Option(None, "--min-gpu-memory-mb"),
     context_size: Optional[int] = typer.Option(None, "--context-size"),
+    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--no-embeddings",
+                                              help="The engine also serves /v1/embeddings (default: no)."),
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
@@ -250,7 +252,7 @@ def model_set(
         "latency_slo_ms": latency_slo_ms, "replica_concurrency": replica_concurrency, "load_seconds": load_seconds,
         "warm_seconds": warm_seconds, "min_residency_seconds": min_residency_seconds,
         "scale_down_cooldown_seconds": scale_down_cooldown_seconds, "min_gpu_count": min_gpu_count,
-        "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size,
+        "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size, "embeddings": embeddings,
     }
     body.update({k: v for k, v in scalars.items() if v is not None})
     if artifact_source and (not artifact_sha256 or artifact_size_mb is None):

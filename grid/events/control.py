@@ -50,6 +50,9 @@ class ModelProfile(Record, frozen=True, kw_only=True):
     min_gpu_count: int = 0
     min_gpu_memory_mb: int = 0
     context_size: int = 2048
+    # The engine also serves /v1/embeddings (started with --embeddings); the gateway routes
+    # embeddings requests only to such models.
+    embeddings: bool = False
 
 
 class ProfileSet(Event, frozen=True, kw_only=True, tag="control.profile_set.v1"):

@@ -25,7 +25,7 @@ from grid.clock import Clock
 from grid.config import GridConfig
 from grid.events.log import EventLog
 from grid.gateway.routes import build_routes, exception_handlers
-from grid.gateway.settings import URL_FILE, GatewaySettings
+from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
 
 log = structlog.get_logger(__name__)
@@ -104,12 +104,22 @@ class RunningGateway:
                     self.url_file.unlink()
 
 
+class GatewayExposureError(RuntimeError):
+    """Asked to listen beyond loopback with no client keys and no --insecure."""
+
+
 async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, *,
-                        write_url_file: bool = True) -> RunningGateway:
+                        write_url_file: bool = True, insecure: bool = False) -> RunningGateway:
     """Serve `app` in this event loop; returns once it accepts connections (port 0 = free port).
 
     Writes GRID_HOME/gateway.url (for `gridctl models` / `gridctl chat`) unless told not to.
+    Raises GatewayExposureError, before binding, for a non-loopback `host` without client keys
+    unless `insecure` (or the settings' GRID_GATEWAY_INSECURE).
     """
+    gw: Gateway = app.state.gateway
+    refusal = exposure_error(host, keys_required=gw.api_keys.required, insecure=insecure or gw.settings.insecure)
+    if refusal is not None:
+        raise GatewayExposureError(refusal)
     config = uvicorn.Config(
         app, host=host, port=port, lifespan="on", log_level="warning", access_log=False, log_config=None,
         server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,

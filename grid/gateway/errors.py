@@ -11,6 +11,9 @@ import math
 import msgspec
 from starlette.responses import Response
 
+# The machine-readable reason of a refusal that has one (a planner or gateway REASON constant).
+REASON_HEADER = "X-Grid-Reason"
+
 # type
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
@@ -37,6 +40,12 @@ CODE_UPSTREAM_TIMEOUT = "upstream_timeout"
 CODE_NOT_FOUND = "not_found"
 CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
 CODE_INTERNAL = "internal_error"
+CODE_CANNOT_BE_PLACED = "model_cannot_be_placed"
+CODE_EMBEDDINGS_NOT_SUPPORTED = "model_does_not_support_embeddings"
+# An engine's own refusal, rewritten to the OpenAI shape (its numeric code becomes one of these).
+CODE_UPSTREAM_REJECTED = "upstream_rejected"
+UPSTREAM_CODES = {400: "invalid_request", 404: "not_found", 413: "request_too_large", 501: "unsupported_endpoint"}
+MAX_UPSTREAM_MESSAGE = 500
 
 
 class ErrorDetail(msgspec.Struct, frozen=True):
@@ -85,9 +94,46 @@ def unauthorized() -> Response:
     )
 
 
-def model_not_found(model: str) -> Response:
-    shown = model if len(model) <= 64 and model.isprintable() else "(invalid id)"
+def _shown(model: str) -> str:
+    return model if len(model) <= 64 and model.isprintable() else "(invalid id)"
+
+
+def embeddings_not_supported(model: str) -> Response:
     return error_response(
-        404, f"The model '{shown}' does not exist or is not served by this grid.",
+        400, f"The model '{_shown(model)}' does not serve embeddings (its profile sets embeddings: false).",
+        INVALID_REQUEST, CODE_EMBEDDINGS_NOT_SUPPORTED, param="model",
+    )
+
+
+def from_upstream(status: int, error: dict[str, object]) -> Response:
+    """An engine's refusal in the OpenAI shape: string `code`, `param`, `type`, bounded message.
+
+    llama-server answers {"code": 400, "message", "type"}: a numeric code and no param, which
+    the official clients then mis-read.
+    """
+    message = error.get("message")
+    type_ = error.get("type")
+    param = error.get("param")
+    code = error.get("code")
+    return error_response(
+        status,
+        message[:MAX_UPSTREAM_MESSAGE] if isinstance(message, str) and message else
+        f"The engine rejected the request (HTTP {status}).",
+        type_ if isinstance(type_, str) and type_ else INVALID_REQUEST,
+        code if isinstance(code, str) and code else UPSTREAM_CODES.get(status, CODE_UPSTREAM_REJECTED),
+        param=param if isinstance(param, str) and param else None,
+    )
+
+
+def cannot_be_placed(model: str, reason: str, detail: str) -> Response:
+    """503 without Retry-After: the reason (a planner REASON constant) is in the message."""
+    message = f"The model '{_shown(model)}' cannot be placed on this grid: {reason}"
+    return error_response(503, message + (f" ({detail})." if detail else "."), UNAVAILABLE, CODE_CANNOT_BE_PLACED,
+                          headers={REASON_HEADER: reason})
+
+
+def model_not_found(model: str) -> Response:
+    return error_response(
+        404, f"The model '{_shown(model)}' does not exist or is not served by this grid.",
         INVALID_REQUEST, CODE_MODEL_NOT_FOUND, param="model",
     )

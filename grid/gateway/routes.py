@@ -1,4 +1,5 @@
-"""HTTP handlers: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /gateway/*.
+"""HTTP handlers: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /gateway/*,
+/metrics.
 
 The proxy path, in order: client key -> affinity header (hashed at once) -> bounded body ->
 typed parse (400 on anything hostile) -> model resolution (`auto` picks the best ready model
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import msgspec
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -124,6 +126,14 @@ async def stats(request: Request) -> Any:
     return RawResponse(200, list(_JSON), _json.encode(gw.stats()))
 
 
+async def metrics(request: Request) -> Any:
+    """Prometheus exposition; behind the client key when keys are configured (it names models)."""
+    gw = _gateway(request)
+    if not _authorized(gw, request):
+        return errors.unauthorized()
+    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
 async def health(request: Request) -> Any:
     gw = _gateway(request)
     body = {"status": "ok" if gw.started else "starting", "ready_models": len(gw.ready_models(gw.clock.now()))}
@@ -146,7 +156,9 @@ class _Ctx:
         "route",
         "served",
         "stream",
+        "t0",
         "text_head",
+        "ttft",
         "units",
         "workload",
     )
@@ -165,6 +177,8 @@ class _Ctx:
         self.queue_seconds = 0.0
         self.queue_depth = 0
         self.route: routing.Candidate | None = None
+        self.t0 = time.perf_counter()
+        self.ttft: float | None = None  # seconds from request to the first streamed chunk
 
     def classify(self) -> str:
         if self.workload is None:
@@ -175,7 +189,7 @@ class _Ctx:
 
 def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float, output_units: int = 0) -> None:
     route = ctx.route
-    gw.telemetry.put(RequestFeatures(
+    features = RequestFeatures(
         endpoint=ctx.kind,
         requested_model=ctx.requested,
         served_model=ctx.served,
@@ -193,7 +207,10 @@ def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float
         affinity=telemetry_hash(ctx.affinity) if (ctx.auto and ctx.affinity is not None) else None,
         artifact_sha256=None if route is None else route.artifact_sha256,
         streamed=ctx.stream,
-    ))
+    )
+    if not gw.telemetry.put(features):
+        gw.metrics.telemetry_dropped.inc()
+    gw.metrics.observe(features, ttft_seconds=ctx.ttft)
 
 
 def _unavailable(gw: Gateway, ctx: _Ctx, status: int, message: str, code: str, retry_after: float) -> Response:
@@ -203,6 +220,7 @@ def _unavailable(gw: Gateway, ctx: _Ctx, status: int, message: str, code: str, r
 
 
 async def _proxy(request: Request, kind: str) -> Any:
+    started = time.perf_counter()
     gw = _gateway(request)
     gw.counters["requests"] += 1
     authorization = declared = accept = affinity_raw = None
@@ -238,6 +256,7 @@ async def _proxy(request: Request, kind: str) -> Any:
     model = parsed.model
     auto = model == "auto" and "auto" not in table and "auto" not in profiles
     ctx = _Ctx(kind, model, auto, parsed.input_units, affinity, parsed.stream)
+    ctx.t0 = started
     ctx.text_head = parsed.text_head
     if auto:
         workload = ctx.classify()
@@ -258,6 +277,12 @@ async def _proxy(request: Request, kind: str) -> Any:
             return errors.model_not_found(target)
     ctx.served = target
     profile = profiles.get(target)
+    if kind == "embeddings" and profile is not None and not profile.embeddings:
+        # Capability routing: a chat-only engine would answer 501; refuse here, before any
+        # route is chosen, so the caller's mistake never touches an engine or its breaker.
+        # (A model with no profile has unknown capability: its engine decides.)
+        gw.counters["unsupported_endpoint"] += 1
+        return errors.embeddings_not_supported(target)
     prior = profile.expected_service_seconds if profile is not None else None
 
     # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
@@ -298,6 +323,12 @@ async def _proxy(request: Request, kind: str) -> Any:
             return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
                                 errors.CODE_CIRCUIT_OPEN,
                                 gw.breakers.retry_after(list(decision.circuit_blocked), now))
+        blocked = gw.unplaceable(profile, now) if profile is not None else None
+        if blocked is not None:
+            # Not "retry after N s": nothing will change until the profile or the fleet does.
+            gw.counters["cannot_be_placed"] += 1
+            _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
+            return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
         retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
             else gw.settings.unavailable_retry_seconds
         return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
@@ -371,7 +402,14 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
                 breakers.record(key, OUTCOME_FAILURE, end)
                 done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
 
-        return ProxyStream(status, response_headers(upstream), upstream, parser.feed, on_done)
+        feed = parser.feed
+
+        def on_chunk(chunk: bytes) -> None:
+            if ctx.ttft is None:
+                ctx.ttft = time.perf_counter() - ctx.t0
+            feed(chunk)
+
+        return ProxyStream(status, response_headers(upstream), upstream, on_chunk, on_done)
 
     try:
         content = await _read_bounded(upstream, None if ok else MAX_UPSTREAM_ERROR_BYTES)
@@ -424,15 +462,14 @@ def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, 
         done("error", code, latency)
         return errors.error_response(code, f"The engine failed (HTTP {status}).", errors.SERVER_ERROR,
                                      errors.CODE_UPSTREAM_ERROR, retry_after=1.0 if code == 503 else None)
-    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): pass
-    # the engine's OpenAI-shaped explanation through with its status.
+    # Caller-caused (a 4xx, or 501 for an endpoint this model's engine does not serve): the
+    # engine's explanation, rewritten to the OpenAI shape, with its status.
     done("rejected", status, latency)
     try:
-        _upstream_error.decode(content)
-        return Response(content, status_code=status, media_type="application/json")
+        return errors.from_upstream(status, _upstream_error.decode(content).error)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return errors.error_response(status, f"The engine rejected the request (HTTP {status}).",
-                                     errors.INVALID_REQUEST, "upstream_rejected")
+                                     errors.INVALID_REQUEST, errors.CODE_UPSTREAM_REJECTED)
 
 
 async def chat_completions(request: Request) -> Any:
@@ -456,6 +493,7 @@ def build_routes() -> list[Route]:
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/gateway/stats", stats, methods=["GET"]),
         Route("/gateway/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
 
 

@@ -7,11 +7,13 @@ GRID_GATEWAY_QUEUE_SECONDS  how long a request may wait for a free slot (default
 GRID_GATEWAY_BODY_SECONDS   how long a request body may take to arrive (default 10)
 GRID_GATEWAY_MAX_INCOMPLETE how many request bodies may be arriving at once (default 128)
 GRID_GATEWAY_UPSTREAM     upstream client: h1 (default, grid.gateway.h1) or httpx
+GRID_GATEWAY_INSECURE     1: allow listening beyond loopback without client keys (as --insecure)
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from grid.gateway.routing import RoutingPolicy
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEYS_ENV = "GRID_GATEWAY_API_KEYS"
+INSECURE_ENV = "GRID_GATEWAY_INSECURE"
 URL_FILE = "gateway.url"
 
 
@@ -43,6 +46,8 @@ class GatewaySettings:
     unavailable_retry_seconds: float = 10.0
     # "h1" (grid.gateway.h1, the fast default) or "httpx" for the private upstream hop.
     upstream_backend: str = "h1"
+    # Listening beyond loopback without client keys is refused unless this is set.
+    insecure: bool = False
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
 
     @classmethod
@@ -59,7 +64,27 @@ class GatewaySettings:
             kwargs["max_incomplete_bodies"] = max(1, int(env["GRID_GATEWAY_MAX_INCOMPLETE"]))
         if env.get("GRID_GATEWAY_UPSTREAM"):
             kwargs["upstream_backend"] = env["GRID_GATEWAY_UPSTREAM"].strip().lower()
+        if env.get(INSECURE_ENV, "").strip().lower() in ("1", "true", "yes"):
+            kwargs["insecure"] = True
         return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere (or 0.0.0.0's spellings) counts as exposed
+
+
+def exposure_error(host: str, *, keys_required: bool, insecure: bool) -> str | None:
+    """Why the gateway must not listen on `host`, or None. An open gateway beyond loopback lets
+    anyone who can reach it spend this grid's machines."""
+    if keys_required or insecure or is_loopback(host):
+        return None
+    return (f"refusing to serve the gateway on {host} without client keys: set {API_KEYS_ENV} "
+            f"(a key file, or comma-separated keys) or pass --insecure ({INSECURE_ENV}=1) to run it open")
 
 
 class ApiKeys:

