@@ -9,6 +9,8 @@ transaction as the rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -175,8 +177,12 @@ class AnalyticsSink:
         self.flush()
         return read
 
-    async def follow(self, log: EventLog, *, flush_seconds: float = 1.0) -> None:
-        """Follow all streams live, flushing by size or within `flush_seconds`, until cancelled."""
+    async def follow(self, log: EventLog, *, flush_seconds: float = 1.0, offload: bool = False) -> None:
+        """Follow all streams live, flushing by size or within `flush_seconds`, until cancelled.
+
+        With `offload`, each flush runs in a worker thread (the caller's loop keeps serving while
+        DuckDB writes); nothing is added to the buffers meanwhile, the subscriptions queue it.
+        """
         await self.sync(log)
         positions = self.positions()
         subs = [await log.subscribe(s, start_seq=positions.get(s, 0) + 1) for s in ALL_STREAMS]
@@ -189,22 +195,34 @@ class AnalyticsSink:
                     return
                 await queue.put(msg)
 
+        async def flush() -> None:
+            if offload:
+                await asyncio.to_thread(self.flush)
+            else:
+                self.flush()
+
         tasks = [asyncio.create_task(pump(s)) for s in subs]
+        deadline = time.monotonic() + flush_seconds
         try:
             while True:
                 try:
-                    msg = await asyncio.wait_for(queue.get(), flush_seconds)
+                    msg = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
                     self.add(msg)
                     if self.pending_rows() >= self.batch_rows:
-                        self.flush()
+                        await flush()
+                        deadline = time.monotonic() + flush_seconds
                 except TimeoutError:
-                    self.flush()
+                    # A steady trickle never starves a flush: the deadline runs from the last one.
+                    await flush()
+                    deadline = time.monotonic() + flush_seconds
         finally:
             for t in tasks:
                 t.cancel()
             for sub in subs:
-                await sub.close()
-            self.flush()
+                with contextlib.suppress(Exception):
+                    await sub.close()
+            with contextlib.suppress(Exception):
+                self.flush()
 
     def close(self) -> None:
         """Flush what is pending. The connection belongs to the caller."""

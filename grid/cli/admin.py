@@ -100,6 +100,10 @@ def _age(value: float | None) -> str:
     return f"{value:.0f}s" if value < 120 else f"{value / 60:.0f}m"
 
 
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -160,6 +164,22 @@ def render_status(s: dict[str, Any]) -> None:
         for d in deferred:
             counts[d["reason"]] = counts.get(d["reason"], 0) + 1
         console.print("deferred: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())), style="dim")
+    analytics = s.get("analytics")
+    if analytics:
+        demand = Table(title=f"Demand, last {analytics.get('window_seconds', 3600) / 60:.0f} min (analytics)",
+                       title_justify="left")
+        for col in ("model", "requests", "errors", "p50 s", "p99 s"):
+            demand.add_column(col)
+        for row in analytics.get("recent_demand", ()):
+            demand.add_row(str(row.get("model")), str(row.get("requests")), str(row.get("errors")),
+                           _seconds(row.get("p50_seconds")), _seconds(row.get("p99_seconds")))
+        console.print(demand)
+        if not analytics.get("recent_demand"):
+            console.print("(no requests in this window)", style="dim")
+        if analytics.get("error"):
+            err_console.print(f"[yellow]warning:[/yellow] analytics: {analytics['error']}")
+    elif analytics is None and "analytics" in s:
+        console.print("analytics: off in this controller (history reads the store file)", style="dim")
     explanation = plan.get("explanation_text") or []
     if explanation:
         console.print("[bold]Planner[/bold]")

@@ -57,6 +57,10 @@ def serve_controller(
         False, "--assume-durable",
         help="Treat the NATS server as durable (it fsyncs every write) when it does not report its sync "
              "policy; automatic mode is refused otherwise."),
+    analytics: bool = typer.Option(
+        True, "--analytics/--no-analytics",
+        help="Run the DuckDB analytics sink in this process (GRID_HOME/analytics.duckdb) and serve "
+             "`gridctl history` from it."),
     log_format: str = LogFormatOption,
     publish_pause: float = typer.Option(0.0, "--publish-pause", hidden=True,
                                         help="Test seam: pause between command publishes."),
@@ -69,7 +73,7 @@ def serve_controller(
     url = resolve_nats_url(nats, cfg)
     settings = ControllerSettings(
         tick_interval_seconds=tick_interval, lease_ttl_seconds=lease_ttl, lease_renew_seconds=lease_renew,
-        restart_grace_seconds=restart_grace, publish_pause_seconds=publish_pause,
+        restart_grace_seconds=restart_grace, publish_pause_seconds=publish_pause, analytics=analytics,
         limits=Limits(max_global_mutations=max_mutations, max_host_mutations=max_host_mutations,
                       artifact_fanout=artifact_fanout),
     )

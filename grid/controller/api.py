@@ -5,6 +5,8 @@
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
+    GET    /allocator/history/{view}    a history view of the analytics store (operator token);
+                                        query: from, to (epoch seconds), bucket, model, changes_only
 
 `AdminServer` serves the app with uvicorn in the controller's event loop and records its URL in
 GRID_HOME/admin.url while it runs (that is how gridctl finds it).
@@ -30,6 +32,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from grid.analytics.history import VIEWS as HISTORY_VIEWS
+from grid.analytics.history import HistoryError, HistoryParams
+from grid.analytics.service import AnalyticsService
 from grid.clock import Clock
 from grid.config import GridConfig
 from grid.controller.reconcile import ReconcileResult
@@ -62,6 +67,7 @@ class AdminTarget(Protocol):
     log: EventLog
     runner: ProjectionRunner
     last_result: ReconcileResult | None
+    analytics: AnalyticsService | None
 
     def snapshot(self) -> ControllerView: ...
 
@@ -298,7 +304,32 @@ def create_admin_app(
     async def status(request: Request) -> Response:
         if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
             return unauthorized()
-        return _json(build_status(controller.snapshot(), admin_url=admin_url))
+        body = build_status(controller.snapshot(), admin_url=admin_url)
+        body["analytics"] = await _analytics_summary(getattr(controller, "analytics", None), now())
+        return _json(body)
+
+    async def history(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        view = request.path_params["view"]
+        if view not in HISTORY_VIEWS:
+            return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
+                          "view")
+        try:
+            params = _history_params(request.query_params)
+        except BodyError as exc:
+            return _error(exc.status, exc.error, exc.detail, exc.field)
+        service = getattr(controller, "analytics", None)
+        if service is None:
+            return _error(503, "analytics_unavailable", "this controller runs no analytics sink")
+        # Answer from a store that holds at least what the controller has folded (a chat just
+        # made shows up), waiting briefly for the sink's next flush.
+        await service.flushed(dict(controller.runner.positions), timeout=HISTORY_WAIT_SECONDS)
+        try:
+            rows = await service.view(view, params)
+        except HistoryError as exc:
+            return _error(422, "validation_error", str(exc))
+        return _json({"view": view, "rows": rows})
 
     async def put_model(request: Request) -> Response:
         if not authorized(request):
@@ -379,8 +410,55 @@ def create_admin_app(
         Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
         Route("/allocator/mode", put_mode, methods=["PUT"]),
         Route("/allocator/tick", post_tick, methods=["POST"]),
+        Route("/allocator/history/{view}", history, methods=["GET"]),
     ]
     return Starlette(routes=routes)
+
+
+HISTORY_WAIT_SECONDS = 3.0
+# The window of recent demand shown by status.
+STATUS_DEMAND_WINDOW_SECONDS = 3600.0
+_HISTORY_QUERY = {"from": "start", "to": "end", "bucket": "bucket_seconds", "model": "model",
+                  "changes_only": "changes_only"}
+
+
+def _history_params(query: Any) -> HistoryParams:
+    values: dict[str, Any] = {}
+    for key, raw in query.multi_items():
+        name = _HISTORY_QUERY.get(key)
+        if name is None:
+            raise BodyError(422, "validation_error", f"unknown query parameter {key!r}", key)
+        if name == "model":
+            values[name] = raw
+        elif name == "changes_only":
+            values[name] = raw.lower() in ("1", "true", "yes")
+        else:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise BodyError(422, "validation_error", f"{key} must be a number (epoch seconds)", key) from None
+            if not math.isfinite(number):
+                raise BodyError(422, "validation_error", f"{key} must be finite", key)
+            values[name] = number
+    params = HistoryParams(**values)
+    if params.bucket_seconds is not None and params.bucket_seconds < 0:
+        raise BodyError(422, "validation_error", "bucket must be >= 0", "bucket")
+    return params
+
+
+async def _analytics_summary(service: AnalyticsService | None, now: float) -> dict[str, Any] | None:
+    """What status shows of history: the sink's state and the last hour's demand per model."""
+    if service is None:
+        return None
+    summary = service.describe()
+    try:
+        summary["recent_demand"] = await service.view(
+            "demand", HistoryParams(start=now - STATUS_DEMAND_WINDOW_SECONDS))
+    except Exception as exc:  # a status must answer even when history cannot
+        summary["recent_demand"] = []
+        summary["error"] = summary["error"] or f"{type(exc).__name__}: {exc}"
+    summary["window_seconds"] = STATUS_DEMAND_WINDOW_SECONDS
+    return summary
 
 
 class AdminServer:

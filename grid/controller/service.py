@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from grid.analytics.service import AnalyticsService
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.controller.governor import Limits
@@ -108,6 +109,9 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     publish_pause_seconds: float = 0.0
     # False: no tick loop; the caller drives tick() (benchmarks, deterministic tests).
     background_ticks: bool = True
+    # Run the DuckDB analytics sink in this process (GRID_HOME/analytics.duckdb) and serve history
+    # from it. The process entries (`serve controller`, `up`) turn it on; library users opt in.
+    analytics: bool = False
 
 
 def plan_key(plan: Plan) -> str:
@@ -204,6 +208,7 @@ class Controller:
         self._last_plan_key: str | None = None
         self._last_plan_recorded_at: float | None = None
         self._stopping = False
+        self.analytics: AnalyticsService | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -240,6 +245,8 @@ class Controller:
         with contextlib.suppress(LogError):
             await self.lease.step()
         self._latest_plan_from_log()
+        if s.analytics:
+            await self._start_analytics()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),
@@ -252,10 +259,23 @@ class Controller:
         log.info("controller started", controller_id=self.controller_id, term=self.lease.term,
                  positions=self.runner.positions)
 
+    async def _start_analytics(self) -> None:
+        service = AnalyticsService(self.log, self.config.duckdb_path)
+        try:
+            await service.start()
+        except Exception as exc:  # a damaged or foreign-locked file: serve without history, say so
+            self._warn(f"analytics store {self.config.duckdb_path} unavailable ({exc}); history is off")
+            log.warning("analytics store unavailable", path=str(self.config.duckdb_path), error=str(exc))
+            return
+        self.analytics = service
+
     async def stop(self) -> None:
         self._stopping = True
         await _cancel_all(self._tasks)
         self._tasks = []
+        if self.analytics is not None:
+            await self.analytics.stop()
+            self.analytics = None
         if self.lease is not None:
             with contextlib.suppress(Exception):
                 await self.lease.release()
