@@ -94,8 +94,10 @@ class ControllerError(RuntimeError):
 class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     tick_interval_seconds: float = 5.0
     coalesce_seconds: float = 0.2
-    # Re-record an unchanged plan this often (a fresh generation for agents and replay).
-    plan_refresh_seconds: float = 60.0
+    # Keepalive: re-record an unchanged plan this often, so status, replay windows and the
+    # dashboard always find a recent plan and its inputs (an unchanged plan is otherwise not
+    # appended). Five minutes keeps an idle grid's plan stream to ~12 appends an hour.
+    plan_refresh_seconds: float = 300.0
     lease_ttl_seconds: float = 15.0
     lease_renew_seconds: float = 5.0
     lease_margin_seconds: float = 1.0
@@ -115,8 +117,19 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plan_key(plan: Plan) -> str:
-    """Identity of a plan's decisions (not of its inputs or `now`): when to record a new one."""
-    body = (plan.placements, plan.preemptions, plan.shortfalls)
+    """Identity of a plan's decisions (not of its inputs, `now`, scores or explanations): a new
+    plan is recorded only when this changes.
+
+    Scores drift with every heartbeat (free memory moves the fit score) and explanations quote
+    them; keyed on those, an idle one-host grid recorded a plan every tick (~2 s, ~100 MB a day).
+    What agents and replay act on is which model goes where, with what memory and status, what
+    is preempted, and what cannot be placed and why.
+    """
+    body = (
+        tuple((p.model_id, p.host_id, p.runtime, p.memory_mb, p.status, p.managed) for p in plan.placements),
+        plan.preemptions,
+        tuple((s.model_id, s.wanted, s.placed, s.reason) for s in plan.shortfalls),
+    )
     return hashlib.sha256(codec.encode_value(body)).hexdigest()
 
 
