@@ -5,6 +5,8 @@
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
+    GET    /openapi.json                the OpenAPI document (grid.controller.openapi)
+    GET    /metrics                     Prometheus exposition (as status: open on loopback only)
     GET    /allocator/history/{view}    a history view of the analytics store (operator token);
                                         query: from, to (epoch seconds), bucket, model, changes_only
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +39,14 @@ from grid.analytics.history import VIEWS as HISTORY_VIEWS
 from grid.analytics.history import HistoryError, HistoryParams
 from grid.analytics.service import AnalyticsService
 from grid.clock import Clock
+from grid.controller.openapi import (
+    HistoryResponse,
+    ModeResponse,
+    ProfileRetiredResponse,
+    ProfileSetResponse,
+    TickResponse,
+    build_openapi,
+)
 from grid.config import GridConfig
 from grid.controller.reconcile import ReconcileResult
 from grid.controller.status import ControllerView, TickReport, build_status
@@ -51,6 +62,7 @@ from grid.events.control import (
 )
 from grid.events.embedded import free_port
 from grid.events.log import AppendResult, EventLog, LogError
+from grid.metrics import exposition
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
 
@@ -308,6 +320,20 @@ def create_admin_app(
         body["analytics"] = await _analytics_summary(getattr(controller, "analytics", None), now())
         return _json(body)
 
+    openapi_bytes = msgspec.json.encode(
+        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS))))
+
+    async def openapi(_request: Request) -> Response:
+        return Response(openapi_bytes, media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
+            return unauthorized()
+        registry = getattr(getattr(controller, "metrics", None), "registry", None)
+        if registry is None:
+            return _error(404, "no_metrics", "this controller keeps no metrics")
+        return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
+
     async def history(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
@@ -329,7 +355,7 @@ def create_admin_app(
             rows = await service.view(view, params)
         except HistoryError as exc:
             return _error(422, "validation_error", str(exc))
-        return _json({"view": view, "rows": rows})
+        return _json(HistoryResponse(view=view, rows=rows))
 
     async def put_model(request: Request) -> Response:
         if not authorized(request):
@@ -346,7 +372,7 @@ def create_admin_app(
             res = await controller.append_control(event)
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"model_id": model_id, "profile": msgspec.to_builtins(profile), "seq": res.seq})
+        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
 
     async def delete_model(request: Request) -> Response:
         if not authorized(request):
@@ -362,7 +388,7 @@ def create_admin_app(
             res = await controller.append_control(ProfileRemoved(event_id=new_event_id(), at=now(), model_id=model_id))
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"model_id": model_id, "retired": True, "seq": res.seq})
+        return _json(ProfileRetiredResponse(model_id=model_id, retired=True, seq=res.seq))
 
     async def put_mode(request: Request) -> Response:
         if not authorized(request):
@@ -381,7 +407,7 @@ def create_admin_app(
             res = await controller.append_control(ModeSet(event_id=new_event_id(), at=now(), mode=body.mode))  # type: ignore[arg-type]
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"mode": body.mode, "seq": res.seq})
+        return _json(ModeResponse(mode=body.mode, seq=res.seq))
 
     async def post_tick(request: Request) -> Response:
         if not authorized(request):
@@ -397,12 +423,11 @@ def create_admin_app(
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
         result = controller.last_result
-        return _json({
-            "seq": res.seq,
-            "tick": msgspec.to_builtins(report),
-            "actions": len(result.actions) if result is not None else 0,
-            "deferred": len(result.deferred) if result is not None else 0,
-        })
+        return _json(TickResponse(
+            seq=res.seq, tick=report,
+            actions=len(result.actions) if result is not None else 0,
+            deferred=len(result.deferred) if result is not None else 0,
+        ))
 
     routes = [
         Route("/allocator/status", status, methods=["GET"]),
@@ -411,6 +436,8 @@ def create_admin_app(
         Route("/allocator/mode", put_mode, methods=["PUT"]),
         Route("/allocator/tick", post_tick, methods=["POST"]),
         Route("/allocator/history/{view}", history, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes)
 

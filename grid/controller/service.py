@@ -74,6 +74,8 @@ from grid.events.subjects import (
 )
 from grid.planner.plan import decode_plan, encode_plan
 from grid.planner.types import Plan, PlannerInput, Policy
+from grid.metrics import ControllerMetrics, GaugeSource, Sample
+from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
@@ -222,6 +224,36 @@ class Controller:
         self._last_plan_recorded_at: float | None = None
         self._stopping = False
         self.analytics: AnalyticsService | None = None
+        self.metrics = ControllerMetrics(self._gauges())
+
+    # --- metrics (states read at scrape time) ----------------------------------------------------
+
+    def _gauges(self) -> list[GaugeSource]:
+        def plan_age() -> list[Sample]:
+            at = self._last_plan_recorded_at
+            return [] if at is None else [((), max(0.0, self.clock.now() - at))]
+
+        def pending() -> list[Sample]:
+            if "actions" not in self.runner.states:
+                return [((), 0.0)]
+            records = actions_proj.open_actions(self.runner["actions"])
+            return [((), float(sum(1 for r in records if not r.withdrawn)))]
+
+        def term() -> list[Sample]:
+            return [((), float(self.lease.term if self.lease is not None else 0))]
+
+        def active() -> list[Sample]:
+            return [((), 1.0 if self.lease is not None and self.lease.held else 0.0)]
+
+        return [
+            GaugeSource("grid_controller_plan_age_seconds", "Seconds since the last plan was recorded.", (), plan_age),
+            GaugeSource("grid_controller_pending_commands", "Commands issued and not yet terminal (withdrawn excluded).",
+                        (), pending),
+            GaugeSource("grid_controller_lease_term", "The controller lease term this process holds or last saw.",
+                        (), term),
+            GaugeSource("grid_controller_active", "1 when this controller holds the lease (active), 0 on standby.",
+                        (), active),
+        ]
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -480,6 +512,7 @@ class Controller:
             report.error = f"{type(exc).__name__}: {exc}"
             log.warning("tick failed", error=report.error)
         report.duration_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.tick.observe(report.duration_ms / 1000)
         self.last_tick = report
         self.ticks.append(report)
         return report
@@ -582,6 +615,7 @@ class Controller:
                             if not res.duplicate:
                                 report.published += 1
                                 self.published_total += 1
+                                self.metrics.commands.labels(ev.kind).inc()
                         else:
                             report.withdrawn += 1
                             self.withdrawn_total += 1
