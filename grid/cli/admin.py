@@ -8,6 +8,8 @@ or the owner-only GRID_HOME/operator.token.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -123,6 +125,8 @@ def render_status(s: dict[str, Any]) -> None:
     for h in s["hosts"]:
         res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)") for r in h["residencies"])
         state = h["state"] if h["fresh"] else f"{h['state']} (stale)"
+        if h.get("protection_reason") and h["state"] != "accepting":
+            state = f"{state}: {h['protection_reason']}"  # why a host takes no new work (e.g. cpu_high)
         hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
                       str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
     console.print(hosts)
@@ -193,8 +197,26 @@ def status(
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
+    watch: Optional[float] = typer.Option(
+        None, "--watch", "-w", min=0.2, metavar="SECONDS",
+        help="Redraw every SECONDS until Ctrl-C (with --json: one JSON document per line)."),
 ) -> None:
-    """Allocator status: hosts, models, pending mutations, withdrawn commands, plan, warnings."""
+    """Allocator status: hosts, models, pending mutations, withdrawn commands, plan, recent demand, warnings."""
+    if watch is None:
+        _status_once(json_out, admin, token_file)
+        return
+    try:
+        while True:
+            if not json_out:
+                console.clear()
+                console.print(f"every {watch:g}s   {time.strftime('%H:%M:%S')}   (Ctrl-C stops)", style="dim")
+            _status_once(json_out, admin, token_file, compact=True)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
+def _status_once(json_out: bool, admin: Optional[str], token_file: Optional[Path], compact: bool = False) -> None:
     url = admin_url(admin)
     token = None
     if token_file is not None or os.environ.get("GRID_ALLOCATOR_CONTROL_TOKEN") or config().operator_token_path.exists():
@@ -203,7 +225,10 @@ def status(
         except typer.Exit:
             token = None  # status is open on loopback; the token only matters off loopback
     data = request("GET", url, "/allocator/status", token=token)
-    if json_out:
+    if json_out and compact:
+        sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
+        sys.stdout.flush()
+    elif json_out:
         print_json(data)
     else:
         render_status(data)
@@ -306,12 +331,14 @@ model_app.command("remove", help="Alias of `model rm`.")(model_rm)
 
 
 def mode(
-    value: str = typer.Argument(..., metavar="observe|recommend|automatic"),
+    value: str = typer.Argument(..., metavar="observe|recommend|automatic",
+                                help="The mode: observe (plan only), recommend (plan and propose) or automatic (act)."),
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
 ) -> None:
-    """Select the allocator mode (recommend is the default; automatic actuates within governors)."""
+    """Select the allocator mode: observe, recommend (a new grid's default) or automatic (actuates within
+    governors; `gridctl up` starts in automatic unless given --mode)."""
     if value not in ("observe", "recommend", "automatic"):
         fail(f"mode must be observe, recommend or automatic, not {value!r}")
     data = request("PUT", admin_url(admin), "/allocator/mode", token=operator_token(token_file), body={"mode": value})

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
 from grid.events.jetstream import JetStreamLog
@@ -60,8 +61,9 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
     server = await serve(create_dashboard_app(dash, token=None), "127.0.0.1", 0, name="dashboard-test")
     shots = tmp_path / "screenshots"
     shots.mkdir()
+    admin = None
     try:
-        await ctl.serve_admin("127.0.0.1", 0)
+        admin = await serve_admin(ctl, "127.0.0.1", 0)
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
             try:
@@ -85,6 +87,8 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
         print(f"dashboard screenshots in {shots}")
         await server.stop()
         await dash.stop()
+        if admin is not None:
+            await admin.stop()
         await ctl.stop()
     assert (shots / "2-model-set.png").stat().st_size > 10_000
 
