@@ -2,6 +2,7 @@
 
     GET    /allocator/status            open on loopback; elsewhere needs the operator token
     PUT    /allocator/models/{model_id} body = ModelProfile fields minus model_id -> ProfileSet
+    PATCH  /allocator/models/{model_id} only the fields given change (404 when there is no profile)
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
@@ -118,6 +119,27 @@ def _body_struct() -> type:
 
 ProfileBody = _body_struct()
 _profile_decoder = msgspec.json.Decoder(ProfileBody)
+
+
+def _patch_struct() -> type:
+    """ProfileBody with every field optional (UNSET = keep the current value): a partial update."""
+    fields = [(f.name, f.type | msgspec.UnsetType, msgspec.UNSET)
+              for f in msgspec.structs.fields(ProfileBody)]
+    return msgspec.defstruct("ProfilePatch", fields, kw_only=True, forbid_unknown_fields=True, frozen=True)
+
+
+ProfilePatch = _patch_struct()
+_patch_decoder = msgspec.json.Decoder(ProfilePatch)
+
+
+def merge_profile(current: ModelProfile, patch: Any) -> Any:
+    """The ProfileBody of `current` with the fields `patch` sets replaced (validated by the caller)."""
+    values = {f.name: getattr(current, f.name) for f in msgspec.structs.fields(ProfileBody)}
+    for f in msgspec.structs.fields(patch):
+        value = getattr(patch, f.name)
+        if value is not msgspec.UNSET:
+            values[f.name] = value
+    return ProfileBody(**values)
 
 
 class ModeBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -321,7 +343,7 @@ def create_admin_app(
         return _json(body)
 
     openapi_bytes = msgspec.json.encode(
-        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS))))
+        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch))
 
     async def openapi(_request: Request) -> Response:
         return Response(openapi_bytes, media_type="application/json")
@@ -365,6 +387,27 @@ def create_admin_app(
             validate_model_id(model_id)
             body = _decode(_profile_decoder, await _read_body(request, max_body_bytes))
             profile = validate_profile(model_id, body)
+        except BodyError as exc:
+            return _error(exc.status, exc.error, exc.detail, exc.field)
+        event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
+        try:
+            res = await controller.append_control(event)
+        except LogError as exc:
+            return _error(503, "log_unavailable", str(exc))
+        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
+
+    async def patch_model(request: Request) -> Response:
+        """Change only the fields given; the rest of the current profile stays as it is."""
+        if not authorized(request):
+            return unauthorized()
+        model_id = request.path_params["model_id"]
+        try:
+            validate_model_id(model_id)
+            patch = _decode(_patch_decoder, await _read_body(request, max_body_bytes))
+            current = controller.runner["catalog"].profiles.get(model_id)
+            if current is None:
+                return _error(404, "unknown_model", f"no profile for {model_id!r}: create it with PUT", "model_id")
+            profile = validate_profile(model_id, merge_profile(current, patch))
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
         event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
@@ -433,6 +476,7 @@ def create_admin_app(
         Route("/allocator/status", status, methods=["GET"]),
         Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
         Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
+        Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
         Route("/allocator/mode", put_mode, methods=["PUT"]),
         Route("/allocator/tick", post_tick, methods=["POST"]),
         Route("/allocator/history/{view}", history, methods=["GET"]),

@@ -60,11 +60,12 @@ def _content(ref: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": ref}}
 
 
-def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_views: tuple[str, ...]) -> dict[str, Any]:
+def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_views: tuple[str, ...],
+                  profile_patch: type) -> dict[str, Any]:
     types = [ErrorBody, ProfileSetResponse, ProfileRetiredResponse, ModeResponse, TickResponse, HistoryResponse,
-             profile_body, mode_body, tick_body]
+             profile_body, mode_body, tick_body, profile_patch]
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
-    error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b = refs
+    error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b, patch_b = refs
 
     def responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
         out: dict[str, Any] = {"200": {"description": "OK", "content": _content(ok)}}
@@ -86,6 +87,12 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
                 "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(profile_b)},
                 "responses": responses(set_r, 400, 401, 413, 422, 503),
+            },
+            "patch": {
+                "summary": "Change only the given fields of an existing profile (appends ProfileSet).",
+                "security": token, "parameters": [model_param],
+                "requestBody": {"required": True, "content": _content(patch_b)},
+                "responses": responses(set_r, 400, 401, 404, 413, 422, 503),
             },
             "delete": {
                 "summary": "Retire a model profile (appends ProfileRemoved).", "security": token,
