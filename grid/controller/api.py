@@ -94,6 +94,9 @@ class AdminServerError(RuntimeError):
 
 
 MAX_BODY_BYTES = 64 * 1024
+# An operator's JSON body arrives in milliseconds; ten seconds is generous on any link.
+BODY_TIMEOUT_SECONDS = 10.0
+MAX_INCOMPLETE_BODIES = 16
 MAX_MODEL_ID_LENGTH = 256
 TOKEN_HEADER = "x-grid-allocator-token"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -162,6 +165,8 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _error(status: int, error: str, detail: str, field: str | None = None,
            headers: dict[str, str] | None = None) -> Response:
+    if status == 408 or error == "too_many_incomplete_requests":
+        headers = {**(headers or {}), **_CLOSE}
     body: dict[str, Any] = {"error": error, "detail": detail}
     if field is not None:
         body["field"] = field
@@ -200,6 +205,39 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+_CLOSE = {"Connection": "close"}
+
+
+class BodyIntake:
+    """Bodies bounded in time and in number: each must arrive within `timeout_seconds` (else 408),
+    and while `max_incomplete` requests are still receiving theirs, a request that would have to
+    wait too is refused at once (503). Both close the connection (the unread rest of a body would
+    be parsed as the next request). Without these, clients that sent half a body and stopped held
+    hundreds of admin requests open. A body that arrived with its headers never waits, so it is
+    never refused (the gateway's grid.gateway.intake does the same for inference requests).
+    """
+
+    def __init__(self, *, timeout_seconds: float, max_incomplete: int) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.max_incomplete = max_incomplete
+        self.incomplete = 0
+
+    async def read(self, request: Request, limit: int) -> bytes:
+        full = self.incomplete >= self.max_incomplete
+        self.incomplete += 1
+        try:
+            async with asyncio.timeout(0.0 if full else self.timeout_seconds):
+                return await _read_body(request, limit)
+        except TimeoutError:
+            if full:
+                raise BodyError(503, "too_many_incomplete_requests",
+                                "too many requests are still sending their bodies; retry shortly") from None
+            raise BodyError(408, "request_body_timeout",
+                            f"the request body did not arrive within {self.timeout_seconds:g} seconds") from None
+        finally:
+            self.incomplete -= 1
 
 
 def _decode(decoder: msgspec.json.Decoder, data: bytes) -> Any:
@@ -309,12 +347,16 @@ def create_admin_app(
     admin_url: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     status_requires_token_off_loopback: bool = True,
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
+    max_incomplete_bodies: int = MAX_INCOMPLETE_BODIES,
 ) -> Starlette:
     """The admin app of `controller`. Without `token`, the grid home's operator token (created if absent)."""
     if token is None:
         token = controller.token or load_or_create_secret(controller.config.operator_token_path)
     if not token:
         raise ValueError("the operator token must not be empty")
+
+    intake = BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies)
 
     def authorized(request: Request) -> bool:
         supplied = request.headers.get(TOKEN_HEADER)
@@ -385,7 +427,7 @@ def create_admin_app(
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
-            body = _decode(_profile_decoder, await _read_body(request, max_body_bytes))
+            body = _decode(_profile_decoder, await intake.read(request, max_body_bytes))
             profile = validate_profile(model_id, body)
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
@@ -403,7 +445,7 @@ def create_admin_app(
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
-            patch = _decode(_patch_decoder, await _read_body(request, max_body_bytes))
+            patch = _decode(_patch_decoder, await intake.read(request, max_body_bytes))
             current = controller.runner["catalog"].profiles.get(model_id)
             if current is None:
                 return _error(404, "unknown_model", f"no profile for {model_id!r}: create it with PUT", "model_id")
@@ -437,7 +479,7 @@ def create_admin_app(
         if not authorized(request):
             return unauthorized()
         try:
-            body = _decode(msgspec.json.Decoder(ModeBody), await _read_body(request, max_body_bytes))
+            body = _decode(msgspec.json.Decoder(ModeBody), await intake.read(request, max_body_bytes))
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
         if body.mode not in MODES:
@@ -456,7 +498,7 @@ def create_admin_app(
         if not authorized(request):
             return unauthorized()
         try:
-            raw = await _read_body(request, max_body_bytes)
+            raw = await intake.read(request, max_body_bytes)
             body = _decode(msgspec.json.Decoder(TickBody), raw) if raw.strip() else TickBody()
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
@@ -535,8 +577,13 @@ async def _analytics_summary(service: AnalyticsService | None, now: float) -> di
 class AdminServer:
     """The admin API served by uvicorn in the running event loop (no second thread or process)."""
 
-    def __init__(self, controller: AdminTarget) -> None:
+    def __init__(self, controller: AdminTarget, *, trusted_proxies: tuple[str, ...] = (),
+                 **app_options: Any) -> None:
         self.controller = controller
+        # Forwarding headers (X-Forwarded-For/-Proto) are honoured only from these addresses; by
+        # default from none, so no client can choose the address the loopback check sees.
+        self.trusted_proxies = tuple(trusted_proxies)
+        self.app_options = app_options
         self.url: str | None = None
         self._server: Any = None
         self._task: asyncio.Task[Any] | None = None
@@ -553,8 +600,10 @@ class AdminServer:
             port = free_port(host)
         url_host = f"[{host}]" if ":" in host else host
         url = f"http://{url_host}:{port}"
-        config = uvicorn.Config(create_admin_app(self.controller, admin_url=url), host=host, port=port,
-                                log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(create_admin_app(self.controller, admin_url=url, **self.app_options), host=host,
+                                port=port, log_level="warning", lifespan="off", access_log=False,
+                                proxy_headers=bool(self.trusted_proxies),
+                                forwarded_allow_ips=list(self.trusted_proxies) or None)
         server = uvicorn.Server(config)
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
@@ -585,8 +634,11 @@ class AdminServer:
             self.url = None
 
 
-async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0) -> AdminServer:
-    """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller."""
-    server = AdminServer(controller)
+async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0, *,
+                      trusted_proxies: tuple[str, ...] = (), **app_options: Any) -> AdminServer:
+    """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller.
+
+    `app_options` go to create_admin_app (body bounds, for example)."""
+    server = AdminServer(controller, trusted_proxies=trusted_proxies, **app_options)
     await server.start(host, port)
     return server

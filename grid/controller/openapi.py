@@ -86,13 +86,13 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
                 "summary": "Create or replace a model profile (appends ProfileSet).", "security": token,
                 "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(profile_b)},
-                "responses": responses(set_r, 400, 401, 413, 422, 503),
+                "responses": responses(set_r, 400, 401, 408, 413, 422, 503),
             },
             "patch": {
                 "summary": "Change only the given fields of an existing profile (appends ProfileSet).",
                 "security": token, "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(patch_b)},
-                "responses": responses(set_r, 400, 401, 404, 413, 422, 503),
+                "responses": responses(set_r, 400, 401, 404, 408, 413, 422, 503),
             },
             "delete": {
                 "summary": "Retire a model profile (appends ProfileRemoved).", "security": token,
@@ -103,12 +103,12 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
         "/allocator/mode": {"put": {
             "summary": "Select the allocator mode (appends ModeSet).", "security": token,
             "requestBody": {"required": True, "content": _content(mode_b)},
-            "responses": responses(mode_r, 400, 401, 409, 413, 422, 503),
+            "responses": responses(mode_r, 400, 401, 408, 409, 413, 422, 503),
         }},
         "/allocator/tick": {"post": {
             "summary": "Request an immediate reconciliation pass.", "security": token,
             "requestBody": {"required": False, "content": _content(tick_b)},
-            "responses": responses(tick_r, 400, 401, 413, 422, 503),
+            "responses": responses(tick_r, 400, 401, 408, 413, 422, 503),
         }},
         "/allocator/history/{view}": {"get": {
             "summary": "A history view of the analytics store.", "security": token,
