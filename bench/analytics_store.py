@@ -90,12 +90,16 @@ def main(events: int, chunk: int, reps: int) -> None:
         print(f"  ratio sink/plain (rows/s): {base_s / sink_s:.2f}")
         end = T0 + events * spacing
         hour = HistoryParams(start=end - 3600)
+        day = end - 86400
         cases = [
             ("status: demand last hour", "demand", hour),
+            ("history demand (default: last 24 h, 5 min buckets)", "demand",
+             HistoryParams(start=day, bucket_seconds=300)),
             ("history demand (whole store, 5 min buckets)", "demand", HistoryParams(bucket_seconds=300)),
             ("history demand (whole store, no buckets)", "demand", HistoryParams()),
-            ("history plans", "plans", HistoryParams()),
-            ("history commands", "commands", HistoryParams()),
+            ("history plans (whole store)", "plans", HistoryParams()),
+            ("history commands (whole store)", "commands", HistoryParams()),
+            ("history residency (last 24 h)", "residency", HistoryParams(start=day)),
             ("history residency last hour", "residency", hour),
             ("history residency (whole store)", "residency", HistoryParams()),
             ("history workloads last hour", "workloads", hour),
@@ -109,7 +113,7 @@ def main(events: int, chunk: int, reps: int) -> None:
                 run_view(cur, view, params)
                 times.append((time.perf_counter() - t) * 1000)
                 cur.close()
-            print(f"  {label:48s} p50 {statistics.median(times):7.1f} ms  p99 {pct(times, 0.99):7.1f} ms")
+            print(f"  {label:52s} p50 {statistics.median(times):7.1f} ms  p99 {pct(times, 0.99):7.1f} ms")
         sink_con.close()
         base_con.close()
 
