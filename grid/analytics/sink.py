@@ -162,8 +162,11 @@ class AnalyticsSink:
     # --- driving ---------------------------------------------------------------------------
 
     async def sync(self, log: EventLog, *, streams: tuple[str, ...] = ALL_STREAMS,
-                   progress: Callable[[int], None] | None = None) -> int:
-        """Catch up every stream from the stored position to the current end. Returns events read."""
+                   progress: Callable[[int], None] | None = None, offload: bool = False) -> int:
+        """Catch up every stream from the stored position to the current end. Returns events read.
+
+        With `offload`, batch inserts run in a worker thread (a long catch-up inside the
+        controller must not starve its lease renewals)."""
         positions = self.positions()
         read = 0
         for stream in streams:
@@ -171,10 +174,16 @@ class AnalyticsSink:
                 self.add(msg)
                 read += 1
                 if self.pending_rows() >= self.batch_rows:
-                    self.flush()
+                    if offload:
+                        await asyncio.to_thread(self.flush)
+                    else:
+                        self.flush()
                     if progress is not None:
                         progress(read)
-        self.flush()
+        if offload:
+            await asyncio.to_thread(self.flush)
+        else:
+            self.flush()
         return read
 
     async def follow(self, log: EventLog, *, flush_seconds: float = 1.0, offload: bool = False) -> None:
@@ -183,7 +192,7 @@ class AnalyticsSink:
         With `offload`, each flush runs in a worker thread (the caller's loop keeps serving while
         DuckDB writes); nothing is added to the buffers meanwhile, the subscriptions queue it.
         """
-        await self.sync(log)
+        await self.sync(log, offload=offload)
         positions = self.positions()
         subs = [await log.subscribe(s, start_seq=positions.get(s, 0) + 1) for s in ALL_STREAMS]
         queue: asyncio.Queue[StoredMessage] = asyncio.Queue(maxsize=100_000)
