@@ -312,7 +312,12 @@ def create_admin_app(
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    async def not_found(_request: Request, _exc: Exception) -> Response:
+        # A path no route matches (for example a model id with a line break, which the path
+        # converter does not cross) gets the same JSON error shape as every other refusal.
+        return _error(404, "not_found", "no such resource on the admin API")
+
+    return Starlette(routes=routes, exception_handlers={404: not_found})
 
 
 HISTORY_WAIT_SECONDS = 3.0

@@ -79,14 +79,14 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
     paths = {
         "/allocator/status": {"get": {
             "summary": "Allocator status (open on loopback; elsewhere the operator token).",
-            "responses": responses(status_obj, 401),
+            "responses": responses(status_obj, 401, 404),
         }},
         "/allocator/models/{model_id}": {
             "put": {
                 "summary": "Create or replace a model profile (appends ProfileSet).", "security": token,
                 "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(profile_b)},
-                "responses": responses(set_r, 400, 401, 408, 413, 422, 503),
+                "responses": responses(set_r, 400, 401, 404, 408, 413, 422, 503),
             },
             "patch": {
                 "summary": "Change only the given fields of an existing profile (appends ProfileSet).",
@@ -147,7 +147,7 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
 _REASONS = {
     400: "Bad request (for example a malformed Content-Length)",
     401: "Operator token missing or wrong",
-    404: "No such model or view",
+    404: "No such model, view or path",
     408: "The request body did not arrive in time",
     409: "Refused in the current state (automatic mode on a non-durable log)",
     413: "Body too large",
