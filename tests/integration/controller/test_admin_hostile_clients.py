@@ -82,6 +82,11 @@ async def test_forwarded_for_is_ignored_unless_a_proxy_is_configured(js_log: Jet
             async with httpx.AsyncClient(base_url=admin.url, timeout=5) as client:
                 resp = await client.get("/allocator/status", headers={"X-Forwarded-For": "203.0.113.9"})
                 assert resp.status_code == 401  # configured: the proxy's word is taken
+                # Seen as remote, /metrics needs the operator token too; with it, it answers.
+                remote = {"X-Forwarded-For": "203.0.113.9"}
+                assert (await client.get("/metrics", headers=remote)).status_code == 401
+                ok = await client.get("/metrics", headers={**remote, "Authorization": f"Bearer {ctl.token}"})
+                assert ok.status_code == 200 and "grid_controller_lease_term" in ok.text
         finally:
             await admin.stop()
     finally:
