@@ -110,3 +110,19 @@ async def test_every_history_view_answers_from_the_controller(js_log: JetStreamL
     finally:
         await admin.stop()
         await ctl.stop()
+
+
+async def test_replay_while_the_controller_holds_the_store_still_answers(
+        js_log: JetStreamLog, nats_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`gridctl replay` beside a running grid: the replay stands, only its record is skipped."""
+    home = tmp_path / "home"
+    ctl = Controller(js_log, home, settings=SETTINGS, controller_id="ctl-replay")
+    await ctl.start()
+    try:
+        await ctl.tick("test")
+        rc, out, err = await gridctl(home, "replay", "--nats", nats_server.url, "--json")
+        assert rc == 0, err
+        assert "run not recorded" in err and "Traceback" not in err, err
+        assert json.loads(out)
+    finally:
+        await ctl.stop()
