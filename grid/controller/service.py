@@ -18,6 +18,12 @@ Side effects live here and nowhere else in grid.controller:
 
 The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
 the admin HTTP server is grid.controller.api's.
+
+Why one file of ~650 lines: it is the controller's only side-effect edge, and the lease, the
+tick, plan recording and command publishing share state that must be read at one instant (the
+positions a plan is based on, the lease term a command carries). The pure parts it composes
+live elsewhere (tick.py, reconcile.py, status.py); metrics are read from this state at scrape
+time.
 """
 
 from __future__ import annotations
