@@ -104,7 +104,7 @@ class LocalGrid:
     async def start(self) -> "LocalGrid":
         from grid.agent.service import AgentOptions, HostAgent
         from grid.controller.api import serve_admin
-        from grid.controller.service import Controller
+        from grid.controller.service import Controller, ControllerSettings
         from grid.gateway.app import create_gateway_app, start_gateway
 
         cfg = self.config
@@ -120,7 +120,9 @@ class LocalGrid:
         if self.embedded is not None:
             self._supervisor = asyncio.create_task(self._supervise_nats(self.embedded), name="grid-nats-supervisor")
 
-        self.controller = Controller(self.log, cfg, settings=self.controller_settings)
+        # The one-machine grid keeps its analytics store current (history right after a chat).
+        settings = self.controller_settings or ControllerSettings(analytics=True)
+        self.controller = Controller(self.log, cfg, settings=settings)
         await self.controller.start()
         self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)
         self.admin_url = self.admin.url or ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import duckdb
@@ -108,3 +109,28 @@ def residency_timeline(
         f"FROM residencies{where}) WHERE prev IS NULL OR prev <> state ORDER BY time, host_id, model_id",
         params,
     )
+
+
+def plan_placement_changes(con: duckdb.DuckDBPyConnection, start: float | None = None,
+                           end: float | None = None) -> list[dict[str, Any]]:
+    """Per recorded plan: placements added/removed against the previous plan (from plans.plan_json)."""
+    where, params = _window(start, end)
+    rows = _rows(con, f"SELECT seq, time, generation, planner_version, plan_json FROM plans{where} ORDER BY seq", params)
+    out: list[dict[str, Any]] = []
+    previous: set[tuple[str, str]] | None = None
+    for row in rows:
+        try:
+            plan = json.loads(row["plan_json"]) or {}
+        except ValueError:
+            plan = {}
+        current = {(p.get("model_id", ""), p.get("host_id", "")) for p in plan.get("placements", [])}
+        added = sorted(current - previous) if previous is not None else sorted(current)
+        removed = sorted(previous - current) if previous is not None else []
+        out.append({
+            "seq": row["seq"], "time": row["time"], "generation": row["generation"],
+            "planner_version": row["planner_version"], "placements": len(current),
+            "added": [f"{m}@{h}" for m, h in added], "removed": [f"{m}@{h}" for m, h in removed],
+            "preemptions": len(plan.get("preemptions", [])), "shortfalls": len(plan.get("shortfalls", [])),
+        })
+        previous = current
+    return out

@@ -9,6 +9,8 @@ transaction as the rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,8 +162,11 @@ class AnalyticsSink:
     # --- driving ---------------------------------------------------------------------------
 
     async def sync(self, log: EventLog, *, streams: tuple[str, ...] = ALL_STREAMS,
-                   progress: Callable[[int], None] | None = None) -> int:
-        """Catch up every stream from the stored position to the current end. Returns events read."""
+                   progress: Callable[[int], None] | None = None, offload: bool = False) -> int:
+        """Catch up every stream from the stored position to the current end. Returns events read.
+
+        With `offload`, batch inserts run in a worker thread (a long catch-up inside the
+        controller must not starve its lease renewals)."""
         positions = self.positions()
         read = 0
         for stream in streams:
@@ -169,15 +174,25 @@ class AnalyticsSink:
                 self.add(msg)
                 read += 1
                 if self.pending_rows() >= self.batch_rows:
-                    self.flush()
+                    if offload:
+                        await asyncio.to_thread(self.flush)
+                    else:
+                        self.flush()
                     if progress is not None:
                         progress(read)
-        self.flush()
+        if offload:
+            await asyncio.to_thread(self.flush)
+        else:
+            self.flush()
         return read
 
-    async def follow(self, log: EventLog, *, flush_seconds: float = 1.0) -> None:
-        """Follow all streams live, flushing by size or within `flush_seconds`, until cancelled."""
-        await self.sync(log)
+    async def follow(self, log: EventLog, *, flush_seconds: float = 1.0, offload: bool = False) -> None:
+        """Follow all streams live, flushing by size or within `flush_seconds`, until cancelled.
+
+        With `offload`, each flush runs in a worker thread (the caller's loop keeps serving while
+        DuckDB writes); nothing is added to the buffers meanwhile, the subscriptions queue it.
+        """
+        await self.sync(log, offload=offload)
         positions = self.positions()
         subs = [await log.subscribe(s, start_seq=positions.get(s, 0) + 1) for s in ALL_STREAMS]
         queue: asyncio.Queue[StoredMessage] = asyncio.Queue(maxsize=100_000)
@@ -189,22 +204,34 @@ class AnalyticsSink:
                     return
                 await queue.put(msg)
 
+        async def flush() -> None:
+            if offload:
+                await asyncio.to_thread(self.flush)
+            else:
+                self.flush()
+
         tasks = [asyncio.create_task(pump(s)) for s in subs]
+        deadline = time.monotonic() + flush_seconds
         try:
             while True:
                 try:
-                    msg = await asyncio.wait_for(queue.get(), flush_seconds)
+                    msg = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
                     self.add(msg)
                     if self.pending_rows() >= self.batch_rows:
-                        self.flush()
+                        await flush()
+                        deadline = time.monotonic() + flush_seconds
                 except TimeoutError:
-                    self.flush()
+                    # A steady trickle never starves a flush: the deadline runs from the last one.
+                    await flush()
+                    deadline = time.monotonic() + flush_seconds
         finally:
             for t in tasks:
                 t.cancel()
             for sub in subs:
-                await sub.close()
-            self.flush()
+                with contextlib.suppress(Exception):
+                    await sub.close()
+            with contextlib.suppress(Exception):
+                self.flush()
 
     def close(self) -> None:
         """Flush what is pending. The connection belongs to the caller."""

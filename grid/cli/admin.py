@@ -8,6 +8,8 @@ or the owner-only GRID_HOME/operator.token.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +19,7 @@ import typer
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
+from grid.events.control import ModelProfile
 from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
@@ -57,7 +60,9 @@ def operator_token(token_file: Path | None) -> str:
         raise AssertionError from exc  # unreachable: fail() exits
 
 
-def request(method: str, url: str, path: str, *, token: str | None = None, body: Any = None) -> Any:
+def request(method: str, url: str, path: str, *, token: str | None = None, body: Any = None,
+            missing_ok: bool = False) -> Any:
+    """The admin API's JSON answer; a refusal is a clear error. With `missing_ok`, 404 is None."""
     headers = {"X-Grid-Allocator-Token": token} if token else {}
     try:
         with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
@@ -70,6 +75,8 @@ def request(method: str, url: str, path: str, *, token: str | None = None, body:
         data = resp.json()
     except ValueError:
         data = {"error": "bad_response", "detail": resp.text[:300]}
+    if missing_ok and resp.status_code == 404 and data.get("error") == "unknown_model":
+        return None
     if resp.status_code == 401:
         fail("unauthorized: the operator token was refused (check --token-file / GRID_HOME/operator.token)")
     if resp.status_code >= 400:
@@ -100,6 +107,10 @@ def _age(value: float | None) -> str:
     return f"{value:.0f}s" if value < 120 else f"{value / 60:.0f}m"
 
 
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -114,11 +125,13 @@ def render_status(s: dict[str, Any]) -> None:
                   f"log durable: {mode['log_durable']}", style="dim")
 
     hosts = Table(title="Hosts", title_justify="left")
-    for col in ("host", "state", "heartbeat", "capacity MB", "used MB", "free MB", "domain", "residencies"):
+    for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "domain", "residencies"):
         hosts.add_column(col)
     for h in s["hosts"]:
         res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)") for r in h["residencies"])
         state = h["state"] if h["fresh"] else f"{h['state']} (stale)"
+        if h.get("protection_reason") and h["state"] != "accepting":
+            state = f"{state}: {h['protection_reason']}"  # why a host takes no new work (e.g. cpu_high)
         hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
                       str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
     console.print(hosts)
@@ -160,6 +173,22 @@ def render_status(s: dict[str, Any]) -> None:
         for d in deferred:
             counts[d["reason"]] = counts.get(d["reason"], 0) + 1
         console.print("deferred: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())), style="dim")
+    analytics = s.get("analytics")
+    if analytics:
+        demand = Table(title=f"Demand, last {analytics.get('window_seconds', 3600) / 60:.0f} min (analytics)",
+                       title_justify="left")
+        for col in ("model", "requests", "errors", "p50 s", "p99 s"):
+            demand.add_column(col)
+        for row in analytics.get("recent_demand", ()):
+            demand.add_row(str(row.get("model")), str(row.get("requests")), str(row.get("errors")),
+                           _seconds(row.get("p50_seconds")), _seconds(row.get("p99_seconds")))
+        console.print(demand)
+        if not analytics.get("recent_demand"):
+            console.print("(no requests in this window)", style="dim")
+        if analytics.get("error"):
+            err_console.print(f"[yellow]warning:[/yellow] analytics: {analytics['error']}")
+    elif analytics is None and "analytics" in s:
+        console.print("analytics: off in this controller (history reads the store file)", style="dim")
     explanation = plan.get("explanation_text") or []
     if explanation:
         console.print("[bold]Planner[/bold]")
@@ -173,8 +202,26 @@ def status(
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
+    watch: Optional[float] = typer.Option(
+        None, "--watch", "-w", min=0.2, metavar="SECONDS",
+        help="Redraw every SECONDS until Ctrl-C (with --json: one JSON document per line)."),
 ) -> None:
-    """Allocator status: hosts, models, pending mutations, withdrawn commands, plan, warnings."""
+    """Allocator status: hosts, models, pending mutations, withdrawn commands, plan, recent demand, warnings."""
+    if watch is None:
+        _status_once(json_out, admin, token_file)
+        return
+    try:
+        while True:
+            if not json_out:
+                console.clear()
+                console.print(f"every {watch:g}s   {time.strftime('%H:%M:%S')}   (Ctrl-C stops)", style="dim")
+            _status_once(json_out, admin, token_file, compact=True)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
+def _status_once(json_out: bool, admin: Optional[str], token_file: Optional[Path], compact: bool = False) -> None:
     url = admin_url(admin)
     token = None
     if token_file is not None or os.environ.get("GRID_ALLOCATOR_CONTROL_TOKEN") or config().operator_token_path.exists():
@@ -183,7 +230,10 @@ def status(
         except typer.Exit:
             token = None  # status is open on loopback; the token only matters off loopback
     data = request("GET", url, "/allocator/status", token=token)
-    if json_out:
+    if json_out and compact:
+        sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
+        sys.stdout.flush()
+    elif json_out:
         print_json(data)
     else:
         render_status(data)
@@ -192,49 +242,101 @@ def status(
 # --- model set / rm -----------------------------------------------------------------------------
 
 
+_PROFILE_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ModelProfile)
+                     if f.default is not msgspec.NODEFAULT}
+
+
+def _new(name: str) -> str:
+    """The default a new profile takes for `name`, shown in --help (an existing one keeps its value)."""
+    value = _PROFILE_DEFAULTS.get(name)
+    if isinstance(value, (tuple, list, dict)) and not value:
+        value = "none"
+    elif value is None:
+        value = "none"
+    elif isinstance(value, tuple):
+        value = ", ".join(value)
+    # Parentheses, not brackets: typer's rich help would read [..] as markup and drop it.
+    return f" (new profile: {value}; existing: kept)"
+
+
 @model_app.command("set")
 def model_set(
     model_id: str = typer.Argument(..., help="Model id (e.g. the GGUF file name)."),
-    memory_mb: int = typer.Option(..., "--memory-mb", help="Resident runtime budget of one replica, MB."),
-    runtime: list[str] = typer.Option([], "--runtime", help="Eligible runtime (repeat; default llama.cpp)."),
-    runtime_memory_mb: list[str] = typer.Option([], "--runtime-memory-mb", help="RUNTIME=MB (repeat)."),
-    backend: list[str] = typer.Option([], "--backend", help="Eligible backend (repeat)."),
-    artifact_sha256: Optional[str] = typer.Option(None, "--artifact-sha256", help="Immutable artifact digest."),
-    artifact_source: Optional[str] = typer.Option(None, "--artifact-source",
-                                                  help="Exact source (hf://owner/repo/path.gguf); needs sha256 and size."),
-    artifact_size_mb: Optional[int] = typer.Option(None, "--artifact-size-mb", help="Transfer size ceiling, MB."),
-    min_replicas: Optional[int] = typer.Option(None, "--min-replicas"),
-    max_replicas: Optional[int] = typer.Option(None, "--max-replicas"),
-    priority: Optional[int] = typer.Option(None, "--priority"),
-    data_tier: Optional[str] = typer.Option(None, "--data-tier", help="public | internal | confidential | restricted"),
-    required_tag: list[str] = typer.Option([], "--required-tag"),
-    forbidden_tag: list[str] = typer.Option([], "--forbidden-tag"),
-    allow_host: list[str] = typer.Option([], "--allow-host"),
-    deny_host: list[str] = typer.Option([], "--deny-host"),
-    pin: list[str] = typer.Option([], "--pin", help="Host id the model is pinned to (repeat)."),
-    min_failure_domains: Optional[int] = typer.Option(None, "--min-failure-domains"),
-    max_colocated_models: Optional[int] = typer.Option(None, "--max-colocated-models", help="0 = unlimited."),
-    colocation_exclude: list[str] = typer.Option([], "--colocation-exclude"),
-    workload_score: list[str] = typer.Option([], "--workload-score", help="WORKLOAD=SCORE in (0, 1] (repeat)."),
-    target_utilization: Optional[float] = typer.Option(None, "--target-utilization"),
-    expected_service_seconds: Optional[float] = typer.Option(None, "--expected-service-seconds"),
-    latency_slo_ms: Optional[float] = typer.Option(None, "--latency-slo-ms"),
-    replica_concurrency: Optional[int] = typer.Option(None, "--replica-concurrency"),
-    load_seconds: Optional[float] = typer.Option(None, "--load-seconds"),
-    warm_seconds: Optional[float] = typer.Option(None, "--warm-seconds"),
-    min_residency_seconds: Optional[float] = typer.Option(None, "--min-residency-seconds"),
-    scale_down_cooldown_seconds: Optional[float] = typer.Option(None, "--scale-down-cooldown-seconds"),
-    min_gpu_count: Optional[int] = typer.Option(None, "--min-gpu-count"),
-    min_gpu_memory_mb: Optional[int] = typer.Option(None, "--min-gpu-memory-mb"),
-    context_size: Optional[int] = typer.Option(None, "--context-size"),
+    memory_mb: Optional[int] = typer.Option(
+        None, "--memory-mb", help="Resident runtime budget of one replica, MiB (required for a new profile; existing: kept)."),
+    runtime: list[str] = typer.Option([], "--runtime", help="Eligible runtime (repeat)." + _new("runtimes")),
+    runtime_memory_mb: list[str] = typer.Option(
+        [], "--runtime-memory-mb", help="RUNTIME=MiB: budget on that runtime (repeat)." + _new("runtime_memory_mb")),
+    backend: list[str] = typer.Option([], "--backend", help="Eligible backend, e.g. cuda (repeat)." + _new("backends")),
+    artifact_sha256: Optional[str] = typer.Option(None, "--artifact-sha256",
+                                                  help="Immutable artifact digest." + _new("artifact_sha256")),
+    artifact_source: Optional[str] = typer.Option(
+        None, "--artifact-source",
+        help="Exact source (hf://owner/repo/path.gguf); needs sha256 and size." + _new("artifact_source")),
+    artifact_size_mb: Optional[int] = typer.Option(None, "--artifact-size-mb",
+                                                   help="Transfer size ceiling, MiB." + _new("artifact_size_mb")),
+    min_replicas: Optional[int] = typer.Option(None, "--min-replicas",
+                                               help="Replicas kept even without demand." + _new("min_replicas")),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas",
+                                               help="Most replicas demand may ask for." + _new("max_replicas")),
+    priority: Optional[int] = typer.Option(None, "--priority",
+                                           help="Higher wins placement and may preempt lower." + _new("priority")),
+    data_tier: Optional[str] = typer.Option(
+        None, "--data-tier", help="public | internal | confidential | restricted." + _new("data_tier")),
+    required_tag: list[str] = typer.Option([], "--required-tag",
+                                           help="Host tag the model needs (repeat)." + _new("required_tags")),
+    forbidden_tag: list[str] = typer.Option([], "--forbidden-tag",
+                                            help="Host tag the model avoids (repeat)." + _new("forbidden_tags")),
+    allow_host: list[str] = typer.Option([], "--allow-host",
+                                         help="Only these hosts (repeat)." + _new("allow_hosts")),
+    deny_host: list[str] = typer.Option([], "--deny-host", help="Never these hosts (repeat)." + _new("deny_hosts")),
+    pin: list[str] = typer.Option([], "--pin", help="Host id the model is pinned to (repeat)." + _new("pins")),
+    min_failure_domains: Optional[int] = typer.Option(
+        None, "--min-failure-domains", help="Spread replicas over at least this many domains." + _new("min_failure_domains")),
+    max_colocated_models: Optional[int] = typer.Option(
+        None, "--max-colocated-models", help="Most models beside it on one host, 0 = unlimited." + _new("max_colocated_models")),
+    colocation_exclude: list[str] = typer.Option(
+        [], "--colocation-exclude", help="Model never placed on the same host (repeat)." + _new("colocation_excludes")),
+    workload_score: list[str] = typer.Option(
+        [], "--workload-score", help="WORKLOAD=SCORE in (0, 1] (repeat)." + _new("workload_scores")),
+    target_utilization: Optional[float] = typer.Option(
+        None, "--target-utilization", help="Busy fraction a replica is sized for, (0, 1]." + _new("target_utilization")),
+    expected_service_seconds: Optional[float] = typer.Option(
+        None, "--expected-service-seconds", help="Seconds one request takes before evidence." + _new("expected_service_seconds")),
+    latency_slo_ms: Optional[float] = typer.Option(None, "--latency-slo-ms",
+                                                   help="Latency objective, ms." + _new("latency_slo_ms")),
+    replica_concurrency: Optional[int] = typer.Option(
+        None, "--replica-concurrency", help="Requests one replica serves at once (slots)." + _new("replica_concurrency")),
+    load_seconds: Optional[float] = typer.Option(None, "--load-seconds",
+                                                 help="Seconds a cold load takes." + _new("load_seconds")),
+    warm_seconds: Optional[float] = typer.Option(None, "--warm-seconds",
+                                                 help="Seconds a warm start takes." + _new("warm_seconds")),
+    min_residency_seconds: Optional[float] = typer.Option(
+        None, "--min-residency-seconds", help="Keep a load at least this long." + _new("min_residency_seconds")),
+    scale_down_cooldown_seconds: Optional[float] = typer.Option(
+        None, "--scale-down-cooldown-seconds",
+        help="Wait this long after demand falls before scaling down." + _new("scale_down_cooldown_seconds")),
+    min_gpu_count: Optional[int] = typer.Option(None, "--min-gpu-count",
+                                                help="GPUs a host must have." + _new("min_gpu_count")),
+    min_gpu_memory_mb: Optional[int] = typer.Option(None, "--min-gpu-memory-mb",
+                                                    help="GPU memory a host must have, MiB." + _new("min_gpu_memory_mb")),
+    context_size: Optional[int] = typer.Option(None, "--context-size",
+                                               help="Context window in tokens." + _new("context_size")),
     embeddings: Optional[bool] = typer.Option(None, "--embeddings/--no-embeddings",
-                                              help="The engine also serves /v1/embeddings (default: no)."),
+                                              help="The engine also serves /v1/embeddings." + _new("embeddings")),
+    replace: bool = typer.Option(
+        False, "--replace",
+        help="Replace the whole profile: options not given take the new-profile defaults (the old behaviour)."),
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
 ) -> None:
-    """Create or replace a model profile (omitted options take their defaults)."""
-    body: dict[str, Any] = {"memory_mb": memory_mb}
+    """Create a model profile, or change only the given fields of an existing one (--replace: all of them).
+
+    Prints the resulting profile."""
+    body: dict[str, Any] = {}
+    if memory_mb is not None:
+        body["memory_mb"] = memory_mb
     lists = {
         "runtimes": runtime, "backends": backend, "required_tags": required_tag, "forbidden_tags": forbidden_tag,
         "allow_hosts": allow_host, "deny_hosts": deny_host, "pins": pin, "colocation_excludes": colocation_exclude,
@@ -255,14 +357,40 @@ def model_set(
         "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size, "embeddings": embeddings,
     }
     body.update({k: v for k, v in scalars.items() if v is not None})
-    if artifact_source and (not artifact_sha256 or artifact_size_mb is None):
-        fail("--artifact-source requires --artifact-sha256 and --artifact-size-mb")
+    # A patch may keep the profile's digest and size: the server checks the merged profile.
     url = admin_url(admin)
-    data = request("PUT", url, f"/allocator/models/{model_id}", token=operator_token(token_file), body=body)
+    token = operator_token(token_file)
+    path = f"/allocator/models/{model_id}"
+    data = None
+    if not replace:
+        if not body:
+            fail("nothing to change: give at least one option (see `gridctl model set --help`)")
+        data = request("PATCH", url, path, token=token, body=body, missing_ok=True)
+    if data is None:  # a new profile (or --replace): the whole profile, defaults for the rest
+        if memory_mb is None:
+            fail(f"{model_id} has no profile yet: --memory-mb is required to create one")
+        if artifact_source and (not artifact_sha256 or artifact_size_mb is None):
+            fail("--artifact-source requires --artifact-sha256 and --artifact-size-mb")
+        data = request("PUT", url, path, token=token, body=body)
     if json_out:
         print_json(data)
-    else:
-        console.print(f"profile {model_id} set (log seq {data.get('seq')})")
+        return
+    console.print(f"profile {model_id} set (log seq {data.get('seq')})")
+    _render_profile(data.get("profile") or {})
+
+
+def _render_profile(profile: dict[str, Any]) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in profile.items():
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value)) or "-"
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        unit = " MiB" if key.endswith("_mb") and value is not None and not isinstance(value, str) else ""
+        table.add_row(key, f"{'-' if value is None else value}{unit}")
+    console.print(table)
 
 
 def model_rm(
@@ -288,12 +416,14 @@ model_app.command("remove", help="Alias of `model rm`.")(model_rm)
 
 
 def mode(
-    value: str = typer.Argument(..., metavar="observe|recommend|automatic"),
+    value: str = typer.Argument(..., metavar="observe|recommend|automatic",
+                                help="The mode: observe (plan only), recommend (plan and propose) or automatic (act)."),
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
 ) -> None:
-    """Select the allocator mode (recommend is the default; automatic actuates within governors)."""
+    """Select the allocator mode: observe, recommend (a new grid's default) or automatic (actuates within
+    governors; `gridctl up` starts in automatic unless given --mode)."""
     if value not in ("observe", "recommend", "automatic"):
         fail(f"mode must be observe, recommend or automatic, not {value!r}")
     data = request("PUT", admin_url(admin), "/allocator/mode", token=operator_token(token_file), body={"mode": value})

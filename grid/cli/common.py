@@ -43,10 +43,25 @@ def config() -> GridConfig:
     return GridConfig.from_environ()
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def check_nats_url(url: str) -> str:
+    """Refuse what is not a NATS server URL (say `http://...`) before any connection attempt,
+    which would otherwise end in a resolver error far from the cause."""
+    for part in url.split(","):  # nats-py accepts a comma-separated list of servers
+        scheme, sep, rest = part.strip().partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if not sep or scheme.lower() not in NATS_SCHEMES or not host or host.startswith(":"):
+            fail(f"{part.strip()!r} is not a NATS server URL: use nats://HOST:PORT (or tls://, ws://, wss://); "
+                 "the gateway and admin API are HTTP, NATS is not")
+    return url
+
+
 def resolve_nats_url(explicit: str | None, cfg: GridConfig | None = None) -> str:
     """grid.config.resolve_nats_url, with its NatsUrlNotFound turned into a clear CLI error."""
     try:
-        return resolve_configured_nats_url(explicit, cfg or config())
+        return check_nats_url(resolve_configured_nats_url(explicit, cfg or config()))
     except NatsUrlNotFound as exc:
         fail(f"no grid found: start one with `gridctl up`, or pass --nats URL / set GRID_NATS_URL "
              f"(looked for {exc.recorded})")

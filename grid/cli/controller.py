@@ -39,6 +39,9 @@ def serve_controller(
     admin_port: int = typer.Option(DEFAULT_ADMIN_PORT, "--admin-port", "--port",
                                    help="Admin API port; 0 picks a free one (the URL is written to GRID_HOME/admin.url)."),
     no_admin: bool = typer.Option(False, "--no-admin", help="Do not serve the admin API."),
+    trusted_proxy: list[str] = typer.Option(
+        [], "--admin-trusted-proxy",
+        help="Address of a reverse proxy whose X-Forwarded-For the admin API believes (repeat); none by default."),
     tick_interval: float = typer.Option(_DEFAULT_SETTINGS.tick_interval_seconds, "--tick-interval",
                                         help="Seconds between periodic ticks (changes tick sooner)."),
     lease_ttl: float = typer.Option(_DEFAULT_SETTINGS.lease_ttl_seconds, "--lease-ttl",
@@ -57,6 +60,10 @@ def serve_controller(
         False, "--assume-durable",
         help="Treat the NATS server as durable (it fsyncs every write) when it does not report its sync "
              "policy; automatic mode is refused otherwise."),
+    analytics: bool = typer.Option(
+        True, "--analytics/--no-analytics",
+        help="Run the DuckDB analytics sink in this process (GRID_HOME/analytics.duckdb) and serve "
+             "`gridctl history` from it."),
     log_format: str = LogFormatOption,
     publish_pause: float = typer.Option(0.0, "--publish-pause", hidden=True,
                                         help="Test seam: pause between command publishes."),
@@ -69,19 +76,19 @@ def serve_controller(
     url = resolve_nats_url(nats, cfg)
     settings = ControllerSettings(
         tick_interval_seconds=tick_interval, lease_ttl_seconds=lease_ttl, lease_renew_seconds=lease_renew,
-        restart_grace_seconds=restart_grace, publish_pause_seconds=publish_pause,
+        restart_grace_seconds=restart_grace, publish_pause_seconds=publish_pause, analytics=analytics,
         limits=Limits(max_global_mutations=max_mutations, max_host_mutations=max_host_mutations,
                       artifact_fanout=artifact_fanout),
     )
     try:
         asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port),
-                         assume_durable))
+                         assume_durable, tuple(trusted_proxy)))
     except (LogError, ControllerError, SecretFileError) as exc:  # no log, another controller holds this home, a bad token
         fail(str(exc))
 
 
 async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None,
-               assume_durable: bool) -> None:
+               assume_durable: bool, trusted_proxies: tuple[str, ...] = ()) -> None:
     assert cfg.nats_url is not None
     log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller", durable=False)
     # An external server counts as durable only when it says it fsyncs every write (or the
@@ -106,7 +113,7 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
     server = None
     try:
         if admin is not None:
-            server = await serve_admin(controller, *admin)
+            server = await serve_admin(controller, *admin, trusted_proxies=trusted_proxies)
             print(f"admin API {server.url}", flush=True)
         print(f"controller {controller.controller_id} started", flush=True)
         await stop.wait()

@@ -1,22 +1,27 @@
-"""gridctl history: read history from the DuckDB store.
+"""gridctl history: read history from the DuckDB analytics store.
 
-``history`` subcommands read the analytics store read-only (grid.analytics.queries, plus the
-replay tables of replay.store); every one has ``--json``.
+While a controller runs it is the store's one writer, and DuckDB lets no other process open the
+file meanwhile: the views (grid.analytics.history) are then asked of the controller's admin API
+(operator token). When no controller answers, the file is opened read-only here. ``--db`` always
+reads the named file. Every subcommand has ``--json``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import duckdb
+import httpx
 import typer
 from rich.table import Table
 
-from grid.analytics import queries
+from grid.analytics.history import HistoryParams, run_view
+from grid.cli.admin import TIMEOUT_SECONDS, operator_token
 from grid.cli.common import JsonOption, config, console, fail, print_json
 from grid.cli.events import parse_when
 from replay import store as replay_store
@@ -24,6 +29,9 @@ from replay import store as replay_store
 history_app = typer.Typer(help="History from the DuckDB analytics store.", no_args_is_help=True)
 
 FromOption = typer.Option(None, "--from", help="Start time (ISO-8601, epoch or -2h).")
+# Demand defaults to a day: a week of 5-minute buckets over every model is tens of thousands of
+# rows (and the slowest query at 10^6 events).
+DemandFromOption = typer.Option("-24h", "--from", help="Start time (ISO-8601, epoch or -2h; 0 for everything).")
 ToOption = typer.Option(None, "--to", help="End time (ISO-8601, epoch or -5m).")
 DbOption = typer.Option(None, "--db", help="DuckDB store (default the grid home's analytics.duckdb).")
 
@@ -34,6 +42,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _damaged(path: Path, exc: duckdb.Error) -> None:
+    if "lock" in str(exc).lower():
+        fail(f"the analytics store {path} is held by another process (a running controller writes it): "
+             f"{exc}\nAsk the running grid instead (its admin.url in the grid home), or stop it first.")
     fail(f"cannot read the analytics store {path}: {exc}\n"
          "The file is damaged (for example truncated by a full disk or an interrupted copy). Move it aside "
          "and rebuild it from the log with `gridctl replay --source duckdb --sync`, or pass --db another store.")
@@ -59,6 +70,59 @@ def _store(db: Optional[str]) -> Iterator[duckdb.DuckDBPyConnection]:
         _damaged(path, exc)
     finally:
         con.close()
+
+
+def _running_admin() -> str | None:
+    """The admin API URL of a controller believed to run for this grid home, if any."""
+    explicit = os.environ.get("GRID_ADMIN_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    path = config().home / "admin.url"
+    try:
+        value = path.read_text().strip()
+    except OSError:
+        return None
+    return value.rstrip("/") or None
+
+
+def _from_controller(url: str, view: str, params: HistoryParams) -> list[dict[str, Any]] | None:
+    """The view's rows from the running controller; None when no controller (with analytics) answers."""
+    query: dict[str, str] = {}
+    for key, value in (("from", params.start), ("to", params.end), ("bucket", params.bucket_seconds),
+                       ("model", params.model)):
+        if value is not None:
+            query[key] = str(value)
+    if params.changes_only:
+        query["changes_only"] = "true"
+    token = operator_token(None)
+    try:
+        with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+            resp = client.get(f"{url}/allocator/history/{view}", params=query,
+                              headers={"X-Grid-Allocator-Token": token})
+    except httpx.TransportError:
+        return None  # a stale admin.url: nobody holds the store, read the file
+    if resp.status_code == 503:
+        return None  # that controller runs no sink: the file is free to read
+    try:
+        data = resp.json()
+    except ValueError:
+        data = {}
+    if resp.status_code == 401:
+        fail("unauthorized: the operator token was refused (check GRID_HOME/operator.token)")
+    if resp.status_code >= 400:
+        fail(f"{resp.status_code} {data.get('error', 'error')}: {data.get('detail', resp.text[:300])}")
+    return list(data.get("rows", []))
+
+
+def _history(view: str, params: HistoryParams, db: Optional[str]) -> list[dict[str, Any]]:
+    if db is None:
+        url = _running_admin()
+        if url is not None:
+            rows = _from_controller(url, view, params)
+            if rows is not None:
+                return rows
+    with _store(db) as con:
+        return run_view(con, view, params)
 
 
 def _when(value: Any) -> str:
@@ -88,15 +152,15 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]
 
 @history_app.command("demand")
 def demand(
-    start: Optional[str] = FromOption,
+    start: str = DemandFromOption,
     end: Optional[str] = ToOption,
     bucket: float = typer.Option(300.0, "--bucket", help="Window length in seconds (0 = whole range)."),
     json_out: bool = JsonOption,
     db: Optional[str] = DbOption,
 ) -> None:
     """Requests, errors and latency per model per time window."""
-    with _store(db) as con:
-        rows = queries.requests_per_model(con, parse_when(start), parse_when(end), bucket or None)
+    rows = _history("demand", HistoryParams(start=parse_when(start), end=parse_when(end),
+                                            bucket_seconds=bucket or None), db)
     if json_out:
         print_json(rows)
         return
@@ -115,16 +179,8 @@ def plans(
     db: Optional[str] = DbOption,
 ) -> None:
     """Recorded plans: generation, planner version and placements added/removed against the previous one."""
-    t0, t1 = parse_when(start), parse_when(end)
-    with _store(db) as con:
-        meta = {r["seq"]: r for r in queries.plan_changes(con, t0, t1)}
-        rows = replay_store.plan_placement_changes(con, t0, t1)
-    for row in rows:
-        extra = meta.get(row["seq"], {})
-        row["inputs_digest"] = extra.get("inputs_digest")
-        row["controller_term"] = extra.get("controller_term")
-    if changes_only:
-        rows = [r for r in rows if r["added"] or r["removed"]]
+    rows = _history("plans", HistoryParams(start=parse_when(start), end=parse_when(end),
+                                           changes_only=changes_only), db)
     if json_out:
         print_json(rows)
         return
@@ -143,8 +199,7 @@ def commands(
     db: Optional[str] = DbOption,
 ) -> None:
     """Commands issued and their acknowledgements, per host and kind."""
-    with _store(db) as con:
-        rows = queries.commands_and_acks(con, parse_when(start), parse_when(end))
+    rows = _history("commands", HistoryParams(start=parse_when(start), end=parse_when(end)), db)
     if json_out:
         print_json(rows)
         return
@@ -162,8 +217,7 @@ def residency(
     db: Optional[str] = DbOption,
 ) -> None:
     """Residency timeline: each change of a model's reported state on a host."""
-    with _store(db) as con:
-        rows = queries.residency_timeline(con, parse_when(start), parse_when(end), model)
+    rows = _history("residency", HistoryParams(start=parse_when(start), end=parse_when(end), model=model), db)
     if json_out:
         print_json(rows)
         return

@@ -18,6 +18,20 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gridctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the gridctl version and exit."),
+) -> None:
+    """Grid: place AI models on a mixed fleet and serve them behind one OpenAI-compatible gateway."""
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")

@@ -236,7 +236,12 @@ def replay_command(
                 con = open_store(db_path)
             store.write_result(con, result)
         except duckdb.Error as exc:
-            fail(f"could not record the run in {db_path}: {exc}")
+            if "lock" not in str(exc).lower():
+                fail(f"could not record the run in {db_path}: {exc}")
+            # A running controller is the store's one writer (its analytics sink): the replay
+            # itself stands, only its record is skipped.
+            err_console.print(f"[yellow]warning:[/yellow] run not recorded in {db_path}: the running controller "
+                              "holds the store (stop the grid, or pass --db another file, to record runs)")
         finally:
             if con is not None:
                 con.close()

@@ -21,7 +21,15 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from grid.agent.lock import AgentLockedError
-from grid.cli.common import LogFormatOption, NatsOption, console, err_console, fail, resolve_nats_url
+from grid.cli.common import (
+    LogFormatOption,
+    NatsOption,
+    check_nats_url,
+    console,
+    err_console,
+    fail,
+    resolve_nats_url,
+)
 from grid.config import GridConfig
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
@@ -98,8 +106,17 @@ def _notice(text: str) -> None:
     err_console.print(f"[yellow]{text}[/yellow]")
 
 
+def _say(text: str, style: str | None = None) -> None:
+    """Print, unless stdout is gone (`gridctl up | tee` and Ctrl-C kills tee first): a closed
+    pipe must never cut the shutdown short and leave engines running. (rich answers a broken pipe
+    by pointing stdout at /dev/null and raising SystemExit, hence both.)"""
+    with contextlib.suppress(OSError, SystemExit):
+        console.print(text, style=style)
+
+
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
-              assume_durable: bool = False, insecure: bool = False) -> None:
+              assume_durable: bool = False, insecure: bool = False,
+              dashboard: tuple[str, int] | None = ("127.0.0.1", 0)) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -116,14 +133,22 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
 
     grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
                      assume_durable=assume_durable, notify=_notice, gateway_insecure=insecure)
+    started = False
+    dash = None
     try:
         await _ensure_model(cfg)
         await grid.start()
+        started = True
+        if dashboard is not None:
+            dash = await _start_dashboard(grid, cfg, *dashboard)
         model_id = grid.profile.model_id
         console.print(f"[bold]grid is up[/bold] (home {cfg.home})")
         console.print(f"  NATS JetStream  {grid.nats_url}{' (embedded)' if grid.embedded else ''}")
         console.print(f"  gateway         {grid.gateway_url}/v1   (OpenAI-compatible)")
         console.print(f"  admin API       {grid.admin_url}/allocator/status")
+        if dash is not None:
+            console.print(f"  dashboard       {dash.url}/")
+        console.print(f"  metrics         {grid.admin_url}/metrics   (Prometheus)")
         console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
         console.print(f"  host agent      {grid.agent.host_id}")
         durable = grid.log is not None and grid.log.durable
@@ -145,11 +170,34 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         console.print("Ctrl-C or `gridctl down` stops the grid.", style="dim")
         await stop.wait()
     finally:
-        console.print("stopping: draining and unloading models ...", style="dim")
+        if started:
+            _say("stopping: draining and unloading models ...", style="dim")
+        if dash is not None:
+            await dash.stop()
         await grid.stop()
         with contextlib.suppress(OSError):
             _pid_file(cfg).unlink()
-        console.print("grid stopped", style="dim")
+        if not started:
+            _forget_nats_url(cfg, grid.nats_url)
+        else:
+            _say("grid stopped", style="dim")
+
+
+async def _start_dashboard(grid: LocalGrid, cfg: GridConfig, host: str, port: int):  # type: ignore[no-untyped-def]
+    from grid.dashboard.app import is_loopback
+    from grid.dashboard.serve import start_dashboard
+
+    assert grid.log is not None
+    # Off loopback the page needs the operator's token; on loopback it is open like the gateway.
+    token = None if is_loopback(host) else read_secret(cfg.operator_token_path)
+    return await start_dashboard(grid.log, host, port, token=token)
+
+
+def _forget_nats_url(cfg: GridConfig, url: str | None) -> None:
+    """A grid that never started must not leave its NATS URL behind for other commands to find."""
+    with contextlib.suppress(OSError):
+        if url is None or cfg.nats_url_file.read_text().strip() == url:
+            cfg.nats_url_file.unlink()
 
 
 InsecureOption = typer.Option(
@@ -171,18 +219,26 @@ def up(
         help="With --nats: treat that server as durable (it fsyncs every write) when it does not report its "
              "sync policy; automatic mode is refused otherwise."),
     insecure: bool = InsecureOption,
+    dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Serve the live dashboard."),
+    dashboard_host: str = typer.Option(
+        "127.0.0.1", "--dashboard-host",
+        help="Dashboard listen address (loopback by default; elsewhere it needs the operator token)."),
+    dashboard_port: int = typer.Option(0, "--dashboard-port", help="Dashboard port (0 picks a free one)."),
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
     configure_logging(log_format)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     _check_exposure(host, insecure)
+    if nats is not None:
+        check_nats_url(nats)
     if port and _port_taken(host, port):
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
-        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure))
-    except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError) as exc:
+        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
+                        (dashboard_host, dashboard_port) if dashboard else None))
+    except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError, ValueError) as exc:
         fail(str(exc))
 
 

@@ -2,10 +2,16 @@
 
     GET    /allocator/status            open on loopback; elsewhere needs the operator token
     PUT    /allocator/models/{model_id} body = ModelProfile fields minus model_id -> ProfileSet
+    PATCH  /allocator/models/{model_id} only the fields given change (404 when there is no profile)
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
+    GET    /openapi.json                the OpenAPI document (grid.controller.openapi)
+    GET    /metrics                     Prometheus exposition (as status: open on loopback only)
+    GET    /allocator/history/{view}    a history view of the analytics store (operator token);
+                                        query: from, to (epoch seconds), bucket, model, changes_only
 
+Request bodies and query strings are bounded and validated in grid.controller.admin_input.
 `AdminServer` serves the app with uvicorn in the controller's event loop and records its URL in
 GRID_HOME/admin.url while it runs (that is how gridctl finds it).
 
@@ -19,26 +25,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import re
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from grid.analytics.history import VIEWS as HISTORY_VIEWS
+from grid.analytics.history import HistoryError, HistoryParams
+from grid.analytics.service import AnalyticsService
 from grid.clock import Clock
 from grid.config import GridConfig
+from grid.controller.admin_input import (
+    BODY_TIMEOUT_SECONDS,
+    MAX_BODY_BYTES,
+    MAX_INCOMPLETE_BODIES,
+    BodyError,
+    BodyIntake,
+    ModeBody,
+    ProfileBody,
+    ProfilePatch,
+    TickBody,
+    decode_body,
+    history_params,
+    patch_decoder,
+    profile_decoder,
+    merge_profile,
+    validate_model_id,
+    validate_profile,
+)
+from grid.controller.openapi import (
+    HistoryResponse,
+    ModeResponse,
+    ProfileRetiredResponse,
+    ProfileSetResponse,
+    TickResponse,
+    build_openapi,
+)
 from grid.controller.reconcile import ReconcileResult
 from grid.controller.status import ControllerView, TickReport, build_status
 from grid.events.base import Event, new_event_id
 from grid.events.control import (
-    DATA_TIERS,
     MODES,
-    ModelProfile,
     ModeSet,
     ProfileRemoved,
     ProfileSet,
@@ -46,6 +78,7 @@ from grid.events.control import (
 )
 from grid.events.embedded import free_port
 from grid.events.log import AppendResult, EventLog, LogError
+from grid.metrics import exposition
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
 
@@ -62,6 +95,7 @@ class AdminTarget(Protocol):
     log: EventLog
     runner: ProjectionRunner
     last_result: ReconcileResult | None
+    analytics: AnalyticsService | None
 
     def snapshot(self) -> ControllerView: ...
 
@@ -74,46 +108,9 @@ class AdminServerError(RuntimeError):
     pass
 
 
-MAX_BODY_BYTES = 64 * 1024
-MAX_MODEL_ID_LENGTH = 256
 TOKEN_HEADER = "x-grid-allocator-token"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_ID = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
-_SOURCE_SCHEMES = ("hf://", "https://", "http://", "file://")
-
-
-def _body_struct() -> type:
-    """ModelProfile's fields minus model_id, strict about unknown fields (kept in sync)."""
-    fields = []
-    for f in msgspec.structs.fields(ModelProfile):
-        if f.name == "model_id":
-            continue
-        if f.required:
-            fields.append((f.name, f.type))
-        elif f.default_factory is not msgspec.NODEFAULT:
-            fields.append((f.name, f.type, msgspec.field(default_factory=f.default_factory)))
-        else:
-            fields.append((f.name, f.type, f.default))
-    return msgspec.defstruct("ProfileBody", fields, kw_only=True, forbid_unknown_fields=True, frozen=True)
-
-
-ProfileBody = _body_struct()
-_profile_decoder = msgspec.json.Decoder(ProfileBody)
-
-
-class ModeBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    mode: str
-
-
-class TickBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    reason: str = ""
-
-
-class BodyError(Exception):
-    def __init__(self, status: int, error: str, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.error, self.detail, self.field = status, error, detail, field
+_CLOSE = {"Connection": "close"}
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -122,144 +119,12 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _error(status: int, error: str, detail: str, field: str | None = None,
            headers: dict[str, str] | None = None) -> Response:
+    if status == 408 or error == "too_many_incomplete_requests":
+        headers = {**(headers or {}), **_CLOSE}
     body: dict[str, Any] = {"error": error, "detail": detail}
     if field is not None:
         body["field"] = field
     return _json(body, status, headers)
-
-
-_FIELD_AT = re.compile(r"at `\$\.?([^`]*)`")
-_FIELD_NAMED = re.compile(r"field `([^`]+)`")
-
-
-def _field_from(message: str) -> str | None:
-    """The top-level body field a msgspec error names ("$.runtime_memory_mb['x']" -> runtime_memory_mb)."""
-    m = _FIELD_NAMED.search(message)
-    if m and "unknown field" in message or m and "missing required" in message:
-        return m.group(1)
-    m = _FIELD_AT.search(message)
-    if m:
-        path = m.group(1)
-        return re.split(r"[.\[]", path, maxsplit=1)[0] or None
-    return None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
-        except ValueError:
-            raise BodyError(400, "bad_content_length", "Content-Length is not a number") from None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _decode(decoder: msgspec.json.Decoder, data: bytes) -> Any:
-    try:
-        return decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise BodyError(422, "validation_error", str(exc), _field_from(str(exc))) from None
-    except msgspec.DecodeError as exc:
-        raise BodyError(422, "malformed_json", str(exc), _field_from(str(exc))) from None
-
-
-def _invalid(field: str, detail: str) -> BodyError:
-    return BodyError(422, "validation_error", detail, field)
-
-
-def validate_model_id(model_id: str) -> None:
-    if not model_id or len(model_id) > MAX_MODEL_ID_LENGTH or not _MODEL_ID.match(model_id):
-        raise _invalid("model_id", f"model id must be 1-{MAX_MODEL_ID_LENGTH} printable characters without "
-                                   "whitespace")
-
-
-def _finite(field: str, value: float, *, low: float | None = None, low_open: bool = False,
-            high: float | None = None) -> None:
-    if not math.isfinite(value):
-        raise _invalid(field, "must be a finite number")
-    if low is not None and (value <= low if low_open else value < low):
-        raise _invalid(field, f"must be {'>' if low_open else '>='} {low}")
-    if high is not None and value > high:
-        raise _invalid(field, f"must be <= {high}")
-
-
-def validate_profile(model_id: str, body: Any) -> ModelProfile:
-    """Semantic checks beyond types; returns the canonical profile (sha256 lowercased)."""
-    validate_model_id(model_id)
-    if body.memory_mb <= 0:
-        raise _invalid("memory_mb", "must be > 0 (resident runtime budget of one replica, MB)")
-    if not body.runtimes:
-        raise _invalid("runtimes", "at least one runtime is required")
-    for name in body.runtimes:
-        if not name.strip():
-            raise _invalid("runtimes", "runtime names must not be empty")
-    for runtime, mb in sorted(body.runtime_memory_mb.items()):
-        if not runtime.strip():
-            raise _invalid("runtime_memory_mb", "runtime names must not be empty")
-        if mb <= 0:
-            raise _invalid("runtime_memory_mb", f"{runtime}: must be > 0")
-    sha = body.artifact_sha256
-    if sha is not None:
-        sha = sha.strip().lower()
-        if not _SHA256.match(sha):
-            raise _invalid("artifact_sha256", "must be 64 hexadecimal characters")
-    if body.artifact_size_mb is not None and body.artifact_size_mb <= 0:
-        raise _invalid("artifact_size_mb", "must be > 0")
-    source = body.artifact_source
-    if source is not None:
-        if sha is None:
-            raise _invalid("artifact_sha256", "artifact_source requires artifact_sha256")
-        if body.artifact_size_mb is None:
-            raise _invalid("artifact_size_mb", "artifact_source requires artifact_size_mb")
-        if not source.startswith(_SOURCE_SCHEMES):
-            raise _invalid("artifact_source", f"scheme must be one of {', '.join(_SOURCE_SCHEMES)}")
-        authority = source.split("://", 1)[1].split("/", 1)[0]
-        if "@" in authority:
-            raise _invalid("artifact_source", "credentials do not belong in the source URI")
-    if body.min_replicas < 0:
-        raise _invalid("min_replicas", "must be >= 0")
-    if body.max_replicas < 0:
-        raise _invalid("max_replicas", "must be >= 0")
-    if body.max_replicas < body.min_replicas:
-        raise _invalid("max_replicas", "must be >= min_replicas")
-    if body.data_tier not in DATA_TIERS:
-        raise _invalid("data_tier", f"must be one of {', '.join(DATA_TIERS)}")
-    if body.min_failure_domains < 1:
-        raise _invalid("min_failure_domains", "must be >= 1")
-    if body.max_colocated_models < 0:
-        raise _invalid("max_colocated_models", "must be >= 0 (0 means unlimited)")
-    if model_id in body.colocation_excludes:
-        raise _invalid("colocation_excludes", "a model cannot exclude itself")
-    for workload, score in sorted(body.workload_scores.items()):
-        if not workload.strip():
-            raise _invalid("workload_scores", "workload names must not be empty")
-        if not (math.isfinite(score) and 0.0 < score <= 1.0):
-            raise _invalid("workload_scores", f"{workload}: score must be in (0, 1]")
-    _finite("target_utilization", body.target_utilization, low=0.0, low_open=True, high=1.0)
-    _finite("expected_service_seconds", body.expected_service_seconds, low=0.0, low_open=True)
-    if body.latency_slo_ms is not None:
-        _finite("latency_slo_ms", body.latency_slo_ms, low=0.0, low_open=True)
-    if body.replica_concurrency < 1:
-        raise _invalid("replica_concurrency", "must be >= 1")
-    for name in ("load_seconds", "warm_seconds", "min_residency_seconds", "scale_down_cooldown_seconds"):
-        _finite(name, getattr(body, name), low=0.0)
-    if body.min_gpu_count < 0:
-        raise _invalid("min_gpu_count", "must be >= 0")
-    if body.min_gpu_memory_mb < 0:
-        raise _invalid("min_gpu_memory_mb", "must be >= 0")
-    if body.context_size <= 0:
-        raise _invalid("context_size", "must be > 0")
-    values = {f.name: getattr(body, f.name) for f in msgspec.structs.fields(body)}
-    values["artifact_sha256"] = sha
-    return ModelProfile(model_id=model_id, **values)
 
 
 def create_admin_app(
@@ -269,12 +134,16 @@ def create_admin_app(
     admin_url: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     status_requires_token_off_loopback: bool = True,
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
+    max_incomplete_bodies: int = MAX_INCOMPLETE_BODIES,
 ) -> Starlette:
     """The admin app of `controller`. Without `token`, the grid home's operator token (created if absent)."""
     if token is None:
         token = controller.token or load_or_create_secret(controller.config.operator_token_path)
     if not token:
         raise ValueError("the operator token must not be empty")
+
+    intake = BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies)
 
     def authorized(request: Request) -> bool:
         supplied = request.headers.get(TOKEN_HEADER)
@@ -298,7 +167,46 @@ def create_admin_app(
     async def status(request: Request) -> Response:
         if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
             return unauthorized()
-        return _json(build_status(controller.snapshot(), admin_url=admin_url))
+        body = build_status(controller.snapshot(), admin_url=admin_url)
+        body["analytics"] = await _analytics_summary(getattr(controller, "analytics", None), now())
+        return _json(body)
+
+    openapi_bytes = msgspec.json.encode(
+        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch))
+
+    async def openapi(_request: Request) -> Response:
+        return Response(openapi_bytes, media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
+            return unauthorized()
+        registry = getattr(getattr(controller, "metrics", None), "registry", None)
+        if registry is None:
+            return _error(404, "no_metrics", "this controller keeps no metrics")
+        return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def history(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        view = request.path_params["view"]
+        if view not in HISTORY_VIEWS:
+            return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
+                          "view")
+        try:
+            params = history_params(request.query_params)
+        except BodyError as exc:
+            return _error(exc.status, exc.error, exc.detail, exc.field)
+        service = getattr(controller, "analytics", None)
+        if service is None:
+            return _error(503, "analytics_unavailable", "this controller runs no analytics sink")
+        # Answer from a store that holds at least what the controller has folded (a chat just
+        # made shows up), waiting briefly for the sink's next flush.
+        await service.flushed(dict(controller.runner.positions), timeout=HISTORY_WAIT_SECONDS)
+        try:
+            rows = await service.view(view, params)
+        except HistoryError as exc:
+            return _error(422, "validation_error", str(exc))
+        return _json(HistoryResponse(view=view, rows=rows))
 
     async def put_model(request: Request) -> Response:
         if not authorized(request):
@@ -306,7 +214,7 @@ def create_admin_app(
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
-            body = _decode(_profile_decoder, await _read_body(request, max_body_bytes))
+            body = decode_body(profile_decoder, await intake.read(request, max_body_bytes))
             profile = validate_profile(model_id, body)
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
@@ -315,7 +223,28 @@ def create_admin_app(
             res = await controller.append_control(event)
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"model_id": model_id, "profile": msgspec.to_builtins(profile), "seq": res.seq})
+        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
+
+    async def patch_model(request: Request) -> Response:
+        """Change only the fields given; the rest of the current profile stays as it is."""
+        if not authorized(request):
+            return unauthorized()
+        model_id = request.path_params["model_id"]
+        try:
+            validate_model_id(model_id)
+            patch = decode_body(patch_decoder, await intake.read(request, max_body_bytes))
+            current = controller.runner["catalog"].profiles.get(model_id)
+            if current is None:
+                return _error(404, "unknown_model", f"no profile for {model_id!r}: create it with PUT", "model_id")
+            profile = validate_profile(model_id, merge_profile(current, patch))
+        except BodyError as exc:
+            return _error(exc.status, exc.error, exc.detail, exc.field)
+        event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
+        try:
+            res = await controller.append_control(event)
+        except LogError as exc:
+            return _error(503, "log_unavailable", str(exc))
+        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
 
     async def delete_model(request: Request) -> Response:
         if not authorized(request):
@@ -331,13 +260,13 @@ def create_admin_app(
             res = await controller.append_control(ProfileRemoved(event_id=new_event_id(), at=now(), model_id=model_id))
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"model_id": model_id, "retired": True, "seq": res.seq})
+        return _json(ProfileRetiredResponse(model_id=model_id, retired=True, seq=res.seq))
 
     async def put_mode(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
         try:
-            body = _decode(msgspec.json.Decoder(ModeBody), await _read_body(request, max_body_bytes))
+            body = decode_body(msgspec.json.Decoder(ModeBody), await intake.read(request, max_body_bytes))
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
         if body.mode not in MODES:
@@ -350,14 +279,14 @@ def create_admin_app(
             res = await controller.append_control(ModeSet(event_id=new_event_id(), at=now(), mode=body.mode))  # type: ignore[arg-type]
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
-        return _json({"mode": body.mode, "seq": res.seq})
+        return _json(ModeResponse(mode=body.mode, seq=res.seq))
 
     async def post_tick(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
         try:
-            raw = await _read_body(request, max_body_bytes)
-            body = _decode(msgspec.json.Decoder(TickBody), raw) if raw.strip() else TickBody()
+            raw = await intake.read(request, max_body_bytes)
+            body = decode_body(msgspec.json.Decoder(TickBody), raw) if raw.strip() else TickBody()
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
         try:
@@ -366,28 +295,59 @@ def create_admin_app(
         except LogError as exc:
             return _error(503, "log_unavailable", str(exc))
         result = controller.last_result
-        return _json({
-            "seq": res.seq,
-            "tick": msgspec.to_builtins(report),
-            "actions": len(result.actions) if result is not None else 0,
-            "deferred": len(result.deferred) if result is not None else 0,
-        })
+        return _json(TickResponse(
+            seq=res.seq, tick=report,
+            actions=len(result.actions) if result is not None else 0,
+            deferred=len(result.deferred) if result is not None else 0,
+        ))
 
     routes = [
         Route("/allocator/status", status, methods=["GET"]),
         Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
         Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
+        Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
         Route("/allocator/mode", put_mode, methods=["PUT"]),
         Route("/allocator/tick", post_tick, methods=["POST"]),
+        Route("/allocator/history/{view}", history, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    async def not_found(_request: Request, _exc: Exception) -> Response:
+        # A path no route matches (for example a model id with a line break, which the path
+        # converter does not cross) gets the same JSON error shape as every other refusal.
+        return _error(404, "not_found", "no such resource on the admin API")
+
+    return Starlette(routes=routes, exception_handlers={404: not_found})
+
+
+HISTORY_WAIT_SECONDS = 3.0
+# The window of recent demand shown by status.
+STATUS_DEMAND_WINDOW_SECONDS = 3600.0
+async def _analytics_summary(service: AnalyticsService | None, now: float) -> dict[str, Any] | None:
+    """What status shows of history: the sink's state and the last hour's demand per model."""
+    if service is None:
+        return None
+    summary = service.describe()
+    try:
+        summary["recent_demand"] = await service.view(
+            "demand", HistoryParams(start=now - STATUS_DEMAND_WINDOW_SECONDS))
+    except Exception as exc:  # a status must answer even when history cannot
+        summary["recent_demand"] = []
+        summary["error"] = summary["error"] or f"{type(exc).__name__}: {exc}"
+    summary["window_seconds"] = STATUS_DEMAND_WINDOW_SECONDS
+    return summary
 
 
 class AdminServer:
     """The admin API served by uvicorn in the running event loop (no second thread or process)."""
 
-    def __init__(self, controller: AdminTarget) -> None:
+    def __init__(self, controller: AdminTarget, *, trusted_proxies: tuple[str, ...] = (),
+                 **app_options: Any) -> None:
         self.controller = controller
+        # Forwarding headers (X-Forwarded-For/-Proto) are honoured only from these addresses; by
+        # default from none, so no client can choose the address the loopback check sees.
+        self.trusted_proxies = tuple(trusted_proxies)
+        self.app_options = app_options
         self.url: str | None = None
         self._server: Any = None
         self._task: asyncio.Task[Any] | None = None
@@ -404,8 +364,10 @@ class AdminServer:
             port = free_port(host)
         url_host = f"[{host}]" if ":" in host else host
         url = f"http://{url_host}:{port}"
-        config = uvicorn.Config(create_admin_app(self.controller, admin_url=url), host=host, port=port,
-                                log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(create_admin_app(self.controller, admin_url=url, **self.app_options), host=host,
+                                port=port, log_level="warning", lifespan="off", access_log=False,
+                                proxy_headers=bool(self.trusted_proxies),
+                                forwarded_allow_ips=list(self.trusted_proxies) or None)
         server = uvicorn.Server(config)
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
@@ -436,8 +398,11 @@ class AdminServer:
             self.url = None
 
 
-async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0) -> AdminServer:
-    """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller."""
-    server = AdminServer(controller)
+async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0, *,
+                      trusted_proxies: tuple[str, ...] = (), **app_options: Any) -> AdminServer:
+    """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller.
+
+    `app_options` go to create_admin_app (body bounds, for example)."""
+    server = AdminServer(controller, trusted_proxies=trusted_proxies, **app_options)
     await server.start(host, port)
     return server

@@ -18,6 +18,12 @@ Side effects live here and nowhere else in grid.controller:
 
 The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
 the admin HTTP server is grid.controller.api's.
+
+Why one file of ~650 lines: it is the controller's only side-effect edge, and the lease, the
+tick, plan recording and command publishing share state that must be read at one instant (the
+positions a plan is based on, the lease term a command carries). The pure parts it composes
+live elsewhere (tick.py, reconcile.py, status.py); metrics are read from this state at scrape
+time.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from grid.analytics.service import AnalyticsService
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.controller.governor import Limits
@@ -73,6 +80,8 @@ from grid.events.subjects import (
 )
 from grid.planner.plan import decode_plan, encode_plan
 from grid.planner.types import Plan, PlannerInput, Policy
+from grid.metrics import ControllerMetrics, GaugeSource, Sample
+from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
@@ -93,8 +102,10 @@ class ControllerError(RuntimeError):
 class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     tick_interval_seconds: float = 5.0
     coalesce_seconds: float = 0.2
-    # Re-record an unchanged plan this often (a fresh generation for agents and replay).
-    plan_refresh_seconds: float = 60.0
+    # Keepalive: re-record an unchanged plan this often, so status, replay windows and the
+    # dashboard always find a recent plan and its inputs (an unchanged plan is otherwise not
+    # appended). Five minutes keeps an idle grid's plan stream to ~12 appends an hour.
+    plan_refresh_seconds: float = 300.0
     lease_ttl_seconds: float = 15.0
     lease_renew_seconds: float = 5.0
     lease_margin_seconds: float = 1.0
@@ -108,11 +119,25 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     publish_pause_seconds: float = 0.0
     # False: no tick loop; the caller drives tick() (benchmarks, deterministic tests).
     background_ticks: bool = True
+    # Run the DuckDB analytics sink in this process (GRID_HOME/analytics.duckdb) and serve history
+    # from it. The process entries (`serve controller`, `up`) turn it on; library users opt in.
+    analytics: bool = False
 
 
 def plan_key(plan: Plan) -> str:
-    """Identity of a plan's decisions (not of its inputs or `now`): when to record a new one."""
-    body = (plan.placements, plan.preemptions, plan.shortfalls)
+    """Identity of a plan's decisions (not of its inputs, `now`, scores or explanations): a new
+    plan is recorded only when this changes.
+
+    Scores drift with every heartbeat (free memory moves the fit score) and explanations quote
+    them; keyed on those, an idle one-host grid recorded a plan every tick (~2 s, ~100 MB a day).
+    What agents and replay act on is which model goes where, with what memory and status, what
+    is preempted, and what cannot be placed and why.
+    """
+    body = (
+        tuple((p.model_id, p.host_id, p.runtime, p.memory_mb, p.status, p.managed) for p in plan.placements),
+        plan.preemptions,
+        tuple((s.model_id, s.wanted, s.placed, s.reason) for s in plan.shortfalls),
+    )
     return hashlib.sha256(codec.encode_value(body)).hexdigest()
 
 
@@ -204,6 +229,37 @@ class Controller:
         self._last_plan_key: str | None = None
         self._last_plan_recorded_at: float | None = None
         self._stopping = False
+        self.analytics: AnalyticsService | None = None
+        self.metrics = ControllerMetrics(self._gauges())
+
+    # --- metrics (states read at scrape time) ----------------------------------------------------
+
+    def _gauges(self) -> list[GaugeSource]:
+        def plan_age() -> list[Sample]:
+            at = self._last_plan_recorded_at
+            return [] if at is None else [((), max(0.0, self.clock.now() - at))]
+
+        def pending() -> list[Sample]:
+            if "actions" not in self.runner.states:
+                return [((), 0.0)]
+            records = actions_proj.open_actions(self.runner["actions"])
+            return [((), float(sum(1 for r in records if not r.withdrawn)))]
+
+        def term() -> list[Sample]:
+            return [((), float(self.lease.term if self.lease is not None else 0))]
+
+        def active() -> list[Sample]:
+            return [((), 1.0 if self.lease is not None and self.lease.held else 0.0)]
+
+        return [
+            GaugeSource("grid_controller_plan_age_seconds", "Seconds since the last plan was recorded.", (), plan_age),
+            GaugeSource("grid_controller_pending_commands", "Commands issued and not yet terminal (withdrawn excluded).",
+                        (), pending),
+            GaugeSource("grid_controller_lease_term", "The controller lease term this process holds or last saw.",
+                        (), term),
+            GaugeSource("grid_controller_active", "1 when this controller holds the lease (active), 0 on standby.",
+                        (), active),
+        ]
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -240,6 +296,8 @@ class Controller:
         with contextlib.suppress(LogError):
             await self.lease.step()
         self._latest_plan_from_log()
+        if s.analytics:
+            await self._start_analytics()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),
@@ -252,10 +310,23 @@ class Controller:
         log.info("controller started", controller_id=self.controller_id, term=self.lease.term,
                  positions=self.runner.positions)
 
+    async def _start_analytics(self) -> None:
+        service = AnalyticsService(self.log, self.config.duckdb_path)
+        try:
+            await service.start()
+        except Exception as exc:  # a damaged or foreign-locked file: serve without history, say so
+            self._warn(f"analytics store {self.config.duckdb_path} unavailable ({exc}); history is off")
+            log.warning("analytics store unavailable", path=str(self.config.duckdb_path), error=str(exc))
+            return
+        self.analytics = service
+
     async def stop(self) -> None:
         self._stopping = True
         await _cancel_all(self._tasks)
         self._tasks = []
+        if self.analytics is not None:
+            await self.analytics.stop()
+            self.analytics = None
         if self.lease is not None:
             with contextlib.suppress(Exception):
                 await self.lease.release()
@@ -447,6 +518,7 @@ class Controller:
             report.error = f"{type(exc).__name__}: {exc}"
             log.warning("tick failed", error=report.error)
         report.duration_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.tick.observe(report.duration_ms / 1000)
         self.last_tick = report
         self.ticks.append(report)
         return report
@@ -549,6 +621,7 @@ class Controller:
                             if not res.duplicate:
                                 report.published += 1
                                 self.published_total += 1
+                                self.metrics.commands.labels(ev.kind).inc()
                         else:
                             report.withdrawn += 1
                             self.withdrawn_total += 1

@@ -107,6 +107,8 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
             await admin.stop()
         await server.stop()
         await dash.stop()
+        if admin is not None:
+            await admin.stop()
         await ctl.stop()
     assert (shots / "2-model-set.png").stat().st_size > 10_000
 

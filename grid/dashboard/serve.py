@@ -1,0 +1,55 @@
+"""Start the dashboard beside a running grid: follow the log, forecast like the controller, serve.
+
+`gridctl up` calls `start_dashboard`; the forecast is the controller's own tick input
+(grid.controller.tick.tick_input) so the page shows the demand the planner plans for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grid.controller.tick import PROJECTIONS, tick_input
+from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
+from grid.demand.forecast import Forecast
+from grid.events.log import EventLog
+from grid.planner.types import Policy
+from grid.serving import RunningServer, serve
+
+
+def controller_forecast(policy: Policy | None = None) -> Any:
+    """A dashboard ForecastFn: the forecast a controller tick at `now` would plan from."""
+    chosen = policy or Policy()
+
+    def forecast(states: dict[str, Any], now: float) -> Forecast | None:
+        return tick_input(states, now, chosen).forecast
+
+    return forecast
+
+
+@dataclass
+class RunningDashboard:
+    dashboard: Dashboard
+    server: RunningServer
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.dashboard.stop()
+
+
+async def start_dashboard(log: EventLog, host: str = "127.0.0.1", port: int = 0, *,
+                          token: str | None = None) -> RunningDashboard:
+    """Follow `log` and serve the page on host:port. Off loopback, `token` (the operator's) is required."""
+    require_token_off_loopback(host, token)
+    dash = Dashboard(log, specs=PROJECTIONS, forecast=controller_forecast())
+    await dash.start()
+    try:
+        server = await serve(create_dashboard_app(dash, token=token), host, port, name="grid-dashboard")
+    except BaseException:
+        await dash.stop()
+        raise
+    return RunningDashboard(dash, server)
