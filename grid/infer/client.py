@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
 from grid.infer import wire
@@ -91,16 +92,24 @@ class NatsResponse:
 
 
 class NatsUpstream:
-    def __init__(self, nc: NATS, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
+    """`nc` None (a gateway on the in-memory log) refuses every request as a connect error."""
+
+    def __init__(self, nc: NATS | None, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
         self.nc = nc
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
 
     async def post(self, target: InferTarget, body: bytes, headers: list[tuple[bytes, bytes]]) -> NatsResponse:
-        if len(body) > self.nc.max_payload:
-            raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {self.nc.max_payload}")
-        reply = self.nc.new_inbox()
-        sub = await self.nc.subscribe(reply)
+        nc = self.nc
+        if nc is None or nc.is_closed:
+            raise httpx.ConnectError(f"{target}: this gateway has no NATS connection to reach hosts through")
+        if len(body) > nc.max_payload:
+            raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {nc.max_payload}")
+        reply = nc.new_inbox()
+        try:
+            sub = await nc.subscribe(reply)
+        except NatsError as exc:  # nothing was published: as safe to report as a refused connect
+            raise httpx.ConnectError(f"{target}: NATS refused the reply subscription: {type(exc).__name__}") from exc
         out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id}
         for name, value in headers:
             key = name.decode("latin-1").title()
@@ -115,9 +124,14 @@ class NatsUpstream:
                 raise httpx.ReadError(f"{target}: {headers_in[wire.H_ERROR]}")
             if headers_in.get(wire.H_SEQ) != "0" or wire.H_STATUS not in headers_in:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
-            return NatsResponse(self.nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
+            return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
                                 whole=first.data if wire.H_END in headers_in else None)
+        except NatsError as exc:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            # The publish may have left: report it as a read failure (never replayed elsewhere).
+            raise httpx.ReadError(f"{target}: NATS failed during the request: {type(exc).__name__}") from exc
         except BaseException:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -131,6 +145,7 @@ class NatsUpstream:
         subscription was made on another connection (seen here about 1 in 20 times right
         after an agent subscribed), hence a few short retries before calling the host absent.
         """
+        assert self.nc is not None
         for delay in NO_RESPONDER_RETRIES:
             await self.nc.publish(infer_request_subject(target.host_id), body, reply=reply, headers=headers)
             try:
