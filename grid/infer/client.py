@@ -41,7 +41,8 @@ class InferTarget:
 
 class NatsResponse:
     def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
-                 headers: list[tuple[bytes, bytes]], read_timeout: float, *, whole: bytes | None = None) -> None:
+                 headers: list[tuple[bytes, bytes]], read_timeout: float, *, first: bytes = b"",
+                 ended: bool = False) -> None:
         self._nc = nc
         self._target = target
         self._sub = sub
@@ -50,15 +51,15 @@ class NatsResponse:
         self.raw_headers = headers
         self._read_timeout = read_timeout
         self._next_seq = 1
-        # An agent-side refusal arrives whole in the first message.
-        self._whole = whole
-        self._ended = whole is not None
+        # Message 0 may carry the first bytes, or the whole answer (then it also ends it).
+        self._first = first
+        self._ended = ended
         self._closed = False
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        if self._whole:
-            yield self._whole
-            self._whole = None
+        if self._first:
+            first, self._first = self._first, b""
+            yield first
         while not self._ended:
             try:
                 msg = await self._sub.next_msg(timeout=self._read_timeout)
@@ -126,7 +127,7 @@ class NatsUpstream:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
-                                whole=first.data if wire.H_END in headers_in else None)
+                                first=first.data or b"", ended=wire.H_END in headers_in)
         except NatsError as exc:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

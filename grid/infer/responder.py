@@ -133,12 +133,34 @@ class InferenceResponder:
                                           wire.H_PHASE: wire.PHASE_READ})
             return
         try:
-            await self._send(reply, 0, **{wire.H_STATUS: str(response.status_code),
-                                          wire.H_HEADERS: wire.encode_headers(response.headers.raw)})
-            async for chunk in response.aiter_raw():
-                for i in range(0, len(chunk), wire.CHUNK_BYTES):
-                    seq += 1
-                    await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
+            head = {wire.H_STATUS: str(response.status_code), wire.H_HEADERS: wire.encode_headers(response.headers.raw)}
+            chunks = response.aiter_raw()
+            # Message 0 carries the status, the headers and the first bytes: one message less on
+            # the critical path (time to first token), and a whole small answer (a non-streamed
+            # completion, an error) in one message.
+            first, finished = b"", False
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                finished = True
+            length = response.headers.get("content-length")
+            finished = finished or (length is not None and length.isdigit() and len(first) >= int(length))
+            pieces = [first[i:i + wire.CHUNK_BYTES] for i in range(0, len(first), wire.CHUNK_BYTES)] or [b""]
+            if finished and len(pieces) == 1:
+                await self._send(reply, 0, pieces[0], **head, **{wire.H_END: "1"})
+                self.served += 1
+                async for _ in chunks:  # read to the end so the engine connection is reused
+                    pass
+                return
+            await self._send(reply, 0, pieces[0], **head)
+            for piece in pieces[1:]:
+                seq += 1
+                await self._send(reply, seq, piece)
+            if not finished:
+                async for chunk in chunks:
+                    for i in range(0, len(chunk), wire.CHUNK_BYTES):
+                        seq += 1
+                        await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
             await self._send(reply, seq + 1, **{wire.H_END: "1"})
             self.served += 1
         except httpx.HTTPError as exc:

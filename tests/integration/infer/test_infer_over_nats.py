@@ -192,3 +192,27 @@ def _matches(pattern: str, subject: str) -> bool:
         if i >= len(s) or (tok != "*" and tok != s[i]):
             return False
     return len(p) == len(s)
+
+
+async def test_a_small_answer_is_one_message_and_a_stream_starts_with_its_first_bytes(pair) -> None:
+    """Message 0 carries status, headers and the first bytes: no extra hop before the answer."""
+    upstream, _responder, gateway_log = pair
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    async def tap(msg) -> None:  # type: ignore[no-untyped-def]
+        seen.append((dict(msg.headers or {}), msg.data))
+
+    sub = await gateway_log.client.subscribe("_INBOX.>", cb=tap)
+    await gateway_log.client.flush()
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(False), JSON)
+    body = await resp.aread()
+    await resp.aclose()
+    await gateway_log.client.flush()
+    assert len(seen) == 1 and seen[0][0]["Grid-Seq"] == "0" and "Grid-End" in seen[0][0] and seen[0][1] == body
+
+    seen.clear()
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True), JSON)
+    raw = b"".join([c async for c in resp.aiter_raw()])
+    await resp.aclose()
+    await sub.unsubscribe()
+    assert seen[0][0]["Grid-Seq"] == "0" and seen[0][1].startswith(b"data: ") and raw.startswith(seen[0][1])
