@@ -39,6 +39,68 @@ class InferTarget:
         return f"InferTarget({self.url})"
 
 
+# Messages one answer may have waiting unread before it is cut off as lost (a stalled client).
+MAX_PENDING_MESSAGES = 65_536
+
+
+class _Inbox:
+    """The reply messages of one request, fed by the shared subscription (see `_Replies`)."""
+
+    __slots__ = ("_queue", "_overflow", "_replies", "subject")
+
+    def __init__(self, replies: _Replies, subject: str) -> None:
+        self._replies = replies
+        self.subject = subject
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._overflow = False
+
+    def put(self, msg: Any) -> None:
+        if self._queue.qsize() >= MAX_PENDING_MESSAGES:
+            self._overflow = True  # dropped: the sequence check reports the gap
+            return
+        self._queue.put_nowait(msg)
+
+    async def next_msg(self, timeout: float) -> Any:
+        return await asyncio.wait_for(self._queue.get(), timeout)
+
+    async def unsubscribe(self) -> None:
+        self._replies.boxes.pop(self.subject, None)
+
+
+class _Replies:
+    """One wildcard subscription `<inbox>.*` for the replies of every request on a connection.
+
+    A subscription per request costs a SUB and an UNSUB at the server and their bookkeeping
+    in the client on every request; nats-py's own request() multiplexes the same way.
+    """
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self.boxes: dict[str, _Inbox] = {}
+        self._sub: Any = None
+        self._next = 0
+
+    async def open(self) -> _Inbox:
+        if self._sub is None:
+            self._sub = await self.nc.subscribe(f"{self.prefix}.*", cb=self._dispatch)
+        self._next += 1
+        box = _Inbox(self, f"{self.prefix}.{self._next}")
+        self.boxes[box.subject] = box
+        return box
+
+    async def _dispatch(self, msg: Any) -> None:
+        box = self.boxes.get(msg.subject)
+        if box is not None:
+            box.put(msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
 class NatsResponse:
     def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
                  headers: list[tuple[bytes, bytes]], read_timeout: float, *, first: bytes = b"",
@@ -99,6 +161,7 @@ class NatsUpstream:
         self.nc = nc
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self._replies = _Replies(nc) if nc is not None else None
 
     async def post(self, target: InferTarget, body: bytes, headers: list[tuple[bytes, bytes]]) -> NatsResponse:
         nc = self.nc
@@ -106,9 +169,9 @@ class NatsUpstream:
             raise httpx.ConnectError(f"{target}: this gateway has no NATS connection to reach hosts through")
         if len(body) > nc.max_payload:
             raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {nc.max_payload}")
-        reply = nc.new_inbox()
+        assert self._replies is not None
         try:
-            sub = await nc.subscribe(reply)
+            sub = await self._replies.open()
         except NatsError as exc:  # nothing was published: as safe to report as a refused connect
             raise httpx.ConnectError(f"{target}: NATS refused the reply subscription: {type(exc).__name__}") from exc
         out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id}
@@ -117,6 +180,7 @@ class NatsUpstream:
             if key in wire.FORWARDED_REQUEST_HEADERS:
                 out[key] = value.decode("latin-1")
         try:
+            reply = sub.subject
             first = await self._first_answer(target, body, reply, sub, out)
             headers_in = first.headers or {}
             if wire.H_ERROR in headers_in:
@@ -162,5 +226,6 @@ class NatsUpstream:
         raise httpx.ConnectError(f"{target}: no agent is serving host {target.host_id!r}")
 
     async def aclose(self) -> None:
-        return None
+        if self._replies is not None:
+            await self._replies.close()
 

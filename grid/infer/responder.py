@@ -46,11 +46,14 @@ class InferenceResponder:
         self.nc = nc
         self.host_id = host_id
         self.resolve = resolve
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0, pool=30.0),
+        # The transport itself, not an AsyncClient: the client's layers (cookies, redirects,
+        # auth, env proxies) do nothing for a loopback engine and cost time on every request.
+        self._http = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight),
-            transport=httpx.AsyncHTTPTransport(retries=0),  # a failed POST is never replayed
+            retries=0,  # a failed POST is never replayed
         )
+        self._extensions = {"timeout": httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0,
+                                                     pool=30.0).as_dict()}
         self._active: dict[str, asyncio.Task[None]] = {}
         self._subs: list[Any] = []
         self.served = 0
@@ -117,11 +120,14 @@ class InferenceResponder:
         headers = {"Authorization": f"Bearer {route.key}"}
         for name in wire.FORWARDED_REQUEST_HEADERS:
             if (value := req_headers.get(name)) is not None:
+                if name == wire.H_CONNECTION and value.lower() != "close":
+                    continue
                 headers[name] = value
         seq = 0
         try:
-            request = self._http.build_request("POST", route.endpoint.rstrip("/") + path, content=msg.data, headers=headers)
-            response = await self._http.send(request, stream=True)
+            request = httpx.Request("POST", route.endpoint.rstrip("/") + path, content=msg.data, headers=headers,
+                                    extensions=self._extensions)
+            response = await self._http.handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
             await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine unreachable: {type(exc).__name__}",

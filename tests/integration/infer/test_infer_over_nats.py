@@ -216,3 +216,21 @@ async def test_a_small_answer_is_one_message_and_a_stream_starts_with_its_first_
     await resp.aclose()
     await sub.unsubscribe()
     assert seen[0][0]["Grid-Seq"] == "0" and seen[0][1].startswith(b"data: ") and raw.startswith(seen[0][1])
+
+
+async def test_a_post_after_a_stream_never_lands_on_a_dead_engine_connection(pair) -> None:
+    """llama-server drops the connection after a stream; the gateway's "Connection: close" for
+    streams reaches the engine, so the next POST gets a fresh connection instead of failing
+    (a failed POST could not be replayed)."""
+    upstream, responder, _log = pair
+    failures = []
+    for _ in range(40):
+        for stream in (True, False):
+            headers = JSON + ([(b"connection", b"close")] if stream else [(b"connection", b"keep-alive")])
+            try:
+                resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(stream, max_tokens=2), headers)
+                await resp.aread()
+                await resp.aclose()
+            except httpx.HTTPError as exc:
+                failures.append(repr(exc))
+    assert failures == []
