@@ -12,8 +12,11 @@ Rounds are interleaved (direct/remote order alternates each round), one keep-ali
 path:
   * sequential non-streaming chat, max_tokens=1 (end-to-end latency)
   * sequential streaming chat, time to the first content token
-It prints median and p99 of both, the added milliseconds and the ratio. Goal: median added
-<= 2 ms.
+It prints median and p99 of both, the added milliseconds and the ratio, and the CPU time per
+remote request of each process on the added path (gateway, nats-server, host agent; user +
+system over the measured rounds, of which the direct calls use none): on a shared 2-core
+machine the latency moves by milliseconds with the load, the CPU figures much less. Goal:
+median added <= 2 ms.
 
     python -m bench.remote_overhead [--rounds 200] [--threads 1]
 """
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench.gateway_overhead import HOST_ID, MODEL_ID, heartbeats, one_plain, one_ttft, pct, wait_http
 from grid.agent.artifacts import ensure_bundled_model
@@ -132,6 +136,9 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
                     for c, url, h in clients.values():
                         await one_plain(c, url, h)
                         await one_ttft(c, url, h)
+                procs = {"gateway": psutil.Process(gateway.pid), "nats-server": psutil.Process(nats.process.pid),
+                         "host agent": psutil.Process(agent.pid)}
+                cpu_before = {n: sum(p.cpu_times()[:2]) for n, p in procs.items()}
                 for i in range(rounds):
                     order = ("direct", "remote") if i % 2 == 0 else ("remote", "direct")
                     for name in order:
@@ -140,6 +147,7 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
                     for name in order:
                         c, url, h = clients[name]
                         results["ttft"][name].append(await one_ttft(c, url, h))
+                cpu_ms = {n: (sum(p.cpu_times()[:2]) - cpu_before[n]) * 1e3 / (2 * rounds) for n, p in procs.items()}
                 r = await cr.post(paths["remote"][0], json={"model": MODEL_ID, "max_tokens": 1,
                                                             "messages": [{"role": "user", "content": "x"}]})
                 served_by = r.headers.get("x-grid-host")
@@ -154,6 +162,8 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
                 for q, qn in ((0.5, "median"), (0.99, "p99")):
                     dq, gq = pct(d, q) * 1e3, pct(g, q) * 1e3
                     print(f"{label + ' ' + qn:<28}{dq:>12.2f}{gq:>12.2f}{gq - dq:>10.2f}{gq / dq:>8.3f}")
+            print("CPU per remote request: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in cpu_ms.items())
+                  + f" (total {sum(cpu_ms.values()):.3f} ms)")
             added = (pct(results["plain"]["remote"], 0.5) - pct(results["plain"]["direct"], 0.5)) * 1e3
             print(f"goal median added <= 2 ms: {'met' if added <= 2.0 else 'NOT met'} ({added:.2f} ms)")
         finally:
