@@ -3,7 +3,8 @@ that host's agent over NATS (grid.infer), the path every request takes in a flee
 
 One run starts a real nats-server, one llama-server child (SmolLM2-135M Q4_1) with a random
 engine key only the "host" knows, the host's agent side of inference as its own process (an
-`InferenceResponder` on its own NATS connection, as on another machine), and the gateway as
+`InferenceResponder` with the agent's engine client, on its own NATS connection, as on another
+machine), and the gateway as
 its own process (`gridctl serve gateway`, which holds no engine key). Everything is on
 loopback: the added latency is the gateway's work plus two NATS hops and the agent's forward;
 a real network adds its own round trip to both paths alike only for the direct call's client.
@@ -39,6 +40,7 @@ import psutil
 
 from bench.gateway_overhead import HOST_ID, MODEL_ID, heartbeats, one_plain, one_ttft, pct, wait_http
 from grid.agent.artifacts import ensure_bundled_model
+from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, find_llama_server, spawn
 from grid.config import GridConfig
 from grid.events.embedded import EmbeddedNats, free_port
@@ -53,7 +55,8 @@ async def serve_agent(nats_url: str, endpoint: str, key_file: Path) -> None:
     """The host's side: serve `grid.infer.<HOST_ID>` until SIGTERM (run as its own process)."""
     route = EngineRoute(endpoint, read_secret(key_file))
     log = await JetStreamLog.connect(nats_url, name=f"agent-{HOST_ID}")
-    responder = InferenceResponder(log.client, HOST_ID, lambda m: route if m == MODEL_ID else None)
+    responder = InferenceResponder(log.client, HOST_ID, lambda m: route if m == MODEL_ID else None,
+                                   engine_client=H1EngineClient())  # as grid.agent.service does
     await responder.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -38,6 +38,7 @@ from grid.agent.acks import accepted_ack, terminal_ack
 from grid.agent.actuators import Actuators
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
+from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines import llama_cpp
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
@@ -293,7 +294,7 @@ class HostAgent:
         nc = getattr(self.log, "client", None)
         if nc is None:
             return
-        self.responder = InferenceResponder(nc, self.host_id, self._engine_route)
+        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient())
         await self.responder.start()
 
     async def _stop_responder(self) -> None:

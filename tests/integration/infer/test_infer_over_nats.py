@@ -19,6 +19,7 @@ import httpx
 import nats
 import pytest
 
+from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
@@ -64,11 +65,15 @@ def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.
             proc.kill()
 
 
-@pytest.fixture
-async def pair(nats_server: EmbeddedNats, engine: EngineRoute) -> AsyncIterator[tuple[NatsUpstream, InferenceResponder, JetStreamLog]]:
+@pytest.fixture(params=["httpx", "h1"])
+async def pair(request: pytest.FixtureRequest, nats_server: EmbeddedNats,
+               engine: EngineRoute) -> AsyncIterator[tuple[NatsUpstream, InferenceResponder, JetStreamLog]]:
+    """The agent side runs with the default engine client and with the agent's own (h1)."""
     agent_log = await JetStreamLog.connect(nats_server.url, name="agent-host-a")
     gateway_log = await JetStreamLog.connect(nats_server.url, name="gateway")
-    responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None)
+    client = H1EngineClient() if request.param == "h1" else None
+    responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None,
+                                   engine_client=client)
     await responder.start()
     try:
         yield NatsUpstream(gateway_log.client, connect_timeout=3.0, read_timeout=120.0), responder, gateway_log
