@@ -43,6 +43,10 @@ class InferTarget:
 MAX_PENDING_MESSAGES = 65_536
 
 
+class _Lost(Exception):
+    """Messages of this answer were dropped (its reader fell too far behind)."""
+
+
 class _Inbox:
     """The reply messages of one request, fed by the shared subscription (see `_Replies`)."""
 
@@ -61,7 +65,12 @@ class _Inbox:
         self._queue.put_nowait(msg)
 
     async def next_msg(self, timeout: float) -> Any:
-        return await asyncio.wait_for(self._queue.get(), timeout)
+        if not self._queue.empty():  # the common case mid-stream: no timer at all
+            return self._queue.get_nowait()
+        if self._overflow:
+            raise _Lost()
+        async with asyncio.timeout(timeout):  # cheaper than wait_for, which wraps a task
+            return await self._queue.get()
 
     async def unsubscribe(self) -> None:
         self._replies.boxes.pop(self.subject, None)
@@ -125,7 +134,9 @@ class NatsResponse:
         while not self._ended:
             try:
                 msg = await self._sub.next_msg(timeout=self._read_timeout)
-            except Exception as exc:  # nats-py raises its own TimeoutError type
+            except _Lost as exc:
+                raise httpx.ReadError(f"{self._target}: lost part of the answer (read too slowly)") from exc
+            except Exception as exc:  # a timeout
                 raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
             headers = msg.headers or {}
             seq = int(headers.get(wire.H_SEQ, "-1"))

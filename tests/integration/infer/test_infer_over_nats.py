@@ -239,3 +239,16 @@ async def test_a_post_after_a_stream_never_lands_on_a_dead_engine_connection(pai
             except httpx.HTTPError as exc:
                 failures.append(repr(exc))
     assert failures == []
+
+
+async def test_an_answer_read_too_slowly_is_cut_off_as_lost_not_buffered_forever(pair, monkeypatch) -> None:
+    from grid.infer import client
+
+    monkeypatch.setattr(client, "MAX_PENDING_MESSAGES", 3)
+    upstream, _responder, _log = pair
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True, max_tokens=40), JSON)
+    await asyncio.sleep(3.0)  # the whole answer arrives while nobody reads
+    with pytest.raises(httpx.ReadError, match="lost part of the answer"):
+        async for _chunk in resp.aiter_raw():
+            pass
+    await resp.aclose()
