@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from grid.config import GridConfig
 from grid.events.jetstream import JetStreamLog
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
-from tests.integration.agent.agentkit import HOST, make_command, wait_ack
+from tests.integration.agent.agentkit import HOST, make_command, wait_ack, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +49,37 @@ async def test_agent_serves_ready_models_over_nats_with_its_own_key(js_log: JetS
         assert json.loads(await resp.aread())["choices"][0]["message"]["content"].strip()
         await resp.aclose()
         assert agent.responder is not None and agent.responder.served == 1
+
+        # A drain while 3 streams run through NATS: every stream finishes whole, and a request
+        # that arrives after the drain began is refused by the agent, never started.
+        long = json.dumps({"model": BUNDLED_MODEL_ID, "max_tokens": 48, "stream": True, "ignore_eos": True,
+                           "messages": [{"role": "user", "content": "Count"}]}).encode()
+
+        async def stream() -> bytes:
+            r = await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), long,
+                                    JSON + [(b"connection", b"close")])
+            assert r.status_code == 200
+            out = b"".join([c async for c in r.aiter_raw()])
+            await r.aclose()
+            return out
+
+        streams = [asyncio.create_task(stream()) for _ in range(3)]
+        await wait_for(lambda: _async(agent.responder.in_flight == 3), timeout=10, interval=0.02)
+        await js_log.append(make_command("drain", "drain", **art))
+        await wait_for(lambda: _async(agent.state.residencies[BUNDLED_MODEL_ID].state == "draining"),
+                       timeout=10, interval=0.02)
+        late = await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), body, JSON)
+        assert late.status_code == 503
+        await late.aclose()
+        for answer in await asyncio.gather(*streams):
+            assert answer.rstrip().endswith(b"data: [DONE]") and answer.count(b'"content"') >= 48
+        assert (await wait_ack(js_log, "drain", timeout=90)).status == "succeeded"
+        assert agent.responder.cancelled == 0
     finally:
         await gateway_log.close()
     await agent.stop()
     assert agent.responder is None
+
+
+async def _async(value: bool) -> bool:
+    return value
