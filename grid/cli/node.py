@@ -105,10 +105,17 @@ def _parse_port_range(value: str) -> tuple[int, int]:
 def start(
     nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
     host_id: Optional[str] = typer.Option(None, "--host-id", help="Stable host id (persisted on first start)."),
-    capacity_mb: Optional[int] = typer.Option(None, "--capacity-mb", help="Memory offered to Grid (default: physical)."),
+    capacity_mb: Optional[int] = typer.Option(
+        None, "--memory-mb", "--capacity-mb",
+        help="This agent's share of the machine's memory in MB (default: what other agents on this machine "
+             "left). Shares on one machine never add up to more than it has.",
+    ),
     reserved_mb: int = typer.Option(0, "--reserved-mb", help="Memory kept back for the machine's own use."),
-    failure_domain: str = typer.Option("default", "--failure-domain"),
-    tag: list[str] = typer.Option([], "--tag", help="Placement tag (repeatable)."),
+    failure_domain: str = typer.Option("default", "--failure-domain",
+                                       help="What fails together (rack, room, power feed); replicas spread across these."),
+    tag: list[str] = typer.Option([], "--tag", "--tags", help="Placement tags (repeatable, or comma-separated)."),
+    data_tier: str = typer.Option("internal", "--data-tier",
+                                  help="Highest data tier this host may hold: public, internal, confidential, restricted."),
     port_range: str = typer.Option("38000-38999", "--port-range", help="Ports for managed engines."),
     heartbeat_interval: float = typer.Option(2.0, "--heartbeat-interval", help="Seconds between heartbeats."),
     sample_interval: float = typer.Option(2.0, "--sample-interval", help="Seconds between protection samples."),
@@ -127,8 +134,10 @@ def start(
     json_logs: Optional[bool] = typer.Option(None, "--json-logs/--pretty-logs", hidden=True),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
+    from grid.agent.inventory import CapacityShareError
     from grid.agent.lock import AgentLockedError
     from grid.agent.service import AgentOptions, HostAgent, HostIdError
+    from grid.events.control import DATA_TIERS
     from grid.cli.common import resolve_nats_url
     from grid.events.jetstream import JetStreamLog
     from grid.events.log import LogError
@@ -152,14 +161,19 @@ def start(
         find_runtime(llama_server)  # a named runtime that is not there is refused before anything starts
     except RuntimeChoiceError as exc:
         _fail(str(exc))
+    if data_tier not in DATA_TIERS:
+        _fail(f"--data-tier must be one of {', '.join(DATA_TIERS)}, not {data_tier!r}")
+    if capacity_mb is not None and capacity_mb <= 0:
+        _fail(f"--memory-mb must be a positive number of MB, not {capacity_mb}")
+    tags = tuple(t.strip() for raw in tag for t in raw.split(",") if t.strip())
     url = resolve_nats_url(nats, cfg)
     lo, hi = _parse_port_range(port_range)
     policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
     options = AgentOptions(
         host_id=host_id, capacity_mb=capacity_mb, reserved_mb=reserved_mb, failure_domain=failure_domain,
-        tags=tuple(tag), port_range=(lo, hi), heartbeat_interval=heartbeat_interval,
+        tags=tags, port_range=(lo, hi), heartbeat_interval=heartbeat_interval,
         sample_interval=sample_interval, drain_deadline=drain_deadline, state_dir=paths.root,
-        llama_server=llama_server, policy=policy,
+        llama_server=llama_server, policy=policy, data_tier=data_tier,
     )
     me = psutil.Process()
     record = PidRecord(
@@ -181,7 +195,7 @@ def start(
         atomic_write(paths.pid_file, msgspec.json.encode(record))
         try:
             await agent.start()
-        except (HostIdError, AgentLockedError, LogError, OSError, SecretFileError) as exc:
+        except (HostIdError, AgentLockedError, LogError, OSError, SecretFileError, CapacityShareError) as exc:
             _echo_err(str(exc))
             await agent.stop(drain=False)
             paths.pid_file.unlink(missing_ok=True)

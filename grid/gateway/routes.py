@@ -4,7 +4,7 @@
 The proxy path, in order: client key -> affinity header (hashed at once) -> bounded body ->
 typed parse (400 on anything hostile) -> model resolution (`auto` picks the best ready model
 for the workload) -> pure route choice (waiting a bounded time for a free slot when every
-ready route is full) -> one upstream POST with the engine key (never replayed) ->
+ready route is full) -> one upstream POST through the host's agent (never replayed) ->
 pass-through response -> breaker, measurements, counters and one telemetry record.
 
 Workload classification: a request for model `auto` is classified before routing (it decides
@@ -52,6 +52,9 @@ MAX_UPSTREAM_ERROR_BYTES = 1 << 20
 # connection ("Connection: close"); plain requests keep the shared keep-alive pool.
 _PLAIN_HEADERS = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
 _STREAM_HEADERS = _PLAIN_HEADERS + [(b"connection", b"close")]
+
+# Names the host whose engine answered (host ids are public in the fleet; never a user's identity).
+SERVED_BY_HEADER = b"x-grid-host"
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
@@ -346,7 +349,7 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
     breakers.acquire(key, now)
     gw.acquire(key, model, now)
     upstream_pool = gw.upstream
-    assert upstream_pool is not None and route.endpoint is not None
+    assert upstream_pool is not None
     released = False
 
     def done(outcome: str, status: int, service: float, output_units: int = 0) -> None:
@@ -358,13 +361,11 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
 
     t0 = time.perf_counter()
     try:
+        # No Authorization goes upstream: the host's agent adds its own engine key.
         upstream = await upstream_pool.post(
-            upstream_pool.target(route.endpoint, PATHS[kind]),
+            upstream_pool.route_target(route.host_id, model, route.endpoint, PATHS[kind]),
             body,
-            (_STREAM_HEADERS if stream else _PLAIN_HEADERS) + [
-                (b"accept", accept or b"*/*"),
-                (b"authorization", gw.engine_keys.authorization(route.host_id)),
-            ],
+            (_STREAM_HEADERS if stream else _PLAIN_HEADERS) + [(b"accept", accept or b"*/*")],
         )
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
@@ -409,7 +410,7 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
                 ctx.ttft = time.perf_counter() - ctx.t0
             feed(chunk)
 
-        return ProxyStream(status, response_headers(upstream), upstream, on_chunk, on_done)
+        return ProxyStream(status, _served_headers(upstream, route), upstream, on_chunk, on_done)
 
     try:
         content = await _read_bounded(upstream, None if ok else MAX_UPSTREAM_ERROR_BYTES)
@@ -430,8 +431,16 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
             gw.measurements.observe(key, route.artifact_sha256, latency, tokens, gw.clock.now())
             done("ok", status, latency, tokens or 0)
 
-        return RawResponse(status, response_headers(upstream), content, after)
+        return RawResponse(status, _served_headers(upstream, route), content, after)
     return _upstream_failure(gw, status, content, latency, done)
+
+
+def _served_headers(upstream: UpstreamResponse, route: routing.Candidate) -> list[tuple[bytes, bytes]]:
+    """The engine's content headers plus which host served the answer."""
+    host = route.host_id.encode("ascii", "backslashreplace")
+    if not host.isalnum():  # a header value never carries control characters, whatever a heartbeat said
+        host = bytes(c for c in host if 0x20 < c < 0x7F)
+    return response_headers(upstream) + [(SERVED_BY_HEADER, host)]
 
 
 async def _read_bounded(upstream: UpstreamResponse, limit: int | None) -> bytes:

@@ -6,7 +6,7 @@ GRID_GATEWAY_MAX_BODY     request body limit in bytes (default 4 MiB)
 GRID_GATEWAY_QUEUE_SECONDS  how long a request may wait for a free slot (default 30)
 GRID_GATEWAY_BODY_SECONDS   how long a request body may take to arrive (default 10)
 GRID_GATEWAY_MAX_INCOMPLETE how many request bodies may be arriving at once (default 128)
-GRID_GATEWAY_UPSTREAM     upstream client: h1 (default, grid.gateway.h1) or httpx
+GRID_GATEWAY_UPSTREAM     upstream client: nats (default, through the host's agent), or h1 / httpx (keyless engines only)
 GRID_GATEWAY_INSECURE     1: allow listening beyond loopback without client keys (as --insecure)
 """
 
@@ -44,8 +44,9 @@ class GatewaySettings:
     upstream_max_connections: int = 512
     # Retry-After for a configured model with no ready replica (its cold start, else this).
     unavailable_retry_seconds: float = 10.0
-    # "h1" (grid.gateway.h1, the fast default) or "httpx" for the private upstream hop.
-    upstream_backend: str = "h1"
+    # "nats" (through the chosen host's agent, grid.infer), or the HTTP pools "h1" / "httpx"
+    # straight to a keyless engine's URL (grid.gateway.upstream says why they remain).
+    upstream_backend: str = "nats"
     # Listening beyond loopback without client keys is refused unless this is set.
     insecure: bool = False
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)

@@ -3,7 +3,8 @@
 `Gateway` owns a live ProjectionRunner (fleet + catalog) following the log, the routing table
 cache, the private breaker board and measurements, the proxy-owned active counters and
 last_used_at watermarks, the telemetry queue, the request-body intake bounds, the shared
-upstream client and the engine keys.
+upstream client (which reaches engines through their hosts' agents; the gateway holds no
+engine key).
 The pure choice is `grid.gateway.routing.choose`; the HTTP handlers (`grid.gateway.routes`)
 read and update this state, and `grid.gateway.app` composes both into a served app. This
 module imports neither of them.
@@ -35,7 +36,7 @@ from grid.gateway.placeability import Unplaceable, unplaceable
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
-from grid.gateway.upstream import EngineKeys, Upstream
+from grid.gateway.upstream import Upstream
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts
 from grid.projections import fleet
 from grid.planner.plan import decode_plan
@@ -90,7 +91,6 @@ class Gateway:
             flush_seconds=self.settings.telemetry_flush_seconds,
             max_queue=self.settings.telemetry_max_queue,
         )
-        self.engine_keys = EngineKeys(config.home)
         self.intake = BodyReader(
             max_bytes=self.settings.max_body_bytes,
             timeout_seconds=self.settings.body_timeout_seconds,
@@ -117,6 +117,8 @@ class Gateway:
             read_timeout=self.settings.upstream_read_timeout,
             max_connections=self.settings.upstream_max_connections,
             backend=self.settings.upstream_backend,
+            # Inference rides the log's own NATS connection (the in-memory log has none).
+            nc=getattr(self.log, "client", None),
         )
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
         self.telemetry.start()

@@ -1,21 +1,26 @@
-"""The private upstream hop: one shared keep-alive connection pool and the per-host engine keys.
+"""The private upstream hop: how the proxy reaches the engine it chose.
 
-Client headers are never copied wholesale: only content negotiation goes upstream, and the
-`Authorization` header is always Grid's derived engine key for the chosen host (any client
-Authorization and the X-Grid-Affinity-Key are dropped). Engine keys are derived on demand from
-the fleet engine secret, cached in memory, and never logged or put in events.
+Default backend "nats": the request travels over NATS to the chosen host's agent
+(grid.infer), which adds that host's engine key and forwards it to its loopback engine. The
+gateway holds no engine key and needs no route to the engine: a host behind NAT serves too.
+
+Backends "h1" and "httpx" are HTTP pools to an engine's advertised URL, kept for the pools' own
+tests and benchmarks against engines that take no key: the gateway never holds engine keys, so
+they cannot reach an engine an agent spawned (those accept only their host's key).
+
+Client headers are never copied wholesale: only content negotiation goes upstream (any client
+Authorization and the X-Grid-Affinity-Key are dropped).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from grid.gateway.h1 import H1Pool, Target
-from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
+from grid.infer.client import InferTarget, NatsUpstream
 
 # Response headers that describe the hop, not the content.
 HOP_HEADERS = frozenset({
@@ -25,7 +30,7 @@ HOP_HEADERS = frozenset({
 })
 
 
-BACKENDS = ("h1", "httpx")
+BACKENDS = ("nats", "h1", "httpx")
 MAX_TARGETS = 4096
 
 
@@ -51,7 +56,7 @@ class UpstreamClient(Protocol):
     Failures raise httpx exceptions (TimeoutException, TransportError, ...) from either client.
     """
 
-    async def post(self, target: Target, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse: ...
+    async def post(self, target: Any, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse: ...
 
     async def aclose(self) -> None: ...
 
@@ -111,10 +116,12 @@ class HttpxClient:
 
 
 class Upstream:
-    """The shared keep-alive connection pool for the private hop, and its parsed targets.
+    """The proxy's one upstream client and its cached targets.
 
-    Default backend "h1" is grid.gateway.h1 (see there for why and by how much); "httpx" is
-    `HttpxClient`. Both satisfy `UpstreamClient`.
+    Default backend "nats" is `grid.infer.client.NatsUpstream` on the gateway's NATS connection
+    (`nc`; None, as with the in-memory log, answers every request with a connect error). "h1"
+    is grid.gateway.h1 (see there for why and by how much); "httpx" is `HttpxClient`. All
+    satisfy `UpstreamClient`.
     """
 
     def __init__(
@@ -123,18 +130,22 @@ class Upstream:
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
         max_connections: int = 512,
-        backend: str = "h1",
+        backend: str = "nats",
+        nc: Any = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown upstream backend {backend!r} ({' or '.join(BACKENDS)})")
         self.backend = backend
         self.client: UpstreamClient
-        if backend == "h1":
+        if backend == "nats":
+            self.client = NatsUpstream(nc, connect_timeout=connect_timeout, read_timeout=read_timeout)
+        elif backend == "h1":
             self.client = H1Pool(connect_timeout=connect_timeout, read_timeout=read_timeout)
         else:
             self.client = HttpxClient(connect_timeout=connect_timeout, read_timeout=read_timeout,
                                       max_connections=max_connections)
         self._targets: dict[tuple[str, str], Target] = {}
+        self._infer_targets: dict[tuple[str, str, str], InferTarget] = {}
 
     def target(self, endpoint: str, path: str) -> Target:
         """The parsed URL of `path` on an engine endpoint (raises httpx.InvalidURL)."""
@@ -150,28 +161,27 @@ class Upstream:
             self._targets[key] = target
         return target
 
-    async def post(self, target: Target, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse:
+    def route_target(self, host_id: str, model_id: str, endpoint: str | None, path: str) -> Any:
+        """Where this backend sends `path` for one route: through the host's agent (nats), or
+        straight to the engine's advertised endpoint (h1, httpx)."""
+        if self.backend != "nats":
+            if endpoint is None:
+                raise httpx.InvalidURL(f"{host_id} advertises no endpoint for {model_id}")
+            return self.target(endpoint, path)
+        key = (host_id, model_id, path)
+        target = self._infer_targets.get(key)
+        if target is None:
+            target = InferTarget(host_id, model_id, path)
+            if len(self._infer_targets) >= MAX_TARGETS:
+                self._infer_targets.clear()
+            self._infer_targets[key] = target
+        return target
+
+    async def post(self, target: Any, body: bytes, headers: list[tuple[bytes, bytes]]) -> UpstreamResponse:
         return await self.client.post(target, body, headers)
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-class EngineKeys:
-    def __init__(self, home: Path) -> None:
-        self._secret = load_or_create_secret(home / ENGINE_SECRET_FILE)
-        self._headers: dict[str, bytes] = {}
-
-    def authorization(self, host_id: str) -> bytes:
-        """`Bearer <engine key>` for one host, as header bytes (cached)."""
-        value = self._headers.get(host_id)
-        if value is None:
-            value = f"Bearer {engine_key(self._secret, host_id)}".encode()
-            self._headers[host_id] = value
-        return value
-
-    def __repr__(self) -> str:  # never print the secret
-        return f"EngineKeys(hosts={len(self._headers)})"
 
 
 def response_headers(upstream: UpstreamResponse) -> list[tuple[bytes, bytes]]:

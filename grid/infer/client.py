@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
 from grid.infer import wire
@@ -38,9 +39,81 @@ class InferTarget:
         return f"InferTarget({self.url})"
 
 
+# Messages one answer may have waiting unread before it is cut off as lost (a stalled client).
+MAX_PENDING_MESSAGES = 65_536
+
+
+class _Lost(Exception):
+    """Messages of this answer were dropped (its reader fell too far behind)."""
+
+
+class _Inbox:
+    """The reply messages of one request, fed by the shared subscription (see `_Replies`)."""
+
+    __slots__ = ("_queue", "_overflow", "_replies", "subject")
+
+    def __init__(self, replies: _Replies, subject: str) -> None:
+        self._replies = replies
+        self.subject = subject
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._overflow = False
+
+    def put(self, msg: Any) -> None:
+        if self._queue.qsize() >= MAX_PENDING_MESSAGES:
+            self._overflow = True  # dropped: the sequence check reports the gap
+            return
+        self._queue.put_nowait(msg)
+
+    async def next_msg(self, timeout: float) -> Any:
+        if not self._queue.empty():  # the common case mid-stream: no timer at all
+            return self._queue.get_nowait()
+        if self._overflow:
+            raise _Lost()
+        async with asyncio.timeout(timeout):  # cheaper than wait_for, which wraps a task
+            return await self._queue.get()
+
+    async def unsubscribe(self) -> None:
+        self._replies.boxes.pop(self.subject, None)
+
+
+class _Replies:
+    """One wildcard subscription `<inbox>.*` for the replies of every request on a connection.
+
+    A subscription per request costs a SUB and an UNSUB at the server and their bookkeeping
+    in the client on every request; nats-py's own request() multiplexes the same way.
+    """
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self.boxes: dict[str, _Inbox] = {}
+        self._sub: Any = None
+        self._next = 0
+
+    async def open(self) -> _Inbox:
+        if self._sub is None:
+            self._sub = await self.nc.subscribe(f"{self.prefix}.*", cb=self._dispatch)
+        self._next += 1
+        box = _Inbox(self, f"{self.prefix}.{self._next}")
+        self.boxes[box.subject] = box
+        return box
+
+    async def _dispatch(self, msg: Any) -> None:
+        box = self.boxes.get(msg.subject)
+        if box is not None:
+            box.put(msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
 class NatsResponse:
     def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
-                 headers: list[tuple[bytes, bytes]], read_timeout: float, *, whole: bytes | None = None) -> None:
+                 headers: list[tuple[bytes, bytes]], read_timeout: float, *, first: bytes = b"",
+                 ended: bool = False) -> None:
         self._nc = nc
         self._target = target
         self._sub = sub
@@ -49,19 +122,21 @@ class NatsResponse:
         self.raw_headers = headers
         self._read_timeout = read_timeout
         self._next_seq = 1
-        # An agent-side refusal arrives whole in the first message.
-        self._whole = whole
-        self._ended = whole is not None
+        # Message 0 may carry the first bytes, or the whole answer (then it also ends it).
+        self._first = first
+        self._ended = ended
         self._closed = False
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        if self._whole:
-            yield self._whole
-            self._whole = None
+        if self._first:
+            first, self._first = self._first, b""
+            yield first
         while not self._ended:
             try:
                 msg = await self._sub.next_msg(timeout=self._read_timeout)
-            except Exception as exc:  # nats-py raises its own TimeoutError type
+            except _Lost as exc:
+                raise httpx.ReadError(f"{self._target}: lost part of the answer (read too slowly)") from exc
+            except Exception as exc:  # a timeout
                 raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
             headers = msg.headers or {}
             seq = int(headers.get(wire.H_SEQ, "-1"))
@@ -91,22 +166,32 @@ class NatsResponse:
 
 
 class NatsUpstream:
-    def __init__(self, nc: NATS, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
+    """`nc` None (a gateway on the in-memory log) refuses every request as a connect error."""
+
+    def __init__(self, nc: NATS | None, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
         self.nc = nc
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self._replies = _Replies(nc) if nc is not None else None
 
     async def post(self, target: InferTarget, body: bytes, headers: list[tuple[bytes, bytes]]) -> NatsResponse:
-        if len(body) > self.nc.max_payload:
-            raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {self.nc.max_payload}")
-        reply = self.nc.new_inbox()
-        sub = await self.nc.subscribe(reply)
+        nc = self.nc
+        if nc is None or nc.is_closed:
+            raise httpx.ConnectError(f"{target}: this gateway has no NATS connection to reach hosts through")
+        if len(body) > nc.max_payload:
+            raise httpx.WriteError(f"request of {len(body)} bytes exceeds the NATS max_payload {nc.max_payload}")
+        assert self._replies is not None
+        try:
+            sub = await self._replies.open()
+        except NatsError as exc:  # nothing was published: as safe to report as a refused connect
+            raise httpx.ConnectError(f"{target}: NATS refused the reply subscription: {type(exc).__name__}") from exc
         out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id}
         for name, value in headers:
             key = name.decode("latin-1").title()
             if key in wire.FORWARDED_REQUEST_HEADERS:
                 out[key] = value.decode("latin-1")
         try:
+            reply = sub.subject
             first = await self._first_answer(target, body, reply, sub, out)
             headers_in = first.headers or {}
             if wire.H_ERROR in headers_in:
@@ -115,9 +200,14 @@ class NatsUpstream:
                 raise httpx.ReadError(f"{target}: {headers_in[wire.H_ERROR]}")
             if headers_in.get(wire.H_SEQ) != "0" or wire.H_STATUS not in headers_in:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
-            return NatsResponse(self.nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
+            return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
-                                whole=first.data if wire.H_END in headers_in else None)
+                                first=first.data or b"", ended=wire.H_END in headers_in)
+        except NatsError as exc:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            # The publish may have left: report it as a read failure (never replayed elsewhere).
+            raise httpx.ReadError(f"{target}: NATS failed during the request: {type(exc).__name__}") from exc
         except BaseException:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -131,6 +221,7 @@ class NatsUpstream:
         subscription was made on another connection (seen here about 1 in 20 times right
         after an agent subscribed), hence a few short retries before calling the host absent.
         """
+        assert self.nc is not None
         for delay in NO_RESPONDER_RETRIES:
             await self.nc.publish(infer_request_subject(target.host_id), body, reply=reply, headers=headers)
             try:
@@ -146,5 +237,6 @@ class NatsUpstream:
         raise httpx.ConnectError(f"{target}: no agent is serving host {target.host_id!r}")
 
     async def aclose(self) -> None:
-        return None
+        if self._replies is not None:
+            await self._replies.close()
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
@@ -36,21 +36,82 @@ class EngineRoute:
 EngineResolver = Callable[[str], EngineRoute | None]
 
 
+class EngineResponse(Protocol):
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineClient(Protocol):
+    """POST once to a loopback engine (never replayed); failures are httpx exceptions, a
+    refused or failed connect being ConnectError / ConnectTimeout."""
+
+    async def post(self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> EngineResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxEngineResponse:
+    __slots__ = ("_response",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status_code
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._response.headers.raw
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_raw()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxEngineClient:
+    """The default engine client: an httpx transport used directly (the AsyncClient's layers
+    (cookies, redirects, auth, env proxies) do nothing for a loopback engine). The agent passes
+    a faster one (grid.agent.engine_client)."""
+
+    def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, max_connections: int = 256) -> None:
+        self._transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            retries=0,  # a failed POST is never replayed
+        )
+        self._extensions = {"timeout": httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0,
+                                                     pool=30.0).as_dict()}
+
+    async def post(self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> EngineResponse:
+        request = httpx.Request("POST", url, content=body, headers=headers, extensions=self._extensions)
+        return _HttpxEngineResponse(await self._transport.handle_async_request(request))
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
 def _error_body(message: str, code: str, kind: str = "invalid_request_error") -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
 class InferenceResponder:
     def __init__(self, nc: NATS, host_id: str, resolve: EngineResolver, *,
-                 connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256) -> None:
+                 connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256,
+                 engine_client: EngineClient | None = None) -> None:
         self.nc = nc
         self.host_id = host_id
         self.resolve = resolve
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=30.0, pool=30.0),
-            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight),
-            transport=httpx.AsyncHTTPTransport(retries=0),  # a failed POST is never replayed
-        )
+        self._http: EngineClient = engine_client or HttpxEngineClient(
+            connect_timeout=connect_timeout, read_timeout=read_timeout, max_connections=max_in_flight)
         self._active: dict[str, asyncio.Task[None]] = {}
         self._subs: list[Any] = []
         self.served = 0
@@ -114,14 +175,15 @@ class InferenceResponder:
         if route is None:
             await self._refuse(reply, 503, f"{model!r} is not ready on this host", wire.ERR_NO_ENGINE)
             return
-        headers = {"Authorization": f"Bearer {route.key}"}
+        headers = [(b"authorization", f"Bearer {route.key}".encode("latin-1"))]
         for name in wire.FORWARDED_REQUEST_HEADERS:
             if (value := req_headers.get(name)) is not None:
-                headers[name] = value
+                if name == wire.H_CONNECTION and value.lower() != "close":
+                    continue
+                headers.append((name.lower().encode("latin-1"), value.encode("latin-1", "replace")))
         seq = 0
         try:
-            request = self._http.build_request("POST", route.endpoint.rstrip("/") + path, content=msg.data, headers=headers)
-            response = await self._http.send(request, stream=True)
+            response = await self._http.post(route.endpoint.rstrip("/") + path, msg.data, headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
             await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine unreachable: {type(exc).__name__}",
@@ -133,12 +195,35 @@ class InferenceResponder:
                                           wire.H_PHASE: wire.PHASE_READ})
             return
         try:
-            await self._send(reply, 0, **{wire.H_STATUS: str(response.status_code),
-                                          wire.H_HEADERS: wire.encode_headers(response.headers.raw)})
-            async for chunk in response.aiter_raw():
-                for i in range(0, len(chunk), wire.CHUNK_BYTES):
-                    seq += 1
-                    await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
+            raw_headers = response.raw_headers
+            head = {wire.H_STATUS: str(response.status_code), wire.H_HEADERS: wire.encode_headers(raw_headers)}
+            chunks = response.aiter_raw()
+            # Message 0 carries the status, the headers and the first bytes: one message less on
+            # the critical path (time to first token), and a whole small answer (a non-streamed
+            # completion, an error) in one message.
+            first, finished = b"", False
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                finished = True
+            length = next((v.decode("latin-1") for k, v in raw_headers if k.lower() == b"content-length"), None)
+            finished = finished or (length is not None and length.isdigit() and len(first) >= int(length))
+            pieces = [first[i:i + wire.CHUNK_BYTES] for i in range(0, len(first), wire.CHUNK_BYTES)] or [b""]
+            if finished and len(pieces) == 1:
+                await self._send(reply, 0, pieces[0], **head, **{wire.H_END: "1"})
+                self.served += 1
+                async for _ in chunks:  # read to the end so the engine connection is reused
+                    pass
+                return
+            await self._send(reply, 0, pieces[0], **head)
+            for piece in pieces[1:]:
+                seq += 1
+                await self._send(reply, seq, piece)
+            if not finished:
+                async for chunk in chunks:
+                    for i in range(0, len(chunk), wire.CHUNK_BYTES):
+                        seq += 1
+                        await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
             await self._send(reply, seq + 1, **{wire.H_END: "1"})
             self.served += 1
         except httpx.HTTPError as exc:

