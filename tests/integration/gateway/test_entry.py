@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from grid.events.embedded import EmbeddedNats
+from grid.events.jetstream import JetStreamLog
 
 
 async def _start(args: list[str], home: Path, nats_url: str | None) -> tuple[asyncio.subprocess.Process, str]:
@@ -36,8 +37,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> tuple[int, bytes]:
 
 
 async def test_serve_gateway_serves_logs_json_and_stops_on_sigterm(
-    nats_server: EmbeddedNats, tmp_path: Path
+    nats_server: EmbeddedNats, js_log: JetStreamLog, tmp_path: Path
 ) -> None:
+    # js_log gives this test fresh streams: no host another test left ready is listed.
     home = tmp_path / "home"
     proc, line = await _start(["-m", "grid.cli.main", "serve", "gateway", "--port", "0", "--log-format", "json"], home, nats_server.url)
     try:
