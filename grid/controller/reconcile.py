@@ -85,7 +85,7 @@ AWAITING_REPLACEMENT = "awaiting_ready_replacement"
 LAST_REPLICA = "protect_last_replica"
 REQUESTS_IN_FLIGHT = "requests_in_flight"
 TRANSITION_IN_PROGRESS = "transition_in_progress"
-INSUFFICIENT_MEMORY = "insufficient_free_memory"
+INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
 ARTIFACT_MISMATCH = "artifact_mismatch"
 UNKNOWN_PROFILE = "unknown_profile"
 # GLOBAL_LIMIT / HOST_LIMIT / ARTIFACT_FANOUT come from the governor.
@@ -796,7 +796,7 @@ class Reconciler:
                     chain_deferred = True
                     continue
                 if act.kind == "warm" and free_mb.get(act.host_id, 0) < act.memory_mb:
-                    self.deferred.append(_defer(act, INSUFFICIENT_MEMORY))
+                    self.deferred.append(_defer(act, INSUFFICIENT_FREE_MEMORY))
                     chain_deferred = True
                     continue
                 akey = artifact_key(act.model_id, act.artifact_sha256)
