@@ -351,7 +351,7 @@ def test_warm_waits_for_free_memory() -> None:
     plan = mkplan(placement("m", "h1", memory=8000))
     hosts = [host("h1", res("old", memory=9000), capacity=16_000, cached=[("m", SHA_A)])]
     r = reconcile(plan, hosts, History().state, profs, NOW)
-    assert reasons(r)[("warm", "h1", "m")] == rc.INSUFFICIENT_MEMORY
+    assert reasons(r)[("warm", "h1", "m")] == rc.INSUFFICIENT_FREE_MEMORY
     hosts = [host("h1", res("old", memory=7000), capacity=16_000, cached=[("m", SHA_A)])]
     assert ("warm", "h1", "m") in kinds(reconcile(plan, hosts, History().state, profs, NOW))
 
