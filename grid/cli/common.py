@@ -66,8 +66,15 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise AssertionError from exc
 
 
-async def connect(url: str | None) -> JetStreamLog:
-    return await JetStreamLog.connect(resolve_nats_url(url), name="gridctl")
+async def connect(url: str | None, *, name: str = "gridctl") -> JetStreamLog:
+    """The CLI's own connection to the log: as the operator identity when this grid home has
+    one (`gridctl up` made it), which reads every stream and manages none."""
+    from grid.identity.connect import connect_log
+    from grid.identity.local import local_credential
+
+    credentials = local_credential(config().home, "operator")
+    return await connect_log(resolve_nats_url(url), credentials=credentials, name=name,
+                             ensure_streams=credentials is None)
 
 
 def print_json(value: Any) -> None:

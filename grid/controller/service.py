@@ -166,8 +166,12 @@ class Controller:
         settings: ControllerSettings | None = None,
         clock: Clock | None = None,
         controller_id: str | None = None,
+        identity: Any = None,
     ) -> None:
         self.log = log_
+        # grid.identity.service.ControllerIdentity when the log has auth on: host command
+        # consumers and the enrolment service (hosts may create neither themselves).
+        self.identity = identity
         self.config = home if isinstance(home, GridConfig) else GridConfig(home=Path(home), nats_url=None)
         self.files = _HomeFiles(self.config.home)
         self.settings = settings or ControllerSettings()
@@ -240,6 +244,8 @@ class Controller:
         with contextlib.suppress(LogError):
             await self.lease.step()
         self._latest_plan_from_log()
+        if self.identity is not None:
+            await self.identity.start(self.log, getattr(self.log, "client", None))
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),
@@ -256,6 +262,9 @@ class Controller:
         self._stopping = True
         await _cancel_all(self._tasks)
         self._tasks = []
+        if self.identity is not None:
+            with contextlib.suppress(Exception):
+                await self.identity.stop()
         if self.lease is not None:
             with contextlib.suppress(Exception):
                 await self.lease.release()
