@@ -159,6 +159,7 @@ class Authority:
 
     def host_principal(self, host_id: str) -> Principal:
         """The host's principal, with its command consumer's name (drawn on first use)."""
+        self.reload()  # read what another process (the controller, `gridctl node revoke`) wrote
         record = self.registry.hosts.get(host_id)
         if record is None:
             record = self.registry.hosts[host_id] = HostRecord(command_consumer=new_host_consumer(host_id))
@@ -205,6 +206,7 @@ class Authority:
     def readmit_host(self, host_id: str) -> None:
         """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid,
         and it reads its commands through a new consumer (the revoked key knew the old name)."""
+        self.reload()
         record = self.registry.hosts.get(host_id)
         if record is not None and record.revoked_at is not None:
             record.revoked_at = None
