@@ -31,7 +31,7 @@ from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
-from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials
+from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
 from grid.identity.server import SecuredEmbeddedNats
 
 log = structlog.get_logger(__name__)
@@ -135,21 +135,25 @@ class LocalGrid:
             self.nats_url = self.embedded.url
         cfg.nats_url_file.write_text(self.nats_url + "\n")
         creds = self.credentials
-        self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None,
+        # An external server set up by `gridctl nats init --tls-name` speaks TLS from Grid's CA.
+        ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None
+        self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None, tls_ca=ca,
                                      name="grid-controller", durable=False)
         self.log.durable = await self._log_is_durable(self.log)
         if creds is not None:
             # Only the controller manages streams; the others may not (and need not).
-            self.gateway_log = await connect_log(self.nats_url, credentials=creds.gateway, name="grid-gateway",
-                                                 ensure_streams=False)
-            self.agent_log = await connect_log(self.nats_url, credentials=options.credentials, name="grid-agent",
-                                               ensure_streams=False)
+            self.gateway_log = await connect_log(self.nats_url, credentials=creds.gateway, tls_ca=ca,
+                                                 name="grid-gateway", ensure_streams=False)
+            self.agent_log = await connect_log(self.nats_url, credentials=options.credentials, tls_ca=ca,
+                                               name="grid-agent", ensure_streams=False)
         else:
             self.gateway_log = self.agent_log = self.log
         if self.embedded is not None:
             self._supervisor = asyncio.create_task(self._supervise_nats(self.embedded), name="grid-nats-supervisor")
 
-        identity = ControllerIdentity(authority_dir(cfg.home)) if creds is not None else None
+        # A joining machine receives the CA that vouches for the server with its credential.
+        ca_pem = ca.read_text() if ca is not None else None
+        identity = ControllerIdentity(authority_dir(cfg.home), ca_pem=ca_pem) if creds is not None else None
         self.controller = Controller(self.log, cfg, settings=self.controller_settings, identity=identity)
         await self.controller.start()
         self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)

@@ -70,10 +70,12 @@ async def connect(url: str | None, *, name: str = "gridctl") -> JetStreamLog:
     """The CLI's own connection to the log: as the operator identity when this grid home has
     one (`gridctl up` made it), which reads every stream and manages none."""
     from grid.identity.connect import connect_log
-    from grid.identity.local import local_credential
+    from grid.identity.local import local_credential, local_tls_ca
 
-    credentials = local_credential(config().home, "operator")
+    home = config().home
+    credentials = local_credential(home, "operator")
     return await connect_log(resolve_nats_url(url), credentials=credentials, name=name,
+                             tls_ca=local_tls_ca(home) if credentials is not None else None,
                              ensure_streams=credentials is None)
 
 

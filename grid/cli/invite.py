@@ -11,6 +11,8 @@ import typer
 
 from grid.cli.common import JsonOption, config, console, fail, print_json, resolve_nats_url
 from grid.identity.admin import IdentityAdminError, invite
+from grid.identity.local import TLS_DIR, authority_dir
+from grid.identity.tls import TLSMaterial
 from grid.secrets import SecretFileError, read_secret
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -46,9 +48,13 @@ def invite_command(
     tag_list = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
     servers = (server or resolve_nats_url(nats, cfg),)
     chosen = host_id or f"host-{uuid.uuid4().hex[:12]}"
+    # With TLS (`gridctl nats init --tls-name`) the token pins the server certificate.
+    tls = TLSMaterial(authority_dir(cfg.home) / TLS_DIR)
+    fingerprint = tls.server_fingerprint() if tls.server_cert.exists() else None
     try:
         invitation, token = invite(cfg.home, servers, host_id=chosen, now=time.time(), ttl_seconds=ttl_seconds,
-                                   failure_domain=failure_domain, tags=tag_list, dedicated=dedicated)
+                                   failure_domain=failure_domain, tags=tag_list, dedicated=dedicated,
+                                   tls_fingerprint=fingerprint)
     except (IdentityAdminError, ValueError) as exc:
         fail(str(exc))
         raise AssertionError from exc

@@ -40,6 +40,15 @@ def local_credential(grid_home: Path, name: str) -> Path | None:
     return path if path.exists() else None
 
 
+TLS_DIR = "tls"
+
+
+def local_tls_ca(grid_home: Path) -> Path | None:
+    """Grid's private CA under `grid_home` (`gridctl nats init --tls-name`), or None."""
+    path = authority_dir(grid_home) / TLS_DIR / "ca.pem"
+    return path if path.exists() else None
+
+
 def _fresh(path: Path, now: float, min_remaining_seconds: float) -> bool:
     """A creds file that exists and will not expire within `min_remaining_seconds`."""
     if not path.exists():
