@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -13,7 +14,7 @@ from grid.cli.common import JsonOption, config, console, fail, print_json, resol
 from grid.identity.admin import IdentityAdminError, invite
 from grid.identity.local import TLS_DIR, authority_dir
 from grid.identity.tls import TLSMaterial
-from grid.secrets import SecretFileError, read_secret
+from grid.secrets import SecretFileError, read_secret, write_owner_only
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -36,6 +37,8 @@ def invite_command(
     server: Optional[str] = typer.Option(
         None, "--server", help="NATS URL the new machine connects to (default: this grid's URL)."),
     nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid (default: the local `gridctl up`)."),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Write the token to this file (owner-only) instead of printing it."),
     json_out: bool = JsonOption,
 ) -> None:
     """Print one join token (single use, expiring); needs this grid's operator token."""
@@ -58,6 +61,10 @@ def invite_command(
     except (IdentityAdminError, ValueError) as exc:
         fail(str(exc))
         raise AssertionError from exc
+    if output is not None:
+        write_owner_only(output, (token + "\n").encode())
+        console.print(f"invitation for host {invitation.host_id} written to {output}", highlight=False)
+        return
     if json_out:
         print_json({"host_id": invitation.host_id, "invitation_id": invitation.invitation_id,
                     "expires_at": invitation.expires_at, "token": token})

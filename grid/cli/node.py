@@ -121,6 +121,9 @@ def start(
     log_format: str = LogFormatOption,
     # Older spelling of --log-format json/console, kept so existing service units keep working.
     json_logs: Optional[bool] = typer.Option(None, "--json-logs/--pretty-logs", hidden=True),
+    join_token_file: Optional[Path] = typer.Option(
+        None, "--join-token-file", help="Join with the token in this file first, unless this machine has joined "
+                                        "already (containers: the token is used once, then the credential)."),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
     from grid.agent.lock import AgentLockedError
@@ -144,6 +147,13 @@ def start(
         _fail(f"an agent is already running for {paths.root}" + (f" (pid {holder.pid})" if holder else "")
               + "; one agent per state directory")
     joined = _joined(paths)
+    if joined is None and join_token_file is not None:
+        try:
+            token_text = join_token_file.read_text()
+        except OSError as exc:
+            _fail(f"cannot read the join token: {exc}")
+            raise AssertionError from exc
+        joined = _join(token_text, paths)
     if joined is not None:
         # This machine joined with `gridctl node join`: run as the host its credential names.
         if host_id and host_id != joined.host_id:
@@ -246,16 +256,26 @@ def join(
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
     """Join a grid: make this host's key here, prove it, and keep the host credential (0600)."""
-    from grid.identity.enrolment import Refused
-    from grid.identity.enrolment import join as enrol
-    from grid.identity.invitations import InvitationError, JoinToken
-    from grid.secrets import write_owner_only
-
     cfg, paths = _paths(state_dir)
     cfg.ensure_home()
     paths.ensure()
     if _joined(paths) is not None:
         _fail(f"this machine already joined ({paths.root / IDENTITY_DIR}); one host per state directory")
+    joined = _join(token, paths)
+    if json_out:
+        typer.echo(msgspec.json.encode({"host_id": joined.host_id, "server": joined.server}).decode())
+    else:
+        typer.echo(f"joined as host {joined.host_id}; start the agent with `gridctl node start`")
+
+
+def _join(token: str, paths: AgentPaths) -> Joined:
+    """Redeem `token` for this state directory's host credential (exits with the reason if refused)."""
+    from grid.identity.enrolment import Refused
+    from grid.identity.enrolment import join as enrol
+    from grid.identity.invitations import InvitationError, JoinToken
+    from grid.secrets import write_owner_only
+
+    paths.ensure()
     try:
         parsed = JoinToken.decode(token)
     except InvitationError as exc:
@@ -273,11 +293,7 @@ def join(
                     ca_path=outcome.ca_path, failure_domain=outcome.failure_domain, tags=outcome.tags,
                     dedicated=outcome.dedicated)
     write_owner_only(paths.root / IDENTITY_DIR / ENROLMENT_FILE, msgspec.json.encode(joined))
-    if json_out:
-        typer.echo(msgspec.json.encode({"host_id": joined.host_id, "server": joined.server,
-                                        "expires_at": outcome.expires_at}).decode())
-    else:
-        typer.echo(f"joined as host {joined.host_id}; start the agent with `gridctl node start`")
+    return joined
 
 
 @node_app.command("revoke")

@@ -33,20 +33,82 @@ def resolve(args: list[str]):  # type: ignore[no-untyped-def]
     return command.make_context(name, rest)
 
 
-def test_compose_has_the_four_services_with_real_gridctl_commands() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert {"nats", "controller", "gateway", "agent"} <= set(services)
+LONG_RUNNING = ("nats", "controller", "gateway", "agent")
+GRIDCTL_SERVICES = ("identity", "invite", "controller", "gateway", "agent")
+
+
+def _compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_has_the_services_with_real_gridctl_commands() -> None:
+    services = _compose()["services"]
+    assert set(LONG_RUNNING) | set(GRIDCTL_SERVICES) <= set(services)
     nats_command = services["nats"]["command"]
     conf = nats_command[nats_command.index("-c") + 1]
     assert any(v.split(":")[1] == conf for v in services["nats"]["volumes"])
     conf_text = (ROOT / "deploy" / "nats.conf").read_text()
     assert "jetstream" in conf_text and "sync_interval: always" in conf_text
-    for name in ("controller", "gateway", "agent"):
+    for name in GRIDCTL_SERVICES:
         command = services[name]["command"]
         assert command[0] == "gridctl", name
         ctx = resolve(command[1:])
-        assert ctx.params.get("nats") == "nats://nats:4222", name
+        if name in LONG_RUNNING:
+            assert ctx.params.get("nats") == "tls://nats:4222", name
+
+
+def test_compose_comes_up_secured() -> None:
+    services = _compose()["services"]
+    conf_text = (ROOT / "deploy" / "nats.conf").read_text()
+    # NATS: no port published, monitoring on loopback only, accounts and TLS from the snippet.
+    assert "ports" not in services["nats"]
+    assert "http: 127.0.0.1:" in conf_text and "0.0.0.0:8222" not in conf_text
+    assert "include grid/grid-nats.conf" in conf_text
+    assert "nats-config:/etc/nats/grid:ro" in services["nats"]["volumes"]
+    identity = resolve(services["identity"]["command"][1:]).params
+    assert identity["tls_name"] == ["nats"] and identity["server_dir"] == Path("/etc/nats/grid")
+    # The admin API is published on the host's loopback only.
+    assert all(p.startswith("127.0.0.1:") for p in services["controller"]["ports"])
+    # The agent holds its own home and the join token, never the controller's home (authority,
+    # operator token) nor the gateway's.
+    agent_volumes = {v.split(":")[0] for v in services["agent"]["volumes"]}
+    assert agent_volumes == {"agent-home", "agent-join"}
+    assert "grid-home" not in {v.split(":")[0] for v in services["gateway"]["volumes"]}
+    assert resolve(services["agent"]["command"][1:]).params["join_token_file"] == Path("/join/token")
+    invite = resolve(services["invite"]["command"][1:]).params
+    assert invite["output"] == Path("/join/token") and invite["server"] == "tls://nats:4222"
+    for name in LONG_RUNNING:
+        assert services[name].get("restart") == "unless-stopped", name
+        assert "healthcheck" in services[name], name
+
+
+def test_the_nats_config_is_valid_with_what_gridctl_nats_init_writes(tmp_path: Path) -> None:
+    """deploy/nats.conf with the snippet `gridctl nats init` writes, as the identity service
+    runs it, passes the real nats-server's own configuration check."""
+    import os
+    import subprocess
+    import sys
+
+    from grid.events.embedded import find_nats_server
+
+    etc = tmp_path / "etc"
+    env = {**os.environ, "GRID_HOME": str(tmp_path / "home")}
+    init = subprocess.run([sys.executable, "-m", "grid.cli.main", "nats", "init", "--tls-name", "nats",
+                           "--resolver-dir", str(tmp_path / "data" / "resolver"), "--server-dir", str(etc / "grid"),
+                           "--gateway-home", str(tmp_path / "gateway")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert init.returncode == 0, init.stderr
+    conf = (ROOT / "deploy" / "nats.conf").read_text().replace("/data/jetstream", str(tmp_path / "data" / "js"))
+    (etc / "nats.conf").write_text(conf)
+    check = subprocess.run([str(find_nats_server()), "-c", str(etc / "nats.conf"), "-t"], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    snippet = (etc / "grid" / "grid-nats.conf").read_text()
+    assert "operator:" in snippet and "tls {" in snippet and str(etc / "grid" / "server.key") in snippet
+    # The gateway's home holds its credential and the CA, and nothing else.
+    gateway_files = sorted(p.relative_to(tmp_path / "gateway").as_posix()
+                           for p in (tmp_path / "gateway").rglob("*") if p.is_file())
+    assert gateway_files == ["identity/creds/gateway.creds", "identity/tls/ca.pem"]
 
 
 def docker_engine_answers() -> bool:
