@@ -189,7 +189,11 @@ def start(
             else:
                 event_log = await JetStreamLog.connect(url, name="grid-agent")
         except LogError as exc:
-            _echo_err(str(exc))
+            hint = ""
+            if joined is None and "authorization" in str(exc).lower():
+                hint = ("; this grid runs with auth on: join it first (`gridctl invite` on the controller's "
+                        "machine, then `gridctl node join TOKEN` here)")
+            _echo_err(f"{exc}{hint}")
             return 1
         agent = HostAgent(event_log, cfg, options)
         loop = asyncio.get_running_loop()

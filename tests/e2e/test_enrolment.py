@@ -86,6 +86,10 @@ def joined(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path) -
     agent: subprocess.Popen[bytes] | None = None
     try:
         _wait_for_text(up_log, "grid is up", up, 120)
+        # Without joining, an agent is refused by the server, and told how to join.
+        url = (controller_home / "nats.url").read_text().strip()
+        unjoined = gridctl(_env(base / "unjoined"), "node", "start", "--nats", url)
+        assert unjoined.returncode != 0 and "gridctl node join" in unjoined.stderr, unjoined.stderr
         invited = gridctl(env_a, "invite", "--host-id", JOINER, "--ttl", "10m", "--failure-domain", "rack-2",
                           "--tags", "gpu,lab", "--json")
         assert invited.returncode == 0, invited.stderr
