@@ -13,7 +13,9 @@ This module is the loop and the log edge. The side effects live in grid.agent.ac
 recovery and adoption in grid.agent.recovery, the heartbeat's content in grid.agent.heartbeat
 (pure). Durable state (grid.agent.state) holds the fence (highest term, its controller, latest
 plan generation), bounded receipts, the in-flight action and every residency with its
-ownership proof.
+ownership proof. The credential side (command consumer name, renewal, lease check) lives in
+grid.agent.credential. The module is a little over 600 lines because the intake, worker and
+heartbeat loops share the pending-command table; splitting them would pass it around instead.
 """
 
 from __future__ import annotations

@@ -16,8 +16,12 @@ Side effects live here and nowhere else in grid.controller:
 * after a start, destructive work waits for a grace period and for heartbeats received after
   the start.
 
+With auth on, an optional grid.identity.service.ControllerIdentity provisions host command
+consumers and serves enrolment alongside.
+
 The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
-the admin HTTP server is grid.controller.api's.
+the admin HTTP server is grid.controller.api's. The module is a little over 600 lines: the
+lifecycle, tick and publish paths share the lease and revision counters.
 """
 
 from __future__ import annotations
