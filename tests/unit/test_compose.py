@@ -155,3 +155,123 @@ def test_compose_topology_comes_up_and_the_agent_registers() -> None:
             return list(resp.json()["hosts"])
 
         assert wait_for(registered_hosts), "the compose agent never registered with the controller"
+
+
+class _Local:
+    """The compose services as local processes: each named volume is a directory, each mount
+    target is rewritten to it, and `nats` is this machine's nats-server on free ports."""
+
+    def __init__(self, tmp: Path, services: dict) -> None:  # type: ignore[type-arg]
+        from grid.events.embedded import free_port
+
+        self.tmp = tmp
+        self.services = services
+        self.port, self.monitor = free_port(), free_port()
+        # The NATS config directory: deploy/nats.conf beside the nats-config volume (as mounted).
+        self.volumes = {"nats-config": tmp / "etc" / "grid"}
+
+    def volume(self, name: str) -> Path:
+        path = self.volumes.setdefault(name, self.tmp / name)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def mounts(self, service: str) -> dict[str, Path]:
+        out = {}
+        for spec in self.services[service].get("volumes", []):
+            source, target = spec.split(":")[:2]
+            if not source.startswith("."):
+                out[target] = self.volume(source)
+        return out
+
+    def args(self, service: str) -> list[str]:
+        mounts = self.mounts(service)
+        out: list[str] = []
+        for arg in self.services[service]["command"][1:]:
+            arg = arg.replace("tls://nats:4222", f"tls://localhost:{self.port}")
+            for target, path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+                if arg == target or arg.startswith(target + "/"):
+                    arg = str(path) + arg[len(target):]
+                    break
+            out.append("localhost" if arg == "nats" and out and out[-1] == "--tls-name" else arg)
+        if service == "identity":  # the server's resolver store lives in its own data volume
+            out[out.index("--resolver-dir") + 1] = str(self.volume("nats-data") / "resolver")
+        return out
+
+    def env(self, service: str) -> dict[str, str]:
+        import os
+
+        env = {k: v for k, v in os.environ.items() if k not in ("GRID_NATS_URL", "GRID_AGENT_STATE_DIR")}
+        env["GRID_HOME"] = str(self.mounts(service)["/grid"])
+        return env
+
+    def nats_config(self) -> Path:
+        conf = (ROOT / "deploy" / "nats.conf").read_text()
+        conf = conf.replace("0.0.0.0:4222", f"127.0.0.1:{self.port}").replace("127.0.0.1:8222", f"127.0.0.1:{self.monitor}")
+        conf = conf.replace("/data/jetstream", str(self.volume("nats-data") / "jetstream"))
+        path = self.tmp / "etc" / "nats.conf"
+        path.write_text(conf)
+        return path
+
+
+@pytest.mark.e2e
+def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> None:
+    """Without Docker: the compose services' own commands, in dependency order, against the
+    deploy nats.conf on a real nats-server; the agent joins with the invite and registers."""
+    import subprocess
+    import sys
+
+    from grid.events.embedded import find_nats_server
+
+    local = _Local(tmp_path, _compose()["services"])
+    gridctl = [sys.executable, "-m", "grid.cli.main"]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def once(service: str) -> None:
+        done = subprocess.run([*gridctl, *local.args(service)], env=local.env(service), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"{service}: {done.stderr}"
+
+    def daemon(service: str, *extra: str) -> None:
+        log = open(tmp_path / f"{service}.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *local.args(service), *extra], env=local.env(service), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+    try:
+        once("identity")
+        procs.append(subprocess.Popen([str(find_nats_server()), "-c", str(local.nats_config())],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{local.monitor}/healthz", timeout=2).status_code == 200, 30)
+        from grid.events.embedded import free_port
+
+        admin, gateway = free_port(), free_port()
+        controller_args = local.args("controller")
+        controller_args[controller_args.index("--port") + 1] = str(admin)
+        log = open(tmp_path / "controller.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *controller_args], env=local.env("controller"), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{admin}/allocator/status", timeout=2).status_code == 200, 60)
+        once("invite")
+        gateway_args = local.args("gateway")
+        gateway_args[gateway_args.index("--port") + 1] = str(gateway)
+        log = open(tmp_path / "gateway.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *gateway_args], env=local.env("gateway"), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        daemon("agent", "--port-range", "39500-39599", "--heartbeat-interval", "0.5")
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{gateway}/v1/models", timeout=2).status_code == 200, 60)
+
+        def hosts() -> list[str]:
+            status = httpx.get(f"http://127.0.0.1:{admin}/allocator/status", timeout=5).json()
+            return [h["host_id"] for h in status["hosts"]]
+
+        assert wait_for(lambda: "compose-agent" in hosts(), 60)
+        # The agent's home holds its host credential and nothing of the controller's.
+        agent_home = local.mounts("agent")["/grid"]
+        assert (agent_home / "agent" / "identity" / "host.creds").exists()
+        assert not (agent_home / "operator.token").exists() and not (agent_home / "identity").exists()
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
