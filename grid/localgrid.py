@@ -1,7 +1,9 @@
 """A complete one-machine grid in one event loop: the composition behind `gridctl up`.
 
 Embedded NATS JetStream (unless a URL is given), the controller with its admin API, the
-OpenAI-compatible gateway and a local host agent. Stopping drains and unloads the agent's
+OpenAI-compatible gateway and a local host agent. The embedded server runs with auth on
+(grid.identity, operator mode) and each component connects with its own credential, generated
+under the grid home on first start. Stopping drains and unloads the agent's
 children after the controller has stopped issuing commands.
 
 An embedded server that dies is started again on the same port with the same store (the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -26,6 +29,10 @@ from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
+from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
+from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
+from grid.identity.server import SecuredEmbeddedNats
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +97,10 @@ class LocalGrid:
         self.nats_restarts = 0
         self._supervisor: asyncio.Task[None] | None = None
         self.embedded: EmbeddedNats | None = None
-        self.log: JetStreamLog | None = None
+        self.log: JetStreamLog | None = None  # the controller's connection
+        self.gateway_log: JetStreamLog | None = None
+        self.agent_log: JetStreamLog | None = None
+        self.credentials: LocalCredentials | None = None
         self.controller: Any = None
         self.gateway: Any = None
         self.agent: Any = None
@@ -102,27 +112,53 @@ class LocalGrid:
         return self.gateway.url if self.gateway is not None else ""
 
     async def start(self) -> "LocalGrid":
+        from grid.agent.identity import resolve_host_id
         from grid.agent.service import AgentOptions, HostAgent
+        from grid.agent.state import AgentPaths
         from grid.controller.api import serve_admin
         from grid.controller.service import Controller, ControllerSettings
         from grid.gateway.app import create_gateway_app, start_gateway
+        from grid.identity.service import ControllerIdentity
 
         cfg = self.config
         cfg.ensure_home()
+        options = self.agent_options or AgentOptions(failure_domain="local", tags=("local",))
+        # Auth is on for the embedded server, and for an external one `gridctl nats init` set up.
+        secured = self.nats_url is None or authority_dir(cfg.home).exists()
+        if secured:
+            # The host credential names the host, so its id is settled before anything starts.
+            host_id = options.host_id or resolve_host_id(AgentPaths.for_config(cfg, options.state_dir), None)
+            self.credentials = ensure_local_credentials(cfg.home, host_ids=[host_id], now=time.time())
+            options = dataclasses.replace(options, host_id=host_id, credentials=self.credentials.hosts[host_id])
         if self.nats_url is None:
             # Started from this (the main) thread: the server dies with it (see embedded.py).
-            self.embedded = EmbeddedNats(cfg.nats_store_dir)
+            self.embedded = SecuredEmbeddedNats(cfg.nats_store_dir, Authority(authority_dir(cfg.home)))
             self.embedded.start()
             self.nats_url = self.embedded.url
         cfg.nats_url_file.write_text(self.nats_url + "\n")
-        self.log = await JetStreamLog.connect(self.nats_url, name="grid-local", durable=False)
+        creds = self.credentials
+        # An external server set up by `gridctl nats init --tls-name` speaks TLS from Grid's CA.
+        ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None
+        self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None, tls_ca=ca,
+                                     name="grid-controller", durable=False)
         self.log.durable = await self._log_is_durable(self.log)
+        if creds is not None:
+            # Only the controller manages streams; the others may not (and need not).
+            self.gateway_log = await connect_log(self.nats_url, credentials=creds.gateway, tls_ca=ca,
+                                                 name="grid-gateway", ensure_streams=False)
+            self.agent_log = await connect_log(self.nats_url, credentials=options.credentials, tls_ca=ca,
+                                               name="grid-agent", ensure_streams=False)
+        else:
+            self.gateway_log = self.agent_log = self.log
         if self.embedded is not None:
             self._supervisor = asyncio.create_task(self._supervise_nats(self.embedded), name="grid-nats-supervisor")
 
+        # A joining machine receives the CA that vouches for the server with its credential.
+        ca_pem = ca.read_text() if ca is not None else None
+        identity = ControllerIdentity(authority_dir(cfg.home), ca_pem=ca_pem) if creds is not None else None
         # The one-machine grid keeps its analytics store current (history right after a chat).
         settings = self.controller_settings or ControllerSettings(analytics=True)
-        self.controller = Controller(self.log, cfg, settings=settings)
+        self.controller = Controller(self.log, cfg, settings=settings, identity=identity)
         await self.controller.start()
         self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)
         self.admin_url = self.admin.url or ""
@@ -133,10 +169,9 @@ class LocalGrid:
         if catalog.mode != self.mode:
             await self.log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=self.mode))  # type: ignore[arg-type]
 
-        self.gateway = await start_gateway(create_gateway_app(self.log, cfg), self.gateway_host, self.gateway_port,
-                                           insecure=self.gateway_insecure)
-        options = self.agent_options or AgentOptions(failure_domain="local", tags=("local",))
-        self.agent = HostAgent(self.log, cfg, options)
+        self.gateway = await start_gateway(create_gateway_app(self.gateway_log, cfg), self.gateway_host,
+                                           self.gateway_port, insecure=self.gateway_insecure)
+        self.agent = HostAgent(self.agent_log, cfg, options)
         await self.agent.start()
         return self
 
@@ -201,9 +236,9 @@ class LocalGrid:
         if self.gateway is not None:
             with contextlib.suppress(Exception):
                 await self.gateway.stop()
-        if self.log is not None:
+        for connection in {id(c): c for c in (self.agent_log, self.gateway_log, self.log) if c is not None}.values():
             with contextlib.suppress(Exception):
-                await self.log.close()
+                await connection.close()
         if self.embedded is not None:
             self.embedded.stop()
             with contextlib.suppress(OSError):

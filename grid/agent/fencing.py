@@ -27,6 +27,7 @@ REASON_UNKNOWN_KIND = "unknown_kind"
 REASON_STALE_TERM = "stale_term"
 REASON_TERM_CONTROLLER_CONFLICT = "term_controller_conflict"
 REASON_LEASE_EXPIRED = "lease_expired"
+REASON_NOT_LEASE_HOLDER = "not_lease_holder"
 REASON_MALFORMED_GENERATION = "malformed_generation"
 REASON_STALE_GENERATION = "stale_generation"
 REASON_DEPENDENCY_NOT_SUCCEEDED = "dependency_not_succeeded"
@@ -61,6 +62,19 @@ ACCEPT = Verdict(ok=True)
 
 def _reject(reason: str, detail: str = "") -> Verdict:
     return Verdict(ok=False, status="rejected", reason=reason, detail=detail)
+
+
+def check_lease_holder(cmd: CommandIssued, holder_id: str | None, holder_term: int | None) -> Verdict:
+    """A command must come from the controller the lease names, in the lease's term.
+
+    The server's permissions already keep everyone but the controller off `grid.cmd.*`; this is
+    the second line, checked before the fence moves, so a future permission mistake cannot
+    hand the fleet (or its fence) to a forger. No readable lease refuses too."""
+    if holder_id is None:
+        return _reject(REASON_NOT_LEASE_HOLDER, "no lease holder could be read")
+    if cmd.controller_id != holder_id or cmd.controller_term != holder_term:
+        return _reject(REASON_NOT_LEASE_HOLDER, f"term {cmd.controller_term} is not the lease's term {holder_term}")
+    return ACCEPT
 
 
 def check_command(

@@ -34,6 +34,9 @@ class AgentOptions:
     stop_kill_timeout: float = 5.0
     policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
     hostname: str = field(default_factory=socket.gethostname)
+    # The host's NATS credential (.creds), when the server has auth on: it names the command
+    # consumer the controller made for this host, and is renewed before it expires.
+    credentials: Path | None = None
     data_tier: str = "internal"
     # Loopback /metrics listener (grid.agent.http): 0 = a free port, None = no listener.
     http_port: int | None = 0

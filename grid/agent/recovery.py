@@ -31,7 +31,7 @@ from grid.agent.state import AgentPaths, AgentState, ProcessProof, Receipt, Resi
 from grid.events import codec
 from grid.events.host import HostHeartbeat
 from grid.events.log import EventLog
-from grid.events.subjects import HOSTS_STREAM, host_subject
+from grid.events.subjects import host_subject
 
 log = structlog.get_logger("grid.agent")
 
@@ -210,13 +210,12 @@ async def restore_fence_from_log(log: EventLog, state: AgentState, warn: Callabl
     heartbeat still carries `highest_term`, so the fence never silently falls to 0. (The term's
     controller id is not in the heartbeat: the next command of that term records it.)"""
     try:
-        seq = await log.last_subject_sequence(host_subject(state.host_id, "heartbeat"))
-        if seq <= 0:
-            return
-        async for msg in log.replay(HOSTS_STREAM, start_seq=seq, end_seq=seq):
+        # By its subject: a host may read back its own events, never the whole stream.
+        msg = await log.last_message(host_subject(state.host_id, "heartbeat"))
+        if msg is not None:
             event = codec.decode(msg.data)
             if not isinstance(event, HostHeartbeat) or event.host_id != state.host_id:
-                continue
+                return
             if event.highest_term > state.highest_term:
                 warn(f"fence_restored_from_log: term {event.highest_term} (state file had {state.highest_term})")
                 state.highest_term = event.highest_term

@@ -13,10 +13,12 @@ This module is the loop and the log edge. The side effects live in grid.agent.ac
 recovery and adoption in grid.agent.recovery, the heartbeat's content in grid.agent.heartbeat
 (pure). Durable state (grid.agent.state) holds the fence (highest term, its controller, latest
 plan generation), bounded receipts, the in-flight action and every residency with its
-ownership proof.
+ownership proof. The credential side (command consumer name, renewal, lease check) lives in
+grid.agent.credential.
 
 This file is over 600 lines on purpose: the lifecycle, heartbeat, command intake and worker
-share one agent's state, locks and fence, and splitting them would spread that state around.
+share one agent's state, locks, fence and pending-command table; splitting them would spread
+that state around.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import psutil
 import structlog
 
 from grid import __version__
-from grid.agent import fencing, recovery
+from grid.agent import credential, fencing, recovery
 from grid.agent.acks import accepted_ack, terminal_ack
 from grid.agent.actuators import Actuators
 from grid.agent.artifacts import ArtifactCache
@@ -69,7 +71,7 @@ from grid.events.host import (
     ProtectionTransition,
 )
 from grid.events.log import EventLog, StoredMessage, Subscription
-from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject, escape_token
+from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 
@@ -154,6 +156,8 @@ class HostAgent:
         if not self.options.host_id and not stored_host_id(self.paths):
             recovered = await asyncio.to_thread(recovery.recover_host_id, self.paths, token)
         self.host_id = resolve_host_id(self.paths, self.options.host_id, recovered[0] if recovered else None)
+        # Checked before anything is published: a credential for another host is refused here.
+        consumer = credential.command_consumer(self.options.credentials, self.host_id)
         if recovered:
             self._warn(f"host_id_recovered: from the {recovered[1]}")
         self._lock.describe(self.host_id)
@@ -207,7 +211,7 @@ class HostAgent:
         )
         await recovery.recover(self._ctx)
         self._save()
-        registered = await self.log.append(
+        await self.log.append(
             HostRegistered(
                 event_id=new_event_id(),
                 at=self.clock.now(),
@@ -218,7 +222,7 @@ class HostAgent:
                 agent_version=__version__,
             )
         )
-        await self._sync_server_clock(registered.seq)
+        await self._sync_server_clock("registered")
         await self._publish_unpublished()
         # First protection sample before the first heartbeat, so it reports a real state.
         try:
@@ -229,7 +233,7 @@ class HostAgent:
         await self._heartbeat_now()
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
-            durable=f"agent-{escape_token(self.host_id)}",
+            durable=consumer,
             subject_filter=command_subject(self.host_id),
         )
         self._worker = asyncio.create_task(self._worker_loop(), name="agent-worker")
@@ -238,6 +242,10 @@ class HostAgent:
             asyncio.create_task(self._protection_loop(), name="agent-protection"),
             asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
         ]
+        nc = getattr(self.log, "client", None)
+        if self.options.credentials is not None and nc is not None:
+            self._tasks.append(asyncio.create_task(credential.renewal_loop(nc, self.options.credentials),
+                                                   name="agent-renewal"))
         self._started = True
         self.http = await start_listener(self.metrics, self.paths.root, self.options.http_port, self._warn)
         log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
@@ -372,10 +380,12 @@ class HostAgent:
             cpu_count=psutil.cpu_count() or 0, inventory=self.inventory,
         )
 
-    async def _sync_server_clock(self, seq: int) -> None:
-        """Learn the log server's clock from one of our own appends (server receipt time)."""
+    async def _sync_server_clock(self, event: str) -> None:
+        """Learn the log server's clock from our own last append of `event` (server receipt
+        time), read back by its subject: a host may read its own subjects only."""
         try:
-            async for msg in self.log.replay(HOSTS_STREAM, start_seq=seq, end_seq=seq):
+            msg = await self.log.last_message(host_subject(self.host_id, event))
+            if msg is not None:
                 self._server_clock = (msg.time, self.clock.monotonic())
             self._server_clock_synced_mono = self.clock.monotonic()
         except Exception as exc:  # informational only: without it, TTL counts from receipt
@@ -402,7 +412,7 @@ class HostAgent:
                 async with self._hb_lock:
                     result = await self._send_heartbeat()
                 if result is not None and self.clock.monotonic() - self._server_clock_synced_mono > 60.0:
-                    await self._sync_server_clock(result)
+                    await self._sync_server_clock("heartbeat")
                 await self._publish_unpublished()
             except asyncio.CancelledError:
                 raise
@@ -653,6 +663,11 @@ class HostAgent:
             cmd, host_id=self.host_id, authority=self._authority(), lease_remaining_seconds=remaining,
             dependency_status=deps, protection_state=self._protection.state,
         )
+        if verdict.ok and self.options.credentials is not None:
+            # With auth on the lease is readable: the command's controller must be its holder.
+            holder = await credential.lease_holder(self.log)
+            verdict = fencing.check_lease_holder(cmd, holder.controller_id if holder else None,
+                                                 holder.term if holder else None)
         if not verdict.ok:
             await self._finish(item, Outcome(verdict.status, verdict.message), self.clock.monotonic() - started)
             return

@@ -81,8 +81,17 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise AssertionError from exc
 
 
-async def connect(url: str | None) -> JetStreamLog:
-    return await JetStreamLog.connect(resolve_nats_url(url), name="gridctl")
+async def connect(url: str | None, *, name: str = "gridctl") -> JetStreamLog:
+    """The CLI's own connection to the log: as the operator identity when this grid home has
+    one (`gridctl up` made it), which reads every stream and manages none."""
+    from grid.identity.connect import connect_log
+    from grid.identity.local import local_credential, local_tls_ca
+
+    home = config().home
+    credentials = local_credential(home, "operator")
+    return await connect_log(resolve_nats_url(url), credentials=credentials, name=name,
+                             tls_ca=local_tls_ca(home) if credentials is not None else None,
+                             ensure_streams=credentials is None)
 
 
 def print_json(value: Any) -> None:

@@ -19,7 +19,6 @@ from grid.config import GridConfig
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
 from grid.controller.service import Controller, ControllerError, ControllerSettings
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.localgrid import durability_note
 from grid.logs import configure_logging
@@ -89,8 +88,18 @@ def serve_controller(
 
 async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None,
                assume_durable: bool, trusted_proxies: tuple[str, ...] = ()) -> None:
+    from grid.identity.connect import connect_log
+    from grid.identity.local import authority_dir, local_credential, local_tls_ca
+    from grid.identity.service import ControllerIdentity
+
     assert cfg.nats_url is not None
-    log_ = await JetStreamLog.connect(cfg.nats_url, name="grid-controller", durable=False)
+    # With auth on (`gridctl nats init` made the authority under this home) the controller
+    # connects as itself, provisions host consumers and serves enrolment.
+    creds = local_credential(cfg.home, "controller")
+    ca = local_tls_ca(cfg.home) if creds is not None else None
+    log_ = await connect_log(cfg.nats_url, credentials=creds, tls_ca=ca, name="grid-controller", durable=False)
+    identity = (ControllerIdentity(authority_dir(cfg.home), ca_pem=ca.read_text() if ca else None)
+                if creds is not None else None)
     # An external server counts as durable only when it says it fsyncs every write (or the
     # operator vouches for it); otherwise automatic mode is refused and the controller recommends.
     reported = None if assume_durable else await log_.server_syncs_always()
@@ -99,7 +108,7 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
         err_console.print(f"[yellow]{durability_note(reported)}; automatic mode is refused (the controller only "
                           "recommends). If its JetStream fsyncs every write (sync_interval: always), restart with "
                           "--assume-durable.[/yellow]")
-    controller = Controller(log_, cfg, settings=settings)
+    controller = Controller(log_, cfg, settings=settings, identity=identity)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -132,6 +132,9 @@ def start(
     log_format: str = LogFormatOption,
     # Older spelling of --log-format json/console, kept so existing service units keep working.
     json_logs: Optional[bool] = typer.Option(None, "--json-logs/--pretty-logs", hidden=True),
+    join_token_file: Optional[Path] = typer.Option(
+        None, "--join-token-file", help="Join with the token in this file first, unless this machine has joined "
+                                        "already (containers: the token is used once, then the credential)."),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
     from grid.agent.inventory import CapacityShareError
@@ -141,6 +144,7 @@ def start(
     from grid.cli.common import resolve_nats_url
     from grid.events.jetstream import JetStreamLog
     from grid.events.log import LogError
+    from grid.identity.connect import connect_log
 
     if json_logs is not None:
         log_format = "json" if json_logs else "console"
@@ -165,8 +169,26 @@ def start(
         _fail(f"--data-tier must be one of {', '.join(DATA_TIERS)}, not {data_tier!r}")
     if capacity_mb is not None and capacity_mb <= 0:
         _fail(f"--memory-mb must be a positive number of MB, not {capacity_mb}")
+    joined = _joined(paths)
+    if joined is None and join_token_file is not None:
+        try:
+            token_text = join_token_file.read_text()
+        except OSError as exc:
+            _fail(f"cannot read the join token: {exc}")
+            raise AssertionError from exc
+        joined = _join(token_text, paths)
+    if joined is not None:
+        # This machine joined with `gridctl node join`: run as the host its credential names.
+        if host_id and host_id != joined.host_id:
+            _fail(f"this machine joined as host {joined.host_id!r}, not {host_id!r}")
+        host_id = joined.host_id
+        if failure_domain == "default" and joined.failure_domain:
+            failure_domain = joined.failure_domain
+        tag = list(tag) or list(joined.tags)
+        url = nats or joined.server
+    else:
+        url = resolve_nats_url(nats, cfg)
     tags = tuple(t.strip() for raw in tag for t in raw.split(",") if t.strip())
-    url = resolve_nats_url(nats, cfg)
     lo, hi = _parse_port_range(port_range)
     policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
     options = AgentOptions(
@@ -174,6 +196,7 @@ def start(
         tags=tags, port_range=(lo, hi), heartbeat_interval=heartbeat_interval,
         sample_interval=sample_interval, drain_deadline=drain_deadline, state_dir=paths.root,
         llama_server=llama_server, policy=policy, data_tier=data_tier,
+        credentials=Path(joined.creds_path) if joined is not None else None,
     )
     me = psutil.Process()
     record = PidRecord(
@@ -183,9 +206,18 @@ def start(
 
     async def main() -> int:
         try:
-            event_log = await JetStreamLog.connect(url, name="grid-agent")
+            if joined is not None:
+                event_log = await connect_log(url, credentials=Path(joined.creds_path), name="grid-agent",
+                                              tls_ca=Path(joined.ca_path) if joined.ca_path else None,
+                                              ensure_streams=False)
+            else:
+                event_log = await JetStreamLog.connect(url, name="grid-agent")
         except LogError as exc:
-            _echo_err(str(exc))
+            hint = ""
+            if joined is None and "authorization" in str(exc).lower():
+                hint = ("; this grid runs with auth on: join it first (`gridctl invite` on the controller's "
+                        "machine, then `gridctl node join TOKEN` here)")
+            _echo_err(f"{exc}{hint}")
             return 1
         agent = HostAgent(event_log, cfg, options)
         loop = asyncio.get_running_loop()
@@ -215,6 +247,104 @@ def start(
 
     code = asyncio.run(main())
     raise typer.Exit(code)
+
+
+# Where `gridctl node join` keeps this host's credential, CA and enrolment (owner-only).
+IDENTITY_DIR = "identity"
+ENROLMENT_FILE = "enrolment.json"
+
+
+class Joined(msgspec.Struct, frozen=True):
+    """What `node join` received: the host id and how to reach the grid as that host."""
+
+    host_id: str
+    server: str
+    creds_path: str
+    ca_path: str | None = None
+    failure_domain: str | None = None
+    tags: tuple[str, ...] = ()
+    dedicated: bool = False
+
+
+def _joined(paths: AgentPaths) -> Joined | None:
+    path = paths.root / IDENTITY_DIR / ENROLMENT_FILE
+    if not path.exists():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Joined)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        _fail(f"{path} is damaged ({exc}); join again with a new invitation")
+        raise AssertionError from exc
+
+
+@node_app.command("join")
+def join(
+    token: str = typer.Argument(..., help="The join token `gridctl invite` printed (single use)."),
+    state_dir: Optional[Path] = StateDirOption,
+    json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+) -> None:
+    """Join a grid: make this host's key here, prove it, and keep the host credential (0600)."""
+    cfg, paths = _paths(state_dir)
+    cfg.ensure_home()
+    paths.ensure()
+    if _joined(paths) is not None:
+        _fail(f"this machine already joined ({paths.root / IDENTITY_DIR}); one host per state directory")
+    joined = _join(token, paths)
+    if json_out:
+        typer.echo(msgspec.json.encode({"host_id": joined.host_id, "server": joined.server}).decode())
+    else:
+        typer.echo(f"joined as host {joined.host_id}; start the agent with `gridctl node start`")
+
+
+def _join(token: str, paths: AgentPaths) -> Joined:
+    """Redeem `token` for this state directory's host credential (exits with the reason if refused)."""
+    from grid.identity.enrolment import Refused
+    from grid.identity.enrolment import join as enrol
+    from grid.identity.invitations import InvitationError, JoinToken
+    from grid.secrets import write_owner_only
+
+    paths.ensure()
+    try:
+        parsed = JoinToken.decode(token)
+    except InvitationError as exc:
+        _fail(str(exc))
+        raise AssertionError from exc
+    try:
+        outcome = asyncio.run(enrol(parsed, paths.root / IDENTITY_DIR))
+    except Exception as exc:  # unreachable server, TLS pin mismatch, timeout: nothing was written
+        _fail(f"could not join through {parsed.servers[0]}: {type(exc).__name__}: {exc}")
+        raise AssertionError from exc
+    if isinstance(outcome, Refused):
+        _fail(f"the grid refused to join: {outcome.reason}")
+        raise AssertionError
+    joined = Joined(host_id=outcome.host_id, server=parsed.servers[0], creds_path=outcome.creds_path,
+                    ca_path=outcome.ca_path, failure_domain=outcome.failure_domain, tags=outcome.tags,
+                    dedicated=outcome.dedicated)
+    write_owner_only(paths.root / IDENTITY_DIR / ENROLMENT_FILE, msgspec.json.encode(joined))
+    return joined
+
+
+@node_app.command("revoke")
+def revoke(
+    host: str = typer.Argument(..., help="Host id whose credentials to revoke."),
+    nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+) -> None:
+    """Revoke a host (on the controller's machine): its credentials stop working at once, renewal
+    is refused, and the controller moves its models elsewhere when its heartbeats stop."""
+    from grid.cli.common import resolve_nats_url
+    from grid.identity.admin import IdentityAdminError, revoke as revoke_host
+    from grid.identity.authority import AuthorityError
+
+    cfg = GridConfig.from_environ()
+    url = resolve_nats_url(nats, cfg)
+    try:
+        asyncio.run(revoke_host(cfg.home, url, host))
+    except (IdentityAdminError, AuthorityError) as exc:
+        _fail(str(exc))
+    except Exception as exc:  # the registry says revoked; the servers have not heard yet
+        _fail(f"revoked in the registry, but the servers could not be told ({type(exc).__name__}: {exc}); "
+              "run the command again")
+    typer.echo(f"host {host} revoked")
 
 
 @node_app.command("stop")

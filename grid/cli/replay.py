@@ -20,7 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from grid.cli.common import JsonOption, NatsOption, config, console, err_console, fail, resolve_nats_url
+from grid.cli.common import JsonOption, NatsOption, config, connect, console, err_console, fail, resolve_nats_url
 from grid.cli.events import parse_when
 from grid.events.log import LogError
 from grid.projections.runner import ReplayError
@@ -154,10 +154,9 @@ async def _run(
     elif source_kind == "duckdb":
         if sync:
             from grid.analytics.sink import AnalyticsSink, open_store
-            from grid.events.jetstream import JetStreamLog
 
             con = open_store(db_path)
-            log = await JetStreamLog.connect(resolve_nats_url(nats), name="gridctl-replay")
+            log = await connect(nats, name="gridctl-replay")
             sink = AnalyticsSink(con)
             try:
                 await sink.sync(log)
@@ -169,9 +168,7 @@ async def _run(
             con = duckdb.connect(str(db_path))
         source = DuckDBSource(con, description=f"duckdb {db_path}")
     else:
-        from grid.events.jetstream import JetStreamLog
-
-        log = log or await JetStreamLog.connect(resolve_nats_url(nats), name="gridctl-replay")
+        log = log or await connect(nats, name="gridctl-replay")
         source = LogSource(log, description=f"jetstream {resolve_nats_url(nats)}")
     try:
         if show_progress:

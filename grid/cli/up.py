@@ -34,7 +34,6 @@ from grid.config import GridConfig
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
@@ -339,7 +338,13 @@ async def _serve_gateway(cfg: GridConfig, nats: str, host: str, port: int, insec
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    log = await JetStreamLog.connect(nats, name="grid-gateway")
+    from grid.identity.connect import connect_log
+    from grid.identity.local import local_credential, local_tls_ca
+
+    # With auth on, the gateway's own credential (and Grid's CA) under its grid home.
+    creds = local_credential(cfg.home, "gateway")
+    log = await connect_log(nats, credentials=creds, tls_ca=local_tls_ca(cfg.home) if creds else None,
+                            name="grid-gateway", ensure_streams=creds is None)
     try:
         running = await start_gateway(create_gateway_app(log, cfg), host, port, insecure=insecure)
         console.print(f"gateway {running.url}/v1")

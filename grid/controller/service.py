@@ -16,11 +16,14 @@ Side effects live here and nowhere else in grid.controller:
 * after a start, destructive work waits for a grace period and for heartbeats received after
   the start.
 
+With auth on, an optional grid.identity.service.ControllerIdentity provisions host command
+consumers and serves enrolment alongside.
+
 The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
 the admin HTTP server is grid.controller.api's.
 
 Why one file of ~650 lines: it is the controller's only side-effect edge, and the lease, the
-tick, plan recording and command publishing share state that must be read at one instant (the
+identity wiring, the tick, plan recording and command publishing share state that must be read at one instant (the
 positions a plan is based on, the lease term a command carries). The pure parts it composes
 live elsewhere (tick.py, reconcile.py, status.py); metrics are read from this state at scrape
 time.
@@ -191,8 +194,12 @@ class Controller:
         settings: ControllerSettings | None = None,
         clock: Clock | None = None,
         controller_id: str | None = None,
+        identity: Any = None,
     ) -> None:
         self.log = log_
+        # grid.identity.service.ControllerIdentity when the log has auth on: host command
+        # consumers and the enrolment service (hosts may create neither themselves).
+        self.identity = identity
         self.config = home if isinstance(home, GridConfig) else GridConfig(home=Path(home), nats_url=None)
         self.files = _HomeFiles(self.config.home)
         self.settings = settings or ControllerSettings()
@@ -298,6 +305,8 @@ class Controller:
         self._latest_plan_from_log()
         if s.analytics:
             await self._start_analytics()
+        if self.identity is not None:
+            await self.identity.start(self.log, getattr(self.log, "client", None))
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),
@@ -324,6 +333,9 @@ class Controller:
         self._stopping = True
         await _cancel_all(self._tasks)
         self._tasks = []
+        if self.identity is not None:
+            with contextlib.suppress(Exception):
+                await self.identity.stop()
         if self.analytics is not None:
             await self.analytics.stop()
             self.analytics = None

@@ -332,6 +332,18 @@ class JetStreamLog:
             return 0
         return int(msg.seq or 0)
 
+    async def last_message(self, subject: str) -> StoredMessage | None:
+        """A direct get of the last message on `subject` (permissions can name the subject)."""
+        stream = stream_for_subject(subject)
+        try:
+            msg = await self._js.get_last_msg(stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        headers = msg.headers or {}
+        return StoredMessage(stream, int(msg.seq or 0), msg.subject or subject, msg.data or b"",
+                             msg.time.timestamp() if msg.time is not None else 0.0,
+                             headers.get("Nats-Msg-Id"))
+
     async def _ordered(
         self,
         stream: str,

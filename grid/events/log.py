@@ -84,6 +84,10 @@ class EventLog(Protocol):
 
     async def last_subject_sequence(self, subject: str) -> int: ...
 
+    # The last message stored under exactly `subject` (a host reads back its own events this
+    # way: it may not replay a whole stream). None when there is none.
+    async def last_message(self, subject: str) -> StoredMessage | None: ...
+
     def replay(
         self,
         stream: str,
@@ -196,6 +200,14 @@ class InMemoryLog:
 
     async def last_subject_sequence(self, subject: str) -> int:
         return self._streams[stream_for_subject(subject)].last_by_subject.get(subject, 0)
+
+    async def last_message(self, subject: str) -> StoredMessage | None:
+        stream = self._streams[stream_for_subject(subject)]
+        seq = stream.last_by_subject.get(subject, 0)
+        if not seq:
+            return None
+        i = bisect.bisect_left(stream.seqs, seq)
+        return stream.messages[i] if i < len(stream.seqs) and stream.seqs[i] == seq else None
 
     def _index_from(self, stream: _MemoryStream, start_seq: int, start_time: float | None) -> int:
         if start_time is not None:

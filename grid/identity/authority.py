@@ -79,11 +79,13 @@ class Authority:
         self._system = _load_seed(self.directory / "system.nk", create_account_pair)
         self._account = _load_seed(self.directory / "account.nk", create_account_pair)
         self._registry_path = self.directory / "registry.json"
-        self.registry = (
-            msgspec.json.decode(self._registry_path.read_bytes(), type=Registry)
-            if self._registry_path.exists()
-            else Registry()
-        )
+        self.registry = Registry()
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the registry again: `gridctl node revoke` changes it from another process."""
+        if self._registry_path.exists():
+            self.registry = msgspec.json.decode(self._registry_path.read_bytes(), type=Registry)
 
     # ------------------------------------------------------------------ keys and JWTs
     @property
@@ -135,6 +137,8 @@ class Authority:
             sub_allow=list(grant.sub_allow),
             sub_deny=list(grant.sub_deny),
             allow_responses=grant.allow_responses,
+            max_responses=grant.max_responses,
+            response_ttl_seconds=grant.response_ttl_seconds,
             expires_at=None if ttl_seconds is None else int(now + ttl_seconds),
             tags=tags,
         )
@@ -155,6 +159,7 @@ class Authority:
 
     def host_principal(self, host_id: str) -> Principal:
         """The host's principal, with its command consumer's name (drawn on first use)."""
+        self.reload()  # read what another process (the controller, `gridctl node revoke`) wrote
         record = self.registry.hosts.get(host_id)
         if record is None:
             record = self.registry.hosts[host_id] = HostRecord(command_consumer=new_host_consumer(host_id))
@@ -174,19 +179,34 @@ class Authority:
         at = self.registry.revocations.get(user_public_key)
         return at is not None and issued_at <= at
 
-    def revoke_host(self, host_id: str, *, now: float) -> str:
+    def revoke_host(self, host_id: str, *, now: float,
+                    longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> str:
         """Revoke every key issued to `host_id`; returns the account JWT to push to the servers."""
+        self.reload()
         self.host_principal(host_id)
         record = self.registry.hosts[host_id]
         record.revoked_at = int(now)
         for key in record.keys:
             self.registry.revocations[key] = int(now)
+        record.keys = []
+        self.prune_revocations(now=now, longest_ttl_seconds=longest_ttl_seconds)
         self._save()
         return self.account_jwt(now)
+
+    def prune_revocations(self, *, now: float, longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> int:
+        """Forget revocations older than the longest credential lifetime: every JWT they refuse
+        was issued before them and has expired since, so the server refuses it anyway (and the
+        account JWT every server holds stays small). Returns how many were dropped."""
+        cutoff = now - longest_ttl_seconds
+        stale = [key for key, at in self.registry.revocations.items() if at < cutoff]
+        for key in stale:
+            del self.registry.revocations[key]
+        return len(stale)
 
     def readmit_host(self, host_id: str) -> None:
         """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid,
         and it reads its commands through a new consumer (the revoked key knew the old name)."""
+        self.reload()
         record = self.registry.hosts.get(host_id)
         if record is not None and record.revoked_at is not None:
             record.revoked_at = None

@@ -164,6 +164,7 @@ class EnrolmentService:
     def handle_join(self, data: bytes) -> tuple[Reply, Principal | None]:
         """The reply to one join request, and the host admitted (None when refused)."""
         now = self.clock()
+        self.authority.reload()  # `gridctl node revoke` may have changed it in another process
         try:
             request = msgspec.json.decode(data, type=JoinRequest)
         except msgspec.DecodeError:
@@ -185,6 +186,7 @@ class EnrolmentService:
 
     def handle_renew(self, data: bytes) -> Reply:
         now = self.clock()
+        self.authority.reload()  # a revocation made by `gridctl node revoke` refuses renewal at once
         try:
             request = msgspec.json.decode(data, type=RenewRequest)
             claims = self.authority.verify_user(request.jwt)

@@ -114,6 +114,8 @@ def user_claims(
     allow_responses: bool,
     expires_at: int | None,
     tags: list[str] | None = None,
+    max_responses: int = 1,
+    response_ttl_seconds: float = 60.0,
 ) -> dict[str, Any]:
     nats: dict[str, Any] = {
         "type": "user",
@@ -125,9 +127,12 @@ def user_claims(
         "sub": {"allow": sub_allow, **({"deny": sub_deny} if sub_deny else {})},
     }
     if allow_responses:
-        # One reply per request received, within a minute: what a request/reply service needs
-        # (and what JetStream flow-control requests on an ordered consumer need).
-        nats["resp"] = {"max": 1, "ttl": 60_000_000_000}
+        # By default one reply per request received, within a minute: what a request/reply
+        # service needs (and what JetStream flow-control requests on an ordered consumer need).
+        # A streamed answer (grid.infer) needs many (`max_responses` -1: no count limit; the server
+        # reads 0 as one). Either
+        # way a user may only answer a reply subject of a request the server delivered to it.
+        nats["resp"] = {"max": int(max_responses), "ttl": int(response_ttl_seconds * 1_000_000_000)}
     if tags:
         nats["tags"] = tags
     claims: dict[str, Any] = {"sub": user_public, "name": name, "nats": nats}

@@ -29,6 +29,26 @@ class LocalCredentials(msgspec.Struct, frozen=True):
     server_config: Path
 
 
+def authority_dir(grid_home: Path) -> Path:
+    return Path(grid_home) / AUTHORITY_DIR
+
+
+def local_credential(grid_home: Path, name: str) -> Path | None:
+    """The creds file `ensure_local_credentials` made for `name` (controller, gateway, operator,
+    host-<id>) under `grid_home`, or None when this grid home has no authority (auth off)."""
+    path = authority_dir(grid_home) / CREDS_DIR / f"{name}.creds"
+    return path if path.exists() else None
+
+
+TLS_DIR = "tls"
+
+
+def local_tls_ca(grid_home: Path) -> Path | None:
+    """Grid's private CA under `grid_home` (`gridctl nats init --tls-name`), or None."""
+    path = authority_dir(grid_home) / TLS_DIR / "ca.pem"
+    return path if path.exists() else None
+
+
 def _fresh(path: Path, now: float, min_remaining_seconds: float) -> bool:
     """A creds file that exists and will not expire within `min_remaining_seconds`."""
     if not path.exists():

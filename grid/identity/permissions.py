@@ -132,6 +132,15 @@ class Grant(msgspec.Struct, frozen=True):
     sub_allow: tuple[str, ...]
     sub_deny: tuple[str, ...]
     allow_responses: bool
+    # Replies per request received (-1: unbounded; the server reads 0 as its default of one) and
+    # for how long after the request.
+    max_responses: int = 1
+    response_ttl_seconds: float = 60.0
+
+
+# A host streams an inference answer as many messages on the requester's reply inbox, for as
+# long as a generation may run (the gateway's own deadline is shorter).
+INFER_RESPONSE_TTL_SECONDS = 30 * 60.0
 
 
 def inbox_prefix(user_public_key: str) -> str:
@@ -164,6 +173,13 @@ def _reads(streams: Sequence[str]) -> tuple[str, ...]:
 
 _STREAM_FAMILIES = (f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT)
 _LEASE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.*.*.KV_{LEASE_BUCKET}", f"{JS_API}.*.*.KV_{LEASE_BUCKET}.>")
+# The lease key as the host reads it (nats-py's key_value(): stream info, then a message get,
+# direct or not as the bucket allows). The bucket holds lease records only: nothing secret.
+_LEASE_READ = (f"{JS_API}.STREAM.INFO.KV_{LEASE_BUCKET}", f"{JS_API}.STREAM.MSG.GET.KV_{LEASE_BUCKET}",
+               f"{JS_API}.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.>")
+# Everything on the lease but those reads: a put, and any consumer on the bucket's stream.
+_LEASE_WRITE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}",
+                f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}.>")
 _MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_API}.STREAM.DELETE.>",
                f"{JS_API}.STREAM.PURGE.>", f"{JS_API}.STREAM.MSG.DELETE.>", f"{JS_API}.CONSUMER.DELETE.>")
 
@@ -186,15 +202,23 @@ def _host(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(
             host_wildcard(p.host_id),
+            # Its own last events, by subject (clock sync, fence restore): never another host's.
+            f"{JS_API}.DIRECT.GET.{HOSTS_STREAM}.{host_wildcard(p.host_id)}",
             f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
             f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
             f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
+            # Read-only look at who holds the lease: a command naming another controller is
+            # refused even if a permission mistake let it into the host's queue.
+            *_LEASE_READ,
             ENROL_RENEW_SUBJECT,
         ),
-        pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
+                  *_MANAGEMENT),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
+        max_responses=-1,
+        response_ttl_seconds=INFER_RESPONSE_TTL_SECONDS,
     )
 
 
@@ -252,11 +276,12 @@ ROLES: tuple[RoleSpec, ...] = (
              "everything on the grid streams, the lease KV, the plan and command subjects; "
              "answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
-             "publish `grid.host.<id>.>`; fetch and ack only its own durable consumer of "
-             "`grid.cmd.<id>` (the controller creates it; its unguessable name is in the credential); "
-             "serve `grid.infer.<id>.>`; renew its credential",
+             "publish `grid.host.<id>.>` and read back its own last events; fetch and ack only its own "
+             "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
+             "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
+             "renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
-             "`grid.ctl.>`, `grid.plan`; the lease KV; any stream or consumer management", _host),
+             "`grid.ctl.>`, `grid.plan`; write the lease KV; any stream or consumer management", _host),
     RoleSpec(Role.GATEWAY, "gateway",
              "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
              "control, commands, host subjects, plans (publish), the lease", _gateway),

@@ -2,6 +2,9 @@
 
 Each stream is folded in order. A malformed or unknown-tag message is counted and skipped by
 live folding (visible in `malformed`), and makes strict replay fail with its sequence number.
+So is an event the subject it was stored under does not vouch for (`unvouched`, reason
+`subject_mismatch`): the server checks who may publish on a subject, never the payload, so a
+host's heartbeat naming another host on its own subject must not be folded as the other's.
 A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log; so is a
 snapshot that does not describe the log it is restored against (`restore_snapshot`): a position
 past a stream's last sequence, or a folded message the stream no longer holds as recorded (the
@@ -27,6 +30,7 @@ from grid.events import codec
 from grid.events.base import Event
 from grid.events.codec import EventDecodeError
 from grid.events.log import EventLog, StoredMessage
+from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.events.subjects import (
     COMMANDS_STREAM,
     CONTROL_STREAM,
@@ -121,6 +125,8 @@ class ProjectionRunner:
         self.last_time: dict[str, float] = {}
         self.malformed = 0
         self.malformed_last: tuple[str, int, str] | None = None
+        # Events skipped because their subject does not vouch for them (also counted in malformed).
+        self.unvouched = 0
         self.warnings: list[str] = []
         self._by_stream: dict[str, tuple[ProjectionSpec, ...]] = {}
         for stream in STREAM_ORDER:
@@ -141,16 +147,22 @@ class ProjectionRunner:
         try:
             event = codec.decode(msg.data)
         except EventDecodeError as exc:
-            if self.strict:
-                raise ReplayError(msg.stream, msg.seq, exc.reason) from exc
-            self.malformed += 1
-            self.malformed_last = (msg.stream, msg.seq, exc.reason)
-            log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=exc.reason)
-            self.positions[msg.stream] = msg.seq
-            self.last_time[msg.stream] = msg.time
-            return False
+            return self._skip(msg, exc.reason, exc)
+        if not vouched_for(msg, event):
+            self.unvouched += 1
+            return self._skip(msg, SUBJECT_MISMATCH)
         self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
         return True
+
+    def _skip(self, msg: StoredMessage, reason: str, cause: Exception | None = None) -> bool:
+        if self.strict:
+            raise ReplayError(msg.stream, msg.seq, reason) from cause
+        self.malformed += 1
+        self.malformed_last = (msg.stream, msg.seq, reason)
+        log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=reason)
+        self.positions[msg.stream] = msg.seq
+        self.last_time[msg.stream] = msg.time
+        return False
 
     def fold_event(self, event: Event, position: Position) -> None:
         states = self.states

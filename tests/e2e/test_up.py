@@ -62,6 +62,27 @@ def test_up_chat_status_down(tmp_path: Path, bundled_model_home: Path) -> None:
         models = gridctl(env, "models", "--json")
         assert models.returncode == 0 and MODEL in models.stdout
 
+        # Auth is on with no extra step: each component has its own owner-only credential, the
+        # CLI reads the log as the operator, and a client without a credential is refused.
+        creds = sorted(p.name for p in (home / "identity" / "creds").iterdir())
+        assert {"controller.creds", "gateway.creds", "operator.creds"} <= set(creds), creds
+        assert any(name.startswith("host-") for name in creds), creds
+        assert all(((home / "identity" / "creds" / n).stat().st_mode & 0o777) == 0o600 for n in creds)
+        exported = gridctl(env, "events", "export", "--stream", "ctl")
+        assert exported.returncode == 0 and "profile_set" in exported.stdout, exported.stderr
+        url = (home / "nats.url").read_text().strip()
+        anonymous = subprocess.run(
+            [sys.executable, "-c", "import asyncio, nats, sys\n"
+             "async def main():\n"
+             "    try:\n"
+             "        nc = await nats.connect(sys.argv[1], allow_reconnect=False, max_reconnect_attempts=0,"
+             " connect_timeout=3)\n"
+             "    except Exception as exc:\n"
+             "        print('refused', type(exc).__name__); return\n"
+             "    print('connected'); await nc.close()\n"
+             "asyncio.run(main())", url], capture_output=True, text=True, timeout=30)
+        assert anonymous.stdout.startswith("refused"), anonymous.stdout + anonymous.stderr
+
         # The llama-server child the agent started for the model, as the agent itself reports it.
         node = gridctl(env, "node", "status", "--json")
         assert node.returncode == 0, node.stderr

@@ -14,6 +14,7 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
     command_subject,
+    host_subject,
 )
 from grid.identity.creds import credential_principal
 from grid.identity.permissions import Role
@@ -64,6 +65,23 @@ async def test_host_speaks_for_itself_and_consumes_its_own_commands(
     finally:
         await host.close()
     assert await controller_log.last_sequence(HOSTS_STREAM) == 4
+
+
+async def test_host_reads_back_its_own_last_events_and_the_lease(
+    secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
+) -> None:
+    """Clock sync and fence restore read the host's own subjects; the lease check reads the key."""
+    await controller_log.kv_put(LEASE_BUCKET, "controller", b"term-7")
+    host = await connect_log(secured_server.url, credentials=creds(Role.HOST, host_id=HOST), ensure_streams=False)
+    try:
+        appended = await host.append(event("host.heartbeat.v1", host_id=HOST))
+        mine = await host.last_message(host_subject(HOST, "heartbeat"))
+        assert mine is not None and mine.seq == appended.seq and mine.time > 0
+        assert await host.last_message(host_subject(HOST, "protection")) is None
+        lease = await host.kv_get(LEASE_BUCKET, "controller")
+        assert lease is not None and lease.value == b"term-7"
+    finally:
+        await host.close()
 
 
 async def test_gateway_appends_requests_and_reads_hosts_control_and_plans(

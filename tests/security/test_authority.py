@@ -84,6 +84,19 @@ def test_revocation_is_in_the_account_jwt_and_blocks_issuing(tmp_path: Path) -> 
     assert key in jwt.decode(authority.account_jwt(3000.0))["nats"]["revocations"]
 
 
+def test_revocations_older_than_the_longest_credential_lifetime_are_pruned(tmp_path: Path) -> None:
+    authority = Authority(tmp_path / "identity")
+    old, recent = (create_user_pair().public_key.decode() for _ in range(2))
+    authority.issue(Principal(Role.HOST, host_id="node-1"), old, now=1000.0, ttl_seconds=60.0)
+    authority.revoke_host("node-1", now=1000.0, longest_ttl_seconds=3600.0)
+    authority.readmit_host("node-1")
+    authority.issue(Principal(Role.HOST, host_id="node-1"), recent, now=5000.0, ttl_seconds=60.0)
+    # 4000 s later every JWT the first revocation refused has expired: it is dropped.
+    account = jwt.decode(authority.revoke_host("node-1", now=5000.0, longest_ttl_seconds=3600.0))
+    assert account["nats"]["revocations"] == {recent: 5000}
+    assert Authority(tmp_path / "identity").registry.revocations == {recent: 5000}
+
+
 def test_server_config_uses_the_full_resolver_with_both_accounts(tmp_path: Path) -> None:
     authority = Authority(tmp_path / "identity")
     config = authority.server_config(now=time.time())

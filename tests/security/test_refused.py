@@ -61,8 +61,17 @@ def _consumer(stream: str, filter_subject: str, **config: object) -> dict[str, o
 FORGED_COMMAND = dict(host_id=HOST, controller_term=1_000_000_000, kind="load",
                       artifact_source="file:///etc/shadow")
 
-_LEASE = [
+# A host may read who holds the lease (to refuse a command from anyone else); only the writes
+# and the other ways into the bucket are refused to it.
+_LEASE_WRITES = [
     Attempt("write the lease", f"$KV.{LEASE_BUCKET}.controller", b"forged"),
+    _api("read the lease bucket's history", f"$JS.API.CONSUMER.CREATE.KV_{LEASE_BUCKET}",
+         _consumer(f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.>", deliver_subject="_INBOX.x")),
+    _api("purge the lease", f"$JS.API.STREAM.PURGE.KV_{LEASE_BUCKET}"),
+]
+_LEASE = [
+    *_LEASE_WRITES,
+    _api("get a lease message", f"$JS.API.STREAM.MSG.GET.KV_{LEASE_BUCKET}", {"seq": 1}),
     _api("read the lease bucket", f"$JS.API.STREAM.INFO.KV_{LEASE_BUCKET}"),
     _api("read the lease key", f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller"),
 ]
@@ -114,7 +123,10 @@ CASES: dict[Role, list[Attempt]] = {
              f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{{other_consumer}}", {"batch": 1}),
         Attempt("ack another host's commands", f"$JS.ACK.{COMMANDS_STREAM}.{{other_consumer}}.1.1.1.1.0"),
         _api("list streams", "$JS.API.STREAM.NAMES"),
-        *_LEASE,
+        _api("read back another host's last heartbeat",
+             f"$JS.API.DIRECT.GET.{HOSTS_STREAM}.{host_subject(OTHER, 'heartbeat')}"),
+        _api("get a hosts message by sequence", f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", {"seq": 1}),
+        *_LEASE_WRITES,
         *_MANAGEMENT[:4],
     ],
     Role.GATEWAY: [

@@ -33,20 +33,82 @@ def resolve(args: list[str]):  # type: ignore[no-untyped-def]
     return command.make_context(name, rest)
 
 
-def test_compose_has_the_four_services_with_real_gridctl_commands() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert {"nats", "controller", "gateway", "agent"} <= set(services)
+LONG_RUNNING = ("nats", "controller", "gateway", "agent")
+GRIDCTL_SERVICES = ("identity", "invite", "controller", "gateway", "agent")
+
+
+def _compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_has_the_services_with_real_gridctl_commands() -> None:
+    services = _compose()["services"]
+    assert set(LONG_RUNNING) | set(GRIDCTL_SERVICES) <= set(services)
     nats_command = services["nats"]["command"]
     conf = nats_command[nats_command.index("-c") + 1]
     assert any(v.split(":")[1] == conf for v in services["nats"]["volumes"])
     conf_text = (ROOT / "deploy" / "nats.conf").read_text()
     assert "jetstream" in conf_text and "sync_interval: always" in conf_text
-    for name in ("controller", "gateway", "agent"):
+    for name in GRIDCTL_SERVICES:
         command = services[name]["command"]
         assert command[0] == "gridctl", name
         ctx = resolve(command[1:])
-        assert ctx.params.get("nats") == "nats://nats:4222", name
+        if name in LONG_RUNNING:
+            assert ctx.params.get("nats") == "tls://nats:4222", name
+
+
+def test_compose_comes_up_secured() -> None:
+    services = _compose()["services"]
+    conf_text = (ROOT / "deploy" / "nats.conf").read_text()
+    # NATS: no port published, monitoring on loopback only, accounts and TLS from the snippet.
+    assert "ports" not in services["nats"]
+    assert "http: 127.0.0.1:" in conf_text and "0.0.0.0:8222" not in conf_text
+    assert "include grid/grid-nats.conf" in conf_text
+    assert "nats-config:/etc/nats/grid:ro" in services["nats"]["volumes"]
+    identity = resolve(services["identity"]["command"][1:]).params
+    assert identity["tls_name"] == ["nats"] and identity["server_dir"] == Path("/etc/nats/grid")
+    # The admin API is published on the host's loopback only.
+    assert all(p.startswith("127.0.0.1:") for p in services["controller"]["ports"])
+    # The agent holds its own home and the join token, never the controller's home (authority,
+    # operator token) nor the gateway's.
+    agent_volumes = {v.split(":")[0] for v in services["agent"]["volumes"]}
+    assert agent_volumes == {"agent-home", "agent-join"}
+    assert "grid-home" not in {v.split(":")[0] for v in services["gateway"]["volumes"]}
+    assert resolve(services["agent"]["command"][1:]).params["join_token_file"] == Path("/join/token")
+    invite = resolve(services["invite"]["command"][1:]).params
+    assert invite["output"] == Path("/join/token") and invite["server"] == "tls://nats:4222"
+    for name in LONG_RUNNING:
+        assert services[name].get("restart") == "unless-stopped", name
+        assert "healthcheck" in services[name], name
+
+
+def test_the_nats_config_is_valid_with_what_gridctl_nats_init_writes(tmp_path: Path) -> None:
+    """deploy/nats.conf with the snippet `gridctl nats init` writes, as the identity service
+    runs it, passes the real nats-server's own configuration check."""
+    import os
+    import subprocess
+    import sys
+
+    from grid.events.embedded import find_nats_server
+
+    etc = tmp_path / "etc"
+    env = {**os.environ, "GRID_HOME": str(tmp_path / "home")}
+    init = subprocess.run([sys.executable, "-m", "grid.cli.main", "nats", "init", "--tls-name", "nats",
+                           "--resolver-dir", str(tmp_path / "data" / "resolver"), "--server-dir", str(etc / "grid"),
+                           "--gateway-home", str(tmp_path / "gateway")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert init.returncode == 0, init.stderr
+    conf = (ROOT / "deploy" / "nats.conf").read_text().replace("/data/jetstream", str(tmp_path / "data" / "js"))
+    (etc / "nats.conf").write_text(conf)
+    check = subprocess.run([str(find_nats_server()), "-c", str(etc / "nats.conf"), "-t"], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    snippet = (etc / "grid" / "grid-nats.conf").read_text()
+    assert "operator:" in snippet and "tls {" in snippet and str(etc / "grid" / "server.key") in snippet
+    # The gateway's home holds its credential and the CA, and nothing else.
+    gateway_files = sorted(p.relative_to(tmp_path / "gateway").as_posix()
+                           for p in (tmp_path / "gateway").rglob("*") if p.is_file())
+    assert gateway_files == ["identity/creds/gateway.creds", "identity/tls/ca.pem"]
 
 
 def docker_engine_answers() -> bool:
@@ -93,3 +155,123 @@ def test_compose_topology_comes_up_and_the_agent_registers() -> None:
             return list(resp.json()["hosts"])
 
         assert wait_for(registered_hosts), "the compose agent never registered with the controller"
+
+
+class _Local:
+    """The compose services as local processes: each named volume is a directory, each mount
+    target is rewritten to it, and `nats` is this machine's nats-server on free ports."""
+
+    def __init__(self, tmp: Path, services: dict) -> None:  # type: ignore[type-arg]
+        from grid.events.embedded import free_port
+
+        self.tmp = tmp
+        self.services = services
+        self.port, self.monitor = free_port(), free_port()
+        # The NATS config directory: deploy/nats.conf beside the nats-config volume (as mounted).
+        self.volumes = {"nats-config": tmp / "etc" / "grid"}
+
+    def volume(self, name: str) -> Path:
+        path = self.volumes.setdefault(name, self.tmp / name)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def mounts(self, service: str) -> dict[str, Path]:
+        out = {}
+        for spec in self.services[service].get("volumes", []):
+            source, target = spec.split(":")[:2]
+            if not source.startswith("."):
+                out[target] = self.volume(source)
+        return out
+
+    def args(self, service: str) -> list[str]:
+        mounts = self.mounts(service)
+        out: list[str] = []
+        for arg in self.services[service]["command"][1:]:
+            arg = arg.replace("tls://nats:4222", f"tls://localhost:{self.port}")
+            for target, path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+                if arg == target or arg.startswith(target + "/"):
+                    arg = str(path) + arg[len(target):]
+                    break
+            out.append("localhost" if arg == "nats" and out and out[-1] == "--tls-name" else arg)
+        if service == "identity":  # the server's resolver store lives in its own data volume
+            out[out.index("--resolver-dir") + 1] = str(self.volume("nats-data") / "resolver")
+        return out
+
+    def env(self, service: str) -> dict[str, str]:
+        import os
+
+        env = {k: v for k, v in os.environ.items() if k not in ("GRID_NATS_URL", "GRID_AGENT_STATE_DIR")}
+        env["GRID_HOME"] = str(self.mounts(service)["/grid"])
+        return env
+
+    def nats_config(self) -> Path:
+        conf = (ROOT / "deploy" / "nats.conf").read_text()
+        conf = conf.replace("0.0.0.0:4222", f"127.0.0.1:{self.port}").replace("127.0.0.1:8222", f"127.0.0.1:{self.monitor}")
+        conf = conf.replace("/data/jetstream", str(self.volume("nats-data") / "jetstream"))
+        path = self.tmp / "etc" / "nats.conf"
+        path.write_text(conf)
+        return path
+
+
+@pytest.mark.e2e
+def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> None:
+    """Without Docker: the compose services' own commands, in dependency order, against the
+    deploy nats.conf on a real nats-server; the agent joins with the invite and registers."""
+    import subprocess
+    import sys
+
+    from grid.events.embedded import find_nats_server
+
+    local = _Local(tmp_path, _compose()["services"])
+    gridctl = [sys.executable, "-m", "grid.cli.main"]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def once(service: str) -> None:
+        done = subprocess.run([*gridctl, *local.args(service)], env=local.env(service), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"{service}: {done.stderr}"
+
+    def daemon(service: str, *extra: str) -> None:
+        log = open(tmp_path / f"{service}.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *local.args(service), *extra], env=local.env(service), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+    try:
+        once("identity")
+        procs.append(subprocess.Popen([str(find_nats_server()), "-c", str(local.nats_config())],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{local.monitor}/healthz", timeout=2).status_code == 200, 30)
+        from grid.events.embedded import free_port
+
+        admin, gateway = free_port(), free_port()
+        controller_args = local.args("controller")
+        controller_args[controller_args.index("--port") + 1] = str(admin)
+        log = open(tmp_path / "controller.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *controller_args], env=local.env("controller"), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{admin}/allocator/status", timeout=2).status_code == 200, 60)
+        once("invite")
+        gateway_args = local.args("gateway")
+        gateway_args[gateway_args.index("--port") + 1] = str(gateway)
+        log = open(tmp_path / "gateway.log", "wb")
+        procs.append(subprocess.Popen([*gridctl, *gateway_args], env=local.env("gateway"), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        daemon("agent", "--port-range", "39500-39599", "--heartbeat-interval", "0.5")
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{gateway}/v1/models", timeout=2).status_code == 200, 60)
+
+        def hosts() -> list[str]:
+            status = httpx.get(f"http://127.0.0.1:{admin}/allocator/status", timeout=5).json()
+            return [h["host_id"] for h in status["hosts"]]
+
+        assert wait_for(lambda: "compose-agent" in hosts(), 60)
+        # The agent's home holds its host credential and nothing of the controller's.
+        agent_home = local.mounts("agent")["/grid"]
+        assert (agent_home / "agent" / "identity" / "host.creds").exists()
+        assert not (agent_home / "operator.token").exists() and not (agent_home / "identity").exists()
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
