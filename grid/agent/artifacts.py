@@ -56,6 +56,10 @@ REASON_DIGEST_MISMATCH = "digest_mismatch"
 REASON_FETCH_FAILED = "fetch_failed"
 REASON_INSUFFICIENT_DISK = "insufficient_disk"
 REASON_CACHE_CORRUPT = "cached_blob_corrupt"
+REASON_SOURCE_NOT_ALLOWED = "source_not_allowed"
+
+# Directories (os.pathsep-separated) a host lets file:// sources come from; none by default.
+FILE_ROOTS_ENV = "GRID_ARTIFACT_FILE_ROOTS"
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _HF_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -180,9 +184,17 @@ _index_encoder = msgspec.json.Encoder(order="deterministic")
 
 
 class ArtifactCache:
-    def __init__(self, root: Path, *, allow_hub_fetch: bool | None = None, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, allow_hub_fetch: bool | None = None, environ: Mapping[str, str] | None = None,
+                 file_roots: tuple[Path, ...] | None = None, any_file: bool = False) -> None:
+        """`file_roots`: where a file:// source may lie (default: GRID_ARTIFACT_FILE_ROOTS, else
+        nowhere). A command names its source, so an agent reads no file the host did not offer;
+        `any_file` is for the operator's own `gridctl pull` on their machine."""
         self.root = Path(root)
         env = os.environ if environ is None else environ
+        if file_roots is None:
+            file_roots = tuple(Path(p) for p in env.get(FILE_ROOTS_ENV, "").split(os.pathsep) if p.strip())
+        self.file_roots = tuple(p.expanduser().resolve() for p in file_roots)
+        self.any_file = any_file
         self.allow_hub_fetch = (
             allow_hub_fetch if allow_hub_fetch is not None else env.get("GRID_ALLOW_HUB_FETCH", "") in ("1", "true", "yes")
         )
@@ -264,13 +276,20 @@ class ArtifactCache:
         if path.exists():
             os.replace(path, path.with_name(f"{path.name}.corrupt-{int(time.time())}"))
 
+    def file_allowed(self, path: Path) -> bool:
+        if self.any_file:
+            return True
+        resolved = path.resolve()  # symlinks and .. cannot leave an allowed directory
+        return any(resolved.is_relative_to(root) for root in self.file_roots)
+
     def publish(self, staged: Path, expected_sha256: str, *, model_id: str | None, source: str | None,
                 fetched: bool, progress: Progress | None = None) -> ArtifactOutcome:
         """Hash a complete staged file; rename it into the cache only when the digest matches."""
         digest, size = hash_file(staged, progress)
         if digest != expected_sha256:
             staged.unlink(missing_ok=True)
-            return _fail(REASON_DIGEST_MISMATCH, f"expected {expected_sha256[:12]}..., got {digest[:12]}...")
+            # The actual digest is not repeated: acks describe nothing outside the cache.
+            return _fail(REASON_DIGEST_MISMATCH, f"the source's content does not hash to {expected_sha256[:12]}...")
         self.ensure()
         final = self.blob_path(expected_sha256)
         with open(staged, "rb") as f:
@@ -291,7 +310,7 @@ class ArtifactCache:
         try:
             size = path.stat().st_size
         except OSError as exc:
-            return _fail(REASON_FETCH_FAILED, f"cannot read {path}: {exc.strerror}")
+            return _fail(REASON_FETCH_FAILED, f"cannot read the file:// source ({exc.strerror})")
         if max_bytes is not None and size > max_bytes:
             return _fail(REASON_SIZE_CEILING, f"{size} bytes > ceiling {max_bytes}")
         self.ensure()
@@ -355,6 +374,10 @@ class ArtifactCache:
         if free is not None and free < max_bytes:
             return _fail(REASON_INSUFFICIENT_DISK, f"{free} bytes free < ceiling {max_bytes}")
         if parsed.scheme == "file":
+            if not self.file_allowed(Path(parsed.location)):
+                # Say nothing about the path: whether it exists is not the sender's business.
+                return _fail(REASON_SOURCE_NOT_ALLOWED,
+                             f"file:// sources must lie under a directory this host allows ({FILE_ROOTS_ENV})")
             return await asyncio.to_thread(
                 self.import_file, Path(parsed.location), sha256, model_id=model_id, source=source,
                 max_bytes=max_bytes, progress=progress,

@@ -50,7 +50,7 @@ def pull(
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if name == BUNDLED_NAME:
-        cache = ArtifactCache(cfg.artifacts_dir)
+        cache = ArtifactCache(cfg.artifacts_dir, any_file=True)
         if cache.has_blob(BUNDLED_SHA256) and cache.verify_blob(BUNDLED_SHA256):
             path = ensure_bundled_model(cfg)
             typer.echo(f"{BUNDLED_MODEL_ID} already cached and verified: {path}")
@@ -79,7 +79,7 @@ def pull(
         typer.echo("error: a source needs --sha256 and --size-mb (exact, immutable artifacts only)", err=True)
         raise typer.Exit(2)
     mid = model_id or name.rstrip("/").rsplit("/", 1)[-1]
-    cache = ArtifactCache(cfg.artifacts_dir)
+    cache = ArtifactCache(cfg.artifacts_dir, any_file=True)
 
     async def fetch() -> None:
         existing = await asyncio.to_thread(cache.verify_cached, mid, digest)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from grid.agent.artifacts import (
+    FILE_ROOTS_ENV,
+    REASON_SOURCE_NOT_ALLOWED,
     MIB,
     REASON_CACHE_HIT,
     REASON_DIGEST_MISMATCH,
@@ -208,6 +210,38 @@ async def test_load_command_reports_real_fetch_only(js_log: JetStreamLog, start_
     assert (a2.status, a2.message, a2.artifact_fetched) == ("succeeded", REASON_CACHE_HIT, False)
     assert (a3.status, a3.artifact_fetched) == ("succeeded", False)  # same bytes: already cached by digest
     assert a4.status == "failed" and a4.message.startswith(REASON_DIGEST_MISMATCH) and not a4.artifact_fetched
+
+
+async def test_file_sources_only_from_allowed_directories_and_acks_describe_nothing(
+        js_log: JetStreamLog, start_agent, grid_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A load naming a file the host never offered (a forged or mistaken command) reads nothing and
+    # says nothing about it: not whether it exists, not its digest.
+    allowed = tmp_path / "models"
+    allowed.mkdir()
+    secret = tmp_path / "private.gguf"
+    secret.write_bytes(b"not for the grid")
+    data, sha = _blob(200_000, seed=9)
+    (allowed / "ok.gguf").write_bytes(data)
+    (allowed / "escape.gguf").symlink_to(secret)
+    monkeypatch.setenv(FILE_ROOTS_ENV, str(allowed))
+    await start_agent()
+    kw = dict(artifact_size_mb=1)
+    bad_sha = hashlib.sha256(b"not for the grid").hexdigest()
+    await js_log.append(make_command("f1", "load", model_id="p", artifact_source=f"file://{secret}",
+                                     artifact_sha256=bad_sha, **kw))
+    await js_log.append(make_command("f2", "load", model_id="q", artifact_source=f"file://{allowed}/escape.gguf",
+                                     artifact_sha256=bad_sha, **kw))
+    await js_log.append(make_command("f3", "load", model_id="r", artifact_source=f"file://{allowed}/ok.gguf",
+                                     artifact_sha256="0" * 64, **kw))
+    await js_log.append(make_command("f4", "load", model_id="s", artifact_source=f"file://{allowed}/ok.gguf",
+                                     artifact_sha256=sha, **kw))
+    f1, f2, f3, f4 = [await wait_ack(js_log, f"f{i}") for i in range(1, 5)]
+    for ack in (f1, f2):
+        assert ack.status == "failed" and ack.message.startswith(REASON_SOURCE_NOT_ALLOWED)
+        assert "private" not in ack.message and bad_sha[:8] not in ack.message
+    assert f3.status == "failed" and f3.message.startswith(REASON_DIGEST_MISMATCH) and sha[:12] not in f3.message
+    assert f4.status == "succeeded" and f4.artifact_fetched
+    assert ArtifactCache(grid_config.artifacts_dir).lookup("p") is None
 
 
 async def test_one_side_effect_at_a_time_heartbeats_stay_responsive(js_log: JetStreamLog, start_agent, http_files):
