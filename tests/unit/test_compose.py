@@ -138,15 +138,21 @@ def wait_for(probe, timeout: float = 600.0):  # type: ignore[no-untyped-def]
 
 # The only skip in the suite for a missing part: this workplace has no Docker engine, and the
 # same topology is exercised without Docker by `gridctl up` and the serve/node tests.
+# Values for what the compose file requires from the operator (${VAR:?...}).
+TEST_VALUES = {"GRID_GATEWAY_API_KEYS": "sk-compose-test"}
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not docker_engine_answers(), reason="no Docker engine answers here")
-def test_compose_topology_comes_up_and_the_agent_registers() -> None:
+def test_compose_topology_comes_up_and_the_agent_registers(monkeypatch: pytest.MonkeyPatch) -> None:
     from testcontainers.compose import DockerCompose
 
+    monkeypatch.setenv("GRID_GATEWAY_API_KEYS", TEST_VALUES["GRID_GATEWAY_API_KEYS"])
     with DockerCompose(ROOT, compose_file_name="docker-compose.yml", build=True, wait=False) as compose:
         gateway = f"http://{compose.get_service_host('gateway', 8080)}:{compose.get_service_port('gateway', 8080)}"
         admin = f"http://{compose.get_service_host('controller', 8787)}:{compose.get_service_port('controller', 8787)}"
-        assert wait_for(lambda: httpx.get(f"{gateway}/v1/models", timeout=5).status_code == 200)
+        key = {"Authorization": f"Bearer {TEST_VALUES['GRID_GATEWAY_API_KEYS']}"}
+        assert wait_for(lambda: httpx.get(f"{gateway}/v1/models", headers=key, timeout=5).status_code == 200)
         token = wait_for(lambda: compose.exec_in_container(["cat", "/grid/operator.token"], "controller")[0].strip())
 
         def registered_hosts() -> list[object]:
@@ -202,6 +208,10 @@ class _Local:
 
         env = {k: v for k, v in os.environ.items() if k not in ("GRID_NATS_URL", "GRID_AGENT_STATE_DIR")}
         env["GRID_HOME"] = str(self.mounts(service)["/grid"])
+        # Variables the compose file requires from the operator (${VAR:?...}) get test values.
+        for key, value in (self.services[service].get("environment") or {}).items():
+            if isinstance(value, str) and value.startswith("${") and ":?" in value:
+                env[key] = TEST_VALUES[key]
         return env
 
     def nats_config(self) -> Path:
@@ -257,7 +267,9 @@ def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> 
         procs.append(subprocess.Popen([*gridctl, *gateway_args], env=local.env("gateway"), stdout=log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         daemon("agent", "--port-range", "39500-39599", "--heartbeat-interval", "0.5")
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{gateway}/v1/models", timeout=2).status_code == 200, 60)
+        key = {"Authorization": f"Bearer {TEST_VALUES['GRID_GATEWAY_API_KEYS']}"}
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{gateway}/v1/models", headers=key, timeout=2).status_code == 200, 60)
+        assert httpx.get(f"http://127.0.0.1:{gateway}/v1/models", timeout=2).status_code == 401
 
         def hosts() -> list[str]:
             status = httpx.get(f"http://127.0.0.1:{admin}/allocator/status", timeout=5).json()
