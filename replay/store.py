@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 import msgspec
 
+from grid.analytics import queries
 from replay.rerun import ReplayResult
 
 TABLES: dict[str, str] = {
@@ -135,37 +136,5 @@ def find_run(con: duckdb.DuckDBPyConnection, prefix: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def plan_placement_changes(con: duckdb.DuckDBPyConnection, start: float | None = None,
-                           end: float | None = None) -> list[dict[str, Any]]:
-    """Per recorded plan: placements added/removed against the previous plan (from plans.plan_json)."""
-    clauses, params = [], []
-    if start is not None:
-        clauses.append("time >= ?")
-        params.append(start)
-    if end is not None:
-        clauses.append("time <= ?")
-        params.append(end)
-    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
-    rows = _rows(
-        con,
-        f"SELECT seq, time, generation, planner_version, plan_json FROM plans{where} ORDER BY seq",
-        params,
-    )
-    out: list[dict[str, Any]] = []
-    previous: set[tuple[str, str]] | None = None
-    for row in rows:
-        try:
-            plan = json.loads(row["plan_json"]) or {}
-        except ValueError:
-            plan = {}
-        current = {(p.get("model_id", ""), p.get("host_id", "")) for p in plan.get("placements", [])}
-        added = sorted(current - previous) if previous is not None else sorted(current)
-        removed = sorted(previous - current) if previous is not None else []
-        out.append({
-            "seq": row["seq"], "time": row["time"], "generation": row["generation"],
-            "planner_version": row["planner_version"], "placements": len(current),
-            "added": [f"{m}@{h}" for m, h in added], "removed": [f"{m}@{h}" for m, h in removed],
-            "preemptions": len(plan.get("preemptions", [])), "shortfalls": len(plan.get("shortfalls", [])),
-        })
-        previous = current
-    return out
+# Placement changes between recorded plans: one query, owned by the analytics package.
+plan_placement_changes = queries.plan_placement_changes
