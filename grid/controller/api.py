@@ -71,6 +71,7 @@ from grid.controller.status import ControllerView, TickReport, build_status
 from grid.events.base import Event, new_event_id
 from grid.events.control import (
     MODES,
+    ModelProfile,
     ModeSet,
     ProfileRemoved,
     ProfileSet,
@@ -218,6 +219,10 @@ def create_admin_app(
             profile = validate_profile(model_id, body)
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
+        return await record_profile(model_id, profile)
+
+    async def record_profile(model_id: str, profile: ModelProfile) -> Response:
+        """Append a validated profile (PUT and PATCH end the same way)."""
         event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
         try:
             res = await controller.append_control(event)
@@ -239,12 +244,7 @@ def create_admin_app(
             profile = validate_profile(model_id, merge_profile(current, patch))
         except BodyError as exc:
             return _error(exc.status, exc.error, exc.detail, exc.field)
-        event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
-        try:
-            res = await controller.append_control(event)
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
+        return await record_profile(model_id, profile)
 
     async def delete_model(request: Request) -> Response:
         if not authorized(request):
