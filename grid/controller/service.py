@@ -63,6 +63,7 @@ from grid.controller.status import ControllerView, TickReport, build_status
 from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.demand.forecast import Forecast
 from grid.events import codec
+from grid.events.artifact_store import ensure_artifact_bucket
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
@@ -282,6 +283,16 @@ class Controller:
         self._lock_fd = fd
         return True
 
+    async def _ensure_artifact_store(self) -> None:
+        """Create the grid's artifact store (hosts fetch what they lack from it); a JetStream log only."""
+        client = getattr(self.log, "client", None)
+        if client is None:
+            return
+        try:
+            await ensure_artifact_bucket(client.jetstream())
+        except Exception as exc:  # nats raises several unrelated types; the grid still runs without it
+            self.warnings.append(f"artifact store unavailable: {type(exc).__name__}: {str(exc)[:160]}")
+
     async def start(self) -> None:
         self.config.ensure_home()
         self._lock_home()
@@ -303,6 +314,7 @@ class Controller:
         with contextlib.suppress(LogError):
             await self.lease.step()
         self._latest_plan_from_log()
+        await self._ensure_artifact_store()
         if s.analytics:
             await self._start_analytics()
         if self.identity is not None:

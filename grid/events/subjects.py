@@ -7,6 +7,8 @@ token separators, so every id is escaped into a token of ``[A-Za-z0-9-]`` plus `
 
 from __future__ import annotations
 
+import base64
+import re
 import string
 
 import msgspec
@@ -41,6 +43,8 @@ PLAN_SUBJECT = "grid.plan"
 MODE_SUBJECT = "grid.ctl.mode"
 TICK_SUBJECT = "grid.ctl.tick"
 
+# An object store chunk subject token (a NATS nuid), as read from an object's metadata.
+_NUID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 _SAFE = frozenset(string.ascii_letters + string.digits + "-")
 
 
@@ -116,6 +120,27 @@ def infer_cancel_subject(host_id: str) -> str:
 
 def infer_wildcard(host_id: str | None = None) -> str:
     return f"{PREFIX}.{INFER_FAMILY}.{escape_token(host_id)}.>" if host_id else f"{PREFIX}.{INFER_FAMILY}.>"
+
+
+# Model artifacts live in a JetStream object store bucket (grid.events.artifact_store), one
+# object per blob, named by its sha256 hex digest. The object store's own subject layout is
+# fixed by NATS: `$O.<bucket>.M.<base64url(name)>` holds an object's metadata and
+# `$O.<bucket>.C.<nuid>` its chunks, all in the stream `OBJ_<bucket>`.
+ARTIFACT_BUCKET = "grid_artifacts"
+ARTIFACT_STREAM = f"OBJ_{ARTIFACT_BUCKET}"
+ARTIFACT_SUBJECTS = f"$O.{ARTIFACT_BUCKET}.>"
+ARTIFACT_META_SUBJECTS = f"$O.{ARTIFACT_BUCKET}.M.>"
+
+
+def artifact_meta_subject(object_name: str) -> str:
+    token = base64.urlsafe_b64encode(object_name.encode("utf-8")).decode()
+    return f"$O.{ARTIFACT_BUCKET}.M.{token}"
+
+
+def artifact_chunk_subject(nuid: str) -> str:
+    if not nuid or not _NUID.match(nuid):
+        raise SubjectError(f"not an object store nuid: {nuid[:40]!r}")
+    return f"$O.{ARTIFACT_BUCKET}.C.{nuid}"
 
 
 def stream_for_subject(subject: str) -> str:

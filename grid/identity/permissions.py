@@ -39,6 +39,9 @@ import msgspec
 
 from grid.events.subjects import (
     ALL_STREAMS,
+    ARTIFACT_META_SUBJECTS,
+    ARTIFACT_STREAM,
+    ARTIFACT_SUBJECTS,
     COMMANDS_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
@@ -180,13 +183,21 @@ _LEASE_READ = (f"{JS_API}.STREAM.INFO.KV_{LEASE_BUCKET}", f"{JS_API}.STREAM.MSG.
 # Everything on the lease but those reads: a put, and any consumer on the bucket's stream.
 _LEASE_WRITE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}",
                 f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}.>")
+# The artifact object store (grid.events.artifact_store). Reading is direct gets only: the
+# object's metadata by subject, then its chunks by sequence. No consumer: a host may create none,
+# since a consumer's deliver subject could be any subject (see the module docstring).
+_ARTIFACT_READ = (f"{JS_API}.DIRECT.GET.{ARTIFACT_STREAM}", f"{JS_API}.DIRECT.GET.{ARTIFACT_STREAM}.{ARTIFACT_META_SUBJECTS}")
+# A put publishes chunks and the metadata on `$O.<bucket>.>` (nats-py's put looks the object
+# up with a stream message get first). Deleting is a put of deleted metadata: same subjects.
+_ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}",
+                 f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}", *_ARTIFACT_READ)
 _MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_API}.STREAM.DELETE.>",
                f"{JS_API}.STREAM.PURGE.>", f"{JS_API}.STREAM.MSG.DELETE.>", f"{JS_API}.CONSUMER.DELETE.>")
 
 
 def _controller(p: Principal, inbox: str) -> Grant:
     return Grant(
-        pub_allow=(f"{PREFIX}.>", f"{JS_API}.>", "$JS.ACK.>", "$JS.FC.>", f"$KV.{LEASE_BUCKET}.>"),
+        pub_allow=(f"{PREFIX}.>", f"{JS_API}.>", "$JS.ACK.>", "$JS.FC.>", f"$KV.{LEASE_BUCKET}.>", ARTIFACT_SUBJECTS),
         pub_deny=(),
         sub_allow=(f"{inbox}.>", ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT),
         sub_deny=(),
@@ -211,9 +222,11 @@ def _host(p: Principal, inbox: str) -> Grant:
             # refused even if a permission mistake let it into the host's queue.
             *_LEASE_READ,
             ENROL_RENEW_SUBJECT,
+            # Read-only access to the artifact store (a load fetches what the host lacks).
+            *_ARTIFACT_READ,
         ),
         pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
-                  *_MANAGEMENT),
+                  *_MANAGEMENT, ARTIFACT_SUBJECTS),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -235,7 +248,7 @@ def _gateway(p: Principal, inbox: str) -> Grant:
 
 def _operator(p: Principal, inbox: str) -> Grant:
     return Grant(
-        pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS)),
+        pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS), *_ARTIFACT_PUT),
         pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
@@ -274,19 +287,21 @@ class RoleSpec(msgspec.Struct, frozen=True):
 ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(Role.CONTROLLER, "controller",
              "everything on the grid streams, the lease KV, the plan and command subjects; "
-             "answers enrolment requests", "-", _controller),
+             "creates the artifact store and may put into it; answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
              "publish `grid.host.<id>.>` and read back its own last events; fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
              "renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
-             "`grid.ctl.>`, `grid.plan`; write the lease KV; any stream or consumer management", _host),
+             "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
+             "management", _host),
     RoleSpec(Role.GATEWAY, "gateway",
              "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
              "control, commands, host subjects, plans (publish), the lease", _gateway),
     RoleSpec(Role.OPERATOR, "operator",
-             "read every stream (events tail/export, replay, history); publish `grid.ctl.>`",
+             "read every stream (events tail/export, replay, history); publish `grid.ctl.>`; put artifacts "
+             "(`gridctl model push`)",
              "commands, the lease, host subjects, requests, plans (publish)", _operator),
     RoleSpec(Role.READER, "reader",
              "read the streams named in its credential", "any publish; the lease", _reader),
