@@ -25,6 +25,7 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httpx
@@ -57,6 +58,9 @@ REASON_FETCH_FAILED = "fetch_failed"
 REASON_INSUFFICIENT_DISK = "insufficient_disk"
 REASON_CACHE_CORRUPT = "cached_blob_corrupt"
 REASON_SOURCE_NOT_ALLOWED = "source_not_allowed"
+# The grid's artifact store could not be read (interrupted, unreachable, refused). A store that
+# simply lacks the digest (or a grid without a store) leaves the reason at artifact_not_cached.
+REASON_STORE_UNAVAILABLE = "artifact_store_unavailable"
 
 # Directories (os.pathsep-separated) a host lets file:// sources come from; none by default.
 FILE_ROOTS_ENV = "GRID_ARTIFACT_FILE_ROOTS"
@@ -85,6 +89,8 @@ class ArtifactOutcome(msgspec.Struct, frozen=True, kw_only=True):
     size_bytes: int = 0
     # True only when bytes really moved through the fetch path (never for a cache hit).
     fetched: bool = False
+    # Bytes this attempt moved (a resumed fetch moves only what the partial file lacked).
+    transferred_bytes: int = 0
 
     @property
     def message(self) -> str:
@@ -179,6 +185,14 @@ def hash_file(path: Path, progress: Progress | None = None) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+class GridSource(Protocol):
+    """Where a host gets an artifact its profile names no source for: the grid's artifact store
+    (grid.agent.artifact_fetch). Injected by the agent, so this module needs no NATS client."""
+
+    async def fetch(self, cache: "ArtifactCache", sha256: str, max_bytes: int | None, *,
+                    model_id: str | None, progress: Progress | None = None) -> ArtifactOutcome: ...
+
+
 _index_decoder = msgspec.json.Decoder(dict[str, IndexEntry])
 _index_encoder = msgspec.json.Encoder(order="deterministic")
 
@@ -195,6 +209,8 @@ class ArtifactCache:
             file_roots = tuple(Path(p) for p in env.get(FILE_ROOTS_ENV, "").split(os.pathsep) if p.strip())
         self.file_roots = tuple(p.expanduser().resolve() for p in file_roots)
         self.any_file = any_file
+        # Set by the agent when it is connected to a grid (None: no store to fall back on).
+        self.grid_source: GridSource | None = None
         self.allow_hub_fetch = (
             allow_hub_fetch if allow_hub_fetch is not None else env.get("GRID_ALLOW_HUB_FETCH", "") in ("1", "true", "yes")
         )
@@ -458,7 +474,12 @@ class ArtifactCache:
         if cached.ok or cached.reason not in (REASON_NOT_CACHED, REASON_CACHE_CORRUPT):
             return cached
         if source is None:
-            return cached
+            # No source of its own: the grid's artifact store, by digest (the ceiling, when the
+            # profile declares one, is its artifact size).
+            if digest is None or self.grid_source is None:
+                return cached
+            ceiling = int(size_mb) * MIB if size_mb and size_mb > 0 else None
+            return await self.grid_source.fetch(self, digest, ceiling, model_id=model_id)
         if digest is None or not size_mb or size_mb <= 0:
             return _fail(REASON_SOURCE_INCOMPLETE, "an artifact source needs artifact_sha256 and artifact_size_mb")
         return await self.fetch(source, digest, int(size_mb) * MIB, model_id=model_id)

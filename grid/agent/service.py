@@ -38,6 +38,7 @@ from grid import __version__
 from grid.agent import credential, fencing, recovery
 from grid.agent.acks import accepted_ack, terminal_ack
 from grid.agent.actuators import Actuators
+from grid.agent.artifact_fetch import GridArtifactSource
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engine_client import H1EngineClient
@@ -108,6 +109,9 @@ class HostAgent:
         self.paths = AgentPaths.for_config(config, self.options.state_dir)
         self.store = StateStore(self.paths.state)
         self.cache = ArtifactCache(config.artifacts_dir)
+        client = getattr(log, "client", None)  # a JetStream log: the grid's artifact store is readable
+        if client is not None:
+            self.cache.grid_source = GridArtifactSource(client.jetstream())
         self.state = AgentState()
         self.host_id = ""
         self.warnings: list[str] = []

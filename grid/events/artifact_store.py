@@ -54,6 +54,10 @@ class ArtifactStoreError(Exception):
     a missing bucket, a refused permission): the caller turns it into its own reason."""
 
 
+class StoreMissing(ArtifactStoreError):
+    """The grid has no artifact store (nothing answers for its stream)."""
+
+
 class StoredArtifact(msgspec.Struct, frozen=True, kw_only=True):
     """What the store holds under one sha256: the object's size, chunk count and chunk subject."""
 
@@ -111,7 +115,7 @@ async def stored_artifact(js: JetStreamContext, sha256: str, *,
         # A direct get of the last message on the meta subject: no payload, no consumer.
         msg = await js._nc.request(f"{js._prefix}.DIRECT.GET.{ARTIFACT_STREAM}.{subject}", b"", timeout=timeout)
     except nats.errors.NoRespondersError as exc:
-        raise ArtifactStoreError("the grid has no artifact store (the controller creates it at start)") from exc
+        raise StoreMissing("the grid has no artifact store (the controller creates it at start)") from exc
     except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
         raise ArtifactStoreError(f"artifact store unreachable: {type(exc).__name__}") from exc
     status = (msg.headers or {}).get("Status")

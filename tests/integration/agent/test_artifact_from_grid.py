@@ -1,0 +1,46 @@
+"""A load whose profile names no source: the agent fetches the artifact from the grid's store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import nats.js.errors
+
+from grid.agent.artifacts import REASON_NOT_CACHED, ArtifactCache
+from grid.config import GridConfig
+from grid.events.artifact_store import ensure_artifact_bucket, put_artifact
+from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import ARTIFACT_BUCKET
+from tests.integration.agent.agentkit import make_command, wait_ack
+
+
+async def test_load_fetches_from_the_grid_when_no_source_is_named(js_log: JetStreamLog, start_agent,
+                                                                  grid_config: GridConfig, tmp_path: Path) -> None:
+    js = js_log.client.jetstream()
+    try:
+        await js.delete_object_store(ARTIFACT_BUCKET)
+    except nats.js.errors.NotFoundError:
+        pass
+    await ensure_artifact_bucket(js)
+    data = os.urandom(1_300_000)
+    sha = hashlib.sha256(data).hexdigest()
+    blob = tmp_path / "pushed.gguf"
+    blob.write_bytes(data)
+    await put_artifact(js, blob, sha)
+    await start_agent()
+
+    await js_log.append(make_command("g1", "load", model_id="pushed", artifact_sha256=sha, artifact_size_mb=2))
+    await js_log.append(make_command("g2", "load", model_id="again", artifact_sha256=sha, artifact_size_mb=2))
+    missing = hashlib.sha256(b"never pushed").hexdigest()
+    await js_log.append(make_command("g3", "load", model_id="absent", artifact_sha256=missing, artifact_size_mb=2))
+    first, second, absent = [await wait_ack(js_log, a) for a in ("g1", "g2", "g3")]
+
+    assert (first.status, first.artifact_fetched) == ("succeeded", True)
+    assert (second.status, second.artifact_fetched) == ("succeeded", False)  # cached by digest now
+    assert absent.status == "failed" and absent.message.startswith(REASON_NOT_CACHED), absent.message
+    assert "not in the grid's artifact store" in absent.message
+    cache = ArtifactCache(grid_config.artifacts_dir)
+    assert cache.blob_path(sha).read_bytes() == data
+    assert not cache.staging_path(missing).exists()
