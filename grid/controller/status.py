@@ -11,6 +11,9 @@ Shape (every key always present; lists bounded):
     profiles     [ModelProfile fields]
     retired      [{model_id, retired_at}]
     models       [{model_id, wanted, placed, ready, evidence, shortfall, retired}]
+    load_failures  [{host_id, model_id, reason, detail, action_id, artifact_sha256, at}]: the last
+                 failed load per (host, model) until a later success there; a model short of
+                 ready replicas with no planning shortfall shows the newest as its shortfall
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
                   shortfalls, explanations, explanation_text}
@@ -41,7 +44,7 @@ from grid.fleet import heartbeat_fresh
 from grid.planner.plan import render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
-from grid.projections.actions import ActionRecord, ActionsState
+from grid.projections.actions import ActionRecord, ActionsState, LoadFailure
 
 
 class TickReport(msgspec.Struct, kw_only=True):
@@ -172,6 +175,29 @@ def _models(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) ->
     return rows
 
 
+def _load_failure_rows(actions: ActionsState) -> list[LoadFailure]:
+    return sorted(actions.load_failures.values(), key=lambda f: (f.model_id, f.host_id))
+
+
+def _with_load_failures(rows: list[dict[str, Any]], failures: list[LoadFailure]) -> list[dict[str, Any]]:
+    """A model with fewer ready replicas than wanted, which the plan placed (no planning
+    shortfall), is short because a host failed to load it: show that host's reason (newest
+    failure first), e.g. artifact_not_cached, as its shortfall."""
+    newest: dict[str, LoadFailure] = {}
+    for f in failures:
+        if f.model_id not in newest or (f.at, f.host_id) > (newest[f.model_id].at, newest[f.model_id].host_id):
+            newest[f.model_id] = f
+    for row in rows:
+        f = newest.get(row["model_id"])
+        if f is None or row["shortfall"] is not None or row["retired"] or row["ready"] >= row["wanted"]:
+            continue
+        # "placed" counts replicas that serve: a placement whose load failed is not one.
+        row["shortfall"] = {"wanted": row["wanted"], "placed": row["ready"], "reason": f.reason,
+                            "detail": f"load failed on host {f.host_id}" + (f": {f.detail}" if f.detail else ""),
+                            "host_id": f.host_id}
+    return rows
+
+
 def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     fc = ctl.last_forecast
     if fc is None:
@@ -240,7 +266,8 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "hosts": _hosts(ctl, now, snaps),
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
-        "models": _models(ctl, now, snaps),
+        "models": _with_load_failures(_models(ctl, now, snaps), _load_failure_rows(actions)),
+        "load_failures": [_b(f) for f in _load_failure_rows(actions)],
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,

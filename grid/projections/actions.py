@@ -25,6 +25,8 @@ TIMING_MAX_AGE_SECONDS = 30 * 86_400.0
 TIMING_MAX_SECONDS = 3600.0
 MAX_EARLY_ACTIONS = 1024
 MAX_EARLY_ACKS_PER_ACTION = 4
+# Bounded: at most this many (host, model) pairs with a failed load are remembered.
+MAX_LOAD_FAILURES = 1024
 
 
 class ActionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +54,20 @@ class TimingRecord(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
 
 
+class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """The last failed load of a model on a host (its reason, e.g. artifact_not_cached), kept
+    until a later load of it there succeeds, so the controller can say why a replica is missing
+    (the agent's log is on another machine)."""
+
+    host_id: str
+    model_id: str
+    reason: str
+    detail: str
+    action_id: str
+    artifact_sha256: str | None
+    at: float
+
+
 class ActionsState(msgspec.Struct, frozen=True, kw_only=True):
     actions: dict[str, ActionRecord] = {}
     terminal_order: tuple[str, ...] = ()
@@ -59,6 +75,8 @@ class ActionsState(msgspec.Struct, frozen=True, kw_only=True):
     # Acks that arrived before their command (streams are followed independently): applied
     # when the command arrives, so the fold does not depend on cross-stream interleaving.
     early_acks: dict[str, tuple[tuple[ActionAck, float], ...]] = {}
+    # timing_key-like "<host>\x1f<model>" -> the last failed load there (see LoadFailure).
+    load_failures: dict[str, LoadFailure] = {}
 
 
 def initial() -> ActionsState:
@@ -96,7 +114,36 @@ def _learn(state: ActionsState, record: ActionRecord, duration: float | None, fe
     return {**state.timings, key: new}
 
 
-def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = False, timings=None) -> ActionsState:
+def failure_key(host_id: str, model_id: str) -> str:
+    return f"{host_id}\x1f{model_id}"
+
+
+def split_reason(message: str) -> tuple[str, str]:
+    """An outcome message is "<reason>: <detail>" or just "<reason>"."""
+    reason, _, detail = message.partition(": ")
+    return reason.strip(), detail.strip()
+
+
+def _load_failures(state: ActionsState, record: ActionRecord, status: str, message: str,
+                   at: float) -> dict[str, LoadFailure]:
+    cmd = record.command
+    if cmd.kind != "load" or status not in ("succeeded", "failed"):
+        return state.load_failures
+    key = failure_key(cmd.host_id, cmd.model_id)
+    failures = {k: v for k, v in state.load_failures.items() if k != key}
+    if status == "failed":
+        reason, detail = split_reason(message)
+        failures[key] = LoadFailure(host_id=cmd.host_id, model_id=cmd.model_id, reason=reason or "failed",
+                                    detail=detail, action_id=cmd.action_id, artifact_sha256=cmd.artifact_sha256,
+                                    at=at)
+        if len(failures) > MAX_LOAD_FAILURES:
+            oldest = min(failures, key=lambda k: (failures[k].at, k))
+            failures.pop(oldest)
+    return failures
+
+
+def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = False, timings=None,
+                 load_failures: dict[str, LoadFailure] | None = None) -> ActionsState:
     actions = dict(state.actions)
     actions[record.command.action_id] = record
     order = state.terminal_order
@@ -112,6 +159,7 @@ def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = 
         terminal_order=order,
         timings=state.timings if timings is None else timings,
         early_acks=state.early_acks,
+        load_failures=state.load_failures if load_failures is None else load_failures,
     )
 
 
@@ -170,7 +218,8 @@ def _apply_ack(state: ActionsState, event: ActionAck, at: float) -> ActionsState
             duration_seconds=event.duration_seconds,
             artifact_fetched=event.artifact_fetched,
         )
-        return _with_action(state, updated, terminal=True, timings=timings)
+        return _with_action(state, updated, terminal=True, timings=timings,
+                            load_failures=_load_failures(state, record, event.status, event.message, at))
     if record.status == "pending":
         return _with_action(
             state, msgspec.structs.replace(record, status=event.status, acked_at=at, message=event.message)
