@@ -292,7 +292,7 @@ ROLES: tuple[RoleSpec, ...] = (
              "publish `grid.host.<id>.>` and read back its own last events; fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
-             "renew its credential",
+             "read the artifact store (direct gets only); renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
              "management", _host),
