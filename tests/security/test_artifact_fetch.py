@@ -155,3 +155,24 @@ async def test_a_corrupt_object_is_refused_and_nothing_is_kept(
     assert not outcome.ok and outcome.reason == REASON_DIGEST_MISMATCH, outcome.message
     assert not cache.has_blob(sha) and cache.lookup("wanted") is None
     assert not cache.staging_path(sha).exists() and not resume_path(cache, sha).exists()
+
+
+async def test_an_object_larger_than_its_metadata_says_is_cut_off(
+        stored_model: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory, tmp_path: Path) -> None:
+    data = os.urandom(2 * 512 * 1024 + 10)
+    sha = hashlib.sha256(data).hexdigest()
+    js = stored_model.client.jetstream()
+    info = await ObjectStore(ARTIFACT_BUCKET, ARTIFACT_STREAM, js).put(sha, data)
+    info.size = 1000  # metadata understating the size: a ceiling checked only up front would pass it
+    await js.publish(artifact_meta_subject(sha), json.dumps(info.as_dict()).encode(),
+                     headers={api.Header.ROLLUP: "sub"})
+    cache = ArtifactCache(tmp_path / "artifacts")
+    host = await _host(secured_server, creds)
+    try:
+        cache.grid_source = GridArtifactSource(host.jetstream())
+        outcome = await cache.ensure_artifact("liar", sha256=sha, source=None, size_mb=None)
+    finally:
+        await host.close()
+    assert not outcome.ok and outcome.reason == REASON_SIZE_CEILING, outcome.message
+    assert outcome.transferred_bytes == 0
+    assert not cache.has_blob(sha) and not cache.staging_path(sha).exists() and not resume_path(cache, sha).exists()
