@@ -214,6 +214,11 @@ async def put_artifact(js: JetStreamContext, path: Path, sha256: str, *,
         with open(path, "rb") as f:
             info = await store.put(sha256, _ProgressReader(f, size, progress), meta=meta)  # type: ignore[arg-type]
     except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+        # Replacing an object ends with a purge of its old chunks, which only the controller
+        # may do: when that alone failed, the new object is whole and stored.
+        stored = await stored_artifact(js, sha256)
+        if stored is not None and stored.size == size and stored.digest_matches:
+            return PutResult(reason=REASON_STORED, sha256=sha256, size=size)
         raise ArtifactStoreError(f"artifact put failed: {type(exc).__name__}: {str(exc)[:160]}") from exc
     if _object_digest_hex(info.digest) != sha256:
         raise ArtifactStoreError("the file changed while it was stored: its content no longer hashes to "

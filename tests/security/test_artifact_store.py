@@ -139,3 +139,23 @@ async def test_gateway_and_reader_cannot_read_the_store(bucket: JetStreamLog, se
     finally:
         await operator.close()
         await gateway.close()
+
+
+async def test_an_operator_push_replaces_a_corrupt_object(bucket: JetStreamLog, secured_server: SecuredNats,
+                                                          creds: CredsFactory, tmp_path: Path) -> None:
+    path, sha = _blob(tmp_path, ARTIFACT_CHUNK_SIZE + 99)
+    admin = bucket.client.jetstream()
+    await ObjectStore(ARTIFACT_BUCKET, ARTIFACT_STREAM, admin).put(sha, os.urandom(5000))  # wrong bytes
+    assert not (await stored_artifact(admin, sha)).digest_matches
+    operator = await raw_client(secured_server, creds(Role.OPERATOR))
+    host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
+    try:
+        # The operator may not purge the old chunks (only the controller may), yet the push stands.
+        result = await put_artifact(operator.jetstream(timeout=REFUSAL_WAIT_SECONDS), path, sha)
+        assert (result.reason, result.size) == (REASON_STORED, path.stat().st_size)
+        stored = await stored_artifact(host.jetstream(), sha)
+        assert stored is not None and stored.digest_matches
+        assert await _read_all(host.jetstream(), sha) == path.read_bytes()
+    finally:
+        await operator.close()
+        await host.close()
