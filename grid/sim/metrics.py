@@ -60,6 +60,10 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     served_demand: float
     least_workload: str
     least_workload_service: float
+    # The same over workloads some machine can serve at all (a runtime/backend gap such as video
+    # on an Apple-only fleet lowers raw service but is a capacity gap, not a decision).
+    least_feasible_workload: str
+    least_feasible_workload_service: float
     slo_attainment: float
     churn: int
     loads: int
@@ -80,6 +84,13 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     workloads: tuple[WorkloadRow, ...]
     recommendations: tuple[str, ...]
     timeline: tuple[str, ...] = ()
+
+
+def feasible_workloads(sc: Scenario) -> list[str]:
+    """Workloads some machine of the fleet can serve with some configured model."""
+    from grid.sim.strategies import best_model
+
+    return [w for w in WORKLOADS if best_model(w, sc.profiles, sc.fleet) is not None]
 
 
 class Metrics:
@@ -173,6 +184,8 @@ class Metrics:
                 slo_attainment=_r(self.slo_ok[w] / self.requests[w]),
             ))
         least = min(rows, key=lambda x: (x.service, x.workload)) if rows else None
+        servable = frozenset(feasible_workloads(sc))
+        least_f = min((x for x in rows if x.workload in servable), key=lambda x: (x.service, x.workload), default=None)
         offered = sum(self.offered.values())
         served = sum(self.served.values())
         total = sum(self.requests.values())
@@ -184,6 +197,8 @@ class Metrics:
             served_demand=_r(served / offered) if offered else 1.0,
             least_workload=least.workload if least else "",
             least_workload_service=least.service if least else 1.0,
+            least_feasible_workload=least_f.workload if least_f else "",
+            least_feasible_workload_service=least_f.service if least_f else 1.0,
             slo_attainment=_r(sum(self.slo_ok.values()) / total) if total else 1.0,
             churn=self.kinds["warm"] + self.kinds["unload"], loads=self.kinds["warm"], unloads=self.kinds["unload"],
             drains=self.kinds["drain"], preemption_drains=self.preemption_drains, cold_starts=self.cold_starts,

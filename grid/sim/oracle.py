@@ -31,7 +31,7 @@ from grid.events.control import ModelProfile
 from grid.events.requests import WORKLOADS
 from grid.gateway.routing import TEXT_WORKLOADS
 from grid.sim.fleet import MachineSpec
-from grid.sim.metrics import GIB
+from grid.sim.metrics import GIB, feasible_workloads
 from grid.sim.scenario import Scenario
 from grid.sim.strategies import feasible
 from grid.sim.traffic import AUTO
@@ -263,6 +263,9 @@ class _Oracle:
             prev = placement
         rows = {w: served.get(w, 0.0) / v for w, v in sorted(offered.items()) if v > 0}
         least = min(rows.items(), key=lambda kv: (kv[1], kv[0])) if rows else ("", 1.0)
+        servable = frozenset(feasible_workloads(self.sc))
+        least_f = min(((w, v) for w, v in rows.items() if w in servable), key=lambda kv: (kv[1], kv[0]),
+                      default=("", 1.0))
         total_offered = sum(offered.values())
         evening = memory[self.sc.day.evening_start():] or memory[-1:] or [0]
         over = []
@@ -278,6 +281,8 @@ class _Oracle:
             "served_demand": round(sum(served.values()) / total_offered, 4) if total_offered else 1.0,
             "least_workload": least[0],
             "least_workload_service": round(least[1], 4),
+            "least_feasible_workload": least_f[0],
+            "least_feasible_workload_service": round(least_f[1], 4),
             "workload_service": {w: round(v, 4) for w, v in rows.items()},
             "evening_memory_gib": round(sum(evening) / len(evening) / GIB, 4),
             "memory_mean_gib": round(sum(memory) / len(memory) / GIB, 4) if memory else 0.0,

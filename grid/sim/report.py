@@ -32,6 +32,7 @@ def render(report: Report, oracle: dict | None = None) -> str:
         "",
         f"{'served demand':<26}{_pct(r.served_demand):>10}",
         f"{'least-served workload':<26}{_pct(r.least_workload_service):>10}  ({r.least_workload})",
+        f"{'least-served servable':<26}{_pct(r.least_feasible_workload_service):>10}  ({r.least_feasible_workload})",
         f"{'SLO attainment':<26}{_pct(r.slo_attainment):>10}",
         f"{'churn (loads+unloads)':<26}{r.churn:>10}  loads {r.loads}, unloads {r.unloads}, drains {r.drains}"
         f" (preemption {r.preemption_drains})",
@@ -80,5 +81,8 @@ def render_oracle(o: dict, r: Report) -> list[str]:
         f"remaining potential gain {_pct(max(0.0, o['served_demand'] - r.served_demand))}",
         f"  least-served workload {_pct(o['least_workload_service'])} ({o['least_workload']}), "
         f"evening memory {o['evening_memory_gib']:.1f}G, placement changes {o['mutations']}",
+        f"  least-served servable workload {_pct(o['least_feasible_workload_service'])} "
+        f"({o['least_feasible_workload']})",
         f"  artifact disk audit: {o['disk_audit']}",
+        f"  startup audit: {o['startup_audit']}",
     ]
