@@ -132,9 +132,10 @@ def render(results: list[FleetResult]) -> str:
         lines.append(f"fleet {f.machines} machines, seeds {','.join(map(str, f.seeds))}")
         lines.append(f"  {'strategy':<10}{'served':>9}{'least':>9}{'SLO':>9}{'churn':>7}{'evening':>10}{'unsafe':>8}")
         for strategy, row in summary(f).items():
+            slo = f"{row['slo_attainment']:>9.4f}" if "slo_attainment" in row else f"{'-':>9}"
+            unsafe = row.get("safety_violations", "-")
             lines.append(f"  {strategy:<10}{row['served_demand']:>9.4f}{row['least_feasible_workload_service']:>9.4f}"
-                         f"{row.get('slo_attainment', 0.0):>9.4f}{row['churn']:>7}{row['evening_memory_gib']:>9.1f}G"
-                         f"{row.get('safety_violations', 0):>8}")
+                         f"{slo}{row['churn']:>7}{row['evening_memory_gib']:>9.1f}G{unsafe:>8}")
     lines.append("")
     lines.append("gates")
     for f in results:
