@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grid.controller.governor import Limits
 from grid.controller.inputs import build_planner_input
-from grid.controller.reconcile import Guards, reconcile
+from grid.controller.reconcile import Guards, ReconcileResult, reconcile
 from grid.controller.tick import PROJECTIONS
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
@@ -29,7 +30,7 @@ from grid.events.control import ModeSet, ProfileSet
 from grid.events.requests import MAX_BATCH_RECORDS, RequestBatch, RequestFeatures
 from grid.events.subjects import COMMANDS_STREAM, CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
 from grid.gateway import routing
-from grid.planner.types import Plan, Policy
+from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import fleet as fleet_proj
 from grid.projections.position import Position
 from grid.projections.runner import STREAM_ORDER, ProjectionRunner
@@ -38,6 +39,9 @@ from grid.sim.metrics import Metrics
 from grid.sim.scenario import EPOCH, Scenario
 from grid.sim.traffic import AUTO, Request
 from grid.sim.world import World
+
+# Sees every tick's planner input, plan and reconcile result (tests and diagnosis).
+Observer = Callable[[int, PlannerInput, Plan, ReconcileResult], None]
 
 TICK_SECONDS = 60.0
 # A throttled machine runs slower as well as taking a smaller share (thermal derating).
@@ -70,7 +74,7 @@ class _Log:
             self.runner.fold_event(event, Position(stream, seq, at))
 
 
-def run(sc: Scenario, strategy: str, *, timeline: bool = False) -> Metrics:
+def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None) -> Metrics:
     if strategy not in strategies.STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (one of: {', '.join(strategies.STRATEGIES)})")
     policy = Policy()
@@ -143,6 +147,8 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False) -> Metrics:
             metrics.action(minute, a.kind, a.host_id, a.model_id, a.reason, a.preemption_for)
         log.flush(now)
         metrics.plan(minute, plan)
+        if observe is not None:
+            observe(minute, pin, plan, result)
 
         # --- route the minute's requests -----------------------------------------------------
         snaps = fleet_proj.snapshots(runner.states["fleet"], now)

@@ -44,6 +44,7 @@ class Engine:
     max_concurrency: int
     started_at: float
     last_used_at: float
+    runtime: str = "llama.cpp"
 
 
 @dataclass(slots=True)
@@ -163,7 +164,8 @@ class World:
                 return 1.0
             took = (p.warm_seconds if p is not None else 30.0) / m.spec.speed
             conc = max(1, int((p.replica_concurrency if p else 1) * m.spec.concurrency_factor))
-            m.engines[cmd.model_id] = Engine(cmd.model_id, cmd.memory_mb, "warming", cmd.artifact_sha256, conc, at, at)
+            m.engines[cmd.model_id] = Engine(cmd.model_id, cmd.memory_mb, "warming", cmd.artifact_sha256, conc, at, at,
+                                             cmd.runtime)
             self._pending.append((at + took, host, cmd.model_id, "ready"))
             self._ack(emit, at + took, m, cmd, "succeeded", duration=took)
             return took
@@ -215,7 +217,7 @@ class World:
         residencies = tuple(
             Residency(
                 model_id=e.model_id, memory_mb=e.memory_mb, state=e.state,  # type: ignore[arg-type]
-                artifact_sha256=e.sha, loaded_age_seconds=max(0.0, at - e.started_at),
+                runtime=e.runtime, artifact_sha256=e.sha, loaded_age_seconds=max(0.0, at - e.started_at),
                 last_used_age_seconds=max(0.0, at - e.last_used_at), active_requests=0,
                 max_concurrency=e.max_concurrency, endpoint=f"http://{host_id}.sim:{8100 + i}",
             )
