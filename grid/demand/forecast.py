@@ -28,7 +28,8 @@ Direct demand (named-model requests), per model:
   EWMA tail never keeps a model loaded past its cooldown.
 
 Workload demand (automatic traffic) is projected onto the exploitation leader: the configured
-model with the best workload score adjusted by measured outcomes (:mod:`grid.demand.outcomes`),
+model (among those some host could hold, when the caller passes ``placeable``) with the best
+workload score adjusted by measured outcomes (:mod:`grid.demand.outcomes`),
 a ready model winning exact ties. When the optimism bonus ranks a different, less proven model
 first, that model is an exploration option; the forecast spends at most one exploration canary
 (one replica, ``explore:<workload>``) on the workload with the most projected concurrency. Admission needs three
@@ -50,7 +51,7 @@ them share one configuration and one set of series statistics, and read top to b
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -438,10 +439,14 @@ def forecast(
     timings: Sequence[TimingSample] = (),
     retired: frozenset[str] | Sequence[str] = frozenset(),
     config: ForecastConfig = ForecastConfig(),
+    placeable: Collection[str] | None = None,
 ) -> Forecast:
     """Desired replicas per configured, non-retired model at ``now`` (pure).
 
     Three demand steps (direct, workload, inferred), then one combination per model.
+    ``placeable``: the models some host could ever hold (grid.planner.fleet_scan); workload
+    demand is projected only onto those, so a model that fits nowhere never suppresses a
+    usable fallback. None: every configured model is a candidate.
     """
     cfg = config
     retired_set = frozenset(retired)
@@ -455,7 +460,8 @@ def forecast(
 
     stats = _direct_demand(demand, live, starts, now, cfg)
     seq_preds = affinity_mod.predictions(demand.affinity, now)
-    claims, workload_rows = _workload_demand(demand, live, by_id, starts, seq_preds, now, ready_replicas, cfg)
+    candidates = live if placeable is None else [p for p in live if p.model_id in placeable]
+    claims, workload_rows = _workload_demand(demand, candidates, by_id, starts, seq_preds, now, ready_replicas, cfg)
     inferred, considered = _inferred_demand(demand, live, stats, now)
 
     targets: list[DemandTarget] = []

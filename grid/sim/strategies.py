@@ -26,6 +26,7 @@ from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.planner import plan as planner_plan
+from grid.planner.fleet_scan import placeable_models
 from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy
 from grid.sim.fleet import MachineSpec
 
@@ -92,6 +93,7 @@ def plan_reactive(states: Mapping[str, Any], now: float, policy: Policy) -> tupl
     fc = forecast(
         states["demand"], base.profiles, now, ready_replicas=ready_replicas(base.hosts, now, policy),
         timings=base.timings, retired=frozenset(base.retired), config=REACTIVE_CONFIG,
+        placeable=placeable_models(base.profiles, base.hosts),
     )
     targets = tuple(t for t in fc.targets if not _correlation_only(t))
     pin = msgspec.structs.replace(base, demand=targets)

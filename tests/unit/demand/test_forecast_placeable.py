@@ -1,0 +1,40 @@
+"""`auto` demand goes to the best model some host can hold, never to one that fits nowhere."""
+
+from __future__ import annotations
+
+from grid.demand import fold
+from grid.demand.forecast import forecast
+from grid.events.control import ModelProfile
+from grid.events.requests import RequestBatch, RequestFeatures
+
+NOW = 1_800_000_000.0
+
+
+def _demand() -> fold.DemandState:
+    state = fold.initial()
+    configured = frozenset({"huge", "small"})
+    for minute in range(10):
+        t = NOW - 600 + minute * 60 + 30
+        records = tuple(RequestFeatures(endpoint="chat", requested_model="auto", auto=True, workload="general",
+                                        service_seconds=3.0, finished_at=t) for _ in range(20))
+        state = fold.apply(state, RequestBatch(event_id=f"b{minute}", at=t, source="t", records=records), t, configured)
+    return state
+
+
+PROFILES = [
+    ModelProfile(model_id="huge", memory_mb=900_000, workload_scores={"general": 0.95}, max_replicas=3),
+    ModelProfile(model_id="small", memory_mb=6_000, workload_scores={"general": 0.8}, max_replicas=3),
+]
+
+
+def test_workload_demand_skips_a_model_that_fits_nowhere() -> None:
+    unscanned = forecast(_demand(), PROFILES, NOW)
+    [row] = [w for w in unscanned.workloads if w.workload == "general"]
+    assert row.model_id == "huge"  # the old behaviour, still what an unscanned caller gets
+    scanned = forecast(_demand(), PROFILES, NOW, placeable=frozenset({"small"}))
+    [row] = [w for w in scanned.workloads if w.workload == "general"]
+    assert row.model_id == "small"
+    assert {t.model_id for t in scanned.targets} == {"small"}
+    nothing = forecast(_demand(), PROFILES, NOW, placeable=frozenset())
+    [row] = [w for w in nothing.workloads if w.workload == "general"]
+    assert row.model_id is None and not nothing.targets

@@ -1,0 +1,31 @@
+"""Issue 16 behaviours fixed at the root, each with the lab scenario that failed before."""
+
+from __future__ import annotations
+
+from grid.planner import reasons as R
+from grid.sim.run import run
+from grid.sim.scenario import ScenarioConfig, prepare
+
+
+def test_auto_demand_is_never_projected_onto_a_model_that_fits_nowhere() -> None:
+    # One 16 GiB Apple machine, nine models: big-70b (28 GiB, the best `general` scorer) and
+    # research-32b (22 GiB) fit nowhere. Before the fleet scan, `auto` general/research demand
+    # was projected onto them every tick (a no_eligible_host shortfall), so the feasible
+    # generalist never received that demand.
+    sc = prepare(ScenarioConfig(machines=1, models=9, users=30, minutes=45, seed=1))
+    stranded: list[tuple[int, str]] = []
+    generalist_for_auto = 0
+
+    def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+        unplaceable = {s.model_id for s in plan.shortfalls if s.reason == R.NO_ELIGIBLE_HOST}
+        for t in pin.demand:
+            workloads = [part for part in t.reason.split("+") if part.startswith("workload:")]
+            if workloads and t.model_id in unplaceable:
+                stranded.append((minute, t.model_id))
+        nonlocal generalist_for_auto
+        generalist_for_auto += any(t.model_id == "general-8b" and "workload:research" in t.reason for t in pin.demand)
+
+    report = run(sc, "smart", observe=observe).report()
+    assert stranded == []
+    assert generalist_for_auto > 0
+    assert report.safety_violations == 0
