@@ -20,7 +20,10 @@ Direct demand (named-model requests), per model:
 * replicas = ceil(offered / (replica_concurrency x target_utilization)); queue (>= 0.5),
   latency (approximate p95 above ``latency_slo_ms`` with >= 3 samples) or capacity-error
   (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready set.
-* hysteresis: while the demand watermark (latest of the projection's ``last_seen`` and the
+* hysteresis: ready replicas that claimed workloads (automatic traffic) justified in any bucket
+  within ``scale_down_cooldown_seconds`` stay desired too (``cooldown_hold``), so replicas
+  justified by `auto` traffic do not flap on small dips.
+* hysteresis (direct): while the demand watermark (latest of the projection's ``last_seen`` and the
   persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas that
   demand justified during that window (at least one) stay desired; with only a watermark and
   no bucket history (a controller restart) every ready replica stays desired. Direct demand
@@ -420,6 +423,29 @@ def _peak_need(
     return peak
 
 
+def _workload_peak_need(
+    workloads: Sequence[str], demand: DemandState, now: float, window: float, prior_service: float, cap: float,
+    cfg: ForecastConfig,
+) -> int:
+    """Largest replica need of any bucket in ``[now - window, now]`` from the workloads' combined
+    arrivals x service time (their queue is left out: it was not served by this model)."""
+    bs = demand.bucket_seconds
+    nb = int(now // bs)
+    offered: dict[int, float] = {}
+    for w in workloads:
+        series = demand.workloads.get(w)
+        if series is None:
+            continue
+        for bk in series.buckets:
+            k = bk.index
+            if k > nb or (k + 1) * bs <= now - window or not bk.count:
+                continue
+            duration = bs if k < nb else max(now - k * bs, bs / 2.0)
+            service = bk.service_sum / bk.service_n if bk.service_n else prior_service
+            offered[k] = offered.get(k, 0.0) + bk.count / duration * service
+    return max((_replicas_for(v, cap, cfg) for v in offered.values()), default=0)
+
+
 class _WorkloadClaim(msgspec.Struct, kw_only=True):
     offered: float = 0.0
     canary: bool = True
@@ -743,6 +769,17 @@ def _model_forecast(
             reasons.append(REASON_CANARY)
     else:
         replicas = 0
+    if claim is not None and ready > replicas:
+        # Hysteresis for automatic traffic, as for named demand: ready replicas the claimed
+        # workloads justified within the cooldown stay desired, so a small dip in `auto`
+        # traffic does not unload a replica that the next minute loads again.
+        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
+        peak = _workload_peak_need(claim.workloads, demand, now, cooldown, _finite(p.expected_service_seconds, 2.0),
+                                   cap, cfg)
+        hold = min(ready, peak)
+        if hold > replicas:
+            replicas = hold
+            reasons.append(REASON_HOLD)
     if p.min_replicas > 0 and p.min_replicas >= replicas:
         replicas = p.min_replicas
         evidence = "baseline"

@@ -25,6 +25,8 @@ GIB = 1024.0
 MAX_VIOLATION_SAMPLES = 10
 # A workload is recommended more capacity when it lost at least this share of its demand.
 RECOMMEND_UNSERVED = 0.05
+# A start of a model this soon after one of its replicas was unloaded is a flap.
+FLAP_MINUTES = 15
 
 
 def _r(x: float) -> float:
@@ -70,6 +72,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     unloads: int
     drains: int
     preemption_drains: int
+    # Starts of a model within FLAP_MINUTES of unloading one of its replicas.
+    flaps: int
     cold_starts: int
     memory_mean_gib: float
     memory_peak_gib: float
@@ -109,6 +113,8 @@ class Metrics:
         self.unserved_minute: dict[tuple[int, str], float] = {}
         self.kinds: dict[str, int] = {"load": 0, "warm": 0, "drain": 0, "unload": 0}
         self.preemption_drains = 0
+        self.flaps = 0
+        self._unloaded: dict[str, int] = {}
         self.memory: list[int] = []
         self.shortfalls: dict[str, int] = {}
         self.violations: list[Violation] = []
@@ -128,6 +134,10 @@ class Metrics:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if kind == "drain" and preemption_for is not None:
             self.preemption_drains += 1
+        if kind == "unload":
+            self._unloaded[model_id] = minute
+        elif kind == "warm" and model_id in self._unloaded and minute - self._unloaded[model_id] <= FLAP_MINUTES:
+            self.flaps += 1
         extra = f" for {preemption_for}" if preemption_for else ""
         self._line(minute, f"{kind} {model_id} on {host_id} ({reason}{extra})")
 
@@ -201,7 +211,8 @@ class Metrics:
             least_feasible_workload_service=least_f.service if least_f else 1.0,
             slo_attainment=_r(sum(self.slo_ok.values()) / total) if total else 1.0,
             churn=self.kinds["warm"] + self.kinds["unload"], loads=self.kinds["warm"], unloads=self.kinds["unload"],
-            drains=self.kinds["drain"], preemption_drains=self.preemption_drains, cold_starts=self.cold_starts,
+            drains=self.kinds["drain"], preemption_drains=self.preemption_drains, flaps=self.flaps,
+            cold_starts=self.cold_starts,
             memory_mean_gib=_r(sum(self.memory) / len(self.memory) / GIB) if self.memory else 0.0,
             memory_peak_gib=_r(max(self.memory, default=0) / GIB),
             evening_memory_gib=_r(sum(evening) / len(evening) / GIB),

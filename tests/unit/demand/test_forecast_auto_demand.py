@@ -1,4 +1,4 @@
-"""`auto` demand goes to the best model some host can hold, never to one that fits nowhere."""
+"""Automatic (`auto`) demand in the forecast: fleet-feasible candidates, and hysteresis through dips."""
 
 from __future__ import annotations
 
@@ -38,3 +38,23 @@ def test_workload_demand_skips_a_model_that_fits_nowhere() -> None:
     nothing = forecast(_demand(), PROFILES, NOW, placeable=frozenset())
     [row] = [w for w in nothing.workloads if w.workload == "general"]
     assert row.model_id is None and not nothing.targets
+
+
+def test_auto_replicas_are_held_through_a_dip_within_the_cooldown() -> None:
+    # Busy minutes earlier (two replicas' worth of `auto` general work), a quiet last minute:
+    # the ready replicas stay desired within the cooldown, as named demand's do.
+    state = fold.initial()
+    configured = frozenset({"small"})
+    for minute, n in enumerate([60, 60, 60, 60, 2, 2, 2, 2, 2, 2]):
+        t = NOW - 600 + minute * 60 + 30
+        records = tuple(RequestFeatures(endpoint="chat", requested_model="auto", auto=True, workload="general",
+                                        service_seconds=3.0, finished_at=t) for _ in range(n))
+        state = fold.apply(state, RequestBatch(event_id=f"b{minute}", at=t, source="t", records=records), t, configured)
+    small = [ModelProfile(model_id="small", memory_mb=6_000, workload_scores={"general": 0.8}, max_replicas=3,
+                          replica_concurrency=1)]
+    held = forecast(state, small, NOW, ready_replicas={"small": 3})
+    [target] = held.targets
+    assert target.replicas == 3 and "cooldown_hold" in target.reason
+    # nothing ready: the hold never asks for more than what is already serving
+    cold = forecast(state, small, NOW, ready_replicas={})
+    assert [t.replicas for t in cold.targets] == [1]
