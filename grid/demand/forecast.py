@@ -614,7 +614,7 @@ def _workload_row(
         p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
     )
     gate = ""
-    if st.observations >= cfg.evidence_observations and st.offered >= cfg.min_offered:
+    if st.observations >= cfg.evidence_observations and (st.offered >= cfg.min_offered or st.recent > 0):
         gate = GATE_OBSERVATIONS
     elif st.offered >= cfg.evidence_concurrency:
         gate = GATE_CONCURRENCY

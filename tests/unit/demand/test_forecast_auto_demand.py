@@ -58,3 +58,35 @@ def test_auto_replicas_are_held_through_a_dip_within_the_cooldown() -> None:
     # nothing ready: the hold never asks for more than what is already serving
     cold = forecast(state, small, NOW, ready_replicas={})
     assert [t.replicas for t in cold.targets] == [1]
+
+
+def _embedding_state(per_minute: list[int]) -> fold.DemandState:
+    state = fold.initial()
+    for minute, n in enumerate(per_minute):
+        t = NOW - 60 * len(per_minute) + minute * 60 + 30
+        records = tuple(RequestFeatures(endpoint="embeddings", requested_model="auto", auto=True, workload="embedding",
+                                        service_seconds=0.3, finished_at=t) for _ in range(n))
+        if records:
+            state = fold.apply(state, RequestBatch(event_id=f"e{minute}", at=t, source="t", records=records), t,
+                               frozenset({"embed"}))
+    return state
+
+
+EMBED = [ModelProfile(model_id="embed", memory_mb=1_000, workload_scores={"embedding": 1.0}, replica_concurrency=8,
+                      embeddings=True)]
+
+
+def test_a_steady_cheap_workload_is_admitted() -> None:
+    # Two 0.3 s embedding calls a minute is 0.01 concurrency at most: below the offered floor,
+    # but live, observed demand. Before, it stayed below the gate and was never served.
+    fc = forecast(_embedding_state([2] * 10), EMBED, NOW)
+    [row] = [w for w in fc.workloads if w.workload == "embedding"]
+    assert row.status == "admitted" and row.model_id == "embed"
+    assert [t.model_id for t in fc.targets] == ["embed"]
+
+
+def test_stale_observations_still_do_not_admit() -> None:
+    # Three requests long ago and nothing since: the floor still keeps them from loading a model.
+    fc = forecast(_embedding_state([3] + [0] * 12), EMBED, NOW)
+    [row] = [w for w in fc.workloads if w.workload == "embedding"]
+    assert row.status == "below_evidence_gate" and not fc.targets

@@ -38,3 +38,14 @@ def test_replicas_justified_by_auto_traffic_do_not_flap() -> None:
     report = run(sc, "smart").report()
     assert report.flaps <= 1, report.flaps
     assert report.safety_violations == 0
+
+
+def test_a_cheap_steady_workload_is_served_on_the_scarce_fleet() -> None:
+    # Embedding calls (0.3 s) arrive steadily but their offered concurrency stays under the
+    # admission floor: before, the embedder was never started and embedding was the least
+    # served workload of this day (43%).
+    sc = prepare(ScenarioConfig(machines=4, models=8, users=50, minutes=120, seed=3))
+    report = run(sc, "smart").report()
+    [embedding] = [w for w in report.workloads if w.workload == "embedding"]
+    assert embedding.service >= 0.8, embedding
+    assert report.safety_violations == 0
