@@ -15,6 +15,9 @@ import msgspec
 
 from grid.events.requests import WORKLOADS
 from grid.planner.types import Plan
+from grid.sim.safety import DRAIN_BEFORE_UNLOAD, MEMORY
+from grid.sim.strategies import best_model, feasible
+from grid.sim.world import WARM_WITHOUT_MEMORY
 
 if TYPE_CHECKING:
     from grid.sim.scenario import Scenario
@@ -92,8 +95,6 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
 
 def feasible_workloads(sc: Scenario) -> list[str]:
     """Workloads some machine of the fleet can serve with some configured model."""
-    from grid.sim.strategies import best_model
-
     return [w for w in WORKLOADS if best_model(w, sc.profiles, sc.fleet) is not None]
 
 
@@ -174,10 +175,9 @@ class Metrics:
         self.disk_mb = sum(m.disk_used_mb() for m in world.machines.values())
         self.cold_starts = world.cold_fetches
         for at, host, model, problem in world.problems:
-            from grid.sim.safety import DRAIN_BEFORE_UNLOAD, MEMORY
-
             minute = int((at - world.start) // 60)
-            self.violation(minute, MEMORY if "memory" in problem else DRAIN_BEFORE_UNLOAD, f"{problem}: {model} on {host}")
+            invariant = MEMORY if problem == WARM_WITHOUT_MEMORY else DRAIN_BEFORE_UNLOAD
+            self.violation(minute, invariant, f"{problem}: {model} on {host}")
 
     # --- the report --------------------------------------------------------------------------
 
@@ -226,8 +226,6 @@ class Metrics:
         )
 
     def _recommendations(self, rows: list[WorkloadRow]) -> tuple[str, ...]:
-        from grid.sim.strategies import best_model, feasible
-
         sc = self.sc
         out = []
         for row in rows:

@@ -58,6 +58,8 @@ class _Log:
     """Events waiting for their receipt time, folded in (time, stream order, emission) order."""
 
     runner: ProjectionRunner
+    # Sees every event as it is folded (tests: what the log would hold).
+    on_event: Callable[[str, Event], None] | None = None
     heap: list[tuple[float, int, int, str, Event]] = field(default_factory=list)
     seqs: dict[str, int] = field(default_factory=dict)
     n: int = 0
@@ -71,16 +73,19 @@ class _Log:
             at, _, _, stream, event = heapq.heappop(self.heap)
             seq = self.seqs.get(stream, 0) + 1
             self.seqs[stream] = seq
+            if self.on_event is not None:
+                self.on_event(stream, event)
             self.runner.fold_event(event, Position(stream, seq, at))
 
 
-def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None) -> Metrics:
+def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None,
+        on_event: Callable[[str, Event], None] | None = None) -> Metrics:
     if strategy not in strategies.STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (one of: {', '.join(strategies.STRATEGIES)})")
     policy = Policy()
     limits = Limits()
     runner = ProjectionRunner(PROJECTIONS)
-    log = _Log(runner)
+    log = _Log(runner, on_event)
     world = World(sc.fleet, sc.profiles, EPOCH)
     metrics = Metrics(sc, strategy, timeline=timeline)
     specs = {m.host_id: m for m in sc.fleet}

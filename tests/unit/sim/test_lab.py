@@ -136,3 +136,22 @@ def test_a_machine_reports_the_runtime_its_engine_runs() -> None:
     [res] = [r for r in hb.residencies if r.model_id == "image-xl"]
     assert (res.state, res.runtime) == ("ready", "comfyui")
     assert [e.status for e in events] == ["accepted", "succeeded", "accepted", "succeeded"]
+
+
+def test_no_prompt_or_raw_affinity_key_reaches_the_log(small) -> None:
+    # The lab emits what the gateway would: bounded features only, affinity double hashed.
+    from grid.events import codec
+    from grid.sim.traffic import PROJECT_SIZE
+
+    blobs: list[bytes] = []
+    run(small, "smart", on_event=lambda stream, ev: blobs.append(codec.encode(ev)))
+    assert any(b'"request.batch.v1"' in b for b in blobs)
+    everything = b"\n".join(blobs)
+    for _, _, texts in TEMPLATES.values():
+        for text in texts:
+            assert text.encode() not in everything
+    import hashlib
+
+    for user in range(0, len(small.users), PROJECT_SIZE):
+        raw = hashlib.sha256(f"sim-project:{small.config.seed}:{user // PROJECT_SIZE}".encode())
+        assert raw.hexdigest().encode() not in everything  # only the second hash is ever logged
