@@ -12,6 +12,7 @@ from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
 from grid.cli.replay import replay_command
+from grid.cli.test_cmd import test_app
 
 app = typer.Typer(
     name="gridctl",
@@ -38,6 +39,7 @@ app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
 app.command("pull")(pull)
 app.command("replay")(replay_command)
+app.add_typer(test_app, name="test")  # gridctl test scenario, graduate
 history.register(app)  # gridctl history
 chat.register(app)  # gridctl models, gridctl chat
 register_admin(app)  # gridctl status, model set/rm, mode, tick

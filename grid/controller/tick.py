@@ -22,6 +22,7 @@ from grid.events.codec import encode_value
 from grid.events.plan import PlanCreated
 from grid.events.subjects import REQUESTS_STREAM
 from grid.planner import plan as planner_plan
+from grid.planner.fleet_scan import placeable_models
 from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
 from grid.projections.position import Position
@@ -72,6 +73,7 @@ def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInp
             states["demand"], base.profiles, now,
             ready_replicas=ready_replicas(base.hosts, now, policy),
             timings=base.timings, retired=frozenset(base.retired),
+            placeable=placeable_models(base.profiles, base.hosts),
         )
     except Exception as exc:  # the forecast must never stop a tick: plan for the baseline instead
         return TickInput(

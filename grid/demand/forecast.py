@@ -20,7 +20,10 @@ Direct demand (named-model requests), per model:
 * replicas = ceil(offered / (replica_concurrency x target_utilization)); queue (>= 0.5),
   latency (approximate p95 above ``latency_slo_ms`` with >= 3 samples) or capacity-error
   (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready set.
-* hysteresis: while the demand watermark (latest of the projection's ``last_seen`` and the
+* hysteresis: ready replicas that claimed workloads (automatic traffic) justified in any bucket
+  within ``scale_down_cooldown_seconds`` stay desired too (``cooldown_hold``), so replicas
+  justified by `auto` traffic do not flap on small dips.
+* hysteresis (direct): while the demand watermark (latest of the projection's ``last_seen`` and the
   persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas that
   demand justified during that window (at least one) stay desired; with only a watermark and
   no bucket history (a controller restart) every ready replica stays desired. Direct demand
@@ -28,7 +31,8 @@ Direct demand (named-model requests), per model:
   EWMA tail never keeps a model loaded past its cooldown.
 
 Workload demand (automatic traffic) is projected onto the exploitation leader: the configured
-model with the best workload score adjusted by measured outcomes (:mod:`grid.demand.outcomes`),
+model (among those some host could hold, when the caller passes ``placeable``) with the best
+workload score adjusted by measured outcomes (:mod:`grid.demand.outcomes`),
 a ready model winning exact ties. When the optimism bonus ranks a different, less proven model
 first, that model is an exploration option; the forecast spends at most one exploration canary
 (one replica, ``explore:<workload>``) on the workload with the most projected concurrency. Admission needs three
@@ -50,7 +54,7 @@ them share one configuration and one set of series statistics, and read top to b
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -419,6 +423,29 @@ def _peak_need(
     return peak
 
 
+def _workload_peak_need(
+    workloads: Sequence[str], demand: DemandState, now: float, window: float, prior_service: float, cap: float,
+    cfg: ForecastConfig,
+) -> int:
+    """Largest replica need of any bucket in ``[now - window, now]`` from the workloads' combined
+    arrivals x service time (their queue is left out: it was not served by this model)."""
+    bs = demand.bucket_seconds
+    nb = int(now // bs)
+    offered: dict[int, float] = {}
+    for w in workloads:
+        series = demand.workloads.get(w)
+        if series is None:
+            continue
+        for bk in series.buckets:
+            k = bk.index
+            if k > nb or (k + 1) * bs <= now - window or not bk.count:
+                continue
+            duration = bs if k < nb else max(now - k * bs, bs / 2.0)
+            service = bk.service_sum / bk.service_n if bk.service_n else prior_service
+            offered[k] = offered.get(k, 0.0) + bk.count / duration * service
+    return max((_replicas_for(v, cap, cfg) for v in offered.values()), default=0)
+
+
 class _WorkloadClaim(msgspec.Struct, kw_only=True):
     offered: float = 0.0
     canary: bool = True
@@ -438,10 +465,14 @@ def forecast(
     timings: Sequence[TimingSample] = (),
     retired: frozenset[str] | Sequence[str] = frozenset(),
     config: ForecastConfig = ForecastConfig(),
+    placeable: Collection[str] | None = None,
 ) -> Forecast:
     """Desired replicas per configured, non-retired model at ``now`` (pure).
 
     Three demand steps (direct, workload, inferred), then one combination per model.
+    ``placeable``: the models some host could ever hold (grid.planner.fleet_scan); workload
+    demand is projected only onto those, so a model that fits nowhere never suppresses a
+    usable fallback. None: every configured model is a candidate.
     """
     cfg = config
     retired_set = frozenset(retired)
@@ -455,7 +486,8 @@ def forecast(
 
     stats = _direct_demand(demand, live, starts, now, cfg)
     seq_preds = affinity_mod.predictions(demand.affinity, now)
-    claims, workload_rows = _workload_demand(demand, live, by_id, starts, seq_preds, now, ready_replicas, cfg)
+    candidates = live if placeable is None else [p for p in live if p.model_id in placeable]
+    claims, workload_rows = _workload_demand(demand, candidates, by_id, starts, seq_preds, now, ready_replicas, cfg)
     inferred, considered = _inferred_demand(demand, live, stats, now)
 
     targets: list[DemandTarget] = []
@@ -582,7 +614,7 @@ def _workload_row(
         p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
     )
     gate = ""
-    if st.observations >= cfg.evidence_observations and st.offered >= cfg.min_offered:
+    if st.observations >= cfg.evidence_observations and (st.offered >= cfg.min_offered or st.recent > 0):
         gate = GATE_OBSERVATIONS
     elif st.offered >= cfg.evidence_concurrency:
         gate = GATE_CONCURRENCY
@@ -737,6 +769,17 @@ def _model_forecast(
             reasons.append(REASON_CANARY)
     else:
         replicas = 0
+    if claim is not None and ready > replicas:
+        # Hysteresis for automatic traffic, as for named demand: ready replicas the claimed
+        # workloads justified within the cooldown stay desired, so a small dip in `auto`
+        # traffic does not unload a replica that the next minute loads again.
+        cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
+        peak = _workload_peak_need(claim.workloads, demand, now, cooldown, _finite(p.expected_service_seconds, 2.0),
+                                   cap, cfg)
+        hold = min(ready, peak)
+        if hold > replicas:
+            replicas = hold
+            reasons.append(REASON_HOLD)
     if p.min_replicas > 0 and p.min_replicas >= replicas:
         replicas = p.min_replicas
         evidence = "baseline"

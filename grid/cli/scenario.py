@@ -1,0 +1,117 @@
+"""gridctl test scenario / gridctl test graduate: the scenario lab (grid.sim) from the shell.
+
+A decision-quality test on a simulated clock: no process, no network, no inference. Both
+commands print a table, or `--json`; `scenario` is byte-stable for a seed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from grid.cli.common import JsonOption, err_console
+from grid.sim import graduate as graduate_mod
+from grid.sim import oracle as oracle_mod
+from grid.sim.report import render, to_json
+from grid.sim.run import run
+from grid.sim.scenario import ScenarioConfig, prepare
+from grid.sim.strategies import STRATEGIES
+from grid.sim.trace import TraceError, parse_option, read_trace
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _minutes(hours: float) -> int:
+    if not (hours > 0) or hours * 60 > 24 * 60:
+        _fail(f"--hours must be more than 0 and at most 24, got {hours}")
+    return max(1, int(round(hours * 60)))
+
+
+def scenario(
+    machines: int = typer.Option(4, "--machines", help="Logical machines (4 is the seed's scarce fleet: 8/16/24/48 GiB)."),
+    models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
+    users: int = typer.Option(50, "--users", help="Simulated users (personas in fixed proportions)."),
+    hours: float = typer.Option(2.0, "--hours", help="Length of the simulated workday in hours (at most 24)."),
+    seed: int = typer.Option(42, "--seed", help="Seed for the day, incidents and requests (same seed, same bytes)."),
+    strategy: str = typer.Option("smart", "--strategy", help="smart (production), reactive, greedy or static."),
+    oracle: bool = typer.Option(False, "--oracle", help="Also run the bounded hindsight oracle (<= 4 machines, 9 models, 240 min)."),
+    workload_trace: Optional[list[str]] = typer.Option(
+        None, "--workload-trace", help="WORKLOAD=CSV: headerless (seconds, rate) series for one workload; repeatable."),
+    timeline: bool = typer.Option(False, "--timeline", help="Include every changing tick (commands, incidents)."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run one strategy over a simulated workday and report served demand, churn, memory and safety."""
+    if strategy not in STRATEGIES:
+        _fail(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    traces = []
+    seen: set[str] = set()
+    try:
+        for option in workload_trace or []:
+            workload, path = parse_option(option)
+            if workload in seen:
+                raise TraceError(f"--workload-trace names {workload} twice")
+            seen.add(workload)
+            traces.append((workload, tuple(read_trace(path))))
+    except TraceError as exc:
+        _fail(str(exc))
+    cfg = ScenarioConfig(machines=machines, models=models, users=users, minutes=_minutes(hours), seed=seed,
+                         traces=tuple(traces))
+    try:
+        sc = prepare(cfg)
+    except ValueError as exc:
+        _fail(str(exc))
+    hindsight = None
+    if oracle:
+        why = oracle_mod.refusal(sc)
+        if why is not None:
+            _fail(f"{why}: the exhaustive search is bounded; drop --oracle or shrink the scenario")
+    report = run(sc, strategy, timeline=timeline).report()
+    if oracle:
+        hindsight = oracle_mod.solve(sc)
+    if json_out:
+        sys.stdout.buffer.write(to_json(report, {"oracle": hindsight} if hindsight is not None else None) + b"\n")
+        return
+    typer.echo(render(report, hindsight))
+
+
+def graduate(
+    fleets: str = typer.Option("4,16", "--fleets", help="Comma-separated fleet sizes (machines)."),
+    seeds: int = typer.Option(6, "--seeds", help="Number of seeds per fleet (seeds 1..N)."),
+    hours: float = typer.Option(2.0, "--hours", help="Length of each simulated day in hours."),
+    models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
+    users_per_machine: float = typer.Option(12.5, "--users-per-machine", help="Users per machine (4 machines: 50)."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run every strategy over fleet sizes and seeds; print the gates and exit non-zero if one fails."""
+    try:
+        sizes = [int(x) for x in fleets.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--fleets must be comma-separated integers, got {fleets!r}")
+    if not sizes:
+        _fail("--fleets names no fleet")
+    if not 1 <= seeds <= 50:
+        _fail(f"--seeds must be between 1 and 50, got {seeds}")
+    minutes = _minutes(hours)
+    results = []
+    for machines in sizes:
+        users = max(1, int(round(users_per_machine * machines)))
+        try:
+            results.append(graduate_mod.run_fleet(
+                machines, tuple(range(1, seeds + 1)), users=users, models=models, minutes=minutes,
+                progress=None if json_out else (lambda msg: err_console.print(f"  {msg}", style="dim")),
+            ))
+        except ValueError as exc:
+            _fail(str(exc))
+    if json_out:
+        import msgspec
+
+        sys.stdout.buffer.write(msgspec.json.encode(graduate_mod.to_dict(results), order="deterministic") + b"\n")
+    else:
+        typer.echo(graduate_mod.render(results))
+    if not graduate_mod.passed(results):
+        raise typer.Exit(1)

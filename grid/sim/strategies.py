@@ -1,0 +1,146 @@
+"""The four controls the lab compares, each a function of the projection states and `now`.
+
+* smart: the production tick composition (grid.controller.tick.compose_tick), unchanged.
+* reactive: the same forecast without lookahead or correlation: no trend horizon, and
+  targets only correlation or sequence evidence asked for dropped (workload demand kept).
+* greedy: each minute, the latest complete minute's visible demand only: named requests to
+  their model, each `auto` workload to its highest-suitability feasible model, replicas for the
+  offered concurrency; placed by the production planner.
+* static: the population's average mix, planned once at the start; that plan is kept for the
+  whole day (no rescheduling around failures).
+
+All four are reconciled, routed and measured identically by grid.sim.run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from grid.controller.inputs import build_planner_input, ready_replicas
+from grid.controller.tick import compose_tick
+from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
+from grid.demand.fold import DemandState
+from grid.events.control import ModelProfile
+from grid.planner import plan as planner_plan
+from grid.planner.fleet_scan import placeable_models
+from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy
+from grid.sim.fleet import MachineSpec
+
+SMART = "smart"
+REACTIVE = "reactive"
+GREEDY = "greedy"
+STATIC = "static"
+STRATEGIES: tuple[str, ...] = (SMART, REACTIVE, GREEDY, STATIC)
+
+REACTIVE_CONFIG = ForecastConfig(max_lookahead_seconds=0.0)
+TARGET_UTILIZATION = 0.7
+
+
+def feasible(spec: MachineSpec, p: ModelProfile) -> bool:
+    """Static compatibility: runtime, backend and memory (the lab's own fleet facts)."""
+    if not set(p.runtimes) & set(spec.runtimes):
+        return False
+    if p.backends and not set(p.backends) & set(spec.backends):
+        return False
+    return p.memory_mb <= spec.memory_mb
+
+
+def best_model(workload: str, profiles: Mapping[str, ModelProfile], fleet: tuple[MachineSpec, ...]) -> str | None:
+    """The highest-suitability model for a workload that some machine can host (ties: model id)."""
+    best: tuple[float, str] | None = None
+    for model_id in sorted(profiles):
+        p = profiles[model_id]
+        score = float(p.workload_scores.get(workload, 0.0))
+        if score <= 0.0 or not any(feasible(s, p) for s in fleet):
+            continue
+        if best is None or (-score, model_id) < best:
+            best = (-score, model_id)
+    return None if best is None else best[1]
+
+
+def replicas_for(offered: float, p: ModelProfile) -> int:
+    cap = max(1, p.replica_concurrency) * TARGET_UTILIZATION
+    return max(0, min(max(p.max_replicas, p.min_replicas), math.ceil(offered / cap - 1e-9)))
+
+
+def targets_from_offered(
+    offered: Mapping[str, float], profiles: Mapping[str, ModelProfile], reason: str,
+) -> tuple[DemandTarget, ...]:
+    out = []
+    for model_id in sorted(profiles):
+        p = profiles[model_id]
+        want = max(p.min_replicas, replicas_for(offered.get(model_id, 0.0), p))
+        if offered.get(model_id, 0.0) > 0 and want == 0:
+            want = 1
+        if want > 0:
+            evidence = "direct" if offered.get(model_id, 0.0) > 0 else "baseline"
+            out.append(DemandTarget(model_id=model_id, replicas=want, evidence=evidence,  # type: ignore[arg-type]
+                                    offered_concurrency=round(offered.get(model_id, 0.0), 6), reason=reason))
+    return tuple(out)
+
+
+def plan_smart(states: Mapping[str, Any], now: float, policy: Policy) -> tuple[PlannerInput, Plan]:
+    tick = compose_tick(states, now, policy)
+    return tick.planner_input, tick.plan
+
+
+def plan_reactive(states: Mapping[str, Any], now: float, policy: Policy) -> tuple[PlannerInput, Plan]:
+    base = build_planner_input(states, now, demand=(), policy=policy)
+    fc = forecast(
+        states["demand"], base.profiles, now, ready_replicas=ready_replicas(base.hosts, now, policy),
+        timings=base.timings, retired=frozenset(base.retired), config=REACTIVE_CONFIG,
+        placeable=placeable_models(base.profiles, base.hosts),
+    )
+    targets = tuple(t for t in fc.targets if not _correlation_only(t))
+    pin = msgspec.structs.replace(base, demand=targets)
+    return pin, planner_plan.plan(pin)
+
+
+def _correlation_only(t: DemandTarget) -> bool:
+    """An inferred target that no workload (auto traffic) asked for: correlation or sequence only."""
+    if t.evidence != "inferred":
+        return False
+    return not any(part.startswith(REASON_WORKLOAD + ":") for part in t.reason.split("+"))
+
+
+def latest_offered(demand: DemandState, now: float, profiles: Mapping[str, ModelProfile],
+                   fleet: tuple[MachineSpec, ...]) -> dict[str, float]:
+    """Offered concurrency per model in the latest complete minute (greedy's whole view)."""
+    b = int(now // demand.bucket_seconds) - 1
+    offered: dict[str, float] = {}
+
+    def minute(series: Any) -> float:
+        for bk in reversed(series.buckets):
+            if bk.index == b:
+                service = bk.service_sum / bk.service_n if bk.service_n else 0.0
+                return bk.count * service / demand.bucket_seconds
+            if bk.index < b:
+                break
+        return 0.0
+
+    for model_id in sorted(demand.models):
+        if model_id in profiles:
+            offered[model_id] = offered.get(model_id, 0.0) + minute(demand.models[model_id])
+    for w in sorted(demand.workloads):
+        model_id = best_model(w, profiles, fleet)
+        if model_id is not None:
+            offered[model_id] = offered.get(model_id, 0.0) + minute(demand.workloads[w])
+    return offered
+
+
+def plan_greedy(states: Mapping[str, Any], now: float, policy: Policy, profiles: Mapping[str, ModelProfile],
+                fleet: tuple[MachineSpec, ...]) -> tuple[PlannerInput, Plan]:
+    offered = latest_offered(states["demand"], now, profiles, fleet)
+    pin = build_planner_input(states, now, demand=targets_from_offered(offered, profiles, "greedy_minute"),
+                              policy=policy)
+    return pin, planner_plan.plan(pin)
+
+
+def plan_static(states: Mapping[str, Any], now: float, policy: Policy,
+                average: tuple[DemandTarget, ...]) -> tuple[PlannerInput, Plan]:
+    pin = build_planner_input(states, now, demand=average, policy=policy)
+    return pin, planner_plan.plan(pin)
