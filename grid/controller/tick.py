@@ -20,7 +20,7 @@ from grid.demand.forecast import Forecast, forecast
 from grid.events.base import Event
 from grid.events.codec import encode_value
 from grid.events.plan import PlanCreated
-from grid.events.subjects import REQUESTS_STREAM
+from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
 from grid.planner import plan as planner_plan
 from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
@@ -43,7 +43,9 @@ def _fold_throughput(state: Any, event: Event, position: Position, states: dict[
     return throughput_proj.apply(state, event, position, catalog_proj.configured_models(states["catalog"]))
 
 
-DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM,), demand_fold.DemandState, demand_fold.initial, _fold_demand)
+# Demand also reads the control stream for the owner's quality evaluations.
+DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM, CONTROL_STREAM), demand_fold.DemandState, demand_fold.initial,
+                        _fold_demand)
 THROUGHPUT = ProjectionSpec("throughput", (REQUESTS_STREAM,), throughput_proj.ThroughputState,
                             throughput_proj.initial, _fold_throughput)
 # The projections a tick reads: the core ones plus request demand (for the forecast) and the
