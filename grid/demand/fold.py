@@ -13,6 +13,8 @@ buckets of ``bucket_seconds`` (default 60 s) keyed by the log receipt time, keep
 * Outcome evidence: every served request of a configured ``served_model`` (auto or not) is
   folded into :mod:`grid.demand.outcomes`, keyed by (model, workload, artifact sha256).
 * Affinity sequences: records carrying ``affinity`` feed :mod:`grid.demand.affinity`.
+* Evaluation-marked records (``features.evaluation``, which only the owner may set at the
+  gateway) are skipped: evaluating a model must not manufacture demand for it.
 * Quality evidence: the owner's ``EvaluationRecorded`` events (control stream) of configured
   models are folded into the same outcomes, keyed by the revision they name.
 
@@ -281,6 +283,11 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
     aff = state.affinity
     ignored = 0
     for r in records:
+        if r.evaluation:
+            # The owner's evaluation traffic (only the owner can mark it): no demand, and no
+            # service or quality evidence; quality arrives as EvaluationRecorded, and the
+            # throughput projection still learns the engine's speed from it.
+            continue
         wl = r.workload
         if wl not in vocab:
             wl = fallback

@@ -138,3 +138,15 @@ async def test_the_planner_places_a_new_replica_on_the_measured_faster_host() ->
         again = compose_tick(states, now, Policy())
         assert encode_value(again.planner_input) == encode_value(tick.planner_input)
         assert encode_value(again.plan) == encode_value(tick.plan)
+
+
+def test_evaluation_traffic_teaches_throughput_but_creates_no_demand_or_evidence() -> None:
+    from grid.demand import fold as demand_fold
+
+    marked = [rec(tokens=80, evaluation=True, workload="coding") for _ in range(4)]
+    state = fold([batch(*marked)])
+    assert tp.measured(state, [profile()], 2000.0) == {"host-a": {MODEL: 80.0}}
+    demand = demand_fold.apply(demand_fold.initial(), batch(*marked), 1000.0, CONFIGURED)
+    assert demand.models == {} and demand.workloads == {} and demand.outcomes == {}
+    ordinary = demand_fold.apply(demand_fold.initial(), batch(rec(workload="coding")), 1000.0, CONFIGURED)
+    assert MODEL in ordinary.models and MODEL in ordinary.outcomes
