@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
+
 from grid.events.control import ModelProfile
 from grid.fleet import FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import (
