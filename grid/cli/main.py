@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from grid import __version__
-from grid.cli import chat, history, invite, model_push, natsinit, up
+from grid.cli import chat, history, invite, model_evaluate, model_push, natsinit, up
 from grid.cli.admin import model_app
 from grid.cli.admin import register as register_admin
 from grid.cli.events import events_app
@@ -44,6 +44,7 @@ history.register(app)  # gridctl history
 chat.register(app)  # gridctl models, gridctl chat
 register_admin(app)  # gridctl status, model set/rm, mode, tick
 model_push.register(model_app)  # gridctl model push
+model_evaluate.register(model_app)  # gridctl model evaluate
 invite.register(app)  # gridctl invite
 natsinit.register(app)  # gridctl nats init
 

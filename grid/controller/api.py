@@ -10,6 +10,8 @@
     GET    /metrics                     Prometheus exposition (as status: open on loopback only)
     GET    /allocator/history/{view}    a history view of the analytics store (operator token);
                                         query: from, to (epoch seconds), bucket, model, changes_only
+    POST   /allocator/evaluations       an owner's quality evaluation -> EvaluationRecorded
+                                        (grid.controller.evaluations; operator token only)
 
 Request bodies and query strings are bounded and validated in grid.controller.admin_input.
 `AdminServer` serves the app with uvicorn in the controller's event loop and records its URL in
@@ -58,7 +60,9 @@ from grid.controller.admin_input import (
     validate_model_id,
     validate_profile,
 )
+from grid.controller.evaluations import EvaluationBody, evaluation_decoder, to_event, validate_body
 from grid.controller.openapi import (
+    EvaluationResponse,
     HistoryResponse,
     ModeResponse,
     ProfileRetiredResponse,
@@ -173,7 +177,8 @@ def create_admin_app(
         return _json(body)
 
     openapi_bytes = msgspec.json.encode(
-        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch))
+        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch,
+                      evaluation_body=EvaluationBody))
 
     async def openapi(_request: Request) -> Response:
         return Response(openapi_bytes, media_type="application/json")
@@ -301,6 +306,23 @@ def create_admin_app(
             deferred=len(result.deferred) if result is not None else 0,
         ))
 
+    async def post_evaluation(request: Request) -> Response:
+        # Quality evidence moves placement: only the owner's operator token may record it.
+        if not authorized(request):
+            return unauthorized()
+        try:
+            body = decode_body(evaluation_decoder, await intake.read(request, max_body_bytes))
+            validate_body(body)
+            event = to_event(body, controller.runner["catalog"].profiles.get(body.model_id), now())
+        except BodyError as exc:
+            return _error(exc.status, exc.error, exc.detail, exc.field)
+        try:
+            res = await controller.append_control(event)
+        except LogError as exc:
+            return _error(503, "log_unavailable", str(exc))
+        return _json(EvaluationResponse(model_id=event.model_id, workload=event.workload, score=event.score,
+                                        samples=event.samples, artifact_sha256=event.artifact_sha256, seq=res.seq))
+
     routes = [
         Route("/allocator/status", status, methods=["GET"]),
         Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
@@ -309,6 +331,7 @@ def create_admin_app(
         Route("/allocator/mode", put_mode, methods=["PUT"]),
         Route("/allocator/tick", post_tick, methods=["POST"]),
         Route("/allocator/history/{view}", history, methods=["GET"]),
+        Route("/allocator/evaluations", post_evaluation, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from grid.events.control import ModelProfile
 from grid.fleet import FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import (
@@ -22,6 +24,7 @@ from grid.planner.types import (
 )
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
+from grid.projections import throughput as throughput_proj
 from grid.projections.actions import TIMING_AUTHORITATIVE_SAMPLES, ActionsState
 
 
@@ -61,6 +64,21 @@ def authoritative(sample: TimingSample) -> bool:
     return sample.samples >= TIMING_AUTHORITATIVE_SAMPLES
 
 
+def with_measured_throughput(
+    hosts: tuple[HostSnapshot, ...], measured: Mapping[str, Mapping[str, float]]
+) -> tuple[HostSnapshot, ...]:
+    """Each host's measured tokens/s per model, from the gateway's measurements only.
+
+    The map is replaced, never merged: measured performance is proxy-owned, so nothing a host
+    reports can stand in for it.
+    """
+    return tuple(
+        h if not (h.measured_tokens_per_second or measured.get(h.host_id))
+        else msgspec.structs.replace(h, measured_tokens_per_second=dict(measured.get(h.host_id, {})))
+        for h in hosts
+    )
+
+
 def build_planner_input(
     states: Mapping[str, Any],
     now: float,
@@ -72,10 +90,14 @@ def build_planner_input(
     fleet: fleet_proj.FleetState = states["fleet"]
     actions: ActionsState = states["actions"]
     profiles = catalog_proj.sorted_profiles(catalog)
+    hosts = fleet_proj.snapshots(fleet, now)
+    throughput = states.get("throughput")
+    if throughput is not None:
+        hosts = with_measured_throughput(hosts, throughput_proj.measured(throughput, profiles, now))
     return PlannerInput(
         now=now,
         profiles=profiles,
-        hosts=fleet_proj.snapshots(fleet, now),
+        hosts=hosts,
         demand=baseline_demand(profiles) if demand is None else demand,
         policy=policy,
         timings=timing_samples(actions),

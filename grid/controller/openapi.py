@@ -51,6 +51,17 @@ class TickResponse(msgspec.Struct, frozen=True, kw_only=True):
     deferred: int
 
 
+class EvaluationResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """An appended EvaluationRecorded: what was recorded, for which revision, at which sequence."""
+
+    model_id: str
+    workload: str
+    score: float
+    samples: int
+    artifact_sha256: str | None
+    seq: int
+
+
 class HistoryResponse(msgspec.Struct, frozen=True, kw_only=True):
     view: str
     rows: list[dict[str, Any]]
@@ -61,11 +72,13 @@ def _content(ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_views: tuple[str, ...],
-                  profile_patch: type) -> dict[str, Any]:
+                  profile_patch: type, evaluation_body: type | None = None) -> dict[str, Any]:
     types = [ErrorBody, ProfileSetResponse, ProfileRetiredResponse, ModeResponse, TickResponse, HistoryResponse,
              profile_body, mode_body, tick_body, profile_patch]
+    if evaluation_body is not None:
+        types += [EvaluationResponse, evaluation_body]
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
-    error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b, patch_b = refs
+    error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b, patch_b = refs[:10]
 
     def responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
         out: dict[str, Any] = {"200": {"description": "OK", "content": _content(ok)}}
@@ -124,6 +137,13 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
             ],
             "responses": responses(history_r, 401, 404, 422, 503),
         }},
+        **({} if evaluation_body is None else {"/allocator/evaluations": {"post": {
+            "summary": "Record an owner's quality evaluation of a configured model on a workload "
+                       "(appends EvaluationRecorded; an explicit artifact_sha256 must be the configured revision).",
+            "security": token,
+            "requestBody": {"required": True, "content": _content(refs[11])},
+            "responses": responses(refs[10], 400, 401, 404, 408, 409, 413, 422, 503),
+        }}}),
         "/metrics": {"get": {
             "summary": "Prometheus exposition (open on loopback; elsewhere the operator token).",
             "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
@@ -149,7 +169,8 @@ _REASONS = {
     401: "Operator token missing or wrong",
     404: "No such model, view or path",
     408: "The request body did not arrive in time",
-    409: "Refused in the current state (automatic mode on a non-durable log)",
+    409: "Refused in the current state (automatic mode on a non-durable log, an evaluation naming "
+         "another artifact revision)",
     413: "Body too large",
     422: "Validation error, naming the field",
     503: "The event log or the analytics store is unavailable, or too many bodies are still arriving",

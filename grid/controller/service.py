@@ -67,6 +67,7 @@ from grid.events.artifact_store import ensure_artifact_bucket
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.evaluations import EvaluationRecorded
 from grid.events.log import (
     AppendResult,
     ConflictError,
@@ -449,7 +450,7 @@ class Controller:
     # --- control events (admin API) -----------------------------------------------------------
 
     async def append_control(self, event: Event) -> AppendResult:
-        if not isinstance(event, (ProfileSet, ProfileRemoved, ModeSet, TickRequested)):
+        if not isinstance(event, (ProfileSet, ProfileRemoved, ModeSet, TickRequested, EvaluationRecorded)):
             raise TypeError(f"not a control event: {type(event).__name__}")
         result = await self.log.append(event)
         await self._await_position(result.stream, result.seq)

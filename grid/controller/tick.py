@@ -20,12 +20,13 @@ from grid.demand.forecast import Forecast, forecast
 from grid.events.base import Event
 from grid.events.codec import encode_value
 from grid.events.plan import PlanCreated
-from grid.events.subjects import REQUESTS_STREAM
+from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
 from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
 from grid.projections.position import Position
+from grid.projections import throughput as throughput_proj
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionSpec
 
 PlanFn = Callable[[PlannerInput], Plan]
@@ -38,9 +39,19 @@ def _fold_demand(state: Any, event: Event, position: Position, states: dict[str,
     return demand_fold.apply(state, event, position.time, catalog_proj.configured_models(states["catalog"]))
 
 
-DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM,), demand_fold.DemandState, demand_fold.initial, _fold_demand)
-# The projections a tick reads: the core ones plus request demand (for the forecast).
-PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND,)
+def _fold_throughput(state: Any, event: Event, position: Position, states: dict[str, Any]) -> Any:
+    # Like demand: only configured models keep measurements (bounded state).
+    return throughput_proj.apply(state, event, position, catalog_proj.configured_models(states["catalog"]))
+
+
+# Demand also reads the control stream for the owner's quality evaluations.
+DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM, CONTROL_STREAM), demand_fold.DemandState, demand_fold.initial,
+                        _fold_demand)
+THROUGHPUT = ProjectionSpec("throughput", (REQUESTS_STREAM,), throughput_proj.ThroughputState,
+                            throughput_proj.initial, _fold_throughput)
+# The projections a tick reads: the core ones plus request demand (for the forecast) and the
+# measured per-engine throughput (for placement).
+PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND, THROUGHPUT)
 
 
 class TickInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +133,7 @@ def recorded_policy(event: PlanCreated) -> Policy:
 __all__ = [
     "DEMAND",
     "PROJECTIONS",
+    "THROUGHPUT",
     "PlanFn",
     "Tick",
     "TickInput",

@@ -13,6 +13,10 @@ buckets of ``bucket_seconds`` (default 60 s) keyed by the log receipt time, keep
 * Outcome evidence: every served request of a configured ``served_model`` (auto or not) is
   folded into :mod:`grid.demand.outcomes`, keyed by (model, workload, artifact sha256).
 * Affinity sequences: records carrying ``affinity`` feed :mod:`grid.demand.affinity`.
+* Evaluation-marked records (``features.evaluation``, which only the owner may set at the
+  gateway) are skipped: evaluating a model must not manufacture demand for it.
+* Quality evidence: the owner's ``EvaluationRecorded`` events (control stream) of configured
+  models are folded into the same outcomes, keyed by the revision they name.
 
 Each bucket holds counts, errors, capacity-class errors, summed service and queue seconds,
 reported queue depth, and a bounded logarithmic latency histogram (4 bins per doubling of
@@ -32,6 +36,7 @@ from functools import lru_cache
 import msgspec
 
 from grid.events.base import Event
+from grid.events.evaluations import EvaluationRecorded
 from grid.events.requests import WORKLOADS, RequestBatch, RequestCompleted, RequestFailed
 from grid.demand import affinity as affinity_mod
 from grid.demand import outcomes as outcomes_mod
@@ -258,6 +263,8 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
         records = event.records  # type: ignore[attr-defined]
     elif kind is RequestCompleted or kind is RequestFailed:
         records = (event.features,)  # type: ignore[attr-defined]
+    elif kind is EvaluationRecorded:
+        return _evaluation(state, event, position_time, configured)  # type: ignore[arg-type]
     else:
         return state
     t = position_time
@@ -276,6 +283,11 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
     aff = state.affinity
     ignored = 0
     for r in records:
+        if r.evaluation:
+            # The owner's evaluation traffic (only the owner can mark it): no demand, and no
+            # service or quality evidence; quality arrives as EvaluationRecorded, and the
+            # throughput projection still learns the engine's speed from it.
+            continue
         wl = r.workload
         if wl not in vocab:
             wl = fallback
@@ -306,6 +318,18 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
             affinity_mod.observe(aff, r.affinity, wl, r.finished_at, t)
     if ignored:
         state.ignored += ignored
+    return state
+
+
+def _evaluation(state: DemandState, event: EvaluationRecorded, t: float, configured: Container[str]) -> DemandState:
+    if event.model_id not in configured or not math.isfinite(t) or event.samples < 1:
+        return state
+    vocab, fallback = _vocab(state.vocabulary)
+    wl = event.workload if event.workload in vocab else fallback
+    outcomes_mod.record_evaluation(
+        state.outcomes, event.model_id, wl, event.artifact_sha256 or "",
+        passed=event.score * event.samples, total=float(event.samples), at=t,
+    )
     return state
 
 

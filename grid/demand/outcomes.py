@@ -4,8 +4,10 @@ Evidence is keyed by (model, workload, artifact sha256): a replacement artifact 
 uncertain and a late response from the previous revision cannot update the new one.
 
 * Service confidence reaches full weight after :data:`FULL_SERVICE_SAMPLES` fresh requests.
-* Quality confidence (requests marked ``evaluation``; ``ok`` = passed) reaches full weight after
-  :data:`FULL_QUALITY_SAMPLES` fresh evaluations.
+* Quality confidence reaches full weight after :data:`FULL_QUALITY_SAMPLES` fresh evaluations.
+  Quality comes from the owner's authenticated evaluations (``EvaluationRecorded``, folded by
+  :func:`record_evaluation`: ``passed`` of ``total`` count as that many evaluations), never from
+  whether an inference request merely succeeded.
 * Both decay with their own seven-day half-life, each against its own update time: a fresh
   latency-only request cannot revive stale quality.
 * A six-point optimism bonus lets an equally suitable cold candidate earn a canary; it falls to
@@ -76,18 +78,7 @@ def _decay(value: float, since: float, now: float) -> float:
     return value * math.pow(0.5, dt / HALF_LIFE_SECONDS)
 
 
-def record(
-    outcomes: Outcomes,
-    model_id: str,
-    workload: str,
-    sha: str,
-    *,
-    ok: bool,
-    latency_seconds: float,
-    evaluation: bool,
-    at: float,
-) -> None:
-    """Fold one served request into ``outcomes`` (mutates; callers own the dict)."""
+def _stats(outcomes: Outcomes, model_id: str, workload: str, sha: str, at: float) -> OutcomeStats:
     by_workload = outcomes.get(model_id)
     if by_workload is None:
         by_workload = outcomes[model_id] = {}
@@ -100,16 +91,52 @@ def record(
             oldest = min(by_sha, key=lambda k: (max(by_sha[k].at, by_sha[k].q_at), k))
             del by_sha[oldest]
         stats = by_sha[sha] = OutcomeStats(at=at, q_at=at)
-    if evaluation:
-        if at > stats.q_at:
-            f = math.pow(0.5, (at - stats.q_at) / HALF_LIFE_SECONDS)
-            stats.q_n *= f
-            stats.q_ok *= f
-            stats.q_at = at
-        stats.q_n += 1.0
-        if ok:
-            stats.q_ok += 1.0
+    return stats
+
+
+def record_evaluation(
+    outcomes: Outcomes,
+    model_id: str,
+    workload: str,
+    sha: str,
+    *,
+    passed: float,
+    total: float,
+    at: float,
+) -> None:
+    """Fold ``passed`` of ``total`` evaluations into the quality evidence (mutates ``outcomes``).
+
+    Invalid counts (non-finite, negative, ``passed > total``, ``total == 0``) are ignored: the
+    admin API refuses them, and a hand-made event must not poison the score either.
+    """
+    if not (math.isfinite(passed) and math.isfinite(total) and 0.0 <= passed <= total and total > 0.0):
         return
+    stats = _stats(outcomes, model_id, workload, sha, at)
+    if at > stats.q_at:
+        f = math.pow(0.5, (at - stats.q_at) / HALF_LIFE_SECONDS)
+        stats.q_n *= f
+        stats.q_ok *= f
+        stats.q_at = at
+    stats.q_n += total
+    stats.q_ok += passed
+
+
+def record(
+    outcomes: Outcomes,
+    model_id: str,
+    workload: str,
+    sha: str,
+    *,
+    ok: bool,
+    latency_seconds: float,
+    evaluation: bool,
+    at: float,
+) -> None:
+    """Fold one served request into ``outcomes`` (mutates; callers own the dict)."""
+    if evaluation:
+        record_evaluation(outcomes, model_id, workload, sha, passed=1.0 if ok else 0.0, total=1.0, at=at)
+        return
+    stats = _stats(outcomes, model_id, workload, sha, at)
     if at > stats.at:
         f = math.pow(0.5, (at - stats.at) / HALF_LIFE_SECONDS)
         stats.n *= f

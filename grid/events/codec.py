@@ -17,6 +17,7 @@ from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import HostOverride, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
@@ -34,6 +35,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ModeSet,
     HostOverride,
     TickRequested,
+    EvaluationRecorded,
     PlanCreated,
     CommandIssued,
     CommandWithdrawn,

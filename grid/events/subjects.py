@@ -17,6 +17,7 @@ from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import HostOverride, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
@@ -95,6 +96,10 @@ def request_subject(kind: str) -> str:
 
 def profile_subject(model_id: str) -> str:
     return f"{PREFIX}.ctl.profile.{escape_token(model_id)}"
+
+
+def evaluation_subject(model_id: str) -> str:
+    return f"{PREFIX}.ctl.evaluation.{escape_token(model_id)}"
 
 
 def override_subject(host_id: str) -> str:
@@ -176,6 +181,8 @@ def parse_subject(subject: str) -> ParsedSubject:
         return ParsedSubject(stream, "command", host_id=unescape_token(parts[2]))
     if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "profile":
         return ParsedSubject(stream, "profile", model_id=unescape_token(parts[3]))
+    if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "evaluation":
+        return ParsedSubject(stream, "evaluation", model_id=unescape_token(parts[3]))
     if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "override":
         return ParsedSubject(stream, "override", host_id=unescape_token(parts[3]))
     if len(parts) == 3:
@@ -212,6 +219,8 @@ def subject_for(event: Event) -> str:
             return override_subject(event.host_id)
         case TickRequested():
             return TICK_SUBJECT
+        case EvaluationRecorded():
+            return evaluation_subject(event.model_id)
         case PlanCreated():
             return PLAN_SUBJECT
         case CommandIssued() | CommandWithdrawn():

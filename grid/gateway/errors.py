@@ -30,6 +30,8 @@ CODE_BODY_TIMEOUT = "request_body_timeout"
 CODE_TOO_MANY_INCOMPLETE = "too_many_incomplete_requests"
 CODE_OUT_OF_RANGE = "value_out_of_range"
 CODE_INVALID_API_KEY = "invalid_api_key"
+CODE_EVALUATION_NOT_ALLOWED = "evaluation_not_allowed"
+PERMISSION = "permission_error"
 CODE_MODEL_NOT_FOUND = "model_not_found"
 CODE_INVALID_AFFINITY = "invalid_affinity_key"
 CODE_NO_READY_REPLICA = "model_not_ready"
@@ -91,6 +93,14 @@ def unauthorized() -> Response:
     return error_response(
         401, "Missing or invalid API key. Pass it as 'Authorization: Bearer <key>'.",
         INVALID_REQUEST, CODE_INVALID_API_KEY, headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def evaluation_not_allowed() -> Response:
+    return error_response(
+        403, "Only the grid's owner may mark a request as an evaluation: X-Grid-Evaluation-Token must be the "
+             "operator token. Send the request without that header to have it served and counted as demand.",
+        PERMISSION, CODE_EVALUATION_NOT_ALLOWED,
     )
 
 

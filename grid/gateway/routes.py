@@ -32,6 +32,7 @@ from grid.gateway import bodies, errors, routing
 from grid.gateway.affinity import HEADER as AFFINITY_HEADER
 from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
 from grid.gateway.breaker import CALLER_CAUSED_5XX, OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
+from grid.gateway.evaluation import HEADER as EVALUATION_HEADER
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
     STREAM_OK,
@@ -152,6 +153,7 @@ class _Ctx:
     __slots__ = (
         "affinity",
         "auto",
+        "evaluation",
         "kind",
         "queue_depth",
         "queue_seconds",
@@ -177,6 +179,7 @@ class _Ctx:
         self.units = units
         self.affinity = affinity
         self.stream = stream
+        self.evaluation = False
         self.queue_seconds = 0.0
         self.queue_depth = 0
         self.route: routing.Candidate | None = None
@@ -209,6 +212,7 @@ def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float
         auto=ctx.auto,
         affinity=telemetry_hash(ctx.affinity) if (ctx.auto and ctx.affinity is not None) else None,
         artifact_sha256=None if route is None else route.artifact_sha256,
+        evaluation=ctx.evaluation,
         streamed=ctx.stream,
     )
     if not gw.telemetry.put(features):
@@ -226,10 +230,12 @@ async def _proxy(request: Request, kind: str) -> Any:
     started = time.perf_counter()
     gw = _gateway(request)
     gw.counters["requests"] += 1
-    authorization = declared = accept = affinity_raw = None
+    authorization = declared = accept = affinity_raw = evaluation_token = None
     for k, v in request.scope["headers"]:
         if k == b"authorization":
             authorization = v
+        elif k == EVALUATION_HEADER:
+            evaluation_token = v
         elif k == b"content-length":
             declared = v
         elif k == b"accept":
@@ -239,6 +245,9 @@ async def _proxy(request: Request, kind: str) -> Any:
     if gw.api_keys.required and not gw.api_keys.check(None if authorization is None else authorization.decode("latin-1")):
         gw.counters["unauthorized"] += 1
         return errors.unauthorized()
+    if evaluation_token is not None and not gw.owner.check(evaluation_token):
+        gw.counters["evaluation_refused"] += 1
+        return errors.evaluation_not_allowed()
     affinity = parse_affinity_key(affinity_raw)
     del affinity_raw
     if isinstance(affinity, AffinityError):
@@ -259,6 +268,8 @@ async def _proxy(request: Request, kind: str) -> Any:
     model = parsed.model
     auto = model == "auto" and "auto" not in table and "auto" not in profiles
     ctx = _Ctx(kind, model, auto, parsed.input_units, affinity, parsed.stream)
+    ctx.evaluation = evaluation_token is not None
+    del evaluation_token
     ctx.t0 = started
     ctx.text_head = parsed.text_head
     if auto:

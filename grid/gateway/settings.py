@@ -8,6 +8,8 @@ GRID_GATEWAY_BODY_SECONDS   how long a request body may take to arrive (default 
 GRID_GATEWAY_MAX_INCOMPLETE how many request bodies may be arriving at once (default 128)
 GRID_GATEWAY_UPSTREAM     upstream client: nats (default, through the host's agent), or h1 / httpx (keyless engines only)
 GRID_GATEWAY_INSECURE     1: allow listening beyond loopback without client keys (as --insecure)
+GRID_GATEWAY_OWNER_TOKEN_FILE  the owner (operator) token that may mark evaluation traffic
+                          (default GRID_HOME/operator.token; see grid.gateway.evaluation)
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from grid.events.host import RESIDENCY_STATES
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
+from grid.gateway.evaluation import OwnerCapability
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
 from grid.gateway.placeability import Unplaceable, unplaceable
@@ -73,6 +74,8 @@ class Gateway:
         self.policy = self.settings.policy
         keys = list(api_keys) if api_keys is not None else parse_api_keys(env.get(API_KEYS_ENV))
         self.api_keys = ApiKeys(keys)
+        # Only the owner may mark a request as an evaluation (grid.gateway.evaluation says why).
+        self.owner = OwnerCapability.from_environ(env, config.operator_token_path)
         # PLANS: only the latest plan's shortfalls, to tell "loading" from "cannot be placed".
         self.runner = ProjectionRunner((CATALOG, FLEET, PLANS))
         self._plan: tuple[int, Plan | None] = (0, None)

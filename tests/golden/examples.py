@@ -15,6 +15,7 @@ from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import HostOverride, ModelProfile, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import (
     CachedArtifact,
     HostHeartbeat,
@@ -65,6 +66,8 @@ EXAMPLES: list[Event] = [
                   lease_expires_at=1_800_000_028.0, lease_ttl_seconds=15.0, dependencies=("a0",), reason="missing_replica",
                   created_at=1_800_000_013.0, artifact_sha256=SHA),
     CommandWithdrawn(event_id="g-wd", at=1_800_000_014.0, action_id="a1", host_id="host-1", reason="left_automatic"),
+    EvaluationRecorded(event_id="g-eval", at=1_800_000_015.0, model_id=MODEL, workload="coding", score=0.75, samples=8,
+                       passed=6, total=8, latency_ms=812.5, artifact_sha256=SHA),
 ]
 
 GOLDEN_DIR = Path(__file__).parent / "events"

@@ -29,8 +29,12 @@ from grid.projections.runner import ProjectionRunner
 
 class Session:
     def __init__(self, log: EventLog, clock: Clock | None = None, *, hosts: int = 4, models: int = 3, seed: int = 1,
-                 policy: Policy = Policy(), record_policy: bool = True) -> None:
-        """`record_policy=False` records plans the way controllers did before PlanCreated carried the policy."""
+                 policy: Policy = Policy(), record_policy: bool = True, served: bool = False) -> None:
+        """`record_policy=False` records plans the way controllers did before PlanCreated carried the policy.
+
+        `served=True` attributes each request to a host with a ready copy of its model (as the
+        gateway does), so the throughput projection learns per-engine rates.
+        """
         self.log = log
         self.clock = clock or SimulatedClock(1_800_000_000.0)
         self.rng = random.Random(seed)
@@ -38,6 +42,7 @@ class Session:
         self.models = [f"model-{i}.Q4.gguf" for i in range(models)]
         self.policy = policy
         self.record_policy = record_policy
+        self.served = served
         self.runner = ProjectionRunner(PROJECTIONS)
         self.residencies: dict[str, dict[str, str]] = {h: {} for h in self.hosts}
         self.paused: set[str] = set()
@@ -90,17 +95,24 @@ class Session:
                 elif state == "draining":
                     del self.residencies[h][m]
 
+    def _route(self, model: str) -> str | None:
+        ready = [h for h in self.hosts if self.residencies[h].get(model) == "ready"]
+        return self.rng.choice(ready) if (self.served and ready) else None
+
     async def requests(self, n: int = 20) -> None:
-        records = tuple(
-            RequestFeatures(
-                endpoint="chat", requested_model=self.rng.choice(self.models),
-                served_model=None, workload=self.rng.choice(["coding", "research", "general"]),
+        records = []
+        for _ in range(n):
+            model = self.rng.choice(self.models)
+            host = self._route(model)
+            records.append(RequestFeatures(
+                endpoint="chat", requested_model=model,
+                served_model=model if host else None, host_id=host,
+                workload=self.rng.choice(["coding", "research", "general"]),
                 input_units=self.rng.randint(10, 2000), output_units=self.rng.randint(10, 500),
                 service_seconds=round(self.rng.uniform(0.1, 4.0), 3), queue_seconds=0.01,
                 finished_at=self.clock.now(),
-            )
-            for _ in range(n)
-        )
+            ))
+        records = tuple(records)
         await self.log.append(RequestBatch(event_id=self._eid("rb"), at=self.clock.now(), source="gw-1", records=records))
 
     async def tick(self, *, drift: bool = False) -> PlanCreated:
