@@ -7,6 +7,7 @@ import typer
 from grid import __version__
 from grid.cli import chat, history, invite, natsinit, up
 from grid.cli.admin import register as register_admin
+from grid.cli.dashboard import dashboard_app
 from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
@@ -35,6 +36,7 @@ def main(
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
+app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
 app.command("replay")(replay_command)
 history.register(app)  # gridctl history
