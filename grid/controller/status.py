@@ -11,6 +11,8 @@ Shape (every key always present; lists bounded):
     profiles     [ModelProfile fields]
     retired      [{model_id, retired_at}]
     models       [{model_id, wanted, placed, ready, evidence, shortfall, retired}]
+    unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
+                 placed as things stand (the gateway's 503 verdict; absent ones are loading)
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
                   shortfalls, explanations, explanation_text}
@@ -38,7 +40,8 @@ from grid.controller.reconcile import SERVING_STATES, ReconcileResult
 from grid.demand.forecast import Forecast
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import heartbeat_fresh
-from grid.planner.plan import render_explanation
+from grid.planner.placeability import plan_saw_profile, unplaceable
+from grid.planner.plan import decode_plan, render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
 from grid.projections.actions import ActionRecord, ActionsState
@@ -172,6 +175,29 @@ def _models(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) ->
     return rows
 
 
+def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+    """Models that cannot be placed, and why: the verdict the gateway gives a request for them
+    (grid.planner.placeability), from the same facts: the latest recorded plan and the fleet."""
+    catalog, plans = ctl.states["catalog"], ctl.states["plans"]
+    recorded = plans.latest
+    try:
+        plan = decode_plan(bytes(recorded.plan)) if recorded is not None else None
+    except Exception:  # a plan status cannot read loses only the shortfall half of the verdict
+        plan = None
+    ready = ready_replicas(snaps, now, ctl.limits)
+    rows = []
+    for model_id in sorted(catalog.profiles):
+        if ready.get(model_id, 0):
+            continue
+        current = plan_saw_profile(recorded.based_on if recorded is not None else None,
+                                   catalog.revisions.get(model_id, 0))
+        verdict = unplaceable(catalog.profiles[model_id], snaps, plan, plan_current=current, now=now,
+                              heartbeat_timeout_seconds=ctl.limits.heartbeat_timeout_seconds)
+        if verdict is not None:
+            rows.append({"model_id": model_id, "reason": verdict.reason, "detail": verdict.detail})
+    return rows
+
+
 def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     fc = ctl.last_forecast
     if fc is None:
@@ -241,6 +267,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
         "models": _models(ctl, now, snaps),
+        "unplaceable": _unplaceable(ctl, now, snaps),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,
