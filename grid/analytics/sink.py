@@ -57,6 +57,8 @@ class AnalyticsSink:
         }
         self._event_appenders = self._rows["events"].appenders
         self._feature_appenders = self._rows["request_features"].appenders
+        # One column per table, to count pending rows cheaply (callers ask after every add).
+        self._counted = tuple(cols.lists[0] for cols in self._rows.values())
         self._pending_positions: dict[str, int] = {}
         # First sequence buffered per stream since the last flush (the idempotence check's bound).
         self._first_pending: dict[str, int] = {}
@@ -152,7 +154,7 @@ class AnalyticsSink:
         a_auto(f.auto)
 
     def pending_rows(self) -> int:
-        return sum(len(v) for v in self._rows.values())
+        return sum(map(len, self._counted))
 
     # --- batch insert ----------------------------------------------------------------------
 
