@@ -196,7 +196,12 @@ class AnalyticsSink:
     def _reset(self) -> None:
         self._pending_positions.clear()
         self._first_pending.clear()
-        self._last = self.positions()
+        try:
+            self._last = self.positions()
+        except duckdb.Error:
+            # Unknown: accept anything again; the next flush's check against the stored
+            # positions (in its own transaction) still keeps duplicates out.
+            self._last = {}
 
     def _insert(self, table: str, cols: Columns, *, guarded: bool) -> int:
         # Columnar hand-off as an Arrow table, which DuckDB scans in place: far cheaper than
@@ -212,7 +217,10 @@ class AnalyticsSink:
             )
             return int(cur.fetchone()[0])  # type: ignore[index]
         finally:
-            self.con.unregister("_grid_batch")
+            # In a transaction the failed insert aborted, unregistering fails too; the next
+            # register of the name replaces the view anyway.
+            with contextlib.suppress(duckdb.Error):
+                self.con.unregister("_grid_batch")
 
     # --- driving ---------------------------------------------------------------------------
 
