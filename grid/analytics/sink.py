@@ -32,7 +32,11 @@ from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
 
-BATCH_ROWS = 20_000
+# Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
+# commit pays a WAL write and often a checkpoint: 100k-row batches ingested about 1.5x as fast
+# as 20k-row ones at 10^6 events, for a bounded buffer (about 50 MB with the payloads it holds) in the
+# same range as follow()'s queue of up to 100k messages.
+BATCH_ROWS = 100_000
 _encoder = msgspec.json.Encoder()
 
 
