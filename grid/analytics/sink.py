@@ -34,8 +34,8 @@ from grid.events.subjects import ALL_STREAMS
 
 # Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
 # commit pays a WAL write and often a checkpoint: 100k-row batches ingested about 1.5x as fast
-# as 20k-row ones at 10^6 events, for a bounded buffer (about 50 MB with the payloads it holds) in the
-# same range as follow()'s queue of up to 100k messages.
+# as 20k-row ones at 10^6 events. The buffer stays bounded (about 50 MB with the payloads it
+# holds), in the same range as follow()'s queue of up to 100k messages.
 BATCH_ROWS = 100_000
 _encoder = msgspec.json.Encoder()
 
