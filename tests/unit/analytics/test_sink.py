@@ -27,7 +27,8 @@ def _messages(n: int) -> list[StoredMessage]:
         if i % 5 == 0:
             event, stream = heartbeat(i), HOSTS_STREAM
         elif i % 7 == 0:
-            event = RequestBatch(event_id=f"rb-{i}", at=T0 + i, source="gw-1", records=(request_record(i), request_record(i + 1)))
+            event = RequestBatch(event_id=f"rb-{i}", at=T0 + i, source="gw-1",
+                                 records=(request_record(i), request_record(i + 1)))
             stream = REQUESTS_STREAM
         else:
             event, stream = RequestCompleted(event_id=f"rc-{i}", at=T0 + i, features=request_record(i)), REQUESTS_STREAM
