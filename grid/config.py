@@ -54,6 +54,11 @@ class GridConfig:
     def operator_token_path(self) -> Path:
         return self.home / "operator.token"
 
+    @property
+    def reader_token_path(self) -> Path:
+        """The read-only credential (dashboard, status, history); see grid.secrets."""
+        return self.home / "reader.token"
+
     def ensure_home(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self.home

@@ -1,4 +1,9 @@
-"""Owner-only secrets under the grid home: the operator token and the machine's local secret.
+"""Owner-only secrets under the grid home: the operator token, the reader token and the machine's
+local secret.
+
+The operator token may do everything the admin API offers; the reader token may only read (the
+dashboard and its live stream, status, history, metrics), so it can be handed to someone who
+should watch the grid but not change it.
 
 Engine keys never leave their host and are never carried in events: each agent makes a random
 key of its own (its state dir's `engine.key`, via `load_or_create_secret`), gives it to its
@@ -17,6 +22,7 @@ from pathlib import Path
 
 ENGINE_SECRET_FILE = "engine.secret"
 OPERATOR_TOKEN_FILE = "operator.token"
+READER_TOKEN_FILE = "reader.token"
 
 
 class SecretFileError(RuntimeError):

@@ -36,6 +36,21 @@ def events_per_host(con: duckdb.DuckDBPyConnection, start: float | None = None, 
     )
 
 
+def demand_sql(where: str, bucket_seconds: float | None) -> str:
+    """The demand query over `where` (from `_window`), per model and per bucket if asked."""
+    bucket = f"floor(time / {float(bucket_seconds)}) * {float(bucket_seconds)}" if bucket_seconds else "NULL"
+    # One quantile aggregate with a list of fractions sorts each group once; three separate
+    # quantile_cont calls sorted it three times (most of the query's time at 10^6 events).
+    return (
+        f"SELECT model, bucket, requests, errors, q[1] AS p50_seconds, q[2] AS p95_seconds, "
+        f"q[3] AS p99_seconds FROM ("
+        f"SELECT coalesce(served_model, requested_model) AS model, {bucket} AS bucket, count(*) AS requests, "
+        f"count(*) FILTER (WHERE outcome <> 'ok') AS errors, "
+        f"quantile_cont(service_seconds, [0.5, 0.95, 0.99]) AS q "
+        f"FROM request_features{where} GROUP BY ALL) ORDER BY model, bucket"
+    )
+
+
 def requests_per_model(
     con: duckdb.DuckDBPyConnection,
     start: float | None = None,
@@ -44,19 +59,7 @@ def requests_per_model(
 ) -> list[dict[str, Any]]:
     """Request counts, errors and latency percentiles per model (and per time bucket if asked)."""
     where, params = _window(start, end)
-    bucket = (
-        f"floor(time / {float(bucket_seconds)}) * {float(bucket_seconds)}" if bucket_seconds else "NULL"
-    )
-    return _rows(
-        con,
-        f"SELECT coalesce(served_model, requested_model) AS model, {bucket} AS bucket, count(*) AS requests, "
-        f"count(*) FILTER (WHERE outcome <> 'ok') AS errors, "
-        f"quantile_cont(service_seconds, 0.5) AS p50_seconds, "
-        f"quantile_cont(service_seconds, 0.95) AS p95_seconds, "
-        f"quantile_cont(service_seconds, 0.99) AS p99_seconds "
-        f"FROM request_features{where} GROUP BY ALL ORDER BY model, bucket",
-        params,
-    )
+    return _rows(con, demand_sql(where, bucket_seconds), params)
 
 
 def demand_per_workload(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """Follow the log and batch-insert events into DuckDB (never row-by-row executemany).
 
 Each batch is handed to DuckDB as an Arrow table per target table and inserted with one
-``INSERT OR IGNORE ... SELECT``: primary keys on (stream, seq[, idx]) make re-running the sink
-over the same window a no-op. Positions are stored in the same
-transaction as the rows.
+``INSERT ... SELECT``, and the positions (last sequence per stream) in the same transaction.
+Re-running the sink over the same window is a no-op: a message at or before its stream's
+position is skipped when added, and a flush that finds the stored position moved past its
+first pending message (another sink on the same store) inserts only the rows beyond it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 import duckdb
 import msgspec
-import pyarrow as pa
 
+from grid.analytics.columns import Columns
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
 from grid.events.acks import ActionAck
@@ -31,11 +32,11 @@ from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
 
-BATCH_ROWS = 20_000
-_ARROW_TYPES = {
-    "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
-}
+# Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
+# commit pays a WAL write and often a checkpoint: 100k-row batches ingested about 1.5x as fast
+# as 20k-row ones at 10^6 events. The buffer stays bounded (about 50 MB with the payloads it
+# holds), in the same range as follow()'s queue of up to 100k messages.
+BATCH_ROWS = 100_000
 _encoder = msgspec.json.Encoder()
 
 
@@ -53,10 +54,23 @@ class AnalyticsSink:
     def __init__(self, con: duckdb.DuckDBPyConnection, *, batch_rows: int = BATCH_ROWS) -> None:
         self.con = con
         self.batch_rows = batch_rows
-        self._rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in TABLES if name != "sink_positions"}
+        # Payloads stay the log's bytes until the Arrow hand-off (no Python str per event).
+        self._rows: dict[str, Columns] = {
+            name: Columns(columns, bytes_columns=frozenset({"payload"}) if name == "events" else frozenset())
+            for name, (columns, _) in TABLES.items() if name != "sink_positions"
+        }
+        self._event_appenders = self._rows["events"].appenders
+        self._feature_appenders = self._rows["request_features"].appenders
+        # One column per table, to count pending rows cheaply (callers ask after every add).
+        self._counted = tuple(cols.lists[0] for cols in self._rows.values())
         self._pending_positions: dict[str, int] = {}
+        # First sequence buffered per stream since the last flush (the idempotence check's bound).
+        self._first_pending: dict[str, int] = {}
+        # Last sequence per stream stored or buffered: anything at or before it is a duplicate.
+        self._last: dict[str, int] = self.positions()
         self.rows_written = 0
         self.malformed = 0
+        self.skipped = 0
 
     def positions(self) -> dict[str, int]:
         return dict(self.con.execute("SELECT stream, seq FROM sink_positions").fetchall())
@@ -65,14 +79,19 @@ class AnalyticsSink:
 
     def add(self, msg: StoredMessage) -> None:
         rows = self._rows
-        s, q, t = msg.stream, msg.seq, msg.time
+        s, q, t, data = msg.stream, msg.seq, msg.time, msg.data
+        if q <= self._last.get(s, 0):
+            self.skipped += 1
+            return
+        self._last[s] = q
+        if s not in self._first_pending:
+            self._first_pending[s] = q
+        self._pending_positions[s] = q
         try:
-            event = codec.decode(msg.data)
+            event = codec.decode(data)
         except EventDecodeError:
             self.malformed += 1
-            rows["events"].append((s, q, msg.subject, t, codec.peek_tag(msg.data) or "<malformed>", None, None,
-                                   msg.data.decode("utf-8", "replace")))
-            self._pending_positions[s] = q
+            rows["events"].row(s, q, msg.subject, t, codec.peek_tag(data) or "<malformed>", None, None, data)
             return
         tag = event.__struct_config__.tag  # type: ignore[attr-defined]
         host_id = getattr(event, "host_id", None)
@@ -80,8 +99,8 @@ class AnalyticsSink:
         match event:
             case HostHeartbeat():
                 for i, r in enumerate(event.residencies):
-                    rows["residencies"].append((s, q, i, t, event.host_id, r.model_id, r.state, r.memory_mb,
-                                                r.managed, r.active_requests))
+                    rows["residencies"].row(s, q, i, t, event.host_id, r.model_id, r.state, r.memory_mb,
+                                            r.managed, r.active_requests)
             case RequestCompleted() | RequestFailed():
                 self._feature(s, q, 0, t, event.features)
                 model_id = event.features.served_model or event.features.requested_model
@@ -89,34 +108,57 @@ class AnalyticsSink:
                 for i, f in enumerate(event.records):
                     self._feature(s, q, i, t, f)
             case PlanCreated():
-                rows["plans"].append((s, q, t, event.generation, event.planner_version, event.inputs_digest,
-                                      event.controller_term, bytes(event.plan).decode()))
+                rows["plans"].row(s, q, t, event.generation, event.planner_version, event.inputs_digest,
+                                  event.controller_term, bytes(event.plan).decode())
             case CommandIssued():
-                rows["commands"].append((s, q, t, "issued", event.action_id, event.kind, event.host_id,
-                                         event.model_id, event.controller_term, event.generation, event.reason))
+                rows["commands"].row(s, q, t, "issued", event.action_id, event.kind, event.host_id,
+                                     event.model_id, event.controller_term, event.generation, event.reason)
             case CommandWithdrawn():
-                rows["commands"].append((s, q, t, "withdrawn", event.action_id, None, event.host_id, None,
-                                         event.controller_term, event.generation, event.reason))
+                rows["commands"].row(s, q, t, "withdrawn", event.action_id, None, event.host_id, None,
+                                     event.controller_term, event.generation, event.reason)
             case ActionAck():
-                rows["acks"].append((s, q, t, event.host_id, event.action_id, event.status, event.kind,
-                                     event.model_id, event.duration_seconds, event.artifact_fetched, event.message))
+                rows["acks"].row(s, q, t, event.host_id, event.action_id, event.status, event.kind,
+                                 event.model_id, event.duration_seconds, event.artifact_fetched, event.message)
             case ProfileSet():
                 model_id = event.profile.model_id
             case ProfileRemoved() | HostOverride() | HostRegistered() | ProtectionTransition():
                 pass
         # Every payload is kept whole (batches too) so replay from the store is exact.
-        rows["events"].append((s, q, msg.subject, t, tag, host_id, model_id, msg.data.decode("utf-8", "replace")))
-        self._pending_positions[s] = q
+        # Column by column, spelled out: this runs once per log message.
+        a_stream, a_seq, a_subject, a_time, a_type, a_host, a_model, a_payload = self._event_appenders
+        a_stream(s)
+        a_seq(q)
+        a_subject(msg.subject)
+        a_time(t)
+        a_type(tag)
+        a_host(host_id)
+        a_model(model_id)
+        a_payload(data)
 
     def _feature(self, s: str, q: int, i: int, t: float, f: Any) -> None:
-        self._rows["request_features"].append((
-            s, q, i, t, f.finished_at, f.endpoint, f.requested_model, f.served_model, f.host_id, f.workload,
-            f.modality, f.input_units, f.output_units, f.service_seconds, f.queue_seconds, f.outcome,
-            f.status_code, f.auto,
-        ))
+        (a_stream, a_seq, a_idx, a_time, a_finished, a_endpoint, a_requested, a_served, a_host, a_workload,
+         a_modality, a_in, a_out, a_service, a_queue, a_outcome, a_status, a_auto) = self._feature_appenders
+        a_stream(s)
+        a_seq(q)
+        a_idx(i)
+        a_time(t)
+        a_finished(f.finished_at)
+        a_endpoint(f.endpoint)
+        a_requested(f.requested_model)
+        a_served(f.served_model)
+        a_host(f.host_id)
+        a_workload(f.workload)
+        a_modality(f.modality)
+        a_in(f.input_units)
+        a_out(f.output_units)
+        a_service(f.service_seconds)
+        a_queue(f.queue_seconds)
+        a_outcome(f.outcome)
+        a_status(f.status_code)
+        a_auto(f.auto)
 
     def pending_rows(self) -> int:
-        return sum(len(v) for v in self._rows.values())
+        return sum(map(len, self._counted))
 
     # --- batch insert ----------------------------------------------------------------------
 
@@ -126,38 +168,63 @@ class AnalyticsSink:
         written = 0
         self.con.execute("BEGIN TRANSACTION")
         try:
-            for table, rows in self._rows.items():
-                if not rows:
-                    continue
-                self._insert(table, rows)
-                written += len(rows)
-                rows.clear()
+            stored = self.positions()
+            # Normally nothing: only another sink writing the same store moves a position under us.
+            stale = {st: q for st, q in stored.items() if q >= self._first_pending.get(st, q + 1)}
+            for table, cols in self._rows.items():
+                if len(cols):
+                    written += self._insert(table, cols, guarded=bool(stale))
             for stream, seq in self._pending_positions.items():
                 self.con.execute(
-                    "INSERT INTO sink_positions VALUES (?, ?) ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq",
+                    "INSERT INTO sink_positions VALUES (?, ?) "
+                    "ON CONFLICT (stream) DO UPDATE SET seq = greatest(sink_positions.seq, excluded.seq)",
                     [stream, seq],
                 )
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
+            # Nothing of the batch was stored: forget it and resume from the stored positions
+            # (a partial retry could store positions past rows it had already dropped).
+            self._reset()
             raise
+        finally:
+            for cols in self._rows.values():
+                cols.clear()
+        for stream, seq in stale.items():
+            self._last[stream] = max(self._last.get(stream, 0), seq)
         self._pending_positions.clear()
+        self._first_pending.clear()
         self.rows_written += written
         return written
 
-    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
-        # Columnar hand-off as an Arrow table built from per-column lists (C-speed conversion),
-        # which DuckDB scans in place: far cheaper than executemany or a text round trip.
-        columns = TABLES[table][0]
-        names = [c for c, _ in columns]
-        arrays = [pa.array(list(col), type=_ARROW_TYPES[ty]) for col, (_, ty) in zip(zip(*rows), columns)]
-        self.con.register("_grid_batch", pa.Table.from_arrays(arrays, names=names))
+    def _reset(self) -> None:
+        self._pending_positions.clear()
+        self._first_pending.clear()
         try:
-            self.con.execute(
-                f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) SELECT {', '.join(names)} FROM _grid_batch"
+            self._last = self.positions()
+        except duckdb.Error:
+            # Unknown: accept anything again; the next flush's check against the stored
+            # positions (in its own transaction) still keeps duplicates out.
+            self._last = {}
+
+    def _insert(self, table: str, cols: Columns, *, guarded: bool) -> int:
+        # Columnar hand-off as an Arrow table, which DuckDB scans in place: far cheaper than
+        # executemany or a text round trip.
+        names = cols.names
+        self.con.register("_grid_batch", cols.to_arrow())
+        try:
+            select = ", ".join(f"b.{n}" for n in names)
+            where = (" LEFT JOIN sink_positions p ON p.stream = b.stream WHERE p.seq IS NULL OR b.seq > p.seq"
+                     if guarded else "")
+            cur = self.con.execute(
+                f"INSERT INTO {table} ({', '.join(names)}) SELECT {select} FROM _grid_batch b{where}"
             )
+            return int(cur.fetchone()[0])  # type: ignore[index]
         finally:
-            self.con.unregister("_grid_batch")
+            # In a transaction the failed insert aborted, unregistering fails too; the next
+            # register of the name replaces the view anyway.
+            with contextlib.suppress(duckdb.Error):
+                self.con.unregister("_grid_batch")
 
     # --- driving ---------------------------------------------------------------------------
 

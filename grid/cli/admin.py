@@ -111,6 +111,14 @@ def _seconds(value: Any) -> str:
     return "-" if value is None else f"{float(value):.3f}"
 
 
+def _render_unplaceable(rows: Any) -> None:
+    """Models that will not become ready by waiting (the gateway answers 503 without Retry-After)."""
+    for row in rows:
+        detail = f": {row['detail']}" if row.get("detail") else ""
+        console.print(f"  cannot be placed: {row['model_id']} ({row['reason']}){detail}", style="yellow",
+                      markup=False, highlight=False)
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -145,6 +153,7 @@ def render_status(s: dict[str, Any]) -> None:
                        str(m["ready"]), m["evidence"] or "-",
                        f"{short['placed']}/{short['wanted']} {short['reason']}" if short else "-")
     console.print(models)
+    _render_unplaceable(s.get("unplaceable") or ())
 
     rec = s.get("reconciliation") or {}
     if s["pending_commands"] or rec.get("actions"):

@@ -8,6 +8,7 @@ from grid import __version__
 from grid.cli import chat, history, invite, model_evaluate, model_push, natsinit, up
 from grid.cli.admin import model_app
 from grid.cli.admin import register as register_admin
+from grid.cli.dashboard import dashboard_app
 from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
@@ -37,6 +38,7 @@ def main(
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
+app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
 app.command("replay")(replay_command)
 app.add_typer(test_app, name="test")  # gridctl test scenario, graduate

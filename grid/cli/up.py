@@ -37,7 +37,7 @@ from grid.events.embedded import EmbeddedNatsError
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
-from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, read_secret
+from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret
 
 UP_PID_FILE = "up.pid"
 READY_TIMEOUT_SECONDS = 180.0
@@ -96,7 +96,7 @@ async def _wait_ready(grid: LocalGrid, model_id: str, stop: asyncio.Event, timeo
 def _check_secrets(cfg: GridConfig) -> None:
     """Refuse an unusable operator token or engine secret before starting anything (the
     components would otherwise fail one by one, after NATS and the model download)."""
-    for path in (cfg.operator_token_path, cfg.home / ENGINE_SECRET_FILE):
+    for path in (cfg.operator_token_path, cfg.reader_token_path, cfg.home / ENGINE_SECRET_FILE):
         if path.exists():
             read_secret(path)
 
@@ -149,6 +149,7 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
             console.print(f"  dashboard       {dash.url}/")
         console.print(f"  metrics         {grid.admin_url}/metrics   (Prometheus)")
         console.print(f"  operator token  {cfg.operator_token_path}  (owner-only)")
+        console.print(f"  reader token    {cfg.reader_token_path}  (read-only: dashboard, status, history)")
         console.print(f"  host agent      {grid.agent.host_id}")
         durable = grid.log is not None and grid.log.durable
         if mode == "automatic" and not durable:
@@ -187,9 +188,12 @@ async def _start_dashboard(grid: LocalGrid, cfg: GridConfig, host: str, port: in
     from grid.dashboard.serve import start_dashboard
 
     assert grid.log is not None
-    # Off loopback the page needs the operator's token; on loopback it is open like the gateway.
-    token = None if is_loopback(host) else read_secret(cfg.operator_token_path)
-    return await start_dashboard(grid.log, host, port, token=token)
+    # Off loopback the page needs the operator's or the reader's token; on loopback it is open
+    # like the gateway.
+    if is_loopback(host):
+        return await start_dashboard(grid.log, host, port)
+    return await start_dashboard(grid.log, host, port, token=read_secret(cfg.operator_token_path),
+                                 reader_token=load_or_create_secret(cfg.reader_token_path))
 
 
 def _forget_nats_url(cfg: GridConfig, url: str | None) -> None:

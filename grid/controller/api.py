@@ -1,6 +1,6 @@
 """Admin HTTP API (Starlette): allocator status and operator mutations.
 
-    GET    /allocator/status            open on loopback; elsewhere needs the operator token
+    GET    /allocator/status            open on loopback; elsewhere needs the operator or reader token
     PUT    /allocator/models/{model_id} body = ModelProfile fields minus model_id -> ProfileSet
     PATCH  /allocator/models/{model_id} only the fields given change (404 when there is no profile)
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
@@ -8,7 +8,7 @@
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
     GET    /openapi.json                the OpenAPI document (grid.controller.openapi)
     GET    /metrics                     Prometheus exposition (as status: open on loopback only)
-    GET    /allocator/history/{view}    a history view of the analytics store (operator token);
+    GET    /allocator/history/{view}    a history view of the analytics store (operator or reader token);
                                         query: from, to (epoch seconds), bucket, model, changes_only
     POST   /allocator/evaluations       an owner's quality evaluation -> EvaluationRecorded
                                         (grid.controller.evaluations; operator token only)
@@ -18,7 +18,8 @@ Request bodies and query strings are bounded and validated in grid.controller.ad
 GRID_HOME/admin.url while it runs (that is how gridctl finds it).
 
 Mutations need the operator token in ``X-Grid-Allocator-Token`` or ``Authorization: Bearer``
-(constant-time compare); a wrong or missing token is 401. Bodies are bounded (413). A malformed
+(constant-time compare); a wrong or missing token is 401, the reader token (GRID_HOME/reader.token,
+read-only: status, history, metrics) is 403. Bodies are bounded (413). A malformed
 body is 422 naming the field at fault, and nothing is appended. Automatic mode is refused with
 409 while the event log is not durable.
 """
@@ -114,6 +115,9 @@ class AdminServerError(RuntimeError):
 
 
 TOKEN_HEADER = "x-grid-allocator-token"
+# The two credentials of the admin API: the operator may do everything, the reader only read.
+OPERATOR = "operator"
+READER = "reader"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _CLOSE = {"Connection": "close"}
 
@@ -136,30 +140,55 @@ def create_admin_app(
     controller: AdminTarget,
     token: str | None = None,
     *,
+    reader_token: str | None = None,
     admin_url: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     status_requires_token_off_loopback: bool = True,
     body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
     max_incomplete_bodies: int = MAX_INCOMPLETE_BODIES,
 ) -> Starlette:
-    """The admin app of `controller`. Without `token`, the grid home's operator token (created if absent)."""
+    """The admin app of `controller`. Without `token` / `reader_token`, the grid home's operator and
+    reader tokens (created if absent)."""
     if token is None:
         token = controller.token or load_or_create_secret(controller.config.operator_token_path)
-    if not token:
-        raise ValueError("the operator token must not be empty")
+    if reader_token is None:
+        reader_token = load_or_create_secret(controller.config.reader_token_path)
+    if not token or not reader_token:
+        raise ValueError("the operator and reader tokens must not be empty")
+    if tokens_equal(token, reader_token):
+        raise ValueError("the reader token must differ from the operator token")
 
     intake = BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies)
 
-    def authorized(request: Request) -> bool:
+    def credential(request: Request) -> str | None:
+        """OPERATOR, READER or None for the token the request carries."""
         supplied = request.headers.get(TOKEN_HEADER)
         if supplied is None:
             auth = request.headers.get("authorization", "")
             if auth[:7].lower() == "bearer ":
                 supplied = auth[7:].strip()
-        return supplied is not None and tokens_equal(supplied, token)
+        if supplied is None:
+            return None
+        # Both compared in constant time, whichever matches.
+        is_operator = tokens_equal(supplied, token)
+        is_reader = tokens_equal(supplied, reader_token)
+        return OPERATOR if is_operator else READER if is_reader else None
 
-    def unauthorized() -> Response:
+    def authorized(request: Request) -> bool:
+        """May mutate: the operator token only."""
+        return credential(request) == OPERATOR
+
+    def may_read(request: Request) -> bool:
+        return credential(request) is not None
+
+    def unauthorized(request: Request | None = None) -> Response:
+        if request is not None and credential(request) == READER:
+            return _error(403, "forbidden", "the reader token may only read; this needs the operator token")
         return _error(401, "unauthorized", "operator token required (X-Grid-Allocator-Token or Bearer)",
+                      headers={"WWW-Authenticate": "Bearer"})
+
+    def unauthorized_read() -> Response:
+        return _error(401, "unauthorized", "operator or reader token required (X-Grid-Allocator-Token or Bearer)",
                       headers={"WWW-Authenticate": "Bearer"})
 
     def loopback(request: Request) -> bool:
@@ -170,8 +199,8 @@ def create_admin_app(
         return controller.clock.now()
 
     async def status(request: Request) -> Response:
-        if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
-            return unauthorized()
+        if status_requires_token_off_loopback and not loopback(request) and not may_read(request):
+            return unauthorized_read()
         body = build_status(controller.snapshot(), admin_url=admin_url)
         body["analytics"] = await _analytics_summary(getattr(controller, "analytics", None), now())
         return _json(body)
@@ -184,16 +213,16 @@ def create_admin_app(
         return Response(openapi_bytes, media_type="application/json")
 
     async def metrics(request: Request) -> Response:
-        if status_requires_token_off_loopback and not loopback(request) and not authorized(request):
-            return unauthorized()
+        if status_requires_token_off_loopback and not loopback(request) and not may_read(request):
+            return unauthorized_read()
         registry = getattr(getattr(controller, "metrics", None), "registry", None)
         if registry is None:
             return _error(404, "no_metrics", "this controller keeps no metrics")
         return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def history(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized()
+        if not may_read(request):
+            return unauthorized_read()
         view = request.path_params["view"]
         if view not in HISTORY_VIEWS:
             return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
@@ -216,7 +245,7 @@ def create_admin_app(
 
     async def put_model(request: Request) -> Response:
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
@@ -238,7 +267,7 @@ def create_admin_app(
     async def patch_model(request: Request) -> Response:
         """Change only the fields given; the rest of the current profile stays as it is."""
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
@@ -253,7 +282,7 @@ def create_admin_app(
 
     async def delete_model(request: Request) -> Response:
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         model_id = request.path_params["model_id"]
         try:
             validate_model_id(model_id)
@@ -269,7 +298,7 @@ def create_admin_app(
 
     async def put_mode(request: Request) -> Response:
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         try:
             body = decode_body(msgspec.json.Decoder(ModeBody), await intake.read(request, max_body_bytes))
         except BodyError as exc:
@@ -288,7 +317,7 @@ def create_admin_app(
 
     async def post_tick(request: Request) -> Response:
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         try:
             raw = await intake.read(request, max_body_bytes)
             body = decode_body(msgspec.json.Decoder(TickBody), raw) if raw.strip() else TickBody()
@@ -309,7 +338,7 @@ def create_admin_app(
     async def post_evaluation(request: Request) -> Response:
         # Quality evidence moves placement: only the owner's operator token may record it.
         if not authorized(request):
-            return unauthorized()
+            return unauthorized(request)
         try:
             body = decode_body(evaluation_decoder, await intake.read(request, max_body_bytes))
             validate_body(body)

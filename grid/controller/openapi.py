@@ -91,7 +91,7 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
     status_obj = {"type": "object", "additionalProperties": True}
     paths = {
         "/allocator/status": {"get": {
-            "summary": "Allocator status (open on loopback; elsewhere the operator token).",
+            "summary": "Allocator status (open on loopback; elsewhere the operator or reader token).",
             "responses": responses(status_obj, 401, 404),
         }},
         "/allocator/models/{model_id}": {
@@ -99,32 +99,32 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
                 "summary": "Create or replace a model profile (appends ProfileSet).", "security": token,
                 "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(profile_b)},
-                "responses": responses(set_r, 400, 401, 404, 408, 413, 422, 503),
+                "responses": responses(set_r, 400, 401, 403, 404, 408, 413, 422, 503),
             },
             "patch": {
                 "summary": "Change only the given fields of an existing profile (appends ProfileSet).",
                 "security": token, "parameters": [model_param],
                 "requestBody": {"required": True, "content": _content(patch_b)},
-                "responses": responses(set_r, 400, 401, 404, 408, 413, 422, 503),
+                "responses": responses(set_r, 400, 401, 403, 404, 408, 413, 422, 503),
             },
             "delete": {
                 "summary": "Retire a model profile (appends ProfileRemoved).", "security": token,
                 "parameters": [model_param],
-                "responses": responses(retired_r, 401, 404, 422, 503),
+                "responses": responses(retired_r, 401, 403, 404, 422, 503),
             },
         },
         "/allocator/mode": {"put": {
             "summary": "Select the allocator mode (appends ModeSet).", "security": token,
             "requestBody": {"required": True, "content": _content(mode_b)},
-            "responses": responses(mode_r, 400, 401, 408, 409, 413, 422, 503),
+            "responses": responses(mode_r, 400, 401, 403, 408, 409, 413, 422, 503),
         }},
         "/allocator/tick": {"post": {
             "summary": "Request an immediate reconciliation pass.", "security": token,
             "requestBody": {"required": False, "content": _content(tick_b)},
-            "responses": responses(tick_r, 400, 401, 408, 413, 422, 503),
+            "responses": responses(tick_r, 400, 401, 403, 408, 413, 422, 503),
         }},
         "/allocator/history/{view}": {"get": {
-            "summary": "A history view of the analytics store.", "security": token,
+            "summary": "A history view of the analytics store (operator or reader token).", "security": token,
             "parameters": [
                 {"name": "view", "in": "path", "required": True, "schema": {"type": "string", "enum": list(history_views)}},
                 {"name": "from", "in": "query", "schema": {"type": "number"}, "description": "Start, epoch seconds."},
@@ -145,7 +145,7 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
             "responses": responses(refs[10], 400, 401, 404, 408, 409, 413, 422, 503),
         }}}),
         "/metrics": {"get": {
-            "summary": "Prometheus exposition (open on loopback; elsewhere the operator token).",
+            "summary": "Prometheus exposition (open on loopback; elsewhere the operator or reader token).",
             "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
                           "401": {"description": _REASONS[401], "content": _content(error)}},
         }},
@@ -167,6 +167,7 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
 _REASONS = {
     400: "Bad request (for example a malformed Content-Length)",
     401: "Operator token missing or wrong",
+    403: "The reader token may only read; this needs the operator token",
     404: "No such model, view or path",
     408: "The request body did not arrive in time",
     409: "Refused in the current state (automatic mode on a non-durable log, an evaluation naming "

@@ -14,6 +14,8 @@ Shape (every key always present; lists bounded):
     load_failures  [{host_id, model_id, reason, detail, action_id, artifact_sha256, at}]: the last
                  failed load per (host, model) until a later success there; a model short of
                  ready replicas with no planning shortfall shows the newest as its shortfall
+    unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
+                 placed as things stand (the gateway's 503 verdict; absent ones are loading)
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
                   shortfalls, explanations, explanation_text}
@@ -41,7 +43,8 @@ from grid.controller.reconcile import SERVING_STATES, ReconcileResult
 from grid.demand.forecast import Forecast
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import heartbeat_fresh
-from grid.planner.plan import render_explanation
+from grid.planner.placeability import plan_saw_profile, unplaceable
+from grid.planner.plan import decode_plan, render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
 from grid.projections.actions import ActionRecord, ActionsState, LoadFailure
@@ -198,6 +201,29 @@ def _with_load_failures(rows: list[dict[str, Any]], failures: list[LoadFailure])
     return rows
 
 
+def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+    """Models that cannot be placed, and why: the verdict the gateway gives a request for them
+    (grid.planner.placeability), from the same facts: the latest recorded plan and the fleet."""
+    catalog, plans = ctl.states["catalog"], ctl.states["plans"]
+    recorded = plans.latest
+    try:
+        plan = decode_plan(bytes(recorded.plan)) if recorded is not None else None
+    except Exception:  # a plan status cannot read loses only the shortfall half of the verdict
+        plan = None
+    ready = ready_replicas(snaps, now, ctl.limits)
+    rows = []
+    for model_id in sorted(catalog.profiles):
+        if ready.get(model_id, 0):
+            continue
+        current = plan_saw_profile(recorded.based_on if recorded is not None else None,
+                                   catalog.revisions.get(model_id, 0))
+        verdict = unplaceable(catalog.profiles[model_id], snaps, plan, plan_current=current, now=now,
+                              heartbeat_timeout_seconds=ctl.limits.heartbeat_timeout_seconds)
+        if verdict is not None:
+            rows.append({"model_id": model_id, "reason": verdict.reason, "detail": verdict.detail})
+    return rows
+
+
 def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     fc = ctl.last_forecast
     if fc is None:
@@ -268,6 +294,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
         "models": _with_load_failures(_models(ctl, now, snaps), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
+        "unplaceable": _unplaceable(ctl, now, snaps),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,

@@ -6,8 +6,11 @@ every couple of seconds anyway so ages stay current), and fans the encoded view 
 connected page. Browsers never talk to NATS and never compute: they render what arrives.
 
 Access: on loopback the page is open to the machine's own users, like the gateway; on any other
-address it needs the operator token (Authorization: Bearer, or `?token=` once, which sets an
-HttpOnly cookie and redirects so the token does not stay in the address bar or history).
+address it needs the operator token or the reader token (GRID_HOME/reader.token, printed by
+`gridctl dashboard token`), as Authorization: Bearer, or `?token=` once, which sets an HttpOnly
+cookie and redirects so the token does not stay in the address bar or history. The page only
+reads, so both credentials see the same; the reader token cannot change anything through the
+admin API (grid.controller.api answers 403).
 """
 
 from __future__ import annotations
@@ -127,30 +130,38 @@ def _index_html() -> bytes:
     return resources.files("grid.dashboard").joinpath("static/index.html").read_bytes()
 
 
-def create_dashboard_app(dashboard: Dashboard, *, token: str | None) -> Starlette:
-    """The dashboard's HTTP surface. `token=None` means open (only allowed on loopback)."""
+def create_dashboard_app(dashboard: Dashboard, *, token: str | None, reader_token: str | None = None) -> Starlette:
+    """The dashboard's HTTP surface, for the operator `token` or the `reader_token`.
+
+    Neither given means open (only allowed on loopback)."""
     page = _index_html()
+    accepted = tuple(t for t in (token, reader_token) if t)
+
+    def matches(supplied: str) -> bool:
+        # Every accepted token is compared (constant time each), not only until the first match.
+        return sum(tokens_equal(supplied, t) for t in accepted) > 0
 
     def authorized(request: Request) -> bool:
-        if token is None:
+        if not accepted:
             return True
         header = request.headers.get("authorization", "")
-        if header.startswith("Bearer ") and tokens_equal(header[7:].strip(), token):
+        if header.startswith("Bearer ") and matches(header[7:].strip()):
             return True
         cookie = request.cookies.get(COOKIE)
-        return cookie is not None and tokens_equal(cookie, token)
+        return cookie is not None and matches(cookie)
 
     def denied() -> Response:
-        return PlainTextResponse("the dashboard needs the operator token: open it with ?token=<operator token>\n",
+        return PlainTextResponse("the dashboard needs the operator or reader token: open it with ?token=<token> "
+                                 "(`gridctl dashboard token` prints the reader token)\n",
                                  status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     async def index(request: Request) -> Response:
         given = request.query_params.get("token")
-        if token is not None and given is not None:
-            if not tokens_equal(given, token):
+        if accepted and given is not None:
+            if not matches(given):
                 return denied()
             resp = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
-            resp.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            resp.set_cookie(COOKIE, given, httponly=True, samesite="strict")
             return resp
         if not authorized(request):
             return denied()
@@ -177,7 +188,7 @@ def create_dashboard_app(dashboard: Dashboard, *, token: str | None) -> Starlett
     ])
 
 
-def require_token_off_loopback(host: str, token: str | None) -> None:
+def require_token_off_loopback(host: str, token: str | None, reader_token: str | None = None) -> None:
     """Refuse an open dashboard on an address other machines can reach."""
-    if token is None and not is_loopback(host):
-        raise ValueError(f"the dashboard on {host} would be open to the network: give it the operator token")
+    if not token and not reader_token and not is_loopback(host):
+        raise ValueError(f"the dashboard on {host} would be open to the network: give it the operator or reader token")

@@ -42,13 +42,15 @@ class RunningDashboard:
 
 
 async def start_dashboard(log: EventLog, host: str = "127.0.0.1", port: int = 0, *,
-                          token: str | None = None) -> RunningDashboard:
-    """Follow `log` and serve the page on host:port. Off loopback, `token` (the operator's) is required."""
-    require_token_off_loopback(host, token)
+                          token: str | None = None, reader_token: str | None = None) -> RunningDashboard:
+    """Follow `log` and serve the page on host:port. Off loopback, the operator `token` and/or the
+    `reader_token` is required (either opens the page)."""
+    require_token_off_loopback(host, token, reader_token)
     dash = Dashboard(log, specs=PROJECTIONS, forecast=controller_forecast())
     await dash.start()
     try:
-        server = await serve(create_dashboard_app(dash, token=token), host, port, name="grid-dashboard")
+        server = await serve(create_dashboard_app(dash, token=token, reader_token=reader_token), host, port,
+                             name="grid-dashboard")
     except BaseException:
         await dash.stop()
         raise

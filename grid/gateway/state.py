@@ -27,19 +27,19 @@ from grid.config import GridConfig
 from grid.events.control import ModelProfile
 from grid.events.log import EventLog
 from grid.events.host import RESIDENCY_STATES
-from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM
+from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.evaluation import OwnerCapability
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
-from grid.gateway.placeability import Unplaceable, unplaceable
 from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts
 from grid.projections import fleet
+from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan
 from grid.planner.types import Plan
 from grid.projections.runner import CATALOG, FLEET, PLANS, ProjectionRunner
@@ -232,7 +232,7 @@ class Gateway:
         """Why a configured model can never become ready as things stand (None: it may)."""
         plans = self.runner["plans"]
         revision = self.runner["catalog"].revisions.get(profile.model_id, 0)
-        current = plans.latest is not None and plans.latest.based_on.get(CONTROL_STREAM, 0) >= revision
+        current = plan_saw_profile(plans.latest.based_on if plans.latest is not None else None, revision)
         return unplaceable(profile, fleet.snapshots(self.runner["fleet"], now), self.latest_plan(),
                            plan_current=current, now=now,
                            heartbeat_timeout_seconds=self.policy.heartbeat_timeout_seconds)

@@ -1,5 +1,10 @@
 """Pure: is a configured model with no ready replica on its way, or can it not be placed at all?
 
+The gateway answers a request with it (grid.gateway.state) and `gridctl status` shows it
+(grid.controller.status): one function over the same log facts, so the two always agree. It
+lives with the planner because it reads the planner's shortfalls and reasons, and both edges
+may import the planner (the controller may not import the gateway).
+
 "Loading" answers 503 with a Retry-After (its cold start); "cannot be placed" answers 503 with
 the reason and no Retry-After, because waiting will not help until an operator changes the
 profile or the fleet. Two facts decide it, both read from the log, never guessed:
@@ -14,10 +19,11 @@ profile or the fleet. Two facts decide it, both read from the log, never guessed
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
+from grid.events.subjects import CONTROL_STREAM
 from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
 from grid.planner import reasons as R
 from grid.planner.types import HostSnapshot, Plan
@@ -32,6 +38,12 @@ MAX_DETAIL = 240
 class Unplaceable:
     reason: str
     detail: str = ""
+
+
+def plan_saw_profile(based_on: Mapping[str, int] | None, profile_revision: int) -> bool:
+    """Whether a plan that saw the streams up to `based_on` judged the profile's current revision
+    (a profile changed after the plan is judged by the next plan, not by this one)."""
+    return based_on is not None and based_on.get(CONTROL_STREAM, 0) >= profile_revision
 
 
 def _has_artifact(snap: HostSnapshot, profile: ModelProfile) -> bool:

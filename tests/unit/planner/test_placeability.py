@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostResources
-from grid.gateway.placeability import ARTIFACT_UNKNOWN, unplaceable
+from grid.planner.placeability import ARTIFACT_UNKNOWN, unplaceable
 from grid.planner import reasons as R
 from grid.planner.types import HostSnapshot, ModelExplanation, Plan, Shortfall
 
