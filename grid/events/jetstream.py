@@ -82,6 +82,44 @@ STREAM_POLICIES: dict[str, StreamPolicy] = {
 
 _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
 
+# Replication (num_replicas of every stream and of the lease bucket). JetStream allows 1..5.
+MAX_REPLICAS = 5
+# With this many nodes or more the automatic choice is R3 (survives the loss of one node, and
+# a quorum of two is still there); fewer nodes get R1, since R2 tolerates no loss at all.
+CLUSTER_REPLICAS = 3
+# Outcomes of ensuring one stream's replica count (StreamReplicas.outcome).
+REPLICAS_CREATED = "created"
+REPLICAS_OK = "ok"
+REPLICAS_UPDATED = "updated"
+REPLICAS_MISMATCH = "mismatch"
+
+
+class StreamReplicas(msgspec.Struct, frozen=True, kw_only=True):
+    """What ensuring one stream (or the lease bucket's stream) did about its replica count."""
+
+    stream: str
+    wanted: int
+    actual: int
+    outcome: str
+    # The exact command that fixes a mismatch the server refused to update (None otherwise).
+    fix: str | None = None
+    error: str | None = None
+
+
+def check_replicas(value: int) -> int:
+    if not 1 <= value <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, not {value}")
+    return value
+
+
+def auto_replicas(cluster_nodes: int) -> int:
+    """The replica count for a deployment of `cluster_nodes` NATS servers when none is set."""
+    return CLUSTER_REPLICAS if cluster_nodes >= CLUSTER_REPLICAS else 1
+
+
+def fix_command(stream: str, replicas: int) -> str:
+    return f"nats stream edit {stream} --replicas {replicas} --force"
+
 
 class _VarzJetStreamConfig(msgspec.Struct):
     sync_always: bool = False
@@ -102,7 +140,7 @@ class _VarzReply(msgspec.Struct):
 _varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
-def _stream_config(name: str) -> api.StreamConfig:
+def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
     policy = STREAM_POLICIES[name]
     return api.StreamConfig(
         name=name,
@@ -115,6 +153,7 @@ def _stream_config(name: str) -> api.StreamConfig:
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
         allow_direct=True,
+        num_replicas=replicas,
     )
 
 
@@ -130,8 +169,13 @@ def _hopeless(exc: BaseException) -> bool:
 class JetStreamLog:
     """EventLog over a real NATS JetStream server or cluster."""
 
-    def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0) -> None:
+    def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
+                 replicas: int | None = None) -> None:
         self._nc = nc
+        # None: automatic (see auto_replicas); a number: exactly that many, set by the operator.
+        self.replicas = None if replicas is None else check_replicas(replicas)
+        # What the last ensure_streams found and did about replica counts.
+        self.replica_reports: tuple[StreamReplicas, ...] = ()
         self._js = nc.jetstream(timeout=timeout)
         self._timeout = timeout
         self._kv: dict[str, Any] = {}
@@ -152,10 +196,15 @@ class JetStreamLog:
         durable: bool = True,
         nats_options: Mapping[str, Any] | None = None,
         ensure_streams: bool = True,
+        replicas: int | None = None,
     ) -> "JetStreamLog":
         """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
         see grid.identity.connect). `ensure_streams=False` for identities that may not manage
-        streams."""
+        streams. `url` may list several servers of a cluster, comma-separated: nats-py tries
+        them in turn and fails over between them. `replicas`: the streams' and lease bucket's
+        replica count (None: 1 on a single server, 3 on a cluster of three or more)."""
+        if replicas is not None:
+            check_replicas(replicas)
         errors: collections.deque[str] = collections.deque(maxlen=8)
         connected: list[JetStreamLog] = []
 
@@ -210,7 +259,7 @@ class JetStreamLog:
             detail = refusals[-1] if refusals else errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        event_log = cls(nc, durable=durable)
+        event_log = cls(nc, durable=durable, replicas=replicas)
         connected.append(event_log)
         if ensure_streams:
             await event_log.ensure_streams()
@@ -261,15 +310,99 @@ class JetStreamLog:
             await unsubscribe(sub)
         return all(verdicts) if verdicts else None
 
-    async def ensure_streams(self) -> None:
-        """Create every stream (and the lease bucket) idempotently, updating drifted config."""
-        for name in ALL_STREAMS:
-            config = _stream_config(name)
+    def cluster_nodes(self) -> int:
+        """How many servers the connected cluster has, from the server's INFO (1: no cluster).
+
+        A clustered server lists every node's client URL in `connect_urls` (itself included),
+        unless the cluster was configured with `no_advertise`; then only GRID_REPLICAS tells.
+        """
+        info = getattr(self._nc, "_server_info", None) or {}  # nats-py keeps INFO only here
+        if not info.get("cluster"):
+            return 1
+        return max(1, len(set(info.get("connect_urls") or ())))
+
+    def wanted_replicas(self, actual: int | None = None) -> int:
+        """The replica count to ensure: the setting, else automatic, never below what an existing
+        stream already has (an automatic choice does not shrink what an operator grew)."""
+        if self.replicas is not None:
+            return self.replicas
+        auto = auto_replicas(self.cluster_nodes())
+        return max(auto, actual or 0)
+
+    async def ensure_streams(self, replicas: int | None = None) -> tuple[StreamReplicas, ...]:
+        """Create every stream (and the lease bucket) idempotently, updating drifted config.
+
+        Replica counts are updated where the server allows it (NATS 2.10+ changes a stream's
+        num_replicas in place); a refusal is reported, with the command that fixes it, in the
+        returned reports (also kept in `replica_reports` and logged), never silently left.
+        """
+        if replicas is not None:
+            self.replicas = check_replicas(replicas)
+        reports = [await self._ensure_stream(_stream_config(name)) for name in ALL_STREAMS]
+        await self._bucket(LEASE_BUCKET)
+        reports.append(await self._ensure_replicas(f"KV_{LEASE_BUCKET}"))
+        self.replica_reports = tuple(reports)
+        for r in self.replica_reports:
+            if r.outcome == REPLICAS_MISMATCH:
+                log.warning("stream replica count differs from the setting", stream=r.stream, wanted=r.wanted,
+                            actual=r.actual, fix=r.fix, error=r.error)
+            elif r.outcome == REPLICAS_UPDATED:
+                log.info("stream replica count updated", stream=r.stream, replicas=r.wanted)
+        return self.replica_reports
+
+    async def _stream_replicas(self, name: str) -> int | None:
+        try:
+            info = await self._js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            return None
+        return int(info.config.num_replicas or 1)
+
+    async def _ensure_stream(self, config: api.StreamConfig) -> StreamReplicas:
+        name = config.name or ""
+        actual = await self._stream_replicas(name)
+        wanted = self.wanted_replicas(actual)
+        config.num_replicas = wanted
+        if actual is None:
             try:
                 await self._js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self._js.update_stream(config)
-        await self._bucket(LEASE_BUCKET)
+            except nats.js.errors.BadRequestError:  # created meanwhile by another controller
+                return await self._ensure_stream(config)
+            except nats.js.errors.APIError as exc:
+                raise LogError(f"cannot create stream {name} with {wanted} replicas: {exc.description}") from exc
+            return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_CREATED)
+        try:
+            await self._js.add_stream(config)  # identical config: accepted as is
+            return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_OK)
+        except nats.js.errors.APIError:  # "already in use with a different configuration", or worse
+            pass
+        try:
+            await self._js.update_stream(config)
+        except nats.js.errors.APIError as exc:
+            if actual == wanted:
+                raise
+            # Keep the replica count the server has, still fix the rest of the configuration.
+            config.num_replicas = actual
+            await self._js.update_stream(config)
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
+                                  fix=fix_command(name, wanted), error=exc.description)
+        return StreamReplicas(stream=name, wanted=wanted, actual=wanted,
+                              outcome=REPLICAS_OK if actual == wanted else REPLICAS_UPDATED)
+
+    async def _ensure_replicas(self, name: str) -> StreamReplicas:
+        """Only the replica count of a stream whose other settings someone else owns (a KV bucket)."""
+        info = await self._js.stream_info(name)
+        config = info.config
+        actual = int(config.num_replicas or 1)
+        wanted = self.wanted_replicas(actual)
+        if actual == wanted:
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_OK)
+        config.num_replicas = wanted
+        try:
+            await self._js.update_stream(config)
+        except nats.js.errors.APIError as exc:
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
+                                  fix=fix_command(name, wanted), error=exc.description)
+        return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_UPDATED)
 
     async def _bucket(self, bucket: str) -> Any:
         kv = self._kv.get(bucket)
@@ -278,7 +411,8 @@ class JetStreamLog:
                 kv = await self._js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 kv = await self._js.create_key_value(
-                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE)
+                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE,
+                                       replicas=self.wanted_replicas())
                 )
             self._kv[bucket] = kv
         return kv
