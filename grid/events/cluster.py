@@ -85,6 +85,33 @@ def cluster_block(
     )
 
 
+def node_config(
+    cluster_name: str,
+    me: NodeAddress,
+    nodes: Sequence[NodeAddress],
+    route_secret: str,
+    *,
+    store_dir: Path,
+    listen_host: str,
+    monitor_port: int,
+    monitor_host: str = "127.0.0.1",
+    route_tls: str = "",
+    sync_always: bool = True,
+) -> str:
+    """A whole node configuration (server, JetStream, cluster); operator mode and client TLS
+    are appended by grid.identity. Monitoring stays on loopback: it is for the node's own
+    health check, and it shows every connection."""
+    sync = "  sync_interval: always\n" if sync_always else ""
+    return (
+        f"server_name: {check_node_name(me.name)}\n"
+        f"listen: {listen_host}:{me.client_port}\n"
+        f"http: {monitor_host}:{monitor_port}\n"
+        "max_payload: 8MB\n"
+        f"jetstream {{\n  store_dir: \"{store_dir}\"\n{sync}}}\n"
+        + cluster_block(cluster_name, me, nodes, route_secret, listen_host=listen_host, route_tls=route_tls)
+    )
+
+
 def new_route_secret() -> str:
     return secrets.token_hex(24)
 
