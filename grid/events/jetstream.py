@@ -57,6 +57,11 @@ DAY = 86_400.0
 GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
 INITIAL_CONNECT_ATTEMPTS = 3
+# A server that stops answering without closing its sockets (SIGSTOP, a partition, a hung host)
+# is only noticed by unanswered pings: nats-py's default (two missed pings two minutes apart)
+# would leave a component stuck for minutes instead of failing over to another cluster node.
+PING_INTERVAL_SECONDS = 3.0
+MAX_OUTSTANDING_PINGS = 2
 DUPLICATE_WINDOW_SECONDS = 120.0
 # The server's own report of its configuration; every server of a cluster answers.
 VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
@@ -197,6 +202,7 @@ class JetStreamLog:
         nats_options: Mapping[str, Any] | None = None,
         ensure_streams: bool = True,
         replicas: int | None = None,
+        timeout: float = 10.0,
     ) -> "JetStreamLog":
         """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
         see grid.identity.connect). `ensure_streams=False` for identities that may not manage
@@ -226,7 +232,8 @@ class JetStreamLog:
             if not connected and _hopeless(exc):
                 raise _Refused(errors[-1]) from exc
 
-        identity = dict(nats_options or {})
+        identity = {"ping_interval": PING_INTERVAL_SECONDS, "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+                    **(nats_options or {})}
 
         async def on_disconnected() -> None:
             if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
@@ -259,7 +266,7 @@ class JetStreamLog:
             detail = refusals[-1] if refusals else errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        event_log = cls(nc, durable=durable, replicas=replicas)
+        event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout)
         connected.append(event_log)
         if ensure_streams:
             await event_log.ensure_streams()
@@ -454,8 +461,21 @@ class JetStreamLog:
             raise LogError(f"append to {subject} failed: {error.get('description')} ({error.get('err_code')})")
         return AppendResult(resp["stream"], int(resp["seq"]), bool(resp.get("duplicate", False)))
 
+    async def _retrying(self, call: Any, attempts: int = 3) -> Any:
+        """A JetStream API call, tried again when it times out: on a cluster a stream whose
+        leader just died answers nothing until its peers elect a new one (a few seconds)."""
+        for attempt in range(attempts):
+            try:
+                return await call()
+            except nats.errors.TimeoutError:
+                if attempt == attempts - 1:
+                    raise
+                log.info("jetstream api call timed out; retrying (stream leader election?)", attempt=attempt + 1)
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
     async def last_sequence(self, stream: str) -> int:
-        info = await self._js.stream_info(stream)
+        info = await self._retrying(lambda: self._js.stream_info(stream))
         return int(info.state.last_seq)
 
     async def last_subject_sequence(self, subject: str) -> int:
@@ -498,14 +518,14 @@ class JetStreamLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
             )
         subject = subject_filter or STREAM_SUBJECTS[stream][0]
-        sub = await self._js.subscribe(
+        sub = await self._retrying(lambda: self._js.subscribe(
             subject,
             stream=stream,
             ordered_consumer=True,
             config=config,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
-        )
+        ))
         jsi = getattr(sub._sub, "_jsi", None)
         if start_seq is not None and start_time is None and jsi is not None and jsi._sseq == 0:
             # nats-py's own ordered reset (after two missed idle heartbeats) restarts after the
@@ -542,7 +562,7 @@ class JetStreamLog:
         end_time: float | None = None,
     ) -> AsyncIterator[StoredMessage]:
         """Ordered replay of what the stream holds now, from a sequence or a time, to an end."""
-        info = await self._js.stream_info(stream)
+        info = await self._retrying(lambda: self._js.stream_info(stream))
         last = int(info.state.last_seq)
         stop = last if end_seq is None else min(end_seq, last)
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
@@ -615,6 +635,26 @@ class JetStreamLog:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
             raise
+
+    async def kv_entries(self, bucket: str, pattern: str = ">") -> list[tuple[KVEntry, float | None]]:
+        """The current entry of every key matching `pattern`, with the server's time of it
+        (deleted keys left out). A short-lived watcher: for small buckets read now and then."""
+        kv = await self._bucket(bucket)
+        watcher = await kv.watch(pattern, ignore_deletes=True)
+        out: list[tuple[KVEntry, float | None]] = []
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=self._timeout)
+                except nats.errors.TimeoutError as exc:
+                    raise LogError(f"listing kv {bucket}/{pattern} timed out") from exc
+                if entry is None:  # the end of the current values
+                    return out
+                created = entry.created
+                at = created.timestamp() if isinstance(created, dt.datetime) else None
+                out.append((KVEntry(entry.key, entry.value or b"", int(entry.revision or 0)), at))
+        finally:
+            await watcher.stop()
 
     async def close(self) -> None:
         if not self._nc.is_closed:
