@@ -579,9 +579,13 @@ class Controller:
             self._last_plan_recorded_at is not None
             and now - self._last_plan_recorded_at < self.settings.plan_refresh_seconds
         )
-        if key == self._last_plan_key and fresh_enough and self.last_generation:
-            return
         assert self.lease is not None
+        latest = self.runner["plans"].latest
+        # A controller that took over records its plan at once, even an unchanged one: the plan
+        # stream then says which term is in charge (and failover shows there, not a TTL later).
+        ours = latest is not None and latest.controller_term == self.lease.term
+        if key == self._last_plan_key and fresh_enough and self.last_generation and ours:
+            return
         if not await self.lease.verify():
             return
         plans = self.runner["plans"]

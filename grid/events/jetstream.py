@@ -213,6 +213,7 @@ class JetStreamLog:
             check_replicas(replicas)
         errors: collections.deque[str] = collections.deque(maxlen=8)
         connected: list[JetStreamLog] = []
+        servers = [u.strip() for u in url.split(",") if u.strip()]
 
         # nats-py awaits these callbacks inside its reconnect task: one that raises ends
         # reconnecting for good, and one that blocks stalls it. They only log and flag.
@@ -225,7 +226,10 @@ class JetStreamLog:
                 return
             if connected:
                 connected[0]._outage_reported = True
-            log.warning("nats connection error", url=url, error=errors[-1])
+            if connected or len(servers) == 1:
+                log.warning("nats connection error", url=url, error=errors[-1])
+            # else: one node of a cluster down is what the list is for: the next is tried, and if
+            # none answers, the LogError below says why (and a CLI's --json output stays clean).
             # Before the first connection, a certificate that does not verify or a refused
             # credential cannot get better by retrying; raising here makes nats-py give up at
             # once (after such a TLS failure its own retry can hang closing the transport).
@@ -247,7 +251,7 @@ class JetStreamLog:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
             nc = await nats.connect(
-                servers=[u.strip() for u in url.split(",")],
+                servers=servers,
                 name=name,
                 connect_timeout=5,
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,

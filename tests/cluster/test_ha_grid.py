@@ -353,6 +353,10 @@ def test_a_paused_controller_appends_nothing_after_the_standby_took_over(ha_grid
     try:
         wait(lambda: ha_grid.status("ctl-c")["controller"]["lease"]["state"] == "held", LEASE_TTL + 10, "c takes over")
         assert time.monotonic() - stopped_at > LEASE_TTL  # not before b's lease ran out
+        # The new holder records its plan under its own term at once, though nothing changed.
+        c_term = ha_grid.status("ctl-c")["controller"]["lease"]["term"]
+        wait(lambda: [p for s, p in read_log(ha_grid.url)[2] if s > last_plan and p.controller_id == c_id
+                      and p.controller_term == c_term], 10, "c's plan under its term")
         # Work for the new controller: scale down to one replica.
         down = ha_grid.gridctl(c.home, "model", "set", MODEL, "--min-replicas", "1", "--max-replicas", "1")
         assert down.returncode == 0, down.stderr
