@@ -61,6 +61,7 @@ class HAGrid:
     base: Path
     cluster: NatsCluster
     procs: dict[str, Proc] = field(default_factory=dict)
+    gateway_urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -275,7 +276,7 @@ def test_kill_one_gateway_while_clients_stream_through_the_other(ha_grid: HAGrid
         ports[name] = free_port()
         ha_grid.spawn(name, ha_grid.base / name, "serve", "gateway", "--nats", ha_grid.url, "--port", str(ports[name]),
                       "--log-format", "json")
-    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
+    urls = ha_grid.gateway_urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
 
     def serving(name: str) -> bool:
         models = httpx.get(f"{urls[name]}/v1/models", timeout=5).json()
@@ -301,10 +302,23 @@ def test_kill_one_gateway_while_clients_stream_through_the_other(ha_grid: HAGrid
     assert retry.status_code == 200, retry.text
 
 
+def connections_by_node(nodes: list) -> list[list[str]]:  # type: ignore[type-arg]
+    """The client connection names each node serves (from its monitoring endpoint)."""
+    out = []
+    for node in nodes:
+        connz = httpx.get(f"http://{node.host}:{node.monitor_port}/connz", timeout=2).json()
+        out.append(sorted(c.get("name") or "" for c in connz.get("connections") or []))
+    return out
+
+
 def test_losing_a_nats_node_under_the_running_grid(ha_grid: HAGrid) -> None:
     b_id = ha_grid.status("ctl-b")["controller"]["id"]
     before, _, _ = read_log(ha_grid.url)
-    ha_grid.cluster.kill(0)
+    # Kill the node the active controller is connected to (the others' clients fail over too).
+    names = connections_by_node(ha_grid.cluster.nodes)
+    victim = next(i for i, n in enumerate(names) if "grid-controller" in n)  # the one controller running
+    on_victim = set(names[victim])
+    ha_grid.cluster.kill(victim)
     try:
         time.sleep(LEASE_TTL)
         # The controller still holds the lease (or took it back): exactly one active.
@@ -315,11 +329,8 @@ def test_losing_a_nats_node_under_the_running_grid(ha_grid: HAGrid) -> None:
             return all(hosts[f"agent-{i}"]["fresh"] and hosts[f"agent-{i}"]["heartbeat_age_seconds"] < 3 for i in (1, 2))
 
         wait(agents_fresh, 30, "agents heartbeat through the surviving nodes")
-        gw = ha_grid.procs["gw-2"]
-        port = next(a for a in gw.popen.args if a.isdigit() and int(a) > 1024)  # type: ignore[union-attr]
-
         def answers() -> bool:
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+            r = httpx.post(f"{ha_grid.gateway_urls['gw-2']}/v1/chat/completions", timeout=30,
                            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
             return r.status_code == 200
 
@@ -333,9 +344,13 @@ def test_losing_a_nats_node_under_the_running_grid(ha_grid: HAGrid) -> None:
         after, _, _ = read_log(ha_grid.url)
         assert [c.action_id for _, c in after] == [c.action_id for _, c in before]
         assert ready_replicas(ha_grid.status("ctl-b")) == 2
+        # Whatever ran on the lost node is connected elsewhere now.
+        alive = [n for i, n in enumerate(ha_grid.cluster.nodes) if i != victim]
+        moved = {n for names_ in connections_by_node(alive) for n in names_}
+        assert on_victim & {"grid-controller", "grid-agent", "grid-gateway"} <= moved
     finally:
-        ha_grid.cluster.restart(0)
-        ha_grid.cluster.wait_jetstream(30, nodes=[0])
+        ha_grid.cluster.restart(victim)
+        ha_grid.cluster.wait_jetstream(30, nodes=[victim])
 
 
 def test_a_paused_controller_appends_nothing_after_the_standby_took_over(ha_grid: HAGrid) -> None:
