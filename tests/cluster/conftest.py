@@ -7,7 +7,6 @@ fixtures stop every node in `finally`, including nodes a test paused with SIGSTO
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import pytest
 
 from grid.events.cluster import NatsCluster
 from grid.identity.authority import Authority
-from grid.identity.permissions import Principal, Role
 from grid.identity.server import SecuredNatsCluster
 from grid.identity.tls import TLSMaterial
 
@@ -49,8 +47,3 @@ def secured_cluster(tmp_path: Path, authority: Authority, cluster_tls: TLSMateri
     finally:
         cluster.stop()
 
-
-def issue(authority: Authority, directory: Path, role: Role, host_id: str | None = None) -> Path:
-    principal = Principal(role, host_id=host_id)
-    path = directory / f"{role.value}-{host_id or 'x'}-{time.monotonic_ns()}.creds"
-    return authority.issue_creds(principal, path, now=time.time(), ttl_seconds=3600.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -97,7 +98,7 @@ class HAGrid:
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.popen.poll() is None:
-                with _suppress():
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.popen.pid, signal.SIGCONT)
                 proc.popen.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
@@ -106,14 +107,6 @@ class HAGrid:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.popen.pid, signal.SIGKILL)
                 proc.popen.wait(10)
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
