@@ -40,3 +40,36 @@ def test_presence_keys_are_kv_safe() -> None:
     assert presence_key("a4b595b1") == "presence.a4b595b1"
     odd = presence_key("ctl a/b.c*")
     assert odd.startswith("presence.") and all(ch.isalnum() for ch in odd.removeprefix("presence."))
+
+
+async def test_only_a_controller_can_announce_itself(secured_cluster, authority, cluster_tls, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Presence records live beside the lease: a host or the gateway cannot forge one."""
+    import time
+
+    import nats.errors
+    import pytest
+
+    from grid.controller.presence import announce, read_presence
+    from grid.identity.connect import connect_log
+    from grid.identity.permissions import Principal, Role
+
+    def creds(principal: Principal, name: str):  # type: ignore[no-untyped-def]
+        return authority.issue_creds(principal, tmp_path / name, now=time.time(), ttl_seconds=3600)
+
+    controller = await connect_log(secured_cluster.url, credentials=creds(Principal(Role.CONTROLLER), "c.creds"),
+                                   tls_ca=cluster_tls.ca_cert)
+    try:
+        await announce(controller, rec("ctl-real", ANNOUNCE_ACTIVE))
+        for principal, name in ((authority.host_principal("h1"), "h.creds"), (Principal(Role.GATEWAY), "g.creds")):
+            intruder = await connect_log(secured_cluster.url, credentials=creds(principal, name),
+                                         tls_ca=cluster_tls.ca_cert, ensure_streams=False, timeout=2.0)
+            try:
+                # The server drops a publish the identity may not make: the writer hears nothing.
+                with pytest.raises(nats.errors.TimeoutError):
+                    await announce(intruder, rec("ctl-forged", ANNOUNCE_ACTIVE))
+            finally:
+                await intruder.close()
+        ids = {r.controller_id for r, _ in await read_presence(controller)}
+        assert ids == {"ctl-real"}
+    finally:
+        await controller.close()
