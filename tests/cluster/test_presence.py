@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import nats.errors
+import pytest
+
 from grid.controller.presence import (
     ACTIVE,
     ANNOUNCE_ACTIVE,
@@ -11,9 +17,16 @@ from grid.controller.presence import (
     STOPPED,
     UNRESPONSIVE,
     PresenceRecord,
+    announce,
     presence_key,
     presence_view,
+    read_presence,
 )
+from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
+from grid.identity.permissions import Principal, Role
+from grid.identity.server import SecuredNatsCluster
+from grid.identity.tls import TLSMaterial
 
 
 def rec(cid: str, state: str, term: int = 1) -> PresenceRecord:
@@ -42,18 +55,11 @@ def test_presence_keys_are_kv_safe() -> None:
     assert odd.startswith("presence.") and all(ch.isalnum() for ch in odd.removeprefix("presence."))
 
 
-async def test_only_a_controller_can_announce_itself(secured_cluster, authority, cluster_tls, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_only_a_controller_can_announce_itself(secured_cluster: SecuredNatsCluster, authority: Authority,
+                                                     cluster_tls: TLSMaterial, tmp_path: Path) -> None:
     """Presence records live beside the lease: a host or the gateway cannot forge one."""
-    import time
 
-    import nats.errors
-    import pytest
-
-    from grid.controller.presence import announce, read_presence
-    from grid.identity.connect import connect_log
-    from grid.identity.permissions import Principal, Role
-
-    def creds(principal: Principal, name: str):  # type: ignore[no-untyped-def]
+    def creds(principal: Principal, name: str) -> Path:
         return authority.issue_creds(principal, tmp_path / name, now=time.time(), ttl_seconds=3600)
 
     controller = await connect_log(secured_cluster.url, credentials=creds(Principal(Role.CONTROLLER), "c.creds"),
