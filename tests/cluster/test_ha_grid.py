@@ -380,3 +380,5 @@ def test_a_paused_controller_appends_nothing_after_the_standby_took_over(ha_grid
     assert all(x.controller_id == c_id for s, x in cmds if s > last_cmd)
     assert active_and_standby(ha_grid.status("ctl-b")) == ([c_id], [b_id])
     assert b.popen.poll() is None  # stepped down, still running as a standby
+    # The agents' command consumers survived the node loss before: the scale-down is carried out.
+    wait(lambda: ready_replicas(ha_grid.status("ctl-c")) == 1, 60, "the scale-down completes")
