@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ensure_bundled_model
 from grid.agent.engines.llama_cpp import find_llama_server
@@ -80,6 +82,11 @@ class Procs:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+        # Engines run in their own session (an agent's successor adopts them): end what is left.
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(str(self.base) in arg for arg in proc.info["cmdline"] or ()):
+                    proc.kill()
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]

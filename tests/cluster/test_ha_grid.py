@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
@@ -107,6 +108,12 @@ class HAGrid:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.popen.pid, signal.SIGKILL)
                 proc.popen.wait(10)
+        # An agent that had to be SIGKILLed leaves its engines (they run in their own session,
+        # for adoption by the next agent): end every process still running from this grid's dirs.
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(str(self.base) in arg for arg in p.info["cmdline"] or ()):
+                    p.kill()
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
