@@ -19,16 +19,47 @@ class NatsUrlNotFound(LookupError):
         self.recorded = recorded
 
 
+# JetStream replicates a stream on at most five servers.
+MAX_REPLICAS = 5
+
+
+class ConfigError(ValueError):
+    """A setting in the environment that cannot be used (the message names it and says why)."""
+
+
+def parse_replicas(value: str | int | None, *, source: str = "GRID_REPLICAS") -> int | None:
+    """The replica count of the streams and the lease bucket: None (automatic: 1 on a single
+    server, 3 on a cluster of three or more nodes) or 1..5."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{source} must be a whole number from 1 to {MAX_REPLICAS}, not {value!r}") from None
+    if not 1 <= n <= MAX_REPLICAS:
+        raise ConfigError(f"{source} must be from 1 to {MAX_REPLICAS} (JetStream's limit), not {n}")
+    return n
+
+
 @dataclass(frozen=True)
 class GridConfig:
     home: Path
     nats_url: str | None
+    # GRID_REPLICAS as given: parsed (and refused when bad) only by the processes that manage
+    # streams, so a bad value does not break every other command.
+    replicas_setting: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "GridConfig":
         env = os.environ if environ is None else environ
         home = Path(env.get("GRID_HOME") or Path(env.get("HOME", "~")) / ".grid").expanduser()
-        return cls(home=home, nats_url=env.get("GRID_NATS_URL") or None)
+        return cls(home=home, nats_url=env.get("GRID_NATS_URL") or None,
+                   replicas_setting=env.get("GRID_REPLICAS") or None)
+
+    def replicas(self) -> int | None:
+        """Stream and lease-bucket replicas from GRID_REPLICAS (None: automatic); ConfigError
+        when the value is not 1..5."""
+        return parse_replicas(self.replicas_setting)
 
     @property
     def nats_url_file(self) -> Path:

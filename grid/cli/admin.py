@@ -128,6 +128,11 @@ def render_status(s: dict[str, Any]) -> None:
         f"{mode['requested']} (running as {mode['effective']})"
     console.print(f"[bold]mode[/bold] {mode_text}   [bold]lease[/bold] {lease.get('state')} term "
                   f"{lease.get('term')} ({ctl.get('id')})   [bold]plan[/bold] {plan.get('generation') or '-'}")
+    controllers = s.get("controllers") or []
+    if controllers:
+        console.print("[bold]controllers[/bold] " + ", ".join(
+            f"{c['controller_id']} {c['state']}" + (f" term {c['term']}" if c["state"] == "active" else "")
+            for c in controllers), highlight=False)
     console.print(f"last tick {tick.get('duration_ms', 0):.1f} ms ({tick.get('reason', '-')})   revisions "
                   f"dirty {rev['dirty']} processed {rev['processed']} success {rev['success']}   "
                   f"log durable: {mode['log_durable']}", style="dim")

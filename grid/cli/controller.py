@@ -15,10 +15,11 @@ from typing import Optional
 import typer
 
 from grid.cli.common import LogFormatOption, err_console, fail, resolve_nats_url
-from grid.config import GridConfig
+from grid.config import ConfigError, GridConfig, parse_replicas
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
 from grid.controller.service import Controller, ControllerError, ControllerSettings
+from grid.events.jetstream import REPLICAS_MISMATCH
 from grid.events.log import LogError
 from grid.localgrid import durability_note
 from grid.logs import configure_logging
@@ -63,12 +64,20 @@ def serve_controller(
         True, "--analytics/--no-analytics",
         help="Run the DuckDB analytics sink in this process (GRID_HOME/analytics.duckdb) and serve "
              "`gridctl history` from it."),
+    replicas: Optional[str] = typer.Option(
+        None, "--replicas", envvar="GRID_REPLICAS", metavar="1..5",
+        help="Replicas of every stream and the lease bucket (default: 1 on a single NATS server, 3 on a "
+             "cluster of three or more). Existing streams are updated to it where NATS allows."),
     log_format: str = LogFormatOption,
     publish_pause: float = typer.Option(0.0, "--publish-pause", hidden=True,
                                         help="Test seam: pause between command publishes."),
 ) -> None:
     """Run the controller (and its admin API) in the foreground until SIGINT/SIGTERM."""
     configure_logging(log_format)
+    try:
+        wanted_replicas = parse_replicas(replicas, source="--replicas / GRID_REPLICAS")
+    except ConfigError as exc:
+        fail(str(exc))
     cfg = GridConfig.from_environ()
     if home is not None:
         cfg = GridConfig(home=home.expanduser(), nats_url=cfg.nats_url)
@@ -81,13 +90,13 @@ def serve_controller(
     )
     try:
         asyncio.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port),
-                         assume_durable, tuple(trusted_proxy)))
+                         assume_durable, tuple(trusted_proxy), wanted_replicas))
     except (LogError, ControllerError, SecretFileError) as exc:  # no log, another controller holds this home, a bad token
         fail(str(exc))
 
 
 async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, int] | None,
-               assume_durable: bool, trusted_proxies: tuple[str, ...] = ()) -> None:
+               assume_durable: bool, trusted_proxies: tuple[str, ...] = (), replicas: int | None = None) -> None:
     from grid.identity.connect import connect_log
     from grid.identity.local import authority_dir, local_credential, local_tls_ca
     from grid.identity.service import ControllerIdentity
@@ -97,7 +106,13 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
     # connects as itself, provisions host consumers and serves enrolment.
     creds = local_credential(cfg.home, "controller")
     ca = local_tls_ca(cfg.home) if creds is not None else None
-    log_ = await connect_log(cfg.nats_url, credentials=creds, tls_ca=ca, name="grid-controller", durable=False)
+    log_ = await connect_log(cfg.nats_url, credentials=creds, tls_ca=ca, name="grid-controller", durable=False,
+                             replicas=replicas)
+    # A stream the server would not re-replicate is never silently left: say it, with the fix.
+    mismatches = [r for r in log_.replica_reports if r.outcome == REPLICAS_MISMATCH]
+    for r in mismatches:
+        err_console.print(f"[yellow]stream {r.stream} has {r.actual} replica(s), not {r.wanted} "
+                          f"({r.error}); fix: {r.fix}[/yellow]", highlight=False)
     identity = (ControllerIdentity(authority_dir(cfg.home), ca_pem=ca.read_text() if ca else None)
                 if creds is not None else None)
     # An external server counts as durable only when it says it fsyncs every write (or the
@@ -109,6 +124,8 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
                           "recommends). If its JetStream fsyncs every write (sync_interval: always), restart with "
                           "--assume-durable.[/yellow]")
     controller = Controller(log_, cfg, settings=settings, identity=identity)
+    controller.warnings.extend(f"stream {r.stream} has {r.actual} replica(s), not {r.wanted}: {r.fix}"
+                               for r in mismatches)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

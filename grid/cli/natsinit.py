@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from grid.cli.natscluster import cluster_config
 from grid.cli.common import JsonOption, config, console, print_json
 from grid.identity.authority import Authority
 from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir, ensure_local_credentials
@@ -94,6 +95,10 @@ def _export_server(server_dir: Path, snippet: str, tls: TLSMaterial | None) -> N
         _export(tls.server_key, copy.server_key)
         snippet += copy.server_config()
     write_owner_only(server_dir / SNIPPET_FILE, snippet.encode())
+
+
+# `gridctl nats cluster-config` lives in its own module (one command, one file).
+nats_app.command("cluster-config")(cluster_config)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,7 +22,7 @@ consumers and serves enrolment alongside.
 The process entry (``gridctl serve controller``) is the typer command in grid.cli.controller;
 the admin HTTP server is grid.controller.api's.
 
-Why one file of ~650 lines: it is the controller's only side-effect edge, and the lease, the
+Why one file of ~730 lines: it is the controller's only side-effect edge, and the lease (and presence), the
 identity wiring, the tick, plan recording and command publishing share state that must be read at one instant (the
 positions a plan is based on, the lease term a command carries). The pure parts it composes
 live elsewhere (tick.py, reconcile.py, status.py); metrics are read from this state at scrape
@@ -51,6 +51,15 @@ from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.controller.governor import Limits
 from grid.controller.lease import Lease
+from grid.controller.presence import (
+    ANNOUNCE_ACTIVE,
+    ANNOUNCE_STANDBY,
+    ANNOUNCE_STOPPED,
+    PresenceRecord,
+    announce,
+    presence_view,
+    read_presence,
+)
 from grid.controller.reconcile import (
     WITHDRAW_MODE,
     Guards,
@@ -239,6 +248,8 @@ class Controller:
         self._last_plan_recorded_at: float | None = None
         self._stopping = False
         self.analytics: AnalyticsService | None = None
+        # Every controller's last presence record (this one's included), for status.
+        self.presence: list[tuple[PresenceRecord, float | None]] = []
         self.metrics = ControllerMetrics(self._gauges())
 
     # --- metrics (states read at scrape time) ----------------------------------------------------
@@ -314,6 +325,7 @@ class Controller:
             self.warnings.append("the event log is not durable: automatic mode is refused")
         with contextlib.suppress(LogError):
             await self.lease.step()
+        await self._announce()
         self._latest_plan_from_log()
         await self._ensure_artifact_store()
         if s.analytics:
@@ -355,6 +367,7 @@ class Controller:
         if self.lease is not None:
             with contextlib.suppress(Exception):
                 await self.lease.release()
+            await self._announce(ANNOUNCE_STOPPED)
         with contextlib.suppress(OSError):
             self.runner.save_snapshot(self.files.snapshot)
         if self._lock_fd is not None:
@@ -412,7 +425,31 @@ class Controller:
                 log.warning("lease step failed", error=str(exc))
             if self.lease.held and not was:
                 self._dirty.set()
+            await self._announce()
             await asyncio.sleep(self.settings.lease_renew_seconds)
+
+    async def _announce(self, state: str | None = None) -> None:
+        """Write this controller's presence record and read everyone's (status only: a failure
+        here costs a stale status row, never the lease or a tick)."""
+        lease = self.lease
+        if lease is None:
+            return
+        try:
+            admin_url = self.files.admin_url.read_text().strip() or None
+        except OSError:
+            admin_url = None
+        record = PresenceRecord(
+            controller_id=self.controller_id, state=state or (ANNOUNCE_ACTIVE if lease.held else ANNOUNCE_STANDBY),
+            term=lease.term, interval_seconds=self.settings.lease_renew_seconds, admin_url=admin_url,
+            started_at=self.started_at,
+        )
+        try:
+            await announce(self.log, record)
+            self.presence = await read_presence(self.log)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection trouble, permissions: status degrades only
+            log.debug("controller presence not announced", error=str(exc))
 
     async def _tick_loop(self) -> None:
         s = self.settings
@@ -555,9 +592,13 @@ class Controller:
             self._last_plan_recorded_at is not None
             and now - self._last_plan_recorded_at < self.settings.plan_refresh_seconds
         )
-        if key == self._last_plan_key and fresh_enough and self.last_generation:
-            return
         assert self.lease is not None
+        latest = self.runner["plans"].latest
+        # A controller that took over records its plan at once, even an unchanged one: the plan
+        # stream then says which term is in charge (and failover shows there, not a TTL later).
+        ours = latest is not None and latest.controller_term == self.lease.term
+        if key == self._last_plan_key and fresh_enough and self.last_generation and ours:
+            return
         if not await self.lease.verify():
             return
         plans = self.runner["plans"]
@@ -683,6 +724,9 @@ class Controller:
             history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
             last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,
             last_generation=self.last_generation, last_result=self.last_result,
+            controllers=tuple(presence_view(self.presence, now=self.clock.now(),
+                                            holder_id=lease.holder_id if lease is not None else None,
+                                            holder_term=lease.holder_term if lease is not None else 0)),
         )
 
     def status(self) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 Shape (every key always present; lists bounded):
 
     controller   id, epoch, started_at, restart_grace_until, lease {state, term, holder_id, ...}
+    controllers  [{controller_id, state (active|standby|unresponsive|stopped), term, admin_url,
+                   started_at, announced_age_seconds}] every controller that announced itself
     mode         requested, effective, changed_at, log_durable
     revisions    dirty, processed, success, positions {stream: seq}, profiles {model: seq}, plans
     hosts        [{host_id, state, fresh, heartbeat_age_seconds, capacity_mb, reserved_mb,
@@ -106,6 +108,8 @@ class ControllerView:
     last_forecast: Forecast | None
     last_generation: str
     last_result: ReconcileResult | None
+    # Every controller that announced itself: which is active, which stand by (presence.py).
+    controllers: tuple[dict[str, Any], ...] = ()
 
 
 def _b(value: Any) -> Any:
@@ -279,6 +283,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
             "published_total": ctl.published_total, "withdrawn_total": ctl.withdrawn_total,
             "plan_conflicts": ctl.plan_conflicts,
         },
+        "controllers": list(ctl.controllers),
         "mode": {
             "requested": catalog.mode,
             "effective": ctl.last_tick.effective_mode if ctl.last_tick is not None else catalog.mode,

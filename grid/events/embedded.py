@@ -82,12 +82,16 @@ class EmbeddedNats:
         host: str = "127.0.0.1",
         sync_always: bool = True,
         binary: Path | None = None,
+        server_name: str = "grid_embedded",
+        monitor_port: int | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
         self.requested_port = port
         self.port = 0
+        self.requested_monitor_port = monitor_port
         self.monitor_port = 0
+        self.server_name = server_name
         self.sync_always = sync_always
         self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
@@ -100,15 +104,20 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         sync = "  sync_interval: always\n" if self.sync_always else ""
         config = (
-            f"server_name: grid_embedded\n"
+            f"server_name: {self.server_name}\n"
             f"listen: {self.host}:{self.port}\n"
             f"http: {self.host}:{self.monitor_port}\n"
             f"max_payload: 8MB\n"
             f"jetstream {{\n  store_dir: \"{self.store_dir / 'jetstream'}\"\n{sync}}}\n"
+            + self.extra_config()
         )
         path = self.store_dir / "nats-server.conf"
         path.write_text(config)
         return path
+
+    def extra_config(self) -> str:
+        """More configuration lines (a cluster node adds its `cluster` block here)."""
+        return ""
 
     def start(self) -> "EmbeddedNats":
         self.spawn()
@@ -129,7 +138,7 @@ class EmbeddedNats:
             self.port = self.requested_port
         else:
             self.port = free_port(self.host)
-        self.monitor_port = free_port(self.host)
+        self.monitor_port = self.requested_monitor_port or free_port(self.host)
         self._launch(binary)
 
     def _launch(self, binary: Path) -> None:

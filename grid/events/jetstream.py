@@ -57,6 +57,11 @@ DAY = 86_400.0
 GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
 INITIAL_CONNECT_ATTEMPTS = 3
+# A server that stops answering without closing its sockets (SIGSTOP, a partition, a hung host)
+# is only noticed by unanswered pings: nats-py's default (two missed pings two minutes apart)
+# would leave a component stuck for minutes instead of failing over to another cluster node.
+PING_INTERVAL_SECONDS = 3.0
+MAX_OUTSTANDING_PINGS = 2
 DUPLICATE_WINDOW_SECONDS = 120.0
 # The server's own report of its configuration; every server of a cluster answers.
 VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
@@ -82,6 +87,44 @@ STREAM_POLICIES: dict[str, StreamPolicy] = {
 
 _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
 
+# Replication (num_replicas of every stream and of the lease bucket). JetStream allows 1..5.
+MAX_REPLICAS = 5
+# With this many nodes or more the automatic choice is R3 (survives the loss of one node, and
+# a quorum of two is still there); fewer nodes get R1, since R2 tolerates no loss at all.
+CLUSTER_REPLICAS = 3
+# Outcomes of ensuring one stream's replica count (StreamReplicas.outcome).
+REPLICAS_CREATED = "created"
+REPLICAS_OK = "ok"
+REPLICAS_UPDATED = "updated"
+REPLICAS_MISMATCH = "mismatch"
+
+
+class StreamReplicas(msgspec.Struct, frozen=True, kw_only=True):
+    """What ensuring one stream (or the lease bucket's stream) did about its replica count."""
+
+    stream: str
+    wanted: int
+    actual: int
+    outcome: str
+    # The exact command that fixes a mismatch the server refused to update (None otherwise).
+    fix: str | None = None
+    error: str | None = None
+
+
+def check_replicas(value: int) -> int:
+    if not 1 <= value <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, not {value}")
+    return value
+
+
+def auto_replicas(cluster_nodes: int) -> int:
+    """The replica count for a deployment of `cluster_nodes` NATS servers when none is set."""
+    return CLUSTER_REPLICAS if cluster_nodes >= CLUSTER_REPLICAS else 1
+
+
+def fix_command(stream: str, replicas: int) -> str:
+    return f"nats stream edit {stream} --replicas {replicas} --force"
+
 
 class _VarzJetStreamConfig(msgspec.Struct):
     sync_always: bool = False
@@ -102,7 +145,7 @@ class _VarzReply(msgspec.Struct):
 _varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
-def _stream_config(name: str) -> api.StreamConfig:
+def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
     policy = STREAM_POLICIES[name]
     return api.StreamConfig(
         name=name,
@@ -115,6 +158,7 @@ def _stream_config(name: str) -> api.StreamConfig:
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
         allow_direct=True,
+        num_replicas=replicas,
     )
 
 
@@ -130,8 +174,13 @@ def _hopeless(exc: BaseException) -> bool:
 class JetStreamLog:
     """EventLog over a real NATS JetStream server or cluster."""
 
-    def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0) -> None:
+    def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
+                 replicas: int | None = None) -> None:
         self._nc = nc
+        # None: automatic (see auto_replicas); a number: exactly that many, set by the operator.
+        self.replicas = None if replicas is None else check_replicas(replicas)
+        # What the last ensure_streams found and did about replica counts.
+        self.replica_reports: tuple[StreamReplicas, ...] = ()
         self._js = nc.jetstream(timeout=timeout)
         self._timeout = timeout
         self._kv: dict[str, Any] = {}
@@ -152,12 +201,19 @@ class JetStreamLog:
         durable: bool = True,
         nats_options: Mapping[str, Any] | None = None,
         ensure_streams: bool = True,
+        replicas: int | None = None,
+        timeout: float = 10.0,
     ) -> "JetStreamLog":
         """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
         see grid.identity.connect). `ensure_streams=False` for identities that may not manage
-        streams."""
+        streams. `url` may list several servers of a cluster, comma-separated: nats-py tries
+        them in turn and fails over between them. `replicas`: the streams' and lease bucket's
+        replica count (None: 1 on a single server, 3 on a cluster of three or more)."""
+        if replicas is not None:
+            check_replicas(replicas)
         errors: collections.deque[str] = collections.deque(maxlen=8)
         connected: list[JetStreamLog] = []
+        servers = [u.strip() for u in url.split(",") if u.strip()]
 
         # nats-py awaits these callbacks inside its reconnect task: one that raises ends
         # reconnecting for good, and one that blocks stalls it. They only log and flag.
@@ -170,14 +226,18 @@ class JetStreamLog:
                 return
             if connected:
                 connected[0]._outage_reported = True
-            log.warning("nats connection error", url=url, error=errors[-1])
+            if connected or len(servers) == 1:
+                log.warning("nats connection error", url=url, error=errors[-1])
+            # else: one node of a cluster down is what the list is for: the next is tried, and if
+            # none answers, the LogError below says why (and a CLI's --json output stays clean).
             # Before the first connection, a certificate that does not verify or a refused
             # credential cannot get better by retrying; raising here makes nats-py give up at
             # once (after such a TLS failure its own retry can hang closing the transport).
             if not connected and _hopeless(exc):
                 raise _Refused(errors[-1]) from exc
 
-        identity = dict(nats_options or {})
+        identity = {"ping_interval": PING_INTERVAL_SECONDS, "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+                    **(nats_options or {})}
 
         async def on_disconnected() -> None:
             if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
@@ -191,7 +251,7 @@ class JetStreamLog:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
             nc = await nats.connect(
-                servers=[u.strip() for u in url.split(",")],
+                servers=servers,
                 name=name,
                 connect_timeout=5,
                 max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
@@ -210,7 +270,7 @@ class JetStreamLog:
             detail = refusals[-1] if refusals else errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        event_log = cls(nc, durable=durable)
+        event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout)
         connected.append(event_log)
         if ensure_streams:
             await event_log.ensure_streams()
@@ -261,15 +321,99 @@ class JetStreamLog:
             await unsubscribe(sub)
         return all(verdicts) if verdicts else None
 
-    async def ensure_streams(self) -> None:
-        """Create every stream (and the lease bucket) idempotently, updating drifted config."""
-        for name in ALL_STREAMS:
-            config = _stream_config(name)
+    def cluster_nodes(self) -> int:
+        """How many servers the connected cluster has, from the server's INFO (1: no cluster).
+
+        A clustered server lists every node's client URL in `connect_urls` (itself included),
+        unless the cluster was configured with `no_advertise`; then only GRID_REPLICAS tells.
+        """
+        info = getattr(self._nc, "_server_info", None) or {}  # nats-py keeps INFO only here
+        if not info.get("cluster"):
+            return 1
+        return max(1, len(set(info.get("connect_urls") or ())))
+
+    def wanted_replicas(self, actual: int | None = None) -> int:
+        """The replica count to ensure: the setting, else automatic, never below what an existing
+        stream already has (an automatic choice does not shrink what an operator grew)."""
+        if self.replicas is not None:
+            return self.replicas
+        auto = auto_replicas(self.cluster_nodes())
+        return max(auto, actual or 0)
+
+    async def ensure_streams(self, replicas: int | None = None) -> tuple[StreamReplicas, ...]:
+        """Create every stream (and the lease bucket) idempotently, updating drifted config.
+
+        Replica counts are updated where the server allows it (NATS 2.10+ changes a stream's
+        num_replicas in place); a refusal is reported, with the command that fixes it, in the
+        returned reports (also kept in `replica_reports` and logged), never silently left.
+        """
+        if replicas is not None:
+            self.replicas = check_replicas(replicas)
+        reports = [await self._ensure_stream(_stream_config(name)) for name in ALL_STREAMS]
+        await self._bucket(LEASE_BUCKET)
+        reports.append(await self._ensure_replicas(f"KV_{LEASE_BUCKET}"))
+        self.replica_reports = tuple(reports)
+        for r in self.replica_reports:
+            if r.outcome == REPLICAS_MISMATCH:
+                log.warning("stream replica count differs from the setting", stream=r.stream, wanted=r.wanted,
+                            actual=r.actual, fix=r.fix, error=r.error)
+            elif r.outcome == REPLICAS_UPDATED:
+                log.info("stream replica count updated", stream=r.stream, replicas=r.wanted)
+        return self.replica_reports
+
+    async def _stream_replicas(self, name: str) -> int | None:
+        try:
+            info = await self._js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            return None
+        return int(info.config.num_replicas or 1)
+
+    async def _ensure_stream(self, config: api.StreamConfig) -> StreamReplicas:
+        name = config.name or ""
+        actual = await self._stream_replicas(name)
+        wanted = self.wanted_replicas(actual)
+        config.num_replicas = wanted
+        if actual is None:
             try:
                 await self._js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self._js.update_stream(config)
-        await self._bucket(LEASE_BUCKET)
+            except nats.js.errors.BadRequestError:  # created meanwhile by another controller
+                return await self._ensure_stream(config)
+            except nats.js.errors.APIError as exc:
+                raise LogError(f"cannot create stream {name} with {wanted} replicas: {exc.description}") from exc
+            return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_CREATED)
+        try:
+            await self._js.add_stream(config)  # identical config: accepted as is
+            return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_OK)
+        except nats.js.errors.APIError:  # "already in use with a different configuration", or worse
+            pass
+        try:
+            await self._js.update_stream(config)
+        except nats.js.errors.APIError as exc:
+            if actual == wanted:
+                raise
+            # Keep the replica count the server has, still fix the rest of the configuration.
+            config.num_replicas = actual
+            await self._js.update_stream(config)
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
+                                  fix=fix_command(name, wanted), error=exc.description)
+        return StreamReplicas(stream=name, wanted=wanted, actual=wanted,
+                              outcome=REPLICAS_OK if actual == wanted else REPLICAS_UPDATED)
+
+    async def _ensure_replicas(self, name: str) -> StreamReplicas:
+        """Only the replica count of a stream whose other settings someone else owns (a KV bucket)."""
+        info = await self._js.stream_info(name)
+        config = info.config
+        actual = int(config.num_replicas or 1)
+        wanted = self.wanted_replicas(actual)
+        if actual == wanted:
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_OK)
+        config.num_replicas = wanted
+        try:
+            await self._js.update_stream(config)
+        except nats.js.errors.APIError as exc:
+            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
+                                  fix=fix_command(name, wanted), error=exc.description)
+        return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_UPDATED)
 
     async def _bucket(self, bucket: str) -> Any:
         kv = self._kv.get(bucket)
@@ -278,7 +422,8 @@ class JetStreamLog:
                 kv = await self._js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 kv = await self._js.create_key_value(
-                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE)
+                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE,
+                                       replicas=self.wanted_replicas())
                 )
             self._kv[bucket] = kv
         return kv
@@ -320,8 +465,21 @@ class JetStreamLog:
             raise LogError(f"append to {subject} failed: {error.get('description')} ({error.get('err_code')})")
         return AppendResult(resp["stream"], int(resp["seq"]), bool(resp.get("duplicate", False)))
 
+    async def _retrying(self, call: Any, attempts: int = 3) -> Any:
+        """A JetStream API call, tried again when it times out: on a cluster a stream whose
+        leader just died answers nothing until its peers elect a new one (a few seconds)."""
+        for attempt in range(attempts):
+            try:
+                return await call()
+            except nats.errors.TimeoutError:
+                if attempt == attempts - 1:
+                    raise
+                log.info("jetstream api call timed out; retrying (stream leader election?)", attempt=attempt + 1)
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
     async def last_sequence(self, stream: str) -> int:
-        info = await self._js.stream_info(stream)
+        info = await self._retrying(lambda: self._js.stream_info(stream))
         return int(info.state.last_seq)
 
     async def last_subject_sequence(self, subject: str) -> int:
@@ -364,14 +522,14 @@ class JetStreamLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
             )
         subject = subject_filter or STREAM_SUBJECTS[stream][0]
-        sub = await self._js.subscribe(
+        sub = await self._retrying(lambda: self._js.subscribe(
             subject,
             stream=stream,
             ordered_consumer=True,
             config=config,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
-        )
+        ))
         jsi = getattr(sub._sub, "_jsi", None)
         if start_seq is not None and start_time is None and jsi is not None and jsi._sseq == 0:
             # nats-py's own ordered reset (after two missed idle heartbeats) restarts after the
@@ -408,7 +566,7 @@ class JetStreamLog:
         end_time: float | None = None,
     ) -> AsyncIterator[StoredMessage]:
         """Ordered replay of what the stream holds now, from a sequence or a time, to an end."""
-        info = await self._js.stream_info(stream)
+        info = await self._retrying(lambda: self._js.stream_info(stream))
         last = int(info.state.last_seq)
         stop = last if end_seq is None else min(end_seq, last)
         if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
@@ -481,6 +639,26 @@ class JetStreamLog:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
             raise
+
+    async def kv_entries(self, bucket: str, pattern: str = ">") -> list[tuple[KVEntry, float | None]]:
+        """The current entry of every key matching `pattern`, with the server's time of it
+        (deleted keys left out). A short-lived watcher: for small buckets read now and then."""
+        kv = await self._bucket(bucket)
+        watcher = await kv.watch(pattern, ignore_deletes=True)
+        out: list[tuple[KVEntry, float | None]] = []
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=self._timeout)
+                except nats.errors.TimeoutError as exc:
+                    raise LogError(f"listing kv {bucket}/{pattern} timed out") from exc
+                if entry is None:  # the end of the current values
+                    return out
+                created = entry.created
+                at = created.timestamp() if isinstance(created, dt.datetime) else None
+                out.append((KVEntry(entry.key, entry.value or b"", int(entry.revision or 0)), at))
+        finally:
+            await watcher.stop()
 
     async def close(self) -> None:
         if not self._nc.is_closed:
