@@ -140,7 +140,8 @@ class LocalGrid:
         # An external server set up by `gridctl nats init --tls-name` speaks TLS from Grid's CA.
         ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None
         self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None, tls_ca=ca,
-                                     name="grid-controller", durable=False)
+                                     name="grid-controller", durable=False,
+                                     replicas=cfg.replicas())
         self.log.durable = await self._log_is_durable(self.log)
         if creds is not None:
             # Only the controller manages streams; the others may not (and need not).

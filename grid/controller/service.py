@@ -72,7 +72,7 @@ from grid.controller.status import ControllerView, TickReport, build_status
 from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.demand.forecast import Forecast
 from grid.events import codec
-from grid.events.artifact_store import ensure_artifact_bucket
+from grid.events.artifact_store import ensure_artifact_store
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
@@ -85,6 +85,7 @@ from grid.events.log import (
     StoredMessage,
 )
 from grid.events.plan import PlanCreated, make_generation
+from grid.events.jetstream import REPLICAS_MISMATCH, JetStreamLog
 from grid.events.subjects import (
     COMMANDS_STREAM,
     CONTROL_STREAM,
@@ -297,11 +298,13 @@ class Controller:
 
     async def _ensure_artifact_store(self) -> None:
         """Create the grid's artifact store (hosts fetch what they lack from it); a JetStream log only."""
-        client = getattr(self.log, "client", None)
-        if client is None:
+        if not isinstance(self.log, JetStreamLog):
             return
         try:
-            await ensure_artifact_bucket(client.jetstream())
+            report = await ensure_artifact_store(self.log)
+            if report.outcome == REPLICAS_MISMATCH:
+                self.warnings.append(f"artifact store has {report.actual} replicas, wanted {report.wanted}: "
+                                     f"{report.fix}")
         except Exception as exc:  # nats raises several unrelated types; the grid still runs without it
             self.warnings.append(f"artifact store unavailable: {type(exc).__name__}: {str(exc)[:160]}")
 

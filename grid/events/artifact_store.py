@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.object_store import ObjectStore
 
+from grid.events.jetstream import JetStreamLog, StreamReplicas
 from grid.events.subjects import (
     ARTIFACT_BUCKET,
     ARTIFACT_STREAM,
@@ -93,6 +94,13 @@ async def ensure_artifact_bucket(js: JetStreamContext, *, replicas: int = 1) -> 
         pass
     await js.create_object_store(ARTIFACT_BUCKET, config=config)
 
+
+
+async def ensure_artifact_store(log: JetStreamLog) -> StreamReplicas:
+    """The bucket on `log`'s server with the log's replica count (its setting, else automatic),
+    an existing bucket's count updated where NATS allows it and reported with the fix if not."""
+    await ensure_artifact_bucket(log.client.jetstream(), replicas=log.wanted_replicas())
+    return await log.ensure_replicas(ARTIFACT_STREAM)
 
 def _object_digest_hex(digest: str | None) -> str | None:
     # The object store writes "SHA-256=<base64url of the raw digest>".

@@ -351,7 +351,7 @@ class JetStreamLog:
             self.replicas = check_replicas(replicas)
         reports = [await self._ensure_stream(_stream_config(name)) for name in ALL_STREAMS]
         await self._bucket(LEASE_BUCKET)
-        reports.append(await self._ensure_replicas(f"KV_{LEASE_BUCKET}"))
+        reports.append(await self.ensure_replicas(f"KV_{LEASE_BUCKET}"))
         self.replica_reports = tuple(reports)
         for r in self.replica_reports:
             if r.outcome == REPLICAS_MISMATCH:
@@ -399,8 +399,9 @@ class JetStreamLog:
         return StreamReplicas(stream=name, wanted=wanted, actual=wanted,
                               outcome=REPLICAS_OK if actual == wanted else REPLICAS_UPDATED)
 
-    async def _ensure_replicas(self, name: str) -> StreamReplicas:
-        """Only the replica count of a stream whose other settings someone else owns (a KV bucket)."""
+    async def ensure_replicas(self, name: str) -> StreamReplicas:
+        """Only the replica count of a stream whose other settings someone else owns (a KV or
+        object store bucket)."""
         info = await self._js.stream_info(name)
         config = info.config
         actual = int(config.num_replicas or 1)

@@ -12,6 +12,7 @@ import nats.errors
 import pytest
 
 from grid.config import ConfigError, GridConfig, parse_replicas
+from grid.events.artifact_store import ensure_artifact_store
 from grid.events.cluster import NatsCluster
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import (
@@ -21,7 +22,7 @@ from grid.events.jetstream import (
     JetStreamLog,
 )
 from grid.events.log import LogError
-from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET
+from grid.events.subjects import ALL_STREAMS, ARTIFACT_STREAM, LEASE_BUCKET
 
 EVERY_STREAM = (*ALL_STREAMS, f"KV_{LEASE_BUCKET}")
 
@@ -136,3 +137,31 @@ def test_serve_controller_refuses_a_bad_replica_count(tmp_path: Path) -> None:
                            "nats://127.0.0.1:9", "--no-admin"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "--replicas / GRID_REPLICAS must be from 1 to 5" in proc.stderr
+
+
+def test_up_refuses_a_bad_replica_count_before_starting_anything(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, "GRID_HOME": str(home), "GRID_REPLICAS": "7"}
+    proc = subprocess.run([sys.executable, "-m", "grid.cli.main", "up", "--nats", "nats://127.0.0.1:9"],
+                          env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert "GRID_REPLICAS must be from 1 to 5" in proc.stdout + proc.stderr
+    assert not (home / "nats.url").exists()
+
+
+async def test_the_artifact_store_follows_the_replica_setting(nats_cluster: NatsCluster) -> None:
+    """The object store bucket is replicated like the streams: R3 on three nodes, and a bucket
+    someone created at R1 is grown in place."""
+    first = await JetStreamLog.connect(nats_cluster.url, replicas=1)
+    try:
+        assert (await ensure_artifact_store(first)).actual == 1
+    finally:
+        await first.close()
+    log = await JetStreamLog.connect(nats_cluster.urls[1])
+    try:
+        report = await ensure_artifact_store(log)
+        assert (report.stream, report.outcome, report.actual) == (ARTIFACT_STREAM, REPLICAS_UPDATED, 3)
+        info = await log.client.jetstream().stream_info(ARTIFACT_STREAM)
+        assert info.config.num_replicas == 3
+    finally:
+        await log.close()
