@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import typer
 
 from grid import __version__
+from grid.logs import configure_logging
 from grid.cli import chat, history, invite, model_evaluate, model_push, natsinit, up
 from grid.cli.admin import model_app
 from grid.cli.admin import register as register_admin
@@ -35,6 +38,9 @@ def main(
                                  help="Print the gridctl version and exit."),
 ) -> None:
     """Grid: place AI models on a mixed fleet and serve them behind one OpenAI-compatible gateway."""
+    # Until a long-running command sets its own format, warnings go to stderr: structlog's
+    # default prints to stdout, where a warning would corrupt a read command's --json output.
+    configure_logging("auto", level=logging.WARNING)
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")

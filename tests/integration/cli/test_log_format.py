@@ -48,3 +48,23 @@ async def test_serve_controller_logs_in_the_format_asked(js_log, nats_server, tm
         with pytest.raises(json.JSONDecodeError):
             json.loads(line)
         assert "[info" in line and "controller started" in line
+
+
+def test_a_read_command_logs_warnings_to_stderr_never_into_its_json(tmp_path: Path) -> None:
+    """A warning during a read command (here one logged by the command itself) lands on stderr:
+    stdout carries only the command's output, so `--json` stays parseable."""
+    probe = (
+        "import json, structlog, typer\n"
+        "from grid.cli.main import app\n"
+        "@app.command('probe')\n"
+        "def probe() -> None:\n"
+        "    structlog.get_logger('probe').warning('probe warning')\n"
+        "    typer.echo(json.dumps({'ok': True}))\n"
+        "app(['probe'])\n"
+    )
+    env = {**os.environ, "GRID_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"ok": True}
+    assert "probe warning" in proc.stderr
