@@ -11,6 +11,7 @@ from grid.cli.events import events_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
 from grid.cli.replay import replay_command
+from grid.cli.test_cmd import register as register_test
 
 app = typer.Typer(
     name="gridctl",
@@ -42,6 +43,7 @@ chat.register(app)  # gridctl models, gridctl chat
 register_admin(app)  # gridctl status, model set/rm, mode, tick
 invite.register(app)  # gridctl invite
 natsinit.register(app)  # gridctl nats init
+register_test(app)  # gridctl test start, status, watch, stop
 
 
 @app.command("version")
