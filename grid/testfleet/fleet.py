@@ -86,6 +86,12 @@ class FleetSpec:
     ready_timeout: float = 240.0
 
 
+def engine_threads(machines: int, cpus: int | None = None) -> int:
+    """Threads per engine so the fleet's engines together do not oversubscribe the machine
+    (llama.cpp threads spin-wait: two engines fighting for one core both crawl)."""
+    return max(1, (cpus or os.cpu_count() or 1) // machines)
+
+
 def fleet_root(config: GridConfig | None = None) -> Path:
     """Where the fixture lives: inside the grid home, apart from its `gridctl up` grid."""
     return (config or GridConfig.from_environ()).home / FLEET_DIR
@@ -406,7 +412,8 @@ def _spawn_agent(state: FleetState, host: HostRecord) -> None:
                        "--memory-mb", str(host.capacity_mb),
                        "--port-range", f"{host.port_range[0]}-{host.port_range[1]}",
                        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_SECONDS),
-                       "--drain-deadline", str(AGENT_DRAIN_DEADLINE_SECONDS), "--log-format", "json")
+                       "--drain-deadline", str(AGENT_DRAIN_DEADLINE_SECONDS),
+                       "--engine-threads", str(engine_threads(state.settings.machines)), "--log-format", "json")
     host.agent = spawn([*netns.exec_prefix(host.netns), *command], env=_env(home), runs=command,
                        log=Path(state.root) / "logs" / f"agent-{host.host_id}.log")
 
