@@ -82,6 +82,8 @@ class FleetSpec:
     # others must obtain it from the grid. None: all of them.
     preload_hosts: int | None = None
     engine_port_base: int = DEFAULT_ENGINE_PORT_BASE
+    # Threads per llama.cpp engine; None: the machine's CPUs shared among the logical hosts.
+    engine_threads: int | None = None
     wait: bool = True
     ready_timeout: float = 240.0
 
@@ -239,7 +241,8 @@ def _tail(path: Path, chars: int = 1500) -> str:
 
 def _settings(spec: FleetSpec, model: _Model, caps: tuple[int, ...]) -> FleetSettings:
     return FleetSettings(machines=spec.machines, model_id=model.model_id, artifact_sha256=model.sha256,
-                         model_memory_mb=model.memory_mb, capacities_mb=caps, netns=spec.netns)
+                         model_memory_mb=model.memory_mb, capacities_mb=caps, netns=spec.netns,
+                         engine_threads=spec.engine_threads or engine_threads(spec.machines))
 
 
 def _check_spec(spec: FleetSpec) -> None:
@@ -413,7 +416,7 @@ def _spawn_agent(state: FleetState, host: HostRecord) -> None:
                        "--port-range", f"{host.port_range[0]}-{host.port_range[1]}",
                        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_SECONDS),
                        "--drain-deadline", str(AGENT_DRAIN_DEADLINE_SECONDS),
-                       "--engine-threads", str(engine_threads(state.settings.machines)), "--log-format", "json")
+                       "--engine-threads", str(state.settings.engine_threads), "--log-format", "json")
     host.agent = spawn([*netns.exec_prefix(host.netns), *command], env=_env(home), runs=command,
                        log=Path(state.root) / "logs" / f"agent-{host.host_id}.log")
 

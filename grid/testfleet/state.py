@@ -49,6 +49,7 @@ class FleetSettings(msgspec.Struct, frozen=True, kw_only=True):
     model_memory_mb: int
     capacities_mb: tuple[int, ...]
     netns: bool
+    engine_threads: int = 1
 
 
 class FleetState(msgspec.Struct, kw_only=True):
