@@ -83,7 +83,7 @@ def start(
     console.print(f"  admin API       {status['admin_url']}/allocator/status", highlight=False)
     console.print(f"  operator token  {status['operator_token_file']}  (owner-only)", highlight=False)
     console.print(f"  NATS            {status['nats_url']}", highlight=False)
-    console.print(f"try: gridctl chat --grid {status['gateway_url']} -m {status['settings']['model_id']} \"hello\"",
+    console.print(f"try: gridctl chat --gateway {status['gateway_url']} -m {status['settings']['model_id']} \"hello\"",
                   style="dim", highlight=False)
     console.print("gridctl test status | watch | stop", style="dim")
 

@@ -72,6 +72,10 @@ class FleetError(RuntimeError):
     did not come up); the message says what and what to do."""
 
 
+class _Exited(Exception):
+    """A component died while the fleet waited for it (not worth waiting any longer)."""
+
+
 @dataclass(frozen=True)
 class FleetSpec:
     machines: int
@@ -224,6 +228,8 @@ def _wait(what: str, probe: Callable[[], Any], timeout: float, *, watch: list[Pr
                                  + _tail(Path(record.log)))
         try:
             value = probe()
+        except _Exited as exc:
+            raise FleetError(f"{what}: {exc}") from exc
         except (httpx.HTTPError, FleetError, OSError, ValueError) as exc:
             value, last = None, exc
         if value:
@@ -370,8 +376,25 @@ def _start(state: FleetState, spec: FleetSpec, model: _Model, say: Say) -> None:
           .status_code == 200, 60, watch=[state.gateway])
     want = {h.host_id for h in state.hosts}
     say(f"waiting for {len(want)} agents to join and report")
-    _wait("every agent reporting", lambda: want <= fresh_hosts(state), 120,
-          watch=[h.agent for h in state.hosts])
+    retries = {h.host_id: JOIN_RETRIES for h in state.hosts}
+
+    def reporting() -> bool:
+        for h in state.hosts:
+            if alive(h.agent):
+                continue
+            assert h.agent is not None
+            if retries[h.host_id] > 0 and _join_found_no_responder(h):
+                # Nothing redeemed the token (nobody answered), so it still admits this host once.
+                retries[h.host_id] -= 1
+                say(f"machine {h.host_id}: the join request found no responder; trying again")
+                _spawn_agent(state, h)
+                save_state(state)
+                continue
+            raise _Exited(f"the agent of {h.host_id} (pid {h.agent.pid}) exited; see {h.agent.log}:\n"
+                          + _tail(Path(h.agent.log)))
+        return want <= fresh_hosts(state)
+
+    _wait("every agent reporting", reporting, 120)
     if spec.wait:
         say(f"waiting for {model.model_id} to be READY")
         _wait(f"{model.model_id} READY on a machine", lambda: ready_hosts(state, model.model_id), spec.ready_timeout,
@@ -419,6 +442,18 @@ def _spawn_agent(state: FleetState, host: HostRecord) -> None:
                        "--engine-threads", str(state.settings.engine_threads), "--log-format", "json")
     host.agent = spawn([*netns.exec_prefix(host.netns), *command], env=_env(home), runs=command,
                        log=Path(state.root) / "logs" / f"agent-{host.host_id}.log")
+
+
+# nats-server may answer "no responders" to a request made right after a client connected
+# (seen about 1 in 20 here; grid.infer.client retries for the same reason).
+JOIN_RETRIES = 2
+_NO_RESPONDER = "could not join through"
+
+
+def _join_found_no_responder(host: HostRecord) -> bool:
+    assert host.agent is not None
+    tail = _tail(Path(host.agent.log), 600)
+    return _NO_RESPONDER in tail and "NoRespondersError" in tail
 
 
 class _DetachedNats:
