@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,13 +28,22 @@ from typing import Any
 
 import httpx
 import msgspec
-import psutil
 
 from grid.config import GridConfig
 from grid.events.embedded import free_port
 from grid.testfleet import netns
 from grid.testfleet.procs import alive, kill_now, prove, spawn, terminate
+from grid.testfleet.sizing import (
+    MAX_MACHINES,
+    Model,
+    engine_threads,
+    machine_memory_mb,
+    plan_capacities,
+    prepare_model,
+    seed_cache,
+)
 from grid.testfleet.state import (
+    FleetError,
     FleetSettings,
     FleetState,
     FleetStateError,
@@ -47,8 +55,7 @@ from grid.testfleet.state import (
 )
 
 FLEET_DIR = "testfleet"
-MAX_MACHINES = netns.MAX_HOSTS
-DEFAULT_CAPACITY_MB = 2048
+
 # Engine ports: host i uses [base + i*span, base + i*span + span - 1].
 DEFAULT_ENGINE_PORT_BASE = 41000
 ENGINE_PORT_SPAN = 20
@@ -59,17 +66,8 @@ TICK_INTERVAL_SECONDS = 2.0
 AGENT_DRAIN_DEADLINE_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 45.0
 HTTP_TIMEOUT_SECONDS = 5.0
-# Headroom beside the weights for a custom GGUF (KV cache of a 2k context, runtime buffers).
-CUSTOM_MODEL_HEADROOM_MB = 400
-# What the machine keeps for itself when the default shares are sized.
-MACHINE_RESERVE_FRACTION = 0.2
 
 Say = Callable[[str], None]
-
-
-class FleetError(RuntimeError):
-    """An expected refusal (bad settings, a fleet already running differently, a component that
-    did not come up); the message says what and what to do."""
 
 
 class _Exited(Exception):
@@ -92,94 +90,9 @@ class FleetSpec:
     ready_timeout: float = 240.0
 
 
-def engine_threads(machines: int, cpus: int | None = None) -> int:
-    """Threads per engine so the fleet's engines together do not oversubscribe the machine
-    (llama.cpp threads spin-wait: two engines fighting for one core both crawl)."""
-    return max(1, (cpus or os.cpu_count() or 1) // machines)
-
-
 def fleet_root(config: GridConfig | None = None) -> Path:
     """Where the fixture lives: inside the grid home, apart from its `gridctl up` grid."""
     return (config or GridConfig.from_environ()).home / FLEET_DIR
-
-
-def machine_memory_mb() -> int:
-    return int(psutil.virtual_memory().total // (1024 * 1024))
-
-
-def plan_capacities(machines: int, capacities_gib: tuple[float, ...] | None, model_memory_mb: int,
-                    total_mb: int) -> tuple[int, ...]:
-    """One capacity per logical host (MB), checked: shares are partitioned, never multiplied."""
-    if not 1 <= machines <= MAX_MACHINES:
-        raise FleetError(f"--machines must be 1..{MAX_MACHINES}, not {machines}")
-    if capacities_gib is not None:
-        if len(capacities_gib) != machines:
-            raise FleetError(f"--capacities-gib lists {len(capacities_gib)} capacities for {machines} machines; "
-                             "give one per machine")
-        caps = tuple(int(round(c * 1024)) for c in capacities_gib)
-    else:
-        usable = int(total_mb * (1 - MACHINE_RESERVE_FRACTION))
-        caps = (min(DEFAULT_CAPACITY_MB, usable // machines),) * machines
-    for i, cap in enumerate(caps, start=1):
-        if cap < model_memory_mb:
-            raise FleetError(f"machine {i} would offer {cap} MB, less than one replica of the model "
-                             f"({model_memory_mb} MB)")
-    if sum(caps) > total_mb:
-        raise FleetError(f"the capacities add up to {sum(caps)} MB but this machine has {total_mb} MB: "
-                         "logical machines partition it, they never multiply it")
-    return caps
-
-
-# --- the model ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Model:
-    model_id: str
-    sha256: str
-    blob: Path
-    memory_mb: int
-
-
-def _prepare_model(root: Path, model: Path | None, say: Say) -> _Model:
-    from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache, ensure_bundled_model, hash_file
-    from grid.localgrid import BUNDLED_MEMORY_MB
-
-    cfg = GridConfig(home=root / "models", nats_url=None)
-    cfg.ensure_home()
-    cache = ArtifactCache(cfg.artifacts_dir)
-    if model is None:
-        say("model: bundled SmolLM2 (verifying the cache)")
-        blob = ensure_bundled_model(cfg)
-        return _Model(BUNDLED_MODEL_ID, BUNDLED_SHA256, blob, BUNDLED_MEMORY_MB)
-    path = model.expanduser()
-    if not path.is_file():
-        raise FleetError(f"--model {path}: no such file")
-    if not path.name.lower().endswith(".gguf"):
-        raise FleetError(f"--model {path}: expected a .gguf file")
-    say(f"model: hashing {path.name}")
-    sha, size = hash_file(path)
-    if not cache.has_blob(sha):
-        outcome = cache.import_file(path, sha, model_id=path.name, source="testfleet")
-        if not outcome.ok:
-            raise FleetError(f"--model {path}: {outcome.message}")
-    memory_mb = -(-size // (1024 * 1024)) + CUSTOM_MODEL_HEADROOM_MB
-    return _Model(path.name, sha, cache.blob_path(sha), memory_mb)
-
-
-def _seed_cache(home: Path, model: _Model) -> None:
-    """Put the model in a host's own cache (a hard link: no second copy on disk)."""
-    from grid.agent.artifacts import ArtifactCache
-
-    cache = ArtifactCache(GridConfig(home=home, nats_url=None).artifacts_dir)
-    cache.ensure()
-    target = cache.blob_path(model.sha256)
-    if not target.exists():
-        try:
-            os.link(model.blob, target)
-        except OSError:
-            shutil.copyfile(model.blob, target)
-    cache.register(model.model_id, model.sha256, target.stat().st_size)
 
 
 # --- start ----------------------------------------------------------------------------------
@@ -245,7 +158,7 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return ""
 
 
-def _settings(spec: FleetSpec, model: _Model, caps: tuple[int, ...]) -> FleetSettings:
+def _settings(spec: FleetSpec, model: Model, caps: tuple[int, ...]) -> FleetSettings:
     return FleetSettings(machines=spec.machines, model_id=model.model_id, artifact_sha256=model.sha256,
                          model_memory_mb=model.memory_mb, capacities_mb=caps, netns=spec.netns,
                          engine_threads=spec.engine_threads or engine_threads(spec.machines))
@@ -275,7 +188,7 @@ def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> Fleet
     """Start the fleet (idempotent: the same settings while it runs are a no-op)."""
     existing = load_state(root)
     _check_spec(spec)
-    model = _prepare_model(root, spec.model, say)
+    model = prepare_model(root, spec.model, say)
     caps = plan_capacities(spec.machines, spec.capacities_gib, model.memory_mb, machine_memory_mb())
     settings = _settings(spec, model, caps)
     if existing is not None:
@@ -304,7 +217,7 @@ def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> Fleet
     return state
 
 
-def _start(state: FleetState, spec: FleetSpec, model: _Model, say: Say) -> None:
+def _start(state: FleetState, spec: FleetSpec, model: Model, say: Say) -> None:
     from grid.identity.authority import Authority
     from grid.identity.local import authority_dir, ensure_local_credentials
     from grid.identity.tls import TLSMaterial
@@ -403,7 +316,7 @@ def _start(state: FleetState, spec: FleetSpec, model: _Model, say: Say) -> None:
     save_state(state)
 
 
-def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSpec, model: _Model | None,
+def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSpec, model: Model | None,
                   shares: Path, tls: Any) -> HostRecord:
     """A logical host's home, capacity ledger link, namespace and join token (real invitation)."""
     from grid.identity.admin import invite
@@ -417,7 +330,7 @@ def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSp
     if not ledger.is_symlink():
         ledger.symlink_to(shares, target_is_directory=True)
     if model is not None:
-        _seed_cache(home, model)
+        seed_cache(home, model)
     lo = spec.engine_port_base + index * ENGINE_PORT_SPAN
     record = HostRecord(host_id=host_id, failure_domain=domain, capacity_mb=capacity_mb,
                         port_range=(lo, lo + ENGINE_PORT_SPAN - 1), home=str(home))

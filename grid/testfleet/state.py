@@ -15,6 +15,11 @@ STATE_FILE = "fleet.json"
 SCHEMA_VERSION = 1
 
 
+class FleetError(RuntimeError):
+    """An expected refusal (bad settings, a fleet already running differently, a component that
+    did not come up); the message says what and what to do."""
+
+
 class FleetStateError(RuntimeError):
     """The state file is unreadable; the message names it and what to do."""
 
