@@ -70,6 +70,26 @@ def alive(record: ProcessRecord | None) -> bool:
     return prove(record) is not None
 
 
+def _running(proc: psutil.Process) -> bool:
+    """Still running: a zombie has exited (its parent, maybe not us, has not collected it yet)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_exit(procs: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each has exited (zombies count: psutil.wait_procs would wait the whole timeout
+    for a zombie whose parent is another process); returns those still running."""
+    deadline = time.monotonic() + timeout
+    remaining = [p for p in procs if _running(p)]
+    while remaining and time.monotonic() < deadline:
+        time.sleep(0.05)
+        _reap(p.pid for p in remaining)
+        remaining = [p for p in remaining if _running(p)]
+    return remaining
+
+
 def terminate(records: Sequence[ProcessRecord | None], *, timeout: float) -> list[int]:
     """SIGTERM each proven process, wait up to `timeout`, SIGKILL what remains. Returns the
     pids that had to be killed."""
@@ -79,7 +99,7 @@ def terminate(records: Sequence[ProcessRecord | None], *, timeout: float) -> lis
             p.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
-    _, remaining = psutil.wait_procs(procs, timeout=timeout)
+    remaining = _wait_exit(procs, timeout)
     killed = []
     for p in remaining:
         try:
@@ -87,7 +107,7 @@ def terminate(records: Sequence[ProcessRecord | None], *, timeout: float) -> lis
             killed.append(p.pid)
         except psutil.Error:
             pass
-    psutil.wait_procs(remaining, timeout=5.0)
+    _wait_exit(remaining, 5.0)
     _reap(p.pid for p in procs)
     return killed
 
@@ -98,7 +118,7 @@ def kill_now(record: ProcessRecord | None) -> bool:
     if proc is None:
         return False
     proc.kill()
-    psutil.wait_procs([proc], timeout=5.0)
+    _wait_exit([proc], 5.0)
     _reap([proc.pid])
     return True
 
