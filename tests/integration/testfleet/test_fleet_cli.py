@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,8 +96,15 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRID_NATS_URL"} | {"GRID_HOME": str(home)}
     watcher = subprocess.Popen([sys.executable, "-m", "grid.cli.main", "test", "watch"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
-        time.sleep(3.0)  # connected and subscribed
+        # Subscribed: the first heartbeats show where each host stands.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(" -> " in line for line in lines):
+            time.sleep(0.2)
+        assert any(" -> " in line for line in lines), lines
         resp = httpx.patch(f"{admin}/allocator/models/{BUNDLED_MODEL_ID}", headers={"X-Grid-Allocator-Token": token},
                            json={"min_replicas": 2, "max_replicas": 2}, timeout=5)
         assert resp.status_code == 200, resp.text
@@ -107,7 +115,9 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
         time.sleep(2.0)
     finally:
         watcher.send_signal(signal.SIGINT)
-        out, _ = watcher.communicate(timeout=30)
+        watcher.wait(timeout=30)
+        reader.join(timeout=10)
+    out = "".join(lines)
     assert "-> ready" in out, out
     assert "succeeded" in out, out
 
