@@ -91,6 +91,20 @@ class _Pending:
     withdrawn: bool = False
 
 
+
+def share_of_unmanaged_mb(machine_unmanaged_mb: int, share_mb: int | None, machine_mb: int) -> int:
+    """The memory used outside Grid that this agent's capacity share bears.
+
+    An agent offering the whole machine bears all of it. Agents that partition a machine
+    (capacity shares, the logical fleet) each bear their share's fraction: charging every one
+    of N agents with the whole machine's use would count it N times and leave small shares
+    with negative free memory on a machine that has plenty.
+    """
+    unmanaged = max(0, machine_unmanaged_mb)
+    if share_mb is None or machine_mb <= 0 or share_mb >= machine_mb:
+        return unmanaged
+    return -(-unmanaged * share_mb // machine_mb)  # rounded up: never under-charge
+
 class HostAgent:
     def __init__(
         self,
@@ -450,6 +464,8 @@ class HostAgent:
             llama_cpp.rss_mb(rec.process.pid) for _, rec in sorted(residencies.items()) if rec.process is not None
         )
         vm = psutil.virtual_memory()
+        unmanaged = share_of_unmanaged_mb(int((vm.total - vm.available) // MIB) - managed_rss,
+                                          self.options.capacity_mb, vm.total // MIB)
         free, total = self.cache.disk_usage()
         hb = build_heartbeat(
             event_id=new_event_id(),
@@ -460,7 +476,7 @@ class HostAgent:
             residencies=residencies,
             activity=activity,
             managed_rss_mb=managed_rss,
-            memory_used_mb=int((vm.total - vm.available) // MIB),
+            memory_used_mb=managed_rss + unmanaged,
             cached=[
                 CachedArtifact(model_id=e.model_id, sha256=e.sha256, size_bytes=e.size_bytes, predictive=e.predictive)
                 for e in self.cache.entries()

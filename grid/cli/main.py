@@ -47,7 +47,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
 app.command("replay")(replay_command)
-app.add_typer(test_app, name="test")  # gridctl test scenario, graduate
+app.add_typer(test_app, name="test")  # gridctl test start|status|watch|stop, scenario, graduate
 history.register(app)  # gridctl history
 chat.register(app)  # gridctl models, gridctl chat
 register_admin(app)  # gridctl status, model set/rm, mode, tick

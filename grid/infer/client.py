@@ -228,6 +228,14 @@ class NatsUpstream:
                 first = await sub.next_msg(timeout=self.connect_timeout)
             except Exception as exc:
                 raise httpx.ConnectTimeout(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s") from exc
+            if wire.H_WORKING in (first.headers or {}):
+                # The agent has it and the engine is working (a long non-streamed answer): from
+                # here on the request may have executed, so silence is a read timeout.
+                try:
+                    first = await sub.next_msg(timeout=self.read_timeout)
+                except Exception as exc:
+                    raise httpx.ReadTimeout(f"{target}: no answer for {self.read_timeout:g}s") from exc
+                return first
             status = (first.headers or {}).get("Status")
             if status != "503" or wire.H_SEQ in (first.headers or {}):
                 return first

@@ -103,6 +103,15 @@ def _error_body(message: str, code: str, kind: str = "invalid_request_error") ->
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
+class _Answer:
+    """Whether message 0 of one answer has been (or is being) sent."""
+
+    __slots__ = ("started",)
+
+    def __init__(self) -> None:
+        self.started = False
+
+
 class InferenceResponder:
     def __init__(self, nc: NATS, host_id: str, resolve: EngineResolver, *,
                  connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256,
@@ -113,6 +122,7 @@ class InferenceResponder:
         self._http: EngineClient = engine_client or HttpxEngineClient(
             connect_timeout=connect_timeout, read_timeout=read_timeout, max_connections=max_in_flight)
         self._active: dict[str, asyncio.Task[None]] = {}
+        self._markers: set[asyncio.Future[None]] = set()
         self._subs: list[Any] = []
         self.served = 0
         self.cancelled = 0
@@ -155,6 +165,18 @@ class InferenceResponder:
             self.cancelled += 1
             task.cancel()
 
+    def _working(self, reply: str, answer: "_Answer") -> None:
+        task = asyncio.ensure_future(self._send_working(reply, answer))
+        self._markers.add(task)
+        task.add_done_callback(self._markers.discard)
+
+    async def _send_working(self, reply: str, answer: "_Answer") -> None:
+        # The check and nats-py's buffering of the publish happen without a pause between them,
+        # so a marker is never published after message 0.
+        if not answer.started:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(reply, b"", headers={wire.H_WORKING: "1"})
+
     async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
         await self.nc.publish(reply, body, headers={wire.H_SEQ: str(seq), **headers})
 
@@ -182,8 +204,17 @@ class InferenceResponder:
                     continue
                 headers.append((name.lower().encode("latin-1"), value.encode("latin-1", "replace")))
         seq = 0
+        answer = _Answer()
+        # A timer, not a task: nothing extra on the fast path (most answers start well within it).
+        timer = asyncio.get_running_loop().call_later(wire.WORKING_AFTER_SECONDS, self._working, reply, answer)
         try:
-            response = await self._http.post(route.endpoint.rstrip("/") + path, msg.data, headers)
+            try:
+                response = await self._http.post(route.endpoint.rstrip("/") + path, msg.data, headers)
+            finally:
+                # Before message 0 (an answer or an error) is sent: a marker task that runs
+                # later sends nothing.
+                timer.cancel()
+                answer.started = True
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
             await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine unreachable: {type(exc).__name__}",

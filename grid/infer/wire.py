@@ -29,6 +29,12 @@ H_STATUS = "Grid-Status"
 H_HEADERS = "Grid-Headers"
 H_END = "Grid-End"
 H_ERROR = "Grid-Error"
+# "The engine is working on it": sent (no Grid-Seq, no body) when the engine has not answered
+# within WORKING_AFTER_SECONDS, so a long non-streamed answer (the engine sends its status only
+# when it is done) is not taken for an absent agent by the gateway's connect timeout. After it
+# the gateway waits for message 0 with its read timeout. Never sent after message 0.
+H_WORKING = "Grid-Working"
+WORKING_AFTER_SECONDS = 1.0
 # Where a failure happened: "connect" means nothing reached the engine (another replica may be
 # tried); "read" means the request may have been executed (it is never sent elsewhere).
 H_PHASE = "Grid-Phase"

@@ -1,0 +1,184 @@
+"""gridctl test start | status | watch | stop: the logical multi-machine fleet on this machine.
+
+The fixture logic is grid.testfleet; this is its command line. The fleet lives under
+GRID_HOME/testfleet, apart from the grid `gridctl up` runs in the same home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from grid.cli.common import JsonOption, console, err_console, fail, print_json
+
+
+def _root() -> Path:
+    from grid.testfleet.fleet import fleet_root
+
+    return fleet_root()
+
+
+def _capacities(value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        caps = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        fail(f"--capacities-gib takes numbers separated by commas (2,3,4), not {value!r}")
+        raise
+    if not caps or any(c <= 0 for c in caps):
+        fail(f"--capacities-gib takes positive numbers of GiB separated by commas (2,3,4), not {value!r}")
+    return caps
+
+
+def _say(text: str) -> None:
+    err_console.print(f"[dim]{text}[/dim]", highlight=False)
+
+
+def start(
+    machines: int = typer.Option(3, "--machines", "-n", help="Number of logical machines (1-32)."),
+    model: Optional[Path] = typer.Option(
+        None, "--model", help="A GGUF file to serve (default: the bundled SmolLM2, pulled if needed)."),
+    capacities_gib: Optional[str] = typer.Option(
+        None, "--capacities-gib",
+        help="Memory each machine offers, GiB, one per machine (2,3,4). Default: 2 GiB each, less if the "
+             "machine has less; they never add up to more than this machine has."),
+    use_netns: bool = typer.Option(
+        False, "--netns/--no-netns",
+        help="Put every machine in its own network namespace on a bridge (10.213.0.0/24; needs root). "
+             "Without it everything runs on loopback."),
+    preload_hosts: Optional[int] = typer.Option(
+        None, "--preload-hosts",
+        help="How many machines (the first N) have the model in their artifact cache at start; the others "
+             "must get it from the grid. Default: all."),
+    engine_port_base: int = typer.Option(41000, "--engine-port-base",
+                                         help="Engine ports: machine i uses BASE+20*i to BASE+20*i+19."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the model is READY on a machine."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Start a fleet of logical machines: NATS, a controller, a gateway and N real agents."""
+    from grid.testfleet.fleet import FleetError, FleetSpec, FleetStateError, fleet_status, start_fleet
+    from grid.testfleet.netns import NetnsError
+
+    spec = FleetSpec(machines=machines, model=model, capacities_gib=_capacities(capacities_gib), netns=use_netns,
+                     preload_hosts=preload_hosts, engine_port_base=engine_port_base, wait=wait)
+    root = _root()
+    try:
+        start_fleet(root, spec, say=_say)
+        status = fleet_status(root)
+    except (FleetError, FleetStateError, NetnsError) as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    assert status is not None
+    if json_out:
+        print_json(status)
+        return
+    console.print(f"[bold]test fleet is up[/bold] ({len(status['hosts'])} machines, state {root / 'fleet.json'})")
+    console.print(f"  gateway         {status['gateway_url']}/v1   (OpenAI-compatible)", highlight=False)
+    console.print(f"  admin API       {status['admin_url']}/allocator/status", highlight=False)
+    console.print(f"  operator token  {status['operator_token_file']}  (owner-only)", highlight=False)
+    console.print(f"  NATS            {status['nats_url']}", highlight=False)
+    console.print(f"try: gridctl chat --gateway {status['gateway_url']} -m {status['settings']['model_id']} \"hello\"",
+                  style="dim", highlight=False)
+    console.print("gridctl test status | watch | stop", style="dim")
+
+
+def status(json_out: bool = JsonOption) -> None:
+    """Show the fleet: its processes, and each machine as the controller sees it."""
+    from grid.testfleet.fleet import FleetStateError, fleet_status
+
+    root = _root()
+    try:
+        status = fleet_status(root)
+    except FleetStateError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if status is None:
+        if json_out:
+            print_json({"root": str(root), "running": False})
+        else:
+            console.print(f"no test fleet in {root} (`gridctl test start`)")
+        return
+    if json_out:
+        print_json(status)
+        return
+    console.print(f"test fleet {root}  gateway {status['gateway_url']}/v1  admin {status['admin_url']}",
+                  highlight=False)
+    down = [name for name, p in status["processes"].items() if not p["running"]]
+    if down:
+        console.print(f"[yellow]not running: {', '.join(down)}[/yellow]")
+    if status["controller_problem"]:
+        console.print(f"[yellow]{status['controller_problem']}[/yellow]")
+    table = Table("machine", "domain", "MB", "address", "agent", "heartbeat", "state", "residencies")
+    for h in status["hosts"]:
+        table.add_row(h["host_id"], h["failure_domain"], str(h["capacity_mb"]), h["address"] or "loopback",
+                      f"pid {h['agent_pid']}" if h["agent_running"] else "[red]down[/red]",
+                      "fresh" if h["fresh"] else "[yellow]stale[/yellow]", h["state"] or "-",
+                      ", ".join(f"{r['model_id']}={r['state']}" for r in h["residencies"]) or "-")
+    console.print(table)
+
+
+def watch() -> None:
+    """Follow residency transitions and command outcomes until Ctrl-C (the fleet keeps running)."""
+    from grid.events.log import LogError
+    from grid.testfleet.fleet import FleetStateError
+    from grid.testfleet.state import load_state
+    from grid.testfleet.watch import Line, follow
+
+    root = _root()
+    try:
+        state = load_state(root)
+    except FleetStateError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if state is None:
+        fail(f"no test fleet in {root} (`gridctl test start`)")
+        raise AssertionError
+
+    def emit(line: Line) -> None:
+        when = dt.datetime.fromtimestamp(line.at, dt.timezone.utc).strftime("%H:%M:%S")
+        style = {"residency": "cyan", "command": "", "outcome": "green", "withdrawn": "yellow"}[line.kind]
+        if line.kind == "outcome" and " failed" in line.text:
+            style = "red"
+        console.print(f"{when} {line.text}", style=style or None, highlight=False)
+
+    console.print("following residency transitions and command outcomes (Ctrl-C stops watching; the fleet "
+                  "keeps running)", style="dim")
+    try:
+        asyncio.run(follow(state.nats_url, Path(state.control_home), emit))
+    except KeyboardInterrupt:
+        pass
+    except LogError as exc:
+        fail(f"cannot follow the fleet's log: {exc}")
+
+
+def stop() -> None:
+    """Stop every process of the fleet and remove its network namespaces and bridge."""
+    from grid.testfleet.fleet import FleetStateError, stop_fleet
+    from grid.testfleet.state import load_state
+
+    root = _root()
+    try:
+        if load_state(root) is None:
+            console.print(f"no test fleet in {root}")
+            return
+        problems = stop_fleet(root, say=_say)
+    except FleetStateError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if problems:
+        fail("the fleet did not stop cleanly (its state file is kept; run `gridctl test stop` again):\n  "
+             + "\n  ".join(problems))
+    console.print("test fleet stopped")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("start")(start)
+    app.command("status")(status)
+    app.command("watch")(watch)
+    app.command("stop")(stop)
