@@ -131,8 +131,8 @@ async def heartbeats(log: JetStreamLog, endpoint: str, slots: int, stop: asyncio
             pass
 
 
-async def one_plain(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
-    body = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
+async def one_plain(client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str = MODEL_ID) -> float:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
     t0 = time.perf_counter()
     r = await client.post(url, json=body, headers=headers)
     dt = time.perf_counter() - t0
@@ -141,8 +141,8 @@ async def one_plain(client: httpx.AsyncClient, url: str, headers: dict[str, str]
     return dt
 
 
-async def one_ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
-    body = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
+async def one_ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str = MODEL_ID) -> float:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
     first: float | None = None
     # llama-server closes the connection after a stream without announcing it; both paths

@@ -16,35 +16,17 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from bench._common import Timer, heartbeat
-from bench.log_ingest import windowed
+from bench._common import Timer
+from bench.log_ingest import append_rates
 from bench.log_replay import fill, raw_ordered
-from grid.events import codec
 from grid.events.cluster import NatsCluster
 from grid.events.jetstream import JetStreamLog
-from grid.events.subjects import HOSTS_STREAM, subject_for
+from grid.events.subjects import HOSTS_STREAM
 from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
 
 
 async def appends(log: JetStreamLog, events: int, window: int, rounds: int) -> None:
-    js = log.client.jetstream()
-    beats = [heartbeat(i) for i in range(events * rounds * 2)]
-    payloads = [(subject_for(e), codec.encode(e), e.event_id) for e in beats]
-    ours, raw = [], []
-    offset = 0
-    for _ in range(rounds):  # interleaved to cancel drift in disk and CPU state
-        chunk = beats[offset: offset + events]
-        with Timer() as t:
-            await windowed(events, window, lambda i: log.append(chunk[i]))
-        ours.append(events / t.seconds)
-        offset += events
-        pchunk = payloads[offset: offset + events]
-        with Timer() as t:
-            await windowed(events, window,
-                           lambda i: js.publish(pchunk[i][0], pchunk[i][1], headers={"Nats-Msg-Id": pchunk[i][2]}))
-        raw.append(events / t.seconds)
-        offset += events
-    o, r = sorted(ours)[len(ours) // 2], sorted(raw)[len(raw) // 2]
+    o, r = await append_rates(log, events, window, rounds)
     print(f"R3 heartbeat appends/s  ours={o:,.0f}  raw nats-py={r:,.0f}  ratio={o / r:.2f} "
           f"(goal >= 0.8; window={window}, {events} events x {rounds} rounds)")
 

@@ -28,40 +28,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
-from bench._common import cpu_seconds, overhead_args, print_latency_table
-
-MESSAGES = [{"role": "user", "content": "Say hello."}]
-
-
-async def one_plain(client: httpx.AsyncClient, url: str, model: str, headers: dict[str, str]) -> float:
-    body = {"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
-    t0 = time.perf_counter()
-    r = await client.post(url, json=body, headers=headers)
-    dt = time.perf_counter() - t0
-    if r.status_code != 200:
-        raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
-    return dt
-
-
-async def one_ttft(client: httpx.AsyncClient, url: str, model: str, headers: dict[str, str]) -> float:
-    body = {"model": model, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
-    t0 = time.perf_counter()
-    first: float | None = None
-    # A fresh engine connection per stream on both paths (llama-server closes it after a stream).
-    async with client.stream("POST", url, json=body, headers={**headers, "Connection": "close"}) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status_code}")
-        async for line in r.aiter_lines():
-            if first is None and line.startswith("data:") and '"content":"' in line:
-                first = time.perf_counter() - t0
-    if first is None:
-        raise RuntimeError("stream carried no content token")
-    return first
+from bench._common import MESSAGES, cpu_seconds, one_plain, one_ttft, overhead_args, print_latency_table
 
 
 async def direct_client(url: str, model: str, key_file: Path) -> None:
@@ -76,7 +47,7 @@ async def direct_client(url: str, model: str, key_file: Path) -> None:
             if not line:
                 return
             measure = one_plain if line.strip() == "plain" else one_ttft
-            print(f"{await measure(client, url, model, headers):.9f}", flush=True)
+            print(f"{await measure(client, url, headers, model):.9f}", flush=True)
 
 
 class DirectPath:
@@ -148,7 +119,7 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
             async with httpx.AsyncClient(trust_env=False, timeout=60.0) as client:
                 async def remote(kind: str) -> float:
                     fn = one_plain if kind == "plain" else one_ttft
-                    return await fn(client, remote_url, model, {})
+                    return await fn(client, remote_url, {}, model)
 
                 paths_ = {"direct": direct.measure, "remote": remote}
                 for _ in range(warmup):
