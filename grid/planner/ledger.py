@@ -296,7 +296,9 @@ class Ledger(StaticEligibility):
                     < best.score
                 ):
                     continue
-                look_new = bool(used) and any(d not in used for d in b.domains)
+                # With no domain used yet every host is in a new domain (a first replica that
+                # needs one must still search the buckets, not only the special hosts).
+                look_new = not used or any(d not in used for d in b.domains)
                 if need_new_domain and not look_new:
                     continue
                 i = bisect_left(lst, (mem, "", -1))

@@ -814,3 +814,32 @@ def test_sufficient_victim_set_on_one_host():
     profiles[2] = prof("big", 9_000, priority=5)
     p = plan(mk(profiles, hosts))
     assert len(p.preemptions) == 1
+
+
+def test_first_replica_needing_a_domain_searches_every_class_not_only_special_hosts():
+    """Found by Hypothesis (test_deterministic_bytes_and_exact_index): with no failure domain
+    used yet, the class index skipped every bucket when the first replica 'needed a new domain',
+    so only the special host (one holding a cached residency of the model) was considered and
+    h0 (no hardware score) beat h1 (hardware 60) that the full scan picks."""
+    h0 = host(
+        "h0",
+        16_000,
+        domain="a",
+        residencies=(
+            res("m0", 1_000, managed=True, pinned=True, loaded_at=None),
+            res("m0", 1_000, managed=True, pinned=True, loaded_at=None),
+            res("m4", 1_000, "cached", managed=False, pinned=True, loaded_at=None),
+        ),
+    )
+    h1 = host("h1", 16_000, domain="a", bw=100.0)
+    inp = mk(
+        [
+            prof("m0", 1_000, min_replicas=0, max_replicas=1),
+            prof("m4", 1_000, min_replicas=1, max_replicas=1, artifact_sha256="4" * 64),
+        ],
+        [h0, h1],
+    )
+    p = plan(inp)
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
+    (m4,) = [x for x in p.placements if x.model_id == "m4"]
+    assert (m4.host_id, m4.scores.get("hardware")) == ("h1", 60.0)
