@@ -49,3 +49,17 @@ def test_a_cheap_steady_workload_is_served_on_the_scarce_fleet() -> None:
     [embedding] = [w for w in report.workloads if w.workload == "embedding"]
     assert embedding.service >= 0.8, embedding
     assert report.safety_violations == 0
+
+
+def test_pressure_is_judged_against_the_replicas_that_were_serving_when_it_was_measured() -> None:
+    # 16 machines, 200 users: general-8b's first minutes refuse work while its baseline replica
+    # warms. Before, that pressure asked for one replica beyond the ready set on every tick, also
+    # after the replica it had already caused became ready, so the target jumped to 3 and the
+    # extra replicas were drained and started again within the hour (5 warms, 2 unloads).
+    sc = prepare(ScenarioConfig(machines=16, models=8, users=200, minutes=120, seed=6))
+    report = run(sc, "smart", timeline=True).report()
+    lifecycle = [line for line in report.timeline
+                 if " general-8b on " in line and (" warm " in line or " unload " in line)
+                 and line < "t+0060m"]
+    assert len(lifecycle) <= 2, lifecycle
+    assert report.safety_violations == 0
