@@ -7,6 +7,10 @@ beneficiary's memory and slot on the host so later, lower-priority work in the s
 take it, and keeps reporting the beneficiary as a shortfall (``PREEMPTION_STAGED``). A later
 snapshot proves the memory free and the ordinary placement path places it.
 
+A kept replica taken as a victim is replaced, when its model has one, by a surplus incumbent of
+the same model (a live replica the seed left out only because enough were kept): a scale-down
+and a preemption in one plan never leave a ready model with neither copy.
+
 Never a victim: external (managed=False) or operator-pinned residencies, a model's own pinned
 host, incumbents inside their minimum residency, and anything of equal or higher priority.
 Inferred-only demand never preempts; it may only wait for capacity that obsolete residencies
@@ -283,6 +287,7 @@ def _apply(led: Ledger, ms: ModelState, staged: StagedSet) -> None:
         vms = v.ms
         if isinstance(v.ref, Entry):
             led.remove_kept(vms, v.ref)
+            led.readopt_surplus(vms)
         else:
             v.ref.preempted = True
         led.note_leaving(hs.idx, v.model_id, v.memory_mb)

@@ -843,3 +843,27 @@ def test_first_replica_needing_a_domain_searches_every_class_not_only_special_ho
     assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
     (m4,) = [x for x in p.placements if x.model_id == "m4"]
     assert (m4.host_id, m4.scores.get("hardware")) == ("h1", 60.0)
+
+
+def test_scale_down_with_a_preemption_keeps_the_surplus_ready_replica():
+    """A has two ready replicas and now wants one; the seed keeps h1's and leaves h2's as
+    surplus. B (higher priority) fits only on h1 and preempts A there. Before, A kept neither
+    replica and reported AWAITING_RELEASE on h2, the host of its own ready copy (only the
+    reconciler's last-replica rule hid the outage)."""
+    inp = mk(
+        [
+            prof("A", 8_000, min_replicas=0, max_replicas=2),
+            prof("B", 12_000, min_replicas=1, max_replicas=1, priority=1),
+        ],
+        [
+            host("h1", 16_000, residencies=(res("A", 8_000),)),
+            host("h2", 12_000, residencies=(res("A", 8_000),)),
+        ],
+        [want("A", 1)],
+    )
+    p = plan(inp)
+    assert [(x.host_id, x.victim_model, x.beneficiary_model) for x in p.preemptions] == [("h1", "A", "B")]
+    assert on(p, "A", "existing") == ["h2"]
+    assert shortfall_reasons(p, "A") == set()
+    assert shortfall_reasons(p, "B") == {R.PREEMPTION_STAGED}
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
