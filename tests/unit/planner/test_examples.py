@@ -867,3 +867,35 @@ def test_scale_down_with_a_preemption_keeps_the_surplus_ready_replica():
     assert shortfall_reasons(p, "A") == set()
     assert shortfall_reasons(p, "B") == {R.PREEMPTION_STAGED}
     assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
+
+
+def test_scale_up_preemption_weighs_the_victims_displaced_demand():
+    """B (priority 1) has a replica and wants a second; the only room is A's last replica.
+    A scale-up preempts only when B's unserved demand exceeds what A's replica serves now."""
+
+    def inp(a_offered: float):
+        return mk(
+            [
+                prof("A", 8_000, min_replicas=0, max_replicas=1),
+                prof("B", 8_000, min_replicas=0, max_replicas=2, priority=1),
+            ],
+            [
+                host("h1", 12_000, residencies=(res("A", 8_000),)),
+                host("h2", 12_000, residencies=(res("B", 8_000),)),
+            ],
+            [want("A", 1, offered_concurrency=a_offered), want("B", 2, offered_concurrency=1.2)],
+        )
+
+    # B's second replica would serve min(0.7, 1.2 - 0.7) = 0.5 of offered concurrency.
+    busy = plan(inp(0.9))
+    assert busy.preemptions == ()
+    assert on(busy, "A") == ["h1"]
+    idle = plan(inp(0.2))
+    assert [(x.host_id, x.victim_model) for x in idle.preemptions] == [("h1", "A")]
+    # A model's first replica keeps strict priority whatever the victim serves.
+    first = mk(
+        [prof("A", 8_000, min_replicas=0, max_replicas=1), prof("B", 8_000, min_replicas=0, priority=1)],
+        [host("h1", 12_000, residencies=(res("A", 8_000),))],
+        [want("A", 1, offered_concurrency=5.0), want("B", 1, offered_concurrency=0.1)],
+    )
+    assert [(x.host_id, x.victim_model) for x in plan(first).preemptions] == [("h1", "A")]

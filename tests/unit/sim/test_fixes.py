@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
+
 from grid.planner import reasons as R
 from grid.sim.run import run
 from grid.sim.scenario import ScenarioConfig, prepare
@@ -62,4 +66,36 @@ def test_pressure_is_judged_against_the_replicas_that_were_serving_when_it_was_m
                  if " general-8b on " in line and (" warm " in line or " unload " in line)
                  and line < "t+0060m"]
     assert len(lifecycle) <= 2, lifecycle
+    assert report.safety_violations == 0
+
+
+def _preemption_ping_pongs(timeline: tuple[str, ...]) -> list[str]:
+    """A model preempted on a host, started there again, then preempted there again."""
+    state: dict[tuple[str, str], str] = {}
+    out = []
+    for line in timeline:
+        words = line.split()
+        if len(words) < 6 or words[3] != "on":
+            continue
+        kind, model, host = words[1], words[2], words[4]
+        if kind == "drain" and "(drain_preemption" in line:
+            if state.get((model, host)) == "back":
+                out.append(line)
+            state[(model, host)] = "preempted"
+        elif kind == "warm" and state.get((model, host)) == "preempted":
+            state[(model, host)] = "back"
+    return out
+
+
+def test_preemption_does_not_ping_pong_on_the_scarce_fleet() -> None:
+    # Strict priorities (coder-14b 2, research-32b 1, the heavy general leader big-70b 0) on the
+    # 4-machine fleet. Before, a brief coding surge preempted image-xl (its last replica, still
+    # in demand) for a second coder replica; image-xl came back on the freed host when the surge
+    # passed and the next surge preempted it there again.
+    sc = prepare(ScenarioConfig(machines=4, models=9, users=50, minutes=120, seed=2))
+    prios = {"coder-14b": 2, "research-32b": 1, "big-70b": 0}
+    profiles = {m: msgspec.structs.replace(p, priority=prios.get(m, 0)) for m, p in sc.profiles.items()}
+    report = run(dataclasses.replace(sc, profiles=profiles), "smart", timeline=True).report()
+    assert _preemption_ping_pongs(report.timeline) == []
+    assert report.preemption_drains <= 2, report.preemption_drains
     assert report.safety_violations == 0
