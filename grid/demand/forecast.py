@@ -24,7 +24,9 @@ Direct demand (named-model requests), per model:
   became ready after it already answers it.
 * hysteresis: ready replicas that claimed workloads (automatic traffic) justified in any bucket
   within ``scale_down_cooldown_seconds`` stay desired too (``cooldown_hold``), so replicas
-  justified by `auto` traffic do not flap on small dips.
+  justified by `auto` traffic do not flap on small dips. Holds judge the window's peak at
+  ``hold_band`` x the scale-up utilization (a band: demand hovering at a replica boundary keeps
+  the replica instead of releasing it and starting it again minutes later).
 * hysteresis (direct): while the demand watermark (latest of the projection's ``last_seen`` and the
   persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas that
   demand justified during that window (at least one) stay desired; with only a watermark and
@@ -109,6 +111,10 @@ class ForecastConfig(Value, frozen=True, kw_only=True):
     min_latency_samples: int = 3
     error_pressure_ratio: float = 0.05
     pressure_buckets: int = 2
+    # Scale-down band: a held replica stays desired while the cooldown window's peak would need
+    # it at this fraction of the scale-up utilization (scale up above 0.7 per replica, release
+    # only below 0.7 x hold_band), so demand hovering at a boundary does not flap a replica.
+    hold_band: float = 0.7
     evidence_observations: int = 3
     evidence_concurrency: float = 1.5
     gate_buckets: int = 15
@@ -335,6 +341,10 @@ def _capacity(p: ModelProfile) -> float:
     util = _finite(p.target_utilization, 0.7)
     util = min(1.0, max(0.05, util))
     return max(1, p.replica_concurrency) * util
+
+
+def _band(cfg: ForecastConfig) -> float:
+    return min(1.0, max(0.1, _finite(cfg.hold_band, 1.0)))
 
 
 def _replicas_for(offered: float, cap: float, cfg: ForecastConfig) -> int:
@@ -729,7 +739,7 @@ def _direct_need(
     hold_until = None
     if last_seen is not None and now - last_seen <= cooldown:
         hold_until = last_seen + cooldown
-        peak = _peak_need(series, demand, now, cooldown, st.service, cap, cfg)
+        peak = _peak_need(series, demand, now, cooldown, st.service, cap * _band(cfg), cfg)
         hold = max(1, ready if peak is None else min(ready, peak))
         if hold > need:
             need = hold
@@ -787,13 +797,14 @@ def _model_forecast(
             reasons.append(REASON_CANARY)
     else:
         replicas = 0
-    if claim is not None and ready > replicas:
+    if claim is not None and not canary and ready > replicas:
         # Hysteresis for automatic traffic, as for named demand: ready replicas the claimed
         # workloads justified within the cooldown stay desired, so a small dip in `auto`
-        # traffic does not unload a replica that the next minute loads again.
+        # traffic does not unload a replica that the next minute loads again. A canary stays
+        # one replica (weak evidence is never held above its cap).
         cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
         peak = _workload_peak_need(claim.workloads, demand, now, cooldown, _finite(p.expected_service_seconds, 2.0),
-                                   cap, cfg)
+                                   cap * _band(cfg), cfg)
         hold = min(ready, peak)
         if hold > replicas:
             replicas = hold

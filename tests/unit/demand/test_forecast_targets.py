@@ -144,8 +144,9 @@ def test_cooldown_holds_recent_ready_replicas():
     fc = forecast(s, [p], at(5), ready_replicas={"a": 3})
     t = target(fc, "a")
     assert (t.replicas, t.evidence) == (3, "direct") and REASON_HOLD in t.reason
-    # A replica that demand inside the window never justified is not held.
-    assert target(forecast(s, [p], at(5), ready_replicas={"a": 5}), "a").replicas == 3
+    # A replica that demand inside the window never justified is not held: the hold judges
+    # the peak at the scale-down band (2.0 offered / (0.7 x 0.7) -> 5), never beyond it.
+    assert target(forecast(s, [p], at(5), ready_replicas={"a": 7}), "a").replicas == 5
     assert row(fc, "a").hold_until == at(0) + 600.0
     assert target(forecast(s, [p], at(11), ready_replicas={"a": 3}), "a") is None
 
