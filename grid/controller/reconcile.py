@@ -23,7 +23,9 @@ Rules, in the order they are applied:
 * An obsolete ready replica is drained only when every desired replica of that model reports
   ready (make-before-break, invariants 3 and 5), the model has no shortfall to protect (the last
   replica is kept), minimum residency and the scale-down cooldown have elapsed. The deliberate
-  exception is an explicit staged preemption from the plan: the victim drains first.
+  exception is an explicit staged preemption from the plan: the victim drains first, at most
+  ``PREEMPTIONS_PER_MODEL`` times per model per ``PREEMPTION_WINDOW_SECONDS`` while the
+  beneficiary already has a ready replica (``preemption_budget``; bounds ping-pong).
 * A draining residency is unloaded only when it reports zero requests in flight (invariant 6).
 * Observation-time fencing: a heartbeat not newer than a successful ack of the same kind for the
   same host/model cannot trigger a duplicate.
@@ -84,6 +86,7 @@ SCALE_DOWN_COOLDOWN = "scale_down_cooldown"
 AWAITING_REPLACEMENT = "awaiting_ready_replacement"
 LAST_REPLICA = "protect_last_replica"
 REQUESTS_IN_FLIGHT = "requests_in_flight"
+PREEMPTION_BUDGET = "preemption_budget"
 TRANSITION_IN_PROGRESS = "transition_in_progress"
 INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
 ARTIFACT_MISMATCH = "artifact_mismatch"
@@ -105,6 +108,11 @@ WITHDRAW_MODE = "left_automatic_mode"
 BLOCKED_WITHDRAWN_DESTRUCTIVE = "withdrawn_destructive_unconfirmed"
 
 SERVING_STATES = frozenset({"warming", "ready", "draining", "unloading", "failed"})
+# Preemption budget: a model is drained by staged preemptions at most this often per window
+# while the beneficiary already serves from a ready replica (its first replica keeps strict
+# priority). Bounds ping-pong between models whose demand alternates.
+PREEMPTIONS_PER_MODEL = 1
+PREEMPTION_WINDOW_SECONDS = 1800.0
 
 
 class Guards(msgspec.Struct, frozen=True, kw_only=True):
@@ -396,8 +404,16 @@ class Reconciler:
         self.basis: dict[tuple[str, str, str, str], int] = {}
         self.last_success: dict[tuple[str, str, str], float] = {}
         self.open_by_intent: dict[tuple[str, str, str], ActionRecord] = {}
+        # victim model id -> issue times of its preemption drains inside the budget window
+        self.preempted_at: dict[str, list[float]] = {}
         for r in records:
             cmd = r.command
+            if (
+                cmd.kind == "drain" and cmd.reason == DRAIN_PREEMPTION and not r.withdrawn
+                and r.status not in ("rejected", "cancelled")
+                and self.now - r.issued_at < PREEMPTION_WINDOW_SECONDS
+            ):
+                self.preempted_at.setdefault(cmd.model_id, []).append(r.issued_at)
             if r.terminal_at is not None or r.withdrawn:
                 key4 = (cmd.kind, cmd.host_id, cmd.model_id, (cmd.artifact_sha256 or "").lower())
                 self.basis[key4] = max(self.basis.get(key4, 0), r.issued_seq)
@@ -766,6 +782,12 @@ class Reconciler:
             reasons.append(MIN_RESIDENCY)
         elif pre is not None and getattr(pre, "not_before", None) is not None and now < pre.not_before:  # type: ignore[operator]
             reasons.append(MIN_RESIDENCY)
+        if (
+            pre is not None and reason == DRAIN_PREEMPTION
+            and len(self.preempted_at.get(model_id, ())) >= PREEMPTIONS_PER_MODEL
+            and any(self._ready_at(h.host_id, pre.beneficiary_model) for h in self.hosts)
+        ):
+            reasons.append(PREEMPTION_BUDGET)
         act = self._make_action("drain", host_id, model_id, profile, r.memory_mb, reason, r.runtime,
                                 preemption_for=pre.beneficiary_model if pre else None,
                                 priority=_priority(self.profiles, pre, profile))

@@ -9,7 +9,7 @@ publishing) stay in ``grid.controller.service``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -23,7 +23,8 @@ from grid.events.plan import PlanCreated
 from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
-from grid.planner.types import Plan, PlannerInput, Policy
+from grid.fleet import heartbeat_fresh
+from grid.planner.types import HostSnapshot, Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
 from grid.projections.position import Position
 from grid.projections import throughput as throughput_proj
@@ -74,6 +75,20 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True):
     plan_seconds: float = 0.0
 
 
+def ready_since(hosts: Sequence[HostSnapshot], now: float, policy: Policy) -> dict[str, tuple[float | None, ...]]:
+    """When each ready replica (fresh heartbeat, as ``ready_replicas`` counts) became ready, per
+    model, sorted (None: unknown). The forecast judges capacity pressure against the replicas
+    that were serving when it was measured."""
+    out: dict[str, list[float | None]] = {}
+    for h in hosts:
+        if not heartbeat_fresh(h.heartbeat_at, now, policy):
+            continue
+        for r in h.residencies:
+            if r.state == "ready":
+                out.setdefault(r.model_id, []).append(r.loaded_at)
+    return {m: tuple(sorted(ts, key=lambda t: (t is not None, t or 0.0))) for m, ts in sorted(out.items())}
+
+
 def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInput:
     """The planner input a tick at `now` plans from: the fleet and catalog, demand from the forecast."""
     base = build_planner_input(states, now, demand=(), policy=policy)
@@ -83,6 +98,7 @@ def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInp
         fc = forecast(
             states["demand"], base.profiles, now,
             ready_replicas=ready_replicas(base.hosts, now, policy),
+            ready_since=ready_since(base.hosts, now, policy),
             timings=base.timings, retired=frozenset(base.retired),
             placeable=placeable_models(base.profiles, base.hosts),
         )

@@ -19,10 +19,14 @@ Direct demand (named-model requests), per model:
   current and previous bucket.
 * replicas = ceil(offered / (replica_concurrency x target_utilization)); queue (>= 0.5),
   latency (approximate p95 above ``latency_slo_ms`` with >= 3 samples) or capacity-error
-  (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready set.
+  (>= 5 % of recent requests) pressure asks for at least one replica beyond the ready
+  replicas that were already serving when the pressure began (``ready_since``): a replica that
+  became ready after it already answers it.
 * hysteresis: ready replicas that claimed workloads (automatic traffic) justified in any bucket
   within ``scale_down_cooldown_seconds`` stay desired too (``cooldown_hold``), so replicas
-  justified by `auto` traffic do not flap on small dips.
+  justified by `auto` traffic do not flap on small dips. Holds judge the window's peak at
+  ``hold_band`` x the scale-up utilization (a band: demand hovering at a replica boundary keeps
+  the replica instead of releasing it and starting it again minutes later).
 * hysteresis (direct): while the demand watermark (latest of the projection's ``last_seen`` and the
   persisted ``watermarks``) is within ``scale_down_cooldown_seconds``, the ready replicas that
   demand justified during that window (at least one) stay desired; with only a watermark and
@@ -107,6 +111,10 @@ class ForecastConfig(Value, frozen=True, kw_only=True):
     min_latency_samples: int = 3
     error_pressure_ratio: float = 0.05
     pressure_buckets: int = 2
+    # Scale-down band: a held replica stays desired while the cooldown window's peak would need
+    # it at this fraction of the scale-up utilization (scale up above 0.7 per replica, release
+    # only below 0.7 x hold_band), so demand hovering at a boundary does not flap a replica.
+    hold_band: float = 0.7
     evidence_observations: int = 3
     evidence_concurrency: float = 1.5
     gate_buckets: int = 15
@@ -220,6 +228,8 @@ class _Stats(msgspec.Struct, kw_only=True):
     requests: int = 0
     observations: int = 0
     peak_rate: float = 0.0
+    # Start of the earliest recent bucket with traffic: when the pressure evidence began.
+    pressure_from: float | None = None
 
 
 def _finite(x: float, default: float = 0.0) -> float:
@@ -301,6 +311,8 @@ def _series_stats(
     # Recent pressure: the current and previous bucket(s).
     recent_keys = [k for k in keys if k > nb - max(1, cfg.pressure_buckets)]
     recent = [bks[k] for k in recent_keys]
+    busy = [k for k in recent_keys if bks[k].count]
+    st.pressure_from = busy[0] * bs if busy else None
     r_count = sum(b.count for b in recent)
     depth = sum(b.depth_sum for b in recent)
     queue = depth / r_count if r_count else 0.0
@@ -329,6 +341,10 @@ def _capacity(p: ModelProfile) -> float:
     util = _finite(p.target_utilization, 0.7)
     util = min(1.0, max(0.05, util))
     return max(1, p.replica_concurrency) * util
+
+
+def _band(cfg: ForecastConfig) -> float:
+    return min(1.0, max(0.1, _finite(cfg.hold_band, 1.0)))
 
 
 def _replicas_for(offered: float, cap: float, cfg: ForecastConfig) -> int:
@@ -460,6 +476,7 @@ def forecast(
     now: float,
     *,
     ready_replicas: Mapping[str, int] = {},
+    ready_since: Mapping[str, Sequence[float | None]] = {},
     watermarks: Mapping[str, float] = {},
     fastest_start_seconds: Mapping[str, float] = {},
     timings: Sequence[TimingSample] = (),
@@ -473,6 +490,9 @@ def forecast(
     ``placeable``: the models some host could ever hold (grid.planner.fleet_scan); workload
     demand is projected only onto those, so a model that fits nowhere never suppresses a
     usable fallback. None: every configured model is a candidate.
+    ``ready_since``: per model, when each ready replica became ready (None: unknown, long ago);
+    pressure then asks for one replica beyond those that were serving when it was measured.
+    A model it does not name counts all its ready replicas as serving throughout.
     """
     cfg = config
     retired_set = frozenset(retired)
@@ -497,6 +517,7 @@ def forecast(
         target, row = _model_forecast(
             p, stats[m], claims.get(m), inferred.get(m), demand, now,
             ready=max(0, int(ready_replicas.get(m, 0))), watermark=watermarks.get(m), cfg=cfg,
+            since=ready_since.get(m),
         )
         if target is not None:
             targets.append(target)
@@ -672,7 +693,7 @@ class _DirectNeed(msgspec.Struct, kw_only=True):
 
 def _direct_need(
     p: ModelProfile, st: _Stats, series: Series | None, demand: DemandState, now: float, ready: int,
-    watermark: float | None, cfg: ForecastConfig,
+    watermark: float | None, cfg: ForecastConfig, since: Sequence[float | None] | None = None,
 ) -> _DirectNeed:
     """Replicas direct demand asks for: load, pressure beyond the ready set, cooldown hold."""
     cap = _capacity(p)
@@ -705,14 +726,20 @@ def _direct_need(
         reasons.append(REASON_ERRORS)
         pressure = True
     if pressure:
-        need = max(need, ready + 1)
+        # One replica beyond those that were serving when the pressure was measured: a replica
+        # that became ready since already answers it (counting it again scaled up twice for one
+        # burst, and the extra replica was unloaded minutes later).
+        serving = ready
+        if since is not None and st.pressure_from is not None:
+            serving = min(ready, sum(1 for t in since if t is None or t <= st.pressure_from))
+        need = max(need, serving + 1)
     # Hysteresis: within the cooldown after the last demand, ready replicas that demand
     # justified during the cooldown window stay desired (at least one: a quiet minute or
     # a controller restart never unloads a model that was just used).
     hold_until = None
     if last_seen is not None and now - last_seen <= cooldown:
         hold_until = last_seen + cooldown
-        peak = _peak_need(series, demand, now, cooldown, st.service, cap, cfg)
+        peak = _peak_need(series, demand, now, cooldown, st.service, cap * _band(cfg), cfg)
         hold = max(1, ready if peak is None else min(ready, peak))
         if hold > need:
             need = hold
@@ -732,11 +759,12 @@ def _model_forecast(
     ready: int,
     watermark: float | None,
     cfg: ForecastConfig,
+    since: Sequence[float | None] | None = None,
 ) -> tuple[DemandTarget | None, ModelForecast]:
     """Direct, workload and inferred demand combined into one bounded target (None = nothing desired)."""
     m = p.model_id
     cap = _capacity(p)
-    direct = _direct_need(p, st, demand.models.get(m), demand, now, ready, watermark, cfg)
+    direct = _direct_need(p, st, demand.models.get(m), demand, now, ready, watermark, cfg, since)
     reasons = direct.reasons
     inf_offered = inf.rate * st.service if inf is not None else 0.0
     inf_need = max(1, _replicas_for(inf_offered, cap, cfg)) if inf is not None else 0
@@ -769,13 +797,14 @@ def _model_forecast(
             reasons.append(REASON_CANARY)
     else:
         replicas = 0
-    if claim is not None and ready > replicas:
+    if claim is not None and not canary and ready > replicas:
         # Hysteresis for automatic traffic, as for named demand: ready replicas the claimed
         # workloads justified within the cooldown stay desired, so a small dip in `auto`
-        # traffic does not unload a replica that the next minute loads again.
+        # traffic does not unload a replica that the next minute loads again. A canary stays
+        # one replica (weak evidence is never held above its cap).
         cooldown = max(0.0, _finite(p.scale_down_cooldown_seconds))
         peak = _workload_peak_need(claim.workloads, demand, now, cooldown, _finite(p.expected_service_seconds, 2.0),
-                                   cap, cfg)
+                                   cap * _band(cfg), cfg)
         hold = min(ready, peak)
         if hold > replicas:
             replicas = hold

@@ -20,7 +20,8 @@ from collections import Counter
 
 from grid.planner import scoring as S
 from grid.planner.eligibility import StaticEligibility
-from grid.planner.feasibility import CHAIN, HostClass, Rejection
+from grid.planner import reasons as R
+from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
 from grid.planner.scoring import Scores
 from grid.planner.state import (
     Candidate,
@@ -85,6 +86,8 @@ class Ledger(StaticEligibility):
         self.leaving_models: dict[int, set[str]] = {}
         # host idx -> must-move residencies on that host (preemption victims)
         self.mustmove_on: dict[int, list[tuple[ModelState, MustMove]]] = {}
+        # model id -> its live incumbents the seed left out only because enough were kept
+        self.surplus: dict[str, list[tuple[int, ResidencyView]]] = {}
         self._class_values: dict[tuple[int, int], Scores] = {}
         self._release: tuple[list[tuple[int, int]], set[int]] | None = None
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
@@ -296,7 +299,9 @@ class Ledger(StaticEligibility):
                     < best.score
                 ):
                     continue
-                look_new = bool(used) and any(d not in used for d in b.domains)
+                # With no domain used yet every host is in a new domain (a first replica that
+                # needs one must still search the buckets, not only the special hosts).
+                look_new = not used or any(d not in used for d in b.domains)
                 if need_new_domain and not look_new:
                     continue
                 i = bisect_left(lst, (mem, "", -1))
@@ -458,6 +463,43 @@ class Ledger(StaticEligibility):
         ms.used_domains[hs.domain] -= 1
         if ms.used_domains[hs.domain] <= 0:
             del ms.used_domains[hs.domain]
+
+    def readopt_surplus(self, ms: ModelState) -> bool:
+        """Keep one of ms's surplus incumbents again (after a staged preemption removed a kept
+        replica of ms): the model keeps a ready replica it already has instead of losing both
+        the scale-down copy and the preempted one and waiting for a release of its own memory.
+        Presence is unchanged (a live model already counts on its host); the desired ledger
+        must still hold it."""
+        mid = ms.req.model_id
+        allowed = ms.req.runtimes or DEFAULT_RUNTIMES
+        pool = self.surplus.get(mid, [])
+        for i, (hidx, r) in enumerate(pool):
+            hs = self.hosts[hidx]
+            mem = max(0, int(r.memory_mb))
+            if (
+                mid in hs.desired
+                or not hs.eligible
+                or self.host_static(hs, ms) is not None
+                or r.runtime not in allowed
+                or r.runtime not in hs.cls.runtime_set
+                or mem > hs.free_b
+                or sum(1 for x in hs.snap.residencies if x.model_id == mid and x.managed) != 1
+            ):
+                continue
+            del pool[i]
+            slot = Slot(mid, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r)
+            self.keep(hs, r, ms, slot, R.INCUMBENT)
+            hs.free_b -= mem
+            hs.add_desired(slot, ms.req)
+            hs.leaving_mb -= mem
+            leaving = self.leaving_models.get(hidx)
+            if leaving is not None:
+                leaving.discard(mid)
+                if not leaving:
+                    del self.leaving_models[hidx]
+            self.fleet.reindex(hs)
+            return True
+        return False
 
     def reserve(
         self, ms: ModelState, hs: HostState, mem: int, runtime: str, disk: int = 0

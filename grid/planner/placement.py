@@ -222,6 +222,9 @@ class Engine:
                     self._keep(hs, r, ms, kept_on)
             for hs, r in remaining:
                 self.obsolete.append((hs.idx, r))
+                # Healthy and compliant, only beyond what is wanted: the model may take it back
+                # if a staged preemption later removes one of its kept replicas.
+                led.surplus.setdefault(ms.req.model_id, []).append((hs.idx, r))
 
         # Memory of obsolete residencies is released by the reconciler on its own.
         for hi, r in self.obsolete:

@@ -7,6 +7,15 @@ beneficiary's memory and slot on the host so later, lower-priority work in the s
 take it, and keeps reporting the beneficiary as a shortfall (``PREEMPTION_STAGED``). A later
 snapshot proves the memory free and the ordinary placement path places it.
 
+A kept replica taken as a victim is replaced, when its model has one, by a surplus incumbent of
+the same model (a live replica the seed left out only because enough were kept): a scale-down
+and a preemption in one plan never leave a ready model with neither copy.
+
+A scale-up (a replica beyond the beneficiary's first and its baseline) preempts only when the
+offered concurrency it would serve exceeds what the victims' replicas now serve (``_worth_it``):
+the victim's displaced demand counts against the beneficiary's gain, so a brief surge does not
+evict steady work that then returns and is evicted again (ping-pong).
+
 Never a victim: external (managed=False) or operator-pinned residencies, a model's own pinned
 host, incumbents inside their minimum residency, and anything of equal or higher priority.
 Inferred-only demand never preempts; it may only wait for capacity that obsolete residencies
@@ -208,7 +217,45 @@ def _victim_set(
                 chosen = trial
     if len(chosen) > budget:
         return None
+    if chosen and not _worth_it(ms, chosen):
+        return None
     return StagedSet(hs, chosen, rt, mem, disk)
+
+
+def _replica_capacity(p) -> float:
+    util = p.target_utilization if math.isfinite(p.target_utilization) else 0.7
+    return max(1, p.replica_concurrency) * min(1.0, max(0.05, util))
+
+
+def _offered(vms: ModelState) -> float:
+    d = vms.demand
+    if d is None or not math.isfinite(d.offered_concurrency):
+        return 0.0
+    return max(0.0, d.offered_concurrency)
+
+
+def _worth_it(ms: ModelState, victims: list[Victim]) -> bool:
+    """Does one more replica of ms serve more demand than the victims' replicas now serve?
+
+    Only a scale-up is weighed: a model's first replica and its configured baseline keep
+    strict priority. Beyond that, the beneficiary's gain is the offered concurrency its current
+    replicas cannot carry (at most one replica's capacity), and each kept victim displaces its
+    model's share of offered concurrency (all of it when it is the last replica). Without this,
+    a brief surge of an important model preempted the steady work of a less important one,
+    the victim came back when the surge passed, and the next surge preempted it again."""
+    have = len(ms.entries) + ms.staged + ms.awaiting
+    if have < max(1, ms.n_base):
+        return True
+    cap = _replica_capacity(ms.profile)
+    gain = min(cap, max(0.0, _offered(ms) - cap * have))
+    displaced = 0.0
+    for v in victims:
+        if not v.kept:
+            continue  # a must-move residency is leaving anyway
+        vms = v.ms
+        displaced += _offered(vms) / max(1, len(vms.entries))
+    # Victims nobody is using cost nothing to displace.
+    return displaced <= 0.0 or gain > displaced
 
 
 def _candidate_hosts(led: Ledger, ms: ModelState) -> Iterator[HostState]:
@@ -283,6 +330,7 @@ def _apply(led: Ledger, ms: ModelState, staged: StagedSet) -> None:
         vms = v.ms
         if isinstance(v.ref, Entry):
             led.remove_kept(vms, v.ref)
+            led.readopt_surplus(vms)
         else:
             v.ref.preempted = True
         led.note_leaving(hs.idx, v.model_id, v.memory_mb)

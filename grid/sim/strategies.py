@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from grid.controller.inputs import build_planner_input, ready_replicas
-from grid.controller.tick import compose_tick
+from grid.controller.tick import compose_tick, ready_since
 from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
@@ -92,6 +92,7 @@ def plan_reactive(states: Mapping[str, Any], now: float, policy: Policy) -> tupl
     base = build_planner_input(states, now, demand=(), policy=policy)
     fc = forecast(
         states["demand"], base.profiles, now, ready_replicas=ready_replicas(base.hosts, now, policy),
+        ready_since=ready_since(base.hosts, now, policy),
         timings=base.timings, retired=frozenset(base.retired), config=REACTIVE_CONFIG,
         placeable=placeable_models(base.profiles, base.hosts),
     )

@@ -379,3 +379,28 @@ def test_failed_obsolete_residency_is_drained_without_waiting_for_replacements()
     r = run(plan, [host("h1", res("m", "failed")), host("h2")])
     assert ("drain", "h1", "m") in kinds(r)
     assert next(a for a in r.actions if a.kind == "drain").reason == rc.DRAIN_FAILED
+
+
+def test_preemption_budget_bounds_repeated_preemption_of_one_model() -> None:
+    profs = profiles(profile("low", priority=0), profile("high", priority=10))
+    pre = Preemption(host_id="h1", victim_model="low", beneficiary_model="high", reason="priority")
+    plan = mkplan(placement("high", "h2"), preemptions=[pre],
+                  shortfalls=[Shortfall(model_id="high", wanted=2, placed=1, reason="capacity")])
+    hosts = [host("h1", res("low")), host("h2", res("high"))]
+    first = reconcile(plan, hosts, History().state, profs, NOW)
+    assert ("drain", "h1", "low") in kinds(first)
+    drain = next(a for a in first.actions if a.kind == "drain")
+    # "low" was preempted ten minutes ago (and came back): while "high" already serves from a
+    # ready replica, a second preemption of "low" inside the window waits.
+    h = History().issue(drain, at=NOW - 600).ack(drain, at=NOW - 599)
+    again = reconcile(plan, hosts, h.state, profs, NOW)
+    assert reasons(again)[("drain", "h1", "low")] == rc.PREEMPTION_BUDGET
+    # After the window it may preempt again.
+    window = rc.PREEMPTION_WINDOW_SECONDS
+    old = History().issue(drain, at=NOW - window - 60).ack(drain, at=NOW - window - 59)
+    assert ("drain", "h1", "low") in kinds(reconcile(plan, hosts, old.state, profs, NOW))
+    # The beneficiary's first replica keeps strict priority.
+    alone = reconcile(mkplan(preemptions=[pre], shortfalls=[Shortfall(model_id="high", wanted=1, placed=0,
+                                                                         reason="capacity")]),
+                      [host("h1", res("low")), host("h2")], h.state, profs, NOW)
+    assert ("drain", "h1", "low") in kinds(alone)

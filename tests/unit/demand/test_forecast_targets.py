@@ -144,8 +144,9 @@ def test_cooldown_holds_recent_ready_replicas():
     fc = forecast(s, [p], at(5), ready_replicas={"a": 3})
     t = target(fc, "a")
     assert (t.replicas, t.evidence) == (3, "direct") and REASON_HOLD in t.reason
-    # A replica that demand inside the window never justified is not held.
-    assert target(forecast(s, [p], at(5), ready_replicas={"a": 5}), "a").replicas == 3
+    # A replica that demand inside the window never justified is not held: the hold judges
+    # the peak at the scale-down band (2.0 offered / (0.7 x 0.7) -> 5), never beyond it.
+    assert target(forecast(s, [p], at(5), ready_replicas={"a": 7}), "a").replicas == 5
     assert row(fc, "a").hold_until == at(0) + 600.0
     assert target(forecast(s, [p], at(11), ready_replicas={"a": 3}), "a") is None
 
@@ -212,3 +213,16 @@ def test_scale_down_waits_for_the_cooldown_window_not_for_silence():
     assert early.replicas == 3 and REASON_HOLD in early.reason  # bucket 4 is inside the window
     late = target(forecast(s, [p], at(20, 0.0), ready_replicas={"a": 3}), "a")
     assert late.replicas == 1
+
+
+def test_pressure_counts_only_replicas_that_were_serving_when_it_was_measured():
+    errs = [rec("a", outcome="unavailable", status_code=503, service_seconds=0.0) for _ in range(3)]
+    s = fold(dm.initial(), at(9), [rec("a") for _ in range(7)] + errs, CONF)
+    # Two replicas ready now, but the second became ready after the pressure began (bucket 9):
+    # the pressure already caused it, so it asks for one beyond the one that was serving.
+    late = forecast(s, [profile("a")], at(10, 0.0), ready_replicas={"a": 2},
+                    ready_since={"a": (at(0), at(9, 30.0))})
+    assert REASON_ERRORS in target(late, "a").reason and target(late, "a").replicas == 2
+    # Both serving before the pressure (or unknown): one beyond both.
+    early = forecast(s, [profile("a")], at(10, 0.0), ready_replicas={"a": 2}, ready_since={"a": (None, at(0))})
+    assert target(early, "a").replicas == 3

@@ -814,3 +814,88 @@ def test_sufficient_victim_set_on_one_host():
     profiles[2] = prof("big", 9_000, priority=5)
     p = plan(mk(profiles, hosts))
     assert len(p.preemptions) == 1
+
+
+def test_first_replica_needing_a_domain_searches_every_class_not_only_special_hosts():
+    """Found by Hypothesis (test_deterministic_bytes_and_exact_index): with no failure domain
+    used yet, the class index skipped every bucket when the first replica 'needed a new domain',
+    so only the special host (one holding a cached residency of the model) was considered and
+    h0 (no hardware score) beat h1 (hardware 60) that the full scan picks."""
+    h0 = host(
+        "h0",
+        16_000,
+        domain="a",
+        residencies=(
+            res("m0", 1_000, managed=True, pinned=True, loaded_at=None),
+            res("m0", 1_000, managed=True, pinned=True, loaded_at=None),
+            res("m4", 1_000, "cached", managed=False, pinned=True, loaded_at=None),
+        ),
+    )
+    h1 = host("h1", 16_000, domain="a", bw=100.0)
+    inp = mk(
+        [
+            prof("m0", 1_000, min_replicas=0, max_replicas=1),
+            prof("m4", 1_000, min_replicas=1, max_replicas=1, artifact_sha256="4" * 64),
+        ],
+        [h0, h1],
+    )
+    p = plan(inp)
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
+    (m4,) = [x for x in p.placements if x.model_id == "m4"]
+    assert (m4.host_id, m4.scores.get("hardware")) == ("h1", 60.0)
+
+
+def test_scale_down_with_a_preemption_keeps_the_surplus_ready_replica():
+    """A has two ready replicas and now wants one; the seed keeps h1's and leaves h2's as
+    surplus. B (higher priority) fits only on h1 and preempts A there. Before, A kept neither
+    replica and reported AWAITING_RELEASE on h2, the host of its own ready copy (only the
+    reconciler's last-replica rule hid the outage)."""
+    inp = mk(
+        [
+            prof("A", 8_000, min_replicas=0, max_replicas=2),
+            prof("B", 12_000, min_replicas=1, max_replicas=1, priority=1),
+        ],
+        [
+            host("h1", 16_000, residencies=(res("A", 8_000),)),
+            host("h2", 12_000, residencies=(res("A", 8_000),)),
+        ],
+        [want("A", 1)],
+    )
+    p = plan(inp)
+    assert [(x.host_id, x.victim_model, x.beneficiary_model) for x in p.preemptions] == [("h1", "A", "B")]
+    assert on(p, "A", "existing") == ["h2"]
+    assert shortfall_reasons(p, "A") == set()
+    assert shortfall_reasons(p, "B") == {R.PREEMPTION_STAGED}
+    assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(p)
+
+
+def test_scale_up_preemption_weighs_the_victims_displaced_demand():
+    """B (priority 1) has a replica and wants a second; the only room is A's last replica.
+    A scale-up preempts only when B's unserved demand exceeds what A's replica serves now."""
+
+    def inp(a_offered: float):
+        return mk(
+            [
+                prof("A", 8_000, min_replicas=0, max_replicas=1),
+                prof("B", 8_000, min_replicas=0, max_replicas=2, priority=1),
+            ],
+            [
+                host("h1", 12_000, residencies=(res("A", 8_000),)),
+                host("h2", 12_000, residencies=(res("B", 8_000),)),
+            ],
+            [want("A", 1, offered_concurrency=a_offered), want("B", 2, offered_concurrency=1.2)],
+        )
+
+    # B's second replica would serve min(0.7, 1.2 - 0.7) = 0.5 of offered concurrency.
+    busy = plan(inp(0.9))
+    assert busy.preemptions == ()
+    assert on(busy, "A") == ["h1"]
+    idle = plan(inp(0.2))
+    assert [(x.host_id, x.victim_model) for x in idle.preemptions] == [("h1", "A")]
+    # A model's first replica keeps strict priority whatever the victim serves.
+    first = mk(
+        [prof("A", 8_000, min_replicas=0, max_replicas=1), prof("B", 8_000, min_replicas=0, priority=1)],
+        [host("h1", 12_000, residencies=(res("A", 8_000),))],
+        [want("A", 1, offered_concurrency=5.0), want("B", 1, offered_concurrency=0.1)],
+    )
+    assert [(x.host_id, x.victim_model) for x in plan(first).preemptions] == [("h1", "A")]
