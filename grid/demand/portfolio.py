@@ -14,12 +14,17 @@ Objective (compared lexicographically, larger is better; :class:`Score`):
 1. ``protected``: replicas placed for baseline and direct targets (capped at their wants), so
    a portfolio never buys workload coverage with configured or directly demanded service;
 2. ``coverage``: admitted workloads whose model the plan places (or, for at most one new
-   preemption-only model, explicitly stages a preemption for);
-3. ``pressure``: the workloads' offered concurrency, times the share of their model's wanted
+   preemption-only model, explicitly stages a preemption for), or that another placed model
+   suits (the router's `auto` choice serves them there);
+3. ``served``: workloads whose own model the plan places, so demand is not left projected
+   onto a model that gets no replica while another one serves the workload;
+4. ``moved``: fewer workloads whose own model the independent plan places moved to another
+   model (a move drains a serving model: churn that only coverage or served workloads buy);
+5. ``pressure``: the workloads' offered concurrency, times the share of their model's wanted
    replicas the plan places;
-4. fewer missing replicas (planner shortfalls);
-5. spare model slots: fewer distinct models placed;
-6. measured utility (candidate scores without the optimism bonus) minus a bounded transition
+6. fewer missing replicas (planner shortfalls);
+7. spare model slots: fewer distinct models placed;
+8. measured utility (candidate scores without the optimism bonus) minus a bounded transition
    penalty for every chosen model with no ready replica, so a cold switch needs a meaningful
    gain and, once made, the penalty protects the new incumbent.
 
@@ -79,9 +84,16 @@ class Score(Value, frozen=True, kw_only=True):
     missing: int
     models: int
     utility: float
+    # Workloads the independent plan serves that this portfolio moves to another model.
+    moved: int = 0
+    # The workloads this portfolio covers, and those whose own model it places (not part of
+    # the objective's order).
+    covered: tuple[str, ...] = ()
+    served: tuple[str, ...] = ()
 
-    def key(self) -> tuple[int, int, float, int, int, float]:
-        return (self.protected, self.coverage, self.pressure, -self.missing, -self.models, self.utility)
+    def key(self) -> tuple[int, int, int, int, float, int, int, float]:
+        return (self.protected, self.coverage, len(self.served), -self.moved, self.pressure, -self.missing,
+                -self.models, self.utility)
 
 
 class PortfolioResult(Value, frozen=True, kw_only=True):
@@ -175,20 +187,27 @@ def score(
                     if t.evidence in ("baseline", "direct"))
     chosen = sorted(set(mapping.values()))
     preemption_only = frozenset(m for m in chosen if not placed.get(m) and m in staged)
-    coverage = 0
+    covered: list[str] = []
+    served: list[str] = []
     pressure = 0.0
     for r in rows:
         m = mapping[r.workload]
-        if placed.get(m) or m in preemption_only:
-            coverage += 1
+        if placed.get(m):
+            served.append(r.workload)
+        # Covered: its model is placed (or staged), or another placed model suits it, which the
+        # router's `auto` choice falls back to (so moving it buys no coverage).
+        if placed.get(m) or m in preemption_only or any(
+                profiles[p].workload_scores.get(r.workload, 0.0) > 0.0 for p in placed if p in profiles):
+            covered.append(r.workload)
         if placed.get(m) and wanted.get(m):
             pressure += r.offered_concurrency * min(1.0, placed[m] / wanted[m])
     missing = sum(max(0, s.wanted - s.placed) for s in plan.shortfalls)
     utility = sum(utils[r.workload].get(mapping[r.workload], 0.0) for r in rows)
     utility -= sum(_transition(profiles[m], ready.get(m, 0)) for m in chosen if m in profiles)
     return Score(
-        protected=protected, coverage=coverage, pressure=round(pressure, 6), missing=missing,
-        models=sum(1 for m in placed if placed[m] > 0), utility=round(utility, 6),
+        protected=protected, coverage=len(covered), pressure=round(pressure, 6), missing=missing,
+        models=sum(1 for m in placed if placed[m] > 0), utility=round(utility, 6), covered=tuple(covered),
+        served=tuple(served),
     ), preemption_only
 
 
@@ -232,6 +251,8 @@ def search(
         cf = fc if mapping == independent else counterfactual(mapping)
         plan = planner(msgspec.structs.replace(base, demand=cf.targets))
         s, pre_only = score(mapping, cf, plan, rows, utils, profiles, ready)
+        if start_score is not None:
+            s = msgspec.structs.replace(s, moved=sum(1 for w in start_score.served if mapping[w] != independent[w]))
         if start_preempt is None:
             start_preempt = pre_only
         elif len(pre_only - start_preempt) > 1:
@@ -240,10 +261,11 @@ def search(
         evaluated[k] = (s, cf)
         return s
 
+    start_score: Score | None = None
     start_score = evaluate(dict(independent))
     assert start_score is not None
     best, best_score = dict(independent), start_score
-    if start_score.coverage == len(rows) and start_score.missing == 0:
+    if len(start_score.served) == len(rows) and start_score.missing == 0:
         return PortfolioResult(mapping=best, independent=independent, reason=REASON_COMPLETE,
                                evaluations=len(evaluated), score=start_score, independent_score=start_score), fc
 

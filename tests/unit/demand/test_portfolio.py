@@ -98,10 +98,11 @@ def test_one_workload_is_not_searched() -> None:
 
 def test_a_cold_switch_needs_more_gain_than_the_transition_penalty() -> None:
     # "ready" serves both workloads and is resident; "fresh" is two points better per workload
-    # but cold (both take four minutes to start). Both portfolios cover both workloads with one model:
+    # but cold (both take four minutes to start); the specialists are too large to start
+    # beside the resident model. Both shared portfolios cover both workloads with one model:
     # only utility minus the transition penalty separates them, and the incumbent stays.
     profiles = (
-        _p("spec-a", {"research": 0.9}), _p("spec-b", {"sales": 0.9}),
+        _p("spec-a", {"research": 0.9}, mem=8_000), _p("spec-b", {"sales": 0.9}, mem=8_000),
         _p("ready", {"research": 0.6, "sales": 0.6}, load_seconds=180.0, warm_seconds=60.0),
         _p("fresh", {"research": 0.62, "sales": 0.62}, load_seconds=180.0, warm_seconds=60.0),
     )
@@ -120,8 +121,9 @@ def test_the_search_is_bounded_and_deterministic() -> None:
     # Nine workloads, nine models suitable for all of them, one slot: at most four candidates
     # per workload and 64 evaluated portfolios, and the same inputs give the same answer.
     workloads = ["coding", "design", "embedding", "general", "image", "marketing", "research", "sales", "video"]
-    profiles = tuple(_p(f"m{i}", {w: 0.5 + 0.05 * ((i + j) % 9) for j, w in enumerate(workloads)})
-                     for i in range(9))
+    # m<i> is the specialist for workload i and suits the next two; "shared" suits all nine.
+    profiles = tuple(_p(f"m{i}", {workloads[(i + k) % 9]: 0.9 - 0.1 * k for k in range(3)}) for i in range(9))
+    profiles += (_p("shared", {w: 0.5 for w in workloads}),)
     rates = {w: 10 for w in workloads}
     first, chosen, _, calls = _run(profiles, [host("h1", 24_000, limit=1)], rates)
     again, _, _, _ = _run(profiles, [host("h1", 24_000, limit=1)], rates)
@@ -134,7 +136,7 @@ def test_the_search_is_bounded_and_deterministic() -> None:
             per_workload.setdefault(w, set()).add(m)
     assert all(len(ms) <= pm.MAX_CANDIDATES for ms in per_workload.values())
     assert first.score is not None and first.score.coverage == 9  # one shared model serves them all
-    assert len(set(first.mapping.values())) == 1
+    assert set(first.mapping.values()) == {"shared"}
 
 
 def test_baseline_and_direct_service_come_before_workload_coverage() -> None:
@@ -177,3 +179,37 @@ def test_a_mapping_to_a_model_that_is_not_a_candidate_keeps_the_leader() -> None
     rows = {w.workload: w for w in fc.workloads}
     assert rows["coding"].model_id == "coder" and not rows["coding"].joint
     assert rows["marketing"].model_id == "writer" and not rows["marketing"].joint
+
+
+def test_a_served_workload_is_not_moved_when_the_router_already_serves_the_other() -> None:
+    # Two slots: the baseline "ops" (which also suits marketing) and the coder serving coding.
+    # The writer cannot fit beside them, but marketing is still served: the router's `auto`
+    # choice falls back to "ops". Moving coding and marketing onto the generalist would place
+    # both workloads' own model, yet cover nothing new: it would only drain the coder. The
+    # search projects marketing onto "ops" instead (placed, no new model) and keeps the coder.
+    profiles = (
+        _p("coder", {"coding": 0.95}),
+        _p("generalist", {"coding": 0.6, "marketing": 0.6}),
+        _p("ops", {"marketing": 0.3}, min_replicas=1),
+        _p("writer", {"marketing": 0.9}, mem=8_000),
+    )
+    result, _, plan, _ = _run(profiles, [host("h1", 12_000, limit=2)], {"coding": 20, "marketing": 20})
+    assert result.independent == {"coding": "coder", "marketing": "writer"}
+    assert result.independent_score is not None and result.independent_score.coverage == 2
+    assert result.mapping == {"coding": "coder", "marketing": "ops"}
+    assert sorted(p.model_id for p in plan.placements) == ["coder", "ops"]
+
+
+def test_a_workload_served_by_its_own_model_keeps_it_when_another_fits_beside() -> None:
+    # One host holds the writer and one 4 GB model, not the coder too. Coding can go to the
+    # generalist beside the writer, or both workloads can share the generalist (one slot
+    # fewer): the search keeps the writer that already serves marketing and adds the generalist.
+    profiles = (
+        _p("coder", {"coding": 0.95}),
+        _p("generalist", {"coding": 0.6, "marketing": 0.6}, mem=4_000),
+        _p("writer", {"marketing": 0.9}, mem=8_000),
+    )
+    result, _, plan, _ = _run(profiles, [host("h1", 13_000, limit=2)], {"coding": 20, "marketing": 20})
+    assert result.independent_score is not None and result.independent_score.served == ("marketing",)
+    assert result.mapping == {"coding": "generalist", "marketing": "writer"}
+    assert sorted(p.model_id for p in plan.placements) == ["generalist", "writer"]
