@@ -40,6 +40,10 @@ observations in the gate window, or >= 1.5 offered-concurrency units; crossing o
 concurrency gate, without a fresh validated success of that model/workload/artifact and
 without direct demand, is weak evidence capped at a one-replica canary. The workload queue is
 not added to the model's projected concurrency (it has not been served by that model).
+With two or more active workloads the tick passes ``portfolio``, the joint search's
+workload -> model map (:mod:`grid.demand.portfolio`); a mapped workload is projected onto that
+candidate instead of its leader (rows: ``independent_model_id``, ``joint``) and adds no
+exploration canary of its own.
 
 Correlation (:mod:`grid.demand.correlation`) and affinity sequences
 (:mod:`grid.demand.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
