@@ -4,7 +4,9 @@ The controller service and replay (and any simulator) call this module, and noth
 builds a tick: a recorded plan's input is rebuilt by exactly the code that built it, so replay
 reproduces it byte for byte. Everything here is a function of the projection states, an
 explicit ``now`` and the planner ``Policy``; the side effects (recording, reconciling,
-publishing) stay in ``grid.controller.service``.
+publishing) stay in ``grid.controller.service``. With two or more active workloads the
+forecast's workload -> model map comes from the joint portfolio search
+(``grid.demand.portfolio``), whose counterfactuals are planned by the production planner.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import msgspec
 
 from grid.controller.inputs import baseline_demand, build_planner_input, ready_replicas
 from grid.demand import fold as demand_fold
+from grid.demand import portfolio as portfolio_mod
 from grid.demand.forecast import Forecast, forecast
 from grid.events.base import Event
 from grid.events.codec import encode_value
@@ -95,13 +98,19 @@ def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInp
     if "demand" not in states:
         return TickInput(planner_input=msgspec.structs.replace(base, demand=baseline_demand(base.profiles)))
     try:
-        fc = forecast(
-            states["demand"], base.profiles, now,
-            ready_replicas=ready_replicas(base.hosts, now, policy),
-            ready_since=ready_since(base.hosts, now, policy),
-            timings=base.timings, retired=frozenset(base.retired),
-            placeable=placeable_models(base.profiles, base.hosts),
-        )
+        ready = ready_replicas(base.hosts, now, policy)
+        serving_since = ready_since(base.hosts, now, policy)
+        placeable = placeable_models(base.profiles, base.hosts)
+
+        def counterfactual(portfolio: Mapping[str, str] | None = None) -> Forecast:
+            return forecast(
+                states["demand"], base.profiles, now, ready_replicas=ready, ready_since=serving_since,
+                timings=base.timings, retired=frozenset(base.retired), placeable=placeable, portfolio=portfolio,
+            )
+
+        fc = counterfactual()
+        # Two or more active workloads: the joint portfolio search, evaluated by the planner.
+        _, fc = portfolio_mod.search(fc, base, counterfactual, planner_plan.plan, ready=ready)
     except Exception as exc:  # the forecast must never stop a tick: plan for the baseline instead
         return TickInput(
             planner_input=msgspec.structs.replace(base, demand=baseline_demand(base.profiles)),

@@ -44,6 +44,10 @@ observations in the gate window, or >= 1.5 offered-concurrency units; crossing o
 concurrency gate, without a fresh validated success of that model/workload/artifact and
 without direct demand, is weak evidence capped at a one-replica canary. The workload queue is
 not added to the model's projected concurrency (it has not been served by that model).
+With two or more active workloads the tick passes ``portfolio``, the joint search's
+workload -> model map (:mod:`grid.demand.portfolio`); a mapped workload is projected onto that
+candidate instead of its leader (rows: ``independent_model_id``, ``joint``) and adds no
+exploration canary of its own.
 
 Correlation (:mod:`grid.demand.correlation`) and affinity sequences
 (:mod:`grid.demand.affinity`) add ``evidence="inferred"`` prewarm targets for quiet models.
@@ -191,6 +195,10 @@ class WorkloadForecast(Value, frozen=True, kw_only=True):
     explore_model_id: str | None = None
     exploring: bool = False
     candidates: tuple[Candidate, ...] = ()
+    # The independent (exploitation) choice, and joint=True when the joint portfolio search
+    # (grid.demand.portfolio) projected this workload onto a different model_id instead.
+    independent_model_id: str | None = None
+    joint: bool = False
 
 
 class Forecast(Value, frozen=True, kw_only=True):
@@ -483,6 +491,7 @@ def forecast(
     retired: frozenset[str] | Sequence[str] = frozenset(),
     config: ForecastConfig = ForecastConfig(),
     placeable: Collection[str] | None = None,
+    portfolio: Mapping[str, str] | None = None,
 ) -> Forecast:
     """Desired replicas per configured, non-retired model at ``now`` (pure).
 
@@ -493,6 +502,8 @@ def forecast(
     ``ready_since``: per model, when each ready replica became ready (None: unknown, long ago);
     pressure then asks for one replica beyond those that were serving when it was measured.
     A model it does not name counts all its ready replicas as serving throughout.
+    ``portfolio``: workload -> model chosen by the joint search (grid.demand.portfolio); a
+    workload absent from it, or mapped to a model that is not its candidate, keeps its leader.
     """
     cfg = config
     retired_set = frozenset(retired)
@@ -507,7 +518,8 @@ def forecast(
     stats = _direct_demand(demand, live, starts, now, cfg)
     seq_preds = affinity_mod.predictions(demand.affinity, now)
     candidates = live if placeable is None else [p for p in live if p.model_id in placeable]
-    claims, workload_rows = _workload_demand(demand, candidates, by_id, starts, seq_preds, now, ready_replicas, cfg)
+    claims, workload_rows = _workload_demand(demand, candidates, by_id, starts, seq_preds, now, ready_replicas, cfg,
+                                             portfolio or {})
     inferred, considered = _inferred_demand(demand, live, stats, now)
 
     targets: list[DemandTarget] = []
@@ -564,6 +576,7 @@ def _workload_demand(
     now: float,
     ready_replicas: Mapping[str, int],
     cfg: ForecastConfig,
+    portfolio: Mapping[str, str],
 ) -> tuple[dict[str, _WorkloadClaim], list[WorkloadForecast]]:
     """Automatic traffic per workload, projected onto its exploitation leader (the claims)."""
     claims: dict[str, _WorkloadClaim] = {}
@@ -579,7 +592,8 @@ def _workload_demand(
         pred = pred_by_target.get(w)
         if series is None and pred is None:
             continue
-        row, projected = _workload_row(w, series, pred, demand, live, by_id, starts, now, ready_replicas, cfg)
+        row, projected = _workload_row(w, series, pred, demand, live, by_id, starts, now, ready_replicas, cfg,
+                                       portfolio.get(w))
         if row.status == WORKLOAD_ADMITTED:
             claim = _claim(claims, row.model_id)  # type: ignore[arg-type]
             claim.offered += projected
@@ -618,6 +632,7 @@ def _workload_row(
     now: float,
     ready_replicas: Mapping[str, int],
     cfg: ForecastConfig,
+    chosen: str | None = None,
 ) -> tuple[WorkloadForecast, float]:
     """One workload's row and the concurrency it projects onto its leader (0 unless admitted)."""
     ranked = _candidates(demand, w, live, now, ready_replicas)
@@ -625,6 +640,12 @@ def _workload_row(
     # leader, when different, is only an exploration option (one canary per forecast).
     best = min(ranked, key=_exploit_key) if ranked else None
     explore = ranked[0] if ranked and ranked[0][0].model_id != best[0].model_id else None  # type: ignore[index]
+    independent = best[0].model_id if best is not None else None
+    if chosen is not None and chosen != independent and any(c.model_id == chosen for c, _ in ranked):
+        # The joint portfolio search's choice replaces the leader; the search spent this
+        # workload's exploration budget, so no extra canary is added for it.
+        best = next(cv for cv in ranked if cv[0].model_id == chosen)
+        explore = None
     leader = by_id[best[0].model_id] if best is not None else None
     prior = _finite(leader.expected_service_seconds, 2.0) if leader is not None else 0.0
     st = _series_stats(series, demand, now, prior, starts[leader.model_id] if leader is not None else 0.0, cfg)
@@ -633,6 +654,7 @@ def _workload_row(
         trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,
         projected_concurrency=st.rate * st.service, queue=st.queue, errors=st.errors,
         p95_ms=st.p95_ms, candidates=tuple(c for c, _ in ranked[:MAX_CANDIDATES_SHOWN]),
+        independent_model_id=independent, joint=best is not None and best[0].model_id != independent,
     )
     gate = ""
     if st.observations >= cfg.evidence_observations and (st.offered >= cfg.min_offered or st.recent > 0):
