@@ -16,6 +16,20 @@ LogFormat = Literal["auto", "json", "console"]
 LOG_FORMATS: tuple[str, ...] = ("auto", "json", "console")
 
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was configured: a test
+    runner (or an embedding program) may swap stderr for a buffer and close it afterwards."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(fmt: LogFormat | str = "auto", *, level: int = logging.INFO, stream: TextIO | None = None) -> None:
     """Route structlog (and stdlib logging) to `stream` (stderr) in the chosen format.
 
@@ -24,7 +38,7 @@ def configure_logging(fmt: LogFormat | str = "auto", *, level: int = logging.INF
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}")
-    out = stream or sys.stderr
+    out: Any = stream or _CurrentStderr()
     as_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: Any = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
