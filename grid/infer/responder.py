@@ -203,25 +203,38 @@ class InferenceResponder:
                 if name == wire.H_CONNECTION and value.lower() != "close":
                     continue
                 headers.append((name.lower().encode("latin-1"), value.encode("latin-1", "replace")))
-        seq = 0
         answer = _Answer()
         # A timer, not a task: nothing extra on the fast path (most answers start well within it).
+        # It runs until message 0 is sent, not until the engine's headers arrive: a streamed
+        # request queued for a busy slot gets its headers at once and its first chunk only when
+        # a slot frees.
         timer = asyncio.get_running_loop().call_later(wire.WORKING_AFTER_SECONDS, self._working, reply, answer)
+
+        def begin() -> None:
+            # Message 0 is about to be sent: a marker task that runs later sends nothing.
+            timer.cancel()
+            answer.started = True
+
         try:
-            try:
-                response = await self._http.post(route.endpoint.rstrip("/") + path, msg.data, headers)
-            finally:
-                # Before message 0 (an answer or an error) is sent: a marker task that runs
-                # later sends nothing.
-                timer.cancel()
-                answer.started = True
+            await self._forward(reply, route, path, msg.data, headers, answer, begin)
+        finally:
+            begin()
+
+    async def _forward(self, reply: str, route: EngineRoute, path: str, body: bytes,
+                       headers: list[tuple[bytes, bytes]], answer: "_Answer", begin: Callable[[], None]) -> None:
+        """Send the engine's answer as numbered messages; `begin()` right before message 0."""
+        seq = 0
+        try:
+            response = await self._http.post(route.endpoint.rstrip("/") + path, body, headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
+            begin()
             await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine unreachable: {type(exc).__name__}",
                                           wire.H_PHASE: wire.PHASE_CONNECT})
             return
         except httpx.HTTPError as exc:
             # The request may have reached the engine: the gateway must not send it anywhere else.
+            begin()
             await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}",
                                           wire.H_PHASE: wire.PHASE_READ})
             return
@@ -240,6 +253,7 @@ class InferenceResponder:
             length = next((v.decode("latin-1") for k, v in raw_headers if k.lower() == b"content-length"), None)
             finished = finished or (length is not None and length.isdigit() and len(first) >= int(length))
             pieces = [first[i:i + wire.CHUNK_BYTES] for i in range(0, len(first), wire.CHUNK_BYTES)] or [b""]
+            begin()
             if finished and len(pieces) == 1:
                 await self._send(reply, 0, pieces[0], **head, **{wire.H_END: "1"})
                 self.served += 1
@@ -258,7 +272,12 @@ class InferenceResponder:
             await self._send(reply, seq + 1, **{wire.H_END: "1"})
             self.served += 1
         except httpx.HTTPError as exc:
-            await self._send(reply, seq + 1, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}"})
+            if answer.started:
+                await self._send(reply, seq + 1, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}"})
+            else:  # failed before its first bytes: the error is message 0
+                begin()
+                await self._send(reply, 0, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}",
+                                              wire.H_PHASE: wire.PHASE_READ})
         finally:
             # Closing mid-stream (a cancel) drops the engine connection: llama.cpp frees the slot.
             await response.aclose()

@@ -252,3 +252,38 @@ async def test_an_answer_read_too_slowly_is_cut_off_as_lost_not_buffered_forever
         async for _chunk in resp.aiter_raw():
             pass
     await resp.aclose()
+
+
+async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_absent_agent(pair) -> None:
+    """Both engine slots busy: a third stream gets the engine's headers at once but its first
+    chunk only when a slot frees. The agent says it is working on it meanwhile, so a wait longer
+    than the connect timeout is not taken for an absent agent (it used to fail with a connect
+    timeout while the engine had it queued)."""
+    upstream, responder, gateway_log = pair
+    connect_timeout = 1.5
+    impatient = NatsUpstream(gateway_log.client, connect_timeout=connect_timeout, read_timeout=120.0)
+
+    def body(tokens: int) -> bytes:
+        return json.dumps({"model": MODEL, "max_tokens": tokens, "stream": True, "ignore_eos": True,
+                           "messages": [{"role": "user", "content": "Count"}]}).encode()
+
+    async def stream(up: NatsUpstream, tokens: int) -> tuple[float, bytes]:
+        t0 = time.monotonic()
+        r = await up.post(InferTarget("host-a", MODEL, CHAT), body(tokens), JSON + [(b"connection", b"close")])
+        waited = time.monotonic() - t0
+        assert r.status_code == 200
+        out = b"".join([c async for c in r.aiter_raw()])
+        await r.aclose()
+        return waited, out
+
+    busy = [asyncio.create_task(stream(upstream, 400)) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while responder.in_flight < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    waited, out = await stream(impatient, 4)
+    assert out.rstrip().endswith(b"data: [DONE]")
+    for _, long in await asyncio.gather(*busy):
+        assert long.rstrip().endswith(b"data: [DONE]")
+    # The claim needs a queue longer than the connect timeout, or it proves nothing.
+    assert waited > connect_timeout, waited
