@@ -274,6 +274,14 @@ def _start(state: FleetState, spec: FleetSpec, model: Model, say: Say) -> None:
     save_state(state)
 
     preload = spec.machines if spec.preload_hosts is None else spec.preload_hosts
+    if preload < spec.machines:
+        # The hosts that start without the model get it from the grid, as a new machine would.
+        say("storing the model in the grid's artifact store (machines without it fetch it from there)")
+        pushed = subprocess.run(_gridctl("model", "push", str(model.blob), "--nats", state.nats_url, "--json"),
+                                env=_env(control), capture_output=True, text=True, timeout=600,
+                                stdin=subprocess.DEVNULL)
+        if pushed.returncode != 0:
+            raise FleetError(f"gridctl model push failed: {(pushed.stderr or pushed.stdout).strip()[-400:]}")
     shares = root / "shares"
     shares.mkdir(exist_ok=True, mode=0o700)
     for i, cap in enumerate(state.settings.capacities_mb, start=1):

@@ -35,10 +35,9 @@ from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_model
 pytestmark = pytest.mark.e2e
 
 MODEL = BUNDLED_MODEL_ID
-# HOOK (artifacts from the grid): with the object store merged, start with `--preload-hosts 2`
-# so h3 starts without the model, and assert in test_replicas_spread... that h3's load ack says
-# artifact_fetched (grid.events.acks.ActionAck.artifact_fetched) and that h3 then serves.
-PRELOAD: tuple[str, ...] = ()
+# h3 starts without the model: the fixture stores it in the grid's artifact store and h3's
+# load fetches it from there (only h1 and h2 get a seeded cache).
+PRELOAD: tuple[str, ...] = ("--preload-hosts", "2")
 
 
 @dataclass
@@ -72,6 +71,14 @@ class Fleet:
         assert state is not None
         paths = AgentPaths.for_config(GridConfig(home=Path(state.host(host_id).home), nats_url=None))
         return decode_state(paths.state.read_bytes()).residencies.get(MODEL)
+
+    def load_receipts(self, host_id: str) -> list[Any]:
+        """The host agent's terminal outcomes of successful loads of the model (its state file)."""
+        state = load_state(self.root)
+        assert state is not None
+        paths = AgentPaths.for_config(GridConfig(home=Path(state.host(host_id).home), nats_url=None))
+        return [r for r in decode_state(paths.state.read_bytes()).receipts
+                if r.kind == "load" and r.model_id == MODEL and r.status == "succeeded"]
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.gateway}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -118,6 +125,9 @@ def test_replicas_spread_over_the_failure_domains_and_every_host_serves(fleet: F
     wait_until("a ready replica on each of the 3 hosts", lambda: fleet.ready() == {"h1", "h2", "h3"}, 150)
     hosts = fleet.hosts()
     assert {hosts[h]["failure_domain"] for h in ("h1", "h2", "h3")} == {"fd1", "fd2", "fd3"}
+    # h3 lacked the artifact and fetched it from the grid; h1 had it cached.
+    assert any(r.artifact_fetched and r.published for r in fleet.load_receipts("h3"))
+    assert not any(r.artifact_fetched for r in fleet.load_receipts("h1"))
 
     async def spread() -> set[str]:
         seen: set[str] = set()
