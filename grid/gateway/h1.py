@@ -439,6 +439,24 @@ class H1Pool:
                     conn.max_requests = conn.requests + maximum - 1
         return H1Response(self, conn, reusable, self.read_timeout)
 
+    async def warm(self, target: Target) -> bool:
+        """Open one idle connection to `target` ahead of need, unless one is idle already.
+
+        Nothing is sent on it, so nothing can be replayed; a failure is ignored (the next
+        request connects itself and reports it). True when a connection was added.
+        """
+        if self._idle.get(target.origin):
+            return False
+        try:
+            conn = await self._connect(target)
+        except httpx.HTTPError:
+            return False
+        if self._idle.get(target.origin):  # a request released one meanwhile
+            conn.close()
+            return False
+        self._release(conn)
+        return True
+
     async def aclose(self) -> None:
         for idle in self._idle.values():
             for conn in idle:

@@ -231,3 +231,16 @@ async def test_a_slow_reader_pauses_the_socket_and_gets_every_byte(serve: Callab
     assert b"".join(got) == body
     await pool.aclose()
 
+
+async def test_warm_opens_one_idle_connection_that_the_next_post_reuses(serve: Callable[..., Server]) -> None:
+    s = await start(serve(lambda req: fixed(b"{}")))
+    pool = H1Pool()
+    assert await pool.warm(s.target()) is True
+    assert await pool.warm(s.target()) is False  # one is idle already
+    r = await pool.post(s.target(), b"{}", [])
+    assert await r.aread() == b"{}"
+    await r.aclose()
+    assert s.connections == 1 and pool.reused == 1 and len(s.requests) == 1  # nothing sent by warm
+    closed = Target(f"http://127.0.0.1:{free_port()}/v1/chat/completions")
+    assert await pool.warm(closed) is False  # a refused connect is ignored
+    await pool.aclose()
