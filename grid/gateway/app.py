@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 import uvicorn
@@ -24,6 +25,7 @@ from starlette.applications import Starlette
 from grid.clock import Clock
 from grid.config import GridConfig
 from grid.events.log import EventLog
+from grid.gateway.responses import SOCKET_SCOPE_KEY
 from grid.gateway.routes import build_routes, exception_handlers
 from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
@@ -67,6 +69,21 @@ def create_gateway_app(
 
 
 # --- serving -----------------------------------------------------------------------------------
+
+
+def expose_client_socket(app: Any) -> Any:
+    """The ASGI app uvicorn calls: puts the client connection's socket in each HTTP scope
+    (`SOCKET_SCOPE_KEY`), from uvicorn's own `send`, so a response can cork its head and body
+    into one transmission (grid.gateway.responses). Nothing else reads it."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if transport is not None:
+                scope[SOCKET_SCOPE_KEY] = transport.get_extra_info("socket")
+        await app(scope, receive, send)
+
+    return asgi
 
 
 class _Server(uvicorn.Server):
@@ -121,8 +138,8 @@ async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, 
     if refusal is not None:
         raise GatewayExposureError(refusal)
     config = uvicorn.Config(
-        app, host=host, port=port, lifespan="on", log_level="warning", access_log=False, log_config=None,
-        server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
+        expose_client_socket(app), host=host, port=port, lifespan="on", log_level="warning", access_log=False,
+        log_config=None, server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="grid-gateway-server")

@@ -100,7 +100,8 @@ async def test_chunked_stream_with_extensions_and_trailers(serve: Callable[..., 
     s = await start(serve(lambda req: raw))
     pool = H1Pool()
     r = await pool.post(s.target(), b"{}", [])
-    assert [p async for p in r.aiter_raw()] == events
+    # Events that arrived together come out as one piece (one NATS message, one write downstream).
+    assert [p async for p in r.aiter_raw()] == [b"".join(events)]
     await r.aclose()
     r2 = await pool.post(s.target(), b"{}", [])  # fully read: the connection was reused
     assert await r2.aread() == b"".join(events)
@@ -228,4 +229,18 @@ async def test_a_slow_reader_pauses_the_socket_and_gets_every_byte(serve: Callab
         await asyncio.sleep(0)  # let the socket fill the buffer while we lag
     await r.aclose()
     assert b"".join(got) == body
+    await pool.aclose()
+
+
+async def test_warm_opens_one_idle_connection_that_the_next_post_reuses(serve: Callable[..., Server]) -> None:
+    s = await start(serve(lambda req: fixed(b"{}")))
+    pool = H1Pool()
+    assert await pool.warm(s.target()) is True
+    assert await pool.warm(s.target()) is False  # one is idle already
+    r = await pool.post(s.target(), b"{}", [])
+    assert await r.aread() == b"{}"
+    await r.aclose()
+    assert s.connections == 1 and pool.reused == 1 and len(s.requests) == 1  # nothing sent by warm
+    closed = Target(f"http://127.0.0.1:{free_port()}/v1/chat/completions")
+    assert await pool.warm(closed) is False  # a refused connect is ignored
     await pool.aclose()
