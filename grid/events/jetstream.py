@@ -9,6 +9,11 @@ every inbox, but a restarted server has forgotten the ordered consumers behind t
 reconnect: an ordered one restarts after the last message it handed out, a durable one checks
 that its consumer still exists and re-creates it with the same configuration if not (the
 subscription classes live in grid.events.jetstream_consumers).
+
+Replication: every stream and bucket is ensured with the replica count of the setting or of the
+cluster's size, and drift is updated or reported (`StreamReplicas`). This keeps the file over
+our usual 600 lines: creating a stream and choosing its replicas are one decision, made with
+the same connection and the same server errors.
 """
 
 from __future__ import annotations
