@@ -5,11 +5,11 @@ simulated workday and times, on every tick, the joint portfolio search
 (grid.demand.portfolio.search: the forecasts and planner calls of its counterfactuals) and one
 plan() call on that tick's final planner input. The baseline is that single plan() call,
 measured in the same run on the same inputs; the ratio says how many plans a tick's search
-costs. Cells: the 16-host fleet with all 9 lab models (the brief's cell) and the seed's scarce
+costs. Cells: the 16-host fleet with all 9 lab models (the size the issue names) and the seed's scarce
 4-host fleet, where the search actually explores.
 
-    python bench/portfolio_search.py            # 16 hosts x 9 models x 200 users x 120 min, and 4 hosts
-    python bench/portfolio_search.py --minutes 30
+    python -m bench.portfolio_search            # 16 hosts x 9 models x 200 users x 120 min, and 4 hosts
+    python -m bench.portfolio_search --minutes 30
 """
 
 from __future__ import annotations
