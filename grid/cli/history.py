@@ -29,9 +29,10 @@ from replay import store as replay_store
 history_app = typer.Typer(help="History from the DuckDB analytics store.", no_args_is_help=True)
 
 FromOption = typer.Option(None, "--from", help="Start time (ISO-8601, epoch or -2h).")
-# Demand defaults to a day: a week of 5-minute buckets over every model is tens of thousands of
-# rows (and the slowest query at 10^6 events).
-DemandFromOption = typer.Option("-24h", "--from", help="Start time (ISO-8601, epoch or -2h; 0 for everything).")
+# Demand and residency default to the last day: over a week of history, 5-minute demand buckets
+# for every model are tens of thousands of rows and the residency timeline sorts every report
+# (the two slowest queries at 10^6 events; python -m bench.analytics_store).
+DayFromOption = typer.Option("-24h", "--from", help="Start time (ISO-8601, epoch or -2h; 0 for everything).")
 ToOption = typer.Option(None, "--to", help="End time (ISO-8601, epoch or -5m).")
 DbOption = typer.Option(None, "--db", help="DuckDB store (default the grid home's analytics.duckdb).")
 
@@ -152,7 +153,7 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]
 
 @history_app.command("demand")
 def demand(
-    start: str = DemandFromOption,
+    start: str = DayFromOption,
     end: Optional[str] = ToOption,
     bucket: float = typer.Option(300.0, "--bucket", help="Window length in seconds (0 = whole range)."),
     json_out: bool = JsonOption,
@@ -210,7 +211,7 @@ def commands(
 
 @history_app.command("residency")
 def residency(
-    start: Optional[str] = FromOption,
+    start: str = DayFromOption,
     end: Optional[str] = ToOption,
     model: Optional[str] = typer.Option(None, "--model", help="Only this model."),
     json_out: bool = JsonOption,
