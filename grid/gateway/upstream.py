@@ -21,6 +21,7 @@ import httpx
 
 from grid.gateway.h1 import H1Pool, Target
 from grid.infer.client import InferTarget, NatsUpstream
+from grid.infer.responder import HttpxEngineResponse
 
 # Response headers that describe the hop, not the content.
 HOP_HEADERS = frozenset({
@@ -61,30 +62,13 @@ class UpstreamClient(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _HttpxResponse:
+class _HttpxResponse(HttpxEngineResponse):
     """An httpx response seen through `UpstreamResponse`."""
 
-    __slots__ = ("_response",)
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-
-    @property
-    def status_code(self) -> int:
-        return self._response.status_code
-
-    @property
-    def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        return self._response.headers.raw
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_raw()
+    __slots__ = ()
 
     async def aread(self) -> bytes:
         return await self._response.aread()
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
 
 
 class HttpxClient:

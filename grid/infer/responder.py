@@ -57,7 +57,9 @@ class EngineClient(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _HttpxEngineResponse:
+class HttpxEngineResponse:
+    """An httpx response seen as an `EngineResponse` (also the gateway's HTTP hop)."""
+
     __slots__ = ("_response",)
 
     def __init__(self, response: httpx.Response) -> None:
@@ -93,7 +95,7 @@ class HttpxEngineClient:
 
     async def post(self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> EngineResponse:
         request = httpx.Request("POST", url, content=body, headers=headers, extensions=self._extensions)
-        return _HttpxEngineResponse(await self._transport.handle_async_request(request))
+        return HttpxEngineResponse(await self._transport.handle_async_request(request))
 
     async def aclose(self) -> None:
         await self._transport.aclose()
