@@ -52,6 +52,7 @@ import msgspec
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
+from grid.planner.reasons import RELOCATION
 from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, Preemption, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
 from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
@@ -782,6 +783,12 @@ class Reconciler:
             reasons.append(MIN_RESIDENCY)
         elif pre is not None and getattr(pre, "not_before", None) is not None and now < pre.not_before:  # type: ignore[operator]
             reasons.append(MIN_RESIDENCY)
+        if (
+            pre is not None and pre.reason == RELOCATION and r.state == "ready"
+            and not any(self._ready_at(h.host_id, model_id) for h in self.hosts if h.host_id != host_id)
+        ):
+            # A relocation moves a replica, never removes the last one: the new copy must serve.
+            reasons.append(AWAITING_REPLACEMENT)
         if (
             pre is not None and reason == DRAIN_PREEMPTION
             and len(self.preempted_at.get(model_id, ())) >= PREEMPTIONS_PER_MODEL

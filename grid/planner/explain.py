@@ -235,8 +235,16 @@ def model_shortfalls(
                 + ",".join(ms.staged_hosts),
             )
         )
+    if ms.relocating:
+        out.append(
+            (
+                R.RELOCATION_STAGED,
+                f"{ms.relocating} replica(s) wait for another model to move off "
+                + ",".join(ms.staged_hosts),
+            )
+        )
     pins_missing = sum(1 for r, _ in ms.shortfalls if r == R.PIN_UNSATISFIED)
-    missing = wanted - placed - ms.staged - ms.awaiting - pins_missing
+    missing = wanted - placed - ms.staged - ms.awaiting - ms.relocating - pins_missing
     if missing > 0:
         eligible, counts = static
         if eligible == 0:

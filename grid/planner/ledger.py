@@ -70,6 +70,8 @@ class Ledger(StaticEligibility):
         self.fit_scale = max((h.cap_new for h in hosts if h.eligible), default=1) or 1
         self.preemptions: list[Preemption] = []
         self.evictions = 0
+        # relocations that placed a new copy of an incumbent this plan (relocation.py)
+        self.relocations_started = 0
         self.repair_steps = 0
         self.new_count = 0
         # Extra bytes an uncached artifact must leave free for the replica being placed now.
@@ -463,6 +465,15 @@ class Ledger(StaticEligibility):
         ms.used_domains[hs.domain] -= 1
         if ms.used_domains[hs.domain] <= 0:
             del ms.used_domains[hs.domain]
+
+    def restore_kept(self, ms: ModelState, e: Entry) -> None:
+        """Undo ``remove_kept`` exactly (the entry returns at the end of the model's list)."""
+        hs = self.hosts[e.hidx]
+        hs.free_b -= e.slot.memory_mb
+        hs.add_desired(e.slot, ms.req)
+        self.fleet.reindex(hs)
+        ms.entries.append(e)
+        ms.used_domains[hs.domain] += 1
 
     def readopt_surplus(self, ms: ModelState) -> bool:
         """Keep one of ms's surplus incumbents again (after a staged preemption removed a kept

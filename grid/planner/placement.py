@@ -15,7 +15,8 @@ The engine (``Engine``) runs one plan's phases over its ``Ledger`` (ledger.py), 
    demand, then inferred-only prewarms, one replica per model per round (max-min fair) in
    the order: fewer eligible hosts, larger memory, greater attributable harm, model id;
    a replica that finds no host tries bounded repair (repair.py), then staged preemption
-   (preemption.py; never for inferred-only demand);
+   (preemption.py; never for inferred-only demand), then a make-before-break relocation of
+   an incumbent that stands in its way (relocation.py);
 6. make-before-break: a must-move incumbent stays in the desired set while the model would
    otherwise have fewer ready replicas than wanted.
 
@@ -26,7 +27,7 @@ use it to prove the indexed search gives the same plan.
 from __future__ import annotations
 
 from grid.fleet import RESIDENCY_STATE_RANK
-from grid.planner import preemption, repair
+from grid.planner import preemption, relocation, repair
 from grid.planner import reasons as R
 from grid.planner.compile import compile_input
 from grid.planner.feasibility import (
@@ -450,7 +451,9 @@ class Engine:
         outcome = preemption.stage(
             led, ms, only_host=None, destructive=tier != "inferred"
         )
-        return outcome is not None
+        if outcome is not None:
+            return True
+        return relocation.stage(led, ms, prio)
 
     # ==================================================================================
     # Phase 6: make-before-break retention

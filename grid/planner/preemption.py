@@ -80,7 +80,7 @@ class StagedSet:
         return (top, busy, warm, len(self.victims), self.hs.host_id)
 
 
-def _protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
+def protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
     """Minimum-residency protection (a loading/warming residency without loaded_at counts)."""
     if residency.loaded_at is None:
         return residency.state in ("loading", "warming")
@@ -100,22 +100,22 @@ def _victims_on(
         if r is None or not r.managed or r.pinned:
             continue
         vms = led.by_model[slot.model_id]
-        if hs.host_id in vms.req.pins or _protected(led, vms, r):
+        if hs.host_id in vms.req.pins or protected(led, vms, r):
             continue
         entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
-        out.append(_victim(led, hs, vms, r, slot.memory_mb, True, entry))
+        out.append(make_victim(led, hs, vms, r, slot.memory_mb, True, entry))
     for vms, mm in led.mustmove_on.get(hs.idx, ()):
         if mm.preempted or vms.priority >= ms.priority:
             continue
         r = mm.residency
-        if hs.host_id in vms.req.pins or _protected(led, vms, r):
+        if hs.host_id in vms.req.pins or protected(led, vms, r):
             continue
-        out.append(_victim(led, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
+        out.append(make_victim(led, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
     out.sort(key=Victim.key)
     return out
 
 
-def _victim(
+def make_victim(
     led: Ledger,
     hs: HostState,
     vms: ModelState,
@@ -130,7 +130,7 @@ def _victim(
     return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref)
 
 
-def _fits_after(
+def fits_after(
     led: Ledger, hs: HostState, req: ModelReq, mem: int, disk: int, victims: list[Victim]
 ) -> bool:
     """Would the beneficiary fit once leaving residencies and these victims are gone?"""
@@ -201,11 +201,11 @@ def _victim_set(
     if not pool and hs.leaving_mb <= 0 and not led.leaving_models.get(hs.idx):
         return None
     chosen: list[Victim] = []
-    if not _fits_after(led, hs, ms.req, mem, disk, chosen):
+    if not fits_after(led, hs, ms.req, mem, disk, chosen):
         ok = False
         for v in pool:
             chosen.append(v)
-            if _fits_after(led, hs, ms.req, mem, disk, chosen):
+            if fits_after(led, hs, ms.req, mem, disk, chosen):
                 ok = True
                 break
         if not ok:
@@ -213,7 +213,7 @@ def _victim_set(
         # Drop victims that turned out unnecessary (latest additions are the most costly).
         for v in list(reversed(chosen)):
             trial = [x for x in chosen if x is not v]
-            if _fits_after(led, hs, ms.req, mem, disk, trial):
+            if fits_after(led, hs, ms.req, mem, disk, trial):
                 chosen = trial
     if len(chosen) > budget:
         return None
@@ -222,12 +222,12 @@ def _victim_set(
     return StagedSet(hs, chosen, rt, mem, disk)
 
 
-def _replica_capacity(p) -> float:
+def replica_capacity(p) -> float:
     util = p.target_utilization if math.isfinite(p.target_utilization) else 0.7
     return max(1, p.replica_concurrency) * min(1.0, max(0.05, util))
 
 
-def _offered(vms: ModelState) -> float:
+def offered(vms: ModelState) -> float:
     d = vms.demand
     if d is None or not math.isfinite(d.offered_concurrency):
         return 0.0
@@ -246,14 +246,14 @@ def _worth_it(ms: ModelState, victims: list[Victim]) -> bool:
     have = len(ms.entries) + ms.staged + ms.awaiting
     if have < max(1, ms.n_base):
         return True
-    cap = _replica_capacity(ms.profile)
-    gain = min(cap, max(0.0, _offered(ms) - cap * have))
+    cap = replica_capacity(ms.profile)
+    gain = min(cap, max(0.0, offered(ms) - cap * have))
     displaced = 0.0
     for v in victims:
         if not v.kept:
             continue  # a must-move residency is leaving anyway
         vms = v.ms
-        displaced += _offered(vms) / max(1, len(vms.entries))
+        displaced += offered(vms) / max(1, len(vms.entries))
     # Victims nobody is using cost nothing to displace.
     return displaced <= 0.0 or gain > displaced
 

@@ -77,6 +77,9 @@ PREEMPTION_STAGED = (
 AWAITING_RELEASE = (
     "awaiting_release"  # capacity is held by obsolete residencies already leaving
 )
+RELOCATION_STAGED = (
+    "relocation_staged"  # another model's incumbent moves off the host first (make-before-break)
+)
 EVICTION_BUDGET = "eviction_budget"  # policy.max_evictions reached for this plan
 PIN_UNSATISFIED = "pin_unsatisfied"  # a hard pin cannot be placed on its exact host
 RETAINED_NONCOMPLIANT = (
@@ -91,6 +94,7 @@ SHORTFALL_REASONS: tuple[str, ...] = (
     NO_ELIGIBLE_HOST,
     PREEMPTION_STAGED,
     AWAITING_RELEASE,
+    RELOCATION_STAGED,
     EVICTION_BUDGET,
     PIN_UNSATISFIED,
     RETAINED_NONCOMPLIANT,
@@ -115,9 +119,11 @@ BASELINE = "baseline"  # new replica for min_replicas
 DIRECT = "direct"  # new replica for direct request/queue/SLO evidence
 INFERRED = "inferred"  # new replica for correlation-only (predictive) evidence
 REPAIRED = "repaired"  # moved by bounded backtracking repair
+RELOCATED = "relocated"  # an incumbent's new copy, moved to make room for another model
 
 # --- preemption reasons -----------------------------------------------------------------------
 PRIORITY_PREEMPTION = "priority_preemption"
+RELOCATION = "relocation"  # an incumbent whose replacement is ready drains to make room
 MODEL_LIMIT_CONVERGENCE = (
     "model_limit_convergence"  # host model ceiling lowered below live inventory
 )

@@ -300,6 +300,8 @@ class ModelState:
     staged: int = 0  # replicas waiting for a staged preemption (victims drain first)
     # replicas waiting for obsolete residencies that are already leaving
     awaiting: int = 0
+    # replicas waiting for an incumbent of another model to move off their host (relocation.py)
+    relocating: int = 0
     staged_hosts: list[str] = field(default_factory=list)
     used_domains: Counter = field(default_factory=Counter)
     mustmove: list[MustMove] = field(default_factory=list)
@@ -312,7 +314,7 @@ class ModelState:
 
     @property
     def progress(self) -> int:
-        return len(self.entries) + self.staged + self.awaiting
+        return len(self.entries) + self.staged + self.awaiting + self.relocating
 
     def tier_of(self, index: int) -> str:
         return "baseline" if index < self.n_base else self.tail_evidence

@@ -13,6 +13,7 @@ from grid.controller.governor import Limits
 from grid.controller.reconcile import ReconcileResult
 from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, heartbeat_fresh
+from grid.planner.reasons import RELOCATION
 from grid.planner.types import HostSnapshot, Plan
 from grid.projections.actions import ActionsState
 
@@ -66,6 +67,7 @@ def check_tick(
         if rec.terminal_at is None and not rec.withdrawn:
             open_per_host[rec.command.host_id] = open_per_host.get(rec.command.host_id, 0) + 1
     drained: dict[str, int] = {}
+    relocations = {(p.host_id, p.victim_model) for p in plan.preemptions if p.reason == RELOCATION}
     for a in result.actions:
         h = by_host.get(a.host_id)
         if a.kind in ("load", "warm") and not admitting(h):
@@ -77,7 +79,8 @@ def check_tick(
             r = next((x for x in (h.residencies if h else ()) if x.model_id == a.model_id and x.managed), None)
             if r is None or r.state != "draining" or r.active_requests:
                 out.append((DRAIN_BEFORE_UNLOAD, f"unload {a.model_id} on {a.host_id} ({r.state if r else 'absent'})"))
-        if a.kind == "drain" and a.preemption_for is None and a.model_id in demanded:
+        moves = a.kind == "drain" and (a.host_id, a.model_id) in relocations  # a relocation keeps a copy
+        if a.kind == "drain" and (a.preemption_for is None or moves) and a.model_id in demanded:
             if a.host_id in ready.get(a.model_id, set()):
                 drained[a.model_id] = drained.get(a.model_id, 0) + 1
                 if drained[a.model_id] >= len(ready[a.model_id]):

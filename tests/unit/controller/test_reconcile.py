@@ -7,6 +7,7 @@ import msgspec
 from grid.controller import reconcile as rc
 from grid.controller.governor import ARTIFACT_FANOUT, GLOBAL_LIMIT, HOST_LIMIT, Limits
 from grid.controller.reconcile import Guards, reconcile
+from grid.planner.reasons import RELOCATION
 from grid.planner.types import Preemption, Shortfall
 
 from tests.unit.controller.ctlkit import NOW, SHA_A, SHA_B, History, host, kinds, mkplan, placement, profile, profiles, reasons, res
@@ -404,3 +405,16 @@ def test_preemption_budget_bounds_repeated_preemption_of_one_model() -> None:
                                                                          reason="capacity")]),
                       [host("h1", res("low")), host("h2")], h.state, profs, NOW)
     assert ("drain", "h1", "low") in kinds(alone)
+
+
+def test_relocation_drains_only_while_another_copy_serves() -> None:
+    """A relocation moves a replica: the old copy drains at once when the new one is ready (no
+    scale-down cooldown: it was used a second ago), and waits while it is the last ready one."""
+    profs = profiles(profile("a", scale_down_cooldown_seconds=600), profile("b"))
+    pre = Preemption(host_id="h1", victim_model="a", beneficiary_model="b", reason=RELOCATION)
+    plan = mkplan(placement("a", "h2", status="existing"), preemptions=[pre])
+    moved = run(plan, [host("h1", res("a", used_age=1.0)), host("h2", res("a"))], profs=profs)
+    drain = next(a for a in moved.actions if a.kind == "drain")
+    assert (drain.host_id, drain.reason, drain.preemption_for) == ("h1", rc.DRAIN_PREEMPTION, "b")
+    waiting = run(plan, [host("h1", res("a", used_age=1.0)), host("h2", res("a", "loading"))], profs=profs)
+    assert reasons(waiting)[("drain", "h1", "a")] == rc.AWAITING_REPLACEMENT

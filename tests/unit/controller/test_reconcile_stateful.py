@@ -28,6 +28,7 @@ from tests.unit.controller import naive_planner as interim_plan
 from grid.controller import reconcile as rc
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
 from grid.planner.plan import plan as PLAN
+from grid.planner.reasons import RELOCATION
 from grid.controller.reconcile import Guards, reconcile, withdraw_all
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued, CommandWithdrawn
@@ -208,6 +209,7 @@ class ControllerMachine(RuleBasedStateMachine):
         for p in plan.placements:
             desired.setdefault(p.model_id, []).append(p.host_id)
         shortfall = {s.model_id for s in plan.shortfalls if s.wanted > s.placed}
+        relocations = {(p.host_id, p.victim_model) for p in plan.preemptions if p.reason == RELOCATION}
         open_records = [r for r in self.history.actions.values() if r.terminal_at is None]
         open_live = {r.command.action_id for r in open_records if not r.withdrawn}
         open_intents = {(r.command.kind, r.command.host_id, r.command.model_id) for r in open_records
@@ -232,6 +234,10 @@ class ControllerMachine(RuleBasedStateMachine):
                         f"drain {a.host_id}/{a.model_id} before its replacements are ready"
                     assert a.model_id not in shortfall, "drained a replica of a model with a shortfall"
                     assert a.host_id not in desired.get(a.model_id, ()), "drained a desired replica"
+                if (a.host_id, a.model_id) in relocations and r.state == "ready":
+                    # a relocation moves a replica: another ready copy serves before the old one drains
+                    assert any(ready(x, a.model_id) for x in by_host if x != a.host_id), \
+                        f"relocation drained the last ready {a.model_id}"
             if a.kind == "unload":
                 # invariant 6: drain before unload, and only when idle
                 assert r is not None and r.managed and r.state == "draining" and r.active_requests == 0, \
