@@ -202,9 +202,13 @@ def test_one_controller_is_active_and_status_shows_the_standby(ha_grid: HAGrid) 
 
     wait(both_listed, 15, "status lists a active and b standby, from either controller")
     assert ha_grid.status("ctl-b")["controller"]["lease"]["state"] == "standby"
-    # The human view names them too.
-    text = ha_grid.gridctl(ha_grid.procs["ctl-b"].home, "status").stdout
-    assert f"{a_id} active" in text and f"{b_id} standby" in text
+    # The human view names them too (its own read of the presence records, so waited for too).
+
+    def text_names_both() -> bool:
+        text = ha_grid.gridctl(ha_grid.procs["ctl-b"].home, "status").stdout
+        return f"{a_id} active" in text and f"{b_id} standby" in text
+
+    wait(text_names_both, 15, "the human status names a active and b standby")
 
 
 def test_sigkill_the_active_controller_during_a_scale_up(ha_grid: HAGrid) -> None:
