@@ -119,6 +119,26 @@ def _render_unplaceable(rows: Any) -> None:
                       markup=False, highlight=False)
 
 
+def _render_workloads(rows: Any) -> None:
+    """Each active workload's `auto` traffic: which model, and whether it serves, starts or waits."""
+    if not rows:
+        return
+    table = Table(title="Workloads (auto traffic)", title_justify="left")
+    for col in ("workload", "state", "model", "ready", "offered", "why"):
+        table.add_column(col)
+    for w in rows:
+        why = w["reason"] or w["detail"]
+        if w["reason"] and w["detail"]:
+            why = f"{w['reason']}: {w['detail']}"
+        if w.get("served_by"):
+            why = f"{why}; served by {w['served_by']} meanwhile" if why else f"served by {w['served_by']}"
+        model = (w["model_id"] or "-") + (" (joint)" if w.get("joint") else "") + \
+            (" (exploring)" if w.get("exploring") else "")
+        table.add_row(w["workload"], w["state"], model, str(w["ready"]), f"{w['offered_concurrency']:.2f}",
+                      why or "-")
+    console.print(table)
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -159,6 +179,7 @@ def render_status(s: dict[str, Any]) -> None:
                        f"{short['placed']}/{short['wanted']} {short['reason']}" if short else "-")
     console.print(models)
     _render_unplaceable(s.get("unplaceable") or ())
+    _render_workloads(s.get("workloads") or ())
 
     rec = s.get("reconciliation") or {}
     if s["pending_commands"] or rec.get("actions"):

@@ -18,6 +18,10 @@ Shape (every key always present; lists bounded):
                  ready replicas with no planning shortfall shows the newest as its shortfall
     unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
                  placed as things stand (the gateway's 503 verdict; absent ones are loading)
+    workloads    [{workload, state (served|starting|deferred|waiting_for_evidence|no_suitable_model),
+                   model_id, replicas, ready, placed, offered_concurrency, reason, detail, served_by,
+                   joint, exploring}] each active workload's `auto` traffic now
+                   (grid.controller.workload_status)
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
                   shortfalls, explanations, explanation_text}
@@ -42,6 +46,7 @@ import msgspec
 from grid.controller.governor import Limits
 from grid.controller.inputs import ready_replicas
 from grid.controller.reconcile import SERVING_STATES, ReconcileResult
+from grid.controller.workload_status import workload_rows
 from grid.demand.forecast import Forecast
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import heartbeat_fresh
@@ -300,6 +305,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "models": _with_load_failures(_models(ctl, now, snaps), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
         "unplaceable": _unplaceable(ctl, now, snaps),
+        "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready_replicas(snaps, now, ctl.limits)),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,

@@ -72,6 +72,7 @@ class Ledger(StaticEligibility):
         self.evictions = 0
         # relocations that placed a new copy of an incumbent this plan (relocation.py)
         self.relocations_started = 0
+        self.relocation_steps = 0  # budget spent by relocation.py's search
         self.repair_steps = 0
         self.new_count = 0
         # Extra bytes an uncached artifact must leave free for the replica being placed now.

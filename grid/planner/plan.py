@@ -22,7 +22,7 @@ from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.placement import Engine
 from grid.planner.types import ModelExplanation, Placement, Plan, PlannerInput
 
-PLANNER_VERSION = "grid-planner/1.1.3"
+PLANNER_VERSION = "grid-planner/1.2.0"
 
 __all__ = [
     "PLANNER_VERSION",

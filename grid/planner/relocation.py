@@ -27,7 +27,8 @@ Only worth it for demand: the beneficiary must have baseline, direct or workload
 evidence, never correlation-only prediction, and the replica must carry at least
 ``MIN_GAIN_SHARE`` of one replica's capacity of offered concurrency the model's current
 replicas cannot. At most ``MAX_STARTS`` relocations start per plan (one continuing relocation
-costs nothing); a victim inside its minimum residency, pinned, external, loading or of higher
+costs nothing), and the search examines at most ``MAX_STEPS`` hosts, incumbents and
+destinations per plan in all, so a saturated fleet costs a bounded amount; a victim inside its minimum residency, pinned, external, loading or of higher
 priority is never moved. Deterministic: hosts and victims are compared by explicit keys that
 end in ids.
 """
@@ -46,6 +47,9 @@ from grid.planner.types import Preemption
 MIN_GAIN_SHARE = 0.25
 # Relocations that place a new copy (not ones already under way) per plan.
 MAX_STARTS = 2
+# Hosts, incumbents and destinations examined per plan, whatever the fleet: on a saturated
+# fleet every blocked replica asks, and the search must not grow with hosts x hosts.
+MAX_STEPS = 512
 # A workload's `auto` demand in a target's reason (grid.demand.forecast.REASON_WORKLOAD).
 _WORKLOAD_REASON = "workload:"
 
@@ -95,12 +99,22 @@ def _under_way(led: Ledger, vms: ModelState, hs: HostState) -> bool:
     return any(hidx != hs.idx for hidx, _ in led.surplus.get(vms.req.model_id, ()))
 
 
+def _spend(led: Ledger) -> bool:
+    """One step of the per-plan budget; False when it is spent."""
+    if led.relocation_steps >= MAX_STEPS:
+        return False
+    led.relocation_steps += 1
+    return True
+
+
 def _destination(led: Ledger, vms: ModelState, away: HostState) -> Candidate | None:
     best: Candidate | None = None
     need_domain = led.needs_new_domain(vms)
     for h in led.hosts:
         if h is away or not h.eligible:
             continue
+        if not _spend(led):
+            return None
         c = led.eval_host(h, vms, need_domain)
         if c is not None and c.beats(best):
             best = c
@@ -111,6 +125,8 @@ def _options(led: Ledger, ms: ModelState, starts_left: bool) -> list[_Option]:
     out: list[_Option] = []
     mid = ms.req.model_id
     for hs in led.hosts:
+        if not _spend(led):
+            return out
         if not hs.eligible or hs.present(mid) or led.host_static(hs, ms) is not None:
             continue
         rt, mem = led.runtime_for(hs.cls, ms)
@@ -122,7 +138,7 @@ def _options(led: Ledger, ms: ModelState, starts_left: bool) -> list[_Option]:
             if r is None or not r.managed or r.pinned or r.state != "ready":
                 continue
             vms = led.by_model[slot.model_id]
-            if hs.host_id in vms.req.pins or protected(led, vms, r):
+            if hs.host_id in vms.req.pins or protected(led, vms, r) or not _spend(led):
                 continue
             entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
             victim = make_victim(led, hs, vms, r, slot.memory_mb, True, entry)

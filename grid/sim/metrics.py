@@ -118,6 +118,8 @@ class Metrics:
         self._unloaded: dict[str, int] = {}
         self.memory: list[int] = []
         self.shortfalls: dict[str, int] = {}
+        # Most replicas a plan placed per model (recommendations name a profile cap it reached).
+        self.peak_placed: dict[str, int] = {}
         self.violations: list[Violation] = []
         self.violation_counts: dict[str, int] = {}
         self.checks = 0
@@ -144,6 +146,12 @@ class Metrics:
 
     def plan(self, minute: int, plan: Plan) -> None:
         self.checks += 1
+        placed: dict[str, int] = {}
+        for pl in plan.placements:
+            placed[pl.model_id] = placed.get(pl.model_id, 0) + 1
+        for m, n in placed.items():
+            if n > self.peak_placed.get(m, 0):
+                self.peak_placed[m] = n
         for s in plan.shortfalls:
             if s.wanted > s.placed:
                 self.shortfalls[s.model_id] = self.shortfalls.get(s.model_id, 0) + 1
@@ -246,6 +254,10 @@ class Metrics:
             p = sc.profiles[model]
             hosts = sum(1 for s in sc.fleet if feasible(s, p))
             extra = max(1, math.ceil(peak / 60.0 / max(1, p.replica_concurrency)))
+            cap = max(p.max_replicas, p.min_replicas)
+            # The binding limit may be the profile, not the fleet: say so.
+            capped = (f"; its profile caps it at max_replicas={cap}, which the plan reached"
+                      if self.peak_placed.get(model, 0) >= cap and hosts > cap else "")
             out.append(f"{row.workload}: {1 - row.service:.0%} unserved; peak needs about {extra} more "
-                       f"{model} replica(s) of {p.memory_mb / GIB:.0f} GiB ({hosts} machine(s) can host it)")
+                       f"{model} replica(s) of {p.memory_mb / GIB:.0f} GiB ({hosts} machine(s) can host it){capped}")
         return tuple(out)

@@ -615,3 +615,35 @@ def class_heavy_inputs(draw):
 @given(class_heavy_inputs())
 def test_class_index_equals_full_scan(inp):
     assert encode_plan(build_plan(inp, reference_scan=True)) == encode_plan(plan(inp))
+
+
+@SETTINGS
+@given(any_inputs())
+def test_a_relocation_drains_only_a_replica_that_is_ready_elsewhere(inp):
+    """Make-before-break: the model a relocation moves keeps a desired copy that is ready on
+    another host, and a relocated incumbent's new copy never lands on the host it leaves."""
+    p = plan(inp)
+    ready_on = {
+        (h.host_id, r.model_id)
+        for h in inp.hosts
+        for r in h.residencies
+        if r.state == "ready" and r.managed
+    }
+    for pe in p.preemptions:
+        if pe.reason != R.RELOCATION:
+            continue
+        elsewhere = [
+            x
+            for x in p.placements
+            if x.model_id == pe.victim_model
+            and x.host_id != pe.host_id
+            and (x.host_id, x.model_id) in ready_on
+        ]
+        assert elsewhere, pe
+    for x in p.placements:
+        if x.reason == R.RELOCATED:
+            assert not any(
+                x.host_id == y.host_id and y.reason == R.RETAINED_UNTIL_REPLACED
+                for y in p.placements
+                if y.model_id == x.model_id
+            ), x
