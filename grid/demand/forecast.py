@@ -251,6 +251,7 @@ def _series_stats(
     prior_service: float,
     start_seconds: float,
     cfg: ForecastConfig,
+    fast_up: bool = False,
 ) -> _Stats:
     st = _Stats()
     if series is None:
@@ -275,7 +276,10 @@ def _series_stats(
     if cur is not None and cur.count:
         elapsed = max(now - nb * bs, bs / 2.0)
         partial = cur.count / elapsed
-    observed = max(ewma, partial)
+    # Fast up, slow down: a workload whose model already serves scales up on its latest complete
+    # minute (the smoothed rate lagged a surge by minutes while the running replicas refused
+    # work); scale-down stays on the smoothed rate and the cooldown hold.
+    observed = max(ewma, partial, rates[-1] if fast_up and rates else 0.0)
     # Trend over the last complete buckets.
     pts = rates[-max(2, cfg.trend_buckets):]
     slope = 0.0
@@ -648,7 +652,8 @@ def _workload_row(
         explore = None
     leader = by_id[best[0].model_id] if best is not None else None
     prior = _finite(leader.expected_service_seconds, 2.0) if leader is not None else 0.0
-    st = _series_stats(series, demand, now, prior, starts[leader.model_id] if leader is not None else 0.0, cfg)
+    st = _series_stats(series, demand, now, prior, starts[leader.model_id] if leader is not None else 0.0, cfg,
+                       fast_up=leader is not None and ready_replicas.get(leader.model_id, 0) > 0)
     row = dict(
         workload=w, observations=st.observations, observed_rate=st.observed, rate=st.rate,
         trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,

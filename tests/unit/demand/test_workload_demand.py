@@ -172,3 +172,26 @@ def test_workload_and_direct_demand_stay_separate_series():
     assert s.workloads["coding"].by_index()[int(at(0) // 60)].count == 1
     r = row(forecast(s, catalog(), at(0, 50.0)), "coder")
     assert r.evidence == "direct"
+
+
+def test_a_running_models_workload_scales_up_on_its_latest_minute():
+    """Fast up, slow down: ten quiet minutes then a surge minute. The smoothed rate lags the
+    surge (a lab image campaign lost minutes of work that way); a workload whose model already
+    serves takes the latest complete minute and asks for more replicas. A model that is not
+    running yet still starts from the smoothed rate, and once the surge passes the smoothed
+    rate decides again."""
+    s = dm.initial()
+    for b in range(10):
+        s = fold(s, at(b), [auto("coding", served="coder") for _ in range(10)], CONF)  # 0.33 offered
+    s = fold(s, at(10), [auto("coding", served="coder") for _ in range(40)], CONF)  # 1.33 offered
+    now = at(11, 0.0)
+    running = forecast(s, catalog(), now, ready_replicas={"coder": 1})
+    cold = forecast(s, catalog(), now, ready_replicas={})
+    assert wrow(running, "coding").model_id == wrow(cold, "coding").model_id == "coder"
+    assert wrow(running, "coding").observed_rate == pytest.approx(40 / 60.0)
+    assert wrow(cold, "coding").observed_rate < 0.5 * 40 / 60.0
+    assert target(running, "coder").replicas > target(cold, "coder").replicas
+    # Quiet again: the latest minute is back to 10 requests and the smoothed rate decides.
+    s = fold(s, at(11), [auto("coding", served="coder") for _ in range(10)], CONF)
+    after = forecast(s, catalog(), at(12, 0.0), ready_replicas={"coder": 1})
+    assert wrow(after, "coding").observed_rate < 40 / 60.0
