@@ -5,23 +5,17 @@ waits, and a workload seen once waits for evidence."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from pathlib import Path
 
-from grid.controller.api import serve_admin
-from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources
 from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch, RequestFeatures
 
+from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
-
-SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
-                              lease_renew_seconds=0.5, restart_grace_seconds=0.0)
 
 
 def auto(workload: str) -> RequestFeatures:
@@ -41,20 +35,10 @@ async def test_status_lists_each_active_workload(js_log: JetStreamLog, tmp_path:
     await js_log.append(RequestBatch(event_id=new_event_id(), at=time.time(), source="gw",
                                      records=(auto("coding"), auto("coding"), auto("coding"), auto("research"))))
     home = tmp_path / "home"
-    ctl = Controller(js_log, home, settings=SETTINGS, controller_id="ctl-workloads")
-    await ctl.start()
-    admin = await serve_admin(ctl, "127.0.0.1", 0)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            await heartbeat()
-            rc, out, err = await gridctl(home, "status", "--json")
-            assert rc == 0, err
-            rows = {r["workload"]: r for r in json.loads(out)["workloads"]}
-            if rows.get("coding", {}).get("placed"):
-                break
-            assert time.monotonic() < deadline, f"coding never reached a plan in status: {rows}"
-            await asyncio.sleep(0.3)
+    async with serving_controller(js_log, home, "ctl-workloads"):
+        doc = await status_until(home, heartbeat, lambda d: any(r["workload"] == "coding" and r["placed"]
+                                                                for r in d["workloads"]), "a plan for coding")
+        rows = {r["workload"]: r for r in doc["workloads"]}
         coding = rows["coding"]
         # Placed on host-a, nothing ready there (no agent runs it): starting.
         assert (coding["state"], coding["model_id"], coding["ready"]) == ("starting", "coder", 0), coding
@@ -64,6 +48,3 @@ async def test_status_lists_each_active_workload(js_log: JetStreamLog, tmp_path:
         assert rc == 0, err
         assert "Workloads (auto traffic)" in out and "waiting_for_evidence" in out, out
         assert any("coding" in line and "starting" in line and "coder" in line for line in out.splitlines()), out
-    finally:
-        await admin.stop()
-        await ctl.stop()
