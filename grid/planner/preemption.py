@@ -243,7 +243,7 @@ def _worth_it(ms: ModelState, victims: list[Victim]) -> bool:
     model's share of offered concurrency (all of it when it is the last replica). Without this,
     a brief surge of an important model preempted the steady work of a less important one,
     the victim came back when the surge passed, and the next surge preempted it again."""
-    have = len(ms.entries) + ms.staged + ms.awaiting
+    have = ms.progress
     if have < max(1, ms.n_base):
         return True
     cap = replica_capacity(ms.profile)

@@ -155,8 +155,8 @@ def _options(led: Ledger, ms: ModelState, starts_left: bool) -> list[_Option]:
 
 def stage(led: Ledger, ms: ModelState, prio: int) -> bool:
     """Stage one relocation that makes room for one replica of ms; False when none is worth it."""
-    if not _demanded(ms) or not _worth_it(ms):
-        return False
+    if not _demanded(ms) or not _worth_it(ms) or led.evictions >= led.policy.max_evictions:
+        return False  # (the old copy's drain counts against the plan's eviction budget)
     options = _options(led, ms, led.relocations_started < MAX_STARTS)
     if not options:
         return False
