@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from grid.planner import reasons as R
 from grid.planner.plan import build_plan, encode_plan, plan
-from grid.planner.types import DemandTarget
+from grid.planner.types import DemandTarget, Policy
 
 from tests.unit.planner.builders import NOW, count, host, mk, on, prof, res, shortfall_reasons, want
 
@@ -144,3 +144,9 @@ def test_relocation_states_never_break_a_replica_or_overcommit(a_h2, a_h3, b_h2,
                    if x.host_id == hid and x.reason != R.RETAINED_UNTIL_REPLACED) <= cap
         mine = [x.model_id for x in p.placements if x.host_id == hid]
         assert len(mine) == len(set(mine))
+
+
+def test_the_eviction_budget_bounds_relocations_too():
+    p = plan(mk(PROFILES, fleet(), demand(), policy=Policy(max_evictions=0)))
+    assert on(p, "A") == ["h2"] and p.preemptions == ()
+    assert R.RELOCATION_STAGED not in shortfall_reasons(p, "B")
