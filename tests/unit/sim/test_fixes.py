@@ -150,9 +150,10 @@ def test_a_surge_on_a_running_model_is_answered_within_minutes() -> None:
 
 
 def test_an_incumbent_moves_so_a_blocked_workload_gets_a_replica() -> None:
-    # The scarce fleet, seed 3: image-xl wants a second replica, and the only other host that
-    # could take it holds research-32b while the 48 GiB machine has room for research. Before
-    # relocation image was served at 88%; research moves make-before-break and image reaches 96%.
+    # The scarce fleet, seed 3: when m01 throttles, image-xl wants a second replica and the only
+    # host that could take it (m02) holds writer-7b, which the 48 GiB m03 has room for. Before
+    # relocation image was served at 88%; writer-7b moves make-before-break (warm on m03 at
+    # minute 35, drained on m02 at 36) and image reaches 96%.
     sc = prepare(ScenarioConfig(machines=4, models=8, users=50, minutes=120, seed=3))
     report = run(sc, "smart", timeline=True).report()
     [image] = [w for w in report.workloads if w.workload == "image"]
