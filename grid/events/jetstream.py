@@ -62,6 +62,10 @@ DAY = 86_400.0
 GIB = 1 << 30
 WRONG_LAST_SEQUENCE = 10071
 INITIAL_CONNECT_ATTEMPTS = 3
+# How long stream setup waits for JetStream to answer for the account: a cluster that just
+# started enables it only once its meta group has a leader (seen as 503 "JetStream not enabled
+# for account" for a moment after every node reported healthy).
+JETSTREAM_READY_SECONDS = 10.0
 # A server that stops answering without closing its sockets (SIGSTOP, a partition, a hung host)
 # is only noticed by unanswered pings: nats-py's default (two missed pings two minutes apart)
 # would leave a component stuck for minutes instead of failing over to another cluster node.
@@ -278,7 +282,11 @@ class JetStreamLog:
         event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout)
         connected.append(event_log)
         if ensure_streams:
-            await event_log.ensure_streams()
+            try:
+                await event_log.ensure_streams()
+            except BaseException:
+                await event_log.close()  # a log that cannot set up its streams is not handed out
+                raise
         return event_log
 
     def _reconnected(self) -> None:
@@ -367,11 +375,23 @@ class JetStreamLog:
         return self.replica_reports
 
     async def _stream_replicas(self, name: str) -> int | None:
-        try:
-            info = await self._js.stream_info(name)
-        except nats.js.errors.NotFoundError:
-            return None
-        return int(info.config.num_replicas or 1)
+        deadline = asyncio.get_running_loop().time() + JETSTREAM_READY_SECONDS
+        while True:
+            try:
+                info = await self._js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                return None
+            except nats.js.errors.ServiceUnavailableError as exc:
+                if asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.25)
+                    continue
+                where = self._nc.connected_url.netloc if self._nc.connected_url else "the server"
+                raise LogError(
+                    f"JetStream does not answer for this account at {where} after {JETSTREAM_READY_SECONDS:g}s "
+                    f"({exc.description or 'service unavailable'}): run nats-server with JetStream enabled "
+                    "(-js, or `jetstream` in its config and in the account's limits)"
+                ) from exc
+            return int(info.config.num_replicas or 1)
 
     async def _ensure_stream(self, config: api.StreamConfig) -> StreamReplicas:
         name = config.name or ""

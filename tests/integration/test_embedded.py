@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
+from grid.events import jetstream
+from grid.events.embedded import EmbeddedNats, EmbeddedNatsError, find_nats_server, free_port
 from grid.events.jetstream import STREAM_POLICIES, JetStreamLog
+from grid.events.log import LogError
 from grid.events.subjects import ALL_STREAMS
 
 
@@ -53,3 +57,28 @@ def test_stop_is_clean_and_idempotent(tmp_path: Path) -> None:
     assert proc.poll() is not None
     server.stop()
     assert not (tmp_path / "nats-server.pid").exists()
+
+
+async def test_a_server_without_jetstream_is_a_clear_error_after_a_bounded_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real nats-server started without JetStream: stream setup waits (a new cluster enables an
+    account's JetStream a moment after it reports healthy), then says what to fix."""
+    monkeypatch.setattr(jetstream, "JETSTREAM_READY_SECONDS", 1.0)
+    port = free_port()
+    proc = subprocess.Popen([str(find_nats_server()), "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "nats-server did not listen"
+            time.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(LogError, match="JetStream does not answer.*run nats-server with JetStream enabled"):
+            await JetStreamLog.connect(f"nats://127.0.0.1:{port}")
+        assert 1.0 <= time.monotonic() - started < 8.0
+    finally:
+        proc.terminate()
+        proc.wait(10)
