@@ -15,6 +15,7 @@ import pytest
 
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
+from grid.events.log import LogError
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET
 
 
@@ -40,14 +41,22 @@ async def reset_streams(log: JetStreamLog) -> None:
     except Exception:
         pass
     log._kv.clear()
-    # The server removes a deleted stream's files asynchronously; re-creating it at once can
-    # fail with "error creating store for stream" (10049) for a moment.
+    await ensure_streams_after_delete(log)
+
+
+async def ensure_streams_after_delete(log: JetStreamLog) -> None:
+    """`log.ensure_streams()` right after its streams were deleted.
+
+    The server removes a deleted stream's files asynchronously; re-creating it at once can fail
+    with "error creating store for stream" (10049) for a moment. (ensure_streams reports a refused
+    creation as a LogError caused by the server's error.)"""
     for attempt in range(50):
         try:
             await log.ensure_streams()
             return
-        except nats.js.errors.ServerError:
-            if attempt == 49:
+        except (nats.js.errors.ServerError, LogError) as exc:
+            cause = exc if isinstance(exc, nats.js.errors.ServerError) else exc.__cause__
+            if attempt == 49 or not isinstance(cause, nats.js.errors.ServerError):
                 raise
             await asyncio.sleep(0.05)
 

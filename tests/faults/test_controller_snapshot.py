@@ -8,17 +8,16 @@ an earlier incarnation of the streams (deleted and created again).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-
-import nats.js.errors
 
 from grid.controller.service import SNAPSHOT_NAME, Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, CONTROL_STREAM
+
+from tests.conftest import ensure_streams_after_delete
 
 SETTINGS = ControllerSettings(background_ticks=False, lease_ttl_seconds=3.0, lease_renew_seconds=0.5,
                               restart_grace_seconds=0.0)
@@ -66,14 +65,7 @@ async def recreate_streams(log: JetStreamLog) -> None:
     js = log.client.jetstream()
     for name in ALL_STREAMS:
         await js.delete_stream(name)
-    for attempt in range(50):  # the server removes a deleted stream's files asynchronously
-        try:
-            await log.ensure_streams()
-            return
-        except nats.js.errors.ServerError:
-            if attempt == 49:
-                raise
-            await asyncio.sleep(0.05)
+    await ensure_streams_after_delete(log)
 
 
 async def test_a_snapshot_from_another_stream_incarnation_is_discarded(js_log: JetStreamLog, tmp_path: Path) -> None:
