@@ -162,7 +162,7 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> 
     return rows
 
 
-def _models(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+def _models(ctl: ControllerView, ready: Mapping[str, int]) -> list[dict[str, Any]]:
     catalog = ctl.states["catalog"]
     plan, pin = ctl.last_plan, ctl.last_input
     expl = {e.model_id: e for e in plan.explanations} if plan is not None else {}
@@ -171,7 +171,6 @@ def _models(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) ->
     for p in plan.placements if plan is not None else ():
         placed[p.model_id] = placed.get(p.model_id, 0) + 1
     demand = {d.model_id: d for d in pin.demand} if pin is not None else {}
-    ready = ready_replicas(snaps, now, ctl.limits)
     rows = []
     for model_id in sorted(set(catalog.profiles) | set(catalog.retired)):
         e, s, d = expl.get(model_id), short.get(model_id), demand.get(model_id)
@@ -210,7 +209,8 @@ def _with_load_failures(rows: list[dict[str, Any]], failures: list[LoadFailure])
     return rows
 
 
-def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...],
+                 ready: Mapping[str, int]) -> list[dict[str, Any]]:
     """Models that cannot be placed, and why: the verdict the gateway gives a request for them
     (grid.planner.placeability), from the same facts: the latest recorded plan and the fleet."""
     catalog, plans = ctl.states["catalog"], ctl.states["plans"]
@@ -219,7 +219,6 @@ def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...
         plan = decode_plan(bytes(recorded.plan)) if recorded is not None else None
     except Exception:  # a plan status cannot read loses only the shortfall half of the verdict
         plan = None
-    ready = ready_replicas(snaps, now, ctl.limits)
     rows = []
     for model_id in sorted(catalog.profiles):
         if ready.get(model_id, 0):
@@ -277,6 +276,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
     durable = ctl.log_durable
     warnings = list(ctl.warnings)
     snaps = fleet_proj.snapshots(ctl.states["fleet"], now)
+    ready = ready_replicas(snaps, now, ctl.limits)  # one count for models, unplaceable, workloads
     if ctl.lease_error:
         warnings.append(f"lease: {ctl.lease_error}")
     return {
@@ -302,10 +302,10 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "hosts": _hosts(ctl, now, snaps),
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
-        "models": _with_load_failures(_models(ctl, now, snaps), _load_failure_rows(actions)),
+        "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
-        "unplaceable": _unplaceable(ctl, now, snaps),
-        "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready_replicas(snaps, now, ctl.limits)),
+        "unplaceable": _unplaceable(ctl, now, snaps, ready),
+        "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,

@@ -12,6 +12,12 @@ from grid.sim.run import run
 from grid.sim.scenario import ScenarioConfig, prepare
 
 
+def _workload(report, name: str):  # type: ignore[no-untyped-def]
+    """The report's row for one workload."""
+    [row] = [w for w in report.workloads if w.workload == name]
+    return row
+
+
 def test_auto_demand_is_never_projected_onto_a_model_that_fits_nowhere() -> None:
     # One 16 GiB Apple machine, nine models: big-70b (28 GiB, the best `general` scorer) and
     # research-32b (22 GiB) fit nowhere. Before the fleet scan, `auto` general/research demand
@@ -72,7 +78,7 @@ def test_a_cheap_steady_workload_is_served_on_the_scarce_fleet() -> None:
     # served workload of this day (43%).
     sc = prepare(ScenarioConfig(machines=4, models=8, users=50, minutes=120, seed=3))
     report = run(sc, "smart").report()
-    [embedding] = [w for w in report.workloads if w.workload == "embedding"]
+    embedding = _workload(report, "embedding")
     assert embedding.service >= 0.8, embedding
     assert report.safety_violations == 0
 
@@ -144,7 +150,7 @@ def test_a_surge_on_a_running_model_is_answered_within_minutes() -> None:
     # serves it at 91%.
     sc = prepare(ScenarioConfig(machines=4, models=8, users=50, minutes=120, seed=5))
     report = run(sc, "smart").report()
-    [image] = [w for w in report.workloads if w.workload == "image"]
+    image = _workload(report, "image")
     assert image.service >= 0.85, image
     assert report.safety_violations == 0
 
@@ -156,7 +162,7 @@ def test_an_incumbent_moves_so_a_blocked_workload_gets_a_replica() -> None:
     # minute 35, drained on m02 at 36) and image reaches 96%.
     sc = prepare(ScenarioConfig(machines=4, models=8, users=50, minutes=120, seed=3))
     report = run(sc, "smart", timeline=True).report()
-    [image] = [w for w in report.workloads if w.workload == "image"]
+    image = _workload(report, "image")
     assert image.service >= 0.95, image
     assert any("(drain_preemption for image-xl)" in line or "relocat" in line for line in report.timeline), \
         report.timeline
