@@ -27,6 +27,7 @@ from grid.agent.overrides import VERB_STATES, active_override, clear_override, m
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
 from grid.cli.common import LogFormatOption
+from grid import eventloop
 from grid.config import GridConfig
 from grid.logs import configure_logging
 from grid.secrets import SecretFileError
@@ -252,7 +253,7 @@ def start(
             await event_log.close()
         return 0
 
-    code = asyncio.run(main())
+    code = eventloop.run(main())
     raise typer.Exit(code)
 
 

@@ -30,6 +30,7 @@ from grid.cli.common import (
     fail,
     resolve_nats_url,
 )
+from grid import eventloop
 from grid.config import GridConfig
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
@@ -239,7 +240,7 @@ def up(
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
-        asyncio.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
+        eventloop.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
                         (dashboard_host, dashboard_port) if dashboard else None))
     except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError, ValueError) as exc:
         fail(str(exc))
@@ -328,7 +329,7 @@ def serve_gateway_command(
     nats_url = resolve_nats_url(nats, cfg)
     cfg.ensure_home()
     try:
-        asyncio.run(_serve_gateway(cfg, nats_url, host, port, insecure))
+        eventloop.run(_serve_gateway(cfg, nats_url, host, port, insecure))
     except (LogError, SecretFileError) as exc:
         fail(str(exc))
 

@@ -39,6 +39,7 @@ import asyncio
 import collections
 import ssl as ssl_module
 import time
+import typing
 from collections.abc import AsyncIterator
 
 import httptools
@@ -152,8 +153,8 @@ class _Conn(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an isinstance check: uvloop's TCP transport is not an asyncio.Transport subclass.
+        self.transport = typing.cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if not self.expecting:
