@@ -2,7 +2,8 @@
 one-host grid as a user gets it by default (`one_host_grid`).
 
 `python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE` is the host agent's side of
-inference that `one_host_grid` runs as its own process.
+inference that `one_host_grid` runs as its own process, on the agent's event loop
+(grid.eventloop; GRID_EVENT_LOOP=asyncio runs every process of a bench on the standard loop).
 """
 
 from __future__ import annotations
@@ -343,6 +344,8 @@ def print_latency_table(results: dict[str, dict[str, list[float]]], base: str, o
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "serve-agent":
-        asyncio.run(serve_agent(sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+        from grid import eventloop
+
+        eventloop.run(serve_agent(sys.argv[2], sys.argv[3], Path(sys.argv[4])))  # the agent's own loop
     else:
         sys.exit("usage: python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE")
