@@ -14,8 +14,8 @@ from typing import Optional
 
 import typer
 
-from grid.cli.common import LogFormatOption, err_console, fail, resolve_nats_url
 from grid import eventloop
+from grid.cli.common import LogFormatOption, err_console, fail, resolve_nats_url
 from grid.config import ConfigError, GridConfig, parse_replicas
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
@@ -92,7 +92,7 @@ def serve_controller(
     try:
         eventloop.run(_run(GridConfig(home=cfg.home, nats_url=url), settings, None if no_admin else (admin_host, admin_port),
                            assume_durable, tuple(trusted_proxy), wanted_replicas))
-    except (LogError, ControllerError, SecretFileError) as exc:  # no log, another controller holds this home, a bad token
+    except (LogError, ControllerError, SecretFileError, eventloop.EventLoopChoiceError) as exc:  # no log, another controller holds this home, a bad token
         fail(str(exc))
 
 

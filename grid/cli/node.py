@@ -21,13 +21,13 @@ import psutil
 import typer
 from rich.table import Table
 
+from grid import eventloop
 from grid.agent.http import read_metrics_url
 from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
 from grid.cli.common import LogFormatOption
-from grid import eventloop
 from grid.config import GridConfig
 from grid.logs import configure_logging
 from grid.secrets import SecretFileError
@@ -253,7 +253,11 @@ def start(
             await event_log.close()
         return 0
 
-    code = eventloop.run(main())
+    try:
+        code = eventloop.run(main())
+    except eventloop.EventLoopChoiceError as exc:
+        _echo_err(str(exc))
+        code = 2
     raise typer.Exit(code)
 
 

@@ -20,6 +20,7 @@ import structlog
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from grid import eventloop
 from grid.agent.lock import AgentLockedError
 from grid.cli.common import (
     LogFormatOption,
@@ -30,7 +31,6 @@ from grid.cli.common import (
     fail,
     resolve_nats_url,
 )
-from grid import eventloop
 from grid.config import GridConfig
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
@@ -241,7 +241,7 @@ def up(
         port = 0
     try:
         eventloop.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
-                        (dashboard_host, dashboard_port) if dashboard else None))
+                          (dashboard_host, dashboard_port) if dashboard else None))
     except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError, ValueError) as exc:
         fail(str(exc))
 
@@ -330,7 +330,7 @@ def serve_gateway_command(
     cfg.ensure_home()
     try:
         eventloop.run(_serve_gateway(cfg, nats_url, host, port, insecure))
-    except (LogError, SecretFileError) as exc:
+    except (LogError, SecretFileError, eventloop.EventLoopChoiceError) as exc:
         fail(str(exc))
 
 
