@@ -687,6 +687,16 @@ class JetStreamLog:
             await watcher.stop()
 
     async def close(self) -> None:
+        # A reader that stopped reading (a cancelled task, Ctrl-C) leaves delivered messages
+        # queued on its subscription, and drain() waits for every queue to empty (up to its
+        # 30 s timeout). The log's own subscriptions keep nothing worth that wait: an ordered
+        # one's position lives with its caller, a durable one hands unacked messages back on
+        # close. So they end first, and drain() only flushes what was published.
+        for sub in list(self._live):
+            try:
+                await sub.close()
+            except Exception as exc:  # noqa: BLE001 - closing anyway; the connection goes next
+                log.debug("subscription close failed while closing the log", error=f"{type(exc).__name__}: {exc}")
         if not self._nc.is_closed:
             try:
                 await self._nc.drain()

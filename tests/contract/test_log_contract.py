@@ -111,6 +111,21 @@ async def test_live_ordered_subscription_sees_new_events(event_log) -> None:
     await sub.close()
 
 
+async def test_closing_the_log_does_not_wait_for_messages_nobody_reads(event_log) -> None:
+    # A reader that stopped (a cancelled task, Ctrl-C on `gridctl test watch`) leaves delivered
+    # messages queued; closing must not wait for them (nats-py's drain would, up to 30 s).
+    for i in range(5):
+        await event_log.append(heartbeat(i))
+    ordered = await event_log.subscribe(HOSTS_STREAM, start_seq=1)
+    durable = await event_log.subscribe(HOSTS_STREAM, durable="closing-reader")
+    assert (await ordered.next(timeout=5)) is not None
+    assert (await durable.next(timeout=5)) is not None  # fetched, never acknowledged
+    await asyncio.sleep(0.2)  # the rest of the stream reaches the ordered consumer's queue
+    started = time.monotonic()
+    await asyncio.wait_for(event_log.close(), 20)
+    assert time.monotonic() - started < 10
+
+
 async def test_durable_subscription_redelivers_unacked_after_resubscribe(event_log) -> None:
     host = "agent.1"
     subject = command_subject(host)
