@@ -7,6 +7,8 @@ sequences start at 1 in each test.
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,6 +19,44 @@ from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET
+
+# pytest-timeout ends a hung run with every thread's stack (pyproject: timeout_method). Under
+# asyncio those stacks all end in the selector; what hung is a task, so its stack is printed to
+# stderr just before, where the timeout report shows it.
+TASK_REPORT_LEAD_SECONDS = 5.0
+_session_loop: asyncio.AbstractEventLoop | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _remember_session_loop() -> AsyncIterator[None]:
+    global _session_loop
+    _session_loop = asyncio.get_running_loop()
+    yield
+
+
+def _print_pending_tasks(nodeid: str) -> None:
+    loop = _session_loop
+    if loop is None or loop.is_closed():
+        return
+    tasks = asyncio.all_tasks(loop)
+    print(f"\n{len(tasks)} asyncio task(s) pending as {nodeid} nears its timeout:", file=sys.stderr)
+    for task in tasks:
+        task.print_stack(file=sys.stderr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    timeout = float(item.config.getoption("timeout", None) or item.config.getini("timeout") or 0)
+    timer = None
+    if timeout > TASK_REPORT_LEAD_SECONDS:
+        timer = threading.Timer(timeout - TASK_REPORT_LEAD_SECONDS, _print_pending_tasks, args=(item.nodeid,))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 @pytest.fixture(scope="session")
