@@ -33,6 +33,7 @@ from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
 from grid.identity.server import SecuredEmbeddedNats
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -220,9 +221,7 @@ class LocalGrid:
 
     async def stop(self) -> None:
         if self._supervisor is not None:
-            self._supervisor.cancel()  # a server stopped on purpose stays stopped
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            await cancel_and_wait([self._supervisor])  # a server stopped on purpose stays stopped
             self._supervisor = None
         # Controller first: nothing may re-warm what the agent is draining.
         if self.admin is not None:

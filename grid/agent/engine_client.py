@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from grid.gateway.h1 import H1Pool, H1Response, Target
+from grid.tasks import cancel_and_wait
 
 MAX_TARGETS = 1024
 
@@ -82,12 +83,5 @@ class H1EngineClient:
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = list(self._warming.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing: its outcome no longer matters
-                pass
+        await cancel_and_wait(list(self._warming.values()))
         await self._pool.aclose()

@@ -28,6 +28,7 @@ from grid.agent.state import AgentState
 from grid.events.host import HOST_STATES, RESIDENCY_STATES
 from grid.metrics import AgentMetrics, GaugeSource, Sample, counts, metrics_route
 from grid.secrets import write_owner_only
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger("grid.agent")
 
@@ -113,9 +114,7 @@ class AgentHttp:
             await asyncio.wait_for(asyncio.shield(self._task), 5.0)
         except TimeoutError:
             self._server.force_exit = True
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait([self._task])
         with contextlib.suppress(OSError):
             if self.url_file.read_text().strip() == self.url:
                 self.url_file.unlink()

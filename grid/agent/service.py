@@ -75,6 +75,7 @@ from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger("grid.agent")
 
@@ -293,9 +294,7 @@ class HostAgent:
             self._lock.release()
             self._stopped.set()
             return
-        consumer = [t for t in self._tasks if t.get_name() == "agent-consumer"]
-        for t in consumer:
-            t.cancel()
+        await cancel_and_wait(t for t in self._tasks if t.get_name() == "agent-consumer")
         with contextlib.suppress(Exception):
             if self._sub is not None:
                 await self._sub.close()
@@ -306,19 +305,13 @@ class HostAgent:
                 await asyncio.wait_for(asyncio.shield(self._idle_worker()), timeout=15.0)
             except TimeoutError:
                 pass
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._worker
+            await cancel_and_wait([self._worker])
         if drain and self._actuators is not None:
             await self._actuators.drain_all()
             assert self._ctx is not None
             with contextlib.suppress(Exception):
                 await recovery.stop_untracked(self._ctx)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         # After the drain: streams that were running when it began have finished.
         await self._stop_responder()
         with contextlib.suppress(Exception):

@@ -22,6 +22,7 @@ import structlog
 from grid.analytics.history import HistoryParams, run_view, validate
 from grid.analytics.sink import AnalyticsSink, open_store
 from grid.events.log import EventLog
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -62,10 +63,7 @@ class AnalyticsService:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait([task])
         if self.con is not None:
             with contextlib.suppress(duckdb.Error):
                 self.con.close()

@@ -100,6 +100,7 @@ from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -359,7 +360,7 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True
-        await _cancel_all(self._tasks)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self.identity is not None:
             with contextlib.suppress(Exception):
@@ -734,18 +735,4 @@ class Controller:
 
     def status(self) -> dict[str, Any]:
         return build_status(self.snapshot())
-
-
-async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel and reap tasks. nats-py can swallow a cancellation that lands inside one of its
-    requests, so keep cancelling until each task has really finished."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _done, pending = await asyncio.wait(pending, timeout=0.2)
-    for t in tasks:
-        if not t.cancelled():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                t.exception()
 

@@ -34,6 +34,7 @@ from grid.demand.forecast import Forecast
 from grid.events.log import EventLog
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner, ProjectionSpec
 from grid.secrets import tokens_equal
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -82,11 +83,7 @@ class Dashboard:
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(tasks)
 
     def _rebuild(self) -> None:
         now = self.clock.now()

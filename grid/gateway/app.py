@@ -29,6 +29,7 @@ from grid.gateway.responses import SOCKET_SCOPE_KEY
 from grid.gateway.routes import build_routes, exception_handlers
 from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -112,9 +113,7 @@ class RunningGateway:
             await asyncio.wait_for(asyncio.shield(self.task), 10.0)
         except TimeoutError:
             self.server.force_exit = True
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+            await cancel_and_wait([self.task])
         if self.url_file is not None:
             with contextlib.suppress(OSError):
                 if self.url_file.read_text().strip() == self.url:

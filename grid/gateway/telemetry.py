@@ -20,6 +20,7 @@ from grid.clock import Clock, SystemClock
 from grid.events.base import new_event_id
 from grid.events.log import EventLog
 from grid.events.requests import MAX_BATCH_RECORDS, RequestBatch, RequestFeatures
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -109,12 +110,7 @@ class TelemetryQueue:
 
     async def stop(self, *, final_flush_timeout: float = 1.0) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait([task])
         # One last bounded attempt to write what is waiting.
         try:
             await asyncio.wait_for(self.flush_all(), final_flush_timeout)

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 
 from grid.events.subjects import infer_cancel_subject, infer_request_subject
 from grid.infer import wire
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -141,12 +142,7 @@ class InferenceResponder:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs = []
-        tasks = list(self._active.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(list(self._active.values()))
         await self._http.aclose()
 
     @property

@@ -16,6 +16,7 @@ from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.host import HostHeartbeat
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
+from grid.tasks import cancel_and_wait
 
 # Residency state of a model on a host; "absent" when a heartbeat no longer lists it.
 ABSENT = "absent"
@@ -100,7 +101,5 @@ async def follow(nats_url: str, control_home: Path, emit: Callable[[Line], None]
             for line in lines:
                 emit(line)
     finally:
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await cancel_and_wait(pumps)
         await log.close()
