@@ -8,7 +8,6 @@ inventory, appends "accepted" and terminal acks and a fresh heartbeat, like the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from grid.agent import fencing
@@ -19,6 +18,7 @@ from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.log import EventLog
 from grid.events.subjects import COMMANDS_STREAM, command_subject
+from grid.tasks import cancel_and_wait
 
 
 class SimHost:
@@ -114,10 +114,7 @@ class SimHost:
         self._task = asyncio.get_running_loop().create_task(self.run(log))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait([self._task])
 
 
 async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
