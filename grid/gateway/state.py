@@ -43,6 +43,7 @@ from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan
 from grid.planner.types import Plan
 from grid.projections.runner import CATALOG, FLEET, PLANS, ProjectionRunner
+from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -149,10 +150,9 @@ class Gateway:
     async def stop(self) -> None:
         self.started = False
         if self._follower is not None:
-            self._follower.cancel()
             # Closing subscriptions on a dead NATS connection can hang: bound it.
-            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._follower), 2.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(cancel_and_wait([self._follower]), 2.0)
             self._follower = None
         await self.telemetry.stop()
         if self.upstream is not None:
