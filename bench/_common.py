@@ -198,6 +198,8 @@ class OneHostGrid:
     key: str
     gateway_url: str
     procs: dict[str, psutil.Process]  # gateway, nats-server, host agent, engine
+    # `one_host_grid(floor=True)`: a second gateway calling the engine straight over HTTP.
+    floor_url: str | None = None
 
     @property
     def direct(self) -> tuple[str, dict[str, str]]:
@@ -207,15 +209,26 @@ class OneHostGrid:
     def via(self) -> tuple[str, dict[str, str]]:
         return f"{self.gateway_url}/v1/chat/completions", {}
 
+    @property
+    def floor(self) -> tuple[str, dict[str, str]]:
+        assert self.floor_url is not None, "one_host_grid(floor=True) starts the floor gateway"
+        return f"{self.floor_url}/v1/chat/completions", {}
+
 
 @contextlib.asynccontextmanager
-async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 1024) -> AsyncIterator[OneHostGrid]:
+async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 1024,
+                        floor: bool = False) -> AsyncIterator[OneHostGrid]:
     """A real nats-server, one llama-server child (SmolLM2-135M Q4_1) with a random key only
     its host knows, the host agent's side of inference (`serve_agent`) as its own process on
     its own NATS connection, live heartbeats describing the engine, and the gateway as its own
-    process (`grid.cli.main serve gateway`, default upstream backend, no engine key). Loopback."""
+    process (`grid.cli.main serve gateway`, default upstream backend, no engine key). Loopback.
+
+    `floor=True` measures what the gateway costs by itself: the engine takes no key (an engine
+    no agent would ever start), and a second gateway process calls it straight over HTTP
+    (upstream backend h1: no agent, no NATS, no TLS). The default path keeps working beside it
+    (llama-server without a key ignores the agent's Authorization header)."""
     from grid.agent.artifacts import ensure_bundled_model
-    from grid.agent.engines.llama_cpp import EngineSpec, find_llama_server, spawn
+    from grid.agent.engines.llama_cpp import EngineSpec, build_argv, child_env, find_llama_server, spawn
     from grid.config import GridConfig
     from grid.secrets import write_owner_only
 
@@ -230,7 +243,8 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
         host_dir = Path(tmp) / "host"
         host_dir.mkdir(mode=0o700)
         nats = EmbeddedNats(Path(tmp) / "nats").start()
-        engine = agent = gateway = None
+        engine = agent = gateway = floor_gateway = None
+        floor_url: str | None = None
         heartbeat_task: asyncio.Task[None] | None = None
         stop = asyncio.Event()
         log: JetStreamLog | None = None
@@ -241,7 +255,13 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
             write_owner_only(key_file, (key + "\n").encode())
             spec = EngineSpec(model_id=MODEL_ID, model_path=model_path, port=free_port(), key_file=key_file,
                               slots=slots, context_size=context_size, threads=threads)
-            engine = spawn(binary, spec, Path(tmp) / "llama.log")
+            if floor:
+                argv = build_argv(binary, spec)
+                at = argv.index("--api-key-file")
+                engine = subprocess.Popen(argv[:at] + argv[at + 2:], env=child_env(), stdout=subprocess.DEVNULL,
+                                          stderr=open(Path(tmp) / "llama.log", "wb"))
+            else:
+                engine = spawn(binary, spec, Path(tmp) / "llama.log")
             await wait_http(f"{spec.endpoint}/health")
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             agent = subprocess.Popen(
@@ -252,34 +272,52 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
             if agent.stdout.readline().strip() != b"serving":
                 raise RuntimeError((Path(tmp) / "agent.log").read_text()[-2000:])
             heartbeat_task = asyncio.create_task(heartbeats(log, spec.endpoint, slots, stop))
-            gw_port = free_port()
-            gw_env = {k: v for k, v in env.items() if not k.startswith("GRID_GATEWAY_")}  # the defaults
-            gw_env.update(GRID_HOME=str(home), GRID_NATS_URL=nats.url)
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "grid.cli.main", "serve", "gateway", "--port", str(gw_port)],
-                env=gw_env, stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "gateway.log", "wb"),
-            )
-            gw_url = f"http://127.0.0.1:{gw_port}"
-            await wait_http(f"{gw_url}/gateway/health")
-            async with httpx.AsyncClient(trust_env=False, timeout=60.0) as c:
-                deadline = time.monotonic() + 30
-                while MODEL_ID not in (await c.get(f"{gw_url}/v1/models")).text:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the gateway never listed the model")
-                    await asyncio.sleep(0.1)
+            gateway, gw_url = await _gateway(env, home, nats.url, Path(tmp) / "gateway.log")
+            if floor:
+                floor_home = Path(tmp) / "floor-home"
+                floor_home.mkdir(mode=0o700)
+                floor_gateway, floor_url = await _gateway(env, floor_home, nats.url, Path(tmp) / "floor-gateway.log",
+                                                          upstream="h1")
             procs = {"gateway": psutil.Process(gateway.pid), "nats-server": psutil.Process(nats.process.pid),
                      "host agent": psutil.Process(agent.pid), "engine": psutil.Process(engine.pid)}
-            yield OneHostGrid(spec.endpoint, key, gw_url, procs)
+            if floor_gateway is not None:
+                procs["floor gateway"] = psutil.Process(floor_gateway.pid)
+            yield OneHostGrid(spec.endpoint, key, gw_url, procs, floor_url)
         finally:
             stop.set()
             if heartbeat_task is not None:
                 heartbeat_task.cancel()
-            for proc in (gateway, agent, engine):
+            for proc in (floor_gateway, gateway, agent, engine):
                 stop_process(proc)
             if log is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(log.close(), 5.0)
             nats.stop()
+
+
+async def _gateway(env: dict[str, str], home: Path, nats_url: str, log_path: Path,
+                   upstream: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A gateway process (default settings, or the given upstream backend), once it lists the model."""
+    port = free_port()
+    gw_env = {k: v for k, v in env.items() if not k.startswith("GRID_GATEWAY_")}  # the defaults
+    gw_env.update(GRID_HOME=str(home), GRID_NATS_URL=nats_url)
+    if upstream is not None:
+        gw_env["GRID_GATEWAY_UPSTREAM"] = upstream
+    gateway = subprocess.Popen([sys.executable, "-m", "grid.cli.main", "serve", "gateway", "--port", str(port)],
+                               env=gw_env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_http(f"{url}/gateway/health")
+        async with httpx.AsyncClient(trust_env=False, timeout=60.0) as c:
+            deadline = time.monotonic() + 30
+            while MODEL_ID not in (await c.get(f"{url}/v1/models")).text:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the gateway never listed the model")
+                await asyncio.sleep(0.1)
+    except BaseException:
+        stop_process(gateway)
+        raise
+    return gateway, url
 
 
 async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: int, warmup: int,

@@ -1,0 +1,58 @@
+"""The gateway's floor: how much of the added latency is the gateway itself, and how much the
+hop to the engine's host (agent + NATS) adds on top.
+
+One run (bench._common.one_host_grid(floor=True)) starts a real nats-server, one llama-server
+child (SmolLM2-135M Q4_1) that takes no key, the host agent's side of inference as its own
+process, and two gateway processes beside each other:
+
+  * gateway: the default path a user gets, gateway -> NATS -> host agent -> engine;
+  * floor: a gateway calling the same engine straight over HTTP (upstream backend h1: no agent,
+    no NATS, no TLS). No user's request takes it: every engine an agent starts takes its
+    host's key, which a gateway never holds. It is the least a gateway in front of an engine
+    can add on this machine, whatever carries the hop behind it.
+
+Rounds are interleaved over the three paths (the order turns each round), one keep-alive client
+per path, as bench.gateway_overhead: sequential non-streaming chat (max_tokens=1) and a
+stream's time to first token. It prints both paths against the direct call, then the hop's own
+share (gateway - floor). Goal of the remote path (issue: serving across machines): median added
+<= 2 ms; a floor near it leaves no room for any hop to another host.
+
+    python -m bench.gateway_floor [--rounds 200] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from bench._common import interleaved, one_host_grid, overhead_args, pct, print_latency_table
+
+
+async def run(rounds: int, threads: int, warmup: int) -> None:
+    async with one_host_grid(threads=threads, floor=True) as grid:
+        procs = {n: p for n, p in grid.procs.items() if n != "engine"}
+        results, cpu_ms = await interleaved({"direct": grid.direct, "floor": grid.floor, "gateway": grid.via},
+                                            rounds=rounds, warmup=warmup, procs=procs)
+    print(f"gateway floor: {rounds} interleaved rounds over 3 paths, llama-server threads={threads}, "
+          f"SmolLM2-135M Q4_1 (no key), loopback, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    print("floor = a gateway calling the engine straight over HTTP (no agent, no NATS)")
+    floor_added = print_latency_table(results, "direct", "floor")
+    print("gateway = the default path (gateway -> NATS -> host agent -> engine)")
+    added = print_latency_table(results, "direct", "gateway")
+    for name, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
+        hop = (pct(results[name]["gateway"], 0.5) - pct(results[name]["floor"], 0.5)) * 1e3
+        print(f"{label}: the hop through NATS and the host agent adds {hop:.2f} ms (median gateway - floor)")
+    print(f"CPU per request: floor gateway {cpu_ms['floor gateway']:.3f} ms, gateway {cpu_ms['gateway']:.3f} ms, "
+          f"host agent {cpu_ms['host agent']:.3f} ms, nats-server {cpu_ms['nats-server']:.3f} ms "
+          f"(each over its measured rounds, background work included)")
+    print(f"median added: floor {floor_added:.2f} ms, gateway {added:.2f} ms; the remote goal (<= 2 ms) leaves "
+          f"{2.0 - floor_added:.2f} ms for a hop to another host beyond the floor")
+
+
+def main() -> None:
+    args = overhead_args(__doc__)
+    asyncio.run(run(args.rounds, args.threads, args.warmup))
+
+
+if __name__ == "__main__":
+    main()
