@@ -27,6 +27,8 @@ from typing import Any
 import msgspec
 import psutil
 
+from grid.procstart import same_start, start_stamp
+
 MIB = 1024 * 1024
 
 BACKEND_CPU = "cpu"
@@ -211,6 +213,7 @@ class _Claim(msgspec.Struct, frozen=True):
     memory_mb: int
     pid: int
     create_time: float
+    start_stamp: str | None = None  # grid.procstart.start_stamp
 
 
 class CapacityShareError(RuntimeError):
@@ -239,7 +242,7 @@ class CapacityLedger:
                 claim = msgspec.json.decode(path.read_bytes(), type=_Claim)
             except (OSError, msgspec.DecodeError, msgspec.ValidationError):
                 continue  # damaged: ignored (its agent, if alive, rewrites it on restart)
-            if _alive(claim.pid, claim.create_time):
+            if _alive(claim):
                 out[claim.host_id] = claim.memory_mb
         return out
 
@@ -255,7 +258,8 @@ class CapacityLedger:
             me = psutil.Process()
             path = self.root / f"{_file_token(host_id)}.json"
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(msgspec.json.encode(_Claim(host_id, decision.memory_mb, me.pid, me.create_time())))
+            tmp.write_bytes(msgspec.json.encode(_Claim(host_id, decision.memory_mb, me.pid, me.create_time(),
+                                                    start_stamp(me.pid))))
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
             self._mine = path
@@ -274,8 +278,9 @@ def _file_token(host_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else f"%{ord(c):02x}" for c in host_id)[:200]
 
 
-def _alive(pid: int, create_time: float) -> bool:
+def _alive(claim: _Claim) -> bool:
     try:
-        return abs(psutil.Process(pid).create_time() - create_time) < 1.0
+        return same_start(claim.pid, psutil.Process(claim.pid).create_time(), recorded_stamp=claim.start_stamp,
+                          recorded_create_time=claim.create_time, tolerance=1.0)
     except (psutil.Error, OSError):
         return False

@@ -18,9 +18,11 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import psutil
 
 from grid.agent.state import ProcessProof
+from grid.procstart import start_stamp
 
 OWNER_ENV = "GRID_ENGINE_OWNER"
 HOST_ENV = "GRID_ENGINE_HOST"
@@ -83,7 +85,8 @@ def parse_engine(proc: psutil.Process, token: str) -> OwnedEngine | None:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
             argv = tuple(proc.cmdline())
-            proof = ProcessProof(pid=proc.pid, port=0, exe=proc.exe(), cmdline=argv, create_time=proc.create_time())
+            proof = ProcessProof(pid=proc.pid, port=0, exe=proc.exe(), cmdline=argv, create_time=proc.create_time(),
+                                 start_stamp=start_stamp(proc.pid))
     except (psutil.Error, OSError):
         return None
     model_id, port, model_path = _flag(argv, "--alias"), _flag(argv, "--port"), _flag(argv, "--model")
@@ -93,7 +96,7 @@ def parse_engine(proc: psutil.Process, token: str) -> OwnedEngine | None:
         model_id, port = model_id or "", port if port and port.isdigit() else "0"
     slots = max(1, _int(_flag(argv, "--parallel"), 1))
     return OwnedEngine(
-        proof=ProcessProof(pid=proof.pid, port=int(port), exe=proof.exe, cmdline=argv, create_time=proof.create_time),
+        proof=msgspec.structs.replace(proof, port=int(port)),
         host_id=env.get(HOST_ENV, ""),
         model_id=model_id or "",
         model_path=model_path or "",

@@ -32,6 +32,7 @@ from grid.events import codec
 from grid.events.host import HostHeartbeat
 from grid.events.log import EventLog
 from grid.events.subjects import host_subject
+from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, starts_match
 
 log = structlog.get_logger("grid.agent")
 
@@ -119,8 +120,8 @@ def recover_host_id(paths: AgentPaths, token: str) -> tuple[str, str] | None:
 
 
 def _same_process(a: ProcessProof, b: ProcessProof) -> bool:
-    return a.pid == b.pid and a.create_time is not None and b.create_time is not None \
-        and abs(a.create_time - b.create_time) <= 0.05
+    return a.pid == b.pid and starts_match(a.start_stamp, a.create_time, b.start_stamp, b.create_time,
+                                           tolerance=CREATE_TIME_TOLERANCE_SECONDS)
 
 
 def _tracked(ctx: AgentContext, engine: OwnedEngine) -> bool:

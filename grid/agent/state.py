@@ -36,6 +36,8 @@ class ProcessProof(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cmdline: tuple[str, ...] | None = None
     # psutil create_time (process birth marker); None until enriched after spawn.
     create_time: float | None = None
+    # grid.procstart.start_stamp: the birth marker wall-clock corrections do not move (Linux).
+    start_stamp: str | None = None
 
 
 class ResidencyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -30,6 +30,7 @@ from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
 from grid.cli.common import LogFormatOption
 from grid.config import GridConfig
 from grid.logs import configure_logging
+from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 from grid.secrets import SecretFileError
 
 node_app = typer.Typer(help="Run and steer this machine's host agent.", no_args_is_help=True)
@@ -46,6 +47,7 @@ class PidRecord(msgspec.Struct, kw_only=True):
     instance: str
     host_id: str = ""
     started_at: float = 0.0
+    start_stamp: str | None = None  # grid.procstart.start_stamp
 
 
 _pid_decoder = msgspec.json.Decoder(PidRecord)
@@ -77,7 +79,8 @@ def verify_pid(record: PidRecord) -> str:
     try:
         proc = psutil.Process(record.pid)
         with proc.oneshot():
-            if abs(proc.create_time() - record.create_time) > 0.05:
+            if not same_start(record.pid, proc.create_time(), recorded_stamp=record.start_stamp,
+                              recorded_create_time=record.create_time, tolerance=CREATE_TIME_TOLERANCE_SECONDS):
                 return "reused"
             if tuple(proc.cmdline()) != tuple(record.cmdline):
                 return "reused"
@@ -209,7 +212,7 @@ def start(
     me = psutil.Process()
     record = PidRecord(
         pid=me.pid, create_time=me.create_time(), cmdline=tuple(me.cmdline()), instance=uuid.uuid4().hex,
-        started_at=time.time(),
+        started_at=time.time(), start_stamp=start_stamp(me.pid),
     )
 
     async def main() -> int:

@@ -32,6 +32,7 @@ from grid.cli.common import (
     resolve_nats_url,
 )
 from grid.config import GridConfig
+from grid.procstart import same_start, start_stamp
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
@@ -52,9 +53,10 @@ def _running_up(cfg: GridConfig) -> psutil.Process | None:
     """The live `gridctl up` process for this grid home, proven by its command line."""
     path = _pid_file(cfg)
     try:
-        pid, created = path.read_text().split()
+        pid, created, *stamp = path.read_text().split()  # the stamp is absent from older files
         proc = psutil.Process(int(pid))
-        if abs(proc.create_time() - float(created)) > 1.0:
+        if not same_start(proc.pid, proc.create_time(), recorded_stamp=stamp[0] if stamp else None,
+                          recorded_create_time=float(created), tolerance=1.0):
             return None  # the pid was reused by another process
         argv = proc.cmdline()
     except (OSError, ValueError, psutil.Error):
@@ -123,7 +125,7 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
     _check_secrets(cfg)
     me = psutil.Process()
-    _pid_file(cfg).write_text(f"{me.pid} {me.create_time()}\n")
+    _pid_file(cfg).write_text(f"{me.pid} {me.create_time()} {start_stamp(me.pid) or ''}".rstrip() + "\n")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

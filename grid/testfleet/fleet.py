@@ -515,7 +515,7 @@ def _engine_records(host: HostRecord) -> list[ProcessRecord]:
         proof = res.process
         if proof is not None and proof.create_time is not None and proof.cmdline:
             out.append(ProcessRecord(pid=proof.pid, create_time=proof.create_time, cmdline=tuple(proof.cmdline),
-                                     log=""))
+                                     log="", start_stamp=proof.start_stamp))
     return out
 
 

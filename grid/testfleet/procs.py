@@ -15,10 +15,9 @@ from pathlib import Path
 
 import psutil
 
+from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 from grid.testfleet.state import ProcessRecord
 
-# Birth times from psutil are rounded; a reused pid differs by far more than this.
-CREATE_TIME_TOLERANCE_SECONDS = 0.05
 # How long a wrapper (`ip netns exec`) may take to exec the real command.
 EXEC_TIMEOUT_SECONDS = 10.0
 
@@ -45,7 +44,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], log: Path, runs: Seque
         if cmdline == expected:
             break
         time.sleep(0.01)
-    return ProcessRecord(pid=proc.pid, create_time=ps.create_time(), cmdline=cmdline, log=str(log))
+    return ProcessRecord(pid=proc.pid, create_time=ps.create_time(), cmdline=cmdline, log=str(log),
+                         start_stamp=start_stamp(proc.pid))
 
 
 def prove(record: ProcessRecord | None) -> psutil.Process | None:
@@ -55,7 +55,8 @@ def prove(record: ProcessRecord | None) -> psutil.Process | None:
     try:
         proc = psutil.Process(record.pid)
         with proc.oneshot():
-            if abs(proc.create_time() - record.create_time) > CREATE_TIME_TOLERANCE_SECONDS:
+            if not same_start(proc.pid, proc.create_time(), recorded_stamp=record.start_stamp,
+                              recorded_create_time=record.create_time, tolerance=CREATE_TIME_TOLERANCE_SECONDS):
                 return None
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None

@@ -31,6 +31,8 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
     create_time: float
     cmdline: tuple[str, ...]
     log: str
+    # grid.procstart.start_stamp: the start time wall-clock corrections do not move (Linux).
+    start_stamp: str | None = None
 
 
 class HostRecord(msgspec.Struct, kw_only=True):

@@ -2,8 +2,9 @@
 
 One child per resident model. The engine key reaches the child only through
 ``--api-key-file`` (an owner-only file); it is never in argv or the child environment.
-Ownership proof is the recorded (pid, exe, cmdline, create_time): a PID is only signalled when
-all of them match, so a recycled PID is never touched.
+Ownership proof is the recorded (pid, exe, cmdline, create_time and its start stamp, see
+grid.procstart): a PID is only signalled when all of them match, so a recycled PID is never
+touched, and a corrected wall clock does not make a live engine look gone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import psutil
 
 from grid.agent.state import ProcessProof
+from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 
 RUNTIME = "llama.cpp"
 DEFAULT_THREADS = 2
@@ -147,6 +149,7 @@ def capture_proof(pid: int, port: int) -> ProcessProof:
             exe=proc.exe(),
             cmdline=tuple(proc.cmdline()),
             create_time=proc.create_time(),
+            start_stamp=start_stamp(pid),
         )
 
 
@@ -158,7 +161,9 @@ def prove(proof: ProcessProof) -> str:
             create_time = proc.create_time()
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return PROOF_GONE
-            if proof.create_time is not None and abs(create_time - proof.create_time) > 0.05:
+            if proof.create_time is not None and not same_start(
+                    proof.pid, create_time, recorded_stamp=proof.start_stamp, recorded_create_time=proof.create_time,
+                    tolerance=CREATE_TIME_TOLERANCE_SECONDS):
                 # A process's birth time never changes: this PID belongs to someone else now.
                 return PROOF_GONE
             exe = proc.exe()
@@ -332,7 +337,7 @@ def complete_proof(
                     continue
                 return ProcessProof(
                     pid=proc.pid, port=port, exe=proc.exe(), cmdline=tuple(proc.cmdline()),
-                    create_time=proc.create_time(),
+                    create_time=proc.create_time(), start_stamp=start_stamp(proc.pid),
                 )
         except (psutil.Error, OSError):
             continue
