@@ -191,16 +191,25 @@ def _send(proof: ProcessProof, sig: int) -> bool:
 
 
 def _wait_gone(proof: ProcessProof, timeout: float, popen: subprocess.Popen[bytes] | None) -> bool:
+    if popen is not None:
+        # Our own child: only reaping it proves it gone. Its pid cannot be reused before then, and
+        # a zombie leader (prove's "gone") may still have threads unmapping the model, so a
+        # "gone" from prove would return early and leave the zombie unreaped.
+        return _reap(popen, timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if popen is not None and popen.poll() is not None:
-            return True
         if prove(proof) == PROOF_GONE:
             return True
         time.sleep(0.05)
-    if popen is not None and popen.poll() is not None:
-        return True
     return prove(proof) == PROOF_GONE
+
+
+def _reap(popen: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 STOP_STOPPED = "stopped"
@@ -219,18 +228,19 @@ def stop_process(
     """SIGTERM, then SIGKILL, each only to a proven process (blocking; run in a thread)."""
     status = prove(proof)
     if status == PROOF_GONE:
-        if popen is not None:
-            popen.poll()
+        if popen is not None and not _reap(popen, kill_timeout):
+            return STOP_STUCK
         return STOP_ALREADY_GONE
     if status != PROOF_MATCH:
         return STOP_NOT_PROVEN
     if _send(proof, signal.SIGTERM) and _wait_gone(proof, term_timeout, popen):
         return STOP_STOPPED
-    if prove(proof) == PROOF_GONE:
+    if _wait_gone(proof, 0.0, popen):
         return STOP_STOPPED
     if _send(proof, signal.SIGKILL) and _wait_gone(proof, kill_timeout, popen):
         return STOP_STOPPED
-    return STOP_STOPPED if prove(proof) == PROOF_GONE else STOP_STUCK
+    # Not signalled because it is already exiting (a zombie leader): our own child is still reaped.
+    return STOP_STOPPED if _wait_gone(proof, kill_timeout if popen is not None else 0.0, popen) else STOP_STUCK
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
