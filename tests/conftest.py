@@ -7,6 +7,7 @@ sequences start at 1 in each test.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -67,6 +68,15 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port bound and listened on for the whole test, as another process would hold it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])
 
 
 async def reset_streams(log: JetStreamLog) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError, free_port
+from grid.events.embedded import PORT_TAKEN_ATTEMPTS, EmbeddedNats, EmbeddedNatsError, PortTakenError, free_port
 
 ROUTE_USER = "grid-route"
 DEFAULT_CLUSTER_NAME = "grid"
@@ -153,13 +153,22 @@ class NatsCluster:
         self.name = check_node_name(name)
         self.host = host
         self.route_secret = route_secret or new_route_secret()
+        self._node_count = nodes
+        self._node_factory = node_factory or ClusterNode
+        self._sync_always = sync_always
+        self.addresses: list[NodeAddress] = []
+        self.nodes: list[EmbeddedNats] = []
+        self._place()
+
+    def _place(self) -> None:
+        """Pick every node's ports and build its node: each config names every peer's route port."""
         self.addresses = [
-            NodeAddress(f"{name}-n{i + 1}", host, free_port(host), free_port(host)) for i in range(nodes)
+            NodeAddress(f"{self.name}-n{i + 1}", self.host, free_port(self.host), free_port(self.host))
+            for i in range(self._node_count)
         ]
-        factory = node_factory or ClusterNode
-        self.nodes: list[EmbeddedNats] = [
-            factory(self.base_dir / a.name, cluster=self.name, me=a, nodes=self.addresses,
-                    route_secret=self.route_secret, sync_always=sync_always)
+        self.nodes = [
+            self._node_factory(self.base_dir / a.name, cluster=self.name, me=a, nodes=self.addresses,
+                               route_secret=self.route_secret, sync_always=self._sync_always)
             for a in self.addresses
         ]
 
@@ -173,16 +182,26 @@ class NatsCluster:
         return ",".join(self.urls)
 
     def start(self, timeout: float = 30.0) -> "NatsCluster":
-        try:
-            for node in self.nodes:
-                node.spawn()
-            for node in self.nodes:
-                node.wait_ready()
-            self.wait_jetstream(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        """Start every node and wait until the cluster's JetStream is healthy. When another process
+        bound a picked port before its node did, the whole cluster is placed again on new ports."""
+        attempt = 1
+        while True:
+            try:
+                for node in self.nodes:
+                    node.spawn()
+                for node in self.nodes:
+                    node.wait_ready()
+                self.wait_jetstream(timeout)
+                return self
+            except PortTakenError:
+                self.stop()
+                if attempt >= PORT_TAKEN_ATTEMPTS:
+                    raise
+                attempt += 1
+                self._place()
+            except BaseException:
+                self.stop()
+                raise
 
     def wait_jetstream(self, timeout: float = 30.0, *, nodes: Sequence[int] | None = None) -> None:
         """Until every (live, or the given) node reports JetStream healthy, meta leader included."""

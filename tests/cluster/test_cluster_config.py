@@ -3,6 +3,7 @@ routes admit only nodes that hold the route secret."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import httpx
 import nats
 import pytest
 
+from grid.events import cluster as cluster_module
 from grid.events.cluster import NatsCluster
 from grid.events.embedded import find_nats_server, port_in_use
 from grid.events.jetstream import JetStreamLog
@@ -154,3 +156,21 @@ async def test_a_node_without_the_route_secret_cannot_join(tmp_path: Path, serve
         await nc.close()
     log = (tmp_path / "rogue.log").read_text()
     assert "Authorization Violation" in log or "authorization" in log.lower()
+
+
+def test_a_cluster_whose_picked_port_was_taken_meanwhile_starts_on_new_ports(
+        tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fourth pick, the second node's route port, is bound by another process after the pick
+    # and before that node starts: the race free ports always have.
+    picks = itertools.count()
+    pick = cluster_module.free_port
+    monkeypatch.setattr(cluster_module, "free_port", lambda host: taken_port if next(picks) == 3 else pick(host))
+    cluster = NatsCluster(tmp_path / "cluster", nodes=3)
+    assert cluster.addresses[1].route_port == taken_port
+    with cluster:
+        assert taken_port not in {p for a in cluster.addresses for p in (a.client_port, a.route_port)}
+        assert "address already in use" in cluster.nodes[1].log_path.read_text()
+        for node in cluster.nodes:
+            routez = httpx.get(f"http://127.0.0.1:{node.monitor_port}/routez", timeout=2.0).json()
+            peers = {r.get("remote_name") for r in routez["routes"]}
+            assert peers == {a.name for a in cluster.addresses} - {node.server_name}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,20 +13,16 @@ import httpx
 import openai
 import pytest
 
+from grid.events.embedded import free_port
+
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_xllamacpp_child_serves_with_its_key_and_stops_on_sigterm(bundled_gguf: Path, tmp_path: Path) -> None:
     key_file = tmp_path / "engine.key"
     key_file.write_text("engine-key-1\n")
     os.chmod(key_file, 0o600)
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "grid.agent.engines.xllamacpp_server", "--model", str(bundled_gguf),
             "--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file), "--slots",
             "--parallel", "1", "--ctx-size", "1024", "--alias", "smol", "--threads", "1", "--threads-batch", "1",

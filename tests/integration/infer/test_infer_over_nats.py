@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ import pytest
 
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
-from grid.events.embedded import EmbeddedNats
+from grid.events.embedded import EmbeddedNats, free_port
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
 from grid.infer.client import InferTarget, NatsUpstream
@@ -34,12 +33,6 @@ CHAT = "/v1/chat/completions"
 JSON = [(b"content-type", b"application/json")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("infer-engine")
@@ -47,7 +40,7 @@ def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.
     key_file = home / "engine.key"
     key_file.write_text(key)
     key_file.chmod(0o600)
-    spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=_free_port(), key_file=key_file, slots=2,
+    spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=free_port(), key_file=key_file, slots=2,
                       context_size=1024, threads=1)
     proc = spawn(llama_server_bin, spec, home / "engine.log")
     try:
@@ -145,7 +138,7 @@ async def test_refusals_and_failures_map_like_http(pair, nats_server: EmbeddedNa
 
     # An engine that is down: the agent reports a transport failure, not an answer.
     down = await JetStreamLog.connect(nats_server.url, name="agent-host-down")
-    dead = InferenceResponder(down.client, "host-down", lambda m: EngineRoute(f"http://127.0.0.1:{_free_port()}", "k"))
+    dead = InferenceResponder(down.client, "host-down", lambda m: EngineRoute(f"http://127.0.0.1:{free_port()}", "k"))
     await dead.start()
     try:
         with pytest.raises(httpx.ConnectError, match="engine unreachable"):
