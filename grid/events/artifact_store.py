@@ -99,7 +99,8 @@ async def ensure_artifact_bucket(js: JetStreamContext, *, replicas: int = 1) -> 
 async def ensure_artifact_store(log: JetStreamLog) -> StreamReplicas:
     """The bucket on `log`'s server with the log's replica count (its setting, else automatic),
     an existing bucket's count updated where NATS allows it and reported with the fix if not."""
-    await ensure_artifact_bucket(log.client.jetstream(), replicas=log.wanted_replicas())
+    js = log.client.jetstream()
+    await log.create_replicated(lambda replicas: ensure_artifact_bucket(js, replicas=replicas))
     return await log.ensure_replicas(ARTIFACT_STREAM)
 
 def _object_digest_hex(digest: str | None) -> str | None:

@@ -23,8 +23,8 @@ import collections
 import datetime as dt
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -57,10 +57,14 @@ from grid.events.subjects import (
 )
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 DAY = 86_400.0
 GIB = 1 << 30
+# JetStream API error codes Grid acts on.
 WRONG_LAST_SEQUENCE = 10071
+JS_NO_SUITABLE_PEERS = 10005  # "no suitable peers for placement": fewer peers than replicas asked for
+JS_STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 INITIAL_CONNECT_ATTEMPTS = 3
 # How long stream setup waits for JetStream to answer for the account: a cluster that just
 # started enables it only once its meta group has a leader (seen as 503 "JetStream not enabled
@@ -98,8 +102,8 @@ _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
 
 # Replication (num_replicas of every stream and of the lease bucket). JetStream allows 1..5.
 MAX_REPLICAS = 5
-# With this many nodes or more the automatic choice is R3 (survives the loss of one node, and
-# a quorum of two is still there); fewer nodes get R1, since R2 tolerates no loss at all.
+# On a cluster that can place this many the automatic choice is R3 (survives the loss of one
+# node, and a quorum of two is still there); fewer peers get R1, since R2 tolerates no loss at all.
 CLUSTER_REPLICAS = 3
 # Outcomes of ensuring one stream's replica count (StreamReplicas.outcome).
 REPLICAS_CREATED = "created"
@@ -124,11 +128,6 @@ def check_replicas(value: int) -> int:
     if not 1 <= value <= MAX_REPLICAS:
         raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, not {value}")
     return value
-
-
-def auto_replicas(cluster_nodes: int) -> int:
-    """The replica count for a deployment of `cluster_nodes` NATS servers when none is set."""
-    return CLUSTER_REPLICAS if cluster_nodes >= CLUSTER_REPLICAS else 1
 
 
 def fix_command(stream: str, replicas: int) -> str:
@@ -186,7 +185,7 @@ class JetStreamLog:
     def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
                  replicas: int | None = None) -> None:
         self._nc = nc
-        # None: automatic (see auto_replicas); a number: exactly that many, set by the operator.
+        # None: automatic (see wanted_replicas); a number: exactly that many, set by the operator.
         self.replicas = None if replicas is None else check_replicas(replicas)
         # What the last ensure_streams found and did about replica counts.
         self.replica_reports: tuple[StreamReplicas, ...] = ()
@@ -334,24 +333,39 @@ class JetStreamLog:
             await unsubscribe(sub)
         return all(verdicts) if verdicts else None
 
-    def cluster_nodes(self) -> int:
-        """How many servers the connected cluster has, from the server's INFO (1: no cluster).
-
-        A clustered server lists every node's client URL in `connect_urls` (itself included),
-        unless the cluster was configured with `no_advertise`; then only GRID_REPLICAS tells.
-        """
+    def clustered(self) -> bool:
+        """Whether the connected server is a node of a cluster (its INFO names one)."""
         info = getattr(self._nc, "_server_info", None) or {}  # nats-py keeps INFO only here
-        if not info.get("cluster"):
-            return 1
-        return max(1, len(set(info.get("connect_urls") or ())))
+        return bool(info.get("cluster"))
 
     def wanted_replicas(self, actual: int | None = None) -> int:
-        """The replica count to ensure: the setting, else automatic, never below what an existing
-        stream already has (an automatic choice does not shrink what an operator grew)."""
+        """The replica count to ask for: the setting, else automatic, never below what an existing
+        stream already has (an automatic choice does not shrink what an operator grew).
+
+        Automatic is CLUSTER_REPLICAS on a cluster, and JetStream's placement has the last word
+        (see `create_replicated`): it knows every peer, while the server's INFO lists only the
+        nodes it has routes to so far, which right after a cluster starts can be fewer than it has
+        (and none at all with `no_advertise`).
+        """
         if self.replicas is not None:
             return self.replicas
-        auto = auto_replicas(self.cluster_nodes())
-        return max(auto, actual or 0)
+        return max(CLUSTER_REPLICAS if self.clustered() else 1, actual or 0)
+
+    def _unplaceable(self, exc: nats.js.errors.APIError, wanted: int) -> bool:
+        """An automatic replica count the cluster has too few JetStream peers to place."""
+        return self.replicas is None and wanted > 1 and exc.err_code == JS_NO_SUITABLE_PEERS
+
+    async def create_replicated(self, create: Callable[[int], Awaitable[T]]) -> tuple[T, int]:
+        """`create(replicas)` of a missing stream or bucket with the wanted replica count; an
+        automatic count the cluster cannot place is created with one replica instead. Returns
+        what `create` returned and the count it was created with."""
+        wanted = self.wanted_replicas()
+        try:
+            return await create(wanted), wanted
+        except nats.js.errors.APIError as exc:
+            if not self._unplaceable(exc, wanted):
+                raise
+        return await create(1), 1
 
     async def ensure_streams(self, replicas: int | None = None) -> tuple[StreamReplicas, ...]:
         """Create every stream (and the lease bucket) idempotently, updating drifted config.
@@ -396,16 +410,10 @@ class JetStreamLog:
     async def _ensure_stream(self, config: api.StreamConfig) -> StreamReplicas:
         name = config.name or ""
         actual = await self._stream_replicas(name)
+        if actual is None:
+            return await self._create_stream(config)
         wanted = self.wanted_replicas(actual)
         config.num_replicas = wanted
-        if actual is None:
-            try:
-                await self._js.add_stream(config)
-            except nats.js.errors.BadRequestError:  # created meanwhile by another controller
-                return await self._ensure_stream(config)
-            except nats.js.errors.APIError as exc:
-                raise LogError(f"cannot create stream {name} with {wanted} replicas: {exc.description}") from exc
-            return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_CREATED)
         try:
             await self._js.add_stream(config)  # identical config: accepted as is
             return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_OK)
@@ -419,10 +427,33 @@ class JetStreamLog:
             # Keep the replica count the server has, still fix the rest of the configuration.
             config.num_replicas = actual
             await self._js.update_stream(config)
-            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
-                                  fix=fix_command(name, wanted), error=exc.description)
+            return self._refused(name, wanted, actual, exc)
         return StreamReplicas(stream=name, wanted=wanted, actual=wanted,
                               outcome=REPLICAS_OK if actual == wanted else REPLICAS_UPDATED)
+
+    async def _create_stream(self, config: api.StreamConfig) -> StreamReplicas:
+        name = config.name or ""
+
+        async def create(replicas: int) -> None:
+            config.num_replicas = replicas
+            await self._js.add_stream(config)
+
+        try:
+            _, replicas = await self.create_replicated(create)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == JS_STREAM_NAME_IN_USE:  # created meanwhile by another controller
+                return await self._ensure_stream(config)
+            raise LogError(f"cannot create stream {name} with {config.num_replicas} replicas: "
+                           f"{exc.description}") from exc
+        return StreamReplicas(stream=name, wanted=replicas, actual=replicas, outcome=REPLICAS_CREATED)
+
+    def _refused(self, name: str, wanted: int, actual: int, exc: nats.js.errors.APIError) -> StreamReplicas:
+        """What a refused replica update of a stream leaves: as it is, and the command that fixes
+        it; but an automatic count the cluster cannot place is no mismatch."""
+        if self._unplaceable(exc, wanted):
+            return StreamReplicas(stream=name, wanted=actual, actual=actual, outcome=REPLICAS_OK)
+        return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
+                              fix=fix_command(name, wanted), error=exc.description)
 
     async def ensure_replicas(self, name: str) -> StreamReplicas:
         """Only the replica count of a stream whose other settings someone else owns (a KV or
@@ -437,8 +468,7 @@ class JetStreamLog:
         try:
             await self._js.update_stream(config)
         except nats.js.errors.APIError as exc:
-            return StreamReplicas(stream=name, wanted=wanted, actual=actual, outcome=REPLICAS_MISMATCH,
-                                  fix=fix_command(name, wanted), error=exc.description)
+            return self._refused(name, wanted, actual, exc)
         return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_UPDATED)
 
     async def _bucket(self, bucket: str) -> Any:
@@ -447,10 +477,8 @@ class JetStreamLog:
             try:
                 kv = await self._js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
-                kv = await self._js.create_key_value(
-                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE,
-                                       replicas=self.wanted_replicas())
-                )
+                kv, _ = await self.create_replicated(lambda replicas: self._js.create_key_value(
+                    api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE, replicas=replicas)))
             self._kv[bucket] = kv
         return kv
 

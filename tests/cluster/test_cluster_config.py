@@ -104,7 +104,7 @@ async def test_cluster_config_runs_as_a_secured_r3_cluster(tmp_path: Path, serve
     ca = home / "identity" / "tls" / "ca.pem"
     log = await connect_log(url, credentials=creds, tls_ca=ca, name="test-controller")
     try:
-        assert log.cluster_nodes() == 3
+        assert log.clustered()
         assert {r.actual for r in log.replica_reports} == {3}
         await log.append_raw("grid.ctl.tick", b"{}", msg_id="on-the-cluster")
     finally:

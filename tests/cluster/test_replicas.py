@@ -13,11 +13,12 @@ import pytest
 
 from grid.config import ConfigError, GridConfig, parse_replicas
 from grid.events.artifact_store import ensure_artifact_store
-from grid.events.cluster import NatsCluster
+from grid.events.cluster import ClusterNode, NatsCluster
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import (
     REPLICAS_CREATED,
     REPLICAS_MISMATCH,
+    REPLICAS_OK,
     REPLICAS_UPDATED,
     JetStreamLog,
 )
@@ -50,7 +51,7 @@ async def replica_counts(log: JetStreamLog, settle: float = 15.0) -> dict[str, t
 async def test_a_three_node_cluster_gets_r3_streams_and_lease_bucket(nats_cluster: NatsCluster) -> None:
     log = await JetStreamLog.connect(nats_cluster.url)
     try:
-        assert log.cluster_nodes() == 3
+        assert log.clustered()
         assert await replica_counts(log) == {name: (3, 3) for name in EVERY_STREAM}
         assert {r.stream: r.outcome for r in log.replica_reports}[ALL_STREAMS[0]] == REPLICAS_CREATED
         # The lease works on the replicated bucket.
@@ -83,20 +84,54 @@ async def test_the_setting_wins_and_an_automatic_choice_never_shrinks(nats_clust
         await log.close()
     grown = await JetStreamLog.connect(nats_cluster.url, replicas=3)
     await grown.close()
-    # A single-node view (automatic would be 1) leaves R3 streams alone.
+    # Automatic (3 here) never shrinks what a stream has, and leaves R3 streams alone.
     auto = await JetStreamLog.connect(nats_cluster.urls[2])
     try:
-        assert auto.wanted_replicas(3) == 3
+        assert auto.wanted_replicas(5) == 5
         assert await replica_counts(auto) == {name: (3, 3) for name in EVERY_STREAM}
     finally:
         await auto.close()
+
+
+class UnadvertisedNode(ClusterNode):
+    """A node whose INFO names no other node (`no_advertise`), as a node that has not yet routed
+    to its peers shows fewer nodes than the cluster has."""
+
+    def extra_config(self) -> str:
+        return super().extra_config().replace("cluster {\n", "cluster {\n  no_advertise: true\n", 1)
+
+
+async def test_automatic_replicas_follow_placement_not_the_nodes_a_server_advertises(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", nodes=3, node_factory=UnadvertisedNode) as cluster:
+        log = await JetStreamLog.connect(cluster.url)
+        try:
+            assert log.clustered() and not log.client._server_info.get("connect_urls")
+            assert await replica_counts(log) == {name: (3, 3) for name in EVERY_STREAM}
+            assert (await ensure_artifact_store(log)).actual == 3
+        finally:
+            await log.close()
+
+
+async def test_a_two_node_cluster_gets_r1_without_a_mismatch_and_r3_fails_clearly(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", nodes=2) as cluster:
+        # Three replicas set by the operator on two nodes: a clear error, and nothing created.
+        with pytest.raises(LogError, match=f"cannot create stream {ALL_STREAMS[0]} with 3 replicas: no suitable peers"):
+            await JetStreamLog.connect(cluster.url, replicas=3)
+        for outcome in (REPLICAS_CREATED, REPLICAS_OK):  # created, then found as it should be
+            log = await JetStreamLog.connect(cluster.url)
+            try:
+                assert {(r.stream, r.outcome, r.wanted, r.actual) for r in log.replica_reports} == {
+                    (name, outcome if name in ALL_STREAMS else REPLICAS_OK, 1, 1) for name in EVERY_STREAM}
+                assert (await ensure_artifact_store(log)).actual == 1
+            finally:
+                await log.close()
 
 
 async def test_a_refused_update_is_reported_with_the_command_that_fixes_it(tmp_path: Path) -> None:
     with EmbeddedNats(tmp_path / "single") as server:
         auto = await JetStreamLog.connect(server.url)
         try:
-            assert auto.cluster_nodes() == 1
+            assert not auto.clustered()
             assert await replica_counts(auto) == {name: (1, 1) for name in EVERY_STREAM}
         finally:
             await auto.close()
