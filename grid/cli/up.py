@@ -32,13 +32,13 @@ from grid.cli.common import (
     resolve_nats_url,
 )
 from grid.config import GridConfig
-from grid.procstart import same_start, start_stamp
 from grid.cli.controller import serve_controller
 from grid.events.control import MODES
 from grid.events.embedded import EmbeddedNatsError
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
+from grid.procstart import same_start, start_stamp
 from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret
 
 UP_PID_FILE = "up.pid"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from grid.events.embedded import PORT_TAKEN_ATTEMPTS, EmbeddedNats, EmbeddedNatsError, PortTakenError, free_port
+from grid.events.embedded import EmbeddedNats, EmbeddedNatsError, free_port, start_on_free_ports
 
 ROUTE_USER = "grid-route"
 DEFAULT_CLUSTER_NAME = "grid"
@@ -184,24 +184,20 @@ class NatsCluster:
     def start(self, timeout: float = 30.0) -> "NatsCluster":
         """Start every node and wait until the cluster's JetStream is healthy. When another process
         bound a picked port before its node did, the whole cluster is placed again on new ports."""
-        attempt = 1
-        while True:
-            try:
-                for node in self.nodes:
-                    node.spawn()
-                for node in self.nodes:
-                    node.wait_ready()
-                self.wait_jetstream(timeout)
-                return self
-            except PortTakenError:
-                self.stop()
-                if attempt >= PORT_TAKEN_ATTEMPTS:
-                    raise
-                attempt += 1
-                self._place()
-            except BaseException:
-                self.stop()
-                raise
+
+        def start_nodes() -> None:
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                node.wait_ready()
+            self.wait_jetstream(timeout)
+
+        try:
+            start_on_free_ports(start_nodes, self.stop, repick=self._place)
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def wait_jetstream(self, timeout: float = 30.0, *, nodes: Sequence[int] | None = None) -> None:
         """Until every (live, or the given) node reports JetStream healthy, meta leader included."""

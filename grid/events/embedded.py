@@ -16,6 +16,7 @@ import sysconfig
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,21 @@ class EmbeddedNatsError(RuntimeError):
 
 class PortTakenError(EmbeddedNatsError):
     """nats-server exited because a port in its configuration was bound by someone else."""
+
+
+def start_on_free_ports(start: Callable[[], None], stop: Callable[[], None], *,
+                        repick: Callable[[], None] = lambda: None, attempts: int = PORT_TAKEN_ATTEMPTS) -> None:
+    """`start()`; when a port it was given turns out taken by another process, `stop()`, `repick()`
+    the ports and start again, `attempts` times in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except PortTakenError:
+            stop()
+            if attempt == attempts:
+                raise
+            repick()
 
 
 def _terminate_with_parent() -> None:
@@ -149,17 +165,13 @@ class EmbeddedNats:
         """Spawn and wait until ready. Ports this object picked itself are picked again when
         another process bound one between the pick and the server's bind."""
         picked = self.requested_port is None and self.requested_monitor_port is None
-        attempt = 1
-        while True:
+
+        def spawn_and_wait() -> None:  # spawn() picks new ports each time
             self.spawn()
-            try:
-                self.wait_ready()
-                return self
-            except PortTakenError:
-                self.stop()
-                if not picked or attempt >= PORT_TAKEN_ATTEMPTS:
-                    raise
-                attempt += 1
+            self.wait_ready()
+
+        start_on_free_ports(spawn_and_wait, self.stop, attempts=PORT_TAKEN_ATTEMPTS if picked else 1)
+        return self
 
     def spawn(self) -> None:
         """Start the process without waiting for it (call from the main thread, see above)."""
