@@ -17,7 +17,8 @@ import msgspec
 import structlog
 
 from grid.agent.identity import HostIdError
-from grid.controller.lease import LEASE_KEY, LeaseRecord
+from grid.controller.lease import LEASE_KEY, LeaseRecord, lease_subject, unsigned_bytes
+from grid.events.authorship import SIG_HEADER, SIGNER_HEADER
 from grid.events.log import EventLog
 from grid.events.subjects import LEASE_BUCKET, escape_token
 from grid.identity.creds import credential_principal
@@ -67,10 +68,13 @@ async def renewal_loop(nc: Any, credentials: Path, *, interval: float = RENEWAL_
 class LeaseHolder(msgspec.Struct, frozen=True):
     controller_id: str
     term: int
+    # The public key that signed the lease record ("" on a grid without identities).
+    signer: str = ""
 
 
 async def lease_holder(event_log: EventLog) -> LeaseHolder | None:
-    """Who the lease names now (None: no lease, or unreadable, which refuses every command)."""
+    """Who the lease names now (None: no lease, unreadable, or, on a log with identities, not
+    signed by a controller of this grid: each refuses every command)."""
     try:
         entry = await event_log.kv_get(LEASE_BUCKET, LEASE_KEY)
         if entry is None or not entry.value:
@@ -79,4 +83,12 @@ async def lease_holder(event_log: EventLog) -> LeaseHolder | None:
     except Exception as exc:
         log.warning("agent.lease_unreadable", error=str(exc))
         return None
-    return LeaseHolder(controller_id=record.controller_id, term=record.term)
+    authorship = getattr(event_log, "authorship", None)
+    if authorship is None:
+        return LeaseHolder(controller_id=record.controller_id, term=record.term)
+    verdict = authorship.verify(lease_subject(LEASE_KEY), unsigned_bytes(record),
+                                {SIGNER_HEADER: record.signer, SIG_HEADER: record.signature}, at=time.time())
+    if not verdict.ok or verdict.role != Role.CONTROLLER.value:
+        log.warning("agent.lease_unproven", reason=verdict.reason or f"signed by a {verdict.role}")
+        return None
+    return LeaseHolder(controller_id=record.controller_id, term=record.term, signer=verdict.signer)

@@ -28,6 +28,7 @@ REASON_STALE_TERM = "stale_term"
 REASON_TERM_CONTROLLER_CONFLICT = "term_controller_conflict"
 REASON_LEASE_EXPIRED = "lease_expired"
 REASON_NOT_LEASE_HOLDER = "not_lease_holder"
+REASON_NOT_LEASE_SIGNER = "not_lease_signer"
 REASON_MALFORMED_GENERATION = "malformed_generation"
 REASON_STALE_GENERATION = "stale_generation"
 REASON_DEPENDENCY_NOT_SUCCEEDED = "dependency_not_succeeded"
@@ -75,6 +76,12 @@ def check_lease_holder(cmd: CommandIssued, holder_id: str | None, holder_term: i
     if cmd.controller_id != holder_id or cmd.controller_term != holder_term:
         return _reject(REASON_NOT_LEASE_HOLDER, f"term {cmd.controller_term} is not the lease's term {holder_term}")
     return ACCEPT
+
+
+def not_lease_signer(command_signer: str, lease_signer: str) -> Verdict:
+    """A command signed by another key than the one that signed the lease it claims."""
+    return _reject(REASON_NOT_LEASE_SIGNER,
+                   f"signed by {command_signer[:12] or 'nobody'}, the lease by {lease_signer[:12] or 'nobody'}")
 
 
 def check_command(

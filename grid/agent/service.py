@@ -73,6 +73,7 @@ from grid.events.host import (
 )
 from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
+from grid.identity.permissions import Role
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 from grid.tasks import cancel_and_wait
@@ -90,6 +91,8 @@ class _Pending:
     age_at_receipt: float
     started: bool = False
     withdrawn: bool = False
+    # The key that signed the command ("" on a grid without identities).
+    signer: str = ""
 
 
 
@@ -155,6 +158,8 @@ class HostAgent:
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
+        # Messages on the command queue no controller of this grid provably wrote, by reason.
+        self.unproven_commands: dict[str, int] = {}
         self._current_action: str | None = None
         self._worker_closing = False
         self.last_heartbeat: HostHeartbeat | None = None
@@ -546,6 +551,12 @@ class HostAgent:
             if msg is None:
                 continue
             received = self.clock.monotonic()
+            signer = self._command_signer(msg)
+            if signer is None:
+                # Not provably the controller's: nothing is executed and nothing acknowledged
+                # on the log (an ack would hand the forger an action id of its choosing).
+                await self._sub.ack(msg)
+                continue
             try:
                 event = codec.decode(msg.data)
             except codec.EventDecodeError as exc:
@@ -554,13 +565,27 @@ class HostAgent:
                 await self._sub.ack(msg)
                 continue
             if isinstance(event, CommandIssued):
-                await self._on_command(event, msg, received)
+                await self._on_command(event, msg, received, signer)
             elif isinstance(event, CommandWithdrawn):
                 await self._on_withdrawn(event, msg)
             else:
                 await self._sub.ack(msg)
 
-    async def _on_command(self, cmd: CommandIssued, msg: StoredMessage, received: float) -> None:
+    def _command_signer(self, msg: StoredMessage) -> str | None:
+        """The controller key that signed a message on the command queue ("" without
+        identities), or None when no controller of this grid provably wrote it for this subject."""
+        authorship = self.log.authorship
+        if authorship is None:
+            return ""
+        verdict = authorship.verify(msg.subject, msg.data, msg.headers, at=msg.time)
+        if verdict.ok and verdict.role == Role.CONTROLLER.value:
+            return verdict.signer
+        reason = verdict.reason or f"signed by a {verdict.role}"
+        self.unproven_commands[reason] = self.unproven_commands.get(reason, 0) + 1
+        log.warning("agent.unproven_command", seq=msg.seq, subject=msg.subject, reason=reason)
+        return None
+
+    async def _on_command(self, cmd: CommandIssued, msg: StoredMessage, received: float, signer: str) -> None:
         assert self._sub is not None
         receipt = self.state.receipt(cmd.action_id)
         if receipt is not None:
@@ -575,7 +600,7 @@ class HostAgent:
             pending.messages.append(msg)
             return
         item = _Pending(cmd=cmd, messages=[msg], received_mono=received,
-                        age_at_receipt=self._age_at_receipt(msg, received))
+                        age_at_receipt=self._age_at_receipt(msg, received), signer=signer)
         self._pending[cmd.action_id] = item
         self._queue.put_nowait(item)
 
@@ -681,6 +706,10 @@ class HostAgent:
             holder = await credential.lease_holder(self.log)
             verdict = fencing.check_lease_holder(cmd, holder.controller_id if holder else None,
                                                  holder.term if holder else None)
+            if verdict.ok and holder is not None and holder.signer != item.signer:
+                # A copied controller id and term are worth nothing: the lease holder's own key
+                # must have signed the command.
+                verdict = fencing.not_lease_signer(item.signer, holder.signer)
         if not verdict.ok:
             await self._finish(item, Outcome(verdict.status, verdict.message), self.clock.monotonic() - started)
             return

@@ -19,10 +19,13 @@ import msgspec
 import structlog
 
 from grid.clock import Clock, SystemClock
+from grid.events.authorship import SIG_HEADER, SIGNER_HEADER
 from grid.events.log import ConflictError, EventLog, LogError
 from grid.events.subjects import LEASE_BUCKET
 
 log = structlog.get_logger(__name__)
+
+_encoder = msgspec.json.Encoder()
 
 LEASE_KEY = "controller"
 
@@ -40,10 +43,26 @@ class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
     renewed_at: float = 0.0
     expires_at: float = 0.0
     released: bool = False
+    # The holder's proof of authorship (grid.identity.signing): its user JWT and its signature
+    # over this record with both fields empty, for the lease key's subject. Anyone can make the
+    # server store bytes under the lease key (a reply subject is never checked), so an agent
+    # trusts only a record its grid's controller signed; commands must then be signed by that key.
+    signer: str = ""
+    signature: str = ""
+
+
+def lease_subject(key: str = LEASE_KEY) -> str:
+    return f"$KV.{LEASE_BUCKET}.{key}"
+
+
+def unsigned_bytes(record: LeaseRecord) -> bytes:
+    """What the holder's signature covers: the record with its proof left out."""
+    return _encoder.encode(msgspec.structs.replace(record, signer="", signature=""))
+
+
 
 
 _decoder = msgspec.json.Decoder(LeaseRecord)
-_encoder = msgspec.json.Encoder()
 
 
 class Lease:
@@ -114,10 +133,15 @@ class Lease:
 
     def _record(self, term: int, *, released: bool = False) -> bytes:
         now = self._clock.now()
-        return _encoder.encode(LeaseRecord(
+        record = LeaseRecord(
             controller_id=self.controller_id, term=term, ttl_seconds=self.ttl,
             renewed_at=now, expires_at=0.0 if released else now + self.ttl, released=released,
-        ))
+        )
+        authorship = getattr(self._log, "authorship", None)
+        if authorship is not None:
+            proof = authorship.sign(lease_subject(self.key), unsigned_bytes(record))
+            record = msgspec.structs.replace(record, signer=proof[SIGNER_HEADER], signature=proof[SIG_HEADER])
+        return _encoder.encode(record)
 
     def _lose(self, why: str) -> None:
         if self.state == HELD:

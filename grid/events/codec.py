@@ -16,7 +16,14 @@ import msgspec
 from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.control import HostOverride, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import (
+    CredentialRevoked,
+    HostOverride,
+    ModeSet,
+    ProfileRemoved,
+    ProfileSet,
+    TickRequested,
+)
 from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.plan import PlanCreated
@@ -35,6 +42,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ModeSet,
     HostOverride,
     TickRequested,
+    CredentialRevoked,
     EvaluationRecorded,
     PlanCreated,
     CommandIssued,

@@ -75,5 +75,15 @@ class HostOverride(Event, frozen=True, kw_only=True, tag="control.host_override.
     expires_at: float | None = None
 
 
+class CredentialRevoked(Event, frozen=True, kw_only=True, tag="control.credential_revoked.v1"):
+    """Every key `host_id` held is revoked from this point of the log on: folds reject messages
+    those keys sign after it (replay then judges a window exactly as the live folds did)."""
+
+    host_id: str
+    # The user public keys (nkeys) revoked.
+    keys: tuple[str, ...]
+    reason: str = ""
+
+
 class TickRequested(Event, frozen=True, kw_only=True, tag="control.tick_requested.v1"):
     reason: str = ""

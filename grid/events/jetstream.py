@@ -35,6 +35,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from grid.events import codec
+from grid.events.authorship import Authorship
 from grid.events.base import Event
 from grid.events.jetstream_consumers import (
     DurableSubscription,
@@ -191,6 +192,8 @@ class JetStreamLog:
         self.replica_reports: tuple[StreamReplicas, ...] = ()
         self._js = nc.jetstream(timeout=timeout)
         self._timeout = timeout
+        # Who this connection appends as; set by grid.identity.connect for an identity's log.
+        self.authorship: Authorship | None = None
         self._kv: dict[str, Any] = {}
         # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
         self.durable = durable
@@ -497,16 +500,17 @@ class JetStreamLog:
         *,
         msg_id: str | None = None,
         expected_last_subject_seq: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> AppendResult:
-        headers: dict[str, str] | None = None
-        if msg_id is not None or expected_last_subject_seq is not None:
-            headers = {}
-            if msg_id is not None:
-                headers["Nats-Msg-Id"] = msg_id
-            if expected_last_subject_seq is not None:
-                headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
+        headers = dict(headers) if headers else {}
+        if msg_id is not None:
+            headers["Nats-Msg-Id"] = msg_id
+        if expected_last_subject_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
+        if self.authorship is not None:
+            headers.update(self.authorship.sign(subject, data))
         try:
-            reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers)
+            reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers or None)
         except nats.errors.NoRespondersError as exc:
             raise LogError(f"no stream answers for {subject} (streams not created?)") from exc
         except nats.errors.TimeoutError as exc:
@@ -554,7 +558,7 @@ class JetStreamLog:
         headers = msg.headers or {}
         return StoredMessage(stream, int(msg.seq or 0), msg.subject or subject, msg.data or b"",
                              msg.time.timestamp() if msg.time is not None else 0.0,
-                             headers.get("Nats-Msg-Id"))
+                             headers.get("Nats-Msg-Id"), dict(headers) or None)
 
     async def _ordered(
         self,

@@ -57,7 +57,8 @@ def parse_js_reply(reply: str) -> tuple[int, float, int]:
 def _stored(stream: str, msg: Msg) -> StoredMessage:
     seq, ts, _ = parse_js_reply(msg.reply)
     headers = msg.headers
-    return StoredMessage(stream, seq, msg.subject, msg.data, ts, headers.get("Nats-Msg-Id") if headers else None)
+    return StoredMessage(stream, seq, msg.subject, msg.data, ts, headers.get("Nats-Msg-Id") if headers else None,
+                         dict(headers) if headers else None)
 
 
 class OrderedSubscription:

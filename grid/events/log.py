@@ -15,6 +15,7 @@ import msgspec
 
 from grid.clock import Clock, SystemClock
 from grid.events import codec
+from grid.events.authorship import Authorship
 from grid.events.base import Event
 from grid.events.subjects import ALL_STREAMS, stream_for_subject, subject_for
 
@@ -29,6 +30,8 @@ class StoredMessage(msgspec.Struct, frozen=True):
     # Receipt time on the log's clock (JetStream server timestamp), seconds since the epoch.
     time: float
     msg_id: str | None = None
+    # The message's headers as stored (its producer's signature among them), None when it has none.
+    headers: dict[str, str] | None = None
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -63,6 +66,8 @@ class Subscription(Protocol):
 
 class EventLog(Protocol):
     durable: bool
+    # Who this log appends as (it signs every append) and verifies for; None without identities.
+    authorship: Authorship | None
 
     async def append(
         self,
@@ -78,6 +83,7 @@ class EventLog(Protocol):
         *,
         msg_id: str | None = None,
         expected_last_subject_seq: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> AppendResult: ...
 
     async def last_sequence(self, stream: str) -> int: ...
@@ -146,8 +152,9 @@ class InMemoryLog:
 
     durable = False
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, *, authorship: Authorship | None = None) -> None:
         self._clock = clock or SystemClock()
+        self.authorship = authorship
         self._streams = {name: _MemoryStream(name) for name in ALL_STREAMS}
         self._durables: dict[tuple[str, str], int] = {}
         self._kv: dict[tuple[str, str], KVEntry] = {}
@@ -168,8 +175,11 @@ class InMemoryLog:
         *,
         msg_id: str | None = None,
         expected_last_subject_seq: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> AppendResult:
         stream = self._streams[stream_for_subject(subject)]
+        if self.authorship is not None:
+            headers = {**(headers or {}), **self.authorship.sign(subject, bytes(data))}
         now = self._clock.now()
         if msg_id is not None:
             seen = stream.msg_ids.get(msg_id)
@@ -186,7 +196,8 @@ class InMemoryLog:
             now = max(now, stream.messages[-1].time)
         stream.last_seq += 1
         seq = stream.last_seq
-        stream.messages.append(StoredMessage(stream.name, seq, subject, bytes(data), now, msg_id))
+        stream.messages.append(StoredMessage(stream.name, seq, subject, bytes(data), now, msg_id,
+                                             dict(headers) if headers else None))
         stream.seqs.append(seq)
         stream.last_by_subject[subject] = seq
         if msg_id is not None:

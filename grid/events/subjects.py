@@ -16,7 +16,14 @@ import msgspec
 from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.control import HostOverride, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import (
+    CredentialRevoked,
+    HostOverride,
+    ModeSet,
+    ProfileRemoved,
+    ProfileSet,
+    TickRequested,
+)
 from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.plan import PlanCreated
@@ -104,6 +111,10 @@ def evaluation_subject(model_id: str) -> str:
 
 def override_subject(host_id: str) -> str:
     return f"{PREFIX}.ctl.override.{escape_token(host_id)}"
+
+
+def revocation_subject(host_id: str) -> str:
+    return f"{PREFIX}.ctl.revocation.{escape_token(host_id)}"
 
 
 def command_subject(host_id: str) -> str:
@@ -219,6 +230,8 @@ def subject_for(event: Event) -> str:
             return override_subject(event.host_id)
         case TickRequested():
             return TICK_SUBJECT
+        case CredentialRevoked():
+            return revocation_subject(event.host_id)
         case EvaluationRecorded():
             return evaluation_subject(event.model_id)
         case PlanCreated():

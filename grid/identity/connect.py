@@ -11,6 +11,7 @@ from typing import Any
 
 from grid.events.jetstream import JetStreamLog
 from grid.identity.creds import connect_options
+from grid.identity.signing import Identity
 
 
 async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path | None = None,
@@ -18,6 +19,10 @@ async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path
     """`JetStreamLog.connect` as the identity of `credentials`, verifying the server with `tls_ca`.
 
     Only the controller manages streams: every other identity passes `ensure_streams=False`,
-    since the server refuses it stream creation.
+    since the server refuses it stream creation. With a credential the log signs every append
+    as that identity and its readers verify against the grid that issued it.
     """
-    return await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca), **kwargs)
+    identity = Identity.from_creds(Path(credentials)) if credentials is not None else None
+    event_log = await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca), **kwargs)
+    event_log.authorship = identity
+    return event_log

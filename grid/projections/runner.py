@@ -2,9 +2,17 @@
 
 Each stream is folded in order. A malformed or unknown-tag message is counted and skipped by
 live folding (visible in `malformed`), and makes strict replay fail with its sequence number.
-So is an event the subject it was stored under does not vouch for (`unvouched`, reason
-`subject_mismatch`): the server checks who may publish on a subject, never the payload, so a
-host's heartbeat naming another host on its own subject must not be folded as the other's.
+An event the subject it was stored under does not vouch for (`unvouched`, reason
+`subject_mismatch`) is rejected: the server checks who may publish on a subject, never the
+payload, so a host's heartbeat naming another host on its own subject must not be folded as the
+other's.
+On a log opened as an identity (a credential), every message must also prove its author: the
+producer's signature over the subject it is stored under, by a key the grid's account issued,
+not revoked before this point of the log, for a principal the permission table lets write that
+subject (grid.identity.signing). A message that does not is skipped and counted by reason in
+`rejected` (never folded, never fatal, not even in strict replay, which lists it instead).
+A `CredentialRevoked` revokes its keys from its own position in the fold order on, so a replay
+judges every message exactly as the live fold did.
 A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log; so is a
 snapshot that does not describe the log it is restored against (`restore_snapshot`): a position
 past a stream's last sequence, or a folded message the stream no longer holds as recorded (the
@@ -27,8 +35,10 @@ import msgspec
 import structlog
 
 from grid.events import codec
+from grid.events.authorship import Authorship, AuthorshipGate, Signed
 from grid.events.base import Event
 from grid.events.codec import EventDecodeError
+from grid.events.control import CredentialRevoked
 from grid.events.log import EventLog, StoredMessage
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.events.subjects import (
@@ -114,12 +124,18 @@ class _Snapshot(msgspec.Struct):
     malformed: int = 0
     # Receipt time of the message at each position: identifies the stream's incarnation.
     last_time: dict[str, float] = {}
+    # Revoked signer keys -> "<stream>:<seq>" of the revocation; rejections by reason.
+    revoked: dict[str, str] = {}
+    rejected: dict[str, int] = {}
 
 
 class ProjectionRunner:
-    def __init__(self, specs: Sequence[ProjectionSpec] = CORE_PROJECTIONS, *, strict: bool = False) -> None:
+    def __init__(self, specs: Sequence[ProjectionSpec] = CORE_PROJECTIONS, *, strict: bool = False,
+                 authorship: Authorship | None = None) -> None:
         self.specs = tuple(specs)
         self.strict = strict
+        # Verifies authorship when set (taken from the log on the first catch-up or follow).
+        self.gate = AuthorshipGate(authorship)
         self.states: dict[str, Any] = {s.name: s.initial() for s in self.specs}
         self.positions: dict[str, int] = {}
         self.last_time: dict[str, float] = {}
@@ -144,15 +160,35 @@ class ProjectionRunner:
         """Fold one stored message. Returns False when it was skipped as malformed."""
         if msg.seq <= self.positions.get(msg.stream, 0):
             return True  # already folded (snapshot overlap or redelivery)
+        verdict = self.gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time)
+        if not verdict.ok:
+            return self._rejected(msg, verdict)
         try:
             event = codec.decode(msg.data)
         except EventDecodeError as exc:
             return self._skip(msg, exc.reason, exc)
         if not vouched_for(msg, event):
             self.unvouched += 1
-            return self._skip(msg, SUBJECT_MISMATCH)
+            mismatch = Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role)
+            self.gate.reject(msg.stream, msg.seq, msg.subject, mismatch)
+            return self._rejected(msg, mismatch)
+        if isinstance(event, CredentialRevoked):
+            self.gate.revoke(event.keys, f"{msg.stream}:{msg.seq}")
         self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
         return True
+
+    def _rejected(self, msg: StoredMessage, verdict: Signed) -> bool:
+        """Skip a message whose author is not proven (the gate counted it); replay lists it and
+        carries on."""
+        log.warning("rejected unproven event", stream=msg.stream, seq=msg.seq, subject=msg.subject,
+                    reason=verdict.reason, signer=verdict.signer or None)
+        self.positions[msg.stream] = msg.seq
+        self.last_time[msg.stream] = msg.time
+        return False
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return self.gate.rejected
 
     def _skip(self, msg: StoredMessage, reason: str, cause: Exception | None = None) -> bool:
         if self.strict:
@@ -179,6 +215,7 @@ class ProjectionRunner:
         sees: folds that read another projection (demand reads the catalog) then give the same
         state after a restart as they did live.
         """
+        self._adopt_authorship(log_)
         iterators: dict[str, Any] = {}
         for stream in self.streams:
             start = self.positions.get(stream, 0) + 1
@@ -208,6 +245,7 @@ class ProjectionRunner:
         (a leaked consumer makes the client's drain hang), and one failing close does not keep
         the others open.
         """
+        self._adopt_authorship(log_)
         subs: list[Any] = []
 
         async def pump(sub: Any) -> None:
@@ -230,6 +268,11 @@ class ProjectionRunner:
                 with contextlib.suppress(Exception):
                     await sub.close()
 
+    def _adopt_authorship(self, log_: EventLog) -> None:
+        # A log opened as an identity verifies for its readers; one without identities cannot.
+        if self.gate.authorship is None:
+            self.gate.authorship = getattr(log_, "authorship", None)
+
     # --- snapshots -------------------------------------------------------------------------
 
     def snapshot_bytes(self) -> bytes:
@@ -239,6 +282,8 @@ class ProjectionRunner:
             states={s.name: msgspec.Raw(codec.encode_value(self.states[s.name])) for s in self.specs},
             malformed=self.malformed,
             last_time=dict(sorted(self.last_time.items())),
+            revoked=dict(sorted(self.gate.revoked.items())),
+            rejected=dict(sorted(self.gate.rejected.items())),
         )
         return codec.encode_value(snap)
 
@@ -256,6 +301,8 @@ class ProjectionRunner:
         self.positions = dict(snap.positions)
         self.last_time = dict(snap.last_time)
         self.malformed = snap.malformed
+        self.gate.revoked = dict(snap.revoked)
+        self.gate.rejected = dict(snap.rejected)
 
     def save_snapshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -329,3 +376,4 @@ class ProjectionRunner:
         self.positions = {}
         self.last_time = {}
         self.malformed = 0
+        self.gate.reset()

@@ -14,7 +14,15 @@ from grid.events import codec
 from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.control import HostOverride, ModelProfile, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import (
+    CredentialRevoked,
+    HostOverride,
+    ModelProfile,
+    ModeSet,
+    ProfileRemoved,
+    ProfileSet,
+    TickRequested,
+)
 from grid.events.evaluations import EvaluationRecorded
 from grid.events.host import (
     CachedArtifact,
@@ -58,6 +66,8 @@ EXAMPLES: list[Event] = [
     ModeSet(event_id="g-mode", at=1_800_000_009.0, mode="automatic"),
     HostOverride(event_id="g-ovr", at=1_800_000_010.0, host_id="host-1", state="draining", reason="taking laptop home", expires_at=1_800_003_610.0),
     TickRequested(event_id="g-tick", at=1_800_000_011.0, reason="operator"),
+    CredentialRevoked(event_id="g-revoke", at=1_800_000_011.5, host_id="host-1",
+                      keys=("UCRB3TUTBKH5SNSLY7BSMYVMUCHJ6DPAJQKCGG2RWHXDKQLIZQJGIMYM",), reason="laptop lost"),
     PlanCreated(event_id="g-plan", at=1_800_000_012.0, planner_version="1", generation="e:00000000000000000001:d", epoch="e",
                 sequence=1, inputs_digest="d", based_on={"GRID_HOSTS": 10}, now=1_800_000_012.0, controller_id="c1",
                 controller_term=1, plan=msgspec.Raw(b'{"placements":[]}')),

@@ -1,0 +1,98 @@
+"""What the log knows of authorship: the header names, a verdict, and the protocol of a signer.
+
+The log signs what it appends and hands stored headers to its readers, but it knows nothing of
+identities: grid.identity.signing implements `Authorship` for a process's credential, and
+grid.identity.connect attaches it to the log. A log without one (a development server with no
+identities, the scenario lab) neither signs nor verifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import msgspec
+
+SIGNER_HEADER = "Grid-Signer"
+SIG_HEADER = "Grid-Sig"
+
+
+class Signed(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdict on one message: its signer, or the reason it has none that may write it."""
+
+    reason: str = ""
+    signer: str = ""
+    role: str = ""
+    host_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+class Authorship(Protocol):
+    public_key: str
+
+    def sign(self, subject: str, data: bytes) -> dict[str, str]: ...
+
+    def verify(self, subject: str, data: bytes, headers: Mapping[str, str] | None, *, at: float,
+               revoked: Mapping[str, object] | None = None) -> Signed: ...
+
+
+class Rejection(msgspec.Struct, frozen=True):
+    """A stored message a reader refused to take as its claimed author's."""
+
+    stream: str
+    seq: int
+    subject: str
+    reason: str
+    signer: str = ""
+    role: str = ""
+
+
+# Rejections a gate keeps for display (status, replay's diff); its counts are complete.
+REJECTIONS_KEPT = 256
+
+
+class AuthorshipGate:
+    """What every reader of the log runs before it folds a message: who provably wrote it.
+
+    Holds the revocations seen so far in this reader's order of the log (a `CredentialRevoked`
+    revokes its keys from its own position on) and counts what it rejected, by reason. Without
+    an authorship (a log with no identities) it admits everything: there is nothing to verify
+    against.
+    """
+
+    def __init__(self, authorship: Authorship | None = None) -> None:
+        self.authorship = authorship
+        # Revoked signer key -> "<stream>:<seq>" of the revocation.
+        self.revoked: dict[str, str] = {}
+        self.rejected: dict[str, int] = {}
+        self.rejections: list[Rejection] = []
+
+    def check(self, stream: str, seq: int, subject: str, data: bytes, headers: Mapping[str, str] | None,
+              at: float) -> Signed:
+        if self.authorship is None:
+            return Signed()
+        verdict = self.authorship.verify(subject, data, headers, at=at, revoked=self.revoked)
+        if not verdict.ok:
+            self.reject(stream, seq, subject, verdict)
+        return verdict
+
+    def reject(self, stream: str, seq: int, subject: str, verdict: Signed) -> None:
+        self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
+        if len(self.rejections) < REJECTIONS_KEPT:
+            self.rejections.append(Rejection(stream, seq, subject, verdict.reason, verdict.signer, verdict.role))
+
+    def revoke(self, keys: tuple[str, ...], position: str) -> None:
+        for key in keys:
+            self.revoked.setdefault(key, position)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    def reset(self) -> None:
+        self.revoked = {}
+        self.rejected = {}
+        self.rejections = []
