@@ -44,7 +44,8 @@ class AnalyticsService:
 
     async def start(self) -> None:
         self.con = await asyncio.to_thread(open_store, self.path)
-        self.sink = AnalyticsSink(self.con)
+        # Judges authorship as the controller's folds do: with the identity its log was opened as.
+        self.sink = AnalyticsSink(self.con, authorship=getattr(self.log, "authorship", None))
         self.started_at = time.time()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="analytics-sink")
 
@@ -110,5 +111,7 @@ class AnalyticsService:
             "running": self._task is not None and not self._task.done(),
             "rows_written": sink.rows_written if sink else 0,
             "malformed": sink.malformed if sink else 0,
+            # Messages stored as nothing: not provably their author's, or not vouched for (by reason).
+            "rejected": dict(sorted(sink.rejected.items())) if sink else {},
             "error": self.error,
         }

@@ -5,6 +5,15 @@ Each batch is handed to DuckDB as an Arrow table per target table and inserted w
 Re-running the sink over the same window is a no-op: a message at or before its stream's
 position is skipped when added, and a flush that finds the stored position moved past its
 first pending message (another sink on the same store) inserts only the rows beyond it.
+
+The sink judges authorship as every fold does (grid.events.authorship.AuthorshipGate, with the
+authorship of the log it reads): a message no identity of this grid provably wrote for its
+subject, or whose subject does not vouch for the event it carries (grid.identity.provenance),
+writes no row at all (forged bytes are never stored) but advances the stream's position, and is
+counted in `rejected` by reason. A `CredentialRevoked` it stores revokes its keys from its own
+position on; a new sink on the same store takes the revocations back from the stored events.
+Catching up merges the streams by receipt time, the order the controller's runner folds them,
+so both judge every message alike.
 """
 
 from __future__ import annotations
@@ -23,14 +32,17 @@ from grid.analytics.columns import Columns
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
 from grid.events.acks import ActionAck
+from grid.events.authorship import Authorship, AuthorshipGate, Signed
 from grid.events.codec import EventDecodeError
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.control import HostOverride, ProfileRemoved, ProfileSet
+from grid.events.control import CredentialRevoked, HostOverride, ProfileRemoved, ProfileSet
 from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.log import EventLog, StoredMessage
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
+from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
+from grid.projections.runner import merge_by_receipt_time
 
 # Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
 # commit pays a WAL write and often a checkpoint: 100k-row batches ingested about 1.5x as fast
@@ -38,6 +50,7 @@ from grid.events.subjects import ALL_STREAMS
 # holds), in the same range as follow()'s queue of up to 100k messages.
 BATCH_ROWS = 100_000
 _encoder = msgspec.json.Encoder()
+REVOCATION_TAG = CredentialRevoked.__struct_config__.tag  # type: ignore[attr-defined]
 
 
 def open_store(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -51,9 +64,13 @@ def open_store(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyC
 
 
 class AnalyticsSink:
-    def __init__(self, con: duckdb.DuckDBPyConnection, *, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, batch_rows: int = BATCH_ROWS,
+                 authorship: Authorship | None = None) -> None:
         self.con = con
         self.batch_rows = batch_rows
+        # Verifies authorship when set (else taken from the log on the first sync or follow).
+        self.gate = AuthorshipGate(authorship)
+        self.gate.revoked = self._stored_revocations()
         # Payloads stay the log's bytes until the Arrow hand-off (no Python str per event).
         self._rows: dict[str, Columns] = {
             name: Columns(columns, bytes_columns=frozenset({"payload"}) if name == "events" else frozenset())
@@ -71,9 +88,42 @@ class AnalyticsSink:
         self.rows_written = 0
         self.malformed = 0
         self.skipped = 0
+        # The gate as of the last stored batch: a failed flush puts it back (the batch is read again).
+        self._committed = self._gate_state()
 
     def positions(self) -> dict[str, int]:
         return dict(self.con.execute("SELECT stream, seq FROM sink_positions").fetchall())
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Messages refused as not provably their author's (or not vouched for), by reason."""
+        return self.gate.rejected
+
+    def _stored_revocations(self) -> dict[str, str]:
+        """Revoked keys -> "<stream>:<seq>" of their revocation, from the revocations stored
+        (each was accepted, and lies at or before the stored positions)."""
+        revoked: dict[str, str] = {}
+        rows = self.con.execute(
+            "SELECT stream, seq, payload FROM events WHERE type = ? ORDER BY time, stream, seq", [REVOCATION_TAG]
+        ).fetchall()
+        for stream, seq, payload in rows:
+            try:
+                event = codec.decode(payload.encode("utf-8") if isinstance(payload, str) else bytes(payload))
+            except EventDecodeError:
+                continue
+            if isinstance(event, CredentialRevoked):
+                for key in event.keys:
+                    revoked.setdefault(key, f"{stream}:{seq}")
+        return revoked
+
+    def _gate_state(self) -> tuple[dict[str, str], dict[str, int], int]:
+        gate = self.gate
+        return dict(gate.revoked), dict(gate.rejected), len(gate.rejections)
+
+    def _adopt_authorship(self, log_: EventLog) -> None:
+        # A log opened as an identity verifies for its readers; one without identities cannot.
+        if self.gate.authorship is None:
+            self.gate.authorship = getattr(log_, "authorship", None)
 
     # --- row extraction ------------------------------------------------------------------
 
@@ -87,11 +137,18 @@ class AnalyticsSink:
         if s not in self._first_pending:
             self._first_pending[s] = q
         self._pending_positions[s] = q
+        gate = self.gate
+        verdict = gate.check(s, q, msg.subject, data, msg.headers, t)
+        if not verdict.ok:
+            return  # not provably its author's: no row, the position moves on
         try:
             event = codec.decode(data)
         except EventDecodeError:
             self.malformed += 1
             rows["events"].row(s, q, msg.subject, t, codec.peek_tag(data) or "<malformed>", None, None, data)
+            return
+        if not vouched_for(msg, event):
+            gate.reject(s, q, msg.subject, Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role))
             return
         tag = event.__struct_config__.tag  # type: ignore[attr-defined]
         host_id = getattr(event, "host_id", None)
@@ -121,6 +178,8 @@ class AnalyticsSink:
                                  event.model_id, event.duration_seconds, event.artifact_fetched, event.message)
             case ProfileSet():
                 model_id = event.profile.model_id
+            case CredentialRevoked():
+                gate.revoke(event.keys, f"{s}:{q}")
             case ProfileRemoved() | HostOverride() | HostRegistered() | ProtectionTransition():
                 pass
         # Every payload is kept whole (batches too) so replay from the store is exact.
@@ -195,11 +254,16 @@ class AnalyticsSink:
         self._pending_positions.clear()
         self._first_pending.clear()
         self.rows_written += written
+        self._committed = self._gate_state()
         return written
 
     def _reset(self) -> None:
         self._pending_positions.clear()
         self._first_pending.clear()
+        # The batch will be read again: its revocations and rejections must not count twice.
+        revoked, rejected, kept = self._committed
+        self.gate.revoked, self.gate.rejected = dict(revoked), dict(rejected)
+        del self.gate.rejections[kept:]
         try:
             self._last = self.positions()
         except duckdb.Error:
@@ -232,12 +296,18 @@ class AnalyticsSink:
                    progress: Callable[[int], None] | None = None, offload: bool = False) -> int:
         """Catch up every stream from the stored position to the current end. Returns events read.
 
+        The streams are merged by receipt time (the controller's catch-up order), so a
+        revocation applies to the same messages here as in the folds.
         With `offload`, batch inserts run in a worker thread (a long catch-up inside the
         controller must not starve its lease renewals)."""
+        self._adopt_authorship(log)
         positions = self.positions()
         read = 0
-        for stream in streams:
-            async for msg in log.replay(stream, start_seq=positions.get(stream, 0) + 1):
+        iterators = {stream: log.replay(stream, start_seq=positions.get(stream, 0) + 1).__aiter__()
+                     for stream in streams}
+        merged = merge_by_receipt_time(iterators)
+        try:
+            async for msg in merged:
                 self.add(msg)
                 read += 1
                 if self.pending_rows() >= self.batch_rows:
@@ -247,6 +317,10 @@ class AnalyticsSink:
                         self.flush()
                     if progress is not None:
                         progress(read)
+        finally:
+            await merged.aclose()
+            for it in iterators.values():
+                await it.aclose()  # type: ignore[attr-defined]
         if offload:
             await asyncio.to_thread(self.flush)
         else:
