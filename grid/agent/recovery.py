@@ -214,6 +214,13 @@ async def restore_fence_from_log(log: EventLog, state: AgentState, warn: Callabl
         # By its subject: a host may read back its own events, never the whole stream.
         msg = await log.last_message(host_subject(state.host_id, "heartbeat"))
         if msg is not None:
+            authorship = getattr(log, "authorship", None)
+            # Only a heartbeat this very key signed: anyone able to make the server store bytes
+            # on our subject could otherwise raise our fence out of every controller's reach.
+            if authorship is not None and authorship.verify(msg.subject, msg.data, msg.headers,
+                                                            at=msg.time).signer != authorship.public_key:
+                warn("fence_unverified: the last heartbeat on our subject is not signed by this host")
+                return
             event = codec.decode(msg.data)
             if not isinstance(event, HostHeartbeat) or event.host_id != state.host_id:
                 return

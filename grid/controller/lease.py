@@ -19,7 +19,7 @@ import msgspec
 import structlog
 
 from grid.clock import Clock, SystemClock
-from grid.events.authorship import SIG_HEADER, SIGNER_HEADER
+from grid.events.authorship import SIG_HEADER, SIGNER_HEADER, Authorship
 from grid.events.log import ConflictError, EventLog, LogError
 from grid.events.subjects import LEASE_BUCKET
 
@@ -60,6 +60,14 @@ def unsigned_bytes(record: LeaseRecord) -> bytes:
     return _encoder.encode(msgspec.structs.replace(record, signer="", signature=""))
 
 
+
+
+def encode_record(record: LeaseRecord, authorship: Authorship | None, key: str = LEASE_KEY) -> bytes:
+    """The KV value of a lease record, signed by `authorship` when the log has identities."""
+    if authorship is not None:
+        proof = authorship.sign(lease_subject(key), unsigned_bytes(record))
+        record = msgspec.structs.replace(record, signer=proof[SIGNER_HEADER], signature=proof[SIG_HEADER])
+    return _encoder.encode(record)
 
 
 _decoder = msgspec.json.Decoder(LeaseRecord)
@@ -137,11 +145,7 @@ class Lease:
             controller_id=self.controller_id, term=term, ttl_seconds=self.ttl,
             renewed_at=now, expires_at=0.0 if released else now + self.ttl, released=released,
         )
-        authorship = getattr(self._log, "authorship", None)
-        if authorship is not None:
-            proof = authorship.sign(lease_subject(self.key), unsigned_bytes(record))
-            record = msgspec.structs.replace(record, signer=proof[SIGNER_HEADER], signature=proof[SIG_HEADER])
-        return _encoder.encode(record)
+        return encode_record(record, getattr(self._log, "authorship", None), self.key)
 
     def _lose(self, why: str) -> None:
         if self.state == HELD:

@@ -45,6 +45,11 @@ STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
     COMMANDS_STREAM: ("grid.cmd.>",),
 }
 ALL_STREAMS: tuple[str, ...] = tuple(STREAM_SUBJECTS)
+# A mirror of GRID_CMDS (same sequences, no subjects of its own) that every reader but the
+# controller replays and tails commands through: consumers on GRID_CMDS itself are the
+# controller's alone, since creating one by name re-points a host's command consumer
+# (grid.identity.permissions). Not an event stream of its own: never in ALL_STREAMS.
+COMMANDS_VIEW_STREAM = "GRID_CMDS_VIEW"
 
 LEASE_BUCKET = "grid_lease"
 PLAN_SUBJECT = "grid.plan"
@@ -194,8 +199,8 @@ def parse_subject(subject: str) -> ParsedSubject:
         return ParsedSubject(stream, "profile", model_id=unescape_token(parts[3]))
     if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "evaluation":
         return ParsedSubject(stream, "evaluation", model_id=unescape_token(parts[3]))
-    if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] == "override":
-        return ParsedSubject(stream, "override", host_id=unescape_token(parts[3]))
+    if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] in ("override", "revocation"):
+        return ParsedSubject(stream, parts[2], host_id=unescape_token(parts[3]))
     if len(parts) == 3:
         return ParsedSubject(stream, parts[2])
     if stream == PLANS_STREAM and len(parts) == 2:

@@ -14,7 +14,7 @@ from grid.agent.fencing import REASON_NOT_LEASE_HOLDER
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
-from grid.controller.lease import LEASE_KEY, LeaseRecord
+from grid.controller.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import LEASE_BUCKET
 from grid.identity import jwt
@@ -38,7 +38,7 @@ async def test_a_command_naming_another_controller_is_refused_before_the_fence_m
     authority: Authority,
 ) -> None:
     record = LeaseRecord(controller_id=CONTROLLER, term=TERM, ttl_seconds=15.0, renewed_at=time.time())
-    await controller_log.kv_put(LEASE_BUCKET, LEASE_KEY, msgspec.json.encode(record))
+    await controller_log.kv_put(LEASE_BUCKET, LEASE_KEY, encode_record(record, controller_log.authorship))
     host_creds = creds(Role.HOST, host_id=HOST)
     await provision_host_consumer(controller_log, authority.host_principal(HOST))
     agent_log = await connect_log(secured_server.url, credentials=host_creds, name="grid-agent",

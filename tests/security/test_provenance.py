@@ -34,7 +34,8 @@ async def test_a_heartbeat_naming_another_host_on_its_own_subject_is_not_vouched
 async def test_projections_skip_what_the_subject_does_not_vouch_for(
     secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog
 ) -> None:
-    """The controller's folds count the forged heartbeat as unvouched and never list node-2."""
+    """The controller's folds reject the forged heartbeat as unvouched (its signature holds: the
+    host did write it, on its own subject) and never list node-2."""
     host = await connect_log(secured_server.url, credentials=creds(Role.HOST, host_id="node-1"),
                              ensure_streams=False)
     try:
@@ -46,5 +47,6 @@ async def test_projections_skip_what_the_subject_does_not_vouch_for(
     runner = ProjectionRunner(CORE_PROJECTIONS)
     await runner.catch_up(controller_log)
     assert sorted(runner["fleet"].hosts) == ["node-1"]
-    assert runner.unvouched == 1 and runner.malformed == 1
-    assert runner.malformed_last is not None and runner.malformed_last[2] == SUBJECT_MISMATCH
+    assert runner.unvouched == 1 and runner.malformed == 0
+    assert runner.rejected == {SUBJECT_MISMATCH: 1}
+    assert runner.gate.rejections[0].role == Role.HOST.value

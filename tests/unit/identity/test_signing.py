@@ -1,0 +1,195 @@
+"""Authorship of log messages: the fold accepts exactly what the permission table lets the signer
+write, signed by that signer over that subject, and nothing a forger or a reflector can make.
+
+The expected answer is written out here by hand (who may write which family of subjects), not
+computed from the table, so a mistake in either shows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grid.events.authorship import SIG_HEADER, SIGNER_HEADER
+from grid.events.base import new_event_id
+from grid.events.control import CredentialRevoked, ModeSet
+from grid.events.log import InMemoryLog
+from grid.events.subjects import ALL_STREAMS, stream_for_subject
+from grid.identity.authority import Authority
+from grid.identity.permissions import Principal, Role
+from grid.identity.signing import (
+    BAD_SIGNATURE,
+    EXPIRED_SIGNER,
+    NOT_PERMITTED,
+    REVOKED_SIGNER,
+    UNKNOWN_SIGNER,
+    UNSIGNED,
+    Identity,
+    Verifier,
+)
+from grid.events import codec
+from grid.projections.runner import CATALOG, ProjectionRunner
+
+HOSTS = ("h1", "h.2")
+SUBJECTS = (
+    "grid.host.h1.heartbeat", "grid.host.h1.ack", "grid.host.h_2E2.heartbeat", "grid.host.h_2E2.registered",
+    "grid.req.batch", "grid.req.completed",
+    "grid.ctl.mode", "grid.ctl.profile.m", "grid.ctl.override.h1", "grid.ctl.revocation.h1",
+    "grid.plan", "grid.cmd.h1", "grid.cmd.h_2E2",
+)
+SIGNERS = ("controller", "gateway", "operator", "reader", "invitee", "host:h1", "host:h.2")
+
+
+def expected(signer: str, subject: str) -> bool:
+    """Who may write what, by hand: the controller everything of the grid's, a host its own
+    subjects, the gateway request features, the operator control events, nobody else anything."""
+    if signer == "controller":
+        return True
+    if signer.startswith("host:"):
+        token = {"h1": "h1", "h.2": "h_2E2"}[signer[5:]]
+        return subject.startswith(f"grid.host.{token}.")
+    if signer == "gateway":
+        return subject.startswith("grid.req.")
+    if signer == "operator":
+        return subject.startswith("grid.ctl.")
+    return False
+
+
+def _principal(signer: str) -> Principal:
+    if signer.startswith("host:"):
+        return Principal(Role.HOST, host_id=signer[5:])
+    if signer == "reader":
+        return Principal(Role.READER, streams=ALL_STREAMS)
+    return Principal(Role(signer))
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Authority, dict[str, Identity]]:
+    authority = Authority(tmp_path_factory.mktemp("authority"))
+    folder = tmp_path_factory.mktemp("creds")
+    now = time.time()
+    identities = {
+        signer: Identity.from_creds(authority.issue_creds(_principal(signer), folder / f"{i}.creds", now=now,
+                                                         ttl_seconds=None))
+        for i, signer in enumerate(SIGNERS)
+    }
+    return authority, identities
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(signer=st.sampled_from(SIGNERS), subject=st.sampled_from(SUBJECTS), payload=st.binary(max_size=256))
+def test_verifier_accepts_exactly_what_the_table_allows(grid, signer: str, subject: str, payload: bytes) -> None:
+    authority, identities = grid
+    identity = identities[signer]
+    verdict = Verifier(authority.account_public).verify(subject, payload, identity.sign(subject, payload), at=time.time())
+    assert verdict.ok == expected(signer, subject), (signer, subject, verdict)
+    if verdict.ok:
+        assert verdict.signer == identity.public_key
+    else:
+        assert verdict.reason == NOT_PERMITTED
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(signer=st.sampled_from(SIGNERS), signed_for=st.sampled_from(SUBJECTS), stored_on=st.sampled_from(SUBJECTS),
+       payload=st.binary(max_size=128), flip=st.booleans())
+def test_a_signature_holds_only_for_its_own_subject_and_bytes(grid, signer: str, signed_for: str, stored_on: str,
+                                                              payload: bytes, flip: bool) -> None:
+    """A reflected message keeps its headers but lands on another subject; a tampered one keeps
+    its subject but not its bytes: neither verifies."""
+    authority, identities = grid
+    headers = identities[signer].sign(signed_for, payload)
+    data = payload + b"x" if flip else payload
+    verdict = Verifier(authority.account_public).verify(stored_on, data, headers, at=time.time())
+    if stored_on != signed_for or flip:
+        assert verdict.reason == BAD_SIGNATURE
+    else:
+        assert verdict.ok == expected(signer, stored_on)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(signer=st.sampled_from(SIGNERS + ("unsigned", "other-grid")), subject=st.sampled_from(SUBJECTS))
+def test_the_fold_takes_exactly_the_permitted_signed_events(grid, tmp_path_factory, signer: str, subject: str) -> None:
+    """Through a real fold: the mode changes only when the permitted identity wrote it."""
+    authority, identities = grid
+    controller = identities["controller"]
+    if signer == "other-grid":
+        other = Authority(tmp_path_factory.mktemp("other"))
+        writer = Identity.from_creds(other.issue_creds(Principal(Role.CONTROLLER), tmp_path_factory.mktemp("c") / "c",
+                                                       now=time.time(), ttl_seconds=None))
+    else:
+        writer = identities.get(signer)
+    log = InMemoryLog()
+    event = ModeSet(event_id=new_event_id(), at=1.0, mode="observe")
+    data = codec.encode(event)
+    import asyncio
+
+    async def run() -> ProjectionRunner:
+        headers = writer.sign("grid.ctl.mode", data) if writer is not None else None
+        await log.append_raw("grid.ctl.mode", data, msg_id=event.event_id, headers=headers)
+        runner = ProjectionRunner((CATALOG,), authorship=controller)
+        await runner.catch_up(log)
+        return runner
+
+    runner = asyncio.run(run())
+    allowed = signer not in ("unsigned", "other-grid") and expected(signer, "grid.ctl.mode")
+    assert (runner["catalog"].mode == "observe") == allowed
+    if not allowed:
+        reason = {"unsigned": UNSIGNED, "other-grid": UNKNOWN_SIGNER}.get(signer, NOT_PERMITTED)
+        assert runner.rejected == {reason: 1}
+        assert runner.gate.rejections[0].subject == "grid.ctl.mode"
+    del subject
+
+
+def test_forged_jwt_and_garbage_headers_are_unknown_signers(grid) -> None:
+    authority, identities = grid
+    verifier = Verifier(authority.account_public)
+    headers = identities["controller"].sign("grid.plan", b"{}")
+    head, payload, sig = headers[SIGNER_HEADER].split(".")
+    forged = {**headers, SIGNER_HEADER: f"{head}.{payload}.{sig[::-1]}"}
+    assert verifier.verify("grid.plan", b"{}", forged, at=time.time()).reason == UNKNOWN_SIGNER
+    assert verifier.verify("grid.plan", b"{}", {SIGNER_HEADER: "x", SIG_HEADER: "y"}, at=time.time()).reason == UNKNOWN_SIGNER
+    assert verifier.verify("grid.plan", b"{}", {**headers, SIG_HEADER: "!!"}, at=time.time()).reason == BAD_SIGNATURE
+    assert verifier.verify("grid.plan", b"{}", {}, at=time.time()).reason == UNSIGNED
+
+
+def test_expiry_is_judged_by_receipt_time(grid, tmp_path: Path) -> None:
+    authority, _ = grid
+    issued = 1_000_000.0
+    host = Identity.from_creds(authority.issue_creds(Principal(Role.HOST, host_id="h1"), tmp_path / "h.creds",
+                                                     now=issued, ttl_seconds=60.0))
+    headers = host.sign("grid.host.h1.heartbeat", b"{}")
+    verifier = Verifier(authority.account_public)
+    assert verifier.verify("grid.host.h1.heartbeat", b"{}", headers, at=issued + 59).ok
+    assert verifier.verify("grid.host.h1.heartbeat", b"{}", headers, at=issued + 61).reason == EXPIRED_SIGNER
+
+
+async def test_a_revocation_rejects_the_key_from_its_log_position_on(grid, tmp_path: Path) -> None:
+    authority, identities = grid
+    controller, operator = identities["controller"], identities["operator"]
+    log = InMemoryLog()
+
+    async def mode(writer: Identity, value: str) -> None:
+        event = ModeSet(event_id=new_event_id(), at=1.0, mode=value)  # type: ignore[arg-type]
+        data = codec.encode(event)
+        await log.append_raw("grid.ctl.mode", data, msg_id=event.event_id, headers=writer.sign("grid.ctl.mode", data))
+
+    await mode(operator, "observe")
+    revoke = CredentialRevoked(event_id=new_event_id(), at=2.0, host_id="ops", keys=(operator.public_key,))
+    data = codec.encode(revoke)
+    subject = "grid.ctl.revocation.ops"
+    assert stream_for_subject(subject) == "GRID_CTL"
+    await log.append_raw(subject, data, headers=controller.sign(subject, data))
+    await mode(operator, "automatic")
+
+    runner = ProjectionRunner((CATALOG,), authorship=controller)
+    await runner.catch_up(log)
+    assert runner["catalog"].mode == "observe"  # before the revocation: folded; after: rejected
+    assert runner.rejected == {REVOKED_SIGNER: 1}
+    # The same answer from a snapshot: revocations travel with the position.
+    again = ProjectionRunner((CATALOG,), authorship=controller)
+    again.restore_bytes(runner.snapshot_bytes())
+    assert again.gate.revoked == runner.gate.revoked
