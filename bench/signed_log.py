@@ -79,13 +79,15 @@ async def replays(url: str, operator_creds: Path, controller_creds: Path, events
     verifier = operator.authorship
     rates: dict[bool, list[float]] = {True: [], False: []}
     try:
-        for _ in range(rounds):
+        for round_ in range(rounds):
             for signed in (True, False):
                 await controller.client.jetstream().purge_stream(HOSTS_STREAM)
                 # The controller may write every host's subjects, so one identity signs them all.
                 controller.authorship = identity if signed else None
                 for start in range(0, events, 256):
-                    chunk = [heartbeat(i, hosts) for i in range(start, min(events, start + 256))]
+                    # Fresh event ids: the server's duplicate window outlives a purge.
+                    chunk = [msgspec.structs.replace(heartbeat(i, hosts), event_id=f"hb-{round_}-{signed}-{i}")
+                             for i in range(start, min(events, start + 256))]
                     await asyncio.gather(*(controller.append(e) for e in chunk))
                 operator.authorship = verifier if signed else None
                 runner = ProjectionRunner((FLEET, ACTIONS))

@@ -25,7 +25,7 @@ import msgspec
 import nkeys
 from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair, create_user_pair, keypair_from_pubkey
 
-from grid.identity import jwt
+from grid.identity import jwt, signing
 from grid.identity.creds import write_creds
 from grid.identity.permissions import Principal, Role, grant_for, new_host_consumer, principal_from_tags, principal_tags
 from grid.secrets import write_owner_only
@@ -142,6 +142,10 @@ class Authority:
             expires_at=None if ttl_seconds is None else int(now + ttl_seconds),
             tags=tags,
         )
+        # The compact proof its holder signs log messages with (grid.identity.signing): the JWT
+        # itself, with its permission lists, would add kilobytes to every message.
+        claims[signing.CERT_CLAIM] = signing.certify(self._account, user_public_key, principal,
+                                                     issued_at=int(now), expires_at=claims.get("exp"))
         token = jwt.encode(claims, self._account, issued_at=int(now))
         if principal.host_id is not None:
             record = self.registry.hosts[principal.host_id]

@@ -7,8 +7,11 @@ computed from the table, so a mistake in either shows.
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
+
+import msgspec
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,10 +30,14 @@ from grid.identity.signing import (
     NOT_PERMITTED,
     REVOKED_SIGNER,
     UNKNOWN_SIGNER,
+    CERT_CLAIM,
     UNSIGNED,
     Identity,
+    Signer,
     Verifier,
 )
+from grid.identity import jwt
+from grid.identity.creds import read_creds
 from grid.events import codec
 from grid.projections.runner import CATALOG, ProjectionRunner
 
@@ -144,16 +151,39 @@ def test_the_fold_takes_exactly_the_permitted_signed_events(grid, tmp_path_facto
     del subject
 
 
-def test_forged_jwt_and_garbage_headers_are_unknown_signers(grid) -> None:
+def test_forged_certificates_and_garbage_headers_are_unknown_signers(grid) -> None:
     authority, identities = grid
     verifier = Verifier(authority.account_public)
-    headers = identities["controller"].sign("grid.plan", b"{}")
-    head, payload, sig = headers[SIGNER_HEADER].split(".")
-    forged = {**headers, SIGNER_HEADER: f"{head}.{payload}.{sig[::-1]}"}
+    host = identities["host:h1"]
+    headers = host.sign("grid.plan", b"{}")
+    body, sig = headers[SIGNER_HEADER].split(".")
+    # A host promoting itself to controller in its certificate: the account's signature breaks.
+    claims = msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    promoted = base64.urlsafe_b64encode(msgspec.json.encode({**claims, "r": "controller"})).rstrip(b"=").decode()
+    forged = {**headers, SIGNER_HEADER: f"{promoted}.{sig}"}
     assert verifier.verify("grid.plan", b"{}", forged, at=time.time()).reason == UNKNOWN_SIGNER
     assert verifier.verify("grid.plan", b"{}", {SIGNER_HEADER: "x", SIG_HEADER: "y"}, at=time.time()).reason == UNKNOWN_SIGNER
+    assert verifier.verify("grid.plan", b"{}", {SIGNER_HEADER: "x.y", SIG_HEADER: "y"}, at=time.time()).reason == UNKNOWN_SIGNER
     assert verifier.verify("grid.plan", b"{}", {**headers, SIG_HEADER: "!!"}, at=time.time()).reason == BAD_SIGNATURE
     assert verifier.verify("grid.plan", b"{}", {}, at=time.time()).reason == UNSIGNED
+
+
+def test_a_credential_without_a_certificate_signs_with_its_whole_jwt(grid, tmp_path: Path) -> None:
+    """Credentials issued before certificates existed still sign; their JWT is the proof."""
+    authority, identities = grid
+    path = authority.issue_creds(Principal(Role.HOST, host_id="h1"), tmp_path / "h.creds", now=time.time(),
+                                 ttl_seconds=None)
+    user_jwt, seed = read_creds(path)
+    claims = jwt.decode(user_jwt)
+    assert CERT_CLAIM in claims
+    assert len(Signer(user_jwt, seed).proof) < 400 < len(user_jwt)
+    del claims[CERT_CLAIM], claims["iss"], claims["iat"], claims["jti"]
+    legacy = Signer(jwt.encode(claims, authority._account, issued_at=int(time.time())), seed)
+    assert legacy.proof == legacy.user_jwt
+    headers = legacy.sign("grid.host.h1.heartbeat", b"{}")
+    verifier = Verifier(authority.account_public)
+    assert verifier.verify("grid.host.h1.heartbeat", b"{}", headers, at=time.time()).ok
+    assert verifier.verify("grid.plan", b"{}", legacy.sign("grid.plan", b"{}"), at=time.time()).reason == NOT_PERMITTED
 
 
 def test_expiry_is_judged_by_receipt_time(grid, tmp_path: Path) -> None:
