@@ -6,12 +6,21 @@ Three sources give the same ``StoredMessage`` values (stream, seq, subject, data
   long-lived ordered consumer that the replay advances plan by plan; window bounds given as
   times are resolved with an ordered consumer by start time.
 * ``FileSource``: an NDJSON file written by ``gridctl events export`` (one stored message per
-  line: stream, seq, subject, time, type, valid, event). The payload of a valid event is
+  line: stream, seq, subject, time, type, valid, event, and, from a grid with identities, the
+  stored headers and the exporting grid's account key). The payload of a valid event is
   embedded verbatim, so the bytes read back are the bytes the log held.
 * ``DuckDBSource``: the analytics store. ``events`` keeps every payload except RequestBatch,
   whose records live in ``request_features``; a batch is rebuilt from those rows (its
   event_id/at/source and the feature fields the store does not keep are lost, and
   ``lossy_request_batches`` counts them so the replay can say so).
+
+Each source names the ``authorship`` a replay verifies its messages with, by the rules of the
+live folds (grid.events.authorship): the log's own (the identity the replaying process opened
+it as); for a file, the replaying operator's identity, or a verifier pinned to the account key
+the file records when the operator's is another grid's or absent. A file without signature
+headers (exported before events were signed, or by a grid without identities) replays without
+verification, and says so in a warning. The store keeps no headers: the sink judged authorship
+when it stored each event (a rejected one was never stored), so its replay verifies nothing.
 
 A file or the store must hold each stream without holes: a sequence jump inside a stream is a
 ``ReplayError`` naming the first missing sequence. (JetStream itself is the truth; sequences a
@@ -32,9 +41,11 @@ from typing import Any, Protocol
 import msgspec
 
 from grid.events import codec
+from grid.events.authorship import SIG_HEADER, SIGNER_HEADER, Authorship
 from grid.events.log import EventLog, StoredMessage
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import ALL_STREAMS, PLANS_STREAM
+from grid.identity.signing import Verifier
 from grid.projections.runner import ReplayError
 
 SOURCE_KINDS: tuple[str, ...] = ("jetstream", "file", "duckdb")
@@ -91,6 +102,8 @@ class Source(Protocol):
     description: str
     # Extra notes the replay reports (e.g. lossy reconstruction).
     warnings: list[str]
+    # What the replay verifies each message's author with (None: nothing is verified).
+    authorship: Authorship | None
 
     async def bounds(self, stream: str) -> tuple[int, int]:
         """(first, last) sequence the source holds for `stream`; (0, 0) when it holds none."""
@@ -227,6 +240,8 @@ class LogSource:
         self.log = log
         self.description = description
         self.warnings: list[str] = []
+        # Verified as the log's own readers verify (None: a log without identities).
+        self.authorship: Authorship | None = getattr(log, "authorship", None)
         self._last: dict[str, int] = {}
 
     async def _last_seq(self, stream: str) -> int:
@@ -269,6 +284,10 @@ class _ExportLine(msgspec.Struct):
     type: str | None = None
     valid: bool = True
     event: msgspec.Raw = msgspec.Raw(b"null")
+    # The stored headers (the producer's signature among them); absent in older exports.
+    headers: dict[str, str] | None = None
+    # The account key of the grid that exported the line (absent without identities).
+    account: str | None = None
 
 
 _line_decoder = msgspec.json.Decoder(_ExportLine)
@@ -289,7 +308,16 @@ def _line_message(line: bytes, where: str) -> StoredMessage:
             data = _str_decoder.decode(raw).encode("utf-8")
         except (msgspec.DecodeError, msgspec.ValidationError):
             data = raw
-    return StoredMessage(rec.stream, rec.seq, rec.subject, data, rec.time)
+    return StoredMessage(rec.stream, rec.seq, rec.subject, data, rec.time, None, rec.headers or None)
+
+
+def account_of(authorship: object | None) -> str | None:
+    """The account key an authorship verifies against (an Identity's verifier, or a Verifier)."""
+    if authorship is None:
+        return None
+    verifier = getattr(authorship, "verifier", authorship)
+    account = getattr(verifier, "account", None)
+    return account if isinstance(account, str) and account else None
 
 
 class _FileIndex:
@@ -331,18 +359,54 @@ class _FileReader:
 
 
 class FileSource:
-    """An NDJSON export, indexed once (offsets only); payloads are read lazily per stream."""
+    """An NDJSON export, indexed once (offsets only); payloads are read lazily per stream.
+
+    `authorship` is the replaying operator's own identity, if any: it verifies the file's
+    signatures when the file records that same grid's account key (or none). A file recording
+    another account is verified against the key it records (a warning says so); a file with no
+    signatures at all is replayed unverified (a warning says so too).
+    """
 
     kind = "file"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, authorship: Authorship | None = None) -> None:
         self.path = Path(path)
         self.description = f"file {self.path}"
         self.warnings: list[str] = []
         if not self.path.is_file():
             raise SourceError(f"export file {self.path} does not exist")
         self._index: dict[str, _FileIndex] = {}
+        self._signed = 0
+        self._accounts: set[str] = set()
         self._build_index()
+        self.authorship = self._trust(authorship)
+
+    def _trust(self, own: Authorship | None) -> Authorship | None:
+        """Who verifies this file's messages (see the class docstring)."""
+        if not self._signed:
+            self.warnings.append(
+                f"{self.path.name} carries no signatures (exported before events were signed, or by a grid "
+                "without identities): its events were replayed without verifying who wrote them"
+            )
+            return None
+        if len(self._accounts) > 1:
+            raise SourceError(f"{self.path} mixes exports of several grids (accounts {', '.join(sorted(self._accounts))})")
+        recorded = next(iter(self._accounts), None)
+        mine = account_of(own)
+        if own is not None and (recorded is None or recorded == mine):
+            return own
+        if recorded is None:
+            self.warnings.append(
+                f"{self.path.name} records no account key and this operator has no credential to verify with: "
+                "its events were replayed without verifying who wrote them"
+            )
+            return None
+        if mine is not None:
+            self.warnings.append(
+                f"{self.path.name} was exported by another grid (account {recorded[:12]}..., this operator's is "
+                f"{mine[:12]}...): signatures were verified against the account key the file records"
+            )
+        return Verifier(recorded)  # type: ignore[return-value]  # verifies only, which is all a replay asks
 
     def _build_index(self) -> None:
         guards: dict[str, _GapGuard] = {}
@@ -363,6 +427,10 @@ class FileSource:
                         guard = guards[rec.stream] = _GapGuard(rec.stream, f"file {self.path.name}")
                         self._index[rec.stream] = _FileIndex()
                     guard.check(rec.seq)
+                    if rec.headers and SIG_HEADER in rec.headers and SIGNER_HEADER in rec.headers:
+                        self._signed += 1
+                    if rec.account:
+                        self._accounts.add(rec.account)
                     idx = self._index[rec.stream]
                     idx.seqs.append(rec.seq)
                     idx.offsets.append(offset)
@@ -471,6 +539,8 @@ class DuckDBSource:
         self.con = con
         self.description = description
         self.warnings: list[str] = []
+        # The sink verified each event before storing it; the store keeps no signatures.
+        self.authorship: Authorship | None = None
         self.lossy_request_batches = 0
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "events" not in tables:

@@ -9,6 +9,11 @@ projections see the same cross-stream prefix the controller saw.
 
 Folding is strict: a malformed event raises ``ReplayError`` naming its stream and sequence. An
 unknown ``--planner`` path raises ``PlannerPathError`` naming the path, before anything is read.
+An event the live folds reject (not provably written by an identity that may write its subject,
+signed by a key revoked earlier in the log, or not vouched for by its subject) is not an error:
+it is skipped exactly as the controller skipped it, verified with the source's authorship
+(``Source.authorship``), and listed in the result's ``rejections`` (stream, seq, subject, reason,
+signer role) with counts by reason. A rejected recorded plan is listed and not re-run.
 The result is a value; writing it to DuckDB is ``replay.store``'s job.
 """
 
@@ -31,9 +36,11 @@ import msgspec
 
 from grid.controller.tick import PROJECTIONS, recorded_policy, tick_input
 from grid.events import codec
+from grid.events.authorship import AuthorshipGate, Rejection, Signed, describe_rejected
 from grid.events.codec import EventDecodeError
 from grid.events.plan import PlanCreated
 from grid.events.subjects import PLANS_STREAM
+from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.planner import plan as planner_plan
 from grid.planner.digest import inputs_digest
 from grid.planner.types import Plan, PlannerInput
@@ -197,6 +204,10 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     plans: tuple[PlanOutcome, ...]
     summary: Summary
     warnings: tuple[str, ...] = ()
+    # Events skipped as the live folds skip them (authorship not proven, or not vouched for by
+    # their subject): counts by reason, and each one in stream order.
+    rejected: dict[str, int] = {}
+    rejections: tuple[Rejection, ...] = ()
 
     @property
     def reproduced(self) -> bool:
@@ -260,7 +271,8 @@ class _Folder:
     def __init__(self, source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
                  progress: Progress | None, order: str = FOLD_TIME) -> None:
         self.source = source
-        self.runner = ProjectionRunner(specs, strict=True)
+        # Judges authorship as the live folds did (None: the source verifies nothing).
+        self.runner = ProjectionRunner(specs, strict=True, authorship=getattr(source, "authorship", None))
         self.bounds = bounds
         self.readers: dict[str, StreamReader] = {}
         self.progress = progress
@@ -327,6 +339,52 @@ class _Folder:
         for reader in self.readers.values():
             await reader.close()
         self.readers.clear()
+
+
+class _Rejected:
+    """The rejections of every folder a replay used, each position once (a folder rebuilt from
+    the stream start meets the same rejections again)."""
+
+    def __init__(self) -> None:
+        self.by_position: dict[tuple[str, int], Rejection] = {}
+        # Per reason, the most any one gate counted (its list keeps only the first few hundred).
+        self.floor: dict[str, int] = {}
+
+    def take(self, gate: AuthorshipGate) -> None:
+        for rejection in gate.rejections:
+            self.by_position.setdefault((rejection.stream, rejection.seq), rejection)
+        for reason, n in gate.rejected.items():
+            self.floor[reason] = max(self.floor.get(reason, 0), n)
+
+    def add(self, rejection: Rejection) -> None:
+        self.by_position.setdefault((rejection.stream, rejection.seq), rejection)
+
+    def result(self) -> tuple[dict[str, int], tuple[Rejection, ...]]:
+        rank = {stream: i for i, stream in enumerate(STREAM_ORDER)}
+        listed = tuple(sorted(self.by_position.values(), key=lambda r: (rank.get(r.stream, len(rank)), r.stream, r.seq)))
+        counts: dict[str, int] = {}
+        for r in listed:
+            counts[r.reason] = counts.get(r.reason, 0) + 1
+        for reason, n in self.floor.items():
+            counts[reason] = max(counts.get(reason, 0), n)
+        return dict(sorted(counts.items())), listed
+
+
+def _plan_rejection(folder: _Folder, msg: Any) -> Rejection | None:
+    """Why a recorded plan is not the controller's (as the live plans fold judges it), or None."""
+    gate = folder.runner.gate
+    verdict = Signed()
+    if gate.authorship is not None:
+        verdict = gate.authorship.verify(msg.subject, msg.data, msg.headers, at=msg.time, revoked=gate.revoked)
+    if verdict.ok:
+        try:
+            event = codec.decode(msg.data)
+        except EventDecodeError:
+            return None  # malformed: _decode_plan_event names it
+        if vouched_for(msg, event):
+            return None
+        verdict = Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role)
+    return Rejection(msg.stream, msg.seq, msg.subject, verdict.reason, verdict.signer, verdict.role)
 
 
 async def _window_plan_range(source: Source, window: Window, first: int, last: int) -> tuple[int, int]:
@@ -400,9 +458,17 @@ async def replay_window(
     fruitless = False
     shadow: ProjectionRunner | None = None
     last_delta: list[Any] = []
+    rejected = _Rejected()
     try:
         if hi >= lo:
             async for msg in plans_reader.take(hi):
+                refused = _plan_rejection(folder, msg)
+                if refused is not None:
+                    # Not the controller's plan: the live folds skipped it, so is it here.
+                    rejected.add(refused)
+                    if window.past(msg.seq, msg.time):
+                        break
+                    continue
                 event = _decode_plan_event(msg)
                 if window.past(msg.seq, msg.time):
                     break
@@ -413,6 +479,7 @@ async def replay_window(
                         "state was rebuilt from the stream start"
                     )
                     await folder.close()
+                    rejected.take(folder.runner.gate)
                     folded = folder.folded
                     folder = _Folder(source, specs, bounds, progress, fold_order)
                     folder.folded = folded
@@ -468,7 +535,14 @@ async def replay_window(
     finally:
         await plans_reader.close()
         await folder.close()
+    rejected.take(folder.runner.gate)
+    rejected_counts, rejections = rejected.result()
     warnings.extend(source.warnings)
+    if rejections:
+        warnings.append(
+            f"{describe_rejected(rejected_counts)} (not provably written by an identity that may write "
+            "their subject): skipped, as the live folds skip them"
+        )
     plans = tuple(outcomes)
     odd = [p.plan_seq for p in plans if p.status == STATUS_IDENTICAL and p.encoding != ENCODING_PLANNER]
     if odd:
@@ -496,6 +570,8 @@ async def replay_window(
         plans=plans,
         summary=summarise(plans),
         warnings=tuple(warnings),
+        rejected=rejected_counts,
+        rejections=rejections,
     )
 
 

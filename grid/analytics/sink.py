@@ -32,7 +32,7 @@ from grid.analytics.columns import Columns
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
 from grid.events.acks import ActionAck
-from grid.events.authorship import Authorship, AuthorshipGate, Signed
+from grid.events.authorship import Authorship, AuthorshipGate, Rejection, Signed
 from grid.events.codec import EventDecodeError
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import CredentialRevoked, HostOverride, ProfileRemoved, ProfileSet
@@ -116,9 +116,9 @@ class AnalyticsSink:
                     revoked.setdefault(key, f"{stream}:{seq}")
         return revoked
 
-    def _gate_state(self) -> tuple[dict[str, str], dict[str, int], int]:
+    def _gate_state(self) -> tuple[dict[str, str], dict[str, int], list[Rejection]]:
         gate = self.gate
-        return dict(gate.revoked), dict(gate.rejected), len(gate.rejections)
+        return dict(gate.revoked), dict(gate.rejected), list(gate.rejections)
 
     def _adopt_authorship(self, log_: EventLog) -> None:
         # A log opened as an identity verifies for its readers; one without identities cannot.
@@ -261,9 +261,8 @@ class AnalyticsSink:
         self._pending_positions.clear()
         self._first_pending.clear()
         # The batch will be read again: its revocations and rejections must not count twice.
-        revoked, rejected, kept = self._committed
-        self.gate.revoked, self.gate.rejected = dict(revoked), dict(rejected)
-        del self.gate.rejections[kept:]
+        revoked, rejected, rejections = self._committed
+        self.gate.revoked, self.gate.rejected, self.gate.rejections = dict(revoked), dict(rejected), list(rejections)
         try:
             self._last = self.positions()
         except duckdb.Error:

@@ -50,7 +50,11 @@ def _streams(stream: str | None) -> tuple[str, ...]:
     return (name,)
 
 
-def _ndjson_line(stream: str, seq: int, subject: str, time: float, data: bytes) -> bytes:
+def _ndjson_line(stream: str, seq: int, subject: str, time: float, data: bytes,
+                 headers: dict[str, str] | None = None, account: str | None = None) -> bytes:
+    """One stored message as an export line. `headers` (the producer's signature among them) and
+    `account` (the exporting grid's account key) let a replay verify authorship as the live folds
+    do; lines without them are what older exports and grids without identities write."""
     tag = codec.peek_tag(data)
     # The payload is embedded verbatim when it is JSON, so an export round-trips byte for byte.
     try:
@@ -61,7 +65,18 @@ def _ndjson_line(stream: str, seq: int, subject: str, time: float, data: bytes) 
         payload = codec.encode_value(data.decode("utf-8", errors="replace"))
         valid = b"false"
     head = codec.encode_value({"stream": stream, "seq": seq, "subject": subject, "time": time, "type": tag})
-    return head[:-1] + b',"valid":' + valid + b',"event":' + payload + b"}\n"
+    extra = b""
+    if headers:
+        extra += b',"headers":' + codec.encode_value(dict(sorted(headers.items())))
+    if account:
+        extra += b',"account":' + codec.encode_value(account)
+    return head[:-1] + b',"valid":' + valid + extra + b',"event":' + payload + b"}\n"
+
+
+def _account(log: object) -> str | None:
+    """The account key the log's identity verifies against (None without identities)."""
+    verifier = getattr(getattr(log, "authorship", None), "verifier", None)
+    return getattr(verifier, "account", None)
 
 
 @events_app.command("export")
@@ -72,17 +87,19 @@ def export(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write NDJSON here instead of stdout."),
     nats: Optional[str] = NatsOption,
 ) -> None:
-    """Export a window of events as NDJSON (one stored message per line)."""
+    """Export a window of events as NDJSON (one stored message per line, with its signature headers)."""
     t0, t1 = parse_when(start), parse_when(end)
 
     async def go() -> int:
         log = await connect(nats)
         out = open(output, "wb") if output else sys.stdout.buffer
         count = 0
+        account = _account(log)
         try:
             for name in _streams(stream):
                 async for msg in log.replay(name, start_time=t0, end_time=t1):
-                    out.write(_ndjson_line(msg.stream, msg.seq, msg.subject, msg.time, msg.data))
+                    out.write(_ndjson_line(msg.stream, msg.seq, msg.subject, msg.time, msg.data, msg.headers,
+                                           account))
                     count += 1
         finally:
             if output:

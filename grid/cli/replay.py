@@ -3,7 +3,10 @@
 The command (with its rendering and progress bar) calls the ``replay`` package, which knows
 nothing of the CLI; grid.cli.main registers it. Exit codes: 0 done, 1 ``--check`` found a plan
 that did not reproduce, 2 bad input (malformed event, sequence gap, unknown planner path,
-unreadable source); bad input writes nothing to the store.
+unreadable source); bad input writes nothing to the store. Events the live folds reject
+(forged, unsigned, signed by a revoked key, not vouched for by their subject) are no bad input:
+they are skipped as the controller skipped them and listed under "rejected events". An export
+file is verified with this operator's own credential (or the account key the file records).
 """
 
 from __future__ import annotations
@@ -125,8 +128,34 @@ def render(result: ReplayResult, *, limit: int = 50) -> None:
         if len(diffs) > limit:
             console.print(f"... {len(diffs) - limit} more (use --json or `gridctl history replays --run {result.run_id[:12]}`)",
                           style="dim")
+    if result.rejections:
+        table = Table(title=f"rejected events ({sum(result.rejected.values())}: "
+                            + ", ".join(f"{r}={n}" for r, n in sorted(result.rejected.items())) + ")")
+        for col in ("stream", "seq", "subject", "reason", "signer role"):
+            table.add_column(col, overflow="fold")
+        for r in result.rejections[:limit]:
+            table.add_row(r.stream, str(r.seq), r.subject, f"[red]{r.reason}[/red]", r.role or "-")
+        console.print(table)
+        if len(result.rejections) > limit:
+            console.print(f"... {len(result.rejections) - limit} more (use --json)", style="dim")
     for warning in result.warnings:
         err_console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _operator_identity() -> Any:
+    """This grid home's operator identity (the trust anchor for an export file), if it has one."""
+    from grid.identity.local import local_credential
+    from grid.identity.signing import Identity
+
+    credentials = local_credential(config().home, "operator")
+    if credentials is None:
+        return None
+    try:
+        return Identity.from_creds(credentials)
+    except (OSError, ValueError) as exc:
+        err_console.print(f"[yellow]warning:[/yellow] operator credential {credentials} unreadable ({exc}); "
+                          "the export file is verified against the account key it records")
+        return None
 
 
 def _store_path(db: Optional[str]) -> Path:
@@ -150,7 +179,7 @@ async def _run(
     log = None
     source: Source
     if source_kind == "file":
-        source = FileSource(file)  # type: ignore[arg-type]
+        source = FileSource(file, authorship=_operator_identity())  # type: ignore[arg-type]
     elif source_kind == "duckdb":
         if sync:
             from grid.analytics.sink import AnalyticsSink, open_store

@@ -50,8 +50,15 @@ class Rejection(msgspec.Struct, frozen=True):
     role: str = ""
 
 
-# Rejections a gate keeps for display (status, replay's diff); its counts are complete.
+# Rejections a gate keeps for display (status, replay's diff): the latest ones; its counts are complete.
 REJECTIONS_KEPT = 256
+
+
+def describe_rejected(counts: Mapping[str, int]) -> str:
+    """'N events rejected: reason=count, ...': the one wording of status and replay."""
+    total = sum(counts.values())
+    return f"{total} event{'' if total == 1 else 's'} rejected: " + ", ".join(
+        f"{reason}={n}" for reason, n in sorted(counts.items()))
 
 
 class AuthorshipGate:
@@ -81,8 +88,9 @@ class AuthorshipGate:
 
     def reject(self, stream: str, seq: int, subject: str, verdict: Signed) -> None:
         self.rejected[verdict.reason] = self.rejected.get(verdict.reason, 0) + 1
-        if len(self.rejections) < REJECTIONS_KEPT:
-            self.rejections.append(Rejection(stream, seq, subject, verdict.reason, verdict.signer, verdict.role))
+        self.rejections.append(Rejection(stream, seq, subject, verdict.reason, verdict.signer, verdict.role))
+        if len(self.rejections) > REJECTIONS_KEPT:
+            del self.rejections[: len(self.rejections) - REJECTIONS_KEPT]
 
     def revoke(self, keys: tuple[str, ...], position: str) -> None:
         for key in keys:
