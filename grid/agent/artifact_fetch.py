@@ -75,7 +75,7 @@ def _resume_point(cache: ArtifactCache, artifact: StoredArtifact) -> ResumePoint
 
 
 class GridArtifactSource:
-    """The agent's read-only view of the artifact store (its credential allows direct gets only)."""
+    """The agent's read-only view of the artifact store (its credential allows stream message gets only)."""
 
     def __init__(self, js: JetStreamContext, *, checkpoint_bytes: int = CHECKPOINT_BYTES) -> None:
         self.js = js

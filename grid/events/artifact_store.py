@@ -5,12 +5,15 @@ a host that lacks an artifact its profile gives no other source for reads it fro
 (grid.agent.artifact_fetch). The object's name is the blob's sha256 hex digest, so a name says
 what the bytes must hash to, and the reader verifies it before anything is published.
 
-Reading uses direct gets only (`$JS.API.DIRECT.GET.<stream>`), never a consumer. A host may not
-create consumers: a push consumer's `deliver_subject` can name any subject and the server checks
-no permission on it, so a host allowed to create one on this bucket could replay object bytes
-onto another host's subjects. A direct get is a plain request/reply: "the next message on this
-object's chunk subject at or after stream sequence S". The sequence of the last chunk written
-is therefore a resume point, and a window of such requests in flight keeps the link busy.
+Reading uses stream message gets only (`$JS.API.STREAM.MSG.GET.<stream>`), never a consumer
+and never a direct get. A host may not create consumers: a push consumer's `deliver_subject` can
+name any subject and the server checks no permission on it, so a host allowed to create one on
+this bucket could replay object bytes onto another host's subjects. Nor may anyone but the
+controller use direct gets: their answer is the stored message itself, delivered to whatever
+reply subject the requester named (grid.identity.permissions). A message get answers with a JSON
+envelope (the chunk base64-encoded inside) and is a plain request/reply: "the next message on
+this object's chunk subject at or after stream sequence S". The sequence of the last chunk
+written is therefore a resume point, and a window of such requests in flight keeps the link busy.
 """
 
 from __future__ import annotations
@@ -38,16 +41,42 @@ from grid.events.subjects import (
     artifact_meta_subject,
 )
 
-# Below the server's default max_payload (1 MiB) with room for the headers of a direct get.
+# Below the server's default max_payload (1 MiB), also once base64-encoded in a message get's
+# JSON answer (4/3 of it plus the envelope).
 ARTIFACT_CHUNK_SIZE = 512 * 1024
-# Direct gets in flight while reading one object.
+# Message gets in flight while reading one object.
 READ_WINDOW = 8
+# JetStream API error codes of a message get.
+JS_NO_MESSAGE = 10037
+JS_STREAM_NOT_FOUND = 10059
 REQUEST_TIMEOUT_SECONDS = 10.0
 
 REASON_STORED = "stored"
 REASON_ALREADY_STORED = "already_stored"
 
 Progress = Callable[[int, int | None], None]
+
+
+class _StoredMsg(msgspec.Struct):
+    subject: str = ""
+    seq: int = 0
+    data: bytes = b""  # base64 in the JSON answer; msgspec decodes it
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _MsgGetReply(msgspec.Struct):
+    """The answer to `$JS.API.STREAM.MSG.GET.<stream>`: the message, or the reason there is none."""
+
+    message: _StoredMsg | None = None
+    error: _ApiError | None = None
+
+
+_msg_get_decoder = msgspec.json.Decoder(_MsgGetReply)
 
 
 class ArtifactStoreError(Exception):
@@ -120,18 +149,10 @@ async def stored_artifact(js: JetStreamContext, sha256: str, *,
                           timeout: float = REQUEST_TIMEOUT_SECONDS) -> StoredArtifact | None:
     """The store's record of `sha256`, or None when it holds no such (undeleted) object."""
     subject = artifact_meta_subject(sha256)
-    try:
-        # A direct get of the last message on the meta subject: no payload, no consumer.
-        msg = await js._nc.request(f"{js._prefix}.DIRECT.GET.{ARTIFACT_STREAM}.{subject}", b"", timeout=timeout)
-    except nats.errors.NoRespondersError as exc:
-        raise StoreMissing("the grid has no artifact store (the controller creates it at start)") from exc
-    except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
-        raise ArtifactStoreError(f"artifact store unreachable: {type(exc).__name__}") from exc
-    status = (msg.headers or {}).get("Status")
-    if status == "404":
+    # The last message on the meta subject: no consumer.
+    msg = await _message_get(js, {"last_by_subj": subject}, timeout=timeout)
+    if msg is None:
         return None
-    if status is not None:
-        raise ArtifactStoreError(f"artifact store answered status {status} {(msg.headers or {}).get('Description', '')}")
     try:
         info: dict[str, Any] = json.loads(msg.data)
         if info.get("deleted"):
@@ -146,6 +167,31 @@ async def stored_artifact(js: JetStreamContext, sha256: str, *,
                           digest_matches=_object_digest_hex(info.get("digest")) == sha256)
 
 
+async def _message_get(js: JetStreamContext, request: dict[str, Any], *,
+                       timeout: float) -> _StoredMsg | None:
+    """One `$JS.API.STREAM.MSG.GET` on the artifact stream; None when no message matches."""
+    try:
+        reply = await js._nc.request(f"{js._prefix}.STREAM.MSG.GET.{ARTIFACT_STREAM}",
+                                     json.dumps(request).encode(), timeout=timeout)
+    except nats.errors.NoRespondersError as exc:
+        raise StoreMissing("the grid's server answers no JetStream request") from exc
+    except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+        raise ArtifactStoreError(f"artifact store unreachable: {type(exc).__name__}") from exc
+    try:
+        answer = _msg_get_decoder.decode(reply.data)
+    except msgspec.DecodeError as exc:
+        raise ArtifactStoreError("artifact store answered something that is not a message get reply") from exc
+    if answer.error is not None:
+        if answer.error.err_code == JS_NO_MESSAGE:
+            return None
+        if answer.error.err_code == JS_STREAM_NOT_FOUND:
+            raise StoreMissing("the grid has no artifact store (the controller creates it at start)")
+        raise ArtifactStoreError(f"artifact store answered {answer.error.code} {answer.error.description}")
+    if answer.message is None:
+        raise ArtifactStoreError("artifact store answered a message get without a message")
+    return answer.message
+
+
 async def read_chunks(js: JetStreamContext, artifact: StoredArtifact, *, after_seq: int = 0,
                       window: int = READ_WINDOW, timeout: float = REQUEST_TIMEOUT_SECONDS,
                       ) -> AsyncIterator[tuple[int, bytes]]:
@@ -157,33 +203,25 @@ async def read_chunks(js: JetStreamContext, artifact: StoredArtifact, *, after_s
     chunk exactly once, whether or not another object's chunks are interleaved in the stream.
     """
     subject = artifact_chunk_subject(artifact.nuid)
-    request_subject = f"{js._prefix}.DIRECT.GET.{ARTIFACT_STREAM}"
-    nc = js._nc
     last = after_seq
 
-    async def get(seq: int) -> Any:
-        payload = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
-        return await nc.request(request_subject, payload, timeout=timeout)
+    async def get(seq: int) -> _StoredMsg | None:
+        return await _message_get(js, {"seq": seq, "next_by_subj": subject}, timeout=timeout)
 
     while True:
         try:
             replies = await asyncio.gather(*(get(last + 1 + i) for i in range(window)))
-        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
-            raise ArtifactStoreError(f"artifact read interrupted: {type(exc).__name__}") from exc
+        except StoreMissing as exc:
+            raise ArtifactStoreError(f"artifact read interrupted: {exc}") from exc
         progressed = False
         for reply in replies:
-            headers = reply.headers or {}
-            status = headers.get("Status")
-            if status == "404":
+            if reply is None:
                 break  # no chunk at or after this sequence: none after the later ones either
-            if status is not None:
-                raise ArtifactStoreError(f"artifact store answered status {status}")
-            seq = int(headers.get("Nats-Sequence", "0"))
-            if headers.get("Nats-Subject") != subject or seq <= last:
+            if reply.subject != subject or reply.seq <= last:
                 continue
-            last = seq
+            last = reply.seq
             progressed = True
-            yield seq, reply.data
+            yield reply.seq, reply.data
         if not progressed:
             return
 

@@ -47,6 +47,7 @@ from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, Stor
 from grid.events.subjects import (
     ALL_STREAMS,
     COMMANDS_STREAM,
+    COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
     LEASE_BUCKET,
@@ -166,7 +167,27 @@ def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
         max_bytes=policy.max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
-        allow_direct=True,
+        # Nobody reads these streams with direct gets (grid.identity.permissions says why): no
+        # responder at all, should a permission ever let one through.
+        allow_direct=False,
+        num_replicas=replicas,
+    )
+
+
+def _view_config(replicas: int = 1) -> api.StreamConfig:
+    """GRID_CMDS_VIEW: GRID_CMDS mirrored (same sequences, same retention), for every reader of
+    commands but the controller (grid.events.subjects.COMMANDS_VIEW_STREAM)."""
+    policy = STREAM_POLICIES[COMMANDS_STREAM]
+    return api.StreamConfig(
+        name=COMMANDS_VIEW_STREAM,
+        mirror=api.StreamSource(name=COMMANDS_STREAM),
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        discard=api.DiscardPolicy.OLD,
+        max_age=policy.max_age_seconds,
+        max_bytes=policy.max_bytes,
+        max_msgs_per_subject=policy.max_msgs_per_subject or -1,
+        allow_direct=False,
         num_replicas=replicas,
     )
 
@@ -194,6 +215,10 @@ class JetStreamLog:
         self._timeout = timeout
         # Who this connection appends as; set by grid.identity.connect for an identity's log.
         self.authorship: Authorship | None = None
+        # Streams whose ordered consumers (replay, live tail) read a mirror instead: an identity
+        # other than the controller reads GRID_CMDS through GRID_CMDS_VIEW (set by
+        # grid.identity.connect). Positions and StoredMessage.stream stay the stream's own.
+        self.views: dict[str, str] = {}
         self._kv: dict[str, Any] = {}
         # The embedded server runs sync_interval: always; a caller that knows otherwise says so.
         self.durable = durable
@@ -380,6 +405,8 @@ class JetStreamLog:
         if replicas is not None:
             self.replicas = check_replicas(replicas)
         reports = [await self._ensure_stream(_stream_config(name)) for name in ALL_STREAMS]
+        commands = reports[ALL_STREAMS.index(COMMANDS_STREAM)]
+        reports.append(await self._ensure_view(rebuild=commands.outcome == REPLICAS_CREATED))
         await self._bucket(LEASE_BUCKET)
         reports.append(await self.ensure_replicas(f"KV_{LEASE_BUCKET}"))
         self.replica_reports = tuple(reports)
@@ -390,6 +417,23 @@ class JetStreamLog:
             elif r.outcome == REPLICAS_UPDATED:
                 log.info("stream replica count updated", stream=r.stream, replicas=r.wanted)
         return self.replica_reports
+
+    async def _ensure_view(self, *, rebuild: bool) -> StreamReplicas:
+        """The commands mirror, made anew along with GRID_CMDS (`rebuild`), or when it holds more
+        than GRID_CMDS (the stream was deleted and made anew elsewhere): a mirror would go on
+        from its own last sequence, and its sequences would no longer be GRID_CMDS's."""
+        try:
+            view = await self._js.stream_info(COMMANDS_VIEW_STREAM)
+        except nats.js.errors.NotFoundError:
+            view = None
+        if view is not None:
+            source = await self._js.stream_info(COMMANDS_STREAM)
+            if rebuild or int(view.state.last_seq) > int(source.state.last_seq):
+                if not rebuild:
+                    log.warning("commands mirror is ahead of GRID_CMDS (the stream was made anew); rebuilding it",
+                                mirror_last=view.state.last_seq, last=source.state.last_seq)
+                await self._js.delete_stream(COMMANDS_VIEW_STREAM)
+        return await self._ensure_stream(_view_config())
 
     async def _stream_replicas(self, name: str) -> int | None:
         deadline = asyncio.get_running_loop().time() + JETSTREAM_READY_SECONDS
@@ -482,6 +526,9 @@ class JetStreamLog:
             except nats.js.errors.BucketNotFoundError:
                 kv, _ = await self.create_replicated(lambda replicas: self._js.create_key_value(
                     api.KeyValueConfig(bucket=bucket, history=16, storage=api.StorageType.FILE, replicas=replicas)))
+            # nats-py reads a key with a direct get when the bucket allows them; its stream
+            # message get is the one a host may use (grid.identity.permissions).
+            kv._direct = False
             self._kv[bucket] = kv
         return kv
 
@@ -543,16 +590,17 @@ class JetStreamLog:
     async def last_subject_sequence(self, subject: str) -> int:
         stream = stream_for_subject(subject)
         try:
-            msg = await self._js.get_last_msg(stream, subject, direct=True)
+            msg = await self._js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError:
             return 0
         return int(msg.seq or 0)
 
     async def last_message(self, subject: str) -> StoredMessage | None:
-        """A direct get of the last message on `subject` (permissions can name the subject)."""
+        """The last message on `subject`, by a stream message get (`$JS.API.STREAM.MSG.GET`,
+        never a direct get: grid.identity.permissions says why), answered by the stream's leader."""
         stream = stream_for_subject(subject)
         try:
-            msg = await self._js.get_last_msg(stream, subject, direct=True)
+            msg = await self._js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError:
             return None
         headers = msg.headers or {}
@@ -580,9 +628,10 @@ class JetStreamLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
             )
         subject = subject_filter or STREAM_SUBJECTS[stream][0]
+        source = self.views.get(stream, stream)
         sub = await self._retrying(lambda: self._js.subscribe(
             subject,
-            stream=stream,
+            stream=source,
             ordered_consumer=True,
             config=config,
             pending_msgs_limit=1_000_000,

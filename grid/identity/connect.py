@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from grid.events.jetstream import JetStreamLog
+from grid.events.subjects import COMMANDS_STREAM, COMMANDS_VIEW_STREAM
 from grid.identity.creds import connect_options
+from grid.identity.permissions import Role
 from grid.identity.signing import Identity
 
 
@@ -20,9 +22,13 @@ async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path
 
     Only the controller manages streams: every other identity passes `ensure_streams=False`,
     since the server refuses it stream creation. With a credential the log signs every append
-    as that identity and its readers verify against the grid that issued it.
+    as that identity and its readers verify against the grid that issued it. Every identity but
+    the controller replays and tails commands through the controller's mirror of GRID_CMDS
+    (grid.identity.permissions says why).
     """
     identity = Identity.from_creds(Path(credentials)) if credentials is not None else None
     event_log = await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca), **kwargs)
     event_log.authorship = identity
+    if identity is not None and identity.role is not Role.CONTROLLER:
+        event_log.views = {COMMANDS_STREAM: COMMANDS_VIEW_STREAM}
     return event_log

@@ -17,13 +17,33 @@ makes through `grid.events.jetstream.JetStreamLog`:
   but not create or update it, because a consumer update can re-point delivery at any subject
   (a push `deliver_subject` such as another host's heartbeat) and the server checks no
   permission on that;
-- that consumer's name is `agent-<id>-<random>`, drawn once per host by the authority and
-  carried in the host's credential (`host_consumer`), never `agent-<id>`: whoever may create an
-  ephemeral consumer on GRID_CMDS (operator, a reader given it) can, through that same API,
-  update any consumer whose name it knows (its filter, ack wait, max deliver), and no subject
-  permission can tell the two apart. Nobody but the controller may list consumers, so an
-  unguessable name is what keeps the host's queue its own;
+- consumer create and update on GRID_CMDS are the controller's alone. `CONSUMER.CREATE.<stream>`
+  with a `name` in its body updates the consumer of that name (its filter, ack wait, max
+  deliver), and no subject permission can tell that from creating an ephemeral one; the name
+  is no secret either (the server's monitor lists every connection's JWT tags, the host's
+  credential among them). So every other reader of commands (operator, reader: events tail and
+  export, replay, history, the dashboard) replays and tails GRID_CMDS_VIEW, a mirror the
+  controller keeps (same sequences, no host consumer on it), and reads GRID_CMDS's positions
+  with `STREAM.INFO` only. The host consumer's unguessable name (`agent-<id>-<random>`) stays a
+  second line;
+- no role but the controller may use `$JS.API.DIRECT.GET`. The server checks no permission on
+  a request's reply subject, and a direct get answers with the stored message itself (its
+  bytes and headers), so a direct get aimed at a reply subject such as `grid.ctl.mode` made
+  the server store a copy of another stream's event there. Reads by subject or sequence go
+  through `$JS.API.STREAM.MSG.GET.<stream>` instead, whose reply is a JSON envelope with the
+  message base64-encoded inside: reflected, it never carries raw event bytes or their
+  headers and never decodes as an event. That request names its subject in the body, so
+  a host may read any message of GRID_HOSTS (another host's last heartbeat, not just its
+  own): heartbeats, registrations and protection transitions carry no secret (no prompt, no
+  key; the gateway and operators read the whole stream), so that is accepted. The lease
+  bucket holds lease records only, and the artifact store holds what every host may load;
 - stream, KV and consumer management otherwise belong to the controller alone.
+
+Every request the server answers, though, still lands its answer on whatever reply subject the
+requester names (an API envelope, a status message, or, for `CONSUMER.MSG.NEXT`, the host's own
+next command): permissions cannot stop that, signatures (grid.identity.signing) keep such
+copies from ever being folded, and Grid's own services answer only under the requester's inbox
+(grid.identity.replies).
 
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
 subscribe only there, so nobody reads another identity's PubAcks or consumer deliveries.
@@ -39,10 +59,10 @@ import msgspec
 
 from grid.events.subjects import (
     ALL_STREAMS,
-    ARTIFACT_META_SUBJECTS,
     ARTIFACT_STREAM,
     ARTIFACT_SUBJECTS,
     COMMANDS_STREAM,
+    COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
     LEASE_BUCKET,
@@ -167,6 +187,10 @@ def infer_subject_root(host_id: str) -> str:
 def _read(stream: str) -> tuple[str, ...]:
     # nats-py answers a stalled consumer's flow control on the subject the server names in a
     # header (not the message's reply subject), so responses alone do not cover it.
+    if stream == COMMANDS_STREAM:
+        # Positions from GRID_CMDS, messages from its mirror (see the module docstring).
+        return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_VIEW_STREAM}",
+                f"$JS.FC.{COMMANDS_VIEW_STREAM}.>")
     return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>")
 
 
@@ -176,21 +200,23 @@ def _reads(streams: Sequence[str]) -> tuple[str, ...]:
 
 _STREAM_FAMILIES = (f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT)
 _LEASE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.*.*.KV_{LEASE_BUCKET}", f"{JS_API}.*.*.KV_{LEASE_BUCKET}.>")
-# The lease key as the host reads it (nats-py's key_value(): stream info, then a message get,
-# direct or not as the bucket allows). The bucket holds lease records only: nothing secret.
-_LEASE_READ = (f"{JS_API}.STREAM.INFO.KV_{LEASE_BUCKET}", f"{JS_API}.STREAM.MSG.GET.KV_{LEASE_BUCKET}",
-               f"{JS_API}.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.>")
+# The lease key as the host reads it (nats-py's key_value(): stream info, then a message get;
+# JetStreamLog never reads a bucket with direct gets). The bucket holds lease records only.
+_LEASE_READ = (f"{JS_API}.STREAM.INFO.KV_{LEASE_BUCKET}", f"{JS_API}.STREAM.MSG.GET.KV_{LEASE_BUCKET}")
 # Everything on the lease but those reads: a put, and any consumer on the bucket's stream.
 _LEASE_WRITE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}",
                 f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}.>")
-# The artifact object store (grid.events.artifact_store). Reading is direct gets only: the
-# object's metadata by subject, then its chunks by sequence. No consumer: a host may create none,
-# since a consumer's deliver subject could be any subject (see the module docstring).
-_ARTIFACT_READ = (f"{JS_API}.DIRECT.GET.{ARTIFACT_STREAM}", f"{JS_API}.DIRECT.GET.{ARTIFACT_STREAM}.{ARTIFACT_META_SUBJECTS}")
+# The artifact object store (grid.events.artifact_store). Reading is stream message gets only:
+# the object's metadata by subject, then its chunks by sequence. No consumer: a host may create
+# none, since a consumer's deliver subject could be any subject (see the module docstring).
+_ARTIFACT_READ = (f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}",)
 # A put publishes chunks and the metadata on `$O.<bucket>.>` (nats-py's put looks the object
 # up with a stream message get first). Deleting is a put of deleted metadata: same subjects.
-_ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}",
-                 f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}", *_ARTIFACT_READ)
+_ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}", *_ARTIFACT_READ)
+# Denied to every role but the controller, whatever its allow list says: direct gets (their
+# reply is the stored message itself) and consumer create/update on GRID_CMDS.
+_CONTROLLER_ONLY = (f"{JS_API}.DIRECT.GET.>", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}",
+                    f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}.>", f"{JS_API}.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.>")
 _MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_API}.STREAM.DELETE.>",
                f"{JS_API}.STREAM.PURGE.>", f"{JS_API}.STREAM.MSG.DELETE.>", f"{JS_API}.CONSUMER.DELETE.>")
 
@@ -213,8 +239,9 @@ def _host(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(
             host_wildcard(p.host_id),
-            # Its own last events, by subject (clock sync, fence restore): never another host's.
-            f"{JS_API}.DIRECT.GET.{HOSTS_STREAM}.{host_wildcard(p.host_id)}",
+            # Its own last events, by subject (clock sync, fence restore). The subject is in the
+            # body, so it could read another host's too: nothing there is secret (see above).
+            f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
             f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
             f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
             f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
@@ -226,7 +253,7 @@ def _host(p: Principal, inbox: str) -> Grant:
             *_ARTIFACT_READ,
         ),
         pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
-                  *_MANAGEMENT, ARTIFACT_SUBJECTS),
+                  *_MANAGEMENT, ARTIFACT_SUBJECTS, *_CONTROLLER_ONLY),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -239,7 +266,8 @@ def _gateway(p: Principal, inbox: str) -> Grant:
     # The catalog projection folds profiles from GRID_CTL, so the gateway reads it (never writes).
     return Grant(
         pub_allow=(f"{PREFIX}.req.>", f"{INFER_ROOT}.>", *_reads((HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM))),
-        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
+                  *_CONTROLLER_ONLY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -249,7 +277,8 @@ def _gateway(p: Principal, inbox: str) -> Grant:
 def _operator(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS), *_ARTIFACT_PUT),
-        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT),
+        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
+                  *_CONTROLLER_ONLY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -259,7 +288,7 @@ def _operator(p: Principal, inbox: str) -> Grant:
 def _reader(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=_reads(p.streams),
-        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT),
+        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT, *_CONTROLLER_ONLY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -269,7 +298,7 @@ def _reader(p: Principal, inbox: str) -> Grant:
 def _invitee(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(ENROL_JOIN_SUBJECT,),
-        pub_deny=(),
+        pub_deny=_CONTROLLER_ONLY,
         sub_allow=(f"{inbox}.>",),
         sub_deny=(),
         allow_responses=False,
@@ -292,19 +321,21 @@ ROLES: tuple[RoleSpec, ...] = (
              "publish `grid.host.<id>.>` and read back its own last events; fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
-             "read the artifact store (direct gets only); renew its credential",
+             "read the artifact store (stream message gets only); renew its credential",
              "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
-             "management", _host),
+             "management; direct gets", _host),
     RoleSpec(Role.GATEWAY, "gateway",
              "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
-             "control, commands, host subjects, plans (publish), the lease", _gateway),
+             "control, commands, host subjects, plans (publish), the lease; direct gets", _gateway),
     RoleSpec(Role.OPERATOR, "operator",
              "read every stream (events tail/export, replay, history); publish `grid.ctl.>`; put artifacts "
              "(`gridctl model push`)",
-             "commands, the lease, host subjects, requests, plans (publish)", _operator),
+             "commands, the lease, host subjects, requests, plans (publish); direct gets; a consumer on "
+             "GRID_CMDS (it replays the controller's mirror GRID_CMDS_VIEW)", _operator),
     RoleSpec(Role.READER, "reader",
-             "read the streams named in its credential", "any publish; the lease", _reader),
+             "read the streams named in its credential (GRID_CMDS through its mirror GRID_CMDS_VIEW)",
+             "any publish; the lease; direct gets; a consumer on GRID_CMDS", _reader),
     RoleSpec(Role.INVITEE, "invitee (inside a join token)",
              "send one join request to `grid.enrol.join`", "everything else", _invitee),
 )

@@ -23,9 +23,11 @@ from grid.events.jetstream import (
     JetStreamLog,
 )
 from grid.events.log import LogError
-from grid.events.subjects import ALL_STREAMS, ARTIFACT_STREAM, LEASE_BUCKET
+from grid.events.subjects import ALL_STREAMS, ARTIFACT_STREAM, COMMANDS_VIEW_STREAM, LEASE_BUCKET
 
-EVERY_STREAM = (*ALL_STREAMS, f"KV_{LEASE_BUCKET}")
+# The event streams and the commands mirror (Grid's own configuration), then the lease bucket.
+GRID_STREAMS = (*ALL_STREAMS, COMMANDS_VIEW_STREAM)
+EVERY_STREAM = (*GRID_STREAMS, f"KV_{LEASE_BUCKET}")
 
 
 async def replica_counts(log: JetStreamLog, settle: float = 15.0) -> dict[str, tuple[int, int]]:
@@ -121,7 +123,7 @@ async def test_a_two_node_cluster_gets_r1_without_a_mismatch_and_r3_fails_clearl
             log = await JetStreamLog.connect(cluster.url)
             try:
                 assert {(r.stream, r.outcome, r.wanted, r.actual) for r in log.replica_reports} == {
-                    (name, outcome if name in ALL_STREAMS else REPLICAS_OK, 1, 1) for name in EVERY_STREAM}
+                    (name, outcome if name in GRID_STREAMS else REPLICAS_OK, 1, 1) for name in EVERY_STREAM}
                 assert (await ensure_artifact_store(log)).actual == 1
             finally:
                 await log.close()

@@ -15,7 +15,9 @@ from grid.events import codec
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import (
     ALL_STREAMS,
+    ARTIFACT_STREAM,
     COMMANDS_STREAM,
+    COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
     LEASE_BUCKET,
@@ -75,6 +77,23 @@ _LEASE = [
     _api("read the lease bucket", f"$JS.API.STREAM.INFO.KV_{LEASE_BUCKET}"),
     _api("read the lease key", f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller"),
 ]
+# Direct gets answer with the stored message itself, on any reply subject: the controller's alone.
+_DIRECT_GETS = [
+    _api("read the lease key by direct get", f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller"),
+    _api("read an artifact by direct get", f"$JS.API.DIRECT.GET.{ARTIFACT_STREAM}", {"seq": 1}),
+    _api("read a hosts message by direct get", f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", {"seq": 1}),
+]
+# Consumers on GRID_CMDS are the controller's alone: a create with a host consumer's name
+# re-points it. Every other reader replays the mirror.
+_COMMAND_CONSUMERS = [
+    _api("create a consumer on the commands stream", f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
+         _consumer(COMMANDS_STREAM, "grid.cmd.>", deliver_subject="_INBOX.x")),
+    _api("re-point a host's command consumer by name", f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
+         _consumer(COMMANDS_STREAM, "grid.cmd.nobody", name="{consumer}", ack_policy="explicit")),
+    _api("re-point a host's command consumer by name (named form)",
+         f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{{consumer}}.grid.cmd.nobody",
+         _consumer(COMMANDS_STREAM, "grid.cmd.nobody", name="{consumer}", ack_policy="explicit")),
+]
 _MANAGEMENT = [
     _api("delete a stream", f"$JS.API.STREAM.DELETE.{HOSTS_STREAM}"),
     _api("purge a stream", f"$JS.API.STREAM.PURGE.{COMMANDS_STREAM}"),
@@ -127,6 +146,9 @@ CASES: dict[Role, list[Attempt]] = {
         _api("read back another host's last heartbeat",
              f"$JS.API.DIRECT.GET.{HOSTS_STREAM}.{host_subject(OTHER, 'heartbeat')}"),
         _api("get a hosts message by sequence", f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", {"seq": 1}),
+        _api("read back its own last heartbeat by direct get",
+             f"$JS.API.DIRECT.GET.{HOSTS_STREAM}.{host_subject(HOST, 'heartbeat')}"),
+        *_DIRECT_GETS,
         *_LEASE_WRITES,
         *_MANAGEMENT[:4],
     ],
@@ -142,6 +164,9 @@ CASES: dict[Role, list[Attempt]] = {
         Attempt("read every inbox", "_INBOX.>", subscribe=True),
         _api("replay the commands stream", f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
              _consumer(COMMANDS_STREAM, "grid.cmd.>", deliver_subject="_INBOX.x")),
+        _api("replay the commands mirror", f"$JS.API.CONSUMER.CREATE.{COMMANDS_VIEW_STREAM}",
+             _consumer(COMMANDS_VIEW_STREAM, "grid.cmd.>", deliver_subject="_INBOX.x")),
+        *_DIRECT_GETS,
         *_LEASE,
         *_MANAGEMENT,
     ],
@@ -152,6 +177,8 @@ CASES: dict[Role, list[Attempt]] = {
         _publish("a plan", "plan.created.v1"),
         Attempt("read requests live", "grid.req.>", subscribe=True),
         Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        *_DIRECT_GETS,
+        *_COMMAND_CONSUMERS,
         *_LEASE,
         *_MANAGEMENT,
     ],
@@ -165,6 +192,8 @@ CASES: dict[Role, list[Attempt]] = {
         _api("replay a stream it was not given", f"$JS.API.CONSUMER.CREATE.{REQUESTS_STREAM}",
              _consumer(REQUESTS_STREAM, "grid.req.>", deliver_subject="_INBOX.x")),
         Attempt("read every inbox", "_INBOX.>", subscribe=True),
+        *_DIRECT_GETS,
+        *_COMMAND_CONSUMERS,
         *_LEASE,
         *_MANAGEMENT,
     ],
@@ -221,7 +250,7 @@ async def test_refused_and_nothing_appended(
     attempt = _resolve(attempt, host.command_consumer, authority.host_principal(OTHER).command_consumer)
     before = await stream_sequences(controller_log)
     principal = {"host_id": HOST} if role is Role.HOST else {}
-    streams = {"streams": (HOSTS_STREAM,)} if role is Role.READER else {}
+    streams = {"streams": (HOSTS_STREAM, COMMANDS_STREAM)} if role is Role.READER else {}
     nc = await raw_client(secured_server, creds(role, **principal, **streams))
     try:
         await refused(nc, attempt)
@@ -240,8 +269,9 @@ async def test_the_ephemeral_consumer_api_cannot_reach_a_host_consumer_it_cannot
     role: Role, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
     authority: Authority,
 ) -> None:
-    """`CONSUMER.CREATE.<stream>` (every reader's right) with a `name` updates that consumer if it
-    exists; a host's consumer name is unguessable, so a guess creates a harmless ephemeral."""
+    """`CONSUMER.CREATE.<stream>` with a `name` updates that consumer if it exists. On GRID_CMDS
+    nobody but the controller may create consumers at all; behind that, a host's consumer name is
+    unguessable, so even a guess that got through would create a harmless ephemeral."""
     host = authority.host_principal(HOST)
     assert host.command_consumer is not None and host.command_consumer != f"agent-{HOST}"
     await controller_log.append(event("command.issued.v1", host_id=HOST))
@@ -266,7 +296,7 @@ async def test_the_ephemeral_consumer_api_cannot_reach_a_host_consumer_it_cannot
 
 
 @pytest.mark.parametrize(("stream", "target"), [
-    (COMMANDS_STREAM, "grid.host.node-2.heartbeat"),
+    (COMMANDS_VIEW_STREAM, "grid.host.node-2.heartbeat"),
     (CONTROL_STREAM, "grid.cmd.node-1"),
     (PLANS_STREAM, "grid.ctl.mode"),
 ])
@@ -278,6 +308,11 @@ async def test_a_consumer_aimed_at_another_streams_subject_appends_nothing(
     for tag in ("command.issued.v1", "control.mode_set.v1", "plan.created.v1"):
         await controller_log.append(event(tag, host_id=HOST) if tag.startswith("command") else event(tag))
     before = await stream_sequences(controller_log)
+    js = controller_log.client.jetstream()
+    for _ in range(100):  # the mirror holds the command too, so there is something to launder
+        if stream != COMMANDS_VIEW_STREAM or (await js.stream_info(stream)).state.last_seq >= 1:
+            break
+        await asyncio.sleep(0.05)
     nc = await raw_client(secured_server, creds(Role.OPERATOR))
     try:
         body = {"stream_name": stream, "config": {"deliver_subject": target, "ack_policy": "none",
