@@ -8,22 +8,29 @@ component believes.
 
 Labels are bounded: model ids come from configured profiles (the gateway refuses unknown
 models before they reach a metric), statuses are HTTP codes, states are the fixed
-vocabularies in grid.events.host. No label ever carries a prompt, a key or a user.
+vocabularies in grid.events.host, rejection reasons the constants of grid.identity.signing and
+grid.identity.provenance. No label ever carries a prompt, a key or a user.
+
+One family has the same name in every process: `grid_events_rejected_total{reason}`, the log
+messages this process refused as not provably their author's (a counter, read at scrape time
+from the process's own authorship gate; it starts again from zero when the process does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from grid.events.requests import RequestFeatures
+from grid.identity.provenance import SUBJECT_MISMATCH
+from grid.identity.signing import REJECTION_REASONS
 
 # Latency buckets (seconds) for requests on small local models up to long generations.
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -44,19 +51,38 @@ class GaugeSource:
     read: Callable[[], Iterable[Sample]]
 
 
-class SnapshotCollector:
-    """Turns GaugeSources into metric families on every scrape."""
+@dataclass(frozen=True)
+class CounterSource:
+    """A counter family read at scrape time from a count the component keeps (never lowered while
+    it runs): `read()` returns (label values, value) pairs; `name` is without `_total`."""
 
-    def __init__(self, sources: Iterable[GaugeSource]) -> None:
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+    read: Callable[[], Iterable[Sample]]
+
+
+Source = GaugeSource | CounterSource
+
+
+def _family(s: Source) -> GaugeMetricFamily | CounterMetricFamily:
+    kind = CounterMetricFamily if isinstance(s, CounterSource) else GaugeMetricFamily
+    return kind(s.name, s.documentation, labels=list(s.labels))
+
+
+class SnapshotCollector:
+    """Turns GaugeSources and CounterSources into metric families on every scrape."""
+
+    def __init__(self, sources: Iterable[Source]) -> None:
         self.sources = tuple(sources)
 
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
         # Describing without reading keeps registration free of side effects.
-        return [GaugeMetricFamily(s.name, s.documentation, labels=list(s.labels)) for s in self.sources]
+        return [_family(s) for s in self.sources]
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         for s in self.sources:
-            family = GaugeMetricFamily(s.name, s.documentation, labels=list(s.labels))
+            family = _family(s)
             for labels, value in s.read():
                 family.add_metric(list(labels), float(value))
             yield family
@@ -70,8 +96,28 @@ def counts(values: Iterable[str], vocabulary: Iterable[str] = ()) -> list[Sample
     return [((k,), float(n)) for k, n in sorted(tally.items())]
 
 
+# Every reason a reader refuses a log message for (each present in the family, zero included).
+REJECTION_VOCABULARY: tuple[str, ...] = (*REJECTION_REASONS, SUBJECT_MISMATCH)
+REJECTED_EVENTS = "grid_events_rejected"
+
+
+def rejected_events(read: Callable[[], Mapping[str, int]]) -> CounterSource:
+    """`grid_events_rejected_total{reason}` of one process, from its rejection counts by reason."""
+
+    def samples() -> list[Sample]:
+        tally = {reason: 0 for reason in REJECTION_VOCABULARY}
+        tally.update(read())
+        return [((reason,), float(n)) for reason, n in sorted(tally.items())]
+
+    return CounterSource(REJECTED_EVENTS,
+                         "Log messages this process refused as not provably written by an identity that may write "
+                         "their subject (unsigned, forged, revoked or expired signer, not permitted, or not vouched "
+                         "for by their subject), by reason: skipped, never folded or executed.",
+                         ("reason",), samples)
+
+
 class GatewayMetrics:
-    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+    def __init__(self, sources: Iterable[Source] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("grid_gateway_requests", "Requests answered, by served model, endpoint and HTTP status.",
@@ -101,7 +147,7 @@ class GatewayMetrics:
 
 
 class ControllerMetrics:
-    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+    def __init__(self, sources: Iterable[Source] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tick = Histogram("grid_controller_tick_seconds", "Duration of one reconciliation pass (plan + commands).",
                               buckets=TICK_BUCKETS, registry=self.registry)
@@ -111,7 +157,7 @@ class ControllerMetrics:
 
 
 class AgentMetrics:
-    def __init__(self, sources: Iterable[GaugeSource] = ()) -> None:
+    def __init__(self, sources: Iterable[Source] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.actions = Histogram("grid_agent_action_seconds", "Duration of lifecycle actions, by kind and outcome.",
                                  ["kind", "status"], buckets=ACTION_BUCKETS, registry=self.registry)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import structlog
@@ -26,7 +26,7 @@ from starlette.routing import Route
 from grid.agent.protection import ProtectionStatus
 from grid.agent.state import AgentState
 from grid.events.host import HOST_STATES, RESIDENCY_STATES
-from grid.metrics import AgentMetrics, GaugeSource, Sample, counts, metrics_route
+from grid.metrics import AgentMetrics, GaugeSource, Sample, counts, metrics_route, rejected_events
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
 
@@ -36,8 +36,10 @@ METRICS_URL_FILE = "metrics.url"
 LOOPBACK = "127.0.0.1"
 
 
-def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], ProtectionStatus]) -> AgentMetrics:
-    """The agent's registry: states read from its live state at scrape time."""
+def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], ProtectionStatus],
+                  rejected: Callable[[], Mapping[str, int]] = dict) -> AgentMetrics:
+    """The agent's registry: states read from its live state at scrape time; `rejected` counts
+    the messages on its command queue no controller of its grid provably wrote, by reason."""
 
     def residencies() -> list[Sample]:
         return counts((r.state for r in state().residencies.values()), RESIDENCY_STATES)
@@ -55,6 +57,7 @@ def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], Prot
         GaugeSource("grid_agent_protection_state", "This host's effective protection state (1 = current).",
                     ("state",), protection_state),
         GaugeSource("grid_agent_action_in_flight", "Whether a lifecycle action is executing now.", (), in_flight),
+        rejected_events(rejected),
     ])
 
 

@@ -68,7 +68,7 @@ from grid.controller.reconcile import (
     reconcile,
     withdraw_all,
 )
-from grid.controller.status import ControllerView, TickReport, build_status
+from grid.controller.status import LATEST_REJECTIONS, ControllerView, TickReport, build_status
 from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.demand.forecast import Forecast
 from grid.events import codec
@@ -95,7 +95,7 @@ from grid.events.subjects import (
 )
 from grid.planner.plan import decode_plan, encode_plan
 from grid.planner.types import Plan, PlannerInput, Policy
-from grid.metrics import ControllerMetrics, GaugeSource, Sample
+from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
 from grid.projections.runner import ProjectionRunner
@@ -281,6 +281,7 @@ class Controller:
                         (), term),
             GaugeSource("grid_controller_active", "1 when this controller holds the lease (active), 0 on standby.",
                         (), active),
+            rejected_events(lambda: self.runner.rejected),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -731,6 +732,8 @@ class Controller:
             controllers=tuple(presence_view(self.presence, now=self.clock.now(),
                                             holder_id=lease.holder_id if lease is not None else None,
                                             holder_term=lease.holder_term if lease is not None else 0)),
+            rejected_events=dict(self.runner.rejected),
+            rejections=tuple(self.runner.gate.rejections[-LATEST_REJECTIONS:]),
         )
 
     def status(self) -> dict[str, Any]:

@@ -29,6 +29,10 @@ Shape (every key always present; lists bounded):
     pending_commands, delivered_pending_action_ids, withdrawn_commands, withdrawn_destructive
     history      recent terminal actions, newest first
     ticks        recent tick reports; last_tick
+    rejected_events  {total, by_reason {reason: n}, latest [{stream, seq, subject, reason, role}]}: log
+                 messages the controller's folds skipped as not provably written by an identity that
+                 may write their subject (grid.identity.signing, grid.identity.provenance); latest
+                 holds the newest few, newest last; a non-zero total is also a warning
     warnings     snapshot quarantine, non-durable log, forecast failures, plan conflicts, ...
 
 It is built from a `ControllerView` (the controller's public snapshot), never from the live
@@ -38,7 +42,7 @@ controller, so this module knows nothing of the service that produces the view.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -48,6 +52,7 @@ from grid.controller.inputs import ready_replicas
 from grid.controller.reconcile import SERVING_STATES, ReconcileResult
 from grid.controller.workload_status import workload_rows
 from grid.demand.forecast import Forecast
+from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import heartbeat_fresh
 from grid.planner.placeability import plan_saw_profile, unplaceable
@@ -115,6 +120,10 @@ class ControllerView:
     last_result: ReconcileResult | None
     # Every controller that announced itself: which is active, which stand by (presence.py).
     controllers: tuple[dict[str, Any], ...] = ()
+    # Messages the folds rejected (authorship not proven, or not vouched for), by reason, and the
+    # latest of them (oldest first).
+    rejected_events: Mapping[str, int] = field(default_factory=dict)
+    rejections: tuple[Rejection, ...] = ()
 
 
 def _b(value: Any) -> Any:
@@ -232,6 +241,20 @@ def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...
     return rows
 
 
+# Rejections status lists one by one (the counts are complete).
+LATEST_REJECTIONS = 5
+
+
+def _rejected(ctl: ControllerView) -> dict[str, Any]:
+    by_reason = dict(sorted(ctl.rejected_events.items()))
+    latest = ctl.rejections[-LATEST_REJECTIONS:]
+    return {
+        "total": sum(by_reason.values()), "by_reason": by_reason,
+        "latest": [{"stream": r.stream, "seq": r.seq, "subject": r.subject, "reason": r.reason,
+                    "role": r.role or None} for r in latest],
+    }
+
+
 def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     fc = ctl.last_forecast
     if fc is None:
@@ -279,6 +302,10 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
     ready = ready_replicas(snaps, now, ctl.limits)  # one count for models, unplaceable, workloads
     if ctl.lease_error:
         warnings.append(f"lease: {ctl.lease_error}")
+    rejected = _rejected(ctl)
+    if rejected["total"]:
+        warnings.append(f"{describe_rejected(rejected['by_reason'])} (not provably written by an identity that "
+                        "may write their subject: skipped, never folded; latest in rejected_events)")
     return {
         "now": now,
         "controller": {
@@ -316,5 +343,6 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "history": [_command_row(r) for r in terminal[:limit]],
         "last_tick": _b(ctl.last_tick) if ctl.last_tick is not None else None,
         "ticks": [_b(t) for t in list(ctl.ticks)[-10:]],
+        "rejected_events": rejected,
         "warnings": warnings,
     }

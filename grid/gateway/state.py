@@ -37,7 +37,7 @@ from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
-from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts
+from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts, rejected_events
 from grid.projections import fleet
 from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan
@@ -134,6 +134,9 @@ class Gateway:
         Routing needs each host's latest heartbeat, and only one younger than the heartbeat
         timeout counts; replaying days of heartbeats would only delay startup.
         """
+        # Verify authorship from the first message on, as the follower will (it adopts the same).
+        if self.runner.gate.authorship is None:
+            self.runner.gate.authorship = getattr(self.log, "authorship", None)
         for stream in self.runner.streams:
             start = self.runner.positions.get(stream, 0) + 1
             if stream == HOSTS_STREAM:
@@ -266,6 +269,7 @@ class Gateway:
             GaugeSource("grid_gateway_telemetry_failed_records",
                         "Request records dropped because their batch could not be appended to the log.", (),
                         lambda: [((), float(self.telemetry.dropped_failed))]),
+            rejected_events(lambda: self.runner.rejected),
         ]
 
     # --- proxy-owned counters --------------------------------------------------------------------
@@ -320,6 +324,8 @@ class Gateway:
             "projection": {
                 "positions": dict(sorted(self.runner.positions.items())),
                 "malformed": self.runner.malformed,
+                # Skipped as not provably their author's (or not vouched for by their subject).
+                "rejected": dict(sorted(self.runner.rejected.items())),
             },
             "api_keys_required": self.api_keys.required,
         }

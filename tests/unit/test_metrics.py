@@ -53,3 +53,75 @@ def test_registries_are_per_process_component() -> None:
     a.observe(RequestFeatures(endpoint="chat", requested_model="x"))
     assert parse(exposition(b.registry)).get("grid_gateway_requests_total", []) == []
     assert len(parse(exposition(a.registry))["grid_gateway_requests_total"]) == 1
+
+
+def test_rejected_events_is_one_counter_family_read_at_scrape_time() -> None:
+    from grid.identity.provenance import SUBJECT_MISMATCH
+    from grid.identity.signing import REJECTION_REASONS
+    from grid.metrics import REJECTION_VOCABULARY, rejected_events
+
+    live: dict[str, int] = {}
+    families = [GatewayMetrics([rejected_events(lambda: live)]), ControllerMetrics([rejected_events(lambda: live)]),
+                AgentMetrics([rejected_events(lambda: live)])]
+    for m in families:
+        (family,) = [f for f in text_string_to_metric_families(exposition(m.registry).decode())
+                     if f.name == "grid_events_rejected"]
+        assert family.type == "counter"
+        # Every reason is exposed, zero included: an alert can match reason="revoked_signer" > 0.
+        assert sorted((s.labels["reason"], s.value) for s in family.samples) == [(r, 0.0) for r in
+                                                                                  sorted(REJECTION_VOCABULARY)]
+    assert set(REJECTION_VOCABULARY) == {*REJECTION_REASONS, SUBJECT_MISMATCH}
+    live.update({"unsigned": 2, SUBJECT_MISMATCH: 1})
+    got = parse(exposition(families[0].registry))["grid_events_rejected_total"]
+    assert ({"reason": "unsigned"}, 2.0) in got and ({"reason": SUBJECT_MISMATCH}, 1.0) in got
+    assert ({"reason": "bad_signature"}, 0.0) in got
+
+
+def test_the_agent_exposes_its_unproven_commands() -> None:
+    from grid.agent.http import agent_metrics
+    from grid.agent.protection import ProtectionStatus
+    from grid.agent.state import AgentState
+
+    unproven = {"bad_signature": 1}
+    got = parse(exposition(agent_metrics(AgentState, ProtectionStatus, lambda: unproven).registry))
+    assert ({"reason": "bad_signature"}, 1.0) in got["grid_events_rejected_total"]
+    assert ({"reason": "unsigned"}, 0.0) in got["grid_events_rejected_total"]
+
+
+async def test_the_gateway_counts_what_its_runner_rejects(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A gateway reading a signed log: an unsigned heartbeat, and a host's heartbeat naming
+    another host, reach neither its routes nor its hosts, and show on /metrics and in its stats."""
+    import time
+
+    from grid.clock import SimulatedClock
+    from grid.config import GridConfig
+    from grid.events import codec
+    from grid.events.host import HostHeartbeat, HostResources
+    from grid.events.log import InMemoryLog
+    from grid.events.subjects import host_subject
+    from grid.gateway.state import Gateway
+    from tests.identities import Identities
+
+    ids = Identities(tmp_path / "grid")
+    clock = SimulatedClock(time.time())
+    log = InMemoryLog(clock)
+
+    def hb(host: str) -> HostHeartbeat:
+        return HostHeartbeat(event_id=f"hb-{host}-{clock.now()}", at=clock.now(), host_id=host,
+                             resources=HostResources(capacity_mb=8000))
+
+    log.authorship = ids.host("h1")
+    await log.append(hb("h1"))
+    await log.append_raw(host_subject("h1", "heartbeat"), codec.encode(hb("h2")))
+    log.authorship = None
+    await log.append(hb("h3"))
+    log.authorship = ids.gateway  # the gateway's own identity: what it verifies with
+    gw = Gateway(log, GridConfig(home=tmp_path / "home", nats_url=None), api_keys=[], clock=clock)
+    await gw.start()
+    try:
+        assert sorted(gw.runner["fleet"].hosts) == ["h1"]
+        assert gw.stats()["projection"]["rejected"] == {"subject_mismatch": 1, "unsigned": 1}
+        got = parse(exposition(gw.metrics.registry))["grid_events_rejected_total"]
+        assert ({"reason": "subject_mismatch"}, 1.0) in got and ({"reason": "unsigned"}, 1.0) in got
+    finally:
+        await gw.stop()

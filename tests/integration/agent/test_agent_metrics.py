@@ -38,6 +38,8 @@ async def test_agent_metrics_listener(js_log: JetStreamLog, start_agent) -> None
     assert m[("grid_agent_protection_state", (("state", "quarantined"),))] == 0
     assert m[("grid_agent_residencies", (("state", "ready"),))] == 0
     assert m[("grid_agent_action_in_flight", ())] == 0
+    # The command queue held nothing unproven (this grid has no identities: nothing to verify).
+    assert m[("grid_events_rejected_total", (("reason", "unsigned"),))] == 0
 
     # gridctl node status shows where to scrape
     out = CliRunner().invoke(node_app, ["status", "--json"])
