@@ -342,24 +342,33 @@ def _join(token: str, paths: AgentPaths) -> Joined:
 @node_app.command("revoke")
 def revoke(
     host: str = typer.Argument(..., help="Host id whose credentials to revoke."),
+    reason: str = typer.Option("", "--reason", help="Why (recorded with the revocation on the log)."),
     nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
 ) -> None:
     """Revoke a host (on the controller's machine): its credentials stop working at once, renewal
-    is refused, and the controller moves its models elsewhere when its heartbeats stop."""
+    is refused, the log records the revocation (every fold refuses what its keys sign from there
+    on), and the controller moves its models elsewhere when its heartbeats stop."""
     from grid.cli.common import resolve_nats_url
-    from grid.identity.admin import IdentityAdminError, revoke as revoke_host
+    from grid.identity.admin import IdentityAdminError, RevocationNotLogged
+    from grid.identity.admin import revoke as revoke_host
     from grid.identity.authority import AuthorityError
 
     cfg = GridConfig.from_environ()
     url = resolve_nats_url(nats, cfg)
     try:
-        asyncio.run(revoke_host(cfg.home, url, host))
+        done = asyncio.run(revoke_host(cfg.home, url, host, reason=reason))
+    except RevocationNotLogged as exc:
+        _fail(str(exc))
+        raise AssertionError from exc
     except (IdentityAdminError, AuthorityError) as exc:
         _fail(str(exc))
+        raise AssertionError from exc
     except Exception as exc:  # the registry says revoked; the servers have not heard yet
         _fail(f"revoked in the registry, but the servers could not be told ({type(exc).__name__}: {exc}); "
               "run the command again")
-    typer.echo(f"host {host} revoked")
+        raise AssertionError from exc
+    typer.echo(f"host {host} revoked: {len(done.keys)} key(s), recorded on the log at {done.stream} "
+               f"sequence {done.seq}")
 
 
 @node_app.command("stop")

@@ -44,6 +44,8 @@ class HostRecord(msgspec.Struct):
     command_consumer: str
     keys: list[str] = msgspec.field(default_factory=list)
     revoked_at: int | None = None
+    # Every key `revoke_host` revoked (kept: a revocation announced on the log names them).
+    revoked_keys: list[str] = msgspec.field(default_factory=list)
 
 
 class Registry(msgspec.Struct):
@@ -185,13 +187,16 @@ class Authority:
 
     def revoke_host(self, host_id: str, *, now: float,
                     longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> str:
-        """Revoke every key issued to `host_id`; returns the account JWT to push to the servers."""
+        """Revoke every key issued to `host_id`; returns the account JWT to push to the servers.
+        The keys revoked stay listed in the host's record (`revoked_keys`, every one this host
+        ever lost): the revocation on the log names them."""
         self.reload()
         self.host_principal(host_id)
         record = self.registry.hosts[host_id]
         record.revoked_at = int(now)
         for key in record.keys:
             self.registry.revocations[key] = int(now)
+        record.revoked_keys = sorted(set(record.revoked_keys) | set(record.keys))
         record.keys = []
         self.prune_revocations(now=now, longest_ttl_seconds=longest_ttl_seconds)
         self._save()

@@ -73,6 +73,19 @@ async def controller_log(secured_server: SecuredNats, creds: CredsFactory) -> As
         await log.close()
 
 
+@pytest.fixture
+def operator_home(authority: Authority) -> Path:
+    """A grid home around this module's authority (it lives in `<home>/identity`), with an
+    operator credential where `gridctl up` puts one: what gridctl reads the log as there."""
+    from grid.identity.local import CREDS_DIR
+
+    path = authority.directory / CREDS_DIR / "operator.creds"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        authority.issue_creds(Principal(Role.OPERATOR), path, now=time.time(), ttl_seconds=None)
+    return authority.directory.parent
+
+
 async def raw_client(server: SecuredNats, credentials: Path | None, **kwargs: object) -> nats.NATS:
     """A plain nats-py client (what an attacker would use) holding `credentials`."""
     errors: list[Exception] = []

@@ -21,10 +21,8 @@ from grid.clock import SystemClock
 from grid.events import codec
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
-from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
-from grid.identity.local import CREDS_DIR
-from grid.identity.permissions import Principal, Role
+from grid.identity.permissions import Role
 from grid.identity.provenance import SUBJECT_MISMATCH
 from grid.identity.signing import UNSIGNED
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client
@@ -39,13 +37,9 @@ def gridctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 
 @pytest.fixture
-def operator_env(authority: Authority, secured_server: SecuredNats) -> dict[str, str]:
-    """A grid home whose operator credential this authority issued (where `gridctl up` puts it)."""
-    home = authority.directory.parent
-    creds = authority.directory / CREDS_DIR / "operator.creds"
-    creds.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    authority.issue_creds(Principal(Role.OPERATOR), creds, now=1_700_000_000.0, ttl_seconds=None)
-    return {**os.environ, "GRID_HOME": str(home), "GRID_NATS_URL": secured_server.url, "COLUMNS": "200"}
+def operator_env(operator_home: Path, secured_server: SecuredNats) -> dict[str, str]:
+    """gridctl on a grid home whose operator credential this module's authority issued."""
+    return {**os.environ, "GRID_HOME": str(operator_home), "GRID_NATS_URL": secured_server.url, "COLUMNS": "200"}
 
 
 async def test_replay_carries_on_past_forged_heartbeats_and_lists_them(
