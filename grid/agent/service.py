@@ -335,7 +335,10 @@ class HostAgent:
         nc = getattr(self.log, "client", None)
         if nc is None:
             return
-        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient())
+        # With identities, only a gateway's signed request under its own inbox is answered.
+        authorship = getattr(self.log, "authorship", None)
+        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient(),
+                                            verifier=getattr(authorship, "verifier", None))
         await self.responder.start()
 
     async def _stop_responder(self) -> None:

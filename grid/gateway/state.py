@@ -123,6 +123,7 @@ class Gateway:
             backend=self.settings.upstream_backend,
             # Inference rides the log's own NATS connection (the in-memory log has none).
             nc=getattr(self.log, "client", None),
+            signer=getattr(self.log, "authorship", None),
         )
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
         self.telemetry.start()

@@ -103,7 +103,8 @@ class Upstream:
     """The proxy's one upstream client and its cached targets.
 
     Default backend "nats" is `grid.infer.client.NatsUpstream` on the gateway's NATS connection
-    (`nc`; None, as with the in-memory log, answers every request with a connect error). "h1"
+    (`nc`; None, as with the in-memory log, answers every request with a connect error), signing
+    each request as `signer` (the log's authorship; None without identities). "h1"
     is grid.gateway.h1 (see there for why and by how much); "httpx" is `HttpxClient`. All
     satisfy `UpstreamClient`.
     """
@@ -116,13 +117,14 @@ class Upstream:
         max_connections: int = 512,
         backend: str = "nats",
         nc: Any = None,
+        signer: Any = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown upstream backend {backend!r} ({' or '.join(BACKENDS)})")
         self.backend = backend
         self.client: UpstreamClient
         if backend == "nats":
-            self.client = NatsUpstream(nc, connect_timeout=connect_timeout, read_timeout=read_timeout)
+            self.client = NatsUpstream(nc, connect_timeout=connect_timeout, read_timeout=read_timeout, signer=signer)
         elif backend == "h1":
             self.client = H1Pool(connect_timeout=connect_timeout, read_timeout=read_timeout)
         else:

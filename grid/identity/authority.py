@@ -202,6 +202,16 @@ class Authority:
         self._save()
         return self.account_jwt(now)
 
+    def revoke_key(self, user_public_key: str, *, now: float,
+                   longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> str:
+        """Revoke one user key (every JWT of it issued up to `now`): an invitee's once its join is
+        done. Returns the account JWT to push to the servers."""
+        self.reload()
+        self.registry.revocations[user_public_key] = int(now)
+        self.prune_revocations(now=now, longest_ttl_seconds=longest_ttl_seconds)
+        self._save()
+        return self.account_jwt(now)
+
     def prune_revocations(self, *, now: float, longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> int:
         """Forget revocations older than the longest credential lifetime: every JWT they refuse
         was issued before them and has expired since, so the server refuses it anyway (and the

@@ -14,6 +14,16 @@ public key and a nonce of its own. A captured request is worthless: the invitati
 use, and the JWT it would yield is bound to a key the captor does not hold. Renewal is the
 same with the current (unexpired, unrevoked) JWT in place of the invitation, and a signing time
 that must be fresh.
+
+Whom it answers: every request is also signed as the requester's NATS identity (the invitee's
+credential inside the token, or the host's own), like a log message (grid.identity.signing), and
+the service answers only on a reply subject under that identity's inbox (grid.identity.replies):
+otherwise a reply subject such as `grid.cmd.<host>` would have the controller store its answer
+in a stream. Anything else gets no answer, a warning and a count.
+
+The invitee credential dies with its join: once the invitation is spent (admitted, or refused as
+used, expired or unknown) the service revokes the invitee's key and pushes the account JWT to
+the servers, so the token is worthless from then on, not for the rest of its lifetime.
 """
 
 from __future__ import annotations
@@ -33,10 +43,27 @@ import structlog
 from nats_jwt.nkeys_ext import create_user_pair, keypair_from_pubkey
 
 from grid.identity import jwt
-from grid.identity.authority import HOST_CREDENTIAL_TTL_SECONDS, Authority, AuthorityError, principal_from_claims
-from grid.identity.creds import read_creds, write_creds
-from grid.identity.invitations import INVITATION_TTL_SECONDS, Invitation, InvitationStore, JoinToken, secret_hash
+from grid.identity.authority import (
+    HOST_CREDENTIAL_TTL_SECONDS,
+    Authority,
+    AuthorityError,
+    principal_from_claims,
+    push_account_jwt,
+)
+from grid.identity.creds import connect_options, read_creds, write_creds
+from grid.identity.invitations import (
+    INVITATION_TTL_SECONDS,
+    REFUSED_INVITATION_EXPIRED,
+    REFUSED_INVITATION_USED,
+    REFUSED_UNKNOWN_INVITATION,
+    Invitation,
+    InvitationStore,
+    JoinToken,
+    secret_hash,
+)
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Principal, Role, inbox_prefix
+from grid.identity.replies import RequestCheck, check_request
+from grid.identity.signing import Signer, Verifier
 from grid.identity.tls import pinned_tls_context
 from grid.secrets import write_owner_only
 
@@ -56,6 +83,9 @@ REFUSED_NOT_A_HOST_CREDENTIAL = "not_a_host_credential"
 REFUSED_CREDENTIAL_EXPIRED = "credential_expired"
 REFUSED_CREDENTIAL_REVOKED = "credential_revoked"
 REFUSED_STALE_PROOF = "stale_proof"
+# Join refusals after which the invitation can never be redeemed: its invitee is revoked.
+SPENT_INVITATION = frozenset({REFUSED_INVITATION_USED, REFUSED_INVITATION_EXPIRED, REFUSED_UNKNOWN_INVITATION})
+PUSH_TIMEOUT_SECONDS = 5.0
 
 
 class Refused(msgspec.Struct, frozen=True):
@@ -126,14 +156,26 @@ class EnrolmentService:
         host_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS,
         ca_pem: str | None = None,
         on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
+        push: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.authority = authority
+        # Checks who signed a request (the grid's own credentials only).
+        self.verifier = Verifier(authority.account_public)
         self.invitations = invitations
         self.clock = clock
         self.host_ttl_seconds = host_ttl_seconds
         self.ca_pem = ca_pem
         # Set up what the host may not set up itself (its command consumer) before it connects.
         self.on_admitted = on_admitted
+        # Hands an account JWT (a revocation) to the servers; default: over a system account
+        # connection to the server `serve` is connected to.
+        self.push = push
+        # Requests answered with nothing, by reason (grid.identity.replies).
+        self.refused_requests: dict[str, int] = {}
+        # Invitee keys revoked after their join, and revocations that could not be pushed.
+        self.invitees_revoked = 0
+        self.revoke_failures = 0
+        self._nc: Any = None
         self._subs: list[Any] = []
 
     def invite(self, host_id: str, *, servers: tuple[str, ...], tls_fingerprint: str | None,
@@ -209,10 +251,60 @@ class EnrolmentService:
             return Reply(refused=REFUSED_CREDENTIAL_EXPIRED)
         return Reply(granted=self._grant(principal.host_id, public_key, now, None))
 
+    def check(self, msg: Any, role: Role) -> RequestCheck:
+        """Whether to answer `msg` at all: signed by a credential of `role` of this grid, with its
+        reply under that credential's inbox. A refusal is logged and counted here."""
+        # Judged at the real time, as the server judged the credential when it connected (the
+        # service's clock decides invitations and renewals).
+        check = check_request(self.verifier, msg.subject, msg.data, msg.headers, msg.reply, roles=(role,))
+        if not check.ok:
+            self.refused_requests[check.reason] = self.refused_requests.get(check.reason, 0) + 1
+            log.warning("enrolment.request_refused", subject=msg.subject, reason=check.reason,
+                        reply=msg.reply[:80] if msg.reply else None, signer=check.signed.signer or None,
+                        role=check.signed.role or None)
+        return check
+
+    async def revoke_invitee(self, user_public_key: str) -> None:
+        """Revoke a spent invitation's invitee key and push the revocation to the servers (the
+        server then refuses that credential, and drops a connection still holding it)."""
+        try:
+            account_jwt = self.authority.revoke_key(user_public_key, now=self.clock())
+            await (self.push or self._push_over_system_account)(account_jwt)
+        except Exception as exc:  # the join stands; the credential still dies with its token's TTL
+            self.revoke_failures += 1
+            log.warning("enrolment.invitee_revoke_failed", invitee=user_public_key, error=f"{type(exc).__name__}: {exc}")
+            return
+        self.invitees_revoked += 1
+        log.info("enrolment.invitee_revoked", invitee=user_public_key)
+
+    async def _push_over_system_account(self, account_jwt: str) -> None:
+        """`push_account_jwt` as the system account, to the server `serve`'s connection uses
+        (same TLS): the servers of a cluster share it among themselves."""
+        nc = self._nc
+        if nc is None or nc.connected_url is None:
+            raise AuthorityError("not connected to a server to push the revocation to")
+        url = nc.connected_url
+        options = connect_options(self.authority.system_creds(now=self.clock()), None)
+        if nc.options.get("tls") is not None:
+            options["tls"] = nc.options["tls"]
+            if nc.options.get("tls_hostname"):
+                options["tls_hostname"] = nc.options["tls_hostname"]
+        system = await nats.connect(servers=[f"{url.scheme}://{url.netloc}"], name="grid-enrol-revoke",
+                                    allow_reconnect=False, max_reconnect_attempts=0,
+                                    connect_timeout=PUSH_TIMEOUT_SECONDS, **options)
+        try:
+            await push_account_jwt(system, self.authority.account_public, account_jwt, timeout=PUSH_TIMEOUT_SECONDS)
+        finally:
+            await system.close()
+
     async def serve(self, nc: nats.NATS) -> None:
         """Answer requests on `nc` (a controller connection) until `stop`."""
+        self._nc = nc
 
         async def on_join(msg: Any) -> None:
+            check = self.check(msg, Role.INVITEE)
+            if not check.ok:
+                return
             reply, admitted = self.handle_join(msg.data)
             if admitted is not None and self.on_admitted is not None:
                 try:
@@ -221,8 +313,14 @@ class EnrolmentService:
                     log.warning("enrolment.provision_failed", host_id=admitted.host_id, error=str(exc))
             log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
             await msg.respond(msgspec.json.encode(reply))
+            if admitted is not None or reply.refused in SPENT_INVITATION:
+                # After the answer: the server drops the invitee's connection once it is revoked.
+                await nc.flush()
+                await self.revoke_invitee(check.signed.signer)
 
         async def on_renew(msg: Any) -> None:
+            if not self.check(msg, Role.HOST).ok:
+                return
             reply = self.handle_renew(msg.data)
             log.info("enrolment.renew", host_id=reply.granted.host_id if reply.granted else None,
                      refused=reply.refused)
@@ -279,6 +377,9 @@ async def join(token: JoinToken | str, directory: Path, *,
     request = JoinRequest(secret=token.secret, public_key=public_key, nonce=nonce,
                           signature=_sign(pair, join_statement(token.secret, public_key, nonce)))
     invitee = nkeys.from_seed(token.invitee_seed.encode())
+    body = msgspec.json.encode(request)
+    # Signed as the invitee: the service answers only under that credential's inbox.
+    headers = Signer(token.invitee_jwt, token.invitee_seed).sign(ENROL_JOIN_SUBJECT, body)
     options: dict[str, Any] = {
         "user_jwt_cb": lambda: token.invitee_jwt.encode(),
         "signature_cb": lambda server_nonce: base64.b64encode(invitee.sign(server_nonce.encode())),
@@ -289,7 +390,7 @@ async def join(token: JoinToken | str, directory: Path, *,
     nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
                             max_reconnect_attempts=0, connect_timeout=timeout, **options)
     try:
-        reply = await nc.request(ENROL_JOIN_SUBJECT, msgspec.json.encode(request), timeout=timeout)
+        reply = await nc.request(ENROL_JOIN_SUBJECT, body, timeout=timeout, headers=headers)
     finally:
         await nc.close()
     granted = _decode_reply(reply.data)
@@ -315,7 +416,10 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
     signed_at = time.time() if now is None else now
     request = RenewRequest(jwt=current_jwt, nonce=nonce, signed_at=signed_at,
                            signature=_sign(pair, renew_statement(current_jwt, nonce, signed_at)))
-    reply = await nc.request(ENROL_RENEW_SUBJECT, msgspec.json.encode(request), timeout=timeout)
+    body = msgspec.json.encode(request)
+    # Signed as the host's credential: the service answers only under its inbox.
+    headers = Signer(current_jwt, seed).sign(ENROL_RENEW_SUBJECT, body)
+    reply = await nc.request(ENROL_RENEW_SUBJECT, body, timeout=timeout, headers=headers)
     granted = _decode_reply(reply.data)
     if isinstance(granted, Refused):
         return granted

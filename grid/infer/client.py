@@ -3,6 +3,10 @@
 Failures surface as the same httpx exceptions the HTTP pools raise, so the proxy's breaker,
 "never replay a POST" and error mapping apply unchanged: no agent listening is a connect
 error, a silent agent a connect timeout, a gap or an engine failure mid-answer a read error.
+
+With an identity the gateway signs each request (subject + body, grid.identity.signing): the
+agent answers only a gateway's signed request, and only under that gateway's own inbox
+(grid.identity.replies).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import httpx
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
+from grid.events.authorship import Authorship
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
 from grid.infer import wire
 
@@ -166,10 +171,13 @@ class NatsResponse:
 
 
 class NatsUpstream:
-    """`nc` None (a gateway on the in-memory log) refuses every request as a connect error."""
+    """`nc` None (a gateway on the in-memory log) refuses every request as a connect error.
+    `signer`: the gateway's identity (its log's authorship), None on a grid without identities."""
 
-    def __init__(self, nc: NATS | None, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
+    def __init__(self, nc: NATS | None, *, connect_timeout: float = 5.0, read_timeout: float = 600.0,
+                 signer: Authorship | None = None) -> None:
         self.nc = nc
+        self.signer = signer
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._replies = _Replies(nc) if nc is not None else None
@@ -222,8 +230,11 @@ class NatsUpstream:
         after an agent subscribed), hence a few short retries before calling the host absent.
         """
         assert self.nc is not None
+        subject = infer_request_subject(target.host_id)
+        if self.signer is not None:
+            headers = {**headers, **self.signer.sign(subject, body)}
         for delay in NO_RESPONDER_RETRIES:
-            await self.nc.publish(infer_request_subject(target.host_id), body, reply=reply, headers=headers)
+            await self.nc.publish(subject, body, reply=reply, headers=headers)
             try:
                 first = await sub.next_msg(timeout=self.connect_timeout)
             except Exception as exc:

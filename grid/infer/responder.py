@@ -3,6 +3,12 @@
 The engine key is added here, on the engine's own host, and never travels. Only the paths in
 `wire.ALLOWED_PATHS` are forwarded, only to an engine this agent runs for the named model;
 everything else is answered with an OpenAI-shaped error without touching an engine.
+
+A request is answered only on a reply subject under its requester's own inbox, and, on a grid
+with identities, only when a gateway (or the controller) signed it (grid.identity.replies): a
+reply subject such as `grid.ctl.mode` would otherwise have the agent publish its answer, with the
+host's rights, wherever the requester pointed it, and a host must not make another host serve.
+Anything else gets no answer at all: a warning with the reason, and a count.
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from grid.events.subjects import infer_cancel_subject, infer_request_subject
+from grid.identity.permissions import Role
+from grid.identity.replies import check_request
+from grid.identity.signing import Verifier
 from grid.infer import wire
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
+
+# Who may ask a host to serve: the gateway, and the controller (which may do anything).
+REQUESTER_ROLES = frozenset({Role.GATEWAY, Role.CONTROLLER})
 
 
 @dataclass(frozen=True)
@@ -118,10 +130,12 @@ class _Answer:
 class InferenceResponder:
     def __init__(self, nc: NATS, host_id: str, resolve: EngineResolver, *,
                  connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256,
-                 engine_client: EngineClient | None = None) -> None:
+                 engine_client: EngineClient | None = None, verifier: Verifier | None = None) -> None:
         self.nc = nc
         self.host_id = host_id
         self.resolve = resolve
+        # The grid's verifier (the agent's log authorship); None on a grid without identities.
+        self.verifier = verifier
         self._http: EngineClient = engine_client or HttpxEngineClient(
             connect_timeout=connect_timeout, read_timeout=read_timeout, max_connections=max_in_flight)
         self._active: dict[str, asyncio.Task[None]] = {}
@@ -129,6 +143,8 @@ class InferenceResponder:
         self._subs: list[Any] = []
         self.served = 0
         self.cancelled = 0
+        # Requests answered with nothing, by reason (grid.identity.replies).
+        self.refused: dict[str, int] = {}
 
     async def start(self) -> None:
         self._subs = [
@@ -150,7 +166,13 @@ class InferenceResponder:
         return len(self._active)
 
     async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply or msg.reply in self._active:
+        check = check_request(self.verifier, msg.subject, msg.data, msg.headers, msg.reply, roles=REQUESTER_ROLES)
+        if not check.ok:
+            self.refused[check.reason] = self.refused.get(check.reason, 0) + 1
+            log.warning("infer.request_refused", reason=check.reason, reply=msg.reply[:80] if msg.reply else None,
+                        signer=check.signed.signer or None, role=check.signed.role or None)
+            return
+        if msg.reply in self._active:
             return
         reply = msg.reply
         task = asyncio.create_task(self._serve(msg), name="infer-forward")

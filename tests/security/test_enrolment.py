@@ -36,6 +36,7 @@ from grid.identity.invitations import (
 )
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
+from grid.identity.signing import Signer
 from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event, stream_sequences
 
@@ -118,8 +119,32 @@ async def test_an_invitation_is_single_use(
     service, _ = enrolment
     token = _token(service, secured_server)
     assert not isinstance(await join(token, tmp_path / "first"), Refused)
-    assert await join(token, tmp_path / "second") == Refused(REFUSED_INVITATION_USED)
+    # The invitee credential died with that join: the token cannot even connect again.
+    await refused_at_connect(secured_server, token)
+    with pytest.raises(Exception, match="(?i)authorization violation"):
+        await join(token, tmp_path / "second")
     assert not (tmp_path / "second" / "host.creds").exists()
+    # Behind that, the invitation is spent: a live invitee credential with its secret is refused.
+    other = _token(service, secured_server)
+    reused = msgspec.structs.replace(other, secret=token.secret)
+    assert await join(reused, tmp_path / "third") == Refused(REFUSED_INVITATION_USED)
+    assert not (tmp_path / "third" / "host.creds").exists()
+    await refused_at_connect(secured_server, other)  # a spent invitation's invitee is revoked too
+    assert service.invitees_revoked == 2 and service.revoke_failures == 0
+
+
+async def refused_at_connect(server: SecuredNats, token: JoinToken, *, within: float = 5.0) -> None:
+    """The token's invitee credential is refused by the server (its revocation was pushed)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            nc = await _invitee_client(server, token)
+        except Exception as exc:  # noqa: BLE001 - the refusal is what we wait for
+            assert "authorization violation" in str(exc).lower(), exc
+            return
+        await nc.close()
+        assert time.monotonic() < deadline, "the invitee credential still connects"
+        await asyncio.sleep(0.05)
 
 
 async def test_an_expired_invitation_is_refused(
@@ -153,8 +178,10 @@ async def test_a_join_without_proof_of_the_key_is_refused(
     request = JoinRequest(secret=token.secret, public_key=victim_public, nonce="n",
                           signature="AAAA" + "A" * 84)
     invitee = await _invitee_client(secured_server, token)
+    body = msgspec.json.encode(request)
     try:
-        reply = await invitee.request(ENROL_JOIN_SUBJECT, msgspec.json.encode(request), timeout=5)
+        reply = await invitee.request(ENROL_JOIN_SUBJECT, body, timeout=5,
+                                      headers=Signer(token.invitee_jwt, token.invitee_seed).sign(ENROL_JOIN_SUBJECT, body))
     finally:
         await invitee.close()
     assert msgspec.json.decode(reply.data)["refused"] == REFUSED_BAD_PROOF
