@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from grid.secrets import ensure_private_dir, tighten_tree
 
 NATS_URL_FILE = "nats.url"  # written by a running `gridctl up`, removed when it stops
 
@@ -91,7 +92,12 @@ class GridConfig:
         return self.home / "reader.token"
 
     def ensure_home(self) -> Path:
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """The grid home, owner-only: created 0700, or an existing one tightened with everything
+        in it (directories 0700, files 0600; credentials are left to their readers, which refuse
+        them). A warning names each path tightened and its old mode; PrivateModeError (naming
+        the path and the chmod that fixes it) when one is not ours to change."""
+        ensure_private_dir(self.home)
+        tighten_tree(self.home)
         return self.home
 
 

@@ -33,6 +33,7 @@ from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
 from grid.identity.server import SecuredEmbeddedNats
+from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -136,7 +137,7 @@ class LocalGrid:
             self.embedded = SecuredEmbeddedNats(cfg.nats_store_dir, Authority(authority_dir(cfg.home)))
             self.embedded.start()
             self.nats_url = self.embedded.url
-        cfg.nats_url_file.write_text(self.nats_url + "\n")
+        write_owner_only(cfg.nats_url_file, (self.nats_url + "\n").encode())
         creds = self.credentials
         # An external server set up by `gridctl nats init --tls-name` speaks TLS from Grid's CA.
         ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None

@@ -28,6 +28,7 @@ import msgspec
 import psutil
 
 from grid.procstart import same_start, start_stamp
+from grid.secrets import open_owner_only
 
 MIB = 1024 * 1024
 
@@ -249,7 +250,7 @@ class CapacityLedger:
     def claim(self, host_id: str, requested_mb: int | None, total_mb: int) -> int:
         """Record this agent's share and return it, or raise CapacityShareError."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.root / ".lock", "a+b") as lock:
+        with open_owner_only(self.root / ".lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             others = {h: mb for h, mb in self._live_claims().items() if h != host_id}
             decision = capacity_share(requested_mb, total_mb, others)

@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 
 from grid.config import GridConfig
+from grid.secrets import ensure_private_dir
 
 SCHEMA_VERSION = 1
 MAX_RECEIPTS = 2048
@@ -166,9 +167,8 @@ class AgentPaths:
         return self.root / "logs"
 
     def ensure(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.root, 0o700)
-        self.logs.mkdir(exist_ok=True, mode=0o700)
+        ensure_private_dir(self.root)
+        ensure_private_dir(self.logs)
 
 
 def fsync_dir(path: Path) -> None:

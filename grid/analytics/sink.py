@@ -43,6 +43,7 @@ from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.projections.runner import merge_by_receipt_time
+from grid.secrets import tighten_owner_only
 
 # Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
 # commit pays a WAL write and often a checkpoint: 100k-row batches ingested about 1.5x as fast
@@ -54,13 +55,39 @@ REVOCATION_TAG = CredentialRevoked.__struct_config__.tag  # type: ignore[attr-de
 
 
 def open_store(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    files = () if read_only else store_files(path)
     if str(path) != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tighten_store(files, warn=True)  # a store an older Grid left open to others
     con = duckdb.connect(str(path), read_only=read_only)
     if not read_only:
         for stmt in create_statements():
             con.execute(stmt)
+        tighten_store(files)  # what DuckDB has just made
     return con
+
+
+def store_files(path: Path | str | None) -> tuple[Path, ...]:
+    """The paths DuckDB writes for the database at `path` (none in memory): the file, its WAL
+    and its spill directory (DuckDB's default temp_directory, which Grid keeps)."""
+    if path is None or str(path) in ("", ":memory:"):
+        return ()
+    db = Path(path)
+    return (db, db.with_name(db.name + ".wal"), db.with_name(db.name + ".tmp"))
+
+
+def tighten_store(files: tuple[Path, ...], *, warn: bool = False) -> None:
+    """Make the store's files owner-only (grid.secrets.tighten_owner_only). DuckDB creates them
+    itself with the process umask, and deletes the WAL at every checkpoint and makes it anew on
+    the next write: so this runs after opening and after every commit, and a WAL is open to
+    others (inside the owner-only grid home) only until the commit that made it returns."""
+    for path in files:
+        tighten_owner_only(path, warn=warn)
+
+
+def _database_path(con: duckdb.DuckDBPyConnection) -> str | None:
+    row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    return row[0] if row else None
 
 
 class AnalyticsSink:
@@ -88,6 +115,7 @@ class AnalyticsSink:
         self.rows_written = 0
         self.malformed = 0
         self.skipped = 0
+        self._files = store_files(_database_path(con))
         # The gate as of the last stored batch: a failed flush puts it back (the batch is read again).
         self._committed = self._gate_state()
 
@@ -249,6 +277,7 @@ class AnalyticsSink:
         finally:
             for cols in self._rows.values():
                 cols.clear()
+        tighten_store(self._files)  # the commit may have made a new WAL
         for stream, seq in stale.items():
             self._last[stream] = max(self._last.get(stream, 0), seq)
         self._pending_positions.clear()

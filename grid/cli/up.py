@@ -39,7 +39,7 @@ from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
 from grid.procstart import same_start, start_stamp
-from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret
+from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret, write_owner_only
 
 UP_PID_FILE = "up.pid"
 READY_TIMEOUT_SECONDS = 180.0
@@ -125,7 +125,8 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
     _check_secrets(cfg)
     me = psutil.Process()
-    _pid_file(cfg).write_text(f"{me.pid} {me.create_time()} {start_stamp(me.pid) or ''}".rstrip() + "\n")
+    pid_line = f"{me.pid} {me.create_time()} {start_stamp(me.pid) or ''}".rstrip() + "\n"
+    write_owner_only(_pid_file(cfg), pid_line.encode())
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only, write_owner_only
+
 READY_TIMEOUT_SECONDS = 20.0
 
 
@@ -143,7 +145,7 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     def _write_config(self) -> Path:
-        self.store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(self.store_dir)
         sync = "  sync_interval: always\n" if self.sync_always else ""
         config = (
             f"server_name: {self.server_name}\n"
@@ -154,7 +156,7 @@ class EmbeddedNats:
             + self.extra_config()
         )
         path = self.store_dir / "nats-server.conf"
-        path.write_text(config)
+        write_owner_only(path, config.encode())
         return path
 
     def extra_config(self) -> str:
@@ -192,8 +194,8 @@ class EmbeddedNats:
 
     def _launch(self, binary: Path) -> None:
         config = self._write_config()
-        with open(self.log_path, "ab") as log:
-            self._log_start = log.tell()  # the log is appended to: this launch's lines start here
+        with open_owner_only(self.log_path, "ab") as log:
+            self._log_start = log.seek(0, os.SEEK_END)  # the log is appended to: this launch's lines start here
             self.process = subprocess.Popen(
                 [str(binary), "-c", str(config)],
                 stdout=log,
@@ -201,8 +203,10 @@ class EmbeddedNats:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=_terminate_with_parent,
+                # Whatever the server writes itself stays owner-only, whatever its own defaults.
+                umask=CHILD_UMASK,
             )
-        (self.store_dir / "nats-server.pid").write_text(str(self.process.pid))
+        write_owner_only(self.store_dir / "nats-server.pid", str(self.process.pid).encode())
 
     @property
     def log_path(self) -> Path:

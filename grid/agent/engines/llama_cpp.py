@@ -25,6 +25,7 @@ import psutil
 
 from grid.agent.state import ProcessProof
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
+from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only
 
 RUNTIME = "llama.cpp"
 DEFAULT_THREADS = 2
@@ -124,8 +125,8 @@ def spawn(
 
     `marker` (grid.agent.ownership) goes into the child's environment: the proof of ownership
     the child carries itself, so the agent can find it even when its state file is lost."""
-    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log = open(log_path, "ab")
+    ensure_private_dir(log_path.parent)
+    log = open_owner_only(log_path, "ab")  # the engine's log is as private as the rest of the home
     try:
         return subprocess.Popen(
             build_argv(binary, spec),
@@ -135,6 +136,7 @@ def spawn(
             env={**child_env(), **(marker or {})},
             start_new_session=True,
             close_fds=True,
+            umask=CHILD_UMASK,  # and so is anything the engine writes itself
         )
     finally:
         log.close()
