@@ -1,5 +1,5 @@
 """The artifact store's permissions, tried with real credentials on a secured nats-server: the
-operator puts, a host reads (direct gets) but can neither put, delete, purge nor open a consumer
+operator puts, a host reads (stream message gets) but can neither put, delete, purge nor open a consumer
 on the bucket, and whatever it tries leaves the stored object as it was."""
 
 from __future__ import annotations
