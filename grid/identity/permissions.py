@@ -318,11 +318,12 @@ ROLES: tuple[RoleSpec, ...] = (
              "everything on the grid streams, the lease KV, the plan and command subjects; "
              "creates the artifact store and may put into it; answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
-             "publish `grid.host.<id>.>` and read back its own last events; fetch and ack only its own "
+             "publish `grid.host.<id>.>` and read back its own last events (a stream message get, which "
+             "could name any GRID_HOSTS message: none is secret); fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
              "read the artifact store (stream message gets only); renew its credential",
-             "publish or read any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
+             "publish or subscribe to any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
              "management; direct gets", _host),
     RoleSpec(Role.GATEWAY, "gateway",
