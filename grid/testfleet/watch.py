@@ -13,9 +13,12 @@ from pathlib import Path
 
 from grid.events import codec
 from grid.events.acks import ActionAck
+from grid.events.authorship import AuthorshipGate
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.host import HostHeartbeat
+from grid.events.log import StoredMessage
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
+from grid.identity.provenance import vouched_for
 from grid.tasks import cancel_and_wait
 
 # Residency state of a model on a host; "absent" when a heartbeat no longer lists it.
@@ -78,26 +81,33 @@ async def follow(nats_url: str, control_home: Path, emit: Callable[[Line], None]
     log = await connect_log(nats_url, credentials=creds, tls_ca=local_tls_ca(control_home),
                             name="gridctl-test-watch", ensure_streams=False)
     states: States = {}
-    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    queue: asyncio.Queue[StoredMessage] = asyncio.Queue()
+    # What the watcher shows is only what provably came from who may write it.
+    gate = AuthorshipGate(log.authorship)
 
     async def pump(stream: str) -> None:
         # From now on: the first heartbeat of each host shows where it stands (absent -> state).
         sub = await log.subscribe(stream)
         async for msg in sub:
-            await queue.put((msg.time, msg.data))
+            await queue.put(msg)
 
     pumps = [asyncio.create_task(pump(s)) for s in WATCHED_STREAMS]
     try:
         while not stop():
             try:
-                at, data = await asyncio.wait_for(queue.get(), timeout=0.5)
+                msg = await asyncio.wait_for(queue.get(), timeout=0.5)
             except asyncio.TimeoutError:
                 continue
+            # A malformed or unproven event is the controller's to report, not the watcher's.
+            if not gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time).ok:
+                continue
             try:
-                event = codec.decode(data)
+                event = codec.decode(msg.data)
             except codec.EventDecodeError:
-                continue  # a malformed event is the controller's to report, not the watcher's
-            states, lines = observe(states, event, at)
+                continue
+            if not vouched_for(msg, event):
+                continue
+            states, lines = observe(states, event, msg.time)
             for line in lines:
                 emit(line)
     finally:
