@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from grid.agent.fencing import REASON_NOT_LEASE_SIGNER
 from grid.agent.sensors import FixedSensors
@@ -41,8 +42,10 @@ from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER, UNSIGNED, Identity
+from grid.metrics import exposition
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
+from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
 EVIL = "evil-host"
@@ -241,3 +244,29 @@ async def test_forged_commands_with_the_real_controller_id_and_term_are_never_ex
     assert ack.status != "rejected", ack
     assert victim_agent.state.highest_term == TERM
 
+
+
+async def test_every_rejection_shows_in_status_and_metrics(controller_log: JetStreamLog, evil: Identity,
+                                                            tmp_path: Path) -> None:
+    """A real controller on the secured grid: the forgeries change nothing and are counted."""
+    await controller_log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode="automatic"))
+    forged = codec.encode(ModeSet(event_id=new_event_id(), at=time.time(), mode="observe"))
+    await landed(controller_log, MODE_SUBJECT, forged, evil.sign(MODE_SUBJECT, forged))
+    await landed(controller_log, MODE_SUBJECT, forged, evil.sign(host_subject(EVIL, "x"), forged))
+    await landed(controller_log, MODE_SUBJECT, forged, None)
+    home = tmp_path / "home"
+
+    async def nothing() -> None:
+        return None
+
+    async with serving_controller(controller_log, home, "ctl-hostile") as ctl:
+        doc = await status_until(home, nothing, lambda d: d["rejected_events"]["total"] >= 3, "the rejections")
+        assert doc["rejected_events"]["by_reason"] == {NOT_PERMITTED: 1, BAD_SIGNATURE: 1, UNSIGNED: 1}
+        assert all(r["subject"] == MODE_SUBJECT for r in doc["rejected_events"]["latest"])
+        assert any(w.startswith("3 events rejected") for w in doc["warnings"]), doc["warnings"]
+        assert ctl.runner["catalog"].mode == "automatic"
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(exposition(ctl.metrics.registry).decode())
+                   for s in f.samples}
+        for reason in (NOT_PERMITTED, BAD_SIGNATURE, UNSIGNED):
+            assert samples[("grid_events_rejected_total", (("reason", reason),))] == 1
