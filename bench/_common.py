@@ -25,6 +25,7 @@ from typing import Any
 from pathlib import Path
 
 import httpx
+import msgspec
 import psutil
 
 from grid.events.base import new_event_id
@@ -116,9 +117,32 @@ async def wait_http(url: str, timeout: float = 60.0, headers: dict[str, str] | N
     raise RuntimeError(f"{url} did not become ready")
 
 
+async def placed(log: JetStreamLog) -> None:
+    """What a controller records and the host's agent acks before the gateway routes to a managed
+    engine (grid.projections.placed): a plan assigning the model to the host, and the host's
+    succeeded warm of it."""
+    from grid.events.acks import ActionAck
+    from grid.events.plan import PlanCreated, make_generation
+    from grid.planner.plan import encode_plan
+    from grid.planner.types import Placement, Plan
+
+    now = time.time()
+    digest = "0" * 64
+    generation = make_generation("bench", 1, digest)
+    plan = Plan(planner_version="bench", inputs_digest=digest, now=now, placements=(
+        Placement(model_id=MODEL_ID, host_id=HOST_ID, runtime="llama.cpp", memory_mb=300, status="new"),))
+    await log.append(PlanCreated(event_id=new_event_id(), at=now, planner_version="bench", generation=generation,
+                                 epoch="bench", sequence=1, inputs_digest=digest, based_on={}, now=now,
+                                 controller_id="bench", controller_term=1, plan=msgspec.Raw(encode_plan(plan))))
+    await log.append(ActionAck(event_id=new_event_id(), at=now, host_id=HOST_ID, action_id="bench-warm",
+                               status="succeeded", kind="warm", model_id=MODEL_ID, generation=generation,
+                               controller_term=1))
+
+
 async def heartbeats(log: JetStreamLog, endpoint: str, slots: int, stop: asyncio.Event) -> None:
     """What the host's agent tells the fleet every 5 s: its one ready engine (the engine key
-    is never in an event)."""
+    is never in an event), after the plan and warm ack that let the gateway route to it."""
+    await placed(log)
     while not stop.is_set():
         await log.append(HostHeartbeat(
             event_id=new_event_id(), at=time.time(), host_id=HOST_ID,

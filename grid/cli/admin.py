@@ -160,8 +160,12 @@ def render_status(s: dict[str, Any]) -> None:
     hosts = Table(title="Hosts", title_justify="left")
     for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "domain", "residencies"):
         hosts.add_column(col)
+    # Claims the gateway does not route (the warnings below say why).
+    unplaced = {(c["host_id"], c["model_id"]) for c in s.get("unplaced_claims") or ()}
     for h in s["hosts"]:
-        res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)") for r in h["residencies"])
+        res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)")
+                        + (" (unplaced claim)" if r["managed"] and (h["host_id"], r["model_id"]) in unplaced else "")
+                        for r in h["residencies"])
         state = h["state"] if h["fresh"] else f"{h['state']} (stale)"
         if h.get("protection_reason") and h["state"] != "accepting":
             state = f"{state}: {h['protection_reason']}"  # why a host takes no new work (e.g. cpu_high)

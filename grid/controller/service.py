@@ -98,7 +98,7 @@ from grid.planner.types import Plan, PlannerInput, Policy
 from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
-from grid.projections.runner import ProjectionRunner
+from grid.projections.runner import PLACED, ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
 
@@ -220,7 +220,9 @@ class Controller:
         self._explicit_id = controller_id
         self.controller_id = controller_id or ""
         self.epoch = ""
-        self.runner = ProjectionRunner(PROJECTIONS)
+        # PLACED is not a tick input: status reports the heartbeat claims it does not corroborate
+        # (the same fold the gateway routes with).
+        self.runner = ProjectionRunner(PROJECTIONS + (PLACED,))
         self.lease: Lease | None = None
         self.token: str | None = None
         self.started_at: float | None = None

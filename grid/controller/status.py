@@ -18,6 +18,11 @@ Shape (every key always present; lists bounded):
                  ready replicas with no planning shortfall shows the newest as its shortfall
     unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
                  placed as things stand (the gateway's 503 verdict; absent ones are loading)
+    unplaced_claims  [{host_id, model_id, state, reason, artifact_sha256}] heartbeat claims of managed
+                 ready/warming residencies the gateway does not route: the latest recorded plan does
+                 not assign the model to that host (not_in_plan), no warm ack of that host confirms it
+                 (no_warm_ack), or its artifact is not the profile's (artifact_mismatch); each is also
+                 a warning (grid.projections.placed)
     workloads    [{workload, state (served|starting|deferred|waiting_for_evidence|no_suitable_model),
                    model_id, replicas, ready, placed, offered_concurrency, reason, detail, served_by,
                    joint, exploring}] each active workload's `auto` traffic now
@@ -59,6 +64,7 @@ from grid.planner.placeability import plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan, render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
 from grid.projections import fleet as fleet_proj
+from grid.projections import placed as placed_proj
 from grid.projections.actions import ActionRecord, ActionsState, LoadFailure
 
 
@@ -241,6 +247,32 @@ def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...
     return rows
 
 
+# Unplaced claims named one by one in warnings (the list in `unplaced_claims` is complete).
+MAX_UNPLACED_WARNINGS = 10
+_UNPLACED_WHY = {
+    placed_proj.REASON_NOT_IN_PLAN: "the latest plan does not assign it there",
+    placed_proj.REASON_NO_WARM_ACK: "no warm ack of that host confirms it",
+    placed_proj.REASON_ARTIFACT_MISMATCH: "its artifact is not the profile's",
+}
+
+
+def _unplaced_claims(ctl: ControllerView, snaps: tuple[HostSnapshot, ...]) -> list[placed_proj.UnplacedClaim]:
+    """Heartbeat claims (of fresh hosts) the gateway does not route, judged as the gateway judges them."""
+    state = ctl.states.get("placed")
+    if state is None:  # a view of a runner without the projection (nothing to judge with)
+        return []
+    return placed_proj.unplaced_claims(state, snaps, placed_proj.profile_digests(ctl.states["catalog"].profiles),
+                                       now=ctl.now, policy=ctl.limits)
+
+
+def _unplaced_warnings(claims: list[placed_proj.UnplacedClaim]) -> list[str]:
+    out = [f"unplaced claim: host {c.host_id} reports {c.model_id} {c.state}, routed nowhere: "
+           f"{_UNPLACED_WHY.get(c.reason, c.reason)} ({c.reason})" for c in claims[:MAX_UNPLACED_WARNINGS]]
+    if len(claims) > MAX_UNPLACED_WARNINGS:
+        out.append(f"unplaced claim: {len(claims) - MAX_UNPLACED_WARNINGS} more (see unplaced_claims)")
+    return out
+
+
 # Rejections status lists one by one (the counts are complete).
 LATEST_REJECTIONS = 5
 
@@ -306,6 +338,8 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
     if rejected["total"]:
         warnings.append(f"{describe_rejected(rejected['by_reason'])} (not provably written by an identity that "
                         "may write their subject: skipped, never folded; latest in rejected_events)")
+    unplaced = _unplaced_claims(ctl, snaps)
+    warnings.extend(_unplaced_warnings(unplaced))
     return {
         "now": now,
         "controller": {
@@ -332,6 +366,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
         "unplaceable": _unplaceable(ctl, now, snaps, ready),
+        "unplaced_claims": [_b(c) for c in unplaced],
         "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),

@@ -5,7 +5,9 @@ The order of the gates is written once, in `choose`:
 1. eligibility (hard): a READY residency with an endpoint, on a host whose effective state is
    accepting or throttled, with a heartbeat that is neither stale nor implausibly in the
    future. Draining residencies and fenced hosts never receive new requests (invariant 4);
-   requests already running on them are not touched by this module.
+   requests already running on them are not touched by this module. A managed residency must
+   also be one the controller placed and the host confirmed (`Candidate.unplaced` is None,
+   judged by grid.projections.placed when the table is built): a claim alone attracts nothing.
 2. admission (hard): zero advertised capacity is closed; active requests (the proxy-owned
    counter, or the heartbeat's for a route the proxy never used) must stay below the effective
    concurrency
@@ -49,6 +51,9 @@ REASON_CLOSED = "zero_capacity"
 # Per-candidate exclusion reasons
 EXCLUDED_NOT_READY = "residency_not_ready"
 EXCLUDED_DRAINING = "residency_draining"
+# A managed claim the latest plan does not assign to its host, or no warm ack of that host
+# confirms, or with another artifact than the profile's (grid.projections.placed says which).
+EXCLUDED_UNPLACED = "unplaced_claim"
 EXCLUDED_HOST_FENCED = "host_not_accepting"
 EXCLUDED_NO_ENDPOINT = "no_endpoint"
 EXCLUDED_NO_HEARTBEAT = "no_heartbeat"
@@ -87,6 +92,9 @@ class Candidate:
     artifact_sha256: str | None = None
     loaded_at: float | None = None
     last_used_at: float | None = None
+    # Why this managed claim is not corroborated (grid.projections.placed), None when it is or
+    # when it needs no corroboration (an external residency).
+    unplaced: str | None = None
 
     @property
     def engine(self) -> str:
@@ -94,8 +102,15 @@ class Candidate:
         return f"{self.host_id}|{self.endpoint or ''}"
 
 
-def build_table(snapshots: Iterable[HostSnapshot]) -> dict[str, tuple[Candidate, ...]]:
-    """Every residency of every host, grouped by model (sorted: deterministic)."""
+def build_table(
+    snapshots: Iterable[HostSnapshot], unplaced: Mapping[tuple[str, str], str] | None = None
+) -> dict[str, tuple[Candidate, ...]]:
+    """Every residency of every host, grouped by model (sorted: deterministic).
+
+    `unplaced` maps (host id, model id) of the managed claims that are not corroborated to the
+    reason (grid.projections.placed.unplaced_claims); those candidates are never eligible.
+    """
+    unplaced = unplaced or {}
     by_model: dict[str, list[Candidate]] = {}
     for snap in snapshots:
         throttle = snap.resources.throttle_fraction
@@ -116,6 +131,7 @@ def build_table(snapshots: Iterable[HostSnapshot]) -> dict[str, tuple[Candidate,
                 artifact_sha256=r.artifact_sha256,
                 loaded_at=r.loaded_at,
                 last_used_at=r.last_used_at,
+                unplaced=unplaced.get((snap.host_id, r.model_id)) if r.managed else None,
             )
             by_model.setdefault(r.model_id, []).append(c)
     return {m: tuple(sorted(cs, key=lambda c: c.key)) for m, cs in sorted(by_model.items())}
@@ -125,6 +141,8 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
     """Why `c` may not take new requests at `now`, or None when it is eligible."""
     if c.state != "ready":
         return EXCLUDED_DRAINING if c.state == "draining" else EXCLUDED_NOT_READY
+    if c.unplaced is not None:
+        return EXCLUDED_UNPLACED
     if c.host_state not in ADMITTING_HOST_STATES:
         return EXCLUDED_HOST_FENCED
     if not c.endpoint:

@@ -1,10 +1,10 @@
 """The gateway process state: everything with side effects at this edge, and no HTTP.
 
-`Gateway` owns a live ProjectionRunner (fleet + catalog) following the log, the routing table
-cache, the private breaker board and measurements, the proxy-owned active counters and
-last_used_at watermarks, the telemetry queue, the request-body intake bounds, the shared
-upstream client (which reaches engines through their hosts' agents; the gateway holds no
-engine key).
+`Gateway` owns a live ProjectionRunner (fleet + catalog + the latest plan + what the controller
+placed and the hosts confirmed) following the log, the routing table cache, the private breaker
+board and measurements, the proxy-owned active counters and last_used_at watermarks, the
+telemetry queue, the request-body intake bounds, the shared upstream client (which reaches
+engines through their hosts' agents; the gateway holds no engine key).
 The pure choice is `grid.gateway.routing.choose`; the HTTP handlers (`grid.gateway.routes`)
 read and update this state, and `grid.gateway.app` composes both into a served app. This
 module imports neither of them.
@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import msgspec
 import structlog
 
 from grid.clock import Clock, SystemClock
@@ -27,7 +28,7 @@ from grid.config import GridConfig
 from grid.events.control import ModelProfile
 from grid.events.log import EventLog
 from grid.events.host import RESIDENCY_STATES
-from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM
+from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, PREFIX
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.evaluation import OwnerCapability
@@ -38,11 +39,11 @@ from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts, rejected_events
-from grid.projections import fleet
+from grid.projections import fleet, placed
 from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan
 from grid.planner.types import Plan
-from grid.projections.runner import CATALOG, FLEET, PLANS, ProjectionRunner
+from grid.projections.runner import CATALOG, FLEET, PLACED, PLANS, ProjectionRunner
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -54,6 +55,17 @@ FOLLOW_RETRY_SECONDS = 1.0
 MAX_REMEMBERED_ROUTES = 2048
 # Startup replays at most this many recent host events (see Gateway._catch_up).
 HOST_REPLAY_MAX_MESSAGES = 50_000
+# ...and, before them, every ack the hosts stream still holds (only those subjects): a warm ack
+# corroborates a residency for as long as it runs (grid.projections.placed).
+ACK_SUBJECTS = f"{PREFIX}.host.*.ack"
+# Startup waits for that scan while acks keep arriving at most this far apart, and at most
+# ACK_SCAN_MAX_SECONDS in all; the rest of it continues in the background (the fold does not
+# depend on order), ending after ACK_SCAN_BACKGROUND_IDLE_SECONDS without one.
+ACK_SCAN_IDLE_SECONDS = 1.0
+ACK_SCAN_MAX_SECONDS = 15.0
+ACK_SCAN_BACKGROUND_IDLE_SECONDS = 60.0
+# Unplaced claims listed in /gateway/stats (the gauge counts all).
+MAX_LISTED_UNPLACED = 100
 
 
 class Gateway:
@@ -78,7 +90,9 @@ class Gateway:
         # Only the owner may mark a request as an evaluation (grid.gateway.evaluation says why).
         self.owner = OwnerCapability.from_environ(env, config.operator_token_path)
         # PLANS: only the latest plan's shortfalls, to tell "loading" from "cannot be placed".
-        self.runner = ProjectionRunner((CATALOG, FLEET, PLANS))
+        # PLACED: a managed residency is routed only when the latest plan assigns it to its host
+        # and that host's warm ack confirms it (a heartbeat's claim alone attracts nothing).
+        self.runner = ProjectionRunner((CATALOG, FLEET, PLANS, PLACED))
         self._plan: tuple[int, Plan | None] = (0, None)
         self.breakers = BreakerBoard()
         self.measurements = Measurements()
@@ -108,7 +122,10 @@ class Gateway:
         self._table: dict[str, tuple[Candidate, ...]] = {}
         self._table_version = -1
         self._table_built_at = float("-inf")
+        self._unplaced: list[placed.UnplacedClaim] = []
         self._follower: asyncio.Task[None] | None = None
+        self._ack_scan: asyncio.Task[None] | None = None
+        self.ack_scan: dict[str, Any] = {"state": "none", "folded": 0}
         self.started = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -133,7 +150,8 @@ class Gateway:
         """Fold the control stream completely and only the recent tail of the hosts stream.
 
         Routing needs each host's latest heartbeat, and only one younger than the heartbeat
-        timeout counts; replaying days of heartbeats would only delay startup.
+        timeout counts; replaying days of heartbeats would only delay startup. Of the older host
+        events, the acks are folded too (`_scan_acks`): a residency's warm ack is as old as it is.
         """
         # Verify authorship from the first message on, as the follower will (it adopts the same).
         if self.runner.gate.authorship is None:
@@ -141,7 +159,10 @@ class Gateway:
         for stream in self.runner.streams:
             start = self.runner.positions.get(stream, 0) + 1
             if stream == HOSTS_STREAM:
-                start = max(start, await self.log.last_sequence(stream) - HOST_REPLAY_MAX_MESSAGES + 1)
+                tail = max(start, await self.log.last_sequence(stream) - HOST_REPLAY_MAX_MESSAGES + 1)
+                if tail > start:
+                    await self._scan_acks(start, tail)
+                start = tail
                 # the live follower continues after the skipped prefix, never from its start
                 self.runner.positions[stream] = max(self.runner.positions.get(stream, 0), start - 1)
             elif stream == PLANS_STREAM:
@@ -151,8 +172,64 @@ class Gateway:
             async for msg in self.log.replay(stream, start_seq=start):
                 self.runner.fold(msg)
 
+    async def _scan_acks(self, first: int, end: int) -> None:
+        """Fold the acks of hosts stream sequences [first, end) into `placed` only: the skipped
+        prefix of the host events may hold the warm ack of a residency that has run for days.
+
+        A filtered ordered consumer (the server skips the heartbeats). Startup waits while acks
+        keep coming; what remains continues in the background, which is safe because the fold
+        keeps each (host, model)'s highest-sequence ack whatever the order.
+        """
+        sub = await self.log.subscribe(HOSTS_STREAM, start_seq=first, subject_filter=ACK_SUBJECTS)
+        self.ack_scan = {"state": "scanning", "folded": 0, "from": first, "to": end - 1}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACK_SCAN_MAX_SECONDS
+        try:
+            while True:
+                wait = min(ACK_SCAN_IDLE_SECONDS, deadline - loop.time())
+                msg = await sub.next(timeout=wait) if wait > 0 else None
+                if msg is None:
+                    break
+                if msg.seq >= end:
+                    self.ack_scan["state"] = "done"
+                    await sub.close()
+                    return
+                self._fold_ack(msg)
+        except BaseException:
+            await sub.close()
+            raise
+        self.ack_scan["state"] = "background"
+        self._ack_scan = asyncio.create_task(self._scan_acks_rest(sub, end), name="grid-gateway-ack-scan")
+
+    async def _scan_acks_rest(self, sub: Any, end: int) -> None:
+        try:
+            while True:
+                msg = await sub.next(timeout=ACK_SCAN_BACKGROUND_IDLE_SECONDS)
+                if msg is None or msg.seq >= end:
+                    self.ack_scan["state"] = "done" if msg is not None else "idle"
+                    return
+                self._fold_ack(msg)
+                self._version += 1
+                self.pulse()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the live tail still folds new acks
+            self.ack_scan["state"] = f"failed: {type(exc).__name__}"
+            log.warning("ack scan failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.close()
+
+    def _fold_ack(self, msg: Any) -> None:
+        if self.runner.fold_aside(msg, ("placed",)):
+            self.ack_scan["folded"] = self.ack_scan.get("folded", 0) + 1
+
     async def stop(self) -> None:
         self.started = False
+        if self._ack_scan is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(cancel_and_wait([self._ack_scan]), 2.0)
+            self._ack_scan = None
         if self._follower is not None:
             # Closing subscriptions on a dead NATS connection can hang: bound it.
             with contextlib.suppress(asyncio.TimeoutError):
@@ -199,7 +276,10 @@ class Gateway:
     def table(self, now: float) -> dict[str, tuple[Candidate, ...]]:
         if self._table_version != self._version or now - self._table_built_at > TABLE_MAX_AGE_SECONDS \
                 or now < self._table_built_at:
-            self._table = routing.build_table(fleet.snapshots(self.runner["fleet"], now))
+            snaps = fleet.snapshots(self.runner["fleet"], now)
+            self._unplaced = placed.unplaced_claims(self.runner["placed"], snaps, placed.profile_digests(self.profiles),
+                                                    now=now, policy=self.policy)
+            self._table = routing.build_table(snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced})
             self._table_version = self._version
             self._table_built_at = now
             self._prune_routes()
@@ -244,6 +324,11 @@ class Gateway:
     def ready_models(self, now: float) -> list[str]:
         return routing.ready_models(self.table(now), now, self.policy)
 
+    def unplaced_claims(self, now: float) -> list[placed.UnplacedClaim]:
+        """Managed ready/warming claims the controller did not place or no warm ack confirms."""
+        self.table(now)
+        return self._unplaced
+
     # --- metrics (read at scrape time from the state the gateway routes with) ------------------
 
     def _gauges(self) -> list[GaugeSource]:
@@ -256,6 +341,10 @@ class Gateway:
         def routes() -> list[Sample]:
             return counts((c.state for cs in self.table(self.clock.now()).values() for c in cs), RESIDENCY_STATES)
 
+        def unplaced() -> list[Sample]:
+            reasons = (placed.REASON_NOT_IN_PLAN, placed.REASON_NO_WARM_ACK, placed.REASON_ARTIFACT_MISMATCH)
+            return counts((c.reason for c in self.unplaced_claims(self.clock.now())), reasons)
+
         def breakers() -> list[Sample]:
             now = self.clock.now()
             return counts((str(c["state"]) for c in self.breakers.describe(now)), (CLOSED, HALF_OPEN, OPEN))
@@ -264,6 +353,10 @@ class Gateway:
             GaugeSource("grid_gateway_in_flight", "Requests being proxied now, by served model.", ("model",), in_flight),
             GaugeSource("grid_gateway_routes", "Engine routes known from heartbeats, by residency state.",
                         ("state",), routes),
+            GaugeSource("grid_gateway_unplaced_claims",
+                        "Managed ready/warming residencies claimed by heartbeats that get no route: the latest plan "
+                        "does not assign them, no warm ack confirms them, or their artifact is not the profile's.",
+                        ("reason",), unplaced),
             GaugeSource("grid_gateway_breakers", "Per-route circuit breakers, by state.", ("state",), breakers),
             GaugeSource("grid_gateway_waiting", "Requests waiting for a free slot.", (),
                         lambda: [((), float(self.waiters))]),
@@ -303,6 +396,7 @@ class Gateway:
         return {
             "now": now,
             "ready_models": self.ready_models(now),
+            "unplaced_claims": [msgspec.to_builtins(c) for c in self.unplaced_claims(now)[:MAX_LISTED_UNPLACED]],
             "routes": [
                 {
                     "host_id": k[0],
@@ -327,6 +421,7 @@ class Gateway:
                 "malformed": self.runner.malformed,
                 # Skipped as not provably their author's (or not vouched for by their subject).
                 "rejected": dict(sorted(self.runner.rejected.items())),
+                "ack_scan": dict(self.ack_scan),
             },
             "api_keys_required": self.api_keys.required,
         }

@@ -48,7 +48,7 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
 )
-from grid.projections import actions, catalog, fleet, plans
+from grid.projections import actions, catalog, fleet, placed, plans
 from grid.projections.position import Position
 
 log = structlog.get_logger(__name__)
@@ -114,6 +114,9 @@ FLEET = _simple("fleet", (HOSTS_STREAM, CONTROL_STREAM), fleet, fleet.FleetState
 CATALOG = _simple("catalog", (CONTROL_STREAM,), catalog, catalog.CatalogState)
 ACTIONS = _simple("actions", (COMMANDS_STREAM, HOSTS_STREAM), actions, actions.ActionsState)
 PLANS = _simple("plans", (PLANS_STREAM,), plans, plans.PlansState)
+# What the controller placed (the latest plan) and the hosts confirmed (warm acks): the
+# gateway routes a managed residency only when both hold (grid.projections.placed).
+PLACED = _simple("placed", (PLANS_STREAM, HOSTS_STREAM), placed, placed.PlacedState)
 CORE_PROJECTIONS: tuple[ProjectionSpec, ...] = (CATALOG, FLEET, ACTIONS, PLANS)
 
 
@@ -199,6 +202,29 @@ class ProjectionRunner:
         self.positions[msg.stream] = msg.seq
         self.last_time[msg.stream] = msg.time
         return False
+
+    def fold_aside(self, msg: StoredMessage, names: Sequence[str]) -> bool:
+        """Fold one stored message into the named projections only, checked exactly as `fold`
+        checks it, leaving every stream position as it is: for a side replay of an older part of
+        a stream into folds whose result does not depend on order (the gateway scans the hosts
+        stream's older acks for `placed` beside its recent tail). False: skipped."""
+        verdict = self.gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time)
+        if not verdict.ok:
+            return False
+        try:
+            event = codec.decode(msg.data)
+        except EventDecodeError:
+            return False
+        if not vouched_for(msg, event):
+            self.unvouched += 1
+            self.gate.reject(msg.stream, msg.seq, msg.subject,
+                             Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role))
+            return False
+        position = Position(msg.stream, msg.seq, msg.time)
+        for spec in self._by_stream.get(msg.stream, ()):
+            if spec.name in names:
+                self.states[spec.name] = spec.apply(self.states[spec.name], event, position, self.states)
+        return True
 
     def fold_event(self, event: Event, position: Position) -> None:
         states = self.states

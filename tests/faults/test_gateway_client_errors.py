@@ -25,11 +25,13 @@ from grid.events.embedded import free_port
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch, RequestFeatures
-from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM
+from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import load_or_create_secret
+
+from tests.placement import Placements
 
 pytestmark = pytest.mark.slow
 
@@ -109,14 +111,16 @@ async def gateway(js_log: JetStreamLog, home: Path, engine: EngineRoute,
     running = await start_gateway(app, "127.0.0.1", 0, write_url_file=False)
     async with httpx.AsyncClient(base_url=running.url, timeout=60.0) as http:
         gw = Gateway(js_log, http)
+        await Placements(js_log).place(HOST, MODEL)  # the controller's plan and the host's warm ack
         await js_log.append(HostHeartbeat(
             event_id=new_event_id(), at=time.time(), host_id=HOST, resources=HostResources(capacity_mb=16000),
             residencies=(Residency(model_id=MODEL, memory_mb=300, state="ready", endpoint=engine.endpoint,
                                  max_concurrency=2),),
         ))
-        want = await js_log.last_sequence(HOSTS_STREAM)
+        want = {s: await js_log.last_sequence(s) for s in (HOSTS_STREAM, PLANS_STREAM)}
         for _ in range(500):
-            if (await gw.stats())["projection"]["positions"].get(HOSTS_STREAM, 0) >= want:
+            positions = (await gw.stats())["projection"]["positions"]
+            if all(positions.get(s, 0) >= seq for s, seq in want.items()):
                 break
             await asyncio.sleep(0.02)
         yield gw

@@ -27,11 +27,13 @@ from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import EventLog
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed, RequestFeatures
-from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
+from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import RunningGateway, create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import write_owner_only
+
+from tests.placement import Placements
 
 MODEL = "smollm2"
 # Engine endpoint -> its key, known only to the "agent" side of these tests (the gateway never
@@ -156,12 +158,22 @@ class Harness:
     client: openai.AsyncOpenAI
     agents: HostAgents
     extra: list[Any] = field(default_factory=list)
+    # What a controller placed and the hosts acked: heartbeat() corroborates the claims it sends.
+    placements: Placements = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.placements = Placements(self.log)
 
     @property
     def url(self) -> str:
         return self.running.url
 
-    async def heartbeat(self, host_id: str, *residencies: Residency, state: str = "accepting") -> None:
+    async def heartbeat(self, host_id: str, *residencies: Residency, state: str = "accepting",
+                        placed: bool = True) -> None:
+        """Append `host_id`'s heartbeat; unless not `placed`, first the plan and warm ack that make
+        its managed ready claims routable (as a real controller and agent would)."""
+        if placed:
+            await self.placements.corroborate(host_id, residencies)
         await self.log.append(HostHeartbeat(
             event_id=new_event_id(), at=time.time(), host_id=host_id, state=state,  # type: ignore[arg-type]
             resources=HostResources(capacity_mb=16000), residencies=residencies,
@@ -174,7 +186,7 @@ class Harness:
         await self.wait_projected()
 
     async def wait_projected(self, timeout: float = 10.0) -> None:
-        want = {s: await self.log.last_sequence(s) for s in (HOSTS_STREAM, CONTROL_STREAM)}
+        want = {s: await self.log.last_sequence(s) for s in (HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM)}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             positions = (await self.stats())["projection"]["positions"]

@@ -22,9 +22,11 @@ from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.log import InMemoryLog
 from grid.events.requests import RequestBatch, RequestFeatures
-from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
+from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import RunningGateway, create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
+
+from tests.placement import Placements
 
 CHAT = "/v1/chat/completions"
 OK_BODY = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
@@ -84,13 +86,15 @@ class Served:
         self.log = log
         self.running = running
         self.http = http
+        self.placements = Placements(log)
 
     async def heartbeat(self, host_id: str, endpoint: str, model: str = "m") -> None:
+        residencies = (Residency(model_id=model, memory_mb=300, state="ready", endpoint=endpoint,
+                                 max_concurrency=4),)
+        await self.placements.corroborate(host_id, residencies)  # what a controller placed, the host acked
         await self.log.append(HostHeartbeat(
             event_id=new_event_id(), at=time.time(), host_id=host_id,
-            resources=HostResources(capacity_mb=16000),
-            residencies=(Residency(model_id=model, memory_mb=300, state="ready", endpoint=endpoint,
-                                   max_concurrency=4),),
+            resources=HostResources(capacity_mb=16000), residencies=residencies,
         ))
         await self.projected()
 
@@ -99,7 +103,7 @@ class Served:
         await self.projected()
 
     async def projected(self) -> None:
-        want = {s: await self.log.last_sequence(s) for s in (HOSTS_STREAM, CONTROL_STREAM)}
+        want = {s: await self.log.last_sequence(s) for s in (HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM)}
         for _ in range(500):
             positions = (await self.http.get("/gateway/stats")).json()["projection"]["positions"]
             if all(positions.get(s, 0) >= seq for s, seq in want.items()):

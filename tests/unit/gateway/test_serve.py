@@ -43,7 +43,10 @@ async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Pat
     from grid.events.host import HostHeartbeat, HostResources, Residency
     from grid.gateway import state as state_module
 
+    from tests.placement import Placements
+
     log = InMemoryLog()
+    await Placements(log).place("live", "m-live")  # the plan and the warm ack come first
     for i in range(30):  # an old host that later went quiet, then many heartbeats of a live one
         host = "old" if i < 10 else "live"
         await log.append(HostHeartbeat(
@@ -51,11 +54,12 @@ async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Pat
             residencies=(Residency(model_id=f"m-{host}", memory_mb=1, state="ready", endpoint="http://x:1"),),
         ))
     monkeypatch.setattr(state_module, "HOST_REPLAY_MAX_MESSAGES", 5)
+    monkeypatch.setattr(state_module, "ACK_SCAN_IDLE_SECONDS", 0.05)
     gw = state_module.Gateway(log, GridConfig(home=tmp_path, nats_url=None), api_keys=[])
     await gw.start()
     try:
         assert sorted(gw.runner["fleet"].hosts) == ["live"]
-        assert gw.runner.positions["GRID_HOSTS"] == 30
+        assert gw.runner.positions["GRID_HOSTS"] == 31
         assert gw.ready_models(time.time()) == ["m-live"]
     finally:
         await gw.stop()

@@ -1,0 +1,227 @@
+"""Placed projection: which managed residencies the controller placed and the host confirmed.
+
+A heartbeat's claim alone attracts no traffic (invariant 4, "route only admitted ready", with
+control-envelope corroboration). A managed residency may take requests only when
+
+1. the latest plan (GRID_PLANS, written only by the controller, signed) assigns that model to
+   that host as a managed placement, and
+2. that host acknowledged a warm of that model (GRID_HOSTS `ActionAck`, kind "warm") that
+   started a child: "succeeded"; "accepted" (the warm passed fencing and ran; its terminal ack
+   may never come when the agent lost its state file mid-warm and later adopted the child); or
+   "failed" with the agent's `interrupted_by_restart` (the agent restarted mid-warm, and its
+   recovery proves and adopts a surviving child before reporting it ready). A later succeeded
+   drain or unload, or a warm that failed otherwise, withdraws that confirmation; a rejected or
+   cancelled command had no side effect and changes nothing; and
+3. its artifact digest is the profile's, when the profile names one (checked by `verdict`).
+
+The fold is pure and order-independent per (host, model): each pair keeps only its
+highest-sequence relevant ack (GRID_HOSTS is one stream, so sequences order it), and only the
+highest-sequence plan counts. So acks folded out of order (the gateway scans the older part of
+the hosts stream for acks beside its live tail) give the same state as an in-order fold.
+
+Bounded: one entry per (host, model) pair, at most MAX_PAIRS (the oldest dropped first), and
+the latest plan's managed assignments.
+
+External residencies (`managed=False`) are outside this rule: they enter by their own
+registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from grid.events.acks import ActionAck
+from grid.events.base import Event
+from grid.events.plan import PlanCreated
+from grid.fleet import FreshnessPolicy, heartbeat_fresh
+from grid.planner.types import HostSnapshot, ResidencyView
+from grid.projections.position import Position
+
+MAX_PAIRS = 65_536
+# grid.agent.outcomes.MSG_INTERRUPTED (the receipt of an action a restart interrupted); the
+# agent is not imported here (projections stay below it), a test keeps the two equal.
+INTERRUPTED_BY_RESTART = "interrupted_by_restart"
+
+# Why a managed claim gets no route (also the `reason` of an unplaced claim).
+REASON_NOT_IN_PLAN = "not_in_plan"
+REASON_NO_WARM_ACK = "no_warm_ack"
+REASON_ARTIFACT_MISMATCH = "artifact_mismatch"
+# Residency states whose claim this rule judges (what status and metrics count as claims).
+CLAIM_STATES = frozenset({"ready", "warming"})
+
+_SEP = "\x1f"
+
+
+def pair_key(host_id: str, model_id: str) -> str:
+    return f"{host_id}{_SEP}{model_id}"
+
+
+class AckRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The latest relevant ack for one (host, model): whether it confirms a started warm."""
+
+    seq: int
+    at: float
+    confirmed: bool
+    kind: str
+    status: str
+    action_id: str
+    message: str = ""
+    generation: str = ""
+    controller_term: int = 0
+
+
+class PlacedState(msgspec.Struct, frozen=True, kw_only=True):
+    # The latest plan: its GRID_PLANS sequence, generation, and managed assignments
+    # (pair_key -> placement status, "existing" or "new").
+    plan_seq: int = 0
+    plan_generation: str = ""
+    plan_readable: bool = True
+    assigned: dict[str, str] = {}
+    # pair_key -> the latest relevant ack.
+    acks: dict[str, AckRecord] = {}
+
+
+def initial() -> PlacedState:
+    return PlacedState()
+
+
+class _Placement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    model_id: str
+    host_id: str
+    status: str = "new"
+    managed: bool = True
+
+
+class _Placements(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Only the placements of a grid.planner.types.Plan (the rest is skipped, not built)."""
+
+    placements: tuple[_Placement, ...] = ()
+
+
+_placements = msgspec.json.Decoder(_Placements | None)
+
+
+def _assignments(raw: bytes) -> dict[str, str] | None:
+    try:
+        plan = _placements.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if plan is None:
+        return {}
+    managed = sorted((p for p in plan.placements if p.managed), key=lambda p: (p.host_id, p.model_id))
+    return {pair_key(p.host_id, p.model_id): p.status for p in managed}
+
+
+def _confirms(event: ActionAck) -> bool | None:
+    """True: the ack confirms a started warm; False: it withdraws one; None: no effect."""
+    if event.kind == "warm":
+        if event.status in ("accepted", "succeeded"):
+            return True
+        if event.status == "failed":
+            reason = event.message.partition(":")[0].strip()
+            return reason == INTERRUPTED_BY_RESTART
+        return None  # rejected or cancelled: no side effect happened
+    if event.kind in ("drain", "unload"):
+        return False if event.status == "succeeded" else None
+    return None
+
+
+def apply(state: PlacedState, event: Event, position: Position) -> PlacedState:
+    match event:
+        case PlanCreated():
+            if position.seq <= state.plan_seq:
+                return state
+            assigned = _assignments(bytes(event.plan))
+            return msgspec.structs.replace(
+                state, plan_seq=position.seq, plan_generation=event.generation,
+                plan_readable=assigned is not None, assigned=assigned or {},
+            )
+        case ActionAck():
+            if not event.model_id:
+                return state
+            confirmed = _confirms(event)
+            if confirmed is None:
+                return state
+            key = pair_key(event.host_id, event.model_id)
+            old = state.acks.get(key)
+            if old is not None and old.seq >= position.seq:
+                return state  # folded out of order: the later ack already decided
+            acks = dict(state.acks)
+            acks[key] = AckRecord(
+                seq=position.seq, at=position.time, confirmed=confirmed, kind=event.kind, status=event.status,
+                action_id=event.action_id, message=event.message, generation=event.generation,
+                controller_term=event.controller_term,
+            )
+            if len(acks) > MAX_PAIRS:
+                # Withdrawn confirmations first, then the oldest: a bound, not a policy.
+                drop = min(acks, key=lambda k: (acks[k].confirmed, acks[k].seq))
+                acks.pop(drop)
+            return msgspec.structs.replace(state, acks=acks)
+    return state
+
+
+# --- the rule ------------------------------------------------------------------------------------
+
+
+def _sha(value: str | None) -> str | None:
+    return value.lower() if value else None
+
+
+def verdict(state: PlacedState, host_id: str, residency: ResidencyView, profile_sha: str | None) -> str | None:
+    """Why this residency's claim is not corroborated (None: it is, or it needs no corroboration).
+
+    `profile_sha` is the model profile's artifact digest (None when the profile names none or
+    there is no profile).
+    """
+    if not residency.managed:
+        return None
+    key = pair_key(host_id, residency.model_id)
+    if key not in state.assigned:
+        return REASON_NOT_IN_PLAN
+    ack = state.acks.get(key)
+    if ack is None or not ack.confirmed:
+        return REASON_NO_WARM_ACK
+    want = _sha(profile_sha)
+    if want is not None and _sha(residency.artifact_sha256) != want:
+        return REASON_ARTIFACT_MISMATCH
+    return None
+
+
+class UnplacedClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A heartbeat's claim of a managed ready/warming residency the rule does not corroborate."""
+
+    host_id: str
+    model_id: str
+    state: str
+    reason: str
+    artifact_sha256: str | None = None
+
+
+def profile_digests(profiles: Mapping[str, Any]) -> dict[str, str | None]:
+    """model id -> the profile's artifact digest (ModelProfile values)."""
+    return {m: p.artifact_sha256 for m, p in profiles.items()}
+
+
+def unplaced_claims(state: PlacedState, snapshots: Iterable[HostSnapshot], digests: Mapping[str, str | None],
+                    *, now: float | None = None, policy: FreshnessPolicy | None = None) -> list[UnplacedClaim]:
+    """Every managed ready or warming claim that is not corroborated, sorted by host and model.
+
+    With `now` and `policy`, only hosts whose heartbeat is fresh claim anything (a host that went
+    away is not counted forever; its residencies take no traffic either way).
+    """
+    out: list[UnplacedClaim] = []
+    for snap in snapshots:
+        if now is not None and policy is not None and not heartbeat_fresh(snap.heartbeat_at, now, policy):
+            continue
+        for r in snap.residencies:
+            if not r.managed or r.state not in CLAIM_STATES:
+                continue
+            why = verdict(state, snap.host_id, r, digests.get(r.model_id))
+            if why is not None:
+                out.append(UnplacedClaim(host_id=snap.host_id, model_id=r.model_id, state=r.state, reason=why,
+                                         artifact_sha256=r.artifact_sha256))
+    out.sort(key=lambda c: (c.host_id, c.model_id, c.state))
+    return out

@@ -1,0 +1,60 @@
+"""`gridctl status` names the heartbeat claims the gateway does not route ("unplaced claims").
+
+A real controller (recommend mode: it records plans, issues nothing) plans against heartbeats in
+the real log. A host claiming a model no plan assigns to it, and a host claiming a model the plan
+keeps there (the planner takes a ready claim as an incumbent) that no warm ack of that host
+confirms, are both listed, in JSON and in the table (through the admin API and gridctl as a child
+process), with a warning line naming host and model. A warm ack of the second host clears its
+line; the first stays.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from grid.events.base import new_event_id
+from grid.events.control import ModelProfile, ProfileSet
+from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.jetstream import JetStreamLog
+
+from tests.integration.controller.statuskit import serving_controller, status_until
+from tests.integration.controller.test_cli_admin import gridctl
+from tests.placement import warm_ack
+
+SHA = "ab" * 32
+
+
+def claim(model: str, sha: str | None = SHA) -> Residency:
+    return Residency(model_id=model, memory_mb=300, state="ready", endpoint="http://127.0.0.1:9", max_concurrency=1,
+                     artifact_sha256=sha)
+
+
+async def test_status_lists_claims_the_plan_does_not_assign_or_no_warm_ack_confirms(js_log: JetStreamLog,
+                                                                                      tmp_path: Path) -> None:
+    async def heartbeat() -> None:
+        for host, residencies in (("host-a", (claim("m"),)), ("host-b", (claim("x", None),))):
+            await js_log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host,
+                                              resources=HostResources(capacity_mb=16000), residencies=residencies))
+
+    await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+        model_id="m", memory_mb=300, artifact_sha256=SHA, min_replicas=1)))
+    home = tmp_path / "home"
+    async with serving_controller(js_log, home, "ctl-unplaced"):
+        doc = await status_until(home, heartbeat, lambda d: d["plan"] is not None and len(d["unplaced_claims"]) == 2,
+                                 "two unplaced claims after a recorded plan")
+        claims = {(c["host_id"], c["model_id"]): c for c in doc["unplaced_claims"]}
+        assert claims[("host-b", "x")]["reason"] == "not_in_plan"
+        assert claims[("host-a", "m")]["reason"] == "no_warm_ack"  # kept by the plan, confirmed by nothing
+        assert claims[("host-a", "m")]["state"] == "ready"
+        assert any("unplaced claim: host host-b reports x ready" in w for w in doc["warnings"]), doc["warnings"]
+        rc, out, err = await gridctl(home, "status")
+        assert rc == 0, err
+        assert "m:ready (unplaced claim)" in out and "x:ready (unplaced claim)" in out, out
+        assert "unplaced claim: host host-a reports m ready" in err and "(no_warm_ack)" in err, err
+
+        # The host's warm ack (as an agent appends after a warm command) corroborates its claim.
+        await js_log.append(warm_ack("host-a", "m"))
+        doc = await status_until(home, heartbeat, lambda d: len(d["unplaced_claims"]) == 1,
+                                 "host-a's claim corroborated by its warm ack")
+        assert [(c["host_id"], c["model_id"]) for c in doc["unplaced_claims"]] == [("host-b", "x")]
