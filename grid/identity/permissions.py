@@ -41,9 +41,13 @@ makes through `grid.events.jetstream.JetStreamLog`:
 
 Every request the server answers, though, still lands its answer on whatever reply subject the
 requester names (an API envelope, a status message, or, for `CONSUMER.MSG.NEXT`, the host's own
-next command): permissions cannot stop that, signatures (grid.identity.signing) keep such
-copies from ever being folded, and Grid's own services answer only under the requester's inbox
-(grid.identity.replies).
+next command, stored under its own subject `grid.cmd.<id>` in whichever stream captured it):
+permissions cannot stop that, signatures (grid.identity.signing) keep such copies from ever
+being folded, and Grid's own services answer only under the requester's inbox
+(grid.identity.replies). What signatures cannot stop is the room such copies take: aimed at one
+GRID_CTL subject often enough (any credential with any JetStream API right can), they push that
+subject's real events out of its bounded history (`max_msgs_per_subject`, discard old). No
+permission here closes that; it is an open problem, not a guarantee.
 
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
 subscribe only there, so nobody reads another identity's PubAcks or consumer deliveries.
