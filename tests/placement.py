@@ -32,9 +32,13 @@ EPOCH = "test-epoch"
 
 
 def plan_event(pairs: Iterable[tuple[str, str]], *, sequence: int = 1, at: float | None = None,
-               unmanaged: Iterable[tuple[str, str]] = (), controller_term: int = 1) -> PlanCreated:
-    """A recorded plan assigning each (host id, model id) of `pairs` (managed) and `unmanaged`."""
+               unmanaged: Iterable[tuple[str, str]] = (), controller_term: int = 1,
+               corroborated: Iterable[tuple[str, str]] | None = None) -> PlanCreated:
+    """A recorded plan assigning each (host id, model id) of `pairs` (managed) and `unmanaged`;
+    it lists `corroborated` (by default every managed pair) as warms the controller commanded
+    and the host acknowledged."""
     now = time.time() if at is None else at
+    pairs = sorted(pairs)
     placements = tuple(
         Placement(model_id=m, host_id=h, runtime="llama.cpp", memory_mb=300, status="existing", managed=managed)
         for managed, group in ((True, pairs), (False, unmanaged)) for h, m in sorted(group)
@@ -45,6 +49,7 @@ def plan_event(pairs: Iterable[tuple[str, str]], *, sequence: int = 1, at: float
         event_id=new_event_id(), at=now, planner_version="test", generation=make_generation(EPOCH, sequence, digest),
         epoch=EPOCH, sequence=sequence, inputs_digest=digest, based_on={}, now=now, controller_id="test-controller",
         controller_term=controller_term, plan=msgspec.Raw(encode_plan(plan)),
+        corroborated=tuple(sorted(pairs if corroborated is None else corroborated)),
     )
 
 

@@ -24,6 +24,7 @@ from grid.planner.types import (
 )
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
+from grid.projections import placed as placed_proj
 from grid.projections import throughput as throughput_proj
 from grid.projections.actions import TIMING_AUTHORITATIVE_SAMPLES, ActionsState
 
@@ -91,6 +92,11 @@ def build_planner_input(
     actions: ActionsState = states["actions"]
     profiles = catalog_proj.sorted_profiles(catalog)
     hosts = fleet_proj.snapshots(fleet, now)
+    placed = states.get("placed")
+    if placed is not None:
+        # A heartbeat's claim of a replica nobody commanded there is no incumbent: counted as
+        # one, a hostile host could make the plan drop an honest replica for its fake.
+        hosts = tuple(placed_proj.without_uncommanded(h, placed) for h in hosts)
     throughput = states.get("throughput")
     if throughput is not None:
         hosts = with_measured_throughput(hosts, throughput_proj.measured(throughput, profiles, now))

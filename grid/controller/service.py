@@ -98,7 +98,8 @@ from grid.planner.types import Plan, PlannerInput, Policy
 from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
-from grid.projections.runner import PLACED, ProjectionRunner
+from grid.projections import placed as placed_proj
+from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
 
@@ -220,9 +221,9 @@ class Controller:
         self._explicit_id = controller_id
         self.controller_id = controller_id or ""
         self.epoch = ""
-        # PLACED is not a tick input: status reports the heartbeat claims it does not corroborate
-        # (the same fold the gateway routes with).
-        self.runner = ProjectionRunner(PROJECTIONS + (PLACED,))
+        # Each plan records the residencies PLACED corroborates (a command of this controller,
+        # acknowledged by its host), and status reports the claims it does not (the gateway's rule).
+        self.runner = ProjectionRunner(PROJECTIONS)
         self.lease: Lease | None = None
         self.token: str | None = None
         self.started_at: float | None = None
@@ -594,7 +595,10 @@ class Controller:
 
     async def _record_plan(self, plan: Plan, pin: PlannerInput, now: float, report: TickReport,
                            based_on: dict[str, int]) -> None:
-        key = plan_key(plan)
+        corroborated = placed_proj.corroborated(self.runner["placed"])
+        # A newly corroborated residency is a change worth recording: the gateway routes to it
+        # only once a plan lists it.
+        key = plan_key(plan) + hashlib.sha256(codec.encode_value(corroborated)).hexdigest()
         fresh_enough = (
             self._last_plan_recorded_at is not None
             and now - self._last_plan_recorded_at < self.settings.plan_refresh_seconds
@@ -617,7 +621,7 @@ class Controller:
             planner_version=plan.planner_version, generation=generation, epoch=self.epoch, sequence=sequence,
             inputs_digest=plan.inputs_digest, based_on=based_on, now=now,
             controller_id=self.controller_id, controller_term=self.lease.term,
-            plan=msgspec.Raw(encode_plan(plan)), policy=encode_policy(pin.policy),
+            plan=msgspec.Raw(encode_plan(plan)), policy=encode_policy(pin.policy), corroborated=corroborated,
         )
         try:
             res = await self.log.append(event, expected_last_subject_seq=expected)

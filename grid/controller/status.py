@@ -253,6 +253,7 @@ _UNPLACED_WHY = {
     placed_proj.REASON_NOT_IN_PLAN: "the latest plan does not assign it there",
     placed_proj.REASON_NO_WARM_ACK: "no warm ack of that host confirms it",
     placed_proj.REASON_ARTIFACT_MISMATCH: "its artifact is not the profile's",
+    placed_proj.REASON_NOT_CORROBORATED: "no warm this controller commanded there was acknowledged",
 }
 
 

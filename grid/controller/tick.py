@@ -31,7 +31,7 @@ from grid.planner.types import HostSnapshot, Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
 from grid.projections.position import Position
 from grid.projections import throughput as throughput_proj
-from grid.projections.runner import CORE_PROJECTIONS, ProjectionSpec
+from grid.projections.runner import CORE_PROJECTIONS, PLACED_CONTROL, ProjectionSpec
 
 PlanFn = Callable[[PlannerInput], Plan]
 # Reads a monotonic clock in seconds (time.perf_counter); only durations are taken from it.
@@ -55,7 +55,9 @@ THROUGHPUT = ProjectionSpec("throughput", (REQUESTS_STREAM,), throughput_proj.Th
                             throughput_proj.initial, _fold_throughput)
 # The projections a tick reads: the core ones plus request demand (for the forecast) and the
 # measured per-engine throughput (for placement).
-PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND, THROUGHPUT)
+# PLACED_CONTROL: which replicas the controller commanded and its hosts confirmed (a claim
+# nobody commanded is not supply; a plan lists the corroborated ones for the gateway).
+PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND, THROUGHPUT, PLACED_CONTROL)
 
 
 class TickInput(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,6 +26,11 @@ class PlanCreated(Event, frozen=True, kw_only=True, tag="plan.created.v1"):
     # so replay re-runs a controller with a non-default policy exactly. null: recorded before this
     # field existed, under the default Policy.
     policy: msgspec.Raw = msgspec.Raw(b"null")
+    # (host id, model id) of every managed residency whose warm the controller itself commanded
+    # and the host acknowledged (grid.projections.placed.corroborated): the gateway routes a
+    # managed model only to these. A host's own ack cannot add itself here; this event is the
+    # controller's, and signed.
+    corroborated: tuple[tuple[str, str], ...] = ()
 
 
 def make_generation(epoch: str, sequence: int, inputs_digest: str) -> str:

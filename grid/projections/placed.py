@@ -4,7 +4,11 @@ A heartbeat's claim alone attracts no traffic (invariant 4, "route only admitted
 control-envelope corroboration). A managed residency may take requests only when
 
 1. the latest plan (GRID_PLANS, written only by the controller, signed) assigns that model to
-   that host as a managed placement, and
+   that host as a managed placement, and lists the pair as corroborated: the controller itself
+   commanded a warm of that model on that host (GRID_CMDS, which only its fold of this
+   projection reads) and the host's confirming ack names that very command. A host can sign an
+   ack of its own, for an action id of its choosing, on its own subject; it cannot make the
+   controller's plan list it. And
 2. that host acknowledged a warm of that model (GRID_HOSTS `ActionAck`, kind "warm") that
    started a child: "succeeded"; "accepted" (the warm passed fencing and ran; its terminal ack
    may never come when the agent lost its state file mid-warm and later adopted the child); or
@@ -35,6 +39,7 @@ import msgspec
 
 from grid.events.acks import ActionAck
 from grid.events.base import Event
+from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
 from grid.fleet import FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import HostSnapshot, ResidencyView
@@ -49,6 +54,12 @@ INTERRUPTED_BY_RESTART = "interrupted_by_restart"
 REASON_NOT_IN_PLAN = "not_in_plan"
 REASON_NO_WARM_ACK = "no_warm_ack"
 REASON_ARTIFACT_MISMATCH = "artifact_mismatch"
+REASON_NOT_CORROBORATED = "not_corroborated"
+# Load and warm commands remembered per (host, model): the ack confirming a residency names one.
+WARMS_KEPT = 4
+# Managed residency states that hold memory as a replica: a claim of one the controller never
+# commanded there is not supply (grid.controller.inputs).
+HELD_STATES = frozenset({"loading", "warming", "ready", "draining", "unloading"})
 # Residency states whose claim this rule judges (what status and metrics count as claims).
 CLAIM_STATES = frozenset({"ready", "warming"})
 
@@ -82,6 +93,11 @@ class PlacedState(msgspec.Struct, frozen=True, kw_only=True):
     assigned: dict[str, str] = {}
     # pair_key -> the latest relevant ack.
     acks: dict[str, AckRecord] = {}
+    # The latest plan's corroborated pairs (pair keys), as the controller recorded them.
+    plan_corroborated: frozenset[str] = frozenset()
+    # pair_key -> the last WARMS_KEPT load and warm commands the controller issued there (only a
+    # fold that reads GRID_CMDS, the controller's, sees them).
+    warms: dict[str, tuple[str, ...]] = {}
 
 
 def initial() -> PlacedState:
@@ -138,7 +154,18 @@ def apply(state: PlacedState, event: Event, position: Position) -> PlacedState:
             return msgspec.structs.replace(
                 state, plan_seq=position.seq, plan_generation=event.generation,
                 plan_readable=assigned is not None, assigned=assigned or {},
+                plan_corroborated=frozenset(pair_key(h, m) for h, m in event.corroborated),
             )
+        case CommandIssued(kind="load" | "warm"):
+            key = pair_key(event.host_id, event.model_id)
+            kept = state.warms.get(key, ())
+            if event.action_id in kept:
+                return state
+            warms = dict(state.warms)
+            warms[key] = (*kept, event.action_id)[-WARMS_KEPT:]
+            if len(warms) > MAX_PAIRS:
+                warms.pop(min(warms))  # a bound, not a policy
+            return msgspec.structs.replace(state, warms=warms)
         case ActionAck():
             if not event.model_id:
                 return state
@@ -184,10 +211,45 @@ def verdict(state: PlacedState, host_id: str, residency: ResidencyView, profile_
     ack = state.acks.get(key)
     if ack is None or not ack.confirmed:
         return REASON_NO_WARM_ACK
+    if key not in state.plan_corroborated:
+        return REASON_NOT_CORROBORATED
     want = _sha(profile_sha)
     if want is not None and _sha(residency.artifact_sha256) != want:
         return REASON_ARTIFACT_MISMATCH
     return None
+
+
+def commanded(state: PlacedState, host_id: str, model_id: str) -> bool:
+    """Did the controller ever command a load or warm of `model_id` on `host_id`?"""
+    return pair_key(host_id, model_id) in state.warms
+
+
+def without_uncommanded(snapshot: HostSnapshot, state: PlacedState) -> HostSnapshot:
+    """The host as the planner may count it: a managed replica the controller never commanded
+    there is a claim, not supply. Its memory still counts as used (the host says it is), as
+    memory Grid does not manage."""
+    keep, claimed_mb = [], 0
+    for r in snapshot.residencies:
+        if r.managed and r.state in HELD_STATES and not commanded(state, snapshot.host_id, r.model_id):
+            claimed_mb += r.memory_mb
+        else:
+            keep.append(r)
+    if not claimed_mb:
+        return snapshot
+    return msgspec.structs.replace(snapshot, residencies=tuple(keep),
+                                   unmanaged_memory_mb=snapshot.unmanaged_memory_mb + claimed_mb)
+
+
+def corroborated(state: PlacedState) -> tuple[tuple[str, str], ...]:
+    """(host, model) pairs whose confirming ack names a command this fold saw the controller issue.
+
+    Order-independent (acks and commands live on different streams): judged when asked."""
+    out = []
+    for key, ack in state.acks.items():
+        if ack.confirmed and ack.action_id in state.warms.get(key, ()):
+            host_id, _, model_id = key.partition(_SEP)
+            out.append((host_id, model_id))
+    return tuple(sorted(out))
 
 
 class UnplacedClaim(msgspec.Struct, frozen=True, kw_only=True):

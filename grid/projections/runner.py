@@ -117,6 +117,9 @@ PLANS = _simple("plans", (PLANS_STREAM,), plans, plans.PlansState)
 # What the controller placed (the latest plan) and the hosts confirmed (warm acks): the
 # gateway routes a managed residency only when both hold (grid.projections.placed).
 PLACED = _simple("placed", (PLANS_STREAM, HOSTS_STREAM), placed, placed.PlacedState)
+# The controller's fold of the same projection also sees the warms it commanded (GRID_CMDS, which
+# no other identity may consume), so it can tell which confirmations name a real command.
+PLACED_CONTROL = _simple("placed", (COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM), placed, placed.PlacedState)
 CORE_PROJECTIONS: tuple[ProjectionSpec, ...] = (CATALOG, FLEET, ACTIONS, PLANS)
 
 

@@ -25,7 +25,8 @@ from grid.config import GridConfig
 from grid.controller.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events import codec
 from grid.events.base import new_event_id
-from grid.events.control import CredentialRevoked, HostOverride, ModeSet
+from grid.events.control import CredentialRevoked, HostOverride, ModelProfile, ModeSet, ProfileSet
+from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import (
     CONTROL_STREAM,
@@ -37,6 +38,8 @@ from grid.events.subjects import (
     override_subject,
     subject_for,
 )
+from grid.gateway import routing
+from grid.gateway import state as gateway_state
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
@@ -46,6 +49,7 @@ from grid.metrics import exposition
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
 from tests.integration.controller.statuskit import serving_controller, status_until
+from tests.placement import warm_ack
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
 EVIL = "evil-host"
@@ -270,3 +274,59 @@ async def test_every_rejection_shows_in_status_and_metrics(controller_log: JetSt
                    for s in f.samples}
         for reason in (NOT_PERMITTED, BAD_SIGNATURE, UNSIGNED):
             assert samples[("grid_events_rejected_total", (("reason", reason),))] == 1
+
+
+async def test_a_claimed_residency_with_a_self_made_warm_ack_attracts_no_prompt(
+    secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog, tmp_path: Path
+) -> None:
+    """Vector 3: the host heartbeats `ready, managed, <the real digest>` for a model nobody placed
+    on it, and signs a succeeded warm ack of its own making. A real controller neither counts it as
+    a replica (it never commanded one there) nor lists it as corroborated, so its plan keeps the
+    honest replica, the real gateway routes only the honest host, and status lists the claim."""
+    sha = "ab" * 32
+    model = "smollm2"
+    await controller_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+        model_id=model, memory_mb=300, artifact_sha256=sha, min_replicas=1)))
+    logs = {host: await connect_log(secured_server.url, name=f"grid-agent-{host}", ensure_streams=False,
+                                    credentials=creds(Role.HOST, host_id=host)) for host in ("honest-host", EVIL)}
+    warm = make_command(kind="warm", host_id="honest-host", model_id=model, term=1, controller_id="ctl-hostile")
+    await controller_log.append(warm)
+    await logs["honest-host"].append(warm_ack("honest-host", model, action_id=warm.action_id))
+    await logs[EVIL].append(warm_ack(EVIL, model, action_id="warm-nobody-issued"))
+
+    async def heartbeats() -> None:
+        for host, log in logs.items():
+            claim = Residency(model_id=model, memory_mb=300, state="ready", endpoint=f"http://{host}:1",
+                              max_concurrency=4, artifact_sha256=sha)
+            await log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host,
+                                           resources=HostResources(capacity_mb=16000), residencies=(claim,)))
+
+    home = tmp_path / "home"
+    gw = None
+    try:
+        async with serving_controller(controller_log, home, "ctl-hostile"):
+            doc = await status_until(home, heartbeats, lambda d: [
+                c["host_id"] for c in d["unplaced_claims"]] == [EVIL] and d["plan"] is not None, "the evil claim")
+            # Not even an incumbent: counted as one, it could make the plan drop the honest replica.
+            assert doc["unplaced_claims"][0]["reason"] == "not_in_plan", doc["unplaced_claims"]
+            assert [(p["host_id"], p["model_id"]) for p in doc["plan"]["placements"]] == [("honest-host", model)]
+            gateway_log = await connect_log(secured_server.url, name="grid-gateway", credentials=creds(Role.GATEWAY),
+                                            ensure_streams=False)
+            gw = gateway_state.Gateway(gateway_log, GridConfig(home=tmp_path / "gw", nats_url=None), api_keys=[])
+            await gw.start()
+
+            async def routed() -> dict[str, str | None] | None:
+                await heartbeats()
+                now = time.time()
+                table = {c.host_id: routing.exclusion(c, now) for c in gw.table(now).get(model, ())}  # type: ignore[union-attr]
+                return table if table.get("honest-host", "x") is None else None
+
+            table = await wait_for(routed, timeout=20)
+            assert table == {"honest-host": None, EVIL: routing.EXCLUDED_UNPLACED}
+            assert gw.runner.rejected == {}
+    finally:
+        if gw is not None:
+            await gw.stop()
+            await gw.log.close()
+        for log in logs.values():
+            await log.close()

@@ -4,8 +4,8 @@ A real controller (recommend mode: it records plans, issues nothing) plans again
 the real log. A host claiming a model no plan assigns to it, and a host claiming a model the plan
 keeps there (the planner takes a ready claim as an incumbent) that no warm ack of that host
 confirms, are both listed, in JSON and in the table (through the admin API and gridctl as a child
-process), with a warning line naming host and model. A warm ack of the second host clears its
-line; the first stays.
+process), with a warning line naming host and model. The host's own ack of a warm nobody
+commanded does not clear its line; the controller's warm command and the host's ack of it do.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from grid.events.jetstream import JetStreamLog
 
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
+from tests.integration.agent.agentkit import make_command
 from tests.placement import warm_ack
 
 SHA = "ab" * 32
@@ -53,8 +54,18 @@ async def test_status_lists_claims_the_plan_does_not_assign_or_no_warm_ack_confi
         assert "m:ready (unplaced claim)" in out and "x:ready (unplaced claim)" in out, out
         assert "unplaced claim: host host-a reports m ready" in err and "(no_warm_ack)" in err, err
 
-        # The host's warm ack (as an agent appends after a warm command) corroborates its claim.
-        await js_log.append(warm_ack("host-a", "m"))
+        # A warm ack the host wrote for a command nobody issued (what a hostile host could sign on
+        # its own subject) corroborates nothing: the plan does not list the pair.
+        await js_log.append(warm_ack("host-a", "m", action_id="made-up"))
+        doc = await status_until(home, heartbeat,
+                                 lambda d: {c["reason"] for c in d["unplaced_claims"]} == {"not_in_plan",
+                                                                                             "not_corroborated"},
+                                 "host-a's self-made ack seen and not trusted")
+        # The controller's own warm command, acknowledged by the host (as an agent does after
+        # running it), corroborates the claim once the next plan lists it.
+        await js_log.append(make_command(action_id="warm-1", kind="warm", host_id="host-a", model_id="m"))
+        await js_log.append(warm_ack("host-a", "m", action_id="warm-1"))
         doc = await status_until(home, heartbeat, lambda d: len(d["unplaced_claims"]) == 1,
-                                 "host-a's claim corroborated by its warm ack")
+                                 "host-a's claim corroborated by the controller's command and its ack")
         assert [(c["host_id"], c["model_id"]) for c in doc["unplaced_claims"]] == [("host-b", "x")]
+        assert doc["plan"] is not None

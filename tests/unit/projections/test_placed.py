@@ -15,6 +15,7 @@ from grid.projections import placed
 from grid.projections.placed import REASON_ARTIFACT_MISMATCH, REASON_NO_WARM_ACK, REASON_NOT_IN_PLAN
 from grid.projections.position import Position
 
+from tests.integration.agent.agentkit import make_command
 from tests.placement import plan_event, warm_ack
 
 SHA = "ab" * 32
@@ -24,7 +25,7 @@ _seq = itertools.count(1)
 def fold(*events, state=None):  # type: ignore[no-untyped-def]
     state = state or placed.initial()
     for ev in events:
-        stream = "GRID_PLANS" if type(ev).__name__ == "PlanCreated" else "GRID_HOSTS"
+        stream = {"PlanCreated": "GRID_PLANS", "CommandIssued": "GRID_CMDS"}.get(type(ev).__name__, "GRID_HOSTS")
         state = placed.apply(state, ev, Position(stream, next(_seq), 1000.0))
     return state
 
@@ -167,3 +168,34 @@ def test_the_state_round_trips_through_a_snapshot() -> None:
 
     s = fold(plan_event([("h", "m")]), warm_ack("h", "m"))
     assert msgspec.json.decode(codec.encode_value(s), type=placed.PlacedState) == s
+
+
+def test_a_plan_that_does_not_list_the_pair_as_corroborated_routes_nothing() -> None:
+    s = fold(plan_event([("h", "m")], corroborated=()), warm_ack("h", "m"))
+    assert judge(s) == placed.REASON_NOT_CORROBORATED
+
+
+def test_only_an_ack_naming_a_command_the_controller_issued_corroborates() -> None:
+    """The controller's fold: a host's ack of an action id of its own making corroborates
+    nothing; its ack of the controller's warm (or load) command does, whatever the order."""
+    warm = make_command(action_id="w1", kind="warm", host_id="h", model_id="m")
+    assert placed.corroborated(fold(warm_ack("h", "m", action_id="made-up"), warm)) == ()
+    assert placed.corroborated(fold(warm_ack("h", "m", action_id="w1"), warm)) == (("h", "m"),)
+    assert placed.corroborated(fold(warm, warm_ack("h", "m", action_id="w1"))) == (("h", "m"),)
+    drained = fold(warm, warm_ack("h", "m", action_id="w1"), warm_ack("h", "m", kind="drain"))
+    assert placed.corroborated(drained) == ()
+    unloads = fold(make_command(action_id="u1", kind="unload", host_id="h", model_id="m"))
+    assert unloads.warms == {}
+
+
+def test_a_replica_nobody_commanded_is_not_supply_but_its_memory_is_used() -> None:
+    snap = HostSnapshot(host_id="h", state="accepting", resources=HostResources(capacity_mb=8000),
+                        residencies=(res("m"), res("x", state="loading"), res("ext", managed=False),
+                                     res("c", state="cached")),
+                        unmanaged_memory_mb=100)
+    s = fold(make_command(action_id="l1", kind="load", host_id="h", model_id="x"))
+    seen = placed.without_uncommanded(snap, s)
+    assert [r.model_id for r in seen.residencies] == ["x", "ext", "c"]
+    assert seen.unmanaged_memory_mb == 100 + 300
+    everything = fold(make_command(action_id="w2", kind="warm", host_id="h", model_id="m"), state=s)
+    assert placed.without_uncommanded(snap, everything) == snap

@@ -1,7 +1,8 @@
 """A recorded session for replay tests: real events on a real log, plans recorded the controller's way.
 
-Agents are modelled at the event level (they follow each plan: a new placement is reported as
-loading, then ready; a managed residency no longer planned drains, then disappears), and the
+Agents are modelled at the event level (they follow each plan: a new placement is commanded,
+reported as loading, then ready; a managed residency no longer planned drains, then
+disappears), and the
 controller tick is the controller's own composition (grid.controller.tick.compose_tick) and
 appends PlanCreated with based_on = the positions its runner had folded.
 """
@@ -15,6 +16,7 @@ import msgspec
 
 from grid.clock import Clock, SimulatedClock
 from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
+from grid.events.commands import CommandIssued
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostRegistered, HostResources, Residency
 from grid.events.log import EventLog
@@ -145,6 +147,11 @@ class Session:
         for p in plan.placements:
             if p.model_id not in self.residencies[p.host_id]:
                 self.residencies[p.host_id][p.model_id] = "loading"
+                # The controller's command: a residency nobody commanded is no replica.
+                await self.log.append(CommandIssued(
+                    event_id=self._eid("cmd"), at=now, action_id=self._eid("load"), kind="load", host_id=p.host_id,
+                    model_id=p.model_id, memory_mb=p.memory_mb, generation=event.generation, controller_term=1,
+                    controller_id="controller-1", lease_expires_at=now + 30.0, lease_ttl_seconds=30.0))
         for h in self.hosts:
             for m, state in list(self.residencies[h].items()):
                 if (h, m) not in wanted and state in ("ready", "loading"):
