@@ -1,50 +1,82 @@
 """An enrolled but hostile host (and the other credentials) against a real secured grid.
 
-Each test reproduces one vector a black-box probe used to take over the control plane without a
-single permissions violation, and proves it now either is refused by the server or appends
-bytes that every fold rejects: nothing executed, no mode, override, plan or status change, and
-the rejection counted by reason. "Landed anyway" tests put the attacker's bytes on the target
-subject through a connection that may publish there (as a reflection, or a future permission
-mistake, would) to prove the folds and the agent do not depend on the server keeping them out.
+A black-box probe took over the control plane with legitimate credentials and not one
+permissions violation. Each of its vectors is reproduced here with real clients against a
+nats-server in operator mode, in two parts:
+
+- What lands is worthless: forged or reflected events on the control, host and command subjects
+  are rejected by every fold by reason (and shown in status and metrics), commands not signed by
+  the lease holder's key are never executed, a revoked key's old signature is refused from the
+  revocation on, and a claimed residency nobody commanded attracts no prompt and displaces no
+  replica. "Landed anyway" tests put the attacker's bytes on the target subject through a
+  connection that may publish there (as a reflection, or a future permission mistake, would) to
+  prove the folds and the agent do not depend on the server keeping them out.
+- The server refuses it anyway (defence in depth): no direct gets but the controller's, services
+  answer only under the requester's own inbox, consumers on GRID_CMDS are the controller's alone,
+  and the invitee credential dies with its join. Next to each, the honest path it closed still
+  works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import json
+import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+import nats
+import nkeys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from grid.agent.artifact_fetch import GridArtifactSource
+from grid.agent.artifacts import ArtifactCache
 from grid.agent.fencing import REASON_NOT_LEASE_SIGNER
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
 from grid.controller.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events import codec
+from grid.events.artifact_store import ARTIFACT_CHUNK_SIZE, ensure_artifact_bucket, put_artifact, stored_artifact
 from grid.events.base import new_event_id
 from grid.events.control import CredentialRevoked, HostOverride, ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import (
+    ARTIFACT_BUCKET,
+    ARTIFACT_STREAM,
+    COMMANDS_STREAM,
+    COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
     LEASE_BUCKET,
     MODE_SUBJECT,
+    PLAN_SUBJECT,
     command_subject,
     host_subject,
+    infer_request_subject,
     override_subject,
     subject_for,
 )
-from grid.gateway import routing
-from grid.gateway import state as gateway_state
+from grid.gateway import routing, state as gateway_state
+from grid.identity import jwt
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
-from grid.identity.permissions import Role
+from grid.identity.creds import credential_principal, read_creds
+from grid.identity.enrolment import Enrolment, EnrolmentService, JoinRequest, join, join_statement, renew
+from grid.identity.invitations import InvitationStore, JoinToken
+from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Role, inbox_prefix
 from grid.identity.provision import provision_host_consumer
-from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER, UNSIGNED, Identity
+from grid.identity.replies import REFUSED_REPLY_NOT_INBOX
+from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER, UNSIGNED, Identity, Signer
+from grid.infer import wire
+from grid.infer.client import InferTarget, NatsUpstream
+from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.metrics import exposition
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
@@ -330,3 +362,480 @@ async def test_a_claimed_residency_with_a_self_made_warm_ack_attracts_no_prompt(
             await gw.log.close()
         for log in logs.values():
             await log.close()
+
+
+# ================================================================ the server refuses it anyway
+HOST = "node-1"
+OTHER = "node-2"
+MODEL = "tiny"
+# How long a refused request is given to produce something anyway before we call it silent.
+SILENCE_SECONDS = 1.0
+REFUSAL_WAIT_SECONDS = 3.0
+
+
+async def permission_error(nc: nats.NATS, subject: str) -> str:
+    """The server's permissions violation for a publish to `subject` (fails if none comes)."""
+    errors: list[Exception] = nc.permission_errors  # type: ignore[attr-defined]
+    wanted = f'permissions violation for publish to "{subject}"'.lower()
+    deadline = time.monotonic() + REFUSAL_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        for exc in errors:
+            if wanted in str(exc).lower():
+                return str(exc)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no permission error for a publish to {subject}; saw {errors}")
+
+
+async def reflect(nc: nats.NATS, subject: str, body: bytes, reply: str) -> None:
+    await nc.publish(subject, body, reply=reply)
+    await nc.flush()
+
+
+# ---------------------------------------------------------------- 1. reply-subject reflection
+
+@pytest.mark.parametrize("target", ["grid.ctl.mode", PLAN_SUBJECT, f"grid.cmd.{HOST}", f"grid.host.{OTHER}.heartbeat"])
+async def test_a_host_direct_get_aimed_at_a_stream_subject_is_refused(
+    target: str, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+) -> None:
+    await controller_log.kv_put(LEASE_BUCKET, "controller", b"term-1")
+    host_creds = creds(Role.HOST, host_id=HOST)
+    host = await connect_log(secured_server.url, credentials=host_creds, ensure_streams=False)
+    nc = await raw_client(secured_server, host_creds)
+    try:
+        await host.append(event("host.heartbeat.v1", host_id=HOST))
+        before = await stream_sequences(controller_log)
+        for subject in (f"$JS.API.DIRECT.GET.{HOSTS_STREAM}.{host_subject(HOST, 'heartbeat')}",
+                        f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller"):
+            await reflect(nc, subject, b"", target)
+            await permission_error(nc, subject)
+        await asyncio.sleep(0.2)
+        assert await stream_sequences(controller_log) == before
+        # What the direct gets were for still works, through stream message gets.
+        mine = await host.last_message(host_subject(HOST, "heartbeat"))
+        assert mine is not None and mine.seq == before[HOSTS_STREAM]
+        lease = await host.kv_get(LEASE_BUCKET, "controller")
+        assert lease is not None and lease.value == b"term-1"
+    finally:
+        await nc.close()
+        await host.close()
+
+
+async def test_no_grid_stream_answers_a_direct_get_at_all(controller_log: JetStreamLog) -> None:
+    """Behind the permissions, the grid streams have direct gets off: even the controller's is
+    answered by nobody."""
+    await controller_log.append(event("host.heartbeat.v1", host_id=HOST))
+    with pytest.raises(nats.errors.NoRespondersError):
+        await controller_log.client.request(f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", b'{"seq": 1}', timeout=2)
+    info = await controller_log.client.jetstream().stream_info(HOSTS_STREAM)
+    assert info.config.allow_direct is False
+
+
+async def test_a_reflected_message_get_lands_only_as_an_unsigned_api_envelope(
+    secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+) -> None:
+    """What a host may still aim elsewhere, a stream message get, carries no raw event: its
+    answer is a JSON envelope (the message base64-encoded inside) that decodes as no event and
+    that no signature vouches for. (Any JetStream API answer can be aimed so; see the docstring
+    of grid.identity.permissions.)"""
+    host_creds = creds(Role.HOST, host_id=HOST)
+    host = await connect_log(secured_server.url, credentials=host_creds, ensure_streams=False)
+    nc = await raw_client(secured_server, host_creds)
+    try:
+        appended = await host.append(event("host.heartbeat.v1", host_id=HOST))
+        before = await controller_log.last_sequence(CONTROL_STREAM)
+        await reflect(nc, f"$JS.API.STREAM.MSG.GET.{HOSTS_STREAM}",
+                      json.dumps({"last_by_subj": host_subject(HOST, "heartbeat")}).encode(), "grid.ctl.mode")
+        await asyncio.sleep(0.3)
+        assert nc.permission_errors == []  # type: ignore[attr-defined]
+        assert await controller_log.last_sequence(CONTROL_STREAM) == before + 1
+        landed = await controller_log.client.jetstream().get_msg(CONTROL_STREAM, before + 1)
+    finally:
+        await nc.close()
+        await host.close()
+    envelope = json.loads(landed.data or b"")
+    assert envelope["type"] == "io.nats.jetstream.api.v1.stream_msg_get_response"
+    assert envelope["message"]["seq"] == appended.seq and not landed.headers
+    with pytest.raises(Exception):
+        codec.decode(landed.data or b"")
+    verdict = Identity.from_creds(host_creds).verify(landed.subject or "", landed.data or b"", landed.headers,
+                                                     at=time.time())
+    assert verdict.reason == UNSIGNED
+
+
+@pytest.fixture
+async def artifact(controller_log: JetStreamLog, tmp_path: Path) -> AsyncIterator[tuple[Path, str]]:
+    js = controller_log.client.jetstream()
+    try:
+        await js.delete_object_store(ARTIFACT_BUCKET)
+    except Exception:  # absent already
+        pass
+    await ensure_artifact_bucket(js)
+    data = os.urandom(2 * ARTIFACT_CHUNK_SIZE + 777)
+    path = tmp_path / "blob.gguf"
+    path.write_bytes(data)
+    yield path, hashlib.sha256(data).hexdigest()
+
+
+async def test_the_operator_cannot_reflect_the_artifact_store_but_still_pushes_and_reads(
+    artifact: tuple[Path, str], secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+    tmp_path: Path,
+) -> None:
+    path, sha = artifact
+    operator = await raw_client(secured_server, creds(Role.OPERATOR))
+    host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
+    try:
+        await put_artifact(operator.jetstream(), path, sha)  # gridctl model push
+        stored = await stored_artifact(operator.jetstream(), sha)
+        assert stored is not None and stored.digest_matches and stored.chunks == 3
+        before = await stream_sequences(controller_log)
+        for nc in (operator, host):
+            for subject, body in ((f"$JS.API.DIRECT.GET.{ARTIFACT_STREAM}", b'{"seq": 1}'),
+                                  (f"$JS.API.DIRECT.GET.{ARTIFACT_STREAM}.$O.{ARTIFACT_BUCKET}.M.x", b"")):
+                await reflect(nc, subject, body, "grid.ctl.mode")
+                await permission_error(nc, subject)
+        await asyncio.sleep(0.2)
+        assert await stream_sequences(controller_log) == before
+        # A host still fetches it (a load from the grid): message gets into its cache.
+        cache = ArtifactCache(tmp_path / "artifacts")
+        outcome = await GridArtifactSource(host.jetstream()).fetch(cache, sha, None, model_id="m")
+        assert outcome.ok, outcome
+        assert Path(outcome.path).read_bytes() == path.read_bytes()  # type: ignore[arg-type]
+    finally:
+        await operator.close()
+        await host.close()
+
+
+# ---------------------------------------------------------------- 2. services' reply subjects
+
+class _Engine:
+    """A loopback engine stand-in: answers every POST with one small JSON body."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+
+    async def post(self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> "_Engine":
+        self.posts += 1
+        return self
+
+    status_code = 200
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"11")]
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        yield b'{"ok":true}'
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def agent_responder(secured_server: SecuredNats, creds: CredsFactory,
+                          ) -> AsyncIterator[tuple[InferenceResponder, _Engine]]:
+    """The host agent's inference responder on its own log's connection, as the agent runs it."""
+    host = await connect_log(secured_server.url, credentials=creds(Role.HOST, host_id=HOST), ensure_streams=False)
+    engine = _Engine()
+    assert host.authorship is not None
+    responder = InferenceResponder(host.client, HOST, lambda model: EngineRoute("http://127.0.0.1:1", "k"),
+                                   engine_client=engine, verifier=host.authorship.verifier)  # type: ignore[attr-defined]
+    await responder.start()
+    try:
+        yield responder, engine
+    finally:
+        await responder.stop()
+        await host.close()
+
+
+def _infer_headers() -> dict[str, str]:
+    return {wire.H_PATH: "/v1/chat/completions", wire.H_MODEL: MODEL}
+
+
+@pytest.mark.parametrize("target", ["grid.ctl.mode", PLAN_SUBJECT])
+async def test_an_inference_request_with_a_stream_subject_as_reply_is_answered_by_nothing(
+    target: str, agent_responder: tuple[InferenceResponder, _Engine], secured_server: SecuredNats,
+    creds: CredsFactory, controller_log: JetStreamLog,
+) -> None:
+    responder, engine = agent_responder
+    gateway_creds = creds(Role.GATEWAY)
+    gateway = await raw_client(secured_server, gateway_creds)
+    signer = Identity.from_creds(gateway_creds)
+    subject = infer_request_subject(HOST)
+    body = b'{"messages":[]}'
+    before = await stream_sequences(controller_log)
+    try:
+        # Unsigned, as the probe sent it; then signed by the gateway itself, reply still elsewhere.
+        await gateway.publish(subject, body, reply=target, headers=_infer_headers())
+        await gateway.publish(subject, body, reply=target, headers={**_infer_headers(), **signer.sign(subject, body)})
+        # Signed, under another credential's inbox (the controller's, say).
+        elsewhere = inbox_prefix(jwt.decode(read_creds(creds(Role.CONTROLLER))[0])["sub"]) + ".x"
+        await gateway.publish(subject, body, reply=elsewhere, headers={**_infer_headers(), **signer.sign(subject, body)})
+        await gateway.flush()
+        await asyncio.sleep(SILENCE_SECONDS)
+    finally:
+        await gateway.close()
+    assert responder.refused == {UNSIGNED: 1, REFUSED_REPLY_NOT_INBOX: 2}
+    assert engine.posts == 0 and responder.served == 0
+    assert await stream_sequences(controller_log) == before
+
+
+async def test_a_host_cannot_make_another_host_serve(
+    agent_responder: tuple[InferenceResponder, _Engine], secured_server: SecuredNats, creds: CredsFactory,
+) -> None:
+    """The server refuses a host's request outright; and a host's signature on a request that
+    reached the agent some other way (here: carried by the controller) is not honoured."""
+    responder, engine = agent_responder
+    other_creds = creds(Role.HOST, host_id=OTHER)
+    other = await raw_client(secured_server, other_creds)
+    subject = infer_request_subject(HOST)
+    body = b"{}"
+    try:
+        await other.publish(subject, body, reply=other.new_inbox(), headers=_infer_headers())
+        await other.flush()
+        await permission_error(other, subject)
+    finally:
+        await other.close()
+    controller_creds = creds(Role.CONTROLLER)
+    controller = await raw_client(secured_server, controller_creds)
+    try:
+        signed_by_host = Identity.from_creds(other_creds).sign(subject, body)
+        await controller.publish(subject, body, reply=controller.new_inbox(), headers={**_infer_headers(),
+                                                                                       **signed_by_host})
+        await controller.flush()
+        await asyncio.sleep(SILENCE_SECONDS)
+    finally:
+        await controller.close()
+    assert responder.refused == {NOT_PERMITTED: 1} and engine.posts == 0
+
+
+async def test_the_gateway_still_reaches_the_agent_through_its_own_inbox(
+    agent_responder: tuple[InferenceResponder, _Engine], secured_server: SecuredNats, creds: CredsFactory,
+    controller_log: JetStreamLog,
+) -> None:
+    responder, engine = agent_responder
+    gateway = await connect_log(secured_server.url, credentials=creds(Role.GATEWAY), ensure_streams=False)
+    upstream = NatsUpstream(gateway.client, connect_timeout=5.0, read_timeout=10.0, signer=gateway.authorship)
+    before = await stream_sequences(controller_log)
+    try:
+        response = await upstream.post(InferTarget(HOST, MODEL, "/v1/chat/completions"), b'{"messages":[]}',
+                                       [(b"content-type", b"application/json")])
+        assert response.status_code == 200 and await response.aread() == b'{"ok":true}'
+        await response.aclose()
+    finally:
+        await upstream.aclose()
+        await gateway.close()
+    assert responder.served == 1 and responder.refused == {} and engine.posts == 1
+    assert await stream_sequences(controller_log) == before
+
+
+async def test_an_unsecured_responder_answers_only_under_the_inbox_root() -> None:
+    """Without identities there is no key to check, but a stream subject is still refused."""
+    from grid.identity.replies import check_request
+
+    assert check_request(None, "grid.infer.h.req", b"", None, "_INBOX.abc.1").ok
+    for reply in ("grid.ctl.mode", "grid.plan", "_INBOXX.1", "", None):
+        assert not check_request(None, "grid.infer.h.req", b"", None, reply).ok
+
+
+@pytest.fixture
+async def enrolment(secured_server: SecuredNats, authority: Authority, controller_log: JetStreamLog,
+                    tmp_path: Path) -> AsyncIterator[EnrolmentService]:
+    service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
+                               on_admitted=lambda host: provision_host_consumer(controller_log, host))
+    await service.serve(controller_log.client)
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+async def _invitee(server: SecuredNats, token: JoinToken) -> nats.NATS:
+    pair = nkeys.from_seed(token.invitee_seed.encode())
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        server.url, allow_reconnect=False, error_cb=on_error,
+        user_jwt_cb=lambda: token.invitee_jwt.encode(),
+        signature_cb=lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
+        inbox_prefix=inbox_prefix(jwt.decode(token.invitee_jwt)["sub"]),
+    )
+    nc.permission_errors = errors  # type: ignore[attr-defined]
+    return nc
+
+
+async def test_the_enrolment_service_answers_only_under_the_invitees_inbox(
+    enrolment: EnrolmentService, secured_server: SecuredNats, controller_log: JetStreamLog, tmp_path: Path,
+) -> None:
+    _, token = enrolment.invite(HOST, servers=(secured_server.url,), tls_fingerprint=None)
+    pair = nkeys.from_seed(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    public = pair.public_key.decode()
+    request = JoinRequest(secret=token.secret, public_key=public, nonce="n",
+                          signature=base64.b64encode(pair.sign(join_statement(token.secret, public, "n"))).decode())
+    body = msgspec.json.encode(request)
+    signed = Signer(token.invitee_jwt, token.invitee_seed).sign(ENROL_JOIN_SUBJECT, body)
+    before = await stream_sequences(controller_log)
+    invitee = await _invitee(secured_server, token)
+    try:
+        for reply, headers in ((f"grid.cmd.{HOST}", None), (f"grid.cmd.{HOST}", signed), ("grid.ctl.mode", signed)):
+            await invitee.publish(ENROL_JOIN_SUBJECT, body, reply=reply, headers=headers)
+        await invitee.flush()
+        await asyncio.sleep(SILENCE_SECONDS)
+        assert invitee.permission_errors == []  # type: ignore[attr-defined]
+    finally:
+        await invitee.close()
+    assert enrolment.refused_requests == {UNSIGNED: 1, REFUSED_REPLY_NOT_INBOX: 2}
+    assert await stream_sequences(controller_log) == before
+    # None of those spent the invitation: the invitee still joins, once.
+    joined = await join(token, tmp_path / "host-home")
+    assert isinstance(joined, Enrolment)
+
+
+async def test_join_and_renew_work_and_the_invitee_credential_dies_with_its_join(
+    enrolment: EnrolmentService, secured_server: SecuredNats, controller_log: JetStreamLog, tmp_path: Path,
+) -> None:
+    _, token = enrolment.invite(HOST, servers=(secured_server.url,), tls_fingerprint=None)
+    joined = await join(token, tmp_path / "host-home")
+    assert isinstance(joined, Enrolment)
+    # The invitee is revoked once its join is answered: a second connect is refused.
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            nc = await _invitee(secured_server, token)
+        except Exception as exc:  # noqa: BLE001 - the refusal is the point
+            assert "authorization violation" in str(exc).lower(), exc
+            break
+        await nc.close()
+        assert time.monotonic() < deadline, "the invitee credential still connects after its join"
+        await asyncio.sleep(0.05)
+    assert enrolment.invitees_revoked == 1
+    # The host renews over its own connection; a renewal aimed elsewhere is answered by nothing.
+    creds_path = Path(joined.creds_path)
+    host = await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
+    before = await stream_sequences(controller_log)
+    try:
+        current, seed = read_creds(creds_path)
+        body = b"{}"
+        await host.client.publish(ENROL_RENEW_SUBJECT, body, reply=f"grid.cmd.{HOST}",
+                                  headers=Signer(current, seed).sign(ENROL_RENEW_SUBJECT, body))
+        await host.client.flush()
+        await asyncio.sleep(SILENCE_SECONDS)
+        assert enrolment.refused_requests == {REFUSED_REPLY_NOT_INBOX: 1}
+        expires_at = await renew(host.client, creds_path)
+        assert isinstance(expires_at, float) and expires_at > time.time()
+    finally:
+        await host.close()
+    assert await stream_sequences(controller_log) == before
+
+
+# ---------------------------------------------------------------- 3. consumer re-pointing
+
+@pytest.mark.parametrize("role", [Role.OPERATOR, Role.READER])
+async def test_a_host_command_consumer_cannot_be_re_pointed_and_readers_still_replay_commands(
+    role: Role, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+    authority: Authority,
+) -> None:
+    host_creds = creds(Role.HOST, host_id=HOST)
+    principal = credential_principal(host_creds)
+    assert principal is not None and principal.command_consumer is not None
+    await provision_host_consumer(controller_log, principal)
+    command = event("command.issued.v1", host_id=HOST)
+    await controller_log.append(command)
+    js = controller_log.client.jetstream()
+    reader_creds = creds(role, streams=(COMMANDS_STREAM,) if role is Role.READER else ())
+    nc = await raw_client(secured_server, reader_creds)
+    before = await stream_sequences(controller_log)
+    try:
+        for subject in (f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
+                        f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.{principal.command_consumer}.grid.cmd.nobody"):
+            body = {"stream_name": COMMANDS_STREAM, "config": {
+                "name": principal.command_consumer, "filter_subject": "grid.cmd.nobody", "ack_policy": "explicit",
+                "deliver_policy": "all"}}
+            await reflect(nc, subject, json.dumps(body).encode(), nc.new_inbox())
+            await permission_error(nc, subject)
+    finally:
+        await nc.close()
+    info = await js.consumer_info(COMMANDS_STREAM, principal.command_consumer)
+    assert info.config.filter_subject == command_subject(HOST) and info.num_pending == 1
+
+    # The reader replays and tails commands through the mirror, at once after they were written.
+    reader = await connect_log(secured_server.url, credentials=reader_creds, ensure_streams=False)
+    try:
+        assert reader.views == {COMMANDS_STREAM: COMMANDS_VIEW_STREAM}
+        replayed = [m async for m in reader.replay(COMMANDS_STREAM)]
+        assert [(m.stream, m.seq, m.msg_id) for m in replayed] == [(COMMANDS_STREAM, 1, command.event_id)]
+        live = await reader.subscribe(COMMANDS_STREAM)
+        second = event("command.issued.v1", host_id=HOST)
+        await controller_log.append(second)
+        got = await live.next(timeout=5)
+        assert got is not None and (got.stream, got.seq, got.msg_id) == (COMMANDS_STREAM, 2, second.event_id)
+        await live.close()
+    finally:
+        await reader.close()
+    assert await stream_sequences(controller_log) == {**before, COMMANDS_STREAM: 2}
+
+    # The agent still consumes its own commands through its consumer.
+    host = await connect_log(secured_server.url, credentials=host_creds, ensure_streams=False)
+    try:
+        sub = await host.subscribe(COMMANDS_STREAM, durable=principal.command_consumer,
+                                   subject_filter=command_subject(HOST))
+        for wanted in (command, second):
+            got = await sub.next(timeout=5)
+            assert got is not None and got.msg_id == wanted.event_id
+            await sub.ack(got)
+        await sub.close()
+    finally:
+        await host.close()
+
+
+async def test_the_controller_reads_commands_from_the_stream_itself(controller_log: JetStreamLog) -> None:
+    """Read-your-writes for the one writer of commands: no mirror in between."""
+    assert controller_log.views == {}
+    command = event("command.issued.v1", host_id=HOST)
+    await controller_log.append(command)
+    assert [m.msg_id async for m in controller_log.replay(COMMANDS_STREAM)] == [command.event_id]
+
+
+async def test_the_mirror_follows_a_commands_stream_made_anew(controller_log: JetStreamLog) -> None:
+    """Sequences in the mirror are GRID_CMDS's: when GRID_CMDS is made anew the mirror is too."""
+    js = controller_log.client.jetstream()
+    await controller_log.append(event("command.issued.v1", host_id=HOST))
+    await controller_log.append(event("command.issued.v1", host_id=HOST))
+    for _ in range(100):
+        if (await js.stream_info(COMMANDS_VIEW_STREAM)).state.last_seq == 2:
+            break
+        await asyncio.sleep(0.05)
+    await js.delete_stream(COMMANDS_STREAM)
+    for attempt in range(50):
+        try:
+            await controller_log.ensure_streams()
+            break
+        except Exception:  # the server removes a deleted stream's files asynchronously
+            await asyncio.sleep(0.1)
+    fresh = event("command.issued.v1", host_id=HOST)
+    assert (await controller_log.append(fresh)).seq == 1
+    for _ in range(100):
+        view = await js.stream_info(COMMANDS_VIEW_STREAM)
+        if view.state.last_seq >= 1:
+            break
+        await asyncio.sleep(0.05)
+    assert (view.state.first_seq, view.state.last_seq) == (1, 1)
+    assert (await js.get_msg(COMMANDS_VIEW_STREAM, 1)).headers["Nats-Msg-Id"] == fresh.event_id  # type: ignore[index]
+
+
+def test_no_identity_but_the_controller_may_use_direct_gets_or_create_command_consumers() -> None:
+    from grid.events.log import subject_matches
+    from grid.identity.permissions import Principal, grant_for
+
+    for role in Role:
+        principal = Principal(role, host_id=HOST if role is Role.HOST else None,
+                              command_consumer=f"agent-{HOST}-x" if role is Role.HOST else None,
+                              streams=(COMMANDS_STREAM, HOSTS_STREAM) if role is Role.READER else ())
+        grant = grant_for(principal, "UKEY")
+        for subject in (f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", f"$JS.API.DIRECT.GET.{ARTIFACT_STREAM}",
+                        f"$JS.API.DIRECT.GET.KV_{LEASE_BUCKET}.$KV.{LEASE_BUCKET}.controller",
+                        f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}",
+                        f"$JS.API.CONSUMER.CREATE.{COMMANDS_STREAM}.agent-{HOST}-x.grid.cmd.{HOST}"):
+            allowed = (any(subject_matches(p, subject) for p in grant.pub_allow)
+                       and not any(subject_matches(p, subject) for p in grant.pub_deny))
+            assert allowed == (role is Role.CONTROLLER), (role, subject)
+
