@@ -83,6 +83,8 @@ REFUSED_NOT_A_HOST_CREDENTIAL = "not_a_host_credential"
 REFUSED_CREDENTIAL_EXPIRED = "credential_expired"
 REFUSED_CREDENTIAL_REVOKED = "credential_revoked"
 REFUSED_STALE_PROOF = "stale_proof"
+# The host's side: an answer no controller of the grid provably wrote (it is not trusted).
+REFUSED_UNPROVEN_REPLY = "unproven_reply"
 # Join refusals after which the invitation can never be redeemed: its invitee is revoked.
 SPENT_INVITATION = frozenset({REFUSED_INVITATION_USED, REFUSED_INVITATION_EXPIRED, REFUSED_UNKNOWN_INVITATION})
 PUSH_TIMEOUT_SECONDS = 5.0
@@ -157,8 +159,11 @@ class EnrolmentService:
         ca_pem: str | None = None,
         on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
         push: Callable[[str], Awaitable[None]] | None = None,
+        sign: Callable[[str, bytes], dict[str, str]] | None = None,
     ) -> None:
         self.authority = authority
+        # Signs each answer as the controller (its log's authorship): the host trusts only that.
+        self.sign = sign
         # Checks who signed a request (the grid's own credentials only).
         self.verifier = Verifier(authority.account_public)
         self.invitations = invitations
@@ -312,7 +317,7 @@ class EnrolmentService:
                 except Exception as exc:  # the credential stands; the consumer can be made later
                     log.warning("enrolment.provision_failed", host_id=admitted.host_id, error=str(exc))
             log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
-            await msg.respond(msgspec.json.encode(reply))
+            await self._answer(nc, msg, reply)
             if admitted is not None or reply.refused in SPENT_INVITATION:
                 # After the answer: the server drops the invitee's connection once it is revoked.
                 await nc.flush()
@@ -324,13 +329,18 @@ class EnrolmentService:
             reply = self.handle_renew(msg.data)
             log.info("enrolment.renew", host_id=reply.granted.host_id if reply.granted else None,
                      refused=reply.refused)
-            await msg.respond(msgspec.json.encode(reply))
+            await self._answer(nc, msg, reply)
 
         self._subs = [
             await nc.subscribe(ENROL_JOIN_SUBJECT, queue=QUEUE_GROUP, cb=on_join),
             await nc.subscribe(ENROL_RENEW_SUBJECT, queue=QUEUE_GROUP, cb=on_renew),
         ]
         await nc.flush()
+
+    async def _answer(self, nc: nats.NATS, msg: Any, reply: Reply) -> None:
+        data = msgspec.json.encode(reply)
+        headers = self.sign(msg.reply, data) if self.sign is not None else None
+        await nc.publish(msg.reply, data, headers=headers)
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -355,8 +365,15 @@ def _server_address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 4222
 
 
-def _decode_reply(data: bytes) -> Granted | Refused:
-    reply = msgspec.json.decode(data, type=Reply)
+def _decode_reply(msg: Any, credential_jwt: str) -> Granted | Refused:
+    """The service's answer, if a controller of the grid that issued `credential_jwt` signed it
+    for this very reply subject (the account key is pinned by the credential's issuer)."""
+    account = str(jwt.decode(credential_jwt).get("iss", ""))
+    verdict = Verifier(account).verify(msg.subject, msg.data, msg.headers, at=time.time(), check_permission=False)
+    if not verdict.ok or verdict.role != Role.CONTROLLER.value:
+        log.warning("enrolment.unproven_reply", reason=verdict.reason or f"signed by a {verdict.role}")
+        return Refused(REFUSED_UNPROVEN_REPLY)
+    reply = msgspec.json.decode(msg.data, type=Reply)
     return reply.granted if reply.granted is not None else Refused(reply.refused or REFUSED_MALFORMED)
 
 
@@ -393,7 +410,7 @@ async def join(token: JoinToken | str, directory: Path, *,
         reply = await nc.request(ENROL_JOIN_SUBJECT, body, timeout=timeout, headers=headers)
     finally:
         await nc.close()
-    granted = _decode_reply(reply.data)
+    granted = _decode_reply(reply, token.invitee_jwt)
     if isinstance(granted, Refused):
         return granted
     creds_path = write_creds(directory / "host.creds", granted.jwt, pair.seed)
@@ -420,7 +437,7 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
     # Signed as the host's credential: the service answers only under its inbox.
     headers = Signer(current_jwt, seed).sign(ENROL_RENEW_SUBJECT, body)
     reply = await nc.request(ENROL_RENEW_SUBJECT, body, timeout=timeout, headers=headers)
-    granted = _decode_reply(reply.data)
+    granted = _decode_reply(reply, current_jwt)
     if isinstance(granted, Refused):
         return granted
     write_creds(Path(creds_path), granted.jwt, seed)

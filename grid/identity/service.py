@@ -47,6 +47,9 @@ class ControllerIdentity:
         """Provision every admitted host's consumer, then serve enrolment on `nc` (the
         controller's own NATS connection)."""
         self._log = event_log
+        authorship = getattr(event_log, "authorship", None)
+        if authorship is not None:
+            self.enrolment.sign = authorship.sign
         self.authority.reload()
         for host_id in sorted(self.authority.registry.hosts):
             if self.authority.host_revoked(host_id):

@@ -76,7 +76,8 @@ async def test_the_agent_renews_its_credential_before_it_expires(
     host_creds = creds(Role.HOST, host_id=host_id, ttl=60.0, now=time.time() - 50.0)
     old_exp = jwt.decode(read_creds(host_creds)[0])["exp"]
     await provision_host_consumer(controller_log, authority.host_principal(host_id))
-    service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"))
+    service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
+                               sign=controller_log.authorship.sign)  # type: ignore[union-attr]
     await service.serve(controller_log.client)
     agent_log = await connect_log(secured_server.url, credentials=host_creds, name="grid-agent",
                                   ensure_streams=False)

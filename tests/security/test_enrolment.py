@@ -20,6 +20,7 @@ from grid.identity.creds import connect_options, read_creds
 from grid.identity.enrolment import (
     REFUSED_BAD_PROOF,
     REFUSED_HOST_REVOKED,
+    REFUSED_UNPROVEN_REPLY,
     Enrolment,
     EnrolmentService,
     Refused,
@@ -36,7 +37,7 @@ from grid.identity.invitations import (
 )
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
-from grid.identity.signing import Signer
+from grid.identity.signing import Identity, Signer
 from grid.identity.connect import connect_log
 from tests.security.conftest import CredsFactory, SecuredNats, event, stream_sequences
 
@@ -59,6 +60,7 @@ async def enrolment(
     service = EnrolmentService(
         authority, InvitationStore(tmp_path / "invitations.json"), clock=clock,
         on_admitted=lambda host: provision_host_consumer(controller_log, host),
+        sign=controller_log.authorship.sign,  # type: ignore[union-attr]
     )
     await service.serve(controller_log.client)
     try:
@@ -283,3 +285,23 @@ async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
     with pytest.raises(LogError, match="(?i)(authorization violation|revoked)"):
         await connect_log(secured_server.url, credentials=creds_path, ensure_streams=False)
     assert await controller_log.last_sequence(HOSTS_STREAM) == 1
+
+
+async def test_a_join_answer_no_controller_signed_is_not_trusted(
+    secured_server: SecuredNats, authority: Authority, controller_log: JetStreamLog, tmp_path: Path,
+    creds: CredsFactory,
+) -> None:
+    """The joining host keeps nothing from an answer its grid's controller did not sign for its
+    own inbox: an unsigned answer, or one signed by a host of the grid."""
+    host = Identity.from_creds(creds(Role.HOST, host_id="impostor"))
+    for sign in (None, host.sign):
+        service = EnrolmentService(authority, InvitationStore(tmp_path / f"inv-{sign is None}.json"), sign=sign,
+                                   on_admitted=lambda h: provision_host_consumer(controller_log, h))
+        await service.serve(controller_log.client)
+        try:
+            _, token = service.invite("node-unproven", servers=(secured_server.url,), tls_fingerprint=None)
+            outcome = await join(token.encode(), tmp_path / f"join-{sign is None}")
+        finally:
+            await service.stop()
+        assert outcome == Refused(REFUSED_UNPROVEN_REPLY)
+        assert not (tmp_path / f"join-{sign is None}" / "host.creds").exists()

@@ -638,7 +638,8 @@ async def test_an_unsecured_responder_answers_only_under_the_inbox_root() -> Non
 async def enrolment(secured_server: SecuredNats, authority: Authority, controller_log: JetStreamLog,
                     tmp_path: Path) -> AsyncIterator[EnrolmentService]:
     service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
-                               on_admitted=lambda host: provision_host_consumer(controller_log, host))
+                               on_admitted=lambda host: provision_host_consumer(controller_log, host),
+                               sign=controller_log.authorship.sign)  # type: ignore[union-attr]
     await service.serve(controller_log.client)
     try:
         yield service

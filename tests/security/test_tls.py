@@ -58,7 +58,8 @@ async def service(authority: Authority, tls_controller: JetStreamLog, tls_materi
                   tmp_path: Path) -> AsyncIterator[EnrolmentService]:
     service = EnrolmentService(authority, InvitationStore(tmp_path / "invitations.json"),
                                ca_pem=tls_material.ca_cert.read_text(),
-                               on_admitted=lambda host: provision_host_consumer(tls_controller, host))
+                               on_admitted=lambda host: provision_host_consumer(tls_controller, host),
+                               sign=tls_controller.authorship.sign)
     await service.serve(tls_controller.client)
     try:
         yield service
