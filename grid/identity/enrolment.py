@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 import nats
+import nats.errors
 import nkeys
 import structlog
 from nats_jwt.nkeys_ext import create_user_pair, keypair_from_pubkey
@@ -85,6 +86,9 @@ REFUSED_CREDENTIAL_REVOKED = "credential_revoked"
 REFUSED_STALE_PROOF = "stale_proof"
 # The host's side: an answer no controller of the grid provably wrote (it is not trusted).
 REFUSED_UNPROVEN_REPLY = "unproven_reply"
+# The server refused the token's own credential: it was used (one machine per invitation),
+# expired, or revoked.
+REFUSED_INVITEE_REFUSED = "invitation_used_expired_or_revoked"
 # Join refusals after which the invitation can never be redeemed: its invitee is revoked.
 SPENT_INVITATION = frozenset({REFUSED_INVITATION_USED, REFUSED_INVITATION_EXPIRED, REFUSED_UNKNOWN_INVITATION})
 PUSH_TIMEOUT_SECONDS = 5.0
@@ -404,8 +408,14 @@ async def join(token: JoinToken | str, directory: Path, *,
     }
     if token.tls_fingerprint is not None:
         options["tls"] = pinned_tls_context(*_server_address(token.servers[0]), token.tls_fingerprint)
-    nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
-                            max_reconnect_attempts=0, connect_timeout=timeout, **options)
+    try:
+        nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
+                                max_reconnect_attempts=0, connect_timeout=timeout, **options)
+    except nats.errors.Error as exc:
+        if "authorization violation" in str(exc).lower():
+            # The invitee credential dies with its join (and with its invitation's end).
+            return Refused(REFUSED_INVITEE_REFUSED)
+        raise
     try:
         reply = await nc.request(ENROL_JOIN_SUBJECT, body, timeout=timeout, headers=headers)
     finally:
