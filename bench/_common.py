@@ -51,6 +51,45 @@ def embedded_server() -> Iterator[EmbeddedNats]:
             server.stop()
 
 
+@dataclass
+class SecuredGrid:
+    """A nats-server in operator mode and a creds file per role, for benches of the secured path."""
+
+    url: str
+    authority: Any
+    creds: dict[Any, Path]
+    directory: Path
+
+
+@contextlib.asynccontextmanager
+async def secured_grid(prefix: str, host_id: str) -> AsyncIterator[SecuredGrid]:
+    """The real configuration with identities (file store, sync_interval always, user JWTs): the
+    controller has made the streams, and the controller, host `host_id` and operator each hold a
+    credential (they sign what they append, and their readers verify)."""
+    from grid.identity.authority import Authority
+    from grid.identity.connect import connect_log
+    from grid.identity.permissions import Principal, Role
+    from grid.identity.server import SecuredEmbeddedNats
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        directory = Path(d)
+        authority = Authority(directory / "identity")
+        now = time.time()
+        creds = {
+            role: authority.issue_creds(Principal(role, host_id=host_id if role is Role.HOST else None),
+                                        directory / f"{role.value}.creds", now=now, ttl_seconds=3600.0)
+            for role in (Role.CONTROLLER, Role.HOST, Role.OPERATOR)
+        }
+        server = SecuredEmbeddedNats(directory / "nats", authority)
+        server.start()
+        try:
+            # The controller creates the streams; the host and the operator may not.
+            await (await connect_log(server.url, credentials=creds[Role.CONTROLLER])).close()
+            yield SecuredGrid(server.url, authority, creds, directory)
+        finally:
+            server.stop()
+
+
 class Timer:
     def __enter__(self) -> "Timer":
         self.start = time.perf_counter()

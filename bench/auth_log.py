@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
-import time
 from pathlib import Path
 
 import msgspec
 import nats
 
-from bench._common import Timer, embedded_server, heartbeat
+from bench._common import Timer, embedded_server, heartbeat, secured_grid
 from bench.log_ingest import windowed
 from bench.log_replay import raw_ordered
 from grid.events import codec
 from grid.events.host import HostHeartbeat
 from grid.events.subjects import HOSTS_STREAM, subject_for
-from grid.identity.authority import Authority
 from grid.identity.creds import connect_options
-from grid.identity.permissions import Principal, Role
-from grid.identity.server import SecuredEmbeddedNats
+from grid.identity.permissions import Role
 from grid.identity.connect import connect_log
 
 HOST = "bench-host"
@@ -74,8 +70,11 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
     js = controller.client.jetstream()
     await js.purge_stream(HOSTS_STREAM)  # only the replay window's heartbeats, not the appends'
     for start in range(0, events, 256):
-        chunk = [heartbeat(i, hosts) for i in range(start, min(events, start + 256))]
-        await asyncio.gather(*(js.publish(subject_for(e), codec.encode(e)) for e in chunk))
+        # Signed as the controller (it may write every host's subjects), so the fold verifies
+        # and keeps them. Fresh event ids: the duplicate window outlives the purge.
+        chunk = [msgspec.structs.replace(heartbeat(i, hosts), event_id=f"replay-{i}")
+                 for i in range(start, min(events, start + 256))]
+        await asyncio.gather(*(controller.append(e) for e in chunk))
     total = (await js.stream_info(HOSTS_STREAM)).state.messages
     await controller.close()
     operator = await connect_log(url, name="bench-operator", credentials=creds, ensure_streams=False)
@@ -95,29 +94,16 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
 
 
 async def main(events: int, window: int, rounds: int, replay_events: int, hosts: int) -> None:
-    with tempfile.TemporaryDirectory(prefix="grid-bench-auth-") as d:
-        authority = Authority(Path(d) / "identity")
-        now = time.time()
-        creds = {
-            role: authority.issue_creds(Principal(role, host_id=HOST if role is Role.HOST else None),
-                                        Path(d) / f"{role.value}.creds", now=now, ttl_seconds=3600.0)
-            for role in (Role.CONTROLLER, Role.HOST, Role.OPERATOR)
-        }
-        server = SecuredEmbeddedNats(Path(d) / "nats", authority)
-        server.start()
-        try:
-            # The controller creates the streams; the host and the operator may not.
-            await (await connect_log(server.url, credentials=creds[Role.CONTROLLER])).close()
-            ours, raw = await appends(server.url, creds[Role.HOST], events, window, rounds)
-            print(f"authenticated appends/s  JetStreamLog={ours:,.0f}  raw nats-py={raw:,.0f}  "
-                  f"ratio={ours / raw:.2f} (goal >= 0.8; host credential, window={window}, "
-                  f"{events} events x {rounds} rounds)")
-            fold, raw_replay, total = await replays(server.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
-                                                    replay_events, hosts, rounds)
-            print(f"authenticated replay events/s  fleet projection={fold:,.0f}  raw ordered={raw_replay:,.0f}  "
-                  f"ratio={fold / raw_replay:.2f} (goal >= 0.7; operator credential, {total} heartbeats)")
-        finally:
-            server.stop()
+    async with secured_grid("grid-bench-auth-", HOST) as grid:
+        creds = grid.creds
+        ours, raw = await appends(grid.url, creds[Role.HOST], events, window, rounds)
+        print(f"authenticated appends/s  JetStreamLog={ours:,.0f}  raw nats-py={raw:,.0f}  "
+              f"ratio={ours / raw:.2f} (goal >= 0.8; host credential, window={window}, "
+              f"{events} events x {rounds} rounds)")
+        fold, raw_replay, total = await replays(grid.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
+                                                replay_events, hosts, rounds)
+        print(f"authenticated replay events/s  fleet projection={fold:,.0f}  raw ordered={raw_replay:,.0f}  "
+              f"ratio={fold / raw_replay:.2f} (goal >= 0.7; operator credential, {total} heartbeats)")
     with embedded_server() as plain:
         await (await connect_log(plain.url)).close()
         _, raw_plain = await appends(plain.url, None, events, window, rounds)

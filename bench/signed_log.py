@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
 from pathlib import Path
 
 import msgspec
 
-from bench._common import Timer, heartbeat
+from bench._common import Timer, heartbeat, secured_grid
 from bench.log_ingest import windowed
 from grid.events import codec
 from grid.events.host import HostHeartbeat
@@ -32,7 +31,6 @@ from grid.events.subjects import HOSTS_STREAM, subject_for
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Principal, Role
-from grid.identity.server import SecuredEmbeddedNats
 from grid.identity.signing import Identity, Verifier
 
 HOST = "bench-host"
@@ -127,28 +125,15 @@ def verification_cost(authority: Authority, folder: Path, hosts: int) -> tuple[f
 
 
 async def main(events: int, window: int, rounds: int, replay_events: int, hosts: int, verify_hosts: int) -> None:
-    with tempfile.TemporaryDirectory(prefix="grid-bench-signed-") as d:
-        authority = Authority(Path(d) / "identity")
-        now = time.time()
-        creds = {
-            role: authority.issue_creds(Principal(role, host_id=HOST if role is Role.HOST else None),
-                                        Path(d) / f"{role.value}.creds", now=now, ttl_seconds=3600.0)
-            for role in (Role.CONTROLLER, Role.HOST, Role.OPERATOR)
-        }
-        server = SecuredEmbeddedNats(Path(d) / "nats", authority)
-        server.start()
-        try:
-            await (await connect_log(server.url, credentials=creds[Role.CONTROLLER])).close()
-            signed, unsigned = await appends(server.url, creds[Role.HOST], events, window, rounds)
-            print(f"appends/s  signed={signed:,.0f}  unsigned={unsigned:,.0f}  ratio={signed / unsigned:.2f} "
-                  f"(goal >= 0.8; host credential, window={window}, {events} events x {rounds} rounds)")
-            fold_signed, fold_unsigned, total = await replays(server.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
-                                                              replay_events, hosts, rounds)
-            print(f"replay events/s  signed+verified={fold_signed:,.0f}  unsigned={fold_unsigned:,.0f}  "
-                  f"ratio={fold_signed / fold_unsigned:.2f} (goal >= 0.7; fleet+actions projections, {total} heartbeats)")
-        finally:
-            server.stop()
-        steady_us, first_us, header_bytes = verification_cost(authority, Path(d), verify_hosts)
+    async with secured_grid("grid-bench-signed-", HOST) as grid:
+        signed, unsigned = await appends(grid.url, grid.creds[Role.HOST], events, window, rounds)
+        print(f"appends/s  signed={signed:,.0f}  unsigned={unsigned:,.0f}  ratio={signed / unsigned:.2f} "
+              f"(goal >= 0.8; host credential, window={window}, {events} events x {rounds} rounds)")
+        fold_signed, fold_unsigned, total = await replays(grid.url, grid.creds[Role.OPERATOR],
+                                                          grid.creds[Role.CONTROLLER], replay_events, hosts, rounds)
+        print(f"replay events/s  signed+verified={fold_signed:,.0f}  unsigned={fold_unsigned:,.0f}  "
+              f"ratio={fold_signed / fold_unsigned:.2f} (goal >= 0.7; fleet+actions projections, {total} heartbeats)")
+        steady_us, first_us, header_bytes = verification_cost(grid.authority, grid.directory, verify_hosts)
     per_second = 10_000 / HEARTBEAT_SECONDS
     print(f"heartbeat verification  {steady_us:.1f} µs each (signer known), {first_us:.1f} µs the first time a "
           f"signer is seen ({verify_hosts} host credentials); 10,000 hosts every {HEARTBEAT_SECONDS:.0f} s = "

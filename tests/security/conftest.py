@@ -6,21 +6,25 @@ leak into another. Credentials are issued per test through the `creds` factory.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import msgspec
 import nats
+import nkeys
 import pytest
 
 from grid.events import codec
 from grid.events.base import Event, new_event_id
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS
+from grid.identity import jwt
 from grid.identity.authority import Authority
 from grid.identity.creds import connect_options
-from grid.identity.permissions import Principal, Role
+from grid.identity.invitations import JoinToken
+from grid.identity.permissions import Principal, Role, inbox_prefix
 from grid.identity.server import SecuredEmbeddedNats
 from grid.identity.connect import connect_log
 from tests.conftest import reset_streams
@@ -95,6 +99,25 @@ async def raw_client(server: SecuredNats, credentials: Path | None, **kwargs: ob
 
     nc = await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
                             error_cb=on_error, **connect_options(credentials, None), **kwargs)
+    nc.permission_errors = errors  # type: ignore[attr-defined]
+    return nc
+
+
+async def invitee_client(server: SecuredNats, token: JoinToken) -> nats.NATS:
+    """A plain client holding a join token's invitee credential (what a joining machine, or
+    someone who copied the token, connects with)."""
+    pair = nkeys.from_seed(token.invitee_seed.encode())
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(
+        server.url, allow_reconnect=False, error_cb=on_error,
+        user_jwt_cb=lambda: token.invitee_jwt.encode(),
+        signature_cb=lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
+        inbox_prefix=inbox_prefix(jwt.decode(token.invitee_jwt)["sub"]),
+    )
     nc.permission_errors = errors  # type: ignore[attr-defined]
     return nc
 

@@ -8,7 +8,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import msgspec
 
 from grid.agent.fencing import REASON_NOT_LEASE_HOLDER
 from grid.agent.sensors import FixedSensors

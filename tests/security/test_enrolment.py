@@ -39,7 +39,7 @@ from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
 from grid.identity.signing import Identity, Signer
 from grid.identity.connect import connect_log
-from tests.security.conftest import CredsFactory, SecuredNats, event, stream_sequences
+from tests.security.conftest import CredsFactory, SecuredNats, event, invitee_client, stream_sequences
 
 HOST = "edge-7"
 
@@ -140,7 +140,7 @@ async def refused_at_connect(server: SecuredNats, token: JoinToken, *, within: f
     deadline = time.monotonic() + within
     while True:
         try:
-            nc = await _invitee_client(server, token)
+            nc = await invitee_client(server, token)
         except Exception as exc:  # noqa: BLE001 - the refusal is what we wait for
             assert "authorization violation" in str(exc).lower(), exc
             return
@@ -179,7 +179,7 @@ async def test_a_join_without_proof_of_the_key_is_refused(
     # Asks for a JWT for somebody else's public key, signing with nothing of theirs.
     request = JoinRequest(secret=token.secret, public_key=victim_public, nonce="n",
                           signature="AAAA" + "A" * 84)
-    invitee = await _invitee_client(secured_server, token)
+    invitee = await invitee_client(secured_server, token)
     body = msgspec.json.encode(request)
     try:
         reply = await invitee.request(ENROL_JOIN_SUBJECT, body, timeout=5,
@@ -190,34 +190,13 @@ async def test_a_join_without_proof_of_the_key_is_refused(
     assert join_statement(token.secret, victim_public, "n")  # the statement it would have had to sign
 
 
-async def _invitee_client(server: SecuredNats, token: JoinToken) -> nats.NATS:
-    import base64
-
-    import nkeys
-
-    pair = nkeys.from_seed(token.invitee_seed.encode())
-    errors: list[Exception] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(exc)
-
-    nc = await nats.connect(
-        server.url, allow_reconnect=False, error_cb=on_error,
-        user_jwt_cb=lambda: token.invitee_jwt.encode(),
-        signature_cb=lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
-        inbox_prefix=f"_INBOX.{jwt.decode(token.invitee_jwt)['sub']}",
-    )
-    nc.permission_errors = errors  # type: ignore[attr-defined]
-    return nc
-
-
 async def test_the_invitee_credential_can_only_ask_to_join(
     enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, controller_log: JetStreamLog
 ) -> None:
     service, _ = enrolment
     token = _token(service, secured_server)
     before = await stream_sequences(controller_log)
-    invitee = await _invitee_client(secured_server, token)
+    invitee = await invitee_client(secured_server, token)
     try:
         await invitee.publish("grid.host.edge-7.heartbeat", b"{}")
         await invitee.publish("grid.cmd.edge-7", b"{}")

@@ -69,7 +69,7 @@ from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.creds import credential_principal, read_creds
 from grid.identity.enrolment import Enrolment, EnrolmentService, JoinRequest, join, join_statement, renew
-from grid.identity.invitations import InvitationStore, JoinToken
+from grid.identity.invitations import InvitationStore
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Role, inbox_prefix
 from grid.identity.provision import provision_host_consumer
 from grid.identity.replies import REFUSED_REPLY_NOT_INBOX
@@ -82,7 +82,14 @@ from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.placement import warm_ack
-from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
+from tests.security.conftest import (
+    CredsFactory,
+    SecuredNats,
+    event,
+    invitee_client,
+    raw_client,
+    stream_sequences,
+)
 
 EVIL = "evil-host"
 VICTIM = "victim-host"
@@ -647,23 +654,6 @@ async def enrolment(secured_server: SecuredNats, authority: Authority, controlle
         await service.stop()
 
 
-async def _invitee(server: SecuredNats, token: JoinToken) -> nats.NATS:
-    pair = nkeys.from_seed(token.invitee_seed.encode())
-    errors: list[Exception] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(exc)
-
-    nc = await nats.connect(
-        server.url, allow_reconnect=False, error_cb=on_error,
-        user_jwt_cb=lambda: token.invitee_jwt.encode(),
-        signature_cb=lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
-        inbox_prefix=inbox_prefix(jwt.decode(token.invitee_jwt)["sub"]),
-    )
-    nc.permission_errors = errors  # type: ignore[attr-defined]
-    return nc
-
-
 async def test_the_enrolment_service_answers_only_under_the_invitees_inbox(
     enrolment: EnrolmentService, secured_server: SecuredNats, controller_log: JetStreamLog, tmp_path: Path,
 ) -> None:
@@ -675,7 +665,7 @@ async def test_the_enrolment_service_answers_only_under_the_invitees_inbox(
     body = msgspec.json.encode(request)
     signed = Signer(token.invitee_jwt, token.invitee_seed).sign(ENROL_JOIN_SUBJECT, body)
     before = await stream_sequences(controller_log)
-    invitee = await _invitee(secured_server, token)
+    invitee = await invitee_client(secured_server, token)
     try:
         for reply, headers in ((f"grid.cmd.{HOST}", None), (f"grid.cmd.{HOST}", signed), ("grid.ctl.mode", signed)):
             await invitee.publish(ENROL_JOIN_SUBJECT, body, reply=reply, headers=headers)
@@ -701,7 +691,7 @@ async def test_join_and_renew_work_and_the_invitee_credential_dies_with_its_join
     deadline = time.monotonic() + 5.0
     while True:
         try:
-            nc = await _invitee(secured_server, token)
+            nc = await invitee_client(secured_server, token)
         except Exception as exc:  # noqa: BLE001 - the refusal is the point
             assert "authorization violation" in str(exc).lower(), exc
             break
