@@ -412,7 +412,7 @@ async def join(token: JoinToken | str, directory: Path, *,
         nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
                                 max_reconnect_attempts=0, connect_timeout=timeout, **options)
     except nats.errors.Error as exc:
-        if "authorization violation" in str(exc).lower():
+        if any(word in str(exc).lower() for word in ("authorization violation", "expired")):
             # The invitee credential dies with its join (and with its invitation's end).
             return Refused(REFUSED_INVITEE_REFUSED)
         raise
