@@ -10,8 +10,9 @@ from typing import Optional
 
 import typer
 
-from grid.cli.common import JsonOption, config, console, fail, print_json, resolve_nats_url
+from grid.cli.common import JsonOption, check_nats_url, config, console, fail, print_json, resolve_nats_url
 from grid.identity.admin import IdentityAdminError, invite
+from grid.identity.invitations import split_servers
 from grid.identity.local import TLS_DIR, authority_dir
 from grid.identity.tls import TLSMaterial
 from grid.secrets import SecretFileError, read_secret, write_owner_only
@@ -49,7 +50,8 @@ def invite_command(
         fail(f"the operator token is needed to invite a machine: {exc}")
     ttl_seconds = parse_duration(ttl)
     tag_list = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
-    servers = (server or resolve_nats_url(nats, cfg),)
+    # A cluster's comma-separated list is its separate servers in the token (one each).
+    servers = split_servers(check_nats_url(server) if server else resolve_nats_url(nats, cfg))
     chosen = host_id or f"host-{uuid.uuid4().hex[:12]}"
     # With TLS (`gridctl nats init --tls-name`) the token pins the server certificate.
     tls = TLSMaterial(authority_dir(cfg.home) / TLS_DIR)

@@ -327,12 +327,13 @@ def _join(token: str, paths: AgentPaths) -> Joined:
     try:
         outcome = asyncio.run(enrol(parsed, paths.root / IDENTITY_DIR))
     except Exception as exc:  # unreachable server, TLS pin mismatch, timeout: nothing was written
-        _fail(f"could not join through {parsed.servers[0]}: {type(exc).__name__}: {exc}")
+        _fail(f"could not join through {', '.join(parsed.servers)}: {type(exc).__name__}: {exc}")
         raise AssertionError from exc
     if isinstance(outcome, Refused):
         _fail(f"the grid refused to join: {outcome.reason}")
         raise AssertionError
-    joined = Joined(host_id=outcome.host_id, server=parsed.servers[0], creds_path=outcome.creds_path,
+    # Every server of the token, comma-separated: `node start` fails over between them.
+    joined = Joined(host_id=outcome.host_id, server=",".join(parsed.servers), creds_path=outcome.creds_path,
                     ca_path=outcome.ca_path, failure_domain=outcome.failure_domain, tags=outcome.tags,
                     dedicated=outcome.dedicated)
     write_owner_only(paths.root / IDENTITY_DIR / ENROLMENT_FILE, msgspec.json.encode(joined))

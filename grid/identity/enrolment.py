@@ -369,6 +369,18 @@ def _server_address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 4222
 
 
+def _pinned_context(servers: tuple[str, ...], fingerprint: str) -> Any:
+    """The pinned TLS context from the first listed server that answers (a cluster's servers
+    share one certificate): one server of the list down does not stop the join."""
+    failures: list[str] = []
+    for server in servers:
+        try:
+            return pinned_tls_context(*_server_address(server), fingerprint)
+        except OSError as exc:
+            failures.append(f"{server}: {type(exc).__name__}: {exc}")
+    raise ConnectionError("no server of the token answered: " + "; ".join(failures))
+
+
 def _decode_reply(msg: Any, credential_jwt: str) -> Granted | Refused:
     """The service's answer, if a controller of the grid that issued `credential_jwt` signed it
     for this very reply subject (the account key is pinned by the credential's issuer)."""
@@ -407,7 +419,7 @@ async def join(token: JoinToken | str, directory: Path, *,
         "inbox_prefix": inbox_prefix(jwt.decode(token.invitee_jwt)["sub"]),
     }
     if token.tls_fingerprint is not None:
-        options["tls"] = pinned_tls_context(*_server_address(token.servers[0]), token.tls_fingerprint)
+        options["tls"] = _pinned_context(token.servers, token.tls_fingerprint)
     try:
         nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
                                 max_reconnect_attempts=0, connect_timeout=timeout, **options)

@@ -46,6 +46,13 @@ class Invitation(msgspec.Struct, frozen=True):
     used_at: float | None = None
 
 
+def split_servers(servers: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """One server URL per entry: a cluster's comma-separated list (`nats://a:4222,tls://b:4222`,
+    as --nats / GRID_NATS_URL / nats.url give it) becomes its separate servers."""
+    items = (servers,) if isinstance(servers, str) else tuple(servers)
+    return tuple(part.strip() for item in items for part in item.split(",") if part.strip())
+
+
 class JoinToken(msgspec.Struct, frozen=True):
     """Everything a new machine needs: where to connect, the one-time secret, the server's TLS
     fingerprint (None on a plain loopback listener), and the invitee credential (a user JWT
@@ -56,6 +63,13 @@ class JoinToken(msgspec.Struct, frozen=True):
     tls_fingerprint: str | None
     invitee_jwt: str
     invitee_seed: str
+
+    def __post_init__(self) -> None:
+        # A comma-separated list never reaches a token as one server (nats-py would read
+        # `4222,tls:` as a port); a token made before this rule is read the same way.
+        split = split_servers(self.servers)
+        if split != self.servers:
+            msgspec.structs.force_setattr(self, "servers", split)
 
     def encode(self) -> str:
         return TOKEN_PREFIX + base64.urlsafe_b64encode(msgspec.json.encode(self)).rstrip(b"=").decode()

@@ -284,3 +284,51 @@ async def test_a_join_answer_no_controller_signed_is_not_trusted(
             await service.stop()
         assert outcome == Refused(REFUSED_UNPROVEN_REPLY)
         assert not (tmp_path / f"join-{sign is None}" / "host.creds").exists()
+
+
+async def test_gridctl_invite_with_a_server_list_makes_a_token_node_join_redeems_with_the_first_down(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, operator_home: Path,
+    authority: Authority, tmp_path: Path,
+) -> None:
+    """Real gridctl processes: `invite --nats a,b` gives one server each in the token, and
+    `node join` gets in through the second while the first is down."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from grid.identity.service import invitation_store
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"nats://127.0.0.1:{sock.getsockname()[1]}"
+    token_file = operator_home / "operator.token"
+    if not token_file.exists():
+        token_file.write_text("operator-token-for-the-test\n")
+        token_file.chmod(0o600)
+    env = {**os.environ, "GRID_HOME": str(operator_home)}
+    env.pop("GRID_AGENT_STATE_DIR", None)
+
+    async def gridctl(environ: dict[str, str], *args: str) -> tuple[int, str, str]:
+        # As a child process, with this loop free to run the enrolment service meanwhile.
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "grid.cli.main", *args, env=environ,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    code, out, err = await gridctl(env, "invite", "--host-id", "listed-1", "--nats", f"{down},{secured_server.url}",
+                                   "--json")
+    assert code == 0, err
+    token = JoinToken.decode(json.loads(out)["token"])
+    assert token.servers == (down, secured_server.url)
+
+    # The grid's own invitation store (where `gridctl invite` wrote it) is what the service redeems.
+    service, _ = enrolment
+    service.invitations = invitation_store(authority)
+    node_env = {**env, "GRID_HOME": str(tmp_path / "node-home")}
+    code, out, err = await gridctl(node_env, "node", "join", token.encode(), "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["host_id"] == "listed-1"
+    assert answer["server"] == f"{down},{secured_server.url}"

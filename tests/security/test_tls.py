@@ -114,3 +114,22 @@ async def test_clients_without_the_ca_or_without_tls_cannot_connect(
     plain = f"nats://127.0.0.1:{tls_server.port}"
     with pytest.raises(LogError):
         await connect_log(plain, credentials=host_creds, ensure_streams=False)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_a_join_over_tls_with_the_first_listed_server_down_pins_the_next(
+    tls_server: SecuredNats, service: EnrolmentService, tls_material: TLSMaterial, tmp_path: Path,
+) -> None:
+    # A cluster's list as --nats gives it (one comma-separated string): the token holds each server.
+    listed = f"tls://127.0.0.1:{_closed_port()},{tls_server.url}"
+    _, token = service.invite(HOST, servers=(listed,), tls_fingerprint=tls_material.server_fingerprint())
+    assert len(token.servers) == 2 and token.servers[1] == tls_server.url
+    joined = await join(token.encode(), tmp_path / "host-home")
+    assert isinstance(joined, Enrolment), joined
