@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,8 +19,24 @@ from grid.events.log import LogError
 from grid.logs import LOG_FORMATS
 
 T = TypeVar("T")
-console = Console()
-err_console = Console(stderr=True)
+
+# Width when the output is not a terminal (piped, redirected) and COLUMNS does not say: wide
+# enough that tables print every value whole, each row on one line, rather than cut to the
+# 80 columns rich assumes (`gridctl status | grep host-…` finds the host's whole row).
+UNBOUNDED_WIDTH = 100_000
+
+
+def _width(stream: Any) -> int | None:
+    if os.environ.get("COLUMNS"):
+        return None  # rich reads COLUMNS itself
+    try:
+        return None if stream.isatty() else UNBOUNDED_WIDTH
+    except (AttributeError, ValueError):
+        return UNBOUNDED_WIDTH
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 NatsOption = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid (default: the local `gridctl up`).")
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON.")
