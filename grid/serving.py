@@ -14,6 +14,8 @@ from typing import Any
 
 import uvicorn
 
+from grid.http_limits import ListenerLimits, uvicorn_options
+
 
 @dataclass
 class RunningServer:
@@ -33,10 +35,12 @@ class RunningServer:
             await asyncio.wait_for(self.task, timeout)
 
 
-async def serve(app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "grid-http") -> RunningServer:
-    """Start `app` on host:port in this loop; raise the startup error if it cannot listen."""
+async def serve(app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "grid-http",
+                limits: ListenerLimits | None = None) -> RunningServer:
+    """Start `app` on host:port in this loop; raise the startup error if it cannot listen.
+    `limits`: connection limits (grid.http_limits; default from the environment)."""
     config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning", access_log=False,
-                            log_config=None, server_header=False, proxy_headers=False)
+                            log_config=None, server_header=False, proxy_headers=False, **uvicorn_options(limits))
     server = uvicorn.Server(config)
     # uvicorn installs signal handlers only when it owns the loop; this server is a guest.
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from grid.agent.protection import ProtectionStatus
 from grid.agent.state import AgentState
 from grid.events.host import HOST_STATES, RESIDENCY_STATES
+from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.metrics import AgentMetrics, GaugeSource, Sample, counts, metrics_route, rejected_events
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
@@ -67,8 +68,9 @@ class _Server(uvicorn.Server):
 
 
 class AgentHttp:
-    def __init__(self, metrics: AgentMetrics, state_dir: Path) -> None:
+    def __init__(self, metrics: AgentMetrics, state_dir: Path, limits: ListenerLimits | None = None) -> None:
         self.metrics = metrics
+        self.limits = limits  # connection limits (grid.http_limits); None: from the environment
         self.url_file = Path(state_dir) / METRICS_URL_FILE
         self.url: str | None = None
         self._server: _Server | None = None
@@ -93,7 +95,8 @@ class AgentHttp:
             sock.close()
             raise
         config = uvicorn.Config(self.app(), lifespan="off", log_level="warning",
-                                access_log=False, log_config=None, server_header=False, date_header=False)
+                                access_log=False, log_config=None, server_header=False, date_header=False,
+                                **uvicorn_options(self.limits))
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-http")
         while not self._server.started:

@@ -74,6 +74,7 @@ from grid.controller.openapi import (
 from grid.controller.reconcile import ReconcileResult
 from grid.controller.status import ControllerView, TickReport, build_status
 from grid.events.base import Event, new_event_id
+from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.events.control import (
     MODES,
     ModelProfile,
@@ -394,8 +395,9 @@ class AdminServer:
     """The admin API served by uvicorn in the running event loop (no second thread or process)."""
 
     def __init__(self, controller: AdminTarget, *, trusted_proxies: tuple[str, ...] = (),
-                 **app_options: Any) -> None:
+                 limits: ListenerLimits | None = None, **app_options: Any) -> None:
         self.controller = controller
+        self.limits = limits  # connection limits (grid.http_limits); None: from the environment
         # Forwarding headers (X-Forwarded-For/-Proto) are honoured only from these addresses; by
         # default from none, so no client can choose the address the loopback check sees.
         self.trusted_proxies = tuple(trusted_proxies)
@@ -419,7 +421,8 @@ class AdminServer:
         config = uvicorn.Config(create_admin_app(self.controller, admin_url=url, **self.app_options), host=host,
                                 port=port, log_level="warning", lifespan="off", access_log=False,
                                 proxy_headers=bool(self.trusted_proxies),
-                                forwarded_allow_ips=list(self.trusted_proxies) or None)
+                                forwarded_allow_ips=list(self.trusted_proxies) or None,
+                                **uvicorn_options(self.limits))
         server = uvicorn.Server(config)
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(), name="controller-admin")
@@ -451,10 +454,11 @@ class AdminServer:
 
 
 async def serve_admin(controller: AdminTarget, host: str = "127.0.0.1", port: int = 0, *,
-                      trusted_proxies: tuple[str, ...] = (), **app_options: Any) -> AdminServer:
+                      trusted_proxies: tuple[str, ...] = (), limits: ListenerLimits | None = None,
+                      **app_options: Any) -> AdminServer:
     """Start an AdminServer for `controller`; stop it with `await server.stop()` before the controller.
 
     `app_options` go to create_admin_app (body bounds, for example)."""
-    server = AdminServer(controller, trusted_proxies=trusted_proxies, **app_options)
+    server = AdminServer(controller, trusted_proxies=trusted_proxies, limits=limits, **app_options)
     await server.start(host, port)
     return server

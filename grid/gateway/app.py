@@ -29,6 +29,7 @@ from grid.gateway.responses import SOCKET_SCOPE_KEY
 from grid.gateway.routes import build_routes, exception_handlers
 from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
+from grid.http_limits import uvicorn_options
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -138,7 +139,8 @@ async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, 
         raise GatewayExposureError(refusal)
     config = uvicorn.Config(
         expose_client_socket(app), host=host, port=port, lifespan="on", log_level="warning", access_log=False,
-        log_config=None, server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
+        log_config=None, server_header=False, date_header=False, proxy_headers=False,
+        **uvicorn_options(gw.settings.listener),
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="grid-gateway-server")

@@ -8,6 +8,8 @@ GRID_GATEWAY_BODY_SECONDS   how long a request body may take to arrive (default 
 GRID_GATEWAY_MAX_INCOMPLETE how many request bodies may be arriving at once (default 128)
 GRID_GATEWAY_UPSTREAM     upstream client: nats (default, through the host's agent), or h1 / httpx (keyless engines only)
 GRID_GATEWAY_INSECURE     1: allow listening beyond loopback without client keys (as --insecure)
+GRID_HTTP_*               connection limits of its listener (header time, keep-alive, connections,
+                          head size), as for every Grid listener: see grid.http_limits
 GRID_GATEWAY_OWNER_TOKEN_FILE  the owner (operator) token that may mark evaluation traffic
                           (default GRID_HOME/operator.token; see grid.gateway.evaluation)
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grid.gateway.routing import RoutingPolicy
+from grid.http_limits import ListenerLimits
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEYS_ENV = "GRID_GATEWAY_API_KEYS"
@@ -52,6 +55,8 @@ class GatewaySettings:
     # Listening beyond loopback without client keys is refused unless this is set.
     insecure: bool = False
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
+    # Header time, keep-alive, connections and head size of the gateway's listener.
+    listener: ListenerLimits = field(default_factory=ListenerLimits)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -69,6 +74,7 @@ class GatewaySettings:
             kwargs["upstream_backend"] = env["GRID_GATEWAY_UPSTREAM"].strip().lower()
         if env.get(INSECURE_ENV, "").strip().lower() in ("1", "true", "yes"):
             kwargs["insecure"] = True
+        kwargs["listener"] = ListenerLimits.from_environ(env)
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
