@@ -81,8 +81,11 @@ class LocalGrid:
         assume_durable: bool = False,
         notify: Callable[[str], None] | None = None,
         gateway_insecure: bool = False,
+        log_budget: int | None = None,
     ) -> None:
         self.config = config
+        # Bytes the streams may hold together (grid.events.log_budget); None: as they are.
+        self.log_budget = log_budget
         self.nats_url = nats_url
         self.mode = mode
         self.profile = profile if profile is not None else bundled_profile()
@@ -143,7 +146,7 @@ class LocalGrid:
         ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None
         self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None, tls_ca=ca,
                                      name="grid-controller", durable=False,
-                                     replicas=cfg.replicas())
+                                     replicas=cfg.replicas(), log_budget=self.log_budget)
         self.log.durable = await self._log_is_durable(self.log)
         if creds is not None:
             # Only the controller manages streams; the others may not (and need not).

@@ -118,7 +118,7 @@ def _say(text: str, style: str | None = None) -> None:
 
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
               assume_durable: bool = False, insecure: bool = False,
-              dashboard: tuple[str, int] | None = ("127.0.0.1", 0)) -> None:
+              dashboard: tuple[str, int] | None = ("127.0.0.1", 0), *, log_budget: int | None = None) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -135,7 +135,8 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
             loop.add_signal_handler(sig, stop.set)
 
     grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
-                     assume_durable=assume_durable, notify=_notice, gateway_insecure=insecure)
+                     assume_durable=assume_durable, notify=_notice, gateway_insecure=insecure,
+                     log_budget=log_budget)
     started = False
     dash = None
     try:
@@ -231,6 +232,11 @@ def up(
         "127.0.0.1", "--dashboard-host",
         help="Dashboard listen address (loopback by default; elsewhere it needs the operator token)."),
     dashboard_port: int = typer.Option(0, "--dashboard-port", help="Dashboard port (0 picks a free one)."),
+    log_budget: Optional[str] = typer.Option(
+        None, "--log-budget", envvar="GRID_LOG_BUDGET", metavar="SIZE",
+        help="Disk the event log's streams may reserve together, e.g. 512MiB or 4GiB (at least 256 MiB), split "
+             "across them in fixed proportions. Default: 8.25 GiB or a quarter of the free space under GRID_HOME, "
+             "whichever is less; with --nats, the streams keep their sizes unless this is given."),
 ) -> None:
     """Start a one-machine grid: NATS, controller, gateway and a local agent with SmolLM2."""
     configure_logging(log_format)
@@ -239,14 +245,36 @@ def up(
     _check_exposure(host, insecure)
     if nats is not None:
         check_nats_url(nats)
+    budget = _log_budget(log_budget, nats)
     if port and _port_taken(host, port):
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
         eventloop.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
-                          (dashboard_host, dashboard_port) if dashboard else None))
+                          (dashboard_host, dashboard_port) if dashboard else None, log_budget=budget))
     except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError, ValueError) as exc:
         fail(str(exc))
+
+
+def _log_budget(requested: str | None, nats: str | None) -> int | None:
+    """The log budget in bytes, refused before anything starts when it cannot fit the disk."""
+    from grid.events.log_budget import LogBudgetError, parse_size, resolve_log_budget
+
+    try:
+        if nats is not None:  # that server's disk is not ours to measure
+            return None if requested is None else _at_least_minimum(parse_size(requested), requested)
+        return resolve_log_budget(requested, GridConfig.from_environ().nats_store_dir)
+    except LogBudgetError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+
+
+def _at_least_minimum(budget: int, requested: str) -> int:
+    from grid.events.jetstream import MIB, MIN_LOG_BUDGET
+
+    if budget < MIN_LOG_BUDGET:
+        fail(f"--log-budget {requested} is below the minimum of {MIN_LOG_BUDGET // MIB} MiB")
+    return budget
 
 
 def _check_exposure(host: str, insecure: bool) -> None:

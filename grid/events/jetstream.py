@@ -100,6 +100,30 @@ STREAM_POLICIES: dict[str, StreamPolicy] = {
     COMMANDS_STREAM: StreamPolicy(max_age_seconds=30 * DAY, max_bytes=GIB),
 }
 
+MIB = 1 << 20
+# The log budget: what every Grid stream together may hold on disk (the sum of their max_bytes,
+# which the server reserves up front), split across them in STREAM_POLICIES' proportions; the
+# commands mirror is a second copy of GRID_CMDS and sized like it. Without a budget the
+# policies' own sizes (DEFAULT_LOG_BUDGET in all).
+_POLICY_BYTES: dict[str, int] = {
+    **{name: policy.max_bytes for name, policy in STREAM_POLICIES.items()},
+    COMMANDS_VIEW_STREAM: STREAM_POLICIES[COMMANDS_STREAM].max_bytes,
+}
+DEFAULT_LOG_BUDGET = sum(_POLICY_BYTES.values())
+MIN_LOG_BUDGET = 256 * MIB
+# No stream is made smaller than this, whatever its share.
+MIN_STREAM_BYTES = MIB
+
+
+def stream_byte_limits(budget: int | None = None) -> dict[str, int]:
+    """max_bytes of every stream (and the commands mirror) for a log budget in bytes."""
+    if budget is None:
+        return dict(_POLICY_BYTES)
+    if budget < MIN_LOG_BUDGET:
+        raise ValueError(f"a log budget of at least {MIN_LOG_BUDGET // MIB} MiB is needed, not {budget} bytes")
+    return {name: max(MIN_STREAM_BYTES, budget * size // DEFAULT_LOG_BUDGET) for name, size in _POLICY_BYTES.items()}
+
+
 _pub_ack_decoder = msgspec.json.Decoder(dict[str, Any])
 
 # Replication (num_replicas of every stream and of the lease bucket). JetStream allows 1..5.
@@ -155,7 +179,7 @@ class _VarzReply(msgspec.Struct):
 _varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
-def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
+def _stream_config(name: str, replicas: int = 1, max_bytes: int | None = None) -> api.StreamConfig:
     policy = STREAM_POLICIES[name]
     return api.StreamConfig(
         name=name,
@@ -164,7 +188,7 @@ def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
         storage=api.StorageType.FILE,
         discard=api.DiscardPolicy.OLD,
         max_age=policy.max_age_seconds,
-        max_bytes=policy.max_bytes,
+        max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
         # Nobody reads these streams with direct gets (grid.identity.permissions says why): no
@@ -174,7 +198,7 @@ def _stream_config(name: str, replicas: int = 1) -> api.StreamConfig:
     )
 
 
-def _view_config(replicas: int = 1) -> api.StreamConfig:
+def _view_config(replicas: int = 1, max_bytes: int | None = None) -> api.StreamConfig:
     """GRID_CMDS_VIEW: GRID_CMDS mirrored (same sequences, same retention), for every reader of
     commands but the controller (grid.events.subjects.COMMANDS_VIEW_STREAM)."""
     policy = STREAM_POLICIES[COMMANDS_STREAM]
@@ -185,7 +209,7 @@ def _view_config(replicas: int = 1) -> api.StreamConfig:
         storage=api.StorageType.FILE,
         discard=api.DiscardPolicy.OLD,
         max_age=policy.max_age_seconds,
-        max_bytes=policy.max_bytes,
+        max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         allow_direct=False,
         num_replicas=replicas,
@@ -205,8 +229,15 @@ class JetStreamLog:
     """EventLog over a real NATS JetStream server or cluster."""
 
     def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
-                 replicas: int | None = None) -> None:
+                 replicas: int | None = None, log_budget: int | None = None) -> None:
         self._nc = nc
+        # Bytes all streams may hold together (stream_byte_limits); None: streams are created
+        # at the policies' sizes, and an existing stream keeps the size it has (whoever set a
+        # budget decided it, `gridctl up --log-budget`).
+        self.log_budget = log_budget
+        if log_budget is not None:
+            stream_byte_limits(log_budget)  # refuses a budget below the minimum
+        self._existing_max_bytes: dict[str, int] = {}
         # None: automatic (see wanted_replicas); a number: exactly that many, set by the operator.
         self.replicas = None if replicas is None else check_replicas(replicas)
         # What the last ensure_streams found and did about replica counts.
@@ -239,6 +270,7 @@ class JetStreamLog:
         ensure_streams: bool = True,
         replicas: int | None = None,
         timeout: float = 10.0,
+        log_budget: int | None = None,
     ) -> "JetStreamLog":
         """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
         see grid.identity.connect). `ensure_streams=False` for identities that may not manage
@@ -306,7 +338,11 @@ class JetStreamLog:
             detail = refusals[-1] if refusals else errors[-1] if errors else str(exc) or type(exc).__name__
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout)
+        try:
+            event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout, log_budget=log_budget)
+        except ValueError:
+            await nc.close()
+            raise
         connected.append(event_log)
         if ensure_streams:
             try:
@@ -404,7 +440,8 @@ class JetStreamLog:
         """
         if replicas is not None:
             self.replicas = check_replicas(replicas)
-        reports = [await self._ensure_stream(_stream_config(name)) for name in ALL_STREAMS]
+        limits = stream_byte_limits(self.log_budget)
+        reports = [await self._ensure_stream(_stream_config(name, max_bytes=limits[name])) for name in ALL_STREAMS]
         commands = reports[ALL_STREAMS.index(COMMANDS_STREAM)]
         reports.append(await self._ensure_view(rebuild=commands.outcome == REPLICAS_CREATED))
         await self._bucket(LEASE_BUCKET)
@@ -433,7 +470,7 @@ class JetStreamLog:
                     log.warning("commands mirror is ahead of GRID_CMDS (the stream was made anew); rebuilding it",
                                 mirror_last=view.state.last_seq, last=source.state.last_seq)
                 await self._js.delete_stream(COMMANDS_VIEW_STREAM)
-        return await self._ensure_stream(_view_config())
+        return await self._ensure_stream(_view_config(max_bytes=stream_byte_limits(self.log_budget)[COMMANDS_VIEW_STREAM]))
 
     async def _stream_replicas(self, name: str) -> int | None:
         deadline = asyncio.get_running_loop().time() + JETSTREAM_READY_SECONDS
@@ -452,6 +489,8 @@ class JetStreamLog:
                     f"({exc.description or 'service unavailable'}): run nats-server with JetStream enabled "
                     "(-js, or `jetstream` in its config and in the account's limits)"
                 ) from exc
+            if info.config.max_bytes is not None:
+                self._existing_max_bytes[name] = int(info.config.max_bytes)
             return int(info.config.num_replicas or 1)
 
     async def _ensure_stream(self, config: api.StreamConfig) -> StreamReplicas:
@@ -461,6 +500,8 @@ class JetStreamLog:
             return await self._create_stream(config)
         wanted = self.wanted_replicas(actual)
         config.num_replicas = wanted
+        if self.log_budget is None and self._existing_max_bytes.get(name, -1) > 0:
+            config.max_bytes = self._existing_max_bytes[name]  # sized by a log budget: kept
         try:
             await self._js.add_stream(config)  # identical config: accepted as is
             return StreamReplicas(stream=name, wanted=wanted, actual=wanted, outcome=REPLICAS_OK)
