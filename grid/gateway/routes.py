@@ -5,7 +5,8 @@ The proxy path, in order: client key -> affinity header (hashed at once) -> boun
 typed parse (400 on anything hostile) -> model resolution (`auto` picks the best ready model
 for the workload) -> pure route choice (waiting a bounded time for a free slot when every
 ready route is full) -> one upstream POST through the host's agent (never replayed) ->
-pass-through response -> breaker, measurements, counters and one telemetry record.
+pass-through response (a POST NATS proves undelivered, "no responders", is routed again
+without that host) -> breaker, measurements, counters and one telemetry record.
 
 Workload classification: a request for model `auto` is classified before routing (it decides
 the model). A direct request is classified only after its response has been sent, off the
@@ -43,10 +44,15 @@ from grid.gateway.responses import (
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
+from grid.infer.client import NoResponders
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
 MAX_UPSTREAM_ERROR_BYTES = 1 << 20
+# Routings of one request: each "no responders" (never delivered) marks its host unroutable and
+# routes the request again, so this bounds the hosts one request may find gone.
+MAX_ROUTE_ATTEMPTS = 4
+_UNDELIVERED = object()
 
 # llama-server closes a connection right after a streamed response without saying so; a pooled
 # reuse would then fail a POST that must not be replayed. Streams therefore use their own
@@ -299,60 +305,73 @@ async def _proxy(request: Request, kind: str) -> Any:
         return errors.embeddings_not_supported(target)
     prior = profile.expected_service_seconds if profile is not None else None
 
-    # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
-    started_wait: float | None = None
+    # Choose a route and send the request; on "no responders" (proof it was never delivered)
+    # choose again without that host, which is now unroutable until it heartbeats again.
+    attempts = 0
     while True:
-        decision = routing.choose(
-            table.get(target, ()),
-            now=now,
-            measurements=gw.measurements.view(),  # type: ignore[arg-type]
-            blocked=gw.breakers.blocked(now),
-            proxy_active=gw.active,
-            affinity=affinity,
-            max_tokens=parsed.max_tokens,
-            prior_latency_seconds=prior,
-            policy=gw.policy,
-        )
-        if decision.route is not None or decision.reason != routing.REASON_AT_CAPACITY:
-            break
-        mono = time.monotonic()
-        if started_wait is None:
-            started_wait = mono
-            ctx.queue_depth = gw.waiters
-        remaining = started_wait + gw.settings.queue_timeout_seconds - mono
-        if remaining <= 0 or gw.waiters >= gw.settings.max_waiters:
-            break
-        await gw.wait_for_change(min(remaining, 1.0))
+        attempts += 1
+        # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
+        started_wait: float | None = None
+        while True:
+            decision = routing.choose(
+                table.get(target, ()),
+                now=now,
+                measurements=gw.measurements.view(),  # type: ignore[arg-type]
+                blocked=gw.breakers.blocked(now),
+                proxy_active=gw.active,
+                affinity=affinity,
+                max_tokens=parsed.max_tokens,
+                prior_latency_seconds=prior,
+                policy=gw.policy,
+            )
+            if decision.route is not None or decision.reason != routing.REASON_AT_CAPACITY:
+                break
+            mono = time.monotonic()
+            if started_wait is None:
+                started_wait = mono
+                ctx.queue_depth = gw.waiters
+            remaining = started_wait + gw.settings.queue_timeout_seconds - mono
+            if remaining <= 0 or gw.waiters >= gw.settings.max_waiters:
+                break
+            await gw.wait_for_change(min(remaining, 1.0))
+            now = gw.clock.now()
+            table = gw.table(now)
+        if started_wait is not None:
+            ctx.queue_seconds = time.monotonic() - started_wait
+
+        route = decision.route
+        if route is None:
+            if decision.reason == routing.REASON_AT_CAPACITY:
+                return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is at its concurrency limit.",
+                                    errors.CODE_AT_CAPACITY, 1.0)
+            if decision.reason == routing.REASON_CIRCUIT_OPEN:
+                return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
+                                    errors.CODE_CIRCUIT_OPEN,
+                                    gw.breakers.retry_after(list(decision.circuit_blocked), now))
+            blocked = gw.unplaceable(profile, now) if profile is not None else None
+            if blocked is not None:
+                # Not "retry after N s": nothing will change until the profile or the fleet does.
+                gw.counters["cannot_be_placed"] += 1
+                _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
+                return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
+            retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
+                else gw.settings.unavailable_retry_seconds
+            return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
+                                errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
+
+        answer = await _forward(gw, ctx, route, kind, body, accept, parsed.stream, now,
+                                may_retry=attempts < MAX_ROUTE_ATTEMPTS)
+        if answer is not _UNDELIVERED:
+            return answer
+        gw.counters["no_responders_retried"] += 1
         now = gw.clock.now()
         table = gw.table(now)
-    if started_wait is not None:
-        ctx.queue_seconds = time.monotonic() - started_wait
-
-    route = decision.route
-    if route is None:
-        if decision.reason == routing.REASON_AT_CAPACITY:
-            return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is at its concurrency limit.",
-                                errors.CODE_AT_CAPACITY, 1.0)
-        if decision.reason == routing.REASON_CIRCUIT_OPEN:
-            return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
-                                errors.CODE_CIRCUIT_OPEN,
-                                gw.breakers.retry_after(list(decision.circuit_blocked), now))
-        blocked = gw.unplaceable(profile, now) if profile is not None else None
-        if blocked is not None:
-            # Not "retry after N s": nothing will change until the profile or the fleet does.
-            gw.counters["cannot_be_placed"] += 1
-            _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
-            return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
-        retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
-            else gw.settings.unavailable_retry_seconds
-        return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
-                            errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
-
-    return await _forward(gw, ctx, route, kind, body, accept, parsed.stream, now)
 
 
 async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, body: bytes,
-                   accept: bytes | None, stream: bool, now: float) -> Any:
+                   accept: bytes | None, stream: bool, now: float, *, may_retry: bool = False) -> Any:
+    """Send the request on `route` and answer the client; `_UNDELIVERED` (only with
+    `may_retry`) when NATS proved nobody received it: the caller routes it again."""
     ctx.route = route
     key = route.key
     model = route.model_id
@@ -378,6 +397,20 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
             body,
             (_STREAM_HEADERS if stream else _PLAIN_HEADERS) + [(b"accept", accept or b"*/*")],
         )
+    except NoResponders:
+        # Nobody subscribes to the host's inference subject: its agent is gone and the request
+        # reached no one. Not an engine failure (the breaker stays as it was): the host is
+        # unroutable until it heartbeats again, and the request may go to another replica.
+        end = gw.clock.now()
+        breakers.record(key, OUTCOME_NEUTRAL, end)
+        gw.mark_no_responders(route.host_id, route.heartbeat_at, end)
+        if may_retry:
+            released = True
+            gw.release(key, model, end)
+            return _UNDELIVERED
+        done("unavailable", 503, time.perf_counter() - t0)
+        return errors.error_response(503, "The host serving this model went away; retry shortly.",
+                                     errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("timeout", 504, time.perf_counter() - t0)

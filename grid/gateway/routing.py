@@ -59,6 +59,9 @@ EXCLUDED_NO_ENDPOINT = "no_endpoint"
 EXCLUDED_NO_HEARTBEAT = "no_heartbeat"
 EXCLUDED_STALE = "heartbeat_stale"
 EXCLUDED_FUTURE = "heartbeat_in_future"
+# NATS said "no responders" for this host's inference subject (its agent is gone): unroutable at
+# once, until the host heartbeats again (a heartbeat newer than the one seen when it was marked).
+EXCLUDED_NO_RESPONDERS = "no_responders"
 
 TEXT_WORKLOADS = frozenset({"coding", "research", "marketing", "sales", "design", "general"})
 DEFAULT_AUTO_RETRY_SECONDS = 30.0
@@ -95,6 +98,8 @@ class Candidate:
     # Why this managed claim is not corroborated (grid.projections.placed), None when it is or
     # when it needs no corroboration (an external residency).
     unplaced: str | None = None
+    # The gateway saw "no responders" for this host since its latest heartbeat.
+    no_responders: bool = False
 
     @property
     def engine(self) -> str:
@@ -103,16 +108,21 @@ class Candidate:
 
 
 def build_table(
-    snapshots: Iterable[HostSnapshot], unplaced: Mapping[tuple[str, str], str] | None = None
+    snapshots: Iterable[HostSnapshot], unplaced: Mapping[tuple[str, str], str] | None = None,
+    no_responders: Mapping[str, float | None] | None = None,
 ) -> dict[str, tuple[Candidate, ...]]:
     """Every residency of every host, grouped by model (sorted: deterministic).
 
     `unplaced` maps (host id, model id) of the managed claims that are not corroborated to the
     reason (grid.projections.placed.unplaced_claims); those candidates are never eligible.
+    `no_responders` maps a host id to the heartbeat time seen when NATS answered "no responders"
+    for it: its candidates are not eligible until a newer heartbeat (`still_unresponsive`).
     """
     unplaced = unplaced or {}
+    no_responders = no_responders or {}
     by_model: dict[str, list[Candidate]] = {}
     for snap in snapshots:
+        silent = snap.host_id in no_responders and still_unresponsive(no_responders[snap.host_id], snap.heartbeat_at)
         throttle = snap.resources.throttle_fraction
         queue = snap.load.queue_depth
         for r in snap.residencies:
@@ -132,9 +142,18 @@ def build_table(
                 loaded_at=r.loaded_at,
                 last_used_at=r.last_used_at,
                 unplaced=unplaced.get((snap.host_id, r.model_id)) if r.managed else None,
+                no_responders=silent,
             )
             by_model.setdefault(r.model_id, []).append(c)
     return {m: tuple(sorted(cs, key=lambda c: c.key)) for m, cs in sorted(by_model.items())}
+
+
+def still_unresponsive(marked_heartbeat_at: float | None, heartbeat_at: float | None) -> bool:
+    """A host marked for "no responders" stays unroutable until a heartbeat newer than the one
+    seen when it was marked arrives (its agent is back and subscribed again)."""
+    if heartbeat_at is None:
+        return True
+    return marked_heartbeat_at is not None and heartbeat_at <= marked_heartbeat_at
 
 
 def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> str | None:
@@ -147,6 +166,8 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
         return EXCLUDED_HOST_FENCED
     if not c.endpoint:
         return EXCLUDED_NO_ENDPOINT
+    if c.no_responders:
+        return EXCLUDED_NO_RESPONDERS
     if c.heartbeat_at is None:
         return EXCLUDED_NO_HEARTBEAT
     if c.heartbeat_at > now + policy.future_skew_seconds:

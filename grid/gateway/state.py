@@ -123,6 +123,8 @@ class Gateway:
         self._table_version = -1
         self._table_built_at = float("-inf")
         self._unplaced: list[placed.UnplacedClaim] = []
+        # Hosts NATS answered "no responders" for: host id -> (heartbeat time seen then, marked at).
+        self.no_responders: dict[str, tuple[float | None, float]] = {}
         self._follower: asyncio.Task[None] | None = None
         self._ack_scan: asyncio.Task[None] | None = None
         self.ack_scan: dict[str, Any] = {"state": "none", "folded": 0}
@@ -279,11 +281,35 @@ class Gateway:
             snaps = fleet.snapshots(self.runner["fleet"], now)
             self._unplaced = placed.unplaced_claims(self.runner["placed"], snaps, placed.profile_digests(self.profiles),
                                                     now=now, policy=self.policy)
-            self._table = routing.build_table(snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced})
+            if self.no_responders:
+                heartbeats = {snap.host_id: snap.heartbeat_at for snap in snaps}
+                for host_id, (seen, _at) in list(self.no_responders.items()):
+                    if host_id not in heartbeats or not routing.still_unresponsive(seen, heartbeats[host_id]):
+                        del self.no_responders[host_id]  # it heartbeated again (or left the fleet)
+                        log.info("host routable again after no responders", host_id=host_id)
+            self._table = routing.build_table(snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced},
+                                              {h: seen for h, (seen, _at) in self.no_responders.items()})
             self._table_version = self._version
             self._table_built_at = now
             self._prune_routes()
         return self._table
+
+    def mark_no_responders(self, host_id: str, heartbeat_at: float | None, now: float) -> None:
+        """NATS proved nobody serves `host_id` (its agent is gone): route nothing to it until it
+        heartbeats again, newer than `heartbeat_at` (the heartbeat its route was chosen with)."""
+        if host_id not in self.no_responders:
+            log.warning("host unroutable: no responders", host_id=host_id)
+        seen = self.no_responders.get(host_id, (None, now))[0]
+        if seen is None or (heartbeat_at is not None and heartbeat_at > seen):
+            seen = heartbeat_at
+        self.no_responders[host_id] = (seen, now)
+        self.counters["no_responders"] += 1
+        self._version += 1  # the next table() excludes it
+
+    def unroutable_hosts(self, now: float) -> list[dict[str, Any]]:
+        self.table(now)
+        return [{"host_id": h, "reason": routing.EXCLUDED_NO_RESPONDERS, "heartbeat_at": seen, "marked_at": at}
+                for h, (seen, at) in sorted(self.no_responders.items())]
 
     def _prune_routes(self) -> None:
         """Forget idle per-route counters of engines that left the fleet (bounded memory)."""
@@ -345,6 +371,10 @@ class Gateway:
             reasons = (placed.REASON_NOT_IN_PLAN, placed.REASON_NO_WARM_ACK, placed.REASON_ARTIFACT_MISMATCH)
             return counts((c.reason for c in self.unplaced_claims(self.clock.now())), reasons)
 
+        def unroutable() -> list[Sample]:
+            return counts((str(h["reason"]) for h in self.unroutable_hosts(self.clock.now())),
+                          (routing.EXCLUDED_NO_RESPONDERS,))
+
         def breakers() -> list[Sample]:
             now = self.clock.now()
             return counts((str(c["state"]) for c in self.breakers.describe(now)), (CLOSED, HALF_OPEN, OPEN))
@@ -357,6 +387,9 @@ class Gateway:
                         "Managed ready/warming residencies claimed by heartbeats that get no route: the latest plan "
                         "does not assign them, no warm ack confirms them, or their artifact is not the profile's.",
                         ("reason",), unplaced),
+            GaugeSource("grid_gateway_unroutable_hosts",
+                        "Hosts routed nothing until they heartbeat again, by reason (no_responders: NATS said "
+                        "nobody serves the host's inference subject).", ("reason",), unroutable),
             GaugeSource("grid_gateway_breakers", "Per-route circuit breakers, by state.", ("state",), breakers),
             GaugeSource("grid_gateway_waiting", "Requests waiting for a free slot.", (),
                         lambda: [((), float(self.waiters))]),
@@ -412,6 +445,7 @@ class Gateway:
             "last_used_at": dict(sorted(self.last_used.items())),
             "last_used_at_by_host": by_host,
             "waiting": self.waiters,
+            "unroutable_hosts": self.unroutable_hosts(now),
             "open_circuits": sum(1 for c in self.breakers.describe(now) if c["state"] != "closed"),
             "telemetry": self.telemetry.stats(),
             "intake": self.intake.stats(),

@@ -29,6 +29,16 @@ SCHEME = "grid+nats"
 NO_RESPONDER_RETRIES: tuple[float | None, ...] = (0.01, 0.05, 0.2, None)
 
 
+class NoResponders(httpx.ConnectError):
+    """NATS answered "no responders": nobody subscribes to the host's inference subject (its
+    agent is gone). Proof the request was never delivered, so the gateway may send it to
+    another replica without breaking "a delivered POST is never replayed"."""
+
+    def __init__(self, message: str, host_id: str) -> None:
+        super().__init__(message)
+        self.host_id = host_id
+
+
 class InferTarget:
     """One engine reached through its host's agent: host, model and engine path."""
 
@@ -253,7 +263,7 @@ class NatsUpstream:
             if delay is None:
                 break
             await asyncio.sleep(delay)
-        raise httpx.ConnectError(f"{target}: no agent is serving host {target.host_id!r}")
+        raise NoResponders(f"{target}: no agent is serving host {target.host_id!r}", target.host_id)
 
     async def aclose(self) -> None:
         if self._replies is not None:
