@@ -16,10 +16,11 @@ from typing import Any, Optional
 import httpx
 import msgspec
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
-from grid.events.control import ModelProfile
+from grid.events.control import MODEL_ID_GRAMMAR, ModelProfile, model_id_error, profile_values_error
 from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
@@ -300,7 +301,7 @@ def _new(name: str) -> str:
 
 @model_app.command("set")
 def model_set(
-    model_id: str = typer.Argument(..., help="Model id (e.g. the GGUF file name)."),
+    model_id: str = typer.Argument(..., help="Model id (e.g. the GGUF file name): " + MODEL_ID_GRAMMAR + "."),
     memory_mb: Optional[int] = typer.Option(
         None, "--memory-mb", help="Resident runtime budget of one replica, MiB (required for a new profile; existing: kept)."),
     runtime: list[str] = typer.Option([], "--runtime", help="Eligible runtime (repeat)." + _new("runtimes")),
@@ -396,6 +397,12 @@ def model_set(
         "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size, "embeddings": embeddings,
     }
     body.update({k: v for k, v in scalars.items() if v is not None})
+    # Refused here, before anything is sent, by the same grammar and bounds the server applies.
+    _check_model_id(model_id)
+    bad = profile_values_error(body)
+    if bad is not None:
+        field = bad.rsplit("`$.", 1)[-1].split("`")[0].split("[")[0] if "`$." in bad else ""
+        fail(escape(f"--{field.replace('_', '-')}: {bad}" if field else bad))
     # A patch may keep the profile's digest and size: the server checks the merged profile.
     url = admin_url(admin)
     token = operator_token(token_file)
@@ -416,6 +423,12 @@ def model_set(
         return
     console.print(f"profile {model_id} set (log seq {data.get('seq')})")
     _render_profile(data.get("profile") or {})
+
+
+def _check_model_id(model_id: str) -> None:
+    error = model_id_error(model_id)
+    if error is not None:
+        fail(escape(error))
 
 
 def _render_profile(profile: dict[str, Any]) -> None:
@@ -439,6 +452,7 @@ def model_rm(
     token_file: Optional[Path] = TokenFileOption,
 ) -> None:
     """Retire a model profile: a durable tombstone drains managed copies to zero."""
+    _check_model_id(model_id)
     url = admin_url(admin)
     data = request("DELETE", url, f"/allocator/models/{model_id}", token=operator_token(token_file))
     if json_out:

@@ -17,15 +17,14 @@ import msgspec
 from starlette.requests import Request
 
 from grid.analytics.history import HistoryParams
-from grid.events.control import DATA_TIERS, ModelProfile
+from grid.events.control import DATA_TIERS, MODEL_ID_MAX_LENGTH, ModelProfile, model_id_error
 
 MAX_BODY_BYTES = 64 * 1024
 # An operator's JSON body arrives in milliseconds; ten seconds is generous on any link.
 BODY_TIMEOUT_SECONDS = 10.0
 MAX_INCOMPLETE_BODIES = 16
-MAX_MODEL_ID_LENGTH = 256
+MAX_MODEL_ID_LENGTH = MODEL_ID_MAX_LENGTH  # the grammar is grid.events.control's MODEL_ID_PATTERN
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_ID = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
 _SOURCE_SCHEMES = ("hf://", "https://", "http://", "file://")
 
 
@@ -148,10 +147,14 @@ class BodyIntake:
 
 
 def decode_body(decoder: msgspec.json.Decoder, data: bytes) -> Any:
+    """Decode strictly; the profile's bounds (grid.events.control) are part of its types, so a
+    value beyond one is refused here: "Expected `int` <= 16777216 - at `$.memory_mb`"."""
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise BodyError(422, "validation_error", str(exc), _field_from(str(exc))) from None
+        field = _field_from(str(exc))
+        detail = f"{field}: {exc}" if field else str(exc)
+        raise BodyError(422, "validation_error", detail, field) from None
     except msgspec.DecodeError as exc:
         raise BodyError(422, "malformed_json", str(exc), _field_from(str(exc))) from None
 
@@ -161,9 +164,9 @@ def _invalid(field: str, detail: str) -> BodyError:
 
 
 def validate_model_id(model_id: str) -> None:
-    if not model_id or len(model_id) > MAX_MODEL_ID_LENGTH or not _MODEL_ID.match(model_id):
-        raise _invalid("model_id", f"model id must be 1-{MAX_MODEL_ID_LENGTH} printable characters without "
-                                   "whitespace")
+    error = model_id_error(model_id)
+    if error is not None:
+        raise _invalid("model_id", error)
 
 
 def _finite(field: str, value: float, *, low: float | None = None, low_open: bool = False,

@@ -111,6 +111,17 @@ class AdminTarget(Protocol):
     async def tick(self, reason: str = "manual") -> TickReport: ...
 
 
+MODELS_PATH = "/allocator/models/"
+
+
+def _path_model_id(request: Request) -> str:
+    """The model id exactly as the request path has it. The route's own parameter is not: its
+    pattern ends in `$`, which matches before a final line break, so `m%0A` would arrive as `m`."""
+    path = request.scope.get("path", "")
+    at = path.find(MODELS_PATH)
+    return path[at + len(MODELS_PATH):] if at >= 0 else str(request.path_params["model_id"])
+
+
 class AdminServerError(RuntimeError):
     pass
 
@@ -247,7 +258,7 @@ def create_admin_app(
     async def put_model(request: Request) -> Response:
         if not authorized(request):
             return unauthorized(request)
-        model_id = request.path_params["model_id"]
+        model_id = _path_model_id(request)
         try:
             validate_model_id(model_id)
             body = decode_body(profile_decoder, await intake.read(request, max_body_bytes))
@@ -269,7 +280,7 @@ def create_admin_app(
         """Change only the fields given; the rest of the current profile stays as it is."""
         if not authorized(request):
             return unauthorized(request)
-        model_id = request.path_params["model_id"]
+        model_id = _path_model_id(request)
         try:
             validate_model_id(model_id)
             patch = decode_body(patch_decoder, await intake.read(request, max_body_bytes))
@@ -284,7 +295,7 @@ def create_admin_app(
     async def delete_model(request: Request) -> Response:
         if not authorized(request):
             return unauthorized(request)
-        model_id = request.path_params["model_id"]
+        model_id = _path_model_id(request)
         try:
             validate_model_id(model_id)
         except BodyError as exc:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
+
+from msgspec import Meta
 
 from grid.events.base import Event, Record
 
@@ -15,41 +18,90 @@ DATA_TIERS: tuple[str, ...] = ("public", "internal", "confidential", "restricted
 
 OverrideState = Literal["draining", "paused", "quarantined"]
 
+# --- what a profile may hold -----------------------------------------------------------------
+# One grammar for model ids, enforced by the admin API, by gridctl before it sends, and by the
+# event decoder (a ProfileSet outside it is malformed, skipped and counted by the folds): 1-128
+# characters, letters, digits and . _ : + -, starting with a letter or a digit. So no '/', no
+# '..' path segment, no whitespace or control character: an id is one path segment of the admin
+# API and a safe file name. (The lookahead keeps Python's '$' from accepting a final newline.)
+MODEL_ID_MAX_LENGTH = 128
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}(?!\n)$"
+MODEL_ID_GRAMMAR = ("1-128 characters: letters, digits and . _ : + -, starting with a letter or a digit "
+                    "(no '/', whitespace or control characters)")
+_MODEL_ID_RE = re.compile(MODEL_ID_PATTERN)
+
+# Numbers are bounded by what any machine (or fleet) can have, so an absurd value is refused at
+# the API and malformed on the log instead of reaching the planner's arithmetic.
+MAX_MEMORY_MB = 16 * 1024 * 1024     # 16 TiB, in MiB: memory, per-runtime memory, artifact size, GPU memory
+MAX_REPLICAS = 4096                  # min_replicas, max_replicas, min_failure_domains
+MAX_SLOTS = 1024                     # replica_concurrency: parallel requests one replica serves
+MAX_CONTEXT_TOKENS = 2 ** 24         # context_size: 16M tokens (beyond every model's window today)
+MAX_GPUS = 256                       # min_gpu_count
+MAX_MODELS_PER_HOST = 4096           # max_colocated_models (0: unlimited)
+MAX_PRIORITY = 1_000_000             # |priority|
+MAX_SECONDS = 7 * 86400              # load/warm/residency/cooldown/service seconds: a week
+MAX_LATENCY_MS = MAX_SECONDS * 1000.0
+
+
+def model_id_error(model_id: str) -> str | None:
+    """Why `model_id` is not a valid model id, or None."""
+    if isinstance(model_id, str) and _MODEL_ID_RE.match(model_id):
+        return None
+    return f"model id must be {MODEL_ID_GRAMMAR}; got {model_id!r}"
+
+
+def profile_values_error(values: dict[str, object]) -> str | None:
+    """Why profile field `values` (a partial profile, JSON-shaped) break a type or a bound, or
+    None: the event decoder's own check, for a client to run before it sends."""
+    import msgspec
+
+    try:
+        msgspec.convert({"model_id": "m", "memory_mb": 1, **values}, ModelProfile)
+    except msgspec.ValidationError as exc:
+        return str(exc)
+    return None
+
+
+ModelId = Annotated[str, Meta(pattern=MODEL_ID_PATTERN, max_length=MODEL_ID_MAX_LENGTH)]
+MemoryMb = Annotated[int, Meta(ge=0, le=MAX_MEMORY_MB)]
+Replicas = Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
+Seconds = Annotated[float, Meta(ge=0.0, le=MAX_SECONDS)]
+
 
 class ModelProfile(Record, frozen=True, kw_only=True):
-    model_id: str
+    model_id: ModelId
     # Resident runtime budget for one replica (not the file size).
-    memory_mb: int
-    runtime_memory_mb: dict[str, int] = {}
+    memory_mb: MemoryMb
+    runtime_memory_mb: dict[str, MemoryMb] = {}
     runtimes: tuple[str, ...] = ("llama.cpp",)
     backends: tuple[str, ...] = ()
     artifact_sha256: str | None = None
     artifact_source: str | None = None
-    artifact_size_mb: int | None = None
-    min_replicas: int = 0
-    max_replicas: int = 1
-    priority: int = 0
+    artifact_size_mb: MemoryMb | None = None
+    min_replicas: Replicas = 0
+    max_replicas: Replicas = 1
+    priority: Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     data_tier: str = "internal"
     required_tags: tuple[str, ...] = ()
     forbidden_tags: tuple[str, ...] = ()
     allow_hosts: tuple[str, ...] = ()
     deny_hosts: tuple[str, ...] = ()
     pins: tuple[str, ...] = ()
-    min_failure_domains: int = 1
-    max_colocated_models: int = 0
+    min_failure_domains: Replicas = 1
+    max_colocated_models: Annotated[int, Meta(ge=0, le=MAX_MODELS_PER_HOST)] = 0
     colocation_excludes: tuple[str, ...] = ()
-    workload_scores: dict[str, float] = {}
-    target_utilization: float = 0.7
-    expected_service_seconds: float = 2.0
-    latency_slo_ms: float | None = None
-    replica_concurrency: int = 1
-    load_seconds: float = 30.0
-    warm_seconds: float = 15.0
-    min_residency_seconds: float = 300.0
-    scale_down_cooldown_seconds: float = 600.0
-    min_gpu_count: int = 0
-    min_gpu_memory_mb: int = 0
-    context_size: int = 2048
+    workload_scores: dict[str, Annotated[float, Meta(ge=0.0, le=1.0)]] = {}
+    target_utilization: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.7
+    expected_service_seconds: Seconds = 2.0
+    latency_slo_ms: Annotated[float, Meta(ge=0.0, le=MAX_LATENCY_MS)] | None = None
+    replica_concurrency: Annotated[int, Meta(ge=0, le=MAX_SLOTS)] = 1
+    load_seconds: Seconds = 30.0
+    warm_seconds: Seconds = 15.0
+    min_residency_seconds: Seconds = 300.0
+    scale_down_cooldown_seconds: Seconds = 600.0
+    min_gpu_count: Annotated[int, Meta(ge=0, le=MAX_GPUS)] = 0
+    min_gpu_memory_mb: MemoryMb = 0
+    context_size: Annotated[int, Meta(ge=0, le=MAX_CONTEXT_TOKENS)] = 2048
     # The engine also serves /v1/embeddings (started with --embeddings); the gateway routes
     # embeddings requests only to such models.
     embeddings: bool = False
@@ -60,7 +112,7 @@ class ProfileSet(Event, frozen=True, kw_only=True, tag="control.profile_set.v1")
 
 
 class ProfileRemoved(Event, frozen=True, kw_only=True, tag="control.profile_removed.v1"):
-    model_id: str
+    model_id: ModelId
 
 
 class ModeSet(Event, frozen=True, kw_only=True, tag="control.mode_set.v1"):

@@ -111,7 +111,7 @@ async def test_mutations_append_control_events_and_show_in_status(ctl: Controlle
                "artifact_size_mb": 900, "min_replicas": 1, "max_replicas": 3, "workload_scores": {"coding": 1.0},
                "runtime_memory_mb": {"vllm": 2000}, "runtimes": ["llama.cpp", "vllm"]}
     async with client(ctl, token=ctl.token) as c:
-        r = await c.put("/allocator/models/org/Model.Q4.gguf", json=profile)
+        r = await c.put("/allocator/models/org.Model.Q4.gguf", json=profile)
         assert r.status_code == 200, r.text
         assert r.json()["profile"]["artifact_sha256"] == SHA.lower()
         r = await c.put("/allocator/mode", json={"mode": "observe"})
@@ -120,17 +120,17 @@ async def test_mutations_append_control_events_and_show_in_status(ctl: Controlle
         assert r.status_code == 200 and r.json()["tick"]["mode"] == "observe"
         status = (await c.get("/allocator/status")).json()
         assert status["mode"]["requested"] == "observe"
-        assert [p["model_id"] for p in status["profiles"]] == ["org/Model.Q4.gguf"]
+        assert [p["model_id"] for p in status["profiles"]] == ["org.Model.Q4.gguf"]
         assert status["profiles"][0]["artifact_sha256"] == SHA.lower()
-        assert status["revisions"]["profiles"]["org/Model.Q4.gguf"] >= 1
+        assert status["revisions"]["profiles"]["org.Model.Q4.gguf"] >= 1
         assert status["controller"]["lease"]["state"] == "held"
         for key in ("hosts", "models", "forecasts", "plan", "reconciliation", "pending_commands",
                     "withdrawn_destructive", "history", "warnings", "last_tick"):
             assert key in status
-        r = await c.delete("/allocator/models/org/Model.Q4.gguf")
+        r = await c.delete("/allocator/models/org.Model.Q4.gguf")
         assert r.status_code == 200
         status = (await c.get("/allocator/status")).json()
-        assert status["profiles"] == [] and status["retired"][0]["model_id"] == "org/Model.Q4.gguf"
+        assert status["profiles"] == [] and status["retired"][0]["model_id"] == "org.Model.Q4.gguf"
     kinds = [type(e) for e in await control_events(ctl.log)]
     assert kinds == [ProfileSet, ModeSet, TickRequested, ProfileRemoved]
 
