@@ -15,9 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
 
 from grid.agent.http import AgentHttp
 from grid.config import GridConfig
@@ -26,9 +23,8 @@ from grid.events.jetstream import JetStreamLog
 from grid.events.log import InMemoryLog
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
-from grid.http_limits import ListenerLimits
+from grid.http_limits import HEADER_SECONDS_ENV, KEEPALIVE_SECONDS_ENV, MAX_CONNECTIONS_ENV, ListenerLimits
 from grid.metrics import AgentMetrics
-from grid.serving import serve
 
 from tests.conftest import reset_streams
 
@@ -50,7 +46,8 @@ class Listener:
 
 
 @pytest.fixture(params=["gateway", "admin", "dashboard", "agent"])
-async def listener(request: pytest.FixtureRequest, tmp_path: Path, nats_server: EmbeddedNats) -> AsyncIterator[Listener]:
+async def listener(request: pytest.FixtureRequest, tmp_path: Path, nats_server: EmbeddedNats,
+                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Listener]:
     kind = request.param
     if kind == "gateway":
         app = create_gateway_app(InMemoryLog(), GridConfig(home=tmp_path, nats_url=None), api_keys=[],
@@ -74,13 +71,15 @@ async def listener(request: pytest.FixtureRequest, tmp_path: Path, nats_server: 
         await admin.stop()
         await ctl.stop()
         await js_log.close()
-    elif kind == "dashboard":  # grid.serving.serve is what the dashboard's server is
-        async def page(_request: object) -> PlainTextResponse:
-            return PlainTextResponse("ok")
+    elif kind == "dashboard":  # the real dashboard, its limits from the environment (GRID_HTTP_*)
+        from grid.dashboard.serve import start_dashboard
 
-        running = await serve(Starlette(routes=[Route("/", page)]), "127.0.0.1", 0, limits=LIMITS)
-        yield Listener("127.0.0.1", running.port, "/")
-        await running.stop()
+        monkeypatch.setenv(HEADER_SECONDS_ENV, str(HEADER))
+        monkeypatch.setenv(KEEPALIVE_SECONDS_ENV, str(KEEPALIVE))
+        monkeypatch.setenv(MAX_CONNECTIONS_ENV, str(MAX_CONNECTIONS))
+        dashboard = await start_dashboard(InMemoryLog(), "127.0.0.1", 0)
+        yield Listener("127.0.0.1", dashboard.server.port, "/")
+        await dashboard.stop()
     else:
         http = AgentHttp(AgentMetrics([]), tmp_path, LIMITS)
         url = await http.start(0)
