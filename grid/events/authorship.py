@@ -8,7 +8,7 @@ identities, the scenario lab) neither signs nor verifies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -36,7 +36,14 @@ class Authorship(Protocol):
     def sign(self, subject: str, data: bytes) -> dict[str, str]: ...
 
     def verify(self, subject: str, data: bytes, headers: Mapping[str, str] | None, *, at: float,
-               revoked: Mapping[str, object] | None = None) -> Signed: ...
+               revoked: Mapping[str, object] | None = None, signature_ok: bool | None = None) -> Signed: ...
+
+    # A batch's signatures, split so a reader can check them on a worker thread (see
+    # grid.identity.signing.Verifier.signatures): `prime` on the folding thread, then
+    # `signatures` anywhere, then `verify(..., signature_ok=...)` in fold order.
+    def prime(self, headers: Iterable[Mapping[str, str] | None]) -> None: ...
+
+    def signatures(self, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]]) -> list[bool | None]: ...
 
 
 class Rejection(msgspec.Struct, frozen=True):
@@ -78,10 +85,11 @@ class AuthorshipGate:
         self.rejections: list[Rejection] = []
 
     def check(self, stream: str, seq: int, subject: str, data: bytes, headers: Mapping[str, str] | None,
-              at: float) -> Signed:
+              at: float, *, signature_ok: bool | None = None) -> Signed:
         if self.authorship is None:
             return Signed()
-        verdict = self.authorship.verify(subject, data, headers, at=at, revoked=self.revoked)
+        verdict = self.authorship.verify(subject, data, headers, at=at, revoked=self.revoked,
+                                         signature_ok=signature_ok)
         if not verdict.ok:
             self.reject(stream, seq, subject, verdict)
         return verdict

@@ -26,7 +26,7 @@ import base64
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -80,6 +80,14 @@ def _public_key(nkey_public: str) -> nacl.signing.VerifyKey:
     if len(raw) != 35:
         raise ValueError("not an nkey public key")
     return nacl.signing.VerifyKey(raw[1:33])
+
+
+def _holds(key: object, subject: str, data: bytes, signature: str) -> bool:
+    try:
+        key.verify(signed_bytes(subject, data), _unb64(signature))  # type: ignore[attr-defined]
+    except (nacl.exceptions.CryptoError, ValueError, TypeError):
+        return False
+    return True
 
 
 class Certificate(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -238,17 +246,41 @@ class Verifier:
             self._permitted[cache_key] = hit
         return hit
 
+    def prime(self, headers: Iterable[Mapping[str, str] | None]) -> None:
+        """Learn every signer of a batch (on the thread that folds) before `signatures` runs."""
+        for h in headers:
+            if h and SIGNER_HEADER in h:
+                self._signer(h[SIGNER_HEADER])
+
+    def signatures(self, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]]) -> list[bool | None]:
+        """Whether each (subject, data, headers) signature holds for its known signer; None when
+        the signer is not known yet or there is no signature (`verify` then decides).
+
+        Only reads what `prime` learnt and runs libsodium, which releases the GIL: a fold can
+        check a batch on a worker thread while it folds the batch before it."""
+        out: list[bool | None] = []
+        for subject, data, headers in messages:
+            known = self._known.get(headers.get(SIGNER_HEADER, "")) if headers else None
+            if known is None or known.key is None or SIG_HEADER not in headers:  # type: ignore[operator]
+                out.append(None)
+                continue
+            out.append(_holds(known.key, subject, data, headers[SIG_HEADER]))  # type: ignore[index]
+        return out
+
     def verify(self, subject: str, data: bytes, headers: Mapping[str, str] | None, *, at: float,
-               revoked: Mapping[str, object] | None = None, check_permission: bool = True) -> Signed:
-        """Who wrote `data` stored under `subject` at log time `at`, or why nobody provably did."""
+               revoked: Mapping[str, object] | None = None, check_permission: bool = True,
+               signature_ok: bool | None = None) -> Signed:
+        """Who wrote `data` stored under `subject` at log time `at`, or why nobody provably did.
+
+        `signature_ok`: what `signatures` found for this message (None: check it here)."""
         if not headers or SIG_HEADER not in headers or SIGNER_HEADER not in headers:
             return Signed(reason=UNSIGNED)
         known = self._signer(headers[SIGNER_HEADER])
         if known.problem or known.principal is None:
             return Signed(reason=known.problem or UNKNOWN_SIGNER)
-        try:
-            known.key.verify(signed_bytes(subject, data), _unb64(headers[SIG_HEADER]))  # type: ignore[attr-defined]
-        except (nacl.exceptions.CryptoError, ValueError, TypeError):
+        if signature_ok is None:
+            signature_ok = _holds(known.key, subject, data, headers[SIG_HEADER])
+        if not signature_ok:
             return Signed(reason=BAD_SIGNATURE)
         principal = known.principal
         # A host credential outlives its expiry only in the log: judged by receipt time.
@@ -285,5 +317,11 @@ class Identity:
         return self.signer.sign(subject, data)
 
     def verify(self, subject: str, data: bytes, headers: Mapping[str, str] | None, *, at: float,
-               revoked: Mapping[str, object] | None = None) -> Signed:
-        return self.verifier.verify(subject, data, headers, at=at, revoked=revoked)
+               revoked: Mapping[str, object] | None = None, signature_ok: bool | None = None) -> Signed:
+        return self.verifier.verify(subject, data, headers, at=at, revoked=revoked, signature_ok=signature_ok)
+
+    def prime(self, headers: Iterable[Mapping[str, str] | None]) -> None:
+        self.verifier.prime(headers)
+
+    def signatures(self, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]]) -> list[bool | None]:
+        return self.verifier.signatures(messages)

@@ -54,6 +54,8 @@ from grid.projections.position import Position
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_VERSION = 1
+# Messages whose signatures a catch-up checks at once on a worker thread.
+SIGNATURE_BATCH = 256
 # Catch-up order: commands before host acks, control before everything that depends on it.
 STREAM_ORDER: tuple[str, ...] = (CONTROL_STREAM, COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM, REQUESTS_STREAM)
 
@@ -162,11 +164,14 @@ class ProjectionRunner:
     def __getitem__(self, name: str) -> Any:
         return self.states[name]
 
-    def fold(self, msg: StoredMessage) -> bool:
-        """Fold one stored message. Returns False when it was skipped as malformed."""
+    def fold(self, msg: StoredMessage, *, signature_ok: bool | None = None) -> bool:
+        """Fold one stored message. Returns False when it was skipped as malformed or rejected.
+
+        `signature_ok`: its signature, when already checked (`catch_up` checks them in batches)."""
         if msg.seq <= self.positions.get(msg.stream, 0):
             return True  # already folded (snapshot overlap or redelivery)
-        verdict = self.gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time)
+        verdict = self.gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time,
+                                  signature_ok=signature_ok)
         if not verdict.ok:
             return self._rejected(msg, verdict)
         try:
@@ -252,13 +257,48 @@ class ProjectionRunner:
             if stop is None or stop >= start:
                 iterators[stream] = log_.replay(stream, start_seq=start, end_seq=stop).__aiter__()
         folded = 0
-        merged = merge_by_receipt_time(iterators)
-        try:
-            async for msg in merged:
-                self.fold(msg)
+        authorship = self.gate.authorship
+        loop = asyncio.get_running_loop()
+        batch: list[StoredMessage] = []
+        # The batch whose signatures a worker thread is checking while the one before is folded.
+        checking: tuple[list[StoredMessage], asyncio.Future[list[bool | None]]] | None = None
+
+        def fold_all(messages: list[StoredMessage], signatures: list[bool | None]) -> None:
+            nonlocal folded
+            for msg, signature_ok in zip(messages, signatures):
+                self.fold(msg, signature_ok=signature_ok)
                 folded += 1
                 if progress is not None:
                     progress(msg.stream, msg.seq)
+
+        async def pipeline(messages: list[StoredMessage]) -> None:
+            """Start checking `messages`' signatures, then fold the batch checked before."""
+            nonlocal checking
+            previous, checking = checking, None
+            if messages:
+                assert authorship is not None
+                authorship.prime(m.headers for m in messages)
+                items = [(m.subject, m.data, m.headers) for m in messages]
+                checking = (messages, loop.run_in_executor(None, authorship.signatures, items))
+            if previous is not None:
+                fold_all(previous[0], await previous[1])
+
+        merged = merge_by_receipt_time(iterators)
+        try:
+            async for msg in merged:
+                if authorship is None:
+                    fold_all([msg], [None])
+                    continue
+                # Signatures are most of a verified catch-up's CPU, and libsodium releases the
+                # GIL: a worker checks one batch while this thread folds the one before it.
+                # Revocations and permissions are still judged here, in fold order.
+                batch.append(msg)
+                if len(batch) >= SIGNATURE_BATCH:
+                    await pipeline(batch)
+                    batch = []
+            if authorship is not None:
+                await pipeline(batch)
+                await pipeline([])
         finally:
             await merged.aclose()
             for it in iterators.values():

@@ -223,3 +223,32 @@ async def test_a_revocation_rejects_the_key_from_its_log_position_on(grid, tmp_p
     again = ProjectionRunner((CATALOG,), authorship=controller)
     again.restore_bytes(runner.snapshot_bytes())
     assert again.gate.revoked == runner.gate.revoked
+
+
+async def test_a_catch_up_checks_signatures_in_batches_with_the_per_message_answer(grid) -> None:
+    """Hundreds of messages across several signature batches (checked on a worker thread), forged
+    and honest interleaved, a revocation half way: the same verdicts as folding one by one."""
+    _, identities = grid
+    controller, operator, host = identities["controller"], identities["operator"], identities["host:h1"]
+    log = InMemoryLog()
+    for i in range(700):
+        event = ModeSet(event_id=new_event_id(), at=float(i), mode="observe" if i % 2 else "automatic")
+        data = codec.encode(event)
+        writer = (operator, host, controller)[i % 3]
+        headers = writer.sign("grid.ctl.mode", data)
+        if i % 7 == 0:
+            headers = writer.sign("grid.ctl.other", data)  # signed for another subject
+        await log.append_raw("grid.ctl.mode", data, headers=headers)
+        if i == 350:
+            revoke = codec.encode(CredentialRevoked(event_id=new_event_id(), at=float(i), host_id="ops",
+                                                    keys=(operator.public_key,)))
+            await log.append_raw("grid.ctl.revocation.ops", revoke,
+                                 headers=controller.sign("grid.ctl.revocation.ops", revoke))
+    batched = ProjectionRunner((CATALOG,), authorship=controller)
+    await batched.catch_up(log)
+    one_by_one = ProjectionRunner((CATALOG,), authorship=controller)
+    async for msg in log.replay("GRID_CTL"):
+        one_by_one.fold(msg)
+    assert batched.rejected == one_by_one.rejected
+    assert set(batched.rejected) == {BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER}
+    assert batched.snapshot_bytes() == one_by_one.snapshot_bytes()
