@@ -180,17 +180,20 @@ _varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
 def _stream_config(name: str, replicas: int = 1, max_bytes: int | None = None) -> api.StreamConfig:
-    policy = STREAM_POLICIES[name]
-    return api.StreamConfig(
-        name=name,
-        subjects=list(STREAM_SUBJECTS[name]),
+    return api.StreamConfig(name=name, subjects=list(STREAM_SUBJECTS[name]),
+                            duplicate_window=DUPLICATE_WINDOW_SECONDS,
+                            **_retention(STREAM_POLICIES[name], replicas, max_bytes))
+
+
+def _retention(policy: StreamPolicy, replicas: int, max_bytes: int | None) -> dict[str, Any]:
+    """What every grid stream (and the commands mirror) keeps, and how it is stored."""
+    return dict(
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
         discard=api.DiscardPolicy.OLD,
         max_age=policy.max_age_seconds,
         max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
-        duplicate_window=DUPLICATE_WINDOW_SECONDS,
         # Nobody reads these streams with direct gets (grid.identity.permissions says why): no
         # responder at all, should a permission ever let one through.
         allow_direct=False,
@@ -201,19 +204,8 @@ def _stream_config(name: str, replicas: int = 1, max_bytes: int | None = None) -
 def _view_config(replicas: int = 1, max_bytes: int | None = None) -> api.StreamConfig:
     """GRID_CMDS_VIEW: GRID_CMDS mirrored (same sequences, same retention), for every reader of
     commands but the controller (grid.events.subjects.COMMANDS_VIEW_STREAM)."""
-    policy = STREAM_POLICIES[COMMANDS_STREAM]
-    return api.StreamConfig(
-        name=COMMANDS_VIEW_STREAM,
-        mirror=api.StreamSource(name=COMMANDS_STREAM),
-        retention=api.RetentionPolicy.LIMITS,
-        storage=api.StorageType.FILE,
-        discard=api.DiscardPolicy.OLD,
-        max_age=policy.max_age_seconds,
-        max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
-        max_msgs_per_subject=policy.max_msgs_per_subject or -1,
-        allow_direct=False,
-        num_replicas=replicas,
-    )
+    return api.StreamConfig(name=COMMANDS_VIEW_STREAM, mirror=api.StreamSource(name=COMMANDS_STREAM),
+                            **_retention(STREAM_POLICIES[COMMANDS_STREAM], replicas, max_bytes))
 
 
 class _Refused(Exception):

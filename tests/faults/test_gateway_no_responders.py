@@ -28,6 +28,7 @@ from grid.gateway.routing import EXCLUDED_NO_RESPONDERS
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import load_state
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.e2e.test_fleet import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -56,17 +57,6 @@ class Fleet:
 
     def fresh(self, host_id: str) -> bool:
         return any(h["host_id"] == host_id and h["fresh"] for h in self.admin("GET", "/allocator/status")["hosts"])
-
-
-def wait_until(what: str, probe, timeout: float, interval: float = 0.3):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what} within {timeout:.0f}s (last: {value!r})")
 
 
 @pytest.fixture
