@@ -5,17 +5,21 @@ event: the server itself publishes on request (JetStream API and direct-get repl
 service's reply) to a subject the requester chooses, and a stream stores whatever lands on its
 subjects. So every control-path message carries two headers:
 
-- `Grid-Signer`: the producer's user JWT, signed by the grid's account key. It names the
-  producer's public nkey and, in its tags, the principal (role, host id) the credential speaks for.
+- `Grid-Signer`: the producer's signer certificate, a compact statement signed by the grid's
+  account key: "public nkey K speaks for role R (host H) until E". The authority puts it in every
+  user JWT it issues (claim `grid_cert`), so it travels wherever credentials do, and a message
+  carries ~250 bytes of proof instead of the kilobytes of the JWT's permission lists. A
+  credential issued before certificates existed signs with its whole JWT instead; both verify.
 - `Grid-Sig`: base64url ed25519 signature, by that nkey, over `subject + "\\n" + payload`.
 
 A verifier pins the account key (every credential's JWT names its issuer, so a process learns it
-from its own credential) and accepts a message only when the JWT is the account's, the
-signature holds over the subject the message was *stored under*, the signer's key was not
-revoked before this point of the log, and the permission table (grid.identity.permissions, the
-one source of truth the server also enforces) lets that principal publish on that subject. A
-reflected message keeps the reflector's bytes but lands on another subject, so its signature
-fails; a message the reflector signed itself names a principal that may not write there.
+from its own credential) and accepts a message only when the certificate is the account's, the
+signature holds over the subject the message was *stored under*, the signer's credential had not
+expired at the message's receipt time, its key was not revoked before this point of the log, and
+the permission table (grid.identity.permissions, the one source of truth the server also
+enforces) lets that principal publish on that subject. A reflected message keeps the reflector's
+bytes but lands on another subject, so its signature fails; a message the reflector signed itself
+names a principal that may not write there.
 
 Each check has a reason constant; folds count skips by reason and never stop on one.
 """
@@ -30,9 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
-import nkeys
 import nacl.exceptions
 import nacl.signing
+import nkeys
 
 from grid.events.authorship import SIG_HEADER, SIGNER_HEADER, Signed
 from grid.events.log import subject_matches
