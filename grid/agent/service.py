@@ -52,7 +52,7 @@ from grid.agent.inventory import detect as detect_inventory
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import MSG_INTERNAL_ERROR, MSG_WITHDRAWN, Outcome
-from grid.agent.overrides import OverrideWatcher, active_override
+from grid.agent.overrides import LogOverrides, OverrideWatcher, active_override, stricter
 from grid.agent.ownership import EngineOwner, owner_token
 from grid.agent.protection import ProtectionStatus, SensorSample
 from grid.agent.protection import step as protection_step
@@ -141,6 +141,7 @@ class HostAgent:
         self._protection = ProtectionStatus()
         self._last_sample = SensorSample()
         self._overrides = OverrideWatcher(self.paths.override, self._warn)
+        self._log_overrides: LogOverrides | None = None
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._pending: dict[str, _Pending] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -340,9 +341,16 @@ class HostAgent:
         self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient(),
                                             verifier=getattr(authorship, "verifier", None))
         await self.responder.start()
+        # A lost connection stops the answers in flight (nobody can receive them any more).
+        add_listener = getattr(self.log, "add_disconnect_listener", None)
+        if add_listener is not None:
+            add_listener(self.responder.connection_lost)
 
     async def _stop_responder(self) -> None:
         if self.responder is not None:
+            remove_listener = getattr(self.log, "remove_disconnect_listener", None)
+            if remove_listener is not None:
+                remove_listener(self.responder.connection_lost)
             with contextlib.suppress(Exception):
                 await self.responder.stop()
             self.responder = None
@@ -510,6 +518,15 @@ class HostAgent:
         sample = await asyncio.to_thread(self.sensors.read)
         self._last_sample = sample
         override = active_override(self._overrides.current(), self.clock.now())
+        if self._log_overrides is None:
+            self._log_overrides = LogOverrides(self.log, self.host_id, self._warn)
+        try:
+            await self._log_overrides.refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the override last read stays in force
+            log.warning("agent.override_read_failed", error=str(exc))
+        override = stricter(override, active_override(self._log_overrides.current, self.clock.now()))
         status, transition = protection_step(
             self.options.policy, self._protection, sample, override, self.clock.monotonic()
         )

@@ -13,6 +13,7 @@ from grid.cli.admin import model_app
 from grid.cli.admin import register as register_admin
 from grid.cli.dashboard import dashboard_app
 from grid.cli.events import events_app
+from grid.cli.host import host_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
 from grid.cli.replay import replay_command
@@ -44,6 +45,7 @@ def main(
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
+app.add_typer(host_app, name="host")  # gridctl host drain|pause|quarantine|resume HOST
 app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
 app.command("replay")(replay_command)

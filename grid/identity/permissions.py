@@ -246,6 +246,10 @@ def _host(p: Principal, inbox: str) -> Grant:
             # Its own last events, by subject (clock sync, fence restore). The subject is in the
             # body, so it could read another host's too: nothing there is secret (see above).
             f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
+            # Its operator override, the last `grid.ctl.override.<id>` (grid.agent.overrides):
+            # a message get that could name any GRID_CTL message, none secret (profiles, mode,
+            # overrides, revocations; the gateway reads the whole stream). Publishing there stays denied.
+            f"{JS_API}.STREAM.MSG.GET.{CONTROL_STREAM}",
             f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
             f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
             f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
@@ -323,7 +327,8 @@ ROLES: tuple[RoleSpec, ...] = (
              "creates the artifact store and may put into it; answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
              "publish `grid.host.<id>.>` and read back its own last events (a stream message get, which "
-             "could name any GRID_HOSTS message: none is secret); fetch and ack only its own "
+             "could name any GRID_HOSTS message: none is secret); read its operator override (a stream "
+             "message get on GRID_CTL, none of whose messages is secret either); fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
              "read the artifact store (stream message gets only); renew its credential",
