@@ -268,8 +268,13 @@ class AnalyticsSink:
                     [stream, seq],
                 )
             self.con.execute("COMMIT")
-        except Exception:
-            self.con.execute("ROLLBACK")
+        except Exception as exc:
+            # A failed COMMIT (a full disk, say) may have ended the transaction already: then the
+            # ROLLBACK fails with "no transaction is active", which must not hide the cause.
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error as rollback_exc:
+                exc.add_note(f"(the rollback that followed failed too: {rollback_exc})")
             # Nothing of the batch was stored: forget it and resume from the stored positions
             # (a partial retry could store positions past rows it had already dropped).
             self._reset()
