@@ -225,6 +225,10 @@ def render_status(s: dict[str, Any]) -> None:
         console.print(demand)
         if not analytics.get("recent_demand"):
             console.print("(no requests in this window)", style="dim")
+        for warning in analytics.get("warnings", ()):  # a damaged store quarantined and rebuilt
+            err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        if analytics.get("rebuilding"):
+            console.print("analytics: catching up with the log", style="dim")
         if analytics.get("error"):
             err_console.print(f"[yellow]warning:[/yellow] analytics: {analytics['error']}")
     elif analytics is None and "analytics" in s:

@@ -48,7 +48,8 @@ def _damaged(path: Path, exc: duckdb.Error) -> None:
              f"{exc}\nAsk the running grid instead (its admin.url in the grid home), or stop it first.")
     fail(f"cannot read the analytics store {path}: {exc}\n"
          "The file is damaged (for example truncated by a full disk or an interrupted copy). Move it aside "
-         "and rebuild it from the log with `gridctl replay --source duckdb --sync`, or pass --db another store.")
+         "and rebuild it from the log with `gridctl replay --source duckdb --sync`, or pass --db another store. "
+         "(A running controller with analytics quarantines a damaged store and rebuilds it itself.)")
 
 
 @contextlib.contextmanager
