@@ -16,6 +16,14 @@ from grid.events.host import HOST_STATES, RESIDENCY_STATES
 # (gateway) and admission commands (agent fencing). "throttled" admits at a reduced share.
 ADMITTING_HOST_STATES: frozenset[str] = frozenset({"accepting", "throttled"})
 
+# An operator drain is a make-before-break evacuation: the host takes no new placement, but a
+# residency it already serves keeps taking routed requests (after every admitting host) until
+# the reconciler drains it, which it does once the replacement is ready or the evacuation
+# deadline (reconciler Limits.evacuation_deadline_seconds) has passed. Paused, unhealthy and
+# quarantined hosts stop traffic at once.
+EVACUATING_HOST_STATES: frozenset[str] = frozenset({"draining"})
+ROUTABLE_HOST_STATES: frozenset[str] = ADMITTING_HOST_STATES | EVACUATING_HOST_STATES
+
 # How far a residency has progressed toward serving; a larger rank is more useful. When a
 # host reports several residencies of one model the highest rank describes it, and placement
 # prefers incumbents in this order (ready before warming before loading).
@@ -35,6 +43,7 @@ RESIDENCY_STATE_RANK: dict[str, int] = {
 HEARTBEAT_TIMEOUT_SECONDS = 30.0
 
 assert set(ADMITTING_HOST_STATES) <= set(HOST_STATES)
+assert set(EVACUATING_HOST_STATES) <= set(HOST_STATES)
 assert set(RESIDENCY_STATE_RANK) == set(RESIDENCY_STATES)
 
 

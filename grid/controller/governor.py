@@ -41,6 +41,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
     # A heartbeat received this far in the future (log clock skew) is not trusted.
     future_skew_seconds: float = 5.0
+    # An operator drain is a make-before-break evacuation: a ready replica on a draining host
+    # keeps serving until its replacement is ready, or until this long after the host entered
+    # the draining state (then it drains even if it is the last replica).
+    evacuation_deadline_seconds: float = 60.0
 
 
 def artifact_key(model_id: str, sha256: str | None) -> str:

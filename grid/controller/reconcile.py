@@ -26,6 +26,11 @@ Rules, in the order they are applied:
   exception is an explicit staged preemption from the plan: the victim drains first, at most
   ``PREEMPTIONS_PER_MODEL`` times per model per ``PREEMPTION_WINDOW_SECONDS`` while the
   beneficiary already has a ready replica (``preemption_budget``; bounds ping-pong).
+  An operator drain is the same make-before-break evacuation (the planner retains the draining
+  host's ready copy until its replacement is ready, and the gateway keeps routing to it) with a
+  deadline: once the host has been draining for ``Limits.evacuation_deadline_seconds`` (since
+  ``Guards.evacuating_since``) its placements are no longer desired and its replicas drain even
+  without a ready replacement; minimum residency no longer holds them.
 * A draining residency is unloaded only when it reports zero requests in flight (invariant 6).
 * Observation-time fencing: a heartbeat not newer than a successful ack of the same kind for the
   same host/model cannot trigger a duplicate.
@@ -51,7 +56,7 @@ import msgspec
 
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
-from grid.fleet import ADMITTING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
+from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
 from grid.planner.reasons import RELOCATION
 from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, Preemption, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
@@ -125,6 +130,8 @@ class Guards(msgspec.Struct, frozen=True, kw_only=True):
     fresh_after: float | None = None
     # Withdrawn destructive commands whose postcondition a heartbeat already proved.
     cleared_withdrawals: frozenset[str] = frozenset()
+    # Host id -> log time it entered the draining (evacuating) state, for the hosts in it.
+    evacuating_since: dict[str, float] = {}
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
@@ -379,6 +386,11 @@ class Reconciler:
         for p in sorted(plan.placements, key=lambda p: (p.model_id, p.host_id)):
             if (p.host_id, p.model_id) in self.desired:
                 continue
+            host = self.hosts_by_id.get(p.host_id)
+            if host is not None and self._evacuation_due(host):
+                # The planner retains a draining host's copy until its replacement is ready;
+                # past the evacuation deadline it is no longer desired there.
+                continue
             self.desired[(p.host_id, p.model_id)] = p
             self.desired_by_model.setdefault(p.model_id, []).append(p)
         self.victims: dict[tuple[str, str], Preemption] = {}
@@ -475,6 +487,9 @@ class Reconciler:
             if (cmd.host_id, m) in self.victims or m in self.retired or m not in self.profiles:
                 return False
             if hm is not None and hm.managed is not None and hm.managed.state == "failed":
+                return False
+            host = self.hosts_by_id.get(cmd.host_id)
+            if host is not None and self._evacuation_due(host):
                 return False
             if m in self.shortfall_models:
                 return True
@@ -727,6 +742,13 @@ class Reconciler:
                 elif not is_desired and r.state != "cached":
                     self._drain(host, model_id, r)
 
+    def _evacuation_due(self, host: HostSnapshot) -> bool:
+        """The host is evacuating (draining) and its deadline has passed."""
+        if host.state not in EVACUATING_HOST_STATES:
+            return False
+        since = self.guards.evacuating_since.get(host.host_id)
+        return since is not None and self.now - since >= self.limits.evacuation_deadline_seconds
+
     def _unload_drained(self, host_id: str, model_id: str, r: ResidencyView) -> None:
         if self._defer_in_flight("unload", host_id, model_id):
             return
@@ -768,7 +790,10 @@ class Reconciler:
             still_eligible = host_id in expl if expl is not None else host.state in ADMITTING_HOST_STATES
             reason = DRAIN_SCALE_DOWN if still_eligible else DRAIN_OBSOLETE
         now = self.now
-        if r.state == "ready" and pre is None and not retiring and profile is not None:
+        # An evacuation past its deadline: the draining host's replica goes even if it is the
+        # last one and inside its minimum residency (the operator asked for the machine back).
+        overdue = self._evacuation_due(host)
+        if r.state == "ready" and pre is None and not retiring and profile is not None and not overdue:
             if model_id in self.shortfall_models:
                 reasons.append(LAST_REPLICA)
             elif not self.all_desired_ready.get(model_id, True):
@@ -779,7 +804,7 @@ class Reconciler:
                 reasons.append(SCALE_DOWN_COOLDOWN)
         if r.state == "ready" and not retiring and profile is not None and r.loaded_at is not None and (
             now - r.loaded_at < profile.min_residency_seconds
-        ):
+        ) and not overdue:
             reasons.append(MIN_RESIDENCY)
         elif pre is not None and getattr(pre, "not_before", None) is not None and now < pre.not_before:  # type: ignore[operator]
             reasons.append(MIN_RESIDENCY)

@@ -98,6 +98,7 @@ from grid.planner.types import Plan, PlannerInput, Policy
 from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
+from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
@@ -519,6 +520,7 @@ class Controller:
             destructive_not_before=grace_until,
             fresh_after=self.started_at,
             cleared_withdrawals=frozenset(self._cleared),
+            evacuating_since=fleet_proj.evacuating_since(self.runner.states["fleet"], self.clock.now()),
         )
 
     def _warn(self, message: str) -> None:

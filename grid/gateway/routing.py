@@ -3,8 +3,10 @@
 The order of the gates is written once, in `choose`:
 
 1. eligibility (hard): a READY residency with an endpoint, on a host whose effective state is
-   accepting or throttled, with a heartbeat that is neither stale nor implausibly in the
-   future. Draining residencies and fenced hosts never receive new requests (invariant 4);
+   accepting, throttled or draining (an evacuating host serves what it holds until the
+   reconciler drains it: make-before-break), with a heartbeat that is neither stale nor
+   implausibly in the future. Draining residencies and paused, unhealthy or quarantined hosts
+   never receive new requests (invariant 4);
    requests already running on them are not touched by this module. A managed residency must
    also be one the controller placed and the host confirmed (`Candidate.unplaced` is None,
    judged by grid.projections.placed when the table is built): a claim alone attracts nothing.
@@ -12,7 +14,7 @@ The order of the gates is written once, in `choose`:
    counter, or the heartbeat's for a route the proxy never used) must stay below the effective
    concurrency
    (a throttled host advertises only its throttle fraction of it); an open circuit is closed.
-3. protection class: accepting hosts before throttled ones.
+3. protection class: accepting hosts before throttled ones, evacuating (draining) hosts last.
 4. expected completion: the request's service wave (active + queued work over concurrency)
    times a latency estimate blended from this route's confidence/freshness-weighted EWMA
    toward the comparable routes' median (or the prior), with a max_tokens throughput bound.
@@ -31,16 +33,17 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
-from grid.fleet import ADMITTING_HOST_STATES, HEARTBEAT_TIMEOUT_SECONDS, heartbeat_fresh
+from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS, ROUTABLE_HOST_STATES, heartbeat_fresh
 from grid.gateway.affinity import rendezvous_pick
 from grid.gateway.measure import RouteMeasurement
 from grid.planner.types import HostSnapshot
 
 RouteKey = tuple[str, str, str]  # (host_id, endpoint, model_id)
 
-# Order within the admitting host states: a throttled host only takes what accepting ones cannot.
-PROTECTION_RANK: dict[str, int] = {"accepting": 0, "throttled": 1}
-assert set(PROTECTION_RANK) == set(ADMITTING_HOST_STATES)
+# Order within the routable host states: a throttled host only takes what accepting ones cannot,
+# an evacuating (draining) host only what no admitting host can.
+PROTECTION_RANK: dict[str, int] = {"accepting": 0, "throttled": 1, "draining": 2}
+assert set(PROTECTION_RANK) == set(ROUTABLE_HOST_STATES)
 
 # Decision reasons
 ROUTED = "routed"
@@ -162,7 +165,7 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
         return EXCLUDED_DRAINING if c.state == "draining" else EXCLUDED_NOT_READY
     if c.unplaced is not None:
         return EXCLUDED_UNPLACED
-    if c.host_state not in ADMITTING_HOST_STATES:
+    if c.host_state not in ROUTABLE_HOST_STATES:
         return EXCLUDED_HOST_FENCED
     if not c.endpoint:
         return EXCLUDED_NO_ENDPOINT

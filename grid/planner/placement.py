@@ -26,12 +26,15 @@ use it to prove the indexed search gives the same plan.
 
 from __future__ import annotations
 
-from grid.fleet import RESIDENCY_STATE_RANK
+from grid.fleet import EVACUATING_HOST_STATES, RESIDENCY_STATE_RANK
 from grid.planner import preemption, relocation, repair
 from grid.planner import reasons as R
 from grid.planner.compile import compile_input
 from grid.planner.feasibility import (
     DEFAULT_RUNTIMES,
+    check_heartbeat_future,
+    check_heartbeat_missing,
+    check_heartbeat_stale,
     HEALTHY_STATES,
     LIVE_STATES,
     ModelReq,
@@ -45,7 +48,7 @@ from grid.planner.state import (
     MustMove,
     Slot,
 )
-from grid.planner.types import PlannerInput, Preemption, ResidencyView
+from grid.planner.types import PlannerInput, Policy, Preemption, ResidencyView
 
 
 class Engine:
@@ -140,6 +143,7 @@ class Engine:
 
         # Managed incumbents, model by model in seeding order.
         candidates: dict[str, list[tuple[HostState, ResidencyView]]] = {}
+        evacuating: list[tuple[str, MustMove]] = []
         self.obsolete = []
         for hs in led.hosts:
             for m, r in hs.residencies.items():
@@ -147,6 +151,11 @@ class Engine:
                     continue
                 if r.state in HEALTHY_STATES and m in models and hs.eligible:
                     candidates.setdefault(m, []).append((hs, r))
+                elif r.state == "ready" and m in models and _evacuating(hs, led.now, led.policy):
+                    # An operator drain is a make-before-break evacuation: the ready copy must
+                    # move, and phase 6 keeps it desired until its replacement is ready (the
+                    # reconciler ends that at the evacuation deadline).
+                    evacuating.append((m, MustMove(hs.idx, r, R.HOST_NOT_ELIGIBLE_STATE, hs.snap.state)))
                 else:
                     self.obsolete.append((hs.idx, r))
             # duplicates of the same model on one host are obsolete
@@ -226,6 +235,9 @@ class Engine:
                 # Healthy and compliant, only beyond what is wanted: the model may take it back
                 # if a staged preemption later removes one of its kept replicas.
                 led.surplus.setdefault(ms.req.model_id, []).append((hs.idx, r))
+
+        for m, mm in evacuating:
+            models[m].mustmove.append(mm)
 
         # Memory of obsolete residencies is released by the reconciler on its own.
         for hi, r in self.obsolete:
@@ -480,6 +492,21 @@ class Engine:
                     continue
                 ms.retained.append(mm)
                 deficit -= 1
+
+
+def _evacuating(hs: HostState, now: float, policy: Policy) -> bool:
+    """An operator-drained host whose only lifecycle problem is that state: its heartbeat is
+    neither missing, stale nor implausibly in the future (the state check comes first in the
+    lifecycle chain, so the later checks are run here)."""
+    snap = hs.snap
+    return (
+        snap.state in EVACUATING_HOST_STATES
+        and hs.lifecycle is not None
+        and hs.lifecycle[0] == R.HOST_NOT_ELIGIBLE_STATE
+        and check_heartbeat_missing(snap, now, policy) is None
+        and check_heartbeat_stale(snap, now, policy) is None
+        and check_heartbeat_future(snap, now, policy) is None
+    )
 
 
 def _state_key(state: str) -> int:

@@ -112,6 +112,26 @@ def effective_state(record: HostRecord, now: float) -> str:
     return local
 
 
+def evacuating_since(state: FleetState, now: float) -> dict[str, float]:
+    """Host id -> log time it entered the draining (evacuating) state, for hosts draining at `now`.
+
+    The agent's protection transition to draining when that is what its heartbeat reports, else
+    the controller-side override's time; a draining host with neither is left out (no deadline).
+    """
+    out: dict[str, float] = {}
+    for host_id in sorted(state.hosts):
+        record = state.hosts[host_id]
+        if effective_state(record, now) != "draining":
+            continue
+        local = record.heartbeat.state if record.heartbeat is not None else None
+        override = record.override
+        if local == "draining" and record.protection_state == "draining" and record.protection_at is not None:
+            out[host_id] = record.protection_at
+        elif override is not None and override.state == "draining":
+            out[host_id] = override.set_at
+    return out
+
+
 def _residency_view(hb_at: float, r: object) -> ResidencyView:
     from grid.events.host import Residency
 

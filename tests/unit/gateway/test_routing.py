@@ -54,7 +54,7 @@ def test_only_ready_residencies_on_accepting_or_throttled_fresh_hosts_are_eligib
     reasons = {
         routing.EXCLUDED_DRAINING: cand("a", state="draining"),
         routing.EXCLUDED_NOT_READY: cand("b", state="warming"),
-        routing.EXCLUDED_HOST_FENCED: cand("c", host_state="draining"),
+        routing.EXCLUDED_HOST_FENCED: cand("c", host_state="paused"),
         routing.EXCLUDED_NO_ENDPOINT: cand("d", endpoint=None),
         routing.EXCLUDED_NO_HEARTBEAT: cand("e", hb_age=None),
         routing.EXCLUDED_STALE: cand("f", hb_age=31.0),
@@ -66,6 +66,8 @@ def test_only_ready_residencies_on_accepting_or_throttled_fresh_hosts_are_eligib
         assert routing.exclusion(cand("x", host_state=state), NOW) == routing.EXCLUDED_HOST_FENCED
     assert routing.exclusion(good, NOW) is None
     assert routing.exclusion(cand("t", host_state="throttled"), NOW) is None
+    # An evacuating (draining) host keeps serving what it holds until the reconciler drains it.
+    assert routing.exclusion(cand("v", host_state="draining"), NOW) is None
     # inside the future-skew window is fine (clamped to zero age)
     assert routing.exclusion(cand("s", hb_age=-4.0), NOW) is None
     d = choose([*reasons.values(), good], now=NOW)
@@ -75,6 +77,14 @@ def test_only_ready_residencies_on_accepting_or_throttled_fresh_hosts_are_eligib
 def test_draining_only_means_no_ready_replica() -> None:
     d = choose([cand("a", state="draining"), cand("b", host_state="paused")], now=NOW)
     assert d.route is None and d.reason == routing.REASON_NO_READY
+
+
+def test_an_evacuating_host_only_takes_what_no_admitting_host_can() -> None:
+    leaving = cand("a", host_state="draining", active=0, conc=4)
+    staying = cand("b", host_state="throttled", active=1, conc=4)
+    assert choose([leaving, staying], now=NOW).route is staying
+    assert choose([leaving], now=NOW).route is leaving
+    assert choose([leaving, cand("b", active=4, conc=4)], now=NOW).route is leaving
 
 
 def test_accepting_beats_a_less_loaded_throttled_host() -> None:
@@ -257,7 +267,7 @@ def test_property_chosen_route_passes_every_hard_gate(specs, affinity, max_token
         return
     r = d.route
     assert r is not None and r in admissible
-    assert r.state == "ready" and r.host_state in ("accepting", "throttled")
+    assert r.state == "ready" and r.host_state in ("accepting", "throttled", "draining")
     best_rank = min(routing.PROTECTION_RANK[c.host_state] for c in admissible)
     assert routing.PROTECTION_RANK[r.host_state] == best_rank
 

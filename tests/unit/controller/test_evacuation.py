@@ -1,0 +1,135 @@
+"""An operator drain is a make-before-break evacuation (issue 25 item 4).
+
+Planner and reconciler together, tick by tick, on real values: a single-copy model on a host the
+operator drains gets a replacement elsewhere; the draining host's ready replica stays routable
+(after every admitting host) and is drained only once the replacement is ready, or once the
+evacuation deadline has passed. Paused hosts still stop traffic at once.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from grid.controller import reconcile as rc
+from grid.controller.governor import Limits
+from grid.controller.reconcile import Guards, reconcile
+from grid.gateway import routing
+from grid.planner.plan import plan as make_plan
+from grid.planner.reasons import RETAINED_UNTIL_REPLACED
+from grid.planner.types import HostSnapshot
+
+from tests.unit.controller.ctlkit import NOW, History, host, kinds, profile, profiles, reasons, res
+
+M = profiles(profile("m", min_replicas=1, max_replicas=1, min_residency_seconds=300))
+DRAIN_AT = NOW - 10.0
+
+
+def _plan(hosts: list[HostSnapshot], now: float = NOW):  # type: ignore[no-untyped-def]
+    from grid.planner.types import PlannerInput, Policy
+
+    return make_plan(PlannerInput(now=now, profiles=tuple(M.values()), hosts=tuple(hosts), demand=(),
+                                  policy=Policy()))
+
+
+def _routed(hosts: list[HostSnapshot], now: float = NOW) -> str | None:
+    hosts = [msgspec.structs.replace(h, residencies=tuple(
+        msgspec.structs.replace(r, endpoint=f"http://{h.host_id}:1") for r in h.residencies)) for h in hosts]
+    table = routing.build_table(hosts)
+    d = routing.choose(list(table.get("m", ())), now=now)
+    return None if d.route is None else d.route.host_id
+
+
+def _tick(hosts: list[HostSnapshot], history: History | None = None, now: float = NOW,
+          since: float | None = DRAIN_AT, limits: Limits = Limits()):  # type: ignore[no-untyped-def]
+    guards = Guards(evacuating_since={} if since is None else {
+        h.host_id: since for h in hosts if h.state == "draining"})
+    p = _plan(hosts, now)
+    return p, reconcile(p, hosts, (history or History()).state, M, now, limits=limits, guards=guards)
+
+
+def test_a_drained_single_copy_keeps_serving_until_its_replacement_is_ready() -> None:
+    # h1 serves the only replica (loaded 60 s ago: minimum residency would also hold it); the
+    # operator drains h1.
+    old = res("m", loaded_age=60)
+    hosts = [host("h1", old, state="draining"), host("h2")]
+    p, r = _tick(hosts)
+    # The planner places the replacement on h2 and retains the draining copy meanwhile.
+    assert [(x.host_id, x.status) for x in p.placements] == [("h1", "existing"), ("h2", "new")]
+    assert p.placements[0].reason == RETAINED_UNTIL_REPLACED
+    # The reconciler loads the replacement and keeps the old copy: nothing destructive.
+    assert kinds(r) == [("load", "h2", "m")]
+    assert ("drain", "h1", "m") not in reasons(r)
+    # Meanwhile the gateway still routes to the draining host's ready replica.
+    assert _routed(hosts) == "h1"
+
+    # The replacement is warming: still no drain, still served by h1.
+    hosts = [host("h1", old, state="draining"), host("h2", res("m", "warming"))]
+    p, r = _tick(hosts)
+    assert [x.host_id for x in p.placements] == ["h1", "h2"]
+    assert not [a for a in r.actions if a.destructive]
+    assert _routed(hosts) == "h1"
+
+    # The replacement is ready: the plan lets the old copy go and the gateway prefers the new one
+    # (admitting before evacuating hosts). A copy inside its minimum residency still waits for
+    # that (or the deadline); a settled one drains now.
+    hosts = [host("h1", old, state="draining"), host("h2", res("m", loaded_age=1))]
+    p, r = _tick(hosts)
+    assert [(x.host_id, x.status) for x in p.placements] == [("h2", "existing")]
+    assert reasons(r)[("drain", "h1", "m")] == rc.MIN_RESIDENCY
+    assert _routed(hosts) == "h2"
+    settled = res("m", loaded_age=1000)
+    hosts = [host("h1", settled, state="draining"), host("h2", res("m", loaded_age=1))]
+    _, r = _tick(hosts)
+    assert kinds(r) == [("drain", "h1", "m")] and r.actions[0].reason == rc.DRAIN_OBSOLETE
+    assert _routed(hosts) == "h2"
+
+    # Once drained, its residency is out of routing and unloaded when idle.
+    hosts = [host("h1", res("m", "draining"), state="draining"), host("h2", res("m", loaded_age=1))]
+    _, r = _tick(hosts)
+    assert kinds(r) == [("unload", "h1", "m")]
+
+
+def test_the_deadline_ends_the_evacuation_even_without_a_replacement() -> None:
+    # No other host can take the model: the draining host's copy is the last one.
+    hosts = [host("h1", res("m", loaded_age=60), state="draining")]
+    p, r = _tick(hosts)
+    assert [(x.host_id, x.reason) for x in p.placements] == [("h1", RETAINED_UNTIL_REPLACED)]
+    assert r.actions == () and ("drain", "h1", "m") not in reasons(r)
+    assert _routed(hosts) == "h1"
+    # Deadline passed (60 s by default since the host entered draining): it drains.
+    def later(t: float) -> list[HostSnapshot]:
+        return [host("h1", res("m", loaded_age=60), state="draining", hb_at=t - 1.0)]
+
+    _, r = _tick(later(DRAIN_AT + 59.0), now=DRAIN_AT + 59.0)
+    assert r.actions == ()
+    _, r = _tick(later(DRAIN_AT + 60.0), now=DRAIN_AT + 60.0)
+    assert kinds(r) == [("drain", "h1", "m")]
+    # A delivered drain past the deadline is not withdrawn as unsafe.
+    h = History().issue(r.actions[0], at=DRAIN_AT + 60.0)
+    _, r2 = _tick(later(DRAIN_AT + 62.0), h, now=DRAIN_AT + 62.0)
+    assert r2.withdrawals == ()
+    # Before the deadline the same drain would be withdrawn (the copy is still desired).
+    _, r3 = _tick(later(DRAIN_AT + 30.0), h, now=DRAIN_AT + 30.0)
+    assert r3.withdrawals != ()
+    # A shorter deadline is honoured; an unknown start keeps make-before-break.
+    _, r = _tick(later(DRAIN_AT + 5.0), now=DRAIN_AT + 5.0, limits=Limits(evacuation_deadline_seconds=5.0))
+    assert kinds(r) == [("drain", "h1", "m")]
+    _, r = _tick(later(DRAIN_AT + 600.0), now=DRAIN_AT + 600.0, since=None)
+    assert r.actions == ()
+
+
+def test_pause_quarantine_and_unhealthy_stop_traffic_at_once() -> None:
+    for state in ("paused", "quarantined", "unhealthy"):
+        hosts = [host("h1", res("m"), state=state), host("h2")]
+        assert _routed(hosts) is None, state
+        # ...and its replica is not drained before the replacement is ready either.
+        _, r = _tick(hosts)
+        assert not [a for a in r.actions if a.destructive]
+    # A draining residency never takes new requests, whatever its host's state.
+    assert _routed([host("h1", res("m", "draining"), state="draining")]) is None
+
+
+def test_a_silent_draining_host_is_not_retained() -> None:
+    hosts = [host("h1", res("m"), state="draining", hb_at=NOW - 45.0), host("h2")]
+    p, _ = _tick(hosts)
+    assert [(x.host_id, x.status) for x in p.placements] == [("h2", "new")]
