@@ -250,6 +250,9 @@ class JetStreamLog:
         # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
         # (or collected, if a caller forgets to close it).
         self._live: weakref.WeakSet[OrderedSubscription | DurableSubscription] = weakref.WeakSet()
+        # Called (synchronously, inside nats-py's reconnect task) when the connection is lost:
+        # whoever holds state that cannot survive it (core request/reply in flight) fails it.
+        self._disconnect_listeners: list[Callable[[], None]] = []
 
     @classmethod
     async def connect(
@@ -302,6 +305,8 @@ class JetStreamLog:
         async def on_disconnected() -> None:
             if connected and not (connected[0].client.is_closed or connected[0].client.is_draining):
                 log.warning("nats disconnected; reconnecting", url=url)
+            if connected:
+                connected[0]._disconnected()
 
         async def on_reconnected() -> None:
             if connected:
@@ -343,6 +348,22 @@ class JetStreamLog:
                 await event_log.close()  # a log that cannot set up its streams is not handed out
                 raise
         return event_log
+
+    def add_disconnect_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` each time the connection is lost (before reconnecting). It runs
+        inside nats-py's reconnect task: it must not block, and what it raises is only logged."""
+        self._disconnect_listeners.append(listener)
+
+    def remove_disconnect_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._disconnect_listeners:
+            self._disconnect_listeners.remove(listener)
+
+    def _disconnected(self) -> None:
+        for listener in list(self._disconnect_listeners):
+            try:
+                listener()
+            except Exception as exc:  # noqa: BLE001 - must never end nats-py's reconnecting
+                log.error("nats disconnect listener failed", error=f"{type(exc).__name__}: {exc}")
 
     def _reconnected(self) -> None:
         """Renew every live subscription (runs inside nats-py's reconnect task: must not block)."""

@@ -10,6 +10,7 @@ of silently draining a generation nobody will read. `on_done(outcome)` runs exac
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,8 @@ STREAM_OK = "ok"
 STREAM_CLIENT_GONE = "cancelled"
 STREAM_UPSTREAM_BROKEN = "upstream_error"
 STREAM_UPSTREAM_TIMEOUT = "upstream_timeout"
+# The transport to the upstream was lost (the gateway's NATS connection): not the engine's fault.
+STREAM_CONNECTION_LOST = "connection_lost"
 
 
 class RawResponse:
@@ -147,10 +150,19 @@ class ProxyStream:
             pumping = False
             outcome = STREAM_UPSTREAM_TIMEOUT
             await self._end(send)
-        except httpx.HTTPError:
+        except httpx.HTTPError as exc:
             pumping = False
-            outcome = STREAM_UPSTREAM_BROKEN
-            await self._end(send)
+            # An error that names itself for the client (grid.infer.client.UpstreamConnectionLost)
+            # ends an event stream with an OpenAI-shaped error event, so the client knows why.
+            code = getattr(exc, "code", None)
+            message = getattr(exc, "client_message", None)
+            outcome = STREAM_CONNECTION_LOST if isinstance(code, str) and code == "upstream_connection_lost" \
+                else STREAM_UPSTREAM_BROKEN
+            event = b""
+            if isinstance(code, str) and isinstance(message, str) and self._event_stream():
+                event = b"data: " + json.dumps({"error": {"message": message, "type": "server_error",
+                                                          "param": None, "code": code}}).encode() + b"\n\n"
+            await self._end(send, event)
         except OSError:
             pumping = False
             outcome = STREAM_CLIENT_GONE
@@ -164,9 +176,12 @@ class ProxyStream:
                 pass
             self.on_done(outcome)
 
+    def _event_stream(self) -> bool:
+        return any(k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream") for k, v in self.headers)
+
     @staticmethod
-    async def _end(send: Any) -> None:
+    async def _end(send: Any, last: bytes = b"") -> None:
         try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
         except Exception:  # noqa: BLE001 - the client may be gone too
             pass

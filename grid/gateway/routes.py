@@ -36,6 +36,7 @@ from grid.gateway.breaker import CALLER_CAUSED_5XX, OUTCOME_FAILURE, OUTCOME_NEU
 from grid.gateway.evaluation import HEADER as EVALUATION_HEADER
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
+    STREAM_CONNECTION_LOST,
     STREAM_OK,
     STREAM_UPSTREAM_TIMEOUT,
     ProxyStream,
@@ -44,7 +45,7 @@ from grid.gateway.responses import (
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
-from grid.infer.client import NoResponders
+from grid.infer.client import NoResponders, UpstreamConnectionLost
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -411,6 +412,12 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
         done("unavailable", 503, time.perf_counter() - t0)
         return errors.error_response(503, "The host serving this model went away; retry shortly.",
                                      errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
+    except UpstreamConnectionLost:
+        # The gateway's own NATS connection broke (a server restart): not the engine's fault, so
+        # the breaker stays as it was. The request may have been delivered: never replayed.
+        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
+        done("error", 502, time.perf_counter() - t0)
+        return _connection_lost()
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("timeout", 504, time.perf_counter() - t0)
@@ -443,6 +450,8 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
                 done("ok", status, latency, parser.completion_tokens or 0)
             elif outcome == STREAM_CLIENT_GONE:
                 done("cancelled", 499, latency, parser.completion_tokens or 0)
+            elif outcome == STREAM_CONNECTION_LOST:  # the gateway's NATS connection: not the engine
+                done("error", 502, latency)
             else:
                 breakers.record(key, OUTCOME_FAILURE, end)
                 done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
@@ -458,6 +467,10 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
 
     try:
         content = await _read_bounded(upstream, None if ok else MAX_UPSTREAM_ERROR_BYTES)
+    except UpstreamConnectionLost:
+        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
+        done("error", 502, time.perf_counter() - t0)
+        return _connection_lost()
     except httpx.HTTPError:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("error", 502, time.perf_counter() - t0)
@@ -477,6 +490,11 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, 
 
         return RawResponse(status, _served_headers(upstream, route), content, after)
     return _upstream_failure(gw, status, content, latency, done)
+
+
+def _connection_lost() -> Response:
+    return errors.error_response(502, UpstreamConnectionLost.client_message, errors.SERVER_ERROR,
+                                 errors.CODE_UPSTREAM_CONNECTION_LOST, retry_after=1.0)
 
 
 def _served_headers(upstream: UpstreamResponse, route: routing.Candidate) -> list[tuple[bytes, bytes]]:

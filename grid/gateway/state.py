@@ -116,6 +116,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics(self._gauges())
         self.upstream: Upstream | None = None
+        self._upstream_lost: Any = None
         self.waiters = 0
         self._released = asyncio.Event()
         self._version = 0
@@ -144,6 +145,12 @@ class Gateway:
             nc=getattr(self.log, "client", None),
             signer=getattr(self.log, "authorship", None),
         )
+        # A lost NATS connection fails every inference request in flight at once (their replies
+        # cannot arrive any more) instead of holding its slot for the whole read timeout.
+        self._upstream_lost = getattr(self.upstream.client, "connection_lost", None)
+        add_listener = getattr(self.log, "add_disconnect_listener", None)
+        if self._upstream_lost is not None and add_listener is not None:
+            add_listener(self._upstream_lost)
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
         self.telemetry.start()
         self.started = True
@@ -238,6 +245,10 @@ class Gateway:
                 await asyncio.wait_for(cancel_and_wait([self._follower]), 2.0)
             self._follower = None
         await self.telemetry.stop()
+        remove_listener = getattr(self.log, "remove_disconnect_listener", None)
+        if self._upstream_lost is not None and remove_listener is not None:
+            remove_listener(self._upstream_lost)
+        self._upstream_lost = None
         if self.upstream is not None:
             await self.upstream.aclose()
             self.upstream = None

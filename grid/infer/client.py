@@ -17,12 +17,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import structlog
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from grid.events.authorship import Authorship
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
 from grid.infer import wire
+
+log = structlog.get_logger(__name__)
 
 SCHEME = "grid+nats"
 # Pauses between publishes answered by "no responders" (None: give up).
@@ -37,6 +40,16 @@ class NoResponders(httpx.ConnectError):
     def __init__(self, message: str, host_id: str) -> None:
         super().__init__(message)
         self.host_id = host_id
+
+
+class UpstreamConnectionLost(httpx.ReadError):
+    """The gateway's NATS connection was lost while this request was in flight. Its reply
+    cannot arrive any more: a restarted server never delivered the request, so it refuses the
+    agent's publish to the reply inbox, and messages sent during the outage are gone. The request
+    may have been delivered (and executed), so it is never sent anywhere else."""
+
+    code = "upstream_connection_lost"
+    client_message = "The connection to the host serving this model was lost; retry the request."
 
 
 class InferTarget:
@@ -62,18 +75,35 @@ class _Lost(Exception):
     """Messages of this answer were dropped (its reader fell too far behind)."""
 
 
+class _ConnectionLost(Exception):
+    """The connection this answer was coming on was lost (see `UpstreamConnectionLost`)."""
+
+
+# Queued after the last message that arrived before the connection was lost.
+_LOST_CONNECTION = object()
+
+
 class _Inbox:
     """The reply messages of one request, fed by the shared subscription (see `_Replies`)."""
 
-    __slots__ = ("_queue", "_overflow", "_replies", "subject")
+    __slots__ = ("_queue", "_overflow", "_replies", "failed", "subject")
 
     def __init__(self, replies: _Replies, subject: str) -> None:
         self._replies = replies
         self.subject = subject
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._overflow = False
+        self.failed = False
+
+    def fail(self) -> None:
+        """The connection was lost: once the messages already here are read, reading fails."""
+        if not self.failed:
+            self.failed = True
+            self._queue.put_nowait(_LOST_CONNECTION)
 
     def put(self, msg: Any) -> None:
+        if self.failed:
+            return  # nothing after a lost connection belongs to this answer any more
         if self._queue.qsize() >= MAX_PENDING_MESSAGES:
             self._overflow = True  # dropped: the sequence check reports the gap
             return
@@ -81,11 +111,16 @@ class _Inbox:
 
     async def next_msg(self, timeout: float) -> Any:
         if not self._queue.empty():  # the common case mid-stream: no timer at all
-            return self._queue.get_nowait()
-        if self._overflow:
+            msg = self._queue.get_nowait()
+        elif self._overflow:
             raise _Lost()
-        async with asyncio.timeout(timeout):  # cheaper than wait_for, which wraps a task
-            return await self._queue.get()
+        else:
+            async with asyncio.timeout(timeout):  # cheaper than wait_for, which wraps a task
+                msg = await self._queue.get()
+        if msg is _LOST_CONNECTION:
+            self._queue.put_nowait(msg)  # every later read fails the same way
+            raise _ConnectionLost()
+        return msg
 
     async def unsubscribe(self) -> None:
         self._replies.boxes.pop(self.subject, None)
@@ -117,6 +152,10 @@ class _Replies:
         box = self.boxes.get(msg.subject)
         if box is not None:
             box.put(msg)
+
+    def connection_lost(self) -> None:
+        for box in list(self.boxes.values()):
+            box.fail()
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -151,6 +190,8 @@ class NatsResponse:
                 msg = await self._sub.next_msg(timeout=self._read_timeout)
             except _Lost as exc:
                 raise httpx.ReadError(f"{self._target}: lost part of the answer (read too slowly)") from exc
+            except _ConnectionLost as exc:
+                raise UpstreamConnectionLost(f"{self._target}: the NATS connection was lost mid-answer") from exc
             except Exception as exc:  # a timeout
                 raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
             headers = msg.headers or {}
@@ -191,6 +232,18 @@ class NatsUpstream:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._replies = _Replies(nc) if nc is not None else None
+        self.connections_lost = 0
+
+    def connection_lost(self) -> None:
+        """The NATS connection was lost: fail every request in flight at once (their replies
+        cannot arrive any more) instead of leaving each to its read timeout. Registered with the
+        log's disconnect listeners; must not block."""
+        if self._replies is not None:
+            self.connections_lost += 1
+            failed = len(self._replies.boxes)
+            self._replies.connection_lost()
+            if failed:
+                log.warning("infer.connection_lost", failed=failed)
 
     async def post(self, target: InferTarget, body: bytes, headers: list[tuple[bytes, bytes]]) -> NatsResponse:
         nc = self.nc
@@ -221,6 +274,14 @@ class NatsUpstream:
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
                                 first=first.data or b"", ended=wire.H_END in headers_in)
+        except UpstreamConnectionLost:
+            # The agent may have the request: ask it to stop (sent once reconnected; it also
+            # stops a request still in the client's buffer, which is sent just before it).
+            with contextlib.suppress(Exception):
+                await nc.publish(infer_cancel_subject(target.host_id), sub.subject.encode("ascii"))
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            raise
         except NatsError as exc:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -247,6 +308,8 @@ class NatsUpstream:
             await self.nc.publish(subject, body, reply=reply, headers=headers)
             try:
                 first = await sub.next_msg(timeout=self.connect_timeout)
+            except _ConnectionLost as exc:
+                raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
             except Exception as exc:
                 raise httpx.ConnectTimeout(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s") from exc
             if wire.H_WORKING in (first.headers or {}):
@@ -254,6 +317,8 @@ class NatsUpstream:
                 # here on the request may have executed, so silence is a read timeout.
                 try:
                     first = await sub.next_msg(timeout=self.read_timeout)
+                except _ConnectionLost as exc:
+                    raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
                 except Exception as exc:
                     raise httpx.ReadTimeout(f"{target}: no answer for {self.read_timeout:g}s") from exc
                 return first

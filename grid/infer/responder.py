@@ -143,6 +143,9 @@ class InferenceResponder:
         self._subs: list[Any] = []
         self.served = 0
         self.cancelled = 0
+        # Answers stopped because this agent's NATS connection was lost (see connection_lost).
+        self.lost = 0
+        self._lost_replies: set[str] = set()
         # Requests answered with nothing, by reason (grid.identity.replies).
         self.refused: dict[str, int] = {}
 
@@ -177,7 +180,27 @@ class InferenceResponder:
         reply = msg.reply
         task = asyncio.create_task(self._serve(msg), name="infer-forward")
         self._active[reply] = task
-        task.add_done_callback(lambda _t: self._active.pop(reply, None))
+        task.add_done_callback(lambda _t: self._done(reply))
+
+    def _done(self, reply: str) -> None:
+        self._active.pop(reply, None)
+        self._lost_replies.discard(reply)
+
+    def connection_lost(self) -> None:
+        """This agent's NATS connection was lost: stop every answer in flight (the engine stops
+        generating) instead of generating for nobody. Their replies could not arrive anyway: a
+        restarted server refuses a reply to a request it never delivered, and the gateway fails
+        its requests when its own connection goes. Registered with the log's disconnect
+        listeners; must not block."""
+        stopped = 0
+        for reply, task in list(self._active.items()):
+            if reply not in self._lost_replies:
+                self._lost_replies.add(reply)
+                self.lost += 1
+                stopped += 1
+                task.cancel()
+        if stopped:
+            log.warning("infer.connection_lost", stopped=stopped)
 
     async def _on_cancel(self, msg: Msg) -> None:
         task = self._active.get(msg.data.decode("ascii", "replace"))
@@ -199,6 +222,12 @@ class InferenceResponder:
 
     async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
         await self.nc.publish(reply, body, headers={wire.H_SEQ: str(seq), **headers})
+
+    async def _end_lost(self, reply: str, seq: int) -> None:
+        """Best effort (buffered until reconnected): the answer ends, and why."""
+        with contextlib.suppress(Exception):
+            await self._send(reply, seq, **{wire.H_END: "1", wire.H_ERROR: "the agent lost its NATS connection",
+                                            **({} if seq else {wire.H_PHASE: wire.PHASE_READ})})
 
     async def _refuse(self, reply: str, status: int, message: str, code: str) -> None:
         headers = wire.encode_headers([(b"content-type", b"application/json")])
@@ -246,6 +275,11 @@ class InferenceResponder:
         seq = 0
         try:
             response = await self._http.post(route.endpoint.rstrip("/") + path, body, headers)
+        except asyncio.CancelledError:
+            if reply in self._lost_replies:  # say why, should the requester still be listening
+                begin()
+                await self._end_lost(reply, 0)
+            raise
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
             begin()
@@ -291,6 +325,12 @@ class InferenceResponder:
                         await self._send(reply, seq, chunk[i:i + wire.CHUNK_BYTES])
             await self._send(reply, seq + 1, **{wire.H_END: "1"})
             self.served += 1
+        except asyncio.CancelledError:
+            if reply in self._lost_replies:
+                started = answer.started
+                begin()
+                await self._end_lost(reply, seq + 1 if started else 0)
+            raise
         except httpx.HTTPError as exc:
             if answer.started:
                 await self._send(reply, seq + 1, **{wire.H_END: "1", wire.H_ERROR: f"engine failed: {type(exc).__name__}"})
