@@ -191,10 +191,14 @@ class LocalGrid:
             return self.embedded.sync_always  # we wrote its configuration
         if self.assume_durable:
             return True
-        reported = await event_log.server_syncs_always()
+        from grid.identity.durability import external_log_durable
+
+        # The server's own report, else a server whose config `gridctl nats init` / `nats
+        # cluster-config` wrote under this home (recorded by name: fsync on every write).
+        durable, reported, recorded = await external_log_durable(event_log, self.config.home)
         # The URL may carry credentials: the note names the server by role only.
-        self.durability_note = durability_note(reported)
-        return bool(reported)
+        self.durability_note = "" if recorded else durability_note(reported)
+        return durable
 
     async def _supervise_nats(self, server: EmbeddedNats) -> None:
         """Start the embedded server again, same port and store, whenever it dies."""

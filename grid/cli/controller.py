@@ -118,8 +118,15 @@ async def _run(cfg: GridConfig, settings: ControllerSettings, admin: tuple[str, 
                 if creds is not None else None)
     # An external server counts as durable only when it says it fsyncs every write (or the
     # operator vouches for it); otherwise automatic mode is refused and the controller recommends.
-    reported = None if assume_durable else await log_.server_syncs_always()
-    log_.durable = assume_durable or bool(reported)
+    # A server whose config `gridctl nats init` / `nats cluster-config` wrote under this home is
+    # recorded there (grid.identity.durability) and counts as durable too.
+    from grid.identity.durability import external_log_durable
+
+    reported: bool | None = None
+    if assume_durable:
+        log_.durable = True
+    else:
+        log_.durable, reported, _recorded = await external_log_durable(log_, cfg.home)
     if not log_.durable:
         err_console.print(f"[yellow]{durability_note(reported)}; automatic mode is refused (the controller only "
                           "recommends). If its JetStream fsyncs every write (sync_interval: always), restart with "

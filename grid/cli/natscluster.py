@@ -2,7 +2,9 @@
 
 One directory per node (config, key pairs, CA) for you to install on that node, plus this grid
 home's credentials (as `gridctl nats init` writes them) so components can connect with
-`--nats tls://a:4222,tls://b:4222,tls://c:4222`.
+`--nats tls://a:4222,tls://b:4222,tls://c:4222`. Every node config fsyncs each write, and the
+node names are recorded under GRID_HOME (grid.identity.durability) so the controller trusts the
+cluster as durable without `--assume-durable`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import typer
 from grid.cli.common import JsonOption, config, console, fail, print_json
 from grid.events.cluster import CLIENT_PORT, DEFAULT_CLUSTER_NAME, ROUTE_PORT
 from grid.identity.authority import Authority
+from grid.identity.durability import record_servers
 from grid.identity.clusterconfig import ClusterConfigError, ClusterLayout, write_cluster_configs
 from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir, ensure_local_credentials
 from grid.identity.tls import TLSMaterial
@@ -73,6 +76,8 @@ def cluster_config(
     except ClusterConfigError as exc:
         fail(str(exc))
         return
+    record_servers(cfg.home, [(n.name, p) for n, p in zip(layout.nodes, paths, strict=True)], sync_always=True,
+                   written_by="gridctl nats cluster-config", now=now)
     if gateway_home is not None:
         target = authority_dir(gateway_home) / CREDS_DIR / "gateway.creds"
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

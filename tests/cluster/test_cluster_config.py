@@ -107,6 +107,12 @@ async def test_cluster_config_runs_as_a_secured_r3_cluster(tmp_path: Path, serve
         assert log.clustered()
         assert {r.actual for r in log.replica_reports} == {3}
         await log.append_raw("grid.ctl.tick", b"{}", msg_id="on-the-cluster")
+        # Every node fsyncs each write and cluster-config recorded them: trusted as durable,
+        # though the controller's credential may not ask a server its sync policy.
+        from grid.identity.durability import external_log_durable
+
+        durable, reported, recorded = await external_log_durable(log, home)
+        assert (durable, reported) == (True, None) and recorded in {n["name"] for n in doc["nodes"]}
     finally:
         await log.close()
     # Operator mode on every node: no credential, no connection.
