@@ -280,3 +280,79 @@ async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_abse
         assert long.rstrip().endswith(b"data: [DONE]")
     # The claim needs a queue longer than the connect timeout, or it proves nothing.
     assert waited > connect_timeout, waited
+
+
+def _long(stream: bool) -> bytes:
+    return json.dumps({"model": MODEL, "max_tokens": 4000, "stream": stream, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "Count"}]}).encode()
+
+
+async def _engine_idle(responder: InferenceResponder, engine: EngineRoute) -> bool:
+    async with httpx.AsyncClient() as c:
+        for _ in range(100):
+            if responder.in_flight == 0 and await probe_active(c, engine.endpoint, engine.key) == 0:
+                return True
+            await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_lost_gateway_connection_fails_the_requests_in_flight_at_once(pair, engine: EngineRoute) -> None:
+    """The gateway's log reports its connection lost: a started stream and a non-streamed request
+    still being generated both fail at once (no reply can arrive on a restarted server), and the
+    agent is asked to cancel both."""
+    from grid.infer.client import UpstreamConnectionLost
+
+    upstream, responder, gateway_log = pair
+    gateway_log.add_disconnect_listener(upstream.connection_lost)
+    try:
+        target = InferTarget("host-a", MODEL, CHAT)
+        streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
+        chunks = streamed.aiter_raw()
+        assert await chunks.__anext__()
+        plain = asyncio.create_task(upstream.post(target, _long(False), JSON))
+        deadline = time.monotonic() + 10
+        while responder.in_flight < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        gateway_log._disconnected()  # what nats-py's disconnected callback runs
+        with pytest.raises(UpstreamConnectionLost):
+            async with asyncio.timeout(2):
+                async for _chunk in chunks:
+                    pass
+        with pytest.raises(UpstreamConnectionLost):
+            async with asyncio.timeout(2):
+                await plain
+        assert time.monotonic() - t0 < 2
+        await streamed.aclose()
+        deadline = time.monotonic() + 5
+        while responder.in_flight:
+            assert time.monotonic() < deadline, "the agent kept answering after the cancels"
+            await asyncio.sleep(0.05)
+        assert responder.cancelled == 2 and upstream.connections_lost == 1
+        # llama-server finishes a non-streamed answer whose connection closed (only a stream stops
+        # at once): wait for it so the next test finds both slots free.
+        async with httpx.AsyncClient() as c:
+            deadline = time.monotonic() + 60
+            while await probe_active(c, engine.endpoint, engine.key):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+    finally:
+        gateway_log.remove_disconnect_listener(upstream.connection_lost)
+
+
+async def test_a_lost_agent_connection_stops_the_engine_and_ends_the_answer(pair, engine: EngineRoute) -> None:
+    """The agent's connection is lost: it stops generating for nobody (the engine slot frees) and,
+    should the requester still be listening, ends the answer with an error."""
+    upstream, responder, _log = pair
+    streamed = await upstream.post(InferTarget("host-a", MODEL, CHAT), _long(True), JSON + [(b"connection", b"close")])
+    chunks = streamed.aiter_raw()
+    assert await chunks.__anext__()
+    responder.connection_lost()
+    with pytest.raises(httpx.ReadError, match="agent lost its NATS connection"):
+        async with asyncio.timeout(5):
+            async for _chunk in chunks:
+                pass
+    await streamed.aclose()
+    assert await _engine_idle(responder, engine)
+    assert responder.lost == 1
