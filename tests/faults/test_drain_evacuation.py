@@ -17,22 +17,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from grid.agent.artifacts import BUNDLED_MODEL_ID
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import load_state
 from tests.e2e.test_fleet import wait_until
-from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.faults.fleetkit import MODEL, Fleet, ask, two_machines
 
 pytestmark = pytest.mark.e2e
 
-MODEL = BUNDLED_MODEL_ID
 HOSTS = {"h1", "h2"}
 REQUESTS_BEFORE_DRAIN = 4
 # Bound on the whole evacuation: replacement load + warm, then drain and unload of the old copy
@@ -41,66 +37,34 @@ EVACUATION_BOUND_SECONDS = 240.0
 LIVE_STATES = {"loading", "warming", "ready", "draining", "unloading"}
 
 
-@dataclass
-class Fleet:
-    home: Path
-    gateway: str
+def residencies(fleet: Fleet) -> dict[str, set[str]]:
+    """host -> {model's live residency states} (fresh hosts only)."""
+    return {h["host_id"]: {r["state"] for r in h["residencies"] if r["model_id"] == MODEL and r["state"] in LIVE_STATES}
+            for h in fleet.hosts() if h["fresh"]}
 
-    def admin(self, method: str, path: str, body: Any = None) -> Any:
-        state = load_state(self.home / "testfleet")
-        assert state is not None
-        return fleetlib.admin_request(state, method, path, body)
 
-    def residencies(self) -> dict[str, set[str]]:
-        """host -> {model's live residency states} (fresh hosts only)."""
-        out: dict[str, dict[str, str]] = {}
-        for h in self.admin("GET", "/allocator/status")["hosts"]:
-            if h["fresh"]:
-                out[h["host_id"]] = {r["state"] for r in h["residencies"]
-                                     if r["model_id"] == MODEL and r["state"] in LIVE_STATES}
-        return out
-
-    def single_copy(self) -> str | None:
-        """The host holding the model's only live copy, ready, or None."""
-        live = {h: s for h, s in self.residencies().items() if s}
-        if len(live) == 1:
-            (holder, states), = live.items()
-            if states == {"ready"}:
-                return holder
-        return None
+def single_copy(fleet: Fleet) -> str | None:
+    """The host holding the model's only live copy, ready, or None."""
+    live = {h: s for h, s in residencies(fleet).items() if s}
+    if len(live) == 1:
+        (holder, states), = live.items()
+        if states == {"ready"}:
+            return holder
+    return None
 
 
 @pytest.fixture
 def fleet(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Fleet]:
-    seed_fleet_models(tmp_path, bundled_model_home)
-    try:
-        started = gridctl(tmp_path, "test", "start", "--machines", "2", "--engine-port-base", "43700", "--json")
-        assert started.returncode == 0, started.stderr
-        yield Fleet(tmp_path, json.loads(started.stdout)["gateway_url"])
-    finally:
-        gridctl(tmp_path, "test", "stop", timeout=180)
-
-
-def _ask(client: httpx.Client, stream: bool) -> tuple[int, str | None]:
-    """One chat completion (streamed or not): (status, serving host)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Reply with OK"}], "max_tokens": 4,
-            "stream": stream}
-    try:
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            content = r.read()
-            if r.status_code == 200 and stream and b"[DONE]" not in content:
-                return 599, r.headers.get("x-grid-host")  # a cut stream is a failure too
-            return r.status_code, r.headers.get("x-grid-host")
-    except httpx.HTTPError:
-        return 598, None
+    with two_machines(tmp_path, bundled_model_home, engine_port_base=43700) as started:
+        yield started
 
 
 def test_draining_the_only_replicas_host_costs_no_request(fleet: Fleet) -> None:
     fleet.admin("PATCH", f"/allocator/models/{MODEL}", {"min_replicas": 1, "max_replicas": 1})
-    holder = wait_until("one ready copy of the model, on one host", fleet.single_copy, 240, interval=1.0)
+    holder = wait_until("one ready copy of the model, on one host", lambda: single_copy(fleet), 240, interval=1.0)
     other = next(iter(HOSTS - {holder}))
     client = httpx.Client(base_url=fleet.gateway, timeout=120)
-    wait_until("the gateway serving the model", lambda: _ask(client, False) == (200, holder), 60, interval=1.0)
+    wait_until("the gateway serving the model", lambda: ask(client, False) == (200, holder), 60, interval=1.0)
     state = load_state(fleet.home / "testfleet")
     assert state is not None
 
@@ -113,17 +77,17 @@ def test_draining_the_only_replicas_host_costs_no_request(fleet: Fleet) -> None:
             drained = fleetlib.host_cli(state, holder, "node", "drain", "--reason", "evacuation test")
             assert drained.returncode == 0, drained.stderr
             drained_at = time.monotonic()
-        status, host = _ask(client, stream=i % 2 == 1)
+        status, host = ask(client, stream=i % 2 == 1)
         results.append((time.monotonic(), status, host))
         i += 1
         if drained_at and not evacuated_at and i % 4 == 0:
-            now = fleet.residencies()
+            now = residencies(fleet)
             if now.get(other) == {"ready"} and not now.get(holder):
                 evacuated_at = time.monotonic()
         if evacuated_at and time.monotonic() - evacuated_at > 3.0:
             break  # a few more requests after the old copy is gone
         assert time.monotonic() - (drained_at or time.monotonic()) < EVACUATION_BOUND_SECONDS, (
-            f"not evacuated within {EVACUATION_BOUND_SECONDS:.0f}s: {fleet.residencies()}")
+            f"not evacuated within {EVACUATION_BOUND_SECONDS:.0f}s: {residencies(fleet)}")
     after = results[REQUESTS_BEFORE_DRAIN:]
     failed = [(round(t - drained_at, 2), status, host) for t, status, host in after if status != 200]
     served = [host for _, _, host in after]
@@ -138,7 +102,7 @@ def test_draining_the_only_replicas_host_costs_no_request(fleet: Fleet) -> None:
     last_k = max(k for k, h in enumerate(served) if h == holder)
     assert all(h == other for h in served[last_k + 1:])
     # The drained host's engine is unloaded: no live residency of the model there.
-    assert not fleet.residencies().get(holder)
+    assert not residencies(fleet).get(holder)
     status = fleetlib.host_cli(state, holder, "node", "status", "--json")
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
