@@ -15,6 +15,10 @@ nats-server in operator mode, in two parts:
   answer only under the requester's own inbox, consumers on GRID_CMDS are the controller's alone,
   and the invitee credential dies with its join. Next to each, the honest path it closed still
   works.
+
+The probe's two other findings have their own files: `gridctl replay` over a window holding
+forged events succeeds and lists them (tests/security/test_replay_rejections.py), and everything
+under GRID_HOME is owner-only (tests/security/test_home_modes.py).
 """
 
 from __future__ import annotations
