@@ -311,62 +311,70 @@ async def _proxy(request: Request, kind: str) -> Any:
     attempts = 0
     while True:
         attempts += 1
-        # Choose a route; wait (bounded) while every ready route is at its concurrency limit.
-        started_wait: float | None = None
-        while True:
-            decision = routing.choose(
-                table.get(target, ()),
-                now=now,
-                measurements=gw.measurements.view(),  # type: ignore[arg-type]
-                blocked=gw.breakers.blocked(now),
-                proxy_active=gw.active,
-                affinity=affinity,
-                max_tokens=parsed.max_tokens,
-                prior_latency_seconds=prior,
-                policy=gw.policy,
-            )
-            if decision.route is not None or decision.reason != routing.REASON_AT_CAPACITY:
-                break
-            mono = time.monotonic()
-            if started_wait is None:
-                started_wait = mono
-                ctx.queue_depth = gw.waiters
-            remaining = started_wait + gw.settings.queue_timeout_seconds - mono
-            if remaining <= 0 or gw.waiters >= gw.settings.max_waiters:
-                break
-            await gw.wait_for_change(min(remaining, 1.0))
-            now = gw.clock.now()
-            table = gw.table(now)
-        if started_wait is not None:
-            ctx.queue_seconds = time.monotonic() - started_wait
-
-        route = decision.route
-        if route is None:
-            if decision.reason == routing.REASON_AT_CAPACITY:
-                return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is at its concurrency limit.",
-                                    errors.CODE_AT_CAPACITY, 1.0)
-            if decision.reason == routing.REASON_CIRCUIT_OPEN:
-                return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
-                                    errors.CODE_CIRCUIT_OPEN,
-                                    gw.breakers.retry_after(list(decision.circuit_blocked), now))
-            blocked = gw.unplaceable(profile, now) if profile is not None else None
-            if blocked is not None:
-                # Not "retry after N s": nothing will change until the profile or the fleet does.
-                gw.counters["cannot_be_placed"] += 1
-                _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
-                return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
-            retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
-                else gw.settings.unavailable_retry_seconds
-            return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
-                                errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
-
-        answer = await _forward(gw, ctx, route, kind, body, accept, parsed.stream, now,
+        decision, now = await _choose_route(gw, ctx, target, table, now, affinity, parsed.max_tokens, prior)
+        if decision.route is None:
+            return _no_route(gw, ctx, decision, target, profile, now)
+        answer = await _forward(gw, ctx, decision.route, kind, body, accept, parsed.stream, now,
                                 may_retry=attempts < MAX_ROUTE_ATTEMPTS)
         if answer is not _UNDELIVERED:
             return answer
         gw.counters["no_responders_retried"] += 1
         now = gw.clock.now()
         table = gw.table(now)
+
+
+async def _choose_route(gw: Gateway, ctx: _Ctx, target: str, table: Any, now: float, affinity: Any,
+                        max_tokens: int | None, prior: float | None) -> tuple[routing.Decision, float]:
+    """The route choice, and the time it was made at: while every ready route is at its
+    concurrency limit, wait (bounded by the queue timeout and the waiter limit) and choose again."""
+    started_wait: float | None = None
+    while True:
+        decision = routing.choose(
+            table.get(target, ()),
+            now=now,
+            measurements=gw.measurements.view(),  # type: ignore[arg-type]
+            blocked=gw.breakers.blocked(now),
+            proxy_active=gw.active,
+            affinity=affinity,
+            max_tokens=max_tokens,
+            prior_latency_seconds=prior,
+            policy=gw.policy,
+        )
+        if decision.route is not None or decision.reason != routing.REASON_AT_CAPACITY:
+            break
+        mono = time.monotonic()
+        if started_wait is None:
+            started_wait = mono
+            ctx.queue_depth = gw.waiters
+        remaining = started_wait + gw.settings.queue_timeout_seconds - mono
+        if remaining <= 0 or gw.waiters >= gw.settings.max_waiters:
+            break
+        await gw.wait_for_change(min(remaining, 1.0))
+        now = gw.clock.now()
+        table = gw.table(now)
+    if started_wait is not None:
+        ctx.queue_seconds = time.monotonic() - started_wait
+    return decision, now
+
+
+def _no_route(gw: Gateway, ctx: _Ctx, decision: routing.Decision, target: str, profile: Any, now: float) -> Any:
+    """The client's answer when no route could be chosen: why, and when to try again."""
+    if decision.reason == routing.REASON_AT_CAPACITY:
+        return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is at its concurrency limit.",
+                            errors.CODE_AT_CAPACITY, 1.0)
+    if decision.reason == routing.REASON_CIRCUIT_OPEN:
+        return _unavailable(gw, ctx, 503, f"Every replica of '{target}' is failing; retry shortly.",
+                            errors.CODE_CIRCUIT_OPEN, gw.breakers.retry_after(list(decision.circuit_blocked), now))
+    blocked = gw.unplaceable(profile, now) if profile is not None else None
+    if blocked is not None:
+        # Not "retry after N s": nothing will change until the profile or the fleet does.
+        gw.counters["cannot_be_placed"] += 1
+        _record(gw, ctx, outcome="unavailable", status=503, service=0.0)
+        return errors.cannot_be_placed(target, blocked.reason, blocked.detail)
+    retry = (profile.load_seconds + profile.warm_seconds) if profile is not None \
+        else gw.settings.unavailable_retry_seconds
+    return _unavailable(gw, ctx, 503, f"The model '{target}' has no ready replica yet; demand was recorded.",
+                        errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
 
 
 async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, body: bytes,

@@ -8,7 +8,6 @@ joins racing on one token (or on two controller processes) admit at most one mac
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import hashlib
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from grid.identity.jwt import b64url, unb64url
 from grid.secrets import write_owner_only
 
 INVITATION_TTL_SECONDS = 15 * 60.0
@@ -72,7 +72,7 @@ class JoinToken(msgspec.Struct, frozen=True):
             msgspec.structs.force_setattr(self, "servers", split)
 
     def encode(self) -> str:
-        return TOKEN_PREFIX + base64.urlsafe_b64encode(msgspec.json.encode(self)).rstrip(b"=").decode()
+        return TOKEN_PREFIX + b64url(msgspec.json.encode(self))
 
     @classmethod
     def decode(cls, text: str) -> "JoinToken":
@@ -81,7 +81,7 @@ class JoinToken(msgspec.Struct, frozen=True):
             raise InvitationError("not a Grid join token")
         body = text[len(TOKEN_PREFIX):]
         try:
-            return msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)), type=cls)
+            return msgspec.json.decode(unb64url(body), type=cls)
         except (ValueError, msgspec.DecodeError) as exc:
             raise InvitationError(f"malformed join token: {exc}") from exc
 

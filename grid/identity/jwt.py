@@ -30,11 +30,12 @@ class JWTError(ValueError):
     pass
 
 
-def _b64(data: bytes) -> str:
+def b64url(data: bytes) -> str:
+    """Unpadded base64url, as JWTs and Grid's signature headers write bytes."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _unb64(text: str) -> bytes:
+def unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
@@ -50,8 +51,8 @@ def encode(claims: dict[str, Any], signer: nkeys.KeyPair, *, issued_at: int) -> 
     body["iat"] = int(issued_at)
     body.pop("jti", None)
     body["jti"] = _jti(body)
-    head = _b64(_encoder.encode(HEADER)) + "." + _b64(_encoder.encode(body))
-    return head + "." + _b64(signer.sign(head.encode()))
+    head = b64url(_encoder.encode(HEADER)) + "." + b64url(_encoder.encode(body))
+    return head + "." + b64url(signer.sign(head.encode()))
 
 
 def decode(token: str) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def decode(token: str) -> dict[str, Any]:
     if len(parts) != 3:
         raise JWTError("a NATS JWT has three dot-separated parts")
     try:
-        return _decoder.decode(_unb64(parts[1]))
+        return _decoder.decode(unb64url(parts[1]))
     except (ValueError, msgspec.DecodeError) as exc:
         raise JWTError(f"undecodable JWT claims: {exc}") from exc
 
@@ -72,7 +73,7 @@ def verify(token: str, issuer_public_key: str) -> dict[str, Any]:
         raise JWTError("token was not issued by the expected key")
     head, _, sig = token.rpartition(".")
     try:
-        keypair_from_pubkey(issuer_public_key.encode()).verify(head.encode(), _unb64(sig))
+        keypair_from_pubkey(issuer_public_key.encode()).verify(head.encode(), unb64url(sig))
     except (nkeys.NkeysError, ValueError) as exc:
         raise JWTError("bad token signature") from exc
     return claims

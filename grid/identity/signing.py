@@ -42,6 +42,7 @@ from grid.events.authorship import SIG_HEADER, SIGNER_HEADER, Signed
 from grid.events.log import subject_matches
 from grid.identity import jwt
 from grid.identity.creds import read_creds
+from grid.identity.jwt import b64url, unb64url
 from grid.identity.permissions import Principal, Role, grant_for, host_consumer_prefix, principal_from_tags
 
 # Why a message was not accepted as its signer's.
@@ -63,14 +64,6 @@ CREDS_RECHECK_SECONDS = 30.0
 SIGNER_CACHE_SIZE = 65_536
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def signed_bytes(subject: str, data: bytes) -> bytes:
     """What a signature covers: the subject the message is meant for, then its payload."""
     return subject.encode("utf-8") + b"\n" + data
@@ -88,7 +81,7 @@ def _public_key(nkey_public: str) -> nacl.signing.VerifyKey:
 
 def _holds(key: object, subject: str, data: bytes, signature: str) -> bool:
     try:
-        key.verify(signed_bytes(subject, data), _unb64(signature))  # type: ignore[attr-defined]
+        key.verify(signed_bytes(subject, data), unb64url(signature))  # type: ignore[attr-defined]
     except (nacl.exceptions.CryptoError, ValueError, TypeError):
         return False
     return True
@@ -111,9 +104,9 @@ _cert_decoder = msgspec.json.Decoder(Certificate)
 def certify(account: nkeys.KeyPair, user_public: str, principal: Principal, *, issued_at: int,
             expires_at: int | None) -> str:
     """A signer certificate: base64url(certificate JSON) "." base64url(account signature)."""
-    body = _b64(_cert_encoder.encode(Certificate(k=user_public, r=principal.role.value, h=principal.host_id,
+    body = b64url(_cert_encoder.encode(Certificate(k=user_public, r=principal.role.value, h=principal.host_id,
                                                   i=issued_at, e=expires_at)))
-    return body + "." + _b64(account.sign(body.encode("ascii")))
+    return body + "." + b64url(account.sign(body.encode("ascii")))
 
 
 class Signer:
@@ -167,7 +160,7 @@ class Signer:
     def sign(self, subject: str, data: bytes) -> dict[str, str]:
         """The headers that prove this identity wrote `data` for `subject`."""
         self._refresh()
-        return {SIGNER_HEADER: self.proof, SIG_HEADER: _b64(self._key.sign(signed_bytes(subject, data)).signature)}
+        return {SIGNER_HEADER: self.proof, SIG_HEADER: b64url(self._key.sign(signed_bytes(subject, data)).signature)}
 
 
 def _raw_seed(seed: str | bytes) -> bytes:
@@ -222,8 +215,8 @@ class Verifier:
 
     def _certificate(self, proof: str) -> _Known:
         body, sig = proof.split(".")
-        self._account_key.verify(body.encode("ascii"), _unb64(sig))
-        cert = _cert_decoder.decode(_unb64(body))
+        self._account_key.verify(body.encode("ascii"), unb64url(sig))
+        cert = _cert_decoder.decode(unb64url(body))
         principal = _principal(Role(cert.r), cert.h)
         return _Known(public=cert.k, principal=principal, key=_public_key(cert.k), expires_at=cert.e)
 
