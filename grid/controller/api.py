@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -148,6 +149,296 @@ def _error(status: int, error: str, detail: str, field: str | None = None,
     return _json(body, status, headers)
 
 
+# --- the app's context ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdminContext:
+    """What every endpoint reads, fixed when the app is made (kept in ``app.state.admin``)."""
+
+    controller: AdminTarget
+    token: str
+    reader_token: str
+    admin_url: str | None
+    max_body_bytes: int
+    status_requires_token_off_loopback: bool
+    intake: BodyIntake
+    openapi: bytes
+
+    def now(self) -> float:
+        return self.controller.clock.now()
+
+    async def body(self, request: Request) -> bytes:
+        """The request body, bounded in size, time and concurrency (raises BodyError)."""
+        return await self.intake.read(request, self.max_body_bytes)
+
+
+def _context(request: Request) -> AdminContext:
+    return request.app.state.admin  # type: ignore[no-any-return]
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+def credential(ctx: AdminContext, request: Request) -> str | None:
+    """OPERATOR, READER or None for the token the request carries."""
+    supplied = request.headers.get(TOKEN_HEADER)
+    if supplied is None:
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            supplied = auth[7:].strip()
+    if supplied is None:
+        return None
+    # Both compared in constant time, whichever matches.
+    is_operator = tokens_equal(supplied, ctx.token)
+    is_reader = tokens_equal(supplied, ctx.reader_token)
+    return OPERATOR if is_operator else READER if is_reader else None
+
+
+def _may_mutate(ctx: AdminContext, request: Request) -> bool:
+    return credential(ctx, request) == OPERATOR
+
+
+def _may_read(ctx: AdminContext, request: Request) -> bool:
+    return credential(ctx, request) is not None
+
+
+def _loopback(request: Request) -> bool:
+    client = request.client
+    return client is not None and client.host in LOOPBACK_HOSTS
+
+
+def _may_read_open(ctx: AdminContext, request: Request) -> bool:
+    """Status and metrics: open on loopback (unless configured otherwise), else a token that may read."""
+    return not ctx.status_requires_token_off_loopback or _loopback(request) or _may_read(ctx, request)
+
+
+def _unauthorized(ctx: AdminContext, request: Request) -> Response:
+    if credential(ctx, request) == READER:
+        return _error(403, "forbidden", "the reader token may only read; this needs the operator token")
+    return _error(401, "unauthorized", "operator token required (X-Grid-Allocator-Token or Bearer)",
+                  headers={"WWW-Authenticate": "Bearer"})
+
+
+def _unauthorized_read() -> Response:
+    return _error(401, "unauthorized", "operator or reader token required (X-Grid-Allocator-Token or Bearer)",
+                  headers={"WWW-Authenticate": "Bearer"})
+
+
+def _refused(exc: BodyError) -> Response:
+    return _error(exc.status, exc.error, exc.detail, exc.field)
+
+
+def _log_unavailable(exc: LogError) -> Response:
+    return _error(503, "log_unavailable", str(exc))
+
+
+# --- read endpoints ---------------------------------------------------------------------------
+
+
+async def status(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_read_open(ctx, request):
+        return _unauthorized_read()
+    body = build_status(ctx.controller.snapshot(), admin_url=ctx.admin_url)
+    body["analytics"] = await _analytics_summary(getattr(ctx.controller, "analytics", None), ctx.now())
+    return _json(body)
+
+
+async def openapi(request: Request) -> Response:
+    return Response(_context(request).openapi, media_type="application/json")
+
+
+async def metrics(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_read_open(ctx, request):
+        return _unauthorized_read()
+    registry = getattr(getattr(ctx.controller, "metrics", None), "registry", None)
+    if registry is None:
+        return _error(404, "no_metrics", "this controller keeps no metrics")
+    return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def history(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_read(ctx, request):
+        return _unauthorized_read()
+    view = request.path_params["view"]
+    if view not in HISTORY_VIEWS:
+        return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
+                      "view")
+    try:
+        params = history_params(request.query_params)
+    except BodyError as exc:
+        return _refused(exc)
+    service = getattr(ctx.controller, "analytics", None)
+    if service is None:
+        return _error(503, "analytics_unavailable", "this controller runs no analytics sink")
+    # Answer from a store that holds at least what the controller has folded (a chat just
+    # made shows up), waiting briefly for the sink's next flush.
+    await service.flushed(dict(ctx.controller.runner.positions), timeout=HISTORY_WAIT_SECONDS)
+    try:
+        rows = await service.view(view, params)
+    except HistoryError as exc:
+        return _error(422, "validation_error", str(exc))
+    return _json(HistoryResponse(view=view, rows=rows))
+
+
+# --- mutations (operator token only) ----------------------------------------------------------
+
+
+async def put_model(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    model_id = _path_model_id(request)
+    try:
+        validate_model_id(model_id)
+        body = decode_body(profile_decoder, await ctx.body(request))
+        profile = validate_profile(model_id, body)
+    except BodyError as exc:
+        return _refused(exc)
+    return await _record_profile(ctx, model_id, profile)
+
+
+async def patch_model(request: Request) -> Response:
+    """Change only the fields given; the rest of the current profile stays as it is."""
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    model_id = _path_model_id(request)
+    try:
+        validate_model_id(model_id)
+        patch = decode_body(patch_decoder, await ctx.body(request))
+        current = ctx.controller.runner["catalog"].profiles.get(model_id)
+        if current is None:
+            return _error(404, "unknown_model", f"no profile for {model_id!r}: create it with PUT", "model_id")
+        profile = validate_profile(model_id, merge_profile(current, patch))
+    except BodyError as exc:
+        return _refused(exc)
+    return await _record_profile(ctx, model_id, profile)
+
+
+async def _record_profile(ctx: AdminContext, model_id: str, profile: ModelProfile) -> Response:
+    """Append a validated profile (PUT and PATCH end the same way)."""
+    event = ProfileSet(event_id=new_event_id(), at=ctx.now(), profile=profile)
+    try:
+        res = await ctx.controller.append_control(event)
+    except LogError as exc:
+        return _log_unavailable(exc)
+    return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
+
+
+async def delete_model(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    model_id = _path_model_id(request)
+    try:
+        validate_model_id(model_id)
+    except BodyError as exc:
+        return _refused(exc)
+    if model_id not in ctx.controller.runner["catalog"].profiles:
+        return _error(404, "unknown_model", f"no profile for {model_id!r}", "model_id")
+    try:
+        res = await ctx.controller.append_control(
+            ProfileRemoved(event_id=new_event_id(), at=ctx.now(), model_id=model_id))
+    except LogError as exc:
+        return _log_unavailable(exc)
+    return _json(ProfileRetiredResponse(model_id=model_id, retired=True, seq=res.seq))
+
+
+async def put_mode(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    try:
+        body = decode_body(_mode_decoder, await ctx.body(request))
+    except BodyError as exc:
+        return _refused(exc)
+    if body.mode not in MODES:
+        return _error(422, "validation_error", f"mode must be one of {', '.join(MODES)}", "mode")
+    if body.mode == "automatic" and not getattr(ctx.controller.log, "durable", False):
+        return _error(409, "log_not_durable",
+                      "automatic mode is refused: the event log is not durable (mutations would run "
+                      "with non-durable intent)", "mode")
+    try:
+        res = await ctx.controller.append_control(
+            ModeSet(event_id=new_event_id(), at=ctx.now(), mode=body.mode))  # type: ignore[arg-type]
+    except LogError as exc:
+        return _log_unavailable(exc)
+    return _json(ModeResponse(mode=body.mode, seq=res.seq))
+
+
+async def post_tick(request: Request) -> Response:
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    try:
+        raw = await ctx.body(request)
+        body = decode_body(_tick_decoder, raw) if raw.strip() else TickBody()
+    except BodyError as exc:
+        return _refused(exc)
+    controller = ctx.controller
+    try:
+        res = await controller.append_control(
+            TickRequested(event_id=new_event_id(), at=ctx.now(), reason=body.reason[:200]))
+        report = await controller.tick("requested")
+    except LogError as exc:
+        return _log_unavailable(exc)
+    result = controller.last_result
+    return _json(TickResponse(
+        seq=res.seq, tick=report,
+        actions=len(result.actions) if result is not None else 0,
+        deferred=len(result.deferred) if result is not None else 0,
+    ))
+
+
+async def post_evaluation(request: Request) -> Response:
+    # Quality evidence moves placement: only the owner's operator token may record it.
+    ctx = _context(request)
+    if not _may_mutate(ctx, request):
+        return _unauthorized(ctx, request)
+    try:
+        body = decode_body(evaluation_decoder, await ctx.body(request))
+        validate_body(body)
+        event = to_event(body, ctx.controller.runner["catalog"].profiles.get(body.model_id), ctx.now())
+    except BodyError as exc:
+        return _refused(exc)
+    try:
+        res = await ctx.controller.append_control(event)
+    except LogError as exc:
+        return _log_unavailable(exc)
+    return _json(EvaluationResponse(model_id=event.model_id, workload=event.workload, score=event.score,
+                                    samples=event.samples, artifact_sha256=event.artifact_sha256, seq=res.seq))
+
+
+async def not_found(_request: Request, _exc: Exception) -> Response:
+    # A path no route matches (for example a model id with a line break, which the path
+    # converter does not cross) gets the same JSON error shape as every other refusal.
+    return _error(404, "not_found", "no such resource on the admin API")
+
+
+_mode_decoder = msgspec.json.Decoder(ModeBody)
+_tick_decoder = msgspec.json.Decoder(TickBody)
+
+ROUTES: tuple[Route, ...] = (
+    Route("/allocator/status", status, methods=["GET"]),
+    Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
+    Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
+    Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
+    Route("/allocator/mode", put_mode, methods=["PUT"]),
+    Route("/allocator/tick", post_tick, methods=["POST"]),
+    Route("/allocator/history/{view}", history, methods=["GET"]),
+    Route("/allocator/evaluations", post_evaluation, methods=["POST"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+)
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+
 def create_admin_app(
     controller: AdminTarget,
     token: str | None = None,
@@ -169,224 +460,27 @@ def create_admin_app(
         raise ValueError("the operator and reader tokens must not be empty")
     if tokens_equal(token, reader_token):
         raise ValueError("the reader token must differ from the operator token")
-
-    intake = BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies)
-
-    def credential(request: Request) -> str | None:
-        """OPERATOR, READER or None for the token the request carries."""
-        supplied = request.headers.get(TOKEN_HEADER)
-        if supplied is None:
-            auth = request.headers.get("authorization", "")
-            if auth[:7].lower() == "bearer ":
-                supplied = auth[7:].strip()
-        if supplied is None:
-            return None
-        # Both compared in constant time, whichever matches.
-        is_operator = tokens_equal(supplied, token)
-        is_reader = tokens_equal(supplied, reader_token)
-        return OPERATOR if is_operator else READER if is_reader else None
-
-    def authorized(request: Request) -> bool:
-        """May mutate: the operator token only."""
-        return credential(request) == OPERATOR
-
-    def may_read(request: Request) -> bool:
-        return credential(request) is not None
-
-    def unauthorized(request: Request | None = None) -> Response:
-        if request is not None and credential(request) == READER:
-            return _error(403, "forbidden", "the reader token may only read; this needs the operator token")
-        return _error(401, "unauthorized", "operator token required (X-Grid-Allocator-Token or Bearer)",
-                      headers={"WWW-Authenticate": "Bearer"})
-
-    def unauthorized_read() -> Response:
-        return _error(401, "unauthorized", "operator or reader token required (X-Grid-Allocator-Token or Bearer)",
-                      headers={"WWW-Authenticate": "Bearer"})
-
-    def loopback(request: Request) -> bool:
-        client = request.client
-        return client is not None and client.host in LOOPBACK_HOSTS
-
-    def now() -> float:
-        return controller.clock.now()
-
-    async def status(request: Request) -> Response:
-        if status_requires_token_off_loopback and not loopback(request) and not may_read(request):
-            return unauthorized_read()
-        body = build_status(controller.snapshot(), admin_url=admin_url)
-        body["analytics"] = await _analytics_summary(getattr(controller, "analytics", None), now())
-        return _json(body)
-
-    openapi_bytes = msgspec.json.encode(
-        build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch,
-                      evaluation_body=EvaluationBody))
-
-    async def openapi(_request: Request) -> Response:
-        return Response(openapi_bytes, media_type="application/json")
-
-    async def metrics(request: Request) -> Response:
-        if status_requires_token_off_loopback and not loopback(request) and not may_read(request):
-            return unauthorized_read()
-        registry = getattr(getattr(controller, "metrics", None), "registry", None)
-        if registry is None:
-            return _error(404, "no_metrics", "this controller keeps no metrics")
-        return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def history(request: Request) -> Response:
-        if not may_read(request):
-            return unauthorized_read()
-        view = request.path_params["view"]
-        if view not in HISTORY_VIEWS:
-            return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
-                          "view")
-        try:
-            params = history_params(request.query_params)
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        service = getattr(controller, "analytics", None)
-        if service is None:
-            return _error(503, "analytics_unavailable", "this controller runs no analytics sink")
-        # Answer from a store that holds at least what the controller has folded (a chat just
-        # made shows up), waiting briefly for the sink's next flush.
-        await service.flushed(dict(controller.runner.positions), timeout=HISTORY_WAIT_SECONDS)
-        try:
-            rows = await service.view(view, params)
-        except HistoryError as exc:
-            return _error(422, "validation_error", str(exc))
-        return _json(HistoryResponse(view=view, rows=rows))
-
-    async def put_model(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized(request)
-        model_id = _path_model_id(request)
-        try:
-            validate_model_id(model_id)
-            body = decode_body(profile_decoder, await intake.read(request, max_body_bytes))
-            profile = validate_profile(model_id, body)
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        return await record_profile(model_id, profile)
-
-    async def record_profile(model_id: str, profile: ModelProfile) -> Response:
-        """Append a validated profile (PUT and PATCH end the same way)."""
-        event = ProfileSet(event_id=new_event_id(), at=now(), profile=profile)
-        try:
-            res = await controller.append_control(event)
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
-
-    async def patch_model(request: Request) -> Response:
-        """Change only the fields given; the rest of the current profile stays as it is."""
-        if not authorized(request):
-            return unauthorized(request)
-        model_id = _path_model_id(request)
-        try:
-            validate_model_id(model_id)
-            patch = decode_body(patch_decoder, await intake.read(request, max_body_bytes))
-            current = controller.runner["catalog"].profiles.get(model_id)
-            if current is None:
-                return _error(404, "unknown_model", f"no profile for {model_id!r}: create it with PUT", "model_id")
-            profile = validate_profile(model_id, merge_profile(current, patch))
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        return await record_profile(model_id, profile)
-
-    async def delete_model(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized(request)
-        model_id = _path_model_id(request)
-        try:
-            validate_model_id(model_id)
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        if model_id not in controller.runner["catalog"].profiles:
-            return _error(404, "unknown_model", f"no profile for {model_id!r}", "model_id")
-        try:
-            res = await controller.append_control(ProfileRemoved(event_id=new_event_id(), at=now(), model_id=model_id))
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        return _json(ProfileRetiredResponse(model_id=model_id, retired=True, seq=res.seq))
-
-    async def put_mode(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized(request)
-        try:
-            body = decode_body(msgspec.json.Decoder(ModeBody), await intake.read(request, max_body_bytes))
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        if body.mode not in MODES:
-            return _error(422, "validation_error", f"mode must be one of {', '.join(MODES)}", "mode")
-        if body.mode == "automatic" and not getattr(controller.log, "durable", False):
-            return _error(409, "log_not_durable",
-                          "automatic mode is refused: the event log is not durable (mutations would run "
-                          "with non-durable intent)", "mode")
-        try:
-            res = await controller.append_control(ModeSet(event_id=new_event_id(), at=now(), mode=body.mode))  # type: ignore[arg-type]
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        return _json(ModeResponse(mode=body.mode, seq=res.seq))
-
-    async def post_tick(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized(request)
-        try:
-            raw = await intake.read(request, max_body_bytes)
-            body = decode_body(msgspec.json.Decoder(TickBody), raw) if raw.strip() else TickBody()
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        try:
-            res = await controller.append_control(TickRequested(event_id=new_event_id(), at=now(), reason=body.reason[:200]))
-            report = await controller.tick("requested")
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        result = controller.last_result
-        return _json(TickResponse(
-            seq=res.seq, tick=report,
-            actions=len(result.actions) if result is not None else 0,
-            deferred=len(result.deferred) if result is not None else 0,
-        ))
-
-    async def post_evaluation(request: Request) -> Response:
-        # Quality evidence moves placement: only the owner's operator token may record it.
-        if not authorized(request):
-            return unauthorized(request)
-        try:
-            body = decode_body(evaluation_decoder, await intake.read(request, max_body_bytes))
-            validate_body(body)
-            event = to_event(body, controller.runner["catalog"].profiles.get(body.model_id), now())
-        except BodyError as exc:
-            return _error(exc.status, exc.error, exc.detail, exc.field)
-        try:
-            res = await controller.append_control(event)
-        except LogError as exc:
-            return _error(503, "log_unavailable", str(exc))
-        return _json(EvaluationResponse(model_id=event.model_id, workload=event.workload, score=event.score,
-                                        samples=event.samples, artifact_sha256=event.artifact_sha256, seq=res.seq))
-
-    routes = [
-        Route("/allocator/status", status, methods=["GET"]),
-        Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
-        Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
-        Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
-        Route("/allocator/mode", put_mode, methods=["PUT"]),
-        Route("/allocator/tick", post_tick, methods=["POST"]),
-        Route("/allocator/history/{view}", history, methods=["GET"]),
-        Route("/allocator/evaluations", post_evaluation, methods=["POST"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    async def not_found(_request: Request, _exc: Exception) -> Response:
-        # A path no route matches (for example a model id with a line break, which the path
-        # converter does not cross) gets the same JSON error shape as every other refusal.
-        return _error(404, "not_found", "no such resource on the admin API")
-
-    return Starlette(routes=routes, exception_handlers={404: not_found})
+    app = Starlette(routes=list(ROUTES), exception_handlers={404: not_found})
+    app.state.admin = AdminContext(
+        controller=controller,
+        token=token,
+        reader_token=reader_token,
+        admin_url=admin_url,
+        max_body_bytes=max_body_bytes,
+        status_requires_token_off_loopback=status_requires_token_off_loopback,
+        intake=BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies),
+        openapi=msgspec.json.encode(
+            build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch,
+                          evaluation_body=EvaluationBody)),
+    )
+    return app
 
 
 HISTORY_WAIT_SECONDS = 3.0
 # The window of recent demand shown by status.
 STATUS_DEMAND_WINDOW_SECONDS = 3600.0
+
+
 async def _analytics_summary(service: AnalyticsService | None, now: float) -> dict[str, Any] | None:
     """What status shows of history: the sink's state and the last hour's demand per model."""
     if service is None:
