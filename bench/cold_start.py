@@ -32,6 +32,8 @@ from grid.agent.engines import llama_cpp
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
+from grid.controller.issue import Authority, command_issued
+from grid.controller.reconcile import Action
 from grid.events import codec
 from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
 from grid.events.commands import CommandIssued
@@ -45,13 +47,11 @@ HOST = "bench-host"
 
 
 def command(kind: str, seq: int) -> CommandIssued:
-    return CommandIssued(
-        event_id=uuid.uuid4().hex, at=time.time(), action_id=uuid.uuid4().hex, kind=kind,  # type: ignore[arg-type]
-        host_id=HOST, model_id=BUNDLED_MODEL_ID, memory_mb=400,
-        generation=make_generation("bench", seq, "d"), controller_term=1, controller_id="bench",
-        lease_expires_at=time.time() + 60, lease_ttl_seconds=60.0, artifact_sha256=BUNDLED_SHA256,
-        slots=1, context_size=2048,
-    )
+    # The bench stands in for the controller: its commands are issued the controller's way.
+    action = Action(action_id=uuid.uuid4().hex, kind=kind, host_id=HOST, model_id=BUNDLED_MODEL_ID, memory_mb=400,
+                    reason="bench", artifact_sha256=BUNDLED_SHA256, slots=1, context_size=2048)
+    authority = Authority(controller_id="bench", controller_term=1, generation=make_generation("bench", seq, "d"))
+    return command_issued(action, authority, issued_at=time.time(), lease_remaining=60.0)
 
 
 async def wait_event(sub, predicate, timeout: float = 60.0):

@@ -60,8 +60,10 @@ from grid.controller.presence import (
     presence_view,
     read_presence,
 )
+from grid.controller.issue import Authority, command_issued, command_withdrawn
 from grid.controller.reconcile import (
     WITHDRAW_MODE,
+    Action,
     Guards,
     ReconcileResult,
     Withdrawal,
@@ -655,30 +657,21 @@ class Controller:
         last_seq = 0
         held_back = False
 
-        def withdrawal_event(w: Withdrawal) -> CommandWithdrawn:
-            return CommandWithdrawn(
-                event_id=f"withdraw-{w.action_id}", at=now, action_id=w.action_id, host_id=w.host_id,
-                reason=w.reason, generation=self.last_generation, controller_term=lease.term,
-                controller_id=self.controller_id,
-            )
+        def authority() -> Authority:
+            # Read per event: the term a command carries is the lease's at the moment it is built.
+            return Authority(controller_id=self.controller_id, controller_term=lease.term,
+                             generation=self.last_generation)
 
-        def command_event(a: Any) -> CommandIssued | None:
+        def withdrawal_event(w: Withdrawal) -> CommandWithdrawn:
+            return command_withdrawn(w, authority(), at=now)
+
+        def command_event(a: Action) -> CommandIssued | None:
             nonlocal held_back
             remaining = lease.remaining()
             if not lease.held or remaining <= lease.margin:
                 held_back = True
                 return None
-            issued_at = self.clock.now()
-            return CommandIssued(
-                event_id=a.action_id, at=issued_at, action_id=a.action_id, kind=a.kind,
-                host_id=a.host_id, model_id=a.model_id, memory_mb=a.memory_mb, generation=self.last_generation,
-                controller_term=lease.term, controller_id=self.controller_id,
-                lease_expires_at=issued_at + remaining, lease_ttl_seconds=round(remaining, 3),
-                dependencies=a.dependencies, executable=True, reason=a.reason, created_at=issued_at,
-                not_before=issued_at, runtime=a.runtime, artifact_sha256=a.artifact_sha256,
-                artifact_source=a.artifact_source, artifact_size_mb=a.artifact_size_mb,
-                context_size=a.context_size, slots=a.slots, embeddings=a.embeddings,
-            )
+            return command_issued(a, authority(), issued_at=self.clock.now(), lease_remaining=remaining)
 
         async def run(items: list[Any], build: Any, is_command: bool) -> None:
             nonlocal last_seq

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 from grid.controller.governor import Limits
 from grid.controller.inputs import build_planner_input
+from grid.controller.issue import Authority, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, ReconcileResult, reconcile
 from grid.controller.tick import PROJECTIONS
 from grid.events.base import Event
-from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileSet
+from grid.events.plan import make_generation
 from grid.events.requests import MAX_BATCH_RECORDS, RequestBatch, RequestFeatures
 from grid.events.subjects import COMMANDS_STREAM, CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
 from grid.gateway import routing
@@ -50,6 +51,11 @@ THROTTLED_SPEED = 0.6
 SLO_FACTOR = 2.0
 # Direct demand a drain must not strand: requests for the model within this window.
 DEMAND_WINDOW_MINUTES = 10
+CONTROLLER_ID = "sim"
+# The lab controller's epoch in command generations (grid.events.plan.make_generation).
+GENERATION_EPOCH = "sim"
+# Lease authority every lab command carries (the lab's controller never loses its lease).
+LEASE_SECONDS = 30.0
 _RANK = {s: i for i, s in enumerate(STREAM_ORDER)}
 
 
@@ -132,21 +138,14 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
         for violation in safety.check_tick(plan, pin.hosts, result, states["actions"], sc.profiles, demanded,
                                            now, limits):
             metrics.violation(minute, *violation)
+        # The lab is one controller (term 1) whose plan sequence is the tick number.
+        authority = Authority(controller_id=CONTROLLER_ID, controller_term=1,
+                              generation=make_generation(GENERATION_EPOCH, minute + 1, plan.inputs_digest))
         for w in result.withdrawals:
-            log.emit(now, COMMANDS_STREAM, CommandWithdrawn(
-                event_id=f"withdraw-{w.action_id}", at=now, action_id=w.action_id, host_id=w.host_id,
-                reason=w.reason, generation=plan.inputs_digest, controller_term=1, controller_id="sim"))
+            log.emit(now, COMMANDS_STREAM, command_withdrawn(w, authority, at=now))
             world.withdraw(w.host_id, w.action_id)
         for a in result.actions:
-            cmd = CommandIssued(
-                event_id=a.action_id, at=now, action_id=a.action_id, kind=a.kind,  # type: ignore[arg-type]
-                host_id=a.host_id, model_id=a.model_id, memory_mb=a.memory_mb, generation=plan.inputs_digest,
-                controller_term=1, controller_id="sim", lease_expires_at=now + 30.0, lease_ttl_seconds=30.0,
-                dependencies=a.dependencies, reason=a.reason, created_at=now, not_before=now, runtime=a.runtime,
-                artifact_sha256=a.artifact_sha256, artifact_source=a.artifact_source,
-                artifact_size_mb=a.artifact_size_mb, context_size=a.context_size, slots=a.slots,
-                embeddings=a.embeddings,
-            )
+            cmd = command_issued(a, authority, issued_at=now, lease_remaining=LEASE_SECONDS)
             log.emit(now, COMMANDS_STREAM, cmd)
             world.deliver(cmd)
             metrics.action(minute, a.kind, a.host_id, a.model_id, a.reason, a.preemption_for)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from grid.controller.issue import Authority, command_issued
 from grid.controller.reconcile import Action
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued, CommandWithdrawn
@@ -63,13 +64,10 @@ def mkplan(*placements: Placement, preemptions: Iterable[Preemption] = (),
                 preemptions=tuple(preemptions), shortfalls=tuple(shortfalls))
 
 
-def command_for(a: Action, *, at: float = NOW, generation: str = "e:1:d", term: int = 1) -> CommandIssued:
-    return CommandIssued(
-        event_id=a.action_id, at=at, action_id=a.action_id, kind=a.kind, host_id=a.host_id,  # type: ignore[arg-type]
-        model_id=a.model_id, memory_mb=a.memory_mb, generation=generation, controller_term=term,
-        controller_id="c", lease_expires_at=at + 15, lease_ttl_seconds=15, dependencies=a.dependencies,
-        reason=a.reason, artifact_sha256=a.artifact_sha256,
-    )
+def command_for(a: Action, *, at: float = NOW, generation: str = "e:00000000000000000001:d",
+                term: int = 1) -> CommandIssued:
+    return command_issued(a, Authority(controller_id="c", controller_term=term, generation=generation),
+                          issued_at=at, lease_remaining=15.0)
 
 
 class History:

@@ -29,9 +29,11 @@ from grid.controller import reconcile as rc
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
 from grid.planner.plan import plan as PLAN
 from grid.planner.reasons import RELOCATION
+from grid.controller.issue import Authority, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, reconcile, withdraw_all
 from grid.events.acks import ActionAck
-from grid.events.commands import CommandIssued, CommandWithdrawn
+from grid.events.commands import CommandIssued
+from grid.events.plan import make_generation
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostResources
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
@@ -173,20 +175,16 @@ class ControllerMachine(RuleBasedStateMachine):
         self.ticks += 1
         # side effects: the service's publish step
         withdrawals = result.withdrawals if self.mode == "automatic" else withdraw_all(self.history)
+        authority = Authority(controller_id="c", controller_term=1,
+                              generation=make_generation("e", self.ticks, plan.inputs_digest))
         for w in withdrawals:
-            self._fold(CommandWithdrawn(event_id=f"w-{w.action_id}", at=self.now, action_id=w.action_id,
-                                        host_id=w.host_id, reason=w.reason), COMMANDS_STREAM, self.now)
+            self._fold(command_withdrawn(w, authority, at=self.now), COMMANDS_STREAM, self.now)
             self.hosts[w.host_id].withdrawn.add(w.action_id)
         if self.mode != "automatic":
             assert not [a for a in result.actions if self.mode == "observe"]
             return
         for a in result.actions:
-            cmd = CommandIssued(
-                event_id=a.action_id, at=self.now, action_id=a.action_id, kind=a.kind, host_id=a.host_id,  # type: ignore[arg-type]
-                model_id=a.model_id, memory_mb=a.memory_mb, generation="e:1:d", controller_term=1,
-                controller_id="c", lease_expires_at=self.now + 15, lease_ttl_seconds=15,
-                artifact_sha256=a.artifact_sha256,
-            )
+            cmd = command_issued(a, authority, issued_at=self.now, lease_remaining=15.0)
             self._fold(cmd, COMMANDS_STREAM, self.now)
             self.hosts[a.host_id].queue.append(cmd)
 

@@ -117,7 +117,8 @@ def test_bad_scenario_inputs_are_clear_errors() -> None:
 def test_a_machine_reports_the_runtime_its_engine_runs() -> None:
     # A residency reported under the wrong runtime is non-compliant for the planner, which then
     # keeps every replica of the model resident and reports a shortfall (seen in the lab).
-    from grid.events.commands import CommandIssued
+    from grid.controller.issue import Authority, command_issued
+    from grid.controller.reconcile import Action
     from grid.sim.world import World
 
     sc = prepare(ScenarioConfig(machines=4, minutes=5))
@@ -125,11 +126,11 @@ def test_a_machine_reports_the_runtime_its_engine_runs() -> None:
     events: list = []
     p = sc.profiles["image-xl"]
     for kind in ("load", "warm"):
-        world.deliver(CommandIssued(
-            event_id=kind, at=0.0, action_id=kind, kind=kind, host_id="m03", model_id="image-xl",
-            memory_mb=p.memory_mb, generation="g", controller_term=1, controller_id="sim", lease_expires_at=30.0,
-            lease_ttl_seconds=30.0, created_at=0.0, runtime="comfyui", artifact_sha256=p.artifact_sha256,
-            artifact_size_mb=p.artifact_size_mb))
+        action = Action(action_id=kind, kind=kind, host_id="m03", model_id="image-xl", memory_mb=p.memory_mb,
+                        reason="test", runtime="comfyui", artifact_sha256=p.artifact_sha256,
+                        artifact_size_mb=p.artifact_size_mb)
+        authority = Authority(controller_id="sim", controller_term=1, generation="sim:00000000000000000001:d")
+        world.deliver(command_issued(action, authority, issued_at=0.0, lease_remaining=30.0))
     world.advance(600.0, lambda at, stream, ev: events.append(ev))
     hb = world.heartbeat("m03", 600.0)
     assert hb is not None
