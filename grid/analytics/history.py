@@ -58,6 +58,10 @@ def _residency(con: duckdb.DuckDBPyConnection, p: HistoryParams) -> list[dict[st
     return queries.residency_timeline(con, p.start, p.end, p.model)
 
 
+def _memory(con: duckdb.DuckDBPyConnection, p: HistoryParams) -> list[dict[str, Any]]:
+    return queries.host_memory(con, p.start, p.end, p.bucket_seconds or None)
+
+
 def _hosts(con: duckdb.DuckDBPyConnection, p: HistoryParams) -> list[dict[str, Any]]:
     return queries.events_per_host(con, p.start, p.end)
 
@@ -69,6 +73,7 @@ VIEWS: dict[str, Callable[[duckdb.DuckDBPyConnection, HistoryParams], list[dict[
     "commands": _commands,
     "residency": _residency,
     "hosts": _hosts,
+    "memory": _memory,
 }
 
 

@@ -7,6 +7,12 @@ from typing import Any
 
 import duckdb
 
+from grid.events.host import HostHeartbeat
+
+# The tag heartbeats are stored under in `events.type`.
+HEARTBEAT_TYPE: str = HostHeartbeat.__struct_config__.tag  # type: ignore[assignment]
+# Residency states whose memory_mb is not held by a process (the view's "resident" excludes them).
+NOT_RESIDENT_STATES = ("cached", "failed")
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     cur = con.execute(sql, params)
@@ -137,3 +143,23 @@ def plan_placement_changes(con: duckdb.DuckDBPyConnection, start: float | None =
         })
         previous = current
     return out
+
+
+def host_memory(con: duckdb.DuckDBPyConnection, start: float | None = None, end: float | None = None,
+                bucket_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Resident memory (MiB held by engine processes) per host as its heartbeats reported it: the
+    highest report per time bucket if asked, else per heartbeat. A heartbeat with no residency
+    reports 0 (it is joined from `events`, so an idle host is a line at zero, not a gap)."""
+    where, params = _window(start, end, "e.time")
+    inner, inner_params = _window(start, end)
+    excluded = ", ".join(f"'{s}'" for s in NOT_RESIDENT_STATES)
+    bucket = f"floor(e.time / {float(bucket_seconds)}) * {float(bucket_seconds)}" if bucket_seconds else "e.time"
+    return _rows(
+        con,
+        f"SELECT e.host_id AS host, {bucket} AS bucket, max(coalesce(r.memory_mb, 0)) AS memory_mb "
+        f"FROM events e LEFT JOIN (SELECT stream, seq, sum(memory_mb) FILTER (WHERE state NOT IN ({excluded})) "
+        f"AS memory_mb FROM residencies{inner} GROUP BY stream, seq) r ON r.stream = e.stream AND r.seq = e.seq"
+        f"{where}{' AND ' if where else ' WHERE '}e.type = ? AND e.host_id IS NOT NULL "
+        f"GROUP BY ALL ORDER BY host, bucket",
+        inner_params + params + [HEARTBEAT_TYPE],
+    )

@@ -190,15 +190,17 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
 
 async def _start_dashboard(grid: LocalGrid, cfg: GridConfig, host: str, port: int):  # type: ignore[no-untyped-def]
     from grid.dashboard.app import is_loopback
-    from grid.dashboard.serve import start_dashboard
+    from grid.dashboard.serve import controller_history, start_dashboard
 
     assert grid.log is not None
+    # The charts read the analytics store this process's controller keeps.
+    history = controller_history(grid.controller)
     # Off loopback the page needs the operator's or the reader's token; on loopback it is open
     # like the gateway.
     if is_loopback(host):
-        return await start_dashboard(grid.log, host, port)
+        return await start_dashboard(grid.log, host, port, history=history)
     return await start_dashboard(grid.log, host, port, token=read_secret(cfg.operator_token_path),
-                                 reader_token=load_or_create_secret(cfg.reader_token_path))
+                                 reader_token=load_or_create_secret(cfg.reader_token_path), history=history)
 
 
 def _forget_nats_url(cfg: GridConfig, url: str | None) -> None:

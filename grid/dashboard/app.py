@@ -5,6 +5,10 @@ pure view (grid.dashboard.view) when something changes (at most a few times a se
 every couple of seconds anyway so ages stay current), and fans the encoded view out to every
 connected page. Browsers never talk to NATS and never compute: they render what arrives.
 
+Charts (requests, latency and errors per model, memory per host, demand against forecast) come
+from the analytics store through `history` (the history views the controller serves, read in
+this process) on `/api/charts`, which the page polls: they change by the minute, not by event.
+
 Access: on loopback the page is open to the machine's own users, like the gateway; on any other
 address it needs the operator token or the reader token (GRID_HOME/reader.token, printed by
 `gridctl dashboard token`), as Authorization: Bearer, or `?token=` once, which sets an HttpOnly
@@ -16,19 +20,25 @@ admin API (grid.controller.api answers 403).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ipaddress
-from collections.abc import AsyncIterator, Callable
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from grid.analytics.history import HistoryParams
 from grid.clock import Clock, SystemClock
+from grid.dashboard import charts as charts_mod
+from grid.dashboard.charts import ForecastSample
 from grid.dashboard.view import DashboardView, build_view, encode_view
 from grid.demand.forecast import Forecast
 from grid.events.log import EventLog
@@ -46,7 +56,19 @@ REFRESH_SECONDS = 2.0
 # An SSE comment keeps idle connections open through proxies.
 KEEPALIVE_SECONDS = 15.0
 
+# Forecast rates are sampled for the demand chart at most this often, for the longest window a
+# chart shows, and for at most this many models (the highest forecast rates) per sample.
+FORECAST_SAMPLE_SECONDS = 15.0
+FORECAST_SAMPLES = int(charts_mod.MAX_WINDOW_SECONDS / FORECAST_SAMPLE_SECONDS)
+FORECAST_SAMPLE_MODELS = 50
+# A chart answer is reused this long: many open pages cost one set of queries.
+CHARTS_CACHE_SECONDS = 2.0
+# Longest text of a store error shown on the page.
+DETAIL_CHARS = 200
+
 ForecastFn = Callable[[dict[str, Any], float], Forecast | None]
+# Rows of a named history view (grid.analytics.history), e.g. AnalyticsService.view.
+HistoryReader = Callable[[str, HistoryParams], Awaitable[list[dict[str, Any]]]]
 
 
 def is_loopback(host: str) -> bool:
@@ -62,11 +84,16 @@ class Dashboard:
     """Follows the log and keeps the latest encoded view; pages wait on `changed`."""
 
     def __init__(self, log_: EventLog, *, specs: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS,
-                 forecast: ForecastFn | None = None, clock: Clock | None = None) -> None:
+                 forecast: ForecastFn | None = None, clock: Clock | None = None,
+                 history: HistoryReader | None = None) -> None:
         self.log = log_
         self.runner = ProjectionRunner(specs)
         self.forecast = forecast
+        self.history = history
         self.clock = clock or SystemClock()
+        self.forecast_samples: collections.deque[ForecastSample] = collections.deque(maxlen=FORECAST_SAMPLES)
+        self._charts_cache: dict[tuple[float, int], tuple[float, bytes]] = {}
+        self._charts_lock = asyncio.Lock()
         self.view: DashboardView | None = None
         self.encoded: bytes = b"{}"
         self.version = 0
@@ -94,9 +121,50 @@ class Dashboard:
                 fc = self.forecast(states, now)
             except Exception:  # the page still shows hosts and plans without a forecast
                 log.warning("dashboard forecast failed", exc_info=True)
+        if fc is not None:
+            self._sample_forecast(fc, now)
         self.view = build_view(states, now, forecast=fc, positions=self.runner.positions)
         self.encoded = encode_view(self.view)
         self.version += 1
+
+    def _sample_forecast(self, fc: Forecast, now: float) -> None:
+        last = self.forecast_samples[-1].at if self.forecast_samples else None
+        if last is not None and now - last < FORECAST_SAMPLE_SECONDS:
+            return
+        busiest = sorted(fc.models, key=lambda m: (-m.rate, m.model_id))[:FORECAST_SAMPLE_MODELS]
+        self.forecast_samples.append(ForecastSample(now, {m.model_id: m.rate for m in busiest}))
+
+    async def charts(self, window_seconds: float = charts_mod.DEFAULT_WINDOW_SECONDS,
+                     top: int = charts_mod.DEFAULT_TOP) -> bytes:
+        """The encoded charts (grid.dashboard.charts) of the window ending now."""
+        key = (window_seconds, top)
+        async with self._charts_lock:
+            cached = self._charts_cache.get(key)
+            if cached is not None and time.monotonic() - cached[0] < CHARTS_CACHE_SECONDS:
+                return cached[1]
+            encoded = charts_mod.encode_charts(await self._read_charts(window_seconds, top))
+            self._charts_cache = {k: v for k, v in self._charts_cache.items()
+                                  if time.monotonic() - v[0] < CHARTS_CACHE_SECONDS}
+            self._charts_cache[key] = (time.monotonic(), encoded)
+            return encoded
+
+    async def _read_charts(self, window_seconds: float, top: int) -> charts_mod.ChartsView:
+        now = self.clock.now()
+        start, end, bucket = charts_mod.window_for(now, window_seconds)
+        if self.history is None:
+            return charts_mod.unavailable(charts_mod.REASON_NO_HISTORY, "this dashboard runs beside no analytics store",
+                                          now=now, start=start, end=end, bucket_seconds=bucket)
+        params = HistoryParams(start=start, end=end, bucket_seconds=bucket)
+        try:
+            demand = await self.history("demand", params)
+            memory = await self.history("memory", params)
+        except Exception as exc:  # the tables still show; the charts say why they cannot
+            log.warning("dashboard charts unavailable", error=f"{type(exc).__name__}: {exc}")
+            return charts_mod.unavailable(charts_mod.REASON_HISTORY_UNAVAILABLE,
+                                          f"{type(exc).__name__}: {exc}"[:DETAIL_CHARS],
+                                          now=now, start=start, end=end, bucket_seconds=bucket)
+        return charts_mod.build_charts(demand, memory, tuple(self.forecast_samples), now=now, start=start, end=end,
+                                       bucket_seconds=bucket, top=top)
 
     async def _render_loop(self) -> None:
         while True:
@@ -172,6 +240,20 @@ def create_dashboard_app(dashboard: Dashboard, *, token: str | None, reader_toke
             return denied()
         return Response(dashboard.encoded, media_type="application/json", headers={"Cache-Control": "no-store"})
 
+    async def charts(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        try:
+            window = float(request.query_params.get("window", charts_mod.DEFAULT_WINDOW_SECONDS))
+            top = int(request.query_params.get("top", charts_mod.DEFAULT_TOP))
+        except ValueError:
+            return _bad_query()
+        if not (math.isfinite(window) and charts_mod.MIN_WINDOW_SECONDS <= window <= charts_mod.MAX_WINDOW_SECONDS
+                and 1 <= top <= charts_mod.MAX_TOP):
+            return _bad_query()
+        return Response(await dashboard.charts(window, top), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
     async def stream(request: Request) -> Response:
         if not authorized(request):
             return denied()
@@ -181,8 +263,15 @@ def create_dashboard_app(dashboard: Dashboard, *, token: str | None, reader_toke
     return Starlette(routes=[
         Route("/", index, methods=["GET"]),
         Route("/api/view", view, methods=["GET"]),
+        Route("/api/charts", charts, methods=["GET"]),
         Route("/api/stream", stream, methods=["GET"]),
     ])
+
+
+def _bad_query() -> Response:
+    return JSONResponse({"error": "bad_query", "message": (
+        f"window must be {charts_mod.MIN_WINDOW_SECONDS:g}..{charts_mod.MAX_WINDOW_SECONDS:g} seconds and top "
+        f"1..{charts_mod.MAX_TOP}")}, status_code=422)
 
 
 def require_token_off_loopback(host: str, token: str | None, reader_token: str | None = None) -> None:
