@@ -29,6 +29,7 @@ from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
+from grid.events.store_pressure import MIB, STORE_OK, STORE_UNKNOWN, StorePressure, read_store
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
@@ -42,6 +43,8 @@ log = structlog.get_logger(__name__)
 # failed restarts (a store that cannot be opened must not turn into a busy loop).
 NATS_WATCH_SECONDS = 0.5
 NATS_RESTART_BACKOFF_SECONDS = (1.0, 30.0)
+# How often the embedded store's free space and health are read (status, /metrics, recovery).
+STORE_CHECK_SECONDS = 2.0
 # Resident budget for the bundled 135M Q4_1 model with a 2k context (the file is 94 MiB).
 BUNDLED_MEMORY_MB = 512
 
@@ -100,6 +103,11 @@ class LocalGrid:
         self.notify = notify
         self.durability_note = ""  # why the log does not count as durable, when it does not
         self.nats_restarts = 0
+        # The embedded store's last reading (grid.events.store_pressure), and the restarts that
+        # brought a failed store back.
+        self.store_pressure: StorePressure | None = None
+        self.store_recoveries = 0
+        self._reserved_bytes: int | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self.embedded: EmbeddedNats | None = None
         self.log: JetStreamLog | None = None  # the controller's connection
@@ -164,7 +172,13 @@ class LocalGrid:
         identity = ControllerIdentity(authority_dir(cfg.home), ca_pem=ca_pem) if creds is not None else None
         # The one-machine grid keeps its analytics store current (history right after a chat).
         settings = self.controller_settings or ControllerSettings(analytics=True)
-        self.controller = Controller(self.log, cfg, settings=settings, identity=identity)
+        if self.embedded is not None:
+            from grid.controller.beside_store import StoreAwareController
+
+            self.controller = StoreAwareController(self.log, cfg, settings=settings, identity=identity,
+                                                   store=lambda: self.store_pressure)
+        else:
+            self.controller = Controller(self.log, cfg, settings=settings, identity=identity)
         await self.controller.start()
         self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)
         self.admin_url = self.admin.url or ""
@@ -201,15 +215,27 @@ class LocalGrid:
         return durable
 
     async def _supervise_nats(self, server: EmbeddedNats) -> None:
-        """Start the embedded server again, same port and store, whenever it dies."""
+        """Start the embedded server again, same port and store, whenever it dies, or when it has
+        stopped storing (a full disk) and there is room again; keep `store_pressure` current."""
         pause = NATS_RESTART_BACKOFF_SECONDS[0]
+        next_store_check = 0.0
         while True:
             await asyncio.sleep(NATS_WATCH_SECONDS)
             if server.alive:
-                continue
+                if time.monotonic() < next_store_check:
+                    continue
+                next_store_check = time.monotonic() + STORE_CHECK_SECONDS
+                pressure = await asyncio.to_thread(self._read_store, server)
+                if not pressure.recoverable:
+                    continue
+                # It keeps refusing writes until restarted (grid.events.store_pressure).
+                self.store_recoveries += 1
+                await asyncio.to_thread(server.stop)
+                reason = f"stopped storing after a failed write and {pressure.free_bytes // MIB} MiB are free again"
+            else:
+                reason = _exit_reason(server.exit_code)
             self.nats_restarts += 1
-            self._say(f"embedded NATS server {_exit_reason(server.exit_code)}; restarting it on {server.url} "
-                      f"with the same store")
+            self._say(f"embedded NATS server {reason}; restarting it on {server.url} with the same store")
             try:
                 server.respawn()  # from this (the main) thread: the server dies with it (embedded.py)
                 await asyncio.to_thread(server.wait_ready)
@@ -219,7 +245,23 @@ class LocalGrid:
                 pause = min(pause * 2, NATS_RESTART_BACKOFF_SECONDS[1])
                 continue
             pause = NATS_RESTART_BACKOFF_SECONDS[0]
+            next_store_check = 0.0
             self._say(f"embedded NATS server restarted on {server.url}; the components reconnect on their own")
+
+    def _read_store(self, server: EmbeddedNats) -> StorePressure:
+        """One reading of the embedded store (blocking: run it in a thread)."""
+        pressure = read_store(server.store_dir, server.monitor, reserved_bytes=self._reserved_bytes,
+                              recoveries=self.store_recoveries)
+        if pressure.jetstream_reserved_bytes:
+            # A failed server may stop reporting the reservations a restart must find room for.
+            self._reserved_bytes = max(self._reserved_bytes or 0, pressure.jetstream_reserved_bytes)
+        if pressure.state != (self.store_pressure.state if self.store_pressure else STORE_OK):
+            if pressure.state in (STORE_OK, STORE_UNKNOWN):
+                log.info("event log store", state=pressure.state, free_bytes=pressure.free_bytes)
+            else:
+                self._say(f"event log store: {pressure.detail}")
+        self.store_pressure = pressure
+        return pressure
 
     def residency_state(self, model_id: str) -> str | None:
         hb = getattr(self.agent, "last_heartbeat", None)

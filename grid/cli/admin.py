@@ -140,6 +140,22 @@ def _render_workloads(rows: Any) -> None:
     console.print(table)
 
 
+def _mib(value: Any) -> str:
+    return "?" if value is None else f"{int(value) / (1 << 20):.0f} MiB"
+
+
+def _render_store(store: Any) -> None:
+    """The event log store's disk pressure (present when the controller runs beside its server)."""
+    if not store:
+        return
+    line = (f"event log store: {store['state']}   free {_mib(store['free_bytes'])} of {_mib(store['total_bytes'])} "
+            f"(warns below {_mib(store['warn_free_bytes'])})   JetStream stores "
+            f"{_mib(store['jetstream_storage_bytes'])}, reserves {_mib(store['jetstream_reserved_bytes'])}")
+    if store.get("recoveries"):
+        line += f"   recovered {store['recoveries']}x"
+    console.print(line, style="dim" if store["state"] == "ok" else "yellow", markup=False, highlight=False)
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -157,6 +173,7 @@ def render_status(s: dict[str, Any]) -> None:
     console.print(f"last tick {tick.get('duration_ms', 0):.1f} ms ({tick.get('reason', '-')})   revisions "
                   f"dirty {rev['dirty']} processed {rev['processed']} success {rev['success']}   "
                   f"log durable: {mode['log_durable']}", style="dim")
+    _render_store(s.get("store"))
 
     hosts = Table(title="Hosts", title_justify="left")
     for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "domain", "residencies"):

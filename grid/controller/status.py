@@ -38,6 +38,10 @@ Shape (every key always present; lists bounded):
                  messages the controller's folds skipped as not provably written by an identity that
                  may write their subject (grid.identity.signing, grid.identity.provenance); latest
                  holds the newest few, newest last; a non-zero total is also a warning
+    store        {state (ok|low_free_space|write_failed|unknown), detail, path, free_bytes, total_bytes,
+                  warn_free_bytes, jetstream_storage_bytes, jetstream_reserved_bytes, jetstream_max_bytes,
+                  restart_needs_free_bytes, recoveries} the event log store's disk pressure when the
+                 controller runs beside its server (`gridctl up`), else null; not ok is also a warning
     warnings     snapshot quarantine, non-durable log, forecast failures, plan conflicts, ...
 
 It is built from a `ControllerView` (the controller's public snapshot), never from the live
@@ -130,6 +134,9 @@ class ControllerView:
     # latest of them (oldest first).
     rejected_events: Mapping[str, int] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
+    # The event log store's disk pressure (grid.events.store_pressure) where the controller runs
+    # beside the server that writes it (`gridctl up`); None elsewhere.
+    store: Mapping[str, Any] | None = None
 
 
 def _b(value: Any) -> Any:
@@ -341,6 +348,8 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
                         "may write their subject: skipped, never folded; latest in rejected_events)")
     unplaced = _unplaced_claims(ctl, snaps)
     warnings.extend(_unplaced_warnings(unplaced))
+    if ctl.store is not None and ctl.store.get("detail"):
+        warnings.append(f"event log store: {ctl.store['detail']}")
     return {
         "now": now,
         "controller": {
@@ -380,5 +389,6 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "last_tick": _b(ctl.last_tick) if ctl.last_tick is not None else None,
         "ticks": [_b(t) for t in list(ctl.ticks)[-10:]],
         "rejected_events": rejected,
+        "store": dict(ctl.store) if ctl.store is not None else None,
         "warnings": warnings,
     }

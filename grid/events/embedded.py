@@ -255,6 +255,15 @@ class EmbeddedNats:
         self.stop()
         raise EmbeddedNatsError(f"nats-server did not become ready within {READY_TIMEOUT_SECONDS}s")
 
+    def monitor(self, path: str) -> tuple[int, object]:
+        """GET `path` (e.g. /jsz, /healthz) from the server's monitoring port: (HTTP status, JSON
+        body). OSError when the server does not answer."""
+        try:
+            response = httpx.get(f"http://{self.host}:{self.monitor_port}{path}", timeout=2.0)
+            return response.status_code, response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise OSError(f"nats-server monitor {path}: {exc}") from exc
+
     def stop(self, timeout: float = 10.0) -> None:
         proc = self.process
         if proc is None:
