@@ -1,4 +1,4 @@
-"""Compile a ``PlannerInput`` into a fresh ``Ledger`` (placement phase 1).
+"""Compile a ``PlannerInput`` into a fresh ``Ledger`` (step one of placement, when a ``Placer`` is built).
 
 Profiles become ``ModelState``s (wanted replicas, tiers, harm order, concurrency boost); hosts
 are grouped into ``HostClass``es (hosts indistinguishable to every compatibility check and

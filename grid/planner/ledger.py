@@ -2,9 +2,9 @@
 
 One ``Ledger`` holds everything a plan mutates while it is built: the per-host memory, slot
 and disk ledgers (``state.HostState``), each model's desired entries, the repair scope, the
-hosts with leaving capacity, and the staged preemptions. The placement engine
-(``placement.Engine``) drives it; staged preemption, repair and explanations take it as their
-one typed parameter, so none of them needs the engine's module (or another's).
+hosts with leaving capacity, and the staged preemptions. The placer (``placement.Placer``)
+drives it; staged preemption, repair and explanations take it as their one typed parameter, so
+none of them needs the placer's module (or another's).
 
 Candidate selection is exact: ``best_host`` returns the host with the highest total score
 (ties: smaller host id) as a full scan would, but scans per host class (see state.py) with an

@@ -1,26 +1,11 @@
-"""Deterministic placement: compile, seed incumbents, pins, fair priority rounds.
+"""Deterministic placement: one plan's steps over its ``Ledger`` (ledger.py).
 
-The engine (``Engine``) runs one plan's phases over its ``Ledger`` (ledger.py), in order:
+``Placer.run()`` is the algorithm: each step is one method, called in order, and each method's
+docstring gives that step's rules. Profiles and hosts are compiled into the ledger when the
+placer is built (compile.py; per-model static eligibility is computed once per host class and
+requirement signature).
 
-1. compile profiles and hosts into the ledger (compile.py); per-model static eligibility is
-   computed once per (host class, requirement signature);
-2. ledgers start from live inventory; immovable residencies (external or operator-pinned) and
-   unmanaged memory consume capacity first;
-3. healthy live managed incumbents that still satisfy every hard constraint keep their slot
-   (higher priority, then more constrained models first). An incumbent that no longer fits
-   (capacity, policy, failure-domain spread) must move; one that breaks a lowered model
-   ceiling or a tightened co-location rule is drained by a convergence preemption;
-4. hard pins are reserved first, on their exact hosts;
-5. priority classes fill from high to low; within a class, baseline replicas, then direct
-   demand, then inferred-only prewarms, one replica per model per round (max-min fair) in
-   the order: fewer eligible hosts, larger memory, greater attributable harm, model id;
-   a replica that finds no host tries bounded repair (repair.py), then staged preemption
-   (preemption.py; never for inferred-only demand), then a make-before-break relocation of
-   an incumbent that stands in its way (relocation.py);
-6. make-before-break: a must-move incumbent stays in the desired set while the model would
-   otherwise have fewer ready replicas than wanted.
-
-``Engine(reference_scan=True)`` makes the ledger's candidate search a plain full scan; tests
+``Placer(reference_scan=True)`` makes the ledger's candidate search a plain full scan; tests
 use it to prove the indexed search gives the same plan.
 """
 
@@ -50,8 +35,15 @@ from grid.planner.state import (
 )
 from grid.planner.types import PlannerInput, Policy, Preemption, ResidencyView
 
+# Managed residencies the placer may keep, per model: (host, residency).
+Incumbents = dict[str, list[tuple[HostState, ResidencyView]]]
+# Ready copies on operator-drained hosts: (model id, the must-move that evacuates it).
+Evacuations = list[tuple[str, MustMove]]
+# Per host, the residencies kept so far while seeding: (model id, its requirement if configured).
+KeptOn = list[list[tuple[str, ModelReq | None]]]
 
-class Engine:
+
+class Placer:
     def __init__(self, inp: PlannerInput, *, reference_scan: bool = False) -> None:
         self.inp = inp
         self.ledger: Ledger = compile_input(inp, reference_scan=reference_scan)
@@ -59,14 +51,30 @@ class Engine:
         self.immovable: list[tuple[int, ResidencyView]] = []
         self.obsolete: list[tuple[int, ResidencyView]] = []
 
+    def run(self) -> None:
+        """Place every model: existing residencies first, then new replicas by priority."""
+        self.take_live_inventory()
+        self.count_immovable_residencies()
+        incumbents, evacuations = self.sort_managed_residencies()
+        self.keep_incumbents(incumbents)
+        self.evacuate_drained_hosts(evacuations)
+        self.release_leaving_memory()
+        self.reserve_pins()
+        self.fill_priority_classes()
+        self.retain_until_replaced()
+
     # ==================================================================================
-    # Phase 2-3: ledgers and incumbents
+    # Existing residencies
     # ==================================================================================
-    def seed(self) -> None:
+    def take_live_inventory(self) -> None:
+        """Start each host's ledgers from its live inventory.
+
+        One residency per model and host is the host's view of that model (a healthy copy
+        before an unhealthy one). Immovable residencies (external or operator-pinned) and
+        unmanaged memory consume both ledgers first; every live residency consumes ledger A.
+        """
         led = self.ledger
         models = led.by_model
-        # Ledgers from live inventory. Immovable residencies (external or operator-pinned)
-        # and unmanaged memory consume both ledgers first.
         self.immovable = []
         for hs in led.hosts:
             snap = hs.snap
@@ -102,18 +110,11 @@ class Engine:
                 else:
                     hs._add_presence(0, led.excl.get(m, frozenset()))
 
-        # Kept-set bookkeeping used only while seeding (convergence checks compare an
-        # incumbent against the incumbents already kept, not against everything live).
-        kept_on: list[list[tuple[str, ModelReq | None]]] = [[] for _ in led.hosts]
-        kept_names: list[set[str]] = [set() for _ in led.hosts]
-        for hi, r in self.immovable:
-            if r.model_id not in kept_names[hi]:
-                kept_names[hi].add(r.model_id)
-                ms = models.get(r.model_id)
-                kept_on[hi].append((r.model_id, ms.req if ms is not None else None))
-
-        # Immovable residencies satisfy demand when they are healthy, on an eligible host
-        # and statically compatible (they are never actuated either way).
+    def count_immovable_residencies(self) -> None:
+        """Immovable residencies satisfy demand when they are healthy, on an eligible host and
+        statically compatible (they are never actuated either way)."""
+        led = self.ledger
+        models = led.by_model
         for hi, r in sorted(
             self.immovable, key=lambda t: (t[1].model_id, led.hosts[t[0]].host_id)
         ):
@@ -141,24 +142,28 @@ class Engine:
             reason = R.PINNED_RESIDENCY if r.pinned else R.EXTERNAL_RESIDENCY
             led.keep(hs, r, ms, slot, reason)
 
-        # Managed incumbents, model by model in seeding order.
-        candidates: dict[str, list[tuple[HostState, ResidencyView]]] = {}
-        evacuating: list[tuple[str, MustMove]] = []
+    def sort_managed_residencies(self) -> tuple[Incumbents, Evacuations]:
+        """Sort live managed residencies into incumbents (healthy, configured, on an eligible
+        host), evacuations (ready copies on an operator-drained host) and obsolete ones
+        (everything else, and duplicates of one model on one host)."""
+        led = self.ledger
+        models = led.by_model
+        incumbents: Incumbents = {}
+        evacuations: Evacuations = []
         self.obsolete = []
         for hs in led.hosts:
             for m, r in hs.residencies.items():
                 if r.state not in LIVE_STATES or not r.managed or r.pinned:
                     continue
                 if r.state in HEALTHY_STATES and m in models and hs.eligible:
-                    candidates.setdefault(m, []).append((hs, r))
+                    incumbents.setdefault(m, []).append((hs, r))
                 elif r.state == "ready" and m in models and _evacuating(hs, led.now, led.policy):
                     # An operator drain is a make-before-break evacuation: the ready copy must
-                    # move, and phase 6 keeps it desired until its replacement is ready (the
-                    # reconciler ends that at the evacuation deadline).
-                    evacuating.append((m, MustMove(hs.idx, r, R.HOST_NOT_ELIGIBLE_STATE, hs.snap.state)))
+                    # move, and retain_until_replaced keeps it desired until its replacement
+                    # is ready (the reconciler ends that at the evacuation deadline).
+                    evacuations.append((m, MustMove(hs.idx, r, R.HOST_NOT_ELIGIBLE_STATE, hs.snap.state)))
                 else:
                     self.obsolete.append((hs.idx, r))
-            # duplicates of the same model on one host are obsolete
             for r in hs.snap.residencies:
                 if (
                     r.managed
@@ -167,6 +172,28 @@ class Engine:
                     and hs.residencies.get(r.model_id) is not r
                 ):
                     self.obsolete.append((hs.idx, r))
+        return incumbents, evacuations
+
+    def keep_incumbents(self, incumbents: Incumbents) -> None:
+        """Healthy incumbents that still satisfy every hard constraint keep their slot.
+
+        Models go higher priority first, then more constrained first (fewer eligible hosts,
+        larger memory). Within a model, an incumbent in a failure domain the spread still
+        needs goes first, then the most useful state. An incumbent that no longer fits
+        (capacity, policy, failure-domain spread) must move; one that breaks a lowered model
+        ceiling or a tightened co-location rule is drained by a convergence preemption, within
+        the plan's eviction budget. Incumbents beyond what a model wants are obsolete surplus.
+        """
+        led = self.ledger
+        # Convergence checks compare an incumbent against the residencies already kept, not
+        # against everything live; immovable residencies are kept from the start.
+        kept_on: KeptOn = [[] for _ in led.hosts]
+        kept_names: list[set[str]] = [set() for _ in led.hosts]
+        for hi, r in self.immovable:
+            if r.model_id not in kept_names[hi]:
+                kept_names[hi].add(r.model_id)
+                ms = led.by_model.get(r.model_id)
+                kept_on[hi].append((r.model_id, ms.req if ms is not None else None))
 
         order = sorted(
             led.models,
@@ -179,7 +206,7 @@ class Engine:
         )
         for ms in order:
             cands = sorted(
-                candidates.get(ms.req.model_id, ()), key=lambda t: t[0].host_id
+                incumbents.get(ms.req.model_id, ()), key=lambda t: t[0].host_id
             )
             remaining = list(cands)
             while remaining:
@@ -236,10 +263,15 @@ class Engine:
                 # if a staged preemption later removes one of its kept replicas.
                 led.surplus.setdefault(ms.req.model_id, []).append((hs.idx, r))
 
-        for m, mm in evacuating:
-            models[m].mustmove.append(mm)
+    def evacuate_drained_hosts(self, evacuations: Evacuations) -> None:
+        """Ready copies on operator-drained hosts must move (after the incumbents' own must-moves)."""
+        for m, mm in evacuations:
+            self.ledger.by_model[m].mustmove.append(mm)
 
-        # Memory of obsolete residencies is released by the reconciler on its own.
+    def release_leaving_memory(self) -> None:
+        """Count the memory of obsolete residencies as leaving (the reconciler releases it on
+        its own), index must-move incumbents by host, and reindex every host's free memory."""
+        led = self.ledger
         for hi, r in self.obsolete:
             led.note_leaving(hi, r.model_id, max(0, int(r.memory_mb)))
         for ms in led.models:
@@ -248,7 +280,7 @@ class Engine:
         for hs in led.hosts:
             led.fleet.reindex(hs)
 
-    def _keep(self, hs: HostState, r: ResidencyView, ms: ModelState, kept_on) -> None:
+    def _keep(self, hs: HostState, r: ResidencyView, ms: ModelState, kept_on: KeptOn) -> None:
         mem = max(0, int(r.memory_mb))
         slot = Slot(
             ms.req.model_id,
@@ -365,11 +397,12 @@ class Engine:
         )
 
     # ==================================================================================
-    # Phases 4-5: pins and priority classes
+    # New replicas
     # ==================================================================================
-    def run(self) -> None:
+    def reserve_pins(self) -> None:
+        """Hard pins are reserved first, on their exact hosts (higher priority first), with a
+        destructive staged preemption when the pinned host is full."""
         led = self.ledger
-        self.seed()
         pinned = sorted(
             (ms for ms in led.models if ms.req.pins and ms.wanted > 0),
             key=lambda ms: (-ms.priority, ms.req.model_id),
@@ -402,6 +435,15 @@ class Engine:
                         why = f"{R.EVICTION_BUDGET} ({why})"
                     ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {why}".strip()))
 
+    def fill_priority_classes(self) -> None:
+        """Priority classes fill from high to low.
+
+        Within a class: baseline replicas, then direct demand, then inferred-only prewarms
+        (the tiers), one replica per model per round (max-min fair) in the order: fewer
+        eligible hosts, larger memory, greater attributable harm, model id. A model whose
+        replica finds no place is blocked for the rest of the plan.
+        """
+        led = self.ledger
         classes = sorted(
             {ms.priority for ms in led.models if ms.wanted > 0}, reverse=True
         )
@@ -438,8 +480,6 @@ class Engine:
                             ms.blocked = True
                     active = nxt
 
-        self._retain()
-
     def _place_one(self, ms: ModelState, tier: str, prio: int) -> bool:
         led = self.ledger
         if led.new_count >= led.policy.max_new_placements:
@@ -453,6 +493,9 @@ class Engine:
             led.disk_extra = 0
 
     def _place_one_inner(self, ms: ModelState, tier: str, prio: int) -> bool:
+        """The best free host; else bounded repair (repair.py); else staged preemption
+        (preemption.py; never destructive for inferred-only demand); else a make-before-break
+        relocation of an incumbent that stands in the way (relocation.py)."""
         led = self.ledger
         c = led.choose(ms)
         if c is not None:
@@ -467,10 +510,9 @@ class Engine:
             return True
         return relocation.stage(led, ms, prio)
 
-    # ==================================================================================
-    # Phase 6: make-before-break retention
-    # ==================================================================================
-    def _retain(self) -> None:
+    def retain_until_replaced(self) -> None:
+        """Make-before-break: a ready must-move incumbent stays in the desired set while the
+        model would otherwise have fewer ready replicas than wanted."""
         led = self.ledger
         for ms in led.models:
             if ms.wanted <= 0 or not ms.mustmove:

@@ -203,7 +203,7 @@ def _apply(led: Ledger, ms: ModelState, o: _Option, prio: int) -> bool:
             )
         )
     else:
-        # Make-before-break: retained (phase 6) until the model has its ready replicas again.
+        # Make-before-break: retained (``Placer.retain_until_replaced``) until the model has its ready replicas again.
         mm = MustMove(hs.idx, r, R.RELOCATION, f"moving to make room for {ms.req.model_id}")
         vms.mustmove.append(mm)
         led.mustmove_on.setdefault(hs.idx, []).append((vms, mm))

@@ -678,7 +678,7 @@ def test_bounded_repair_fixes_greedy_fragmentation():
 
 
 def test_repair_lower_bound_fails_fast_on_saturated_fleet():
-    from grid.planner.placement import Engine
+    from grid.planner.placement import Placer
 
     hosts = [host(f"h{i}", 8_000) for i in range(8)]
     profiles = [prof(f"m{i}", 4000, min_replicas=0, max_replicas=4) for i in range(6)]
@@ -688,10 +688,10 @@ def test_repair_lower_bound_fails_fast_on_saturated_fleet():
         [want(f"m{i}", 4) for i in range(6)],
         policy=Policy(admission_headroom_fraction=0.0),
     )
-    eng = Engine(inp)
-    eng.run()
-    assert sum(len(ms.entries) for ms in eng.models) == 16
-    assert eng.ledger.repair_steps == 0
+    placer = Placer(inp)
+    placer.run()
+    assert sum(len(ms.entries) for ms in placer.models) == 16
+    assert placer.ledger.repair_steps == 0
 
 
 def test_placement_budget_is_reported():
