@@ -121,15 +121,14 @@ def _wait_store(up: Up, state: str, timeout: float) -> dict:
 
 def _fill(path: Path, leave_bytes: int) -> None:
     """Write zeros to `path` until its filesystem has at most `leave_bytes` free (0: until full)."""
-    with open(path, "ab") as f:
-        chunk = b"\0" * MIB
+    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing left to flush into a full disk
         while True:
-            free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+            stat = os.statvfs(path)
+            free = stat.f_bavail * stat.f_frsize
             if free <= leave_bytes:
                 return
             try:
-                f.write(chunk[: max(1, min(MIB, free - leave_bytes))] if leave_bytes else chunk)
-                f.flush()
+                f.write(b"\0" * min(MIB, free - leave_bytes if leave_bytes else MIB))
             except OSError:
                 return  # the disk is full
 
