@@ -1,7 +1,8 @@
 """The demand package stays acyclic: leaves (affinity, outcomes, workload) <- fold <- correlation <- forecast.
 
-A cycle between these files would make import order matter and hide a module that no longer
+A cycle between these parts would make import order matter and hide a module that no longer
 has one responsibility; this reads every import statement (module level and inside functions).
+A subpackage (forecast) is one part: the imports of all its files.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import grid.demand
 
 PACKAGE = "grid.demand"
 ROOT = Path(grid.demand.__file__).parent
-MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
+MODULES = sorted(
+    [p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"]
+    + [p.parent.name for p in ROOT.glob("*/__init__.py")]
+)
+
+
+def _files(module: str) -> list[Path]:
+    package = ROOT / module
+    return sorted(package.rglob("*.py")) if package.is_dir() else [ROOT / f"{module}.py"]
 
 
 def _imported_names(node: ast.AST, package: str) -> list[str]:
@@ -31,14 +40,16 @@ def _imported_names(node: ast.AST, package: str) -> list[str]:
 
 
 def demand_imports(module: str) -> set[str]:
-    """Sibling modules of grid.demand that `module` imports, anywhere in the file."""
-    tree = ast.parse((ROOT / f"{module}.py").read_text())
+    """Sibling modules of grid.demand that `module` imports, anywhere in its file(s)."""
     out: set[str] = set()
-    for node in ast.walk(tree):
-        for name in _imported_names(node, PACKAGE):
-            parts = name.split(".")
-            if parts[:2] == ["grid", "demand"] and len(parts) > 2 and parts[2] in MODULES:
-                out.add(parts[2])
+    for path in _files(module):
+        rel = path.relative_to(ROOT).with_suffix("").parts
+        package = ".".join((PACKAGE, *rel[:-1]))
+        for node in ast.walk(ast.parse(path.read_text())):
+            for name in _imported_names(node, package):
+                parts = name.split(".")
+                if parts[:2] == ["grid", "demand"] and len(parts) > 2 and parts[2] in MODULES:
+                    out.add(parts[2])
     out.discard(module)
     return out
 
