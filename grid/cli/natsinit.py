@@ -108,16 +108,19 @@ def init(
         if tls is not None:
             _export(tls.ca_cert, authority_dir(gateway_home) / TLS_DIR / "ca.pem")
     if json_out:
-        print_json({"server_config": str(path), "operator": authority.operator_public,
+        print_json({"server_config": str(path), "include": SNIPPET_FILE, "operator": authority.operator_public,
                     "account": authority.account_public, "tls_fingerprint": fingerprint,
                     "credentials": {"controller": str(credentials.controller), "gateway": str(credentials.gateway),
                                     "operator": str(credentials.operator)},
                     "nats_server_config": [str(p) for _, p in servers], "server_name": name,
                     "durability_record": str(record)})
         return
-    console.print(f"server config snippet: {path}", highlight=False, soft_wrap=True)
-    console.print(f"  copy it beside your nats-server config and add the line: include {SNIPPET_FILE}",
-                  highlight=False, soft_wrap=True)
+    snippet_path = server_dir / SNIPPET_FILE if server_dir is not None else path
+    console.print(f"server config snippet: {snippet_path}", highlight=False, soft_wrap=True)
+    # nats-server resolves an include relative to the including file, never as an absolute path.
+    console.print(f"  your own nats-server config includes it by its path relative to that config: "
+                  f"`include {SNIPPET_FILE}` beside it, `include {snippet_path.parent.name}/{SNIPPET_FILE}` "
+                  f"from {snippet_path.parent.parent} (as deploy/nats.conf does)", highlight=False, soft_wrap=True)
     console.print("  (it turns on operator mode: from then on every client needs a credential)", style="dim")
     if fingerprint:
         console.print(f"  TLS server certificate fingerprint (join tokens pin it): {fingerprint}", highlight=False, soft_wrap=True)
