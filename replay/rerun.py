@@ -14,7 +14,9 @@ signed by a key revoked earlier in the log, or not vouched for by its subject) i
 it is skipped exactly as the controller skipped it, verified with the source's authorship
 (``Source.authorship``), and listed in the result's ``rejections`` (stream, seq, subject, reason,
 signer role) with counts by reason. A rejected recorded plan is listed and not re-run.
-The result is a value; writing it to DuckDB is ``replay.store``'s job.
+A digest mismatch is explained where it can be (``replay.diagnose``: plans recorded before the
+controller read ``based_on`` together with the input). The result is a value; writing it to
+DuckDB is ``replay.store``'s job.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from grid.projections.runner import (
     ReplayError,
     merge_by_receipt_time,
 )
+from replay.diagnose import BasedOnDrift, drift_warning
 from replay.diff import Difference, diff_plans
 from replay.extract import Source, StreamReader, Window, read_range
 
@@ -248,11 +251,6 @@ def _decode_plan_event(msg: Any) -> PlanCreated:
         raise ReplayError(msg.stream, msg.seq, f"expected a plan, found {type(event).__name__}")
     return event
 
-
-# Investigations that re-fold from the stream start (once one finds a drift, a runner kept one plan
-# behind makes the later ones cheap), and how many events before based_on each looks at.
-MAX_DIAGNOSES = 3
-DIAGNOSE_WINDOW = 64
 
 FOLD_TIME = "time"
 FOLD_STREAM = "stream"
@@ -453,11 +451,9 @@ async def replay_window(
                     pass  # reported with its sequence when the main pass reaches it
         progress.start(events_total, max(0, hi - lo + 1))
     plans_reader = await source.reader(PLANS_STREAM, 1)
-    chunks: list[dict[str, int]] = []
-    diagnosed = 0
-    fruitless = False
-    shadow: ProjectionRunner | None = None
-    last_delta: list[Any] = []
+    # Digest mismatches of plans recorded before based_on was read with the input (replay.diagnose).
+    drift = BasedOnDrift(lambda: _Folder(source, specs, bounds, None, fold_order), source, build_input, digest,
+                         enabled=diagnose)
     rejected = _Rejected()
     try:
         if hi >= lo:
@@ -483,52 +479,18 @@ async def replay_window(
                     folded = folder.folded
                     folder = _Folder(source, specs, bounds, progress, fold_order)
                     folder.folded = folded
-                    chunks, shadow, last_delta = [], None, []
-                if shadow is not None:
-                    for m in last_delta:  # the shadow catches up to the previous plan's positions
-                        shadow.fold(m)
-                    last_delta = []
-                    await folder.advance(event.based_on, msg.seq, sink=_tee(folder.runner, last_delta))
-                else:
-                    await folder.advance(event.based_on, msg.seq)
-                chunks.append(dict(event.based_on))
+                    drift.restart()
+                await drift.advance(folder, event.based_on, msg.seq)
                 if msg.seq < lo or not window.contains(msg.seq, msg.time):
                     continue
                 planner_input = build_input(folder.runner.states, event)
                 at_based_on = digest(planner_input)
-                found: tuple[dict[str, int], PlannerInput] | None = None
-                investigated = False
-                # A lossy source (request batches rebuilt from DuckDB rows) may explain a mismatch by
-                # itself: there, one fruitless investigation stops further ones.
-                lossy = bool(getattr(source, "lossy_request_batches", 0))
-                if at_based_on != event.inputs_digest and diagnose and not (lossy and fruitless):
-                    if shadow is not None:
-                        investigated = True
-                        found = _scan(shadow, last_delta, event, build_input, digest, DIAGNOSE_WINDOW)
-                        last_delta = []
-                    elif diagnosed < MAX_DIAGNOSES:
-                        diagnosed += 1
-                        investigated = True
-                        found, runner_at = await _find_input(source, specs, bounds, fold_order, chunks, msg.seq,
-                                                             event, build_input, digest)
-                        if found is not None:
-                            shadow, last_delta = runner_at, []  # drift recurs: keep a runner one plan behind
-                    fruitless = fruitless or found is None
-                outcome = _compare(ref, found[1] if found else planner_input, at_based_on, msg.seq, msg.time, event)
-                if found is not None:
-                    moved = {s: f"{event.based_on.get(s, 0)}->{n}" for s, n in sorted(found[0].items())
-                             if n != event.based_on.get(s, 0)}
-                    outcome = msgspec.structs.replace(
-                        outcome, input_positions=found[0],
-                        diagnosis=("the recorded digest matches the input rebuilt at earlier positions "
-                                   + ", ".join(f"{s} {m}" for s, m in moved.items())
-                                   + ": the recorder's based_on ran ahead of the input it planned from"),
-                    )
-                elif at_based_on != event.inputs_digest:
-                    why = ("the source rebuilt request batches without some feature fields" if lossy else
-                           f"no input within the last {DIAGNOSE_WINDOW} events before based_on has the recorded digest"
-                           if investigated else f"not investigated (at most {MAX_DIAGNOSES} per replay)")
-                    outcome = msgspec.structs.replace(outcome, diagnosis=why)
+                finding = await drift.explain(event, msg.seq, at_based_on)
+                rerun_input = planner_input if finding.planner_input is None else finding.planner_input
+                outcome = _compare(ref, rerun_input, at_based_on, msg.seq, msg.time, event)
+                if finding.diagnosis:
+                    outcome = msgspec.structs.replace(outcome, input_positions=finding.input_positions,
+                                                      diagnosis=finding.diagnosis)
                 outcomes.append(outcome)
                 if progress is not None:
                     progress.advance(plans=1)
@@ -550,12 +512,9 @@ async def replay_window(
             f"{len(odd)} recorded plan(s) (first: sequence {odd[0]}) were encoded with msgspec.json.encode, "
             "not the planner's encode_plan; reproduced byte for byte with that encoding"
         )
-    drift = [p for p in plans if p.input_positions is not None]
-    if drift:
-        warnings.append(
-            f"{len(drift)} plan(s) record a based_on ahead of the input they were planned from (first: sequence "
-            f"{drift[0].plan_seq}: {drift[0].diagnosis}); the recorder must capture positions when it builds the input"
-        )
+    drifted = drift_warning(plans)
+    if drifted is not None:
+        warnings.append(drifted)
     return ReplayResult(
         run_id=run_id or uuid.uuid4().hex,
         source=source.kind,
@@ -573,56 +532,6 @@ async def replay_window(
         rejected=rejected_counts,
         rejections=rejections,
     )
-
-
-Found = tuple[dict[str, int], PlannerInput]
-
-
-def _tee(runner: ProjectionRunner, into: list[Any]) -> Callable[[Any], None]:
-    fold = runner.fold
-    keep = into.append
-
-    def both(msg: Any) -> None:
-        fold(msg)
-        keep(msg)
-
-    return both
-
-
-def _scan(runner: ProjectionRunner, delta: Sequence[Any], event: PlanCreated, build_input: InputBuilder,
-          digest: Callable[[PlannerInput], str], window: int) -> Found | None:
-    """Fold `delta` into `runner`, checking the recorded digest before each of its last `window`
-    messages. The runner always ends at the end of `delta`; the first matching prefix is returned."""
-    found: Found | None = None
-    cut = max(0, len(delta) - window)
-    for i, msg in enumerate(delta):
-        if found is None and i >= cut:
-            candidate = build_input(runner.states, event)
-            if digest(candidate) == event.inputs_digest:
-                found = (dict(sorted(runner.positions.items())), candidate)
-        runner.fold(msg)
-    return found
-
-
-async def _find_input(source: Source, specs: Sequence[ProjectionSpec], bounds: Mapping[str, tuple[int, int]],
-                      fold_order: str, chunks: Sequence[Mapping[str, int]], seq: int, event: PlanCreated,
-                      build_input: InputBuilder, digest: Callable[[PlannerInput], str],
-                      window: int = DIAGNOSE_WINDOW) -> tuple[Found | None, ProjectionRunner]:
-    """Look for positions just before `based_on` whose rebuilt input has the recorded digest.
-
-    The fold is repeated from the stream start chunk by chunk as in the replay; the last chunk
-    is scanned message by message. Returns the finding and the runner, now at `based_on` (the
-    replay keeps it one plan behind as a shadow, so later investigations cost one chunk).
-    """
-    folder = _Folder(source, specs, bounds, None, fold_order)
-    try:
-        for based_on in chunks[:-1]:
-            await folder.advance(based_on, seq)
-        delta: list[Any] = []
-        await folder.advance(chunks[-1], seq, sink=delta.append)
-        return _scan(folder.runner, delta, event, build_input, digest, window), folder.runner
-    finally:
-        await folder.close()
 
 
 def _compare(ref: PlannerRef, planner_input: PlannerInput, replayed_digest: str, seq: int, at: float,
