@@ -1,14 +1,19 @@
-"""The dashboard in a real browser: it loads, goes live, and shows a `gridctl model set` within seconds.
+"""The dashboard in a real browser: it loads, goes live, shows a `gridctl model set` within seconds,
+and charts the requests a real gateway served.
 
 Real parts throughout: nats-server with JetStream, the controller and its admin API, the
 dashboard following the log, Debian's Chromium driven by Playwright, and `gridctl` as a child
-process. Screenshots are saved under the test's temporary directory (printed on failure).
+process; the charts test runs `gridctl up` (embedded NATS, controller with its DuckDB analytics
+store, gateway, agent serving SmolLM2 with llama.cpp). Screenshots are saved under the test's
+temporary directory (printed on failure).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +94,8 @@ async def test_dashboard_shows_model_set_live(js_log: JetStreamLog, tmp_path: Pa
                 await page.goto(server.url + "/")
                 await page.wait_for_selector("#conn.live", timeout=10_000)
                 await page.wait_for_selector("#hosts >> text=laptop-1", timeout=10_000)
+                # This dashboard runs beside no analytics store: the charts say so instead of drawing.
+                await page.wait_for_selector("#charts [data-reason=no_history]", timeout=10_000)
                 await page.screenshot(path=str(shots / "1-loaded.png"), full_page=True)
 
                 rc, _out, err = await gridctl(home, "model", "set", "dash-model.gguf", "--memory-mb", "300",
@@ -135,3 +142,100 @@ async def test_dashboard_token_is_required_when_configured(js_log: JetStreamLog)
         require_token_off_loopback("0.0.0.0", None)
     require_token_off_loopback("127.0.0.1", None)
     require_token_off_loopback("::1", None)
+
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHATS = 3
+
+
+async def _wait_for_line(proc: subprocess.Popen[bytes], log_path: Path, pattern: str, timeout: float) -> str:
+    """The output of `gridctl up` once it holds `pattern` (fails if the process exits first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        text = log_path.read_text()
+        if re.search(pattern, text):
+            return text
+        assert proc.poll() is None, text
+        await asyncio.sleep(0.5)
+    pytest.fail(f"`gridctl up` printed no {pattern!r} within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+
+
+async def test_dashboard_charts_real_traffic(tmp_path: Path, bundled_model_home: Path) -> None:
+    """Chats through the real gateway of `gridctl up` become points on the page's charts."""
+    from playwright.async_api import async_playwright
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "artifacts").symlink_to(bundled_model_home / "artifacts")
+    env = {**os.environ, "GRID_HOME": str(home), "COLUMNS": "200"}
+    env.pop("GRID_NATS_URL", None)
+    env.pop("GRID_ADMIN_URL", None)
+    log_path = tmp_path / "up.log"
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "grid.cli.main", "up", "--port", "0"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        text = await _wait_for_line(proc, log_path, r"ready:", 240)
+        gateway = re.search(r"gateway\s+(http://\S+)/v1", text).group(1)  # type: ignore[union-attr]
+        dashboard = re.search(r"dashboard\s+(http://\S+?)/?\s", text).group(1)  # type: ignore[union-attr]
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+                await page.goto(dashboard + "/")
+                await page.wait_for_selector("#conn.live", timeout=10_000)
+                # No request yet: the request chart says so; the host's heartbeats already chart its memory.
+                await page.wait_for_selector("#charts [data-chart=requests] [data-empty]", timeout=15_000)
+                await page.screenshot(path=str(shots / "1-no-requests.png"), full_page=True)
+
+                async with httpx.AsyncClient(base_url=gateway, timeout=120) as client:
+                    for i in range(CHATS):
+                        resp = await client.post("/v1/chat/completions", json={
+                            "model": MODEL, "max_tokens": 8,
+                            "messages": [{"role": "user", "content": f"Count to {i + 2}."}]})
+                        assert resp.status_code == 200, resp.text
+
+                # The page polls its charts: the served model appears with points, until every chat
+                # (flushed by the gateway's telemetry, then by the analytics sink) is counted.
+                model = f'g.series[data-series="{MODEL}"]'
+                await page.wait_for_selector(f"svg[data-chart=requests] {model} circle", timeout=30_000)
+                await page.wait_for_function(
+                    """([selector, n]) => [...document.querySelectorAll(selector)]
+                         .reduce((sum, c) => sum + Number(c.dataset.v), 0) >= n""",
+                    arg=[f"svg[data-chart=requests] {model} circle", CHATS], timeout=30_000)
+                await page.screenshot(path=str(shots / "2-charts.png"), full_page=True)
+                drawn = await page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
+                    '#charts svg[data-chart] g.series')].map(g => [
+                      g.closest('svg').dataset.chart + '|' + g.dataset.series + '|' + g.dataset.measure,
+                      [...g.querySelectorAll('circle')].map(c => Number(c.dataset.v))]))""")
+            finally:
+                await browser.close()
+        requests = drawn[f"requests|{MODEL}|"]
+        assert sum(requests) == CHATS and all(v >= 0 for v in requests), drawn
+        assert drawn[f"errors|{MODEL}|"] and set(drawn[f"errors|{MODEL}|"]) == {0.0}, drawn
+        p50, p95 = drawn[f"latency|{MODEL}|p50"], drawn[f"latency|{MODEL}|p95"]
+        assert p50 and all(0 < a <= b for a, b in zip(p50, p95)), drawn
+        assert drawn[f"demand|{MODEL}|observed"], drawn
+        memory = [v for key, values in drawn.items() if key.startswith("memory|") for v in values]
+        assert memory and max(memory) > 0, drawn  # SmolLM2's engine holds memory on the one host
+
+        # The same numbers as JSON, bounded by the window's buckets.
+        charts = httpx.get(f"{dashboard}/api/charts", params={"window": 3600}, timeout=10).json()
+        assert charts["reason"] == "" and charts["bucket_seconds"] == 60.0
+        by_id = {c["id"]: c for c in charts["charts"]}
+        (served,) = [s for s in by_id["requests"]["series"] if s["name"] == MODEL]
+        assert sum(v for _t, v in served["points"]) == CHATS and len(served["points"]) <= 60
+        assert httpx.get(f"{dashboard}/api/charts", params={"window": "nan"}, timeout=10).status_code == 422
+        print(json.dumps({k: len(v) for k, v in drawn.items()}))
+    finally:
+        print(f"dashboard screenshots in {shots}")
+        if proc.poll() is None:
+            down = await gridctl(home, "down")
+            if down[0] != 0 or await asyncio.to_thread(proc.wait, 60) is None:
+                proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
