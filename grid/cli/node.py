@@ -1,6 +1,7 @@
 """gridctl node start | stop | status | drain | pause | quarantine | resume.
 
-`node start` runs the host agent in the foreground; the other commands act on this machine's
+`node start` runs the host agent in the foreground (grid.agent.launch does the work; this
+command parses its options); the other commands act on this machine's
 agent through its state directory (GRID_HOME/agent unless --state-dir): a verified pid file for
 stop, the durable state file for status, and the durable override file the running agent polls.
 """
@@ -12,45 +13,38 @@ import os
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 
 import msgspec
-import psutil
 import typer
 from rich.table import Table
 
-from grid import eventloop
 from grid.agent.http import read_metrics_url
+from grid.agent.launch import (
+    IDENTITY_DIR,
+    Joined,
+    LaunchOptions,
+    PidRecord,
+    Refused,
+    launch,
+    read_joined,
+    read_pid_record,
+    redeem_join_token,
+    verify_pid,
+)
 from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
-from grid.agent.protection import ProtectionPolicy
-from grid.agent.state import AgentPaths, AgentState, atomic_write, decode_state
+from grid.agent.state import AgentPaths, AgentState, decode_state
 from grid.cli.common import LogFormatOption
 from grid.config import GridConfig
 from grid.logs import configure_logging
-from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
-from grid.secrets import SecretFileError
 
 node_app = typer.Typer(help="Run and steer this machine's host agent.", no_args_is_help=True)
 
 StateDirOption = typer.Option(
     None, "--state-dir", envvar="GRID_AGENT_STATE_DIR", help="Agent state directory (default: GRID_HOME/agent)."
 )
-
-
-class PidRecord(msgspec.Struct, kw_only=True):
-    pid: int
-    create_time: float
-    cmdline: tuple[str, ...]
-    instance: str
-    host_id: str = ""
-    started_at: float = 0.0
-    start_stamp: str | None = None  # grid.procstart.start_stamp
-
-
-_pid_decoder = msgspec.json.Decoder(PidRecord)
 
 
 def _paths(state_dir: Path | None) -> tuple[GridConfig, AgentPaths]:
@@ -65,44 +59,6 @@ def _echo_err(message: str) -> None:
 def _fail(message: str, code: int = 1) -> None:
     _echo_err(message)
     raise typer.Exit(code)
-
-
-def read_pid_record(paths: AgentPaths) -> PidRecord | None:
-    try:
-        return _pid_decoder.decode(paths.pid_file.read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def verify_pid(record: PidRecord) -> str:
-    """'running' only if the PID is the exact agent instance that wrote the record."""
-    try:
-        proc = psutil.Process(record.pid)
-        with proc.oneshot():
-            if not same_start(record.pid, proc.create_time(), recorded_stamp=record.start_stamp,
-                              recorded_create_time=record.create_time, tolerance=CREATE_TIME_TOLERANCE_SECONDS):
-                return "reused"
-            if tuple(proc.cmdline()) != tuple(record.cmdline):
-                return "reused"
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return "gone"
-    except psutil.NoSuchProcess:
-        return "gone"
-    except psutil.Error:
-        return "unverifiable"
-    return "running"
-
-
-def _parse_port_range(value: str) -> tuple[int, int]:
-    try:
-        lo_s, hi_s = value.split("-", 1)
-        lo, hi = int(lo_s), int(hi_s)
-    except ValueError:
-        _fail(f"--port-range must look like 38000-38999, not {value!r}")
-        raise
-    if not (1024 <= lo <= hi <= 65535):
-        _fail("--port-range must be within 1024-65535 and low <= high")
-    return lo, hi
 
 
 @node_app.command("start")
@@ -145,151 +101,37 @@ def start(
                                         "already (containers: the token is used once, then the credential)."),
 ) -> None:
     """Run the host agent in the foreground until SIGTERM/SIGINT (then drain and stop children)."""
-    from grid.agent.inventory import CapacityShareError
-    from grid.agent.lock import AgentLockedError
-    from grid.agent.service import AgentOptions, HostAgent, HostIdError
-    from grid.events.control import DATA_TIERS
     from grid.cli.common import resolve_nats_url
-    from grid.events.jetstream import JetStreamLog
-    from grid.events.log import LogError
-    from grid.identity.connect import connect_log
 
     if json_logs is not None:
         log_format = "json" if json_logs else "console"
     configure_logging(log_format)
-    cfg, paths = _paths(state_dir)
-    cfg.ensure_home()
-    paths.ensure()
-    existing = read_pid_record(paths)
-    if existing is not None and verify_pid(existing) == "running" and existing.pid != os.getpid():
-        _fail(f"an agent is already running for {paths.root} (pid {existing.pid}); `gridctl node stop` first")
-    if is_locked(paths.root):
-        holder = read_holder(paths.root)
-        _fail(f"an agent is already running for {paths.root}" + (f" (pid {holder.pid})" if holder else "")
-              + "; one agent per state directory")
-    from grid.agent.engines.runtime import RuntimeChoiceError, find_runtime
-
-    try:
-        find_runtime(llama_server)  # a named runtime that is not there is refused before anything starts
-    except RuntimeChoiceError as exc:
-        _fail(str(exc))
-    if data_tier not in DATA_TIERS:
-        _fail(f"--data-tier must be one of {', '.join(DATA_TIERS)}, not {data_tier!r}")
-    if capacity_mb is not None and capacity_mb <= 0:
-        _fail(f"--memory-mb must be a positive number of MB, not {capacity_mb}")
-    if engine_threads is not None and not 1 <= engine_threads <= 256:
-        _fail(f"--engine-threads must be 1..256, not {engine_threads}")
-    joined = _joined(paths)
-    if joined is None and join_token_file is not None:
-        try:
-            token_text = join_token_file.read_text()
-        except OSError as exc:
-            _fail(f"cannot read the join token: {exc}")
-            raise AssertionError from exc
-        joined = _join(token_text, paths)
-    if joined is not None:
-        # This machine joined with `gridctl node join`: run as the host its credential names.
-        if host_id and host_id != joined.host_id:
-            _fail(f"this machine joined as host {joined.host_id!r}, not {host_id!r}")
-        host_id = joined.host_id
-        if failure_domain == "default" and joined.failure_domain:
-            failure_domain = joined.failure_domain
-        tag = list(tag) or list(joined.tags)
-        url = nats or joined.server
-    else:
-        url = resolve_nats_url(nats, cfg)
-    tags = tuple(t.strip() for raw in tag for t in raw.split(",") if t.strip())
-    lo, hi = _parse_port_range(port_range)
-    policy = ProtectionPolicy(throttle_fraction=throttle_fraction, user_active_seconds=yield_to_user)
-    options = AgentOptions(
-        host_id=host_id, capacity_mb=capacity_mb, reserved_mb=reserved_mb, failure_domain=failure_domain,
-        tags=tags, port_range=(lo, hi), heartbeat_interval=heartbeat_interval,
-        sample_interval=sample_interval, drain_deadline=drain_deadline, state_dir=paths.root,
-        llama_server=llama_server, policy=policy, data_tier=data_tier,
-        credentials=Path(joined.creds_path) if joined is not None else None,
-        **({"threads": engine_threads} if engine_threads is not None else {}),
+    options = LaunchOptions(
+        nats=nats, host_id=host_id, capacity_mb=capacity_mb, reserved_mb=reserved_mb,
+        failure_domain=failure_domain, tags=tuple(tag), data_tier=data_tier, port_range=port_range,
+        heartbeat_interval=heartbeat_interval, sample_interval=sample_interval, drain_deadline=drain_deadline,
+        throttle_fraction=throttle_fraction, yield_to_user=yield_to_user, llama_server=llama_server,
+        engine_threads=engine_threads, state_dir=state_dir, join_token_file=join_token_file,
+        # The CLI's resolution, which also checks the URL's form and exits with its own message.
+        resolve_url=resolve_nats_url,
     )
-    me = psutil.Process()
-    record = PidRecord(
-        pid=me.pid, create_time=me.create_time(), cmdline=tuple(me.cmdline()), instance=uuid.uuid4().hex,
-        started_at=time.time(), start_stamp=start_stamp(me.pid),
-    )
-
-    async def main() -> int:
-        try:
-            if joined is not None:
-                event_log = await connect_log(url, credentials=Path(joined.creds_path), name="grid-agent",
-                                              tls_ca=Path(joined.ca_path) if joined.ca_path else None,
-                                              ensure_streams=False)
-            else:
-                event_log = await JetStreamLog.connect(url, name="grid-agent")
-        except LogError as exc:
-            hint = ""
-            if joined is None and "authorization" in str(exc).lower():
-                hint = ("; this grid runs with auth on: join it first (`gridctl invite` on the controller's "
-                        "machine, then `gridctl node join TOKEN` here)")
-            _echo_err(f"{exc}{hint}")
-            return 1
-        agent = HostAgent(event_log, cfg, options)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, agent.request_stop)
-        # The pid file exists from the start (recovery may take a while), so `node stop` works.
-        atomic_write(paths.pid_file, msgspec.json.encode(record))
-        try:
-            await agent.start()
-        except (HostIdError, AgentLockedError, LogError, OSError, SecretFileError, CapacityShareError) as exc:
-            _echo_err(str(exc))
-            await agent.stop(drain=False)
-            paths.pid_file.unlink(missing_ok=True)
-            await event_log.close()
-            return 2
-        atomic_write(paths.pid_file, msgspec.json.encode(msgspec.structs.replace(record, host_id=agent.host_id)))
-        typer.echo(f"agent {agent.host_id} running (pid {record.pid}); stop with `gridctl node stop`", err=True)
-        try:
-            await agent.run_until_stopped()
-        finally:
-            await agent.stop(drain=True)
-            current = read_pid_record(paths)
-            if current is not None and current.instance == record.instance:
-                paths.pid_file.unlink(missing_ok=True)
-            await event_log.close()
-        return 0
-
-    try:
-        code = eventloop.run(main())
-    except eventloop.EventLoopChoiceError as exc:
-        _echo_err(str(exc))
-        code = 2
-    raise typer.Exit(code)
+    raise typer.Exit(launch(options, _CliReporter()))
 
 
-# Where `gridctl node join` keeps this host's credential, CA and enrolment (owner-only).
-IDENTITY_DIR = "identity"
-ENROLMENT_FILE = "enrolment.json"
+class _CliReporter:
+    def error(self, message: str) -> None:
+        _echo_err(message)
 
-
-class Joined(msgspec.Struct, frozen=True):
-    """What `node join` received: the host id and how to reach the grid as that host."""
-
-    host_id: str
-    server: str
-    creds_path: str
-    ca_path: str | None = None
-    failure_domain: str | None = None
-    tags: tuple[str, ...] = ()
-    dedicated: bool = False
+    def info(self, message: str) -> None:
+        typer.echo(message, err=True)
 
 
 def _joined(paths: AgentPaths) -> Joined | None:
-    path = paths.root / IDENTITY_DIR / ENROLMENT_FILE
-    if not path.exists():
-        return None
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=Joined)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        _fail(f"{path} is damaged ({exc}); join again with a new invitation")
-        raise AssertionError from exc
+    joined = read_joined(paths)
+    if isinstance(joined, Refused):
+        _fail(joined.message)
+        raise AssertionError
+    return joined
 
 
 @node_app.command("join")
@@ -313,30 +155,10 @@ def join(
 
 def _join(token: str, paths: AgentPaths) -> Joined:
     """Redeem `token` for this state directory's host credential (exits with the reason if refused)."""
-    from grid.identity.enrolment import Refused
-    from grid.identity.enrolment import join as enrol
-    from grid.identity.invitations import InvitationError, JoinToken
-    from grid.secrets import write_owner_only
-
-    paths.ensure()
-    try:
-        parsed = JoinToken.decode(token)
-    except InvitationError as exc:
-        _fail(str(exc))
-        raise AssertionError from exc
-    try:
-        outcome = asyncio.run(enrol(parsed, paths.root / IDENTITY_DIR))
-    except Exception as exc:  # unreachable server, TLS pin mismatch, timeout: nothing was written
-        _fail(f"could not join through {', '.join(parsed.servers)}: {type(exc).__name__}: {exc}")
-        raise AssertionError from exc
-    if isinstance(outcome, Refused):
-        _fail(f"the grid refused to join: {outcome.reason}")
+    joined = redeem_join_token(token, paths)
+    if isinstance(joined, Refused):
+        _fail(joined.message)
         raise AssertionError
-    # Every server of the token, comma-separated: `node start` fails over between them.
-    joined = Joined(host_id=outcome.host_id, server=",".join(parsed.servers), creds_path=outcome.creds_path,
-                    ca_path=outcome.ca_path, failure_domain=outcome.failure_domain, tags=outcome.tags,
-                    dedicated=outcome.dedicated)
-    write_owner_only(paths.root / IDENTITY_DIR / ENROLMENT_FILE, msgspec.json.encode(joined))
     return joined
 
 
@@ -552,6 +374,10 @@ def resume(state_dir: Optional[Path] = StateDirOption) -> None:
     _, paths = _paths(state_dir)
     removed = clear_override(paths.override)
     typer.echo("override removed" if removed else "no override was set")
+
+
+# The pid file's record and its check live with the launch (grid.agent.launch); stop and status read them.
+__all__ = ["PidRecord", "node_app", "read_pid_record", "verify_pid"]
 
 
 if __name__ == "__main__":
