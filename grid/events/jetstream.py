@@ -44,6 +44,7 @@ from grid.events.jetstream_consumers import (
     unsubscribe,
 )
 from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, StoredMessage
+from grid.events.nats_failover import connect_client
 from grid.events.subjects import (
     ALL_STREAMS,
     COMMANDS_STREAM,
@@ -75,7 +76,8 @@ JETSTREAM_READY_SECONDS = 10.0
 # A server that stops answering without closing its sockets (SIGSTOP, a partition, a hung host)
 # is only noticed by unanswered pings: nats-py's default (two missed pings two minutes apart)
 # would leave a component stuck for minutes instead of failing over to another cluster node.
-PING_INTERVAL_SECONDS = 3.0
+# Two missed 1 s pings: a silent node is left within 3 s (grid.events.nats_failover leaves it).
+PING_INTERVAL_SECONDS = 1.0
 MAX_OUTSTANDING_PINGS = 2
 DUPLICATE_WINDOW_SECONDS = 120.0
 # The server's own report of its configuration; every server of a cluster answers.
@@ -315,7 +317,7 @@ class JetStreamLog:
         try:
             # A bounded first connection (nats-py would otherwise retry it forever), then
             # unlimited reconnects once we have been connected.
-            nc = await nats.connect(
+            nc = await connect_client(
                 servers=servers,
                 name=name,
                 connect_timeout=5,
