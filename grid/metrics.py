@@ -7,7 +7,9 @@ read from the component's own snapshot at scrape time, so it can never drift fro
 component believes.
 
 Labels are bounded: model ids come from configured profiles (the gateway refuses unknown
-models before they reach a metric), statuses are HTTP codes, states are the fixed
+models before they reach a metric), host ids from signed heartbeats (the gateway's request
+series carry the host that served the request; "" when none did, say a 503 before routing),
+statuses are HTTP codes, states are the fixed
 vocabularies in grid.events.host, rejection reasons the constants of grid.identity.signing and
 grid.identity.provenance. No label ever carries a prompt, a key or a user.
 
@@ -120,30 +122,35 @@ class GatewayMetrics:
     def __init__(self, sources: Iterable[Source] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("grid_gateway_requests", "Requests answered, by served model, endpoint and HTTP status.",
-                                ["model", "endpoint", "status"], registry=r)
-        self.latency = Histogram("grid_gateway_request_seconds", "Time from request to last byte, by served model.",
-                                 ["model", "endpoint"], buckets=REQUEST_BUCKETS, registry=r)
+        self.requests = Counter("grid_gateway_requests",
+                                "Requests answered, by served model, endpoint, HTTP status and serving host.",
+                                ["model", "endpoint", "status", "host"], registry=r)
+        self.latency = Histogram("grid_gateway_request_seconds",
+                                 "Time from request to last byte, by served model and serving host.",
+                                 ["model", "endpoint", "host"], buckets=REQUEST_BUCKETS, registry=r)
         self.ttft = Histogram("grid_gateway_time_to_first_token_seconds",
-                              "Time from request to the first streamed chunk, by served model.",
-                              ["model"], buckets=REQUEST_BUCKETS, registry=r)
-        self.tokens = Counter("grid_gateway_tokens", "Approximate input and output units, by served model.",
-                              ["model", "direction"], registry=r)
+                              "Time from request to the first streamed chunk, by served model and serving host.",
+                              ["model", "host"], buckets=REQUEST_BUCKETS, registry=r)
+        self.tokens = Counter("grid_gateway_tokens",
+                              "Approximate input and output units, by served model and serving host.",
+                              ["model", "direction", "host"], registry=r)
         self.telemetry_dropped = Counter("grid_gateway_telemetry_dropped",
                                          "Request records dropped because the telemetry queue was full.", registry=r)
         r.register(SnapshotCollector(sources))
 
     def observe(self, features: RequestFeatures, *, ttft_seconds: float | None = None) -> None:
         model = features.served_model or features.requested_model
+        host = features.host_id or ""
         status = str(features.status_code)
-        self.requests.labels(model, features.endpoint, status).inc()
-        self.latency.labels(model, features.endpoint).observe(max(0.0, features.service_seconds + features.queue_seconds))
+        self.requests.labels(model, features.endpoint, status, host).inc()
+        self.latency.labels(model, features.endpoint, host).observe(
+            max(0.0, features.service_seconds + features.queue_seconds))
         if ttft_seconds is not None:
-            self.ttft.labels(model).observe(max(0.0, ttft_seconds))
+            self.ttft.labels(model, host).observe(max(0.0, ttft_seconds))
         if features.input_units:
-            self.tokens.labels(model, "input").inc(features.input_units)
+            self.tokens.labels(model, "input", host).inc(features.input_units)
         if features.output_units:
-            self.tokens.labels(model, "output").inc(features.output_units)
+            self.tokens.labels(model, "output", host).inc(features.output_units)
 
 
 class ControllerMetrics:

@@ -32,6 +32,7 @@ from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, PREFIX
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.evaluation import OwnerCapability
+from grid.gateway.host_metrics import host_gauges
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, RouteKey
@@ -370,10 +371,10 @@ class Gateway:
 
     def _gauges(self) -> list[GaugeSource]:
         def in_flight() -> list[Sample]:
-            by_model: dict[str, float] = {}
-            for (_host, _endpoint, model_id), n in self.active.items():
-                by_model[model_id] = by_model.get(model_id, 0.0) + n
-            return [((m,), v) for m, v in sorted(by_model.items())]
+            by_route: dict[tuple[str, str], float] = {}
+            for (host_id, _endpoint, model_id), n in self.active.items():
+                by_route[(model_id, host_id)] = by_route.get((model_id, host_id), 0.0) + n
+            return [(key, v) for key, v in sorted(by_route.items())]
 
         def routes() -> list[Sample]:
             return counts((c.state for cs in self.table(self.clock.now()).values() for c in cs), RESIDENCY_STATES)
@@ -391,7 +392,8 @@ class Gateway:
             return counts((str(c["state"]) for c in self.breakers.describe(now)), (CLOSED, HALF_OPEN, OPEN))
 
         return [
-            GaugeSource("grid_gateway_in_flight", "Requests being proxied now, by served model.", ("model",), in_flight),
+            GaugeSource("grid_gateway_in_flight", "Requests being proxied now, by served model and serving host.",
+                        ("model", "host"), in_flight),
             GaugeSource("grid_gateway_routes", "Engine routes known from heartbeats, by residency state.",
                         ("state",), routes),
             GaugeSource("grid_gateway_unplaced_claims",
@@ -408,6 +410,7 @@ class Gateway:
                         "Request records dropped because their batch could not be appended to the log.", (),
                         lambda: [((), float(self.telemetry.dropped_failed))]),
             rejected_events(lambda: self.runner.rejected),
+            *host_gauges(lambda: self.runner["fleet"], self.clock.now),
         ]
 
     # --- proxy-owned counters --------------------------------------------------------------------

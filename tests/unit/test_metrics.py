@@ -21,17 +21,50 @@ def test_gateway_request_observations() -> None:
     m = GatewayMetrics([GaugeSource("grid_gateway_routes", "Routes by state.", ("state",),
                                     lambda: counts([s for s, n in live.items() for _ in range(n)], ("ready", "draining")))])
     f = RequestFeatures(endpoint="chat", requested_model="m", served_model="m", service_seconds=0.3, status_code=200,
-                        input_units=12, output_units=40)
+                        input_units=12, output_units=40, host_id="h1")
     m.observe(f, ttft_seconds=0.05)
     m.observe(RequestFeatures(endpoint="chat", requested_model="m", status_code=503, outcome="unavailable"))
     got = parse(exposition(m.registry))
-    assert ({"model": "m", "endpoint": "chat", "status": "200"}, 1.0) in got["grid_gateway_requests_total"]
-    assert ({"model": "m", "endpoint": "chat", "status": "503"}, 1.0) in got["grid_gateway_requests_total"]
-    assert ({"model": "m", "direction": "output"}, 40.0) in got["grid_gateway_tokens_total"]
-    assert ({"model": "m"}, 1.0) in got["grid_gateway_time_to_first_token_seconds_count"]
+    # Each request series names the host that served it; "" when none did (refused before routing).
+    assert ({"model": "m", "endpoint": "chat", "status": "200", "host": "h1"}, 1.0) in got["grid_gateway_requests_total"]
+    assert ({"model": "m", "endpoint": "chat", "status": "503", "host": ""}, 1.0) in got["grid_gateway_requests_total"]
+    assert ({"model": "m", "direction": "output", "host": "h1"}, 40.0) in got["grid_gateway_tokens_total"]
+    assert ({"model": "m", "host": "h1"}, 1.0) in got["grid_gateway_time_to_first_token_seconds_count"]
+    assert ({"model": "m", "endpoint": "chat", "host": "h1"}, 1.0) in got["grid_gateway_request_seconds_count"]
     assert sorted(got["grid_gateway_routes"], key=str) == [({"state": "draining"}, 0.0), ({"state": "ready"}, 2.0)]
     live["ready"] = 5  # a state gauge reads the component at scrape time
     assert ({"state": "ready"}, 5.0) in parse(exposition(m.registry))["grid_gateway_routes"]
+
+
+def test_host_gauges_read_the_fleet_at_scrape_time() -> None:
+    from grid.events.host import HostHeartbeat, HostResources, Residency
+    from grid.gateway.host_metrics import host_gauges
+    from grid.projections.fleet import FleetState, HostRecord
+
+    def record(host: str, at: float, *residencies: Residency, unmanaged: int = 0) -> HostRecord:
+        resources = HostResources(capacity_mb=8000, reserved_mb=1000)
+        hb = HostHeartbeat(event_id=f"hb-{host}", at=at, host_id=host, resources=resources, residencies=residencies,
+                           unmanaged_memory_mb=unmanaged)
+        return HostRecord(host_id=host, resources=resources, heartbeat=hb, heartbeat_at=at)
+
+    fleet = FleetState(hosts={
+        "h2": record("h2", 90.0),
+        "h1": record("h1", 95.0, Residency(model_id="a", memory_mb=700, state="ready"),
+                     Residency(model_id="b", memory_mb=300, state="ready"),
+                     Residency(model_id="c", memory_mb=200, state="cached"), unmanaged=50),
+    })
+    clock = {"now": 100.0}
+    m = GatewayMetrics(host_gauges(lambda: fleet, lambda: clock["now"]))
+    got = parse(exposition(m.registry))
+    assert got["grid_gateway_host_heartbeat_age_seconds"] == [({"host": "h1"}, 5.0), ({"host": "h2"}, 10.0)]
+    assert got["grid_gateway_host_capacity_mb"] == [({"host": "h1"}, 7000.0), ({"host": "h2"}, 7000.0)]
+    memory = {(s["host"], s["state"]): v for s, v in got["grid_gateway_host_memory_mb"]}
+    assert memory[("h1", "ready")] == 1000.0 and memory[("h1", "cached")] == 200.0
+    assert memory[("h1", "unmanaged")] == 50.0 and memory[("h2", "ready")] == 0.0
+    assert {state for _h, state in memory} == {"cached", "loading", "warming", "ready", "draining", "unloading",
+                                               "failed", "unmanaged"}
+    clock["now"] = 130.0
+    assert ({"host": "h2"}, 40.0) in parse(exposition(m.registry))["grid_gateway_host_heartbeat_age_seconds"]
 
 
 def test_controller_and_agent_families() -> None:

@@ -39,12 +39,21 @@ async def test_gateway_metrics_scrape(make_gateway: GatewayFactory, engines: dic
     r = await gw.http.get("/metrics", headers=gw.auth_headers())
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     m = parse(r.text)
-    assert m[("grid_gateway_requests_total", (("endpoint", "chat"), ("model", MODEL), ("status", "200")))] == 2
-    assert m[("grid_gateway_requests_total", (("endpoint", "chat"), ("model", "warming-one"), ("status", "503")))] == 1
-    assert m[("grid_gateway_request_seconds_count", (("endpoint", "chat"), ("model", MODEL)))] == 2
-    assert m[("grid_gateway_time_to_first_token_seconds_count", (("model", MODEL),))] == 1
-    assert m[("grid_gateway_tokens_total", (("direction", "output"), ("model", MODEL)))] > 0
-    assert m[("grid_gateway_in_flight", (("model", MODEL),))] == 0
+    # Request series name the host that served them; a request no host served has host="".
+    served = (("endpoint", "chat"), ("host", "host-a"), ("model", MODEL))
+    assert m[("grid_gateway_requests_total", (*served, ("status", "200")))] == 2
+    assert m[("grid_gateway_requests_total", (("endpoint", "chat"), ("host", ""), ("model", "warming-one"),
+                                              ("status", "503")))] == 1
+    assert m[("grid_gateway_request_seconds_count", served)] == 2
+    assert m[("grid_gateway_time_to_first_token_seconds_count", (("host", "host-a"), ("model", MODEL)))] == 1
+    assert m[("grid_gateway_tokens_total", (("direction", "output"), ("host", "host-a"), ("model", MODEL)))] > 0
+    assert m[("grid_gateway_in_flight", (("host", "host-a"), ("model", MODEL)))] == 0
+    # The fleet as the gateway routes with it: heartbeat age and memory per host.
+    assert 0 <= m[("grid_gateway_host_heartbeat_age_seconds", (("host", "host-a"),))] < 30
+    assert m[("grid_gateway_host_capacity_mb", (("host", "host-a"),))] == 16000
+    assert m[("grid_gateway_host_memory_mb", (("host", "host-a"), ("state", "ready")))] == 300
+    assert m[("grid_gateway_host_memory_mb", (("host", "host-a"), ("state", "warming")))] == 300
+    assert m[("grid_gateway_host_memory_mb", (("host", "host-a"), ("state", "unmanaged")))] == 0
     assert m[("grid_gateway_routes", (("state", "ready"),))] == 1
     assert m[("grid_gateway_routes", (("state", "warming"),))] == 1
     # every state is exposed (zero included); healthy routes have no open circuit
