@@ -13,7 +13,10 @@
     POST   /allocator/evaluations       an owner's quality evaluation -> EvaluationRecorded
                                         (grid.controller.evaluations; operator token only)
 
-Request bodies and query strings are bounded and validated in grid.controller.admin_input.
+Each endpoint is a module-level function reading the `AdminContext` (the controller, the tokens,
+the body bounds) that `create_admin_app` keeps in ``app.state``; the app itself is only the
+route table, the 404 handler and that context. Request bodies and query strings are bounded and
+validated in grid.controller.admin_input.
 `AdminServer` serves the app with uvicorn in the controller's event loop and records its URL in
 GRID_HOME/admin.url while it runs (that is how gridctl finds it).
 
@@ -231,6 +234,27 @@ def _refused(exc: BodyError) -> Response:
 
 def _log_unavailable(exc: LogError) -> Response:
     return _error(503, "log_unavailable", str(exc))
+
+
+# How long a history request waits for the sink to hold what the controller has folded.
+HISTORY_WAIT_SECONDS = 3.0
+# The window of recent demand shown by status.
+STATUS_DEMAND_WINDOW_SECONDS = 3600.0
+
+
+async def _analytics_summary(service: AnalyticsService | None, now: float) -> dict[str, Any] | None:
+    """What status shows of history: the sink's state and the last hour's demand per model."""
+    if service is None:
+        return None
+    summary = service.describe()
+    try:
+        summary["recent_demand"] = await service.view(
+            "demand", HistoryParams(start=now - STATUS_DEMAND_WINDOW_SECONDS))
+    except Exception as exc:  # a status must answer even when history cannot
+        summary["recent_demand"] = []
+        summary["error"] = summary["error"] or f"{type(exc).__name__}: {exc}"
+    summary["window_seconds"] = STATUS_DEMAND_WINDOW_SECONDS
+    return summary
 
 
 # --- read endpoints ---------------------------------------------------------------------------
@@ -474,26 +498,6 @@ def create_admin_app(
                           evaluation_body=EvaluationBody)),
     )
     return app
-
-
-HISTORY_WAIT_SECONDS = 3.0
-# The window of recent demand shown by status.
-STATUS_DEMAND_WINDOW_SECONDS = 3600.0
-
-
-async def _analytics_summary(service: AnalyticsService | None, now: float) -> dict[str, Any] | None:
-    """What status shows of history: the sink's state and the last hour's demand per model."""
-    if service is None:
-        return None
-    summary = service.describe()
-    try:
-        summary["recent_demand"] = await service.view(
-            "demand", HistoryParams(start=now - STATUS_DEMAND_WINDOW_SECONDS))
-    except Exception as exc:  # a status must answer even when history cannot
-        summary["recent_demand"] = []
-        summary["error"] = summary["error"] or f"{type(exc).__name__}: {exc}"
-    summary["window_seconds"] = STATUS_DEMAND_WINDOW_SECONDS
-    return summary
 
 
 class AdminServer:
