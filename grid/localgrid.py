@@ -6,10 +6,16 @@ OpenAI-compatible gateway and a local host agent. The embedded server runs with 
 under the grid home on first start. Stopping drains and unloads the agent's
 children after the controller has stopped issuing commands.
 
+The embedded server listens on loopback unless asked to listen for other machines too
+(`nats_listen`, `gridctl up --nats-listen`): then it serves TLS from Grid's private CA under the
+grid home, the one `gridctl invite` pins in join tokens and the join reply hands over.
+
 An embedded server that dies is started again on the same port with the same store (the
-components reconnect on their own). The log counts as durable only when we know every write is
-fsynced: the embedded server is configured so; an external one must report it (or the operator
-vouches for it with assume_durable), otherwise automatic mode is refused.
+components reconnect on their own), and so is one that stopped storing after a failed write (a
+full disk) once there is room again (grid.events.store_pressure). The log counts as durable only
+when we know every write is fsynced: the embedded server is configured so; an external one must
+report it (or the operator vouches for it with assume_durable), otherwise automatic mode is
+refused.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
+import ipaddress
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -27,13 +35,14 @@ import structlog
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError
+from grid.events.embedded import WILDCARD_HOSTS, EmbeddedNats, EmbeddedNatsError
 from grid.events.jetstream import JetStreamLog
 from grid.events.store_pressure import MIB, STORE_OK, STORE_UNKNOWN, StorePressure, read_store
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
-from grid.identity.local import LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
+from grid.identity.local import TLS_DIR, LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
 from grid.identity.server import SecuredEmbeddedNats
+from grid.identity.tls import TLSMaterial
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
 
@@ -85,8 +94,14 @@ class LocalGrid:
         notify: Callable[[str], None] | None = None,
         gateway_insecure: bool = False,
         log_budget: int | None = None,
+        nats_listen: tuple[str, int] | None = None,
+        nats_tls_names: tuple[str, ...] = (),
     ) -> None:
         self.config = config
+        # Where the embedded server listens for other machines too (None: loopback only), and
+        # the names they reach it by (its TLS certificate's names).
+        self.nats_listen = nats_listen
+        self.nats_tls_names = nats_tls_names
         # Bytes the streams may hold together (grid.events.log_budget); None: as they are.
         self.log_budget = log_budget
         self.nats_url = nats_url
@@ -145,13 +160,18 @@ class LocalGrid:
             options = dataclasses.replace(options, host_id=host_id, credentials=self.credentials.hosts[host_id])
         if self.nats_url is None:
             # Started from this (the main) thread: the server dies with it (see embedded.py).
-            self.embedded = SecuredEmbeddedNats(cfg.nats_store_dir, Authority(authority_dir(cfg.home)))
+            host, port = self.nats_listen or ("127.0.0.1", None)
+            self.embedded = SecuredEmbeddedNats(cfg.nats_store_dir, Authority(authority_dir(cfg.home)),
+                                                tls=embedded_tls(cfg.home, host, self.nats_tls_names),
+                                                host=host, port=port, monitor_host="127.0.0.1")
             self.embedded.start()
             self.nats_url = self.embedded.url
         write_owner_only(cfg.nats_url_file, (self.nats_url + "\n").encode())
         creds = self.credentials
         # An external server set up by `gridctl nats init --tls-name` speaks TLS from Grid's CA.
-        ca = local_tls_ca(cfg.home) if creds is not None and self.embedded is None else None
+        # So does an embedded server listening for other machines (the same CA, under this home).
+        serves_tls = self.embedded is None or getattr(self.embedded, "tls", None) is not None
+        ca = local_tls_ca(cfg.home) if creds is not None and serves_tls else None
         self.log = await connect_log(self.nats_url, credentials=creds.controller if creds else None, tls_ca=ca,
                                      name="grid-controller", durable=False,
                                      replicas=cfg.replicas(), log_budget=self.log_budget)
@@ -293,6 +313,34 @@ class LocalGrid:
             self.embedded.stop()
             with contextlib.suppress(OSError):
                 self.config.nats_url_file.unlink()
+
+
+class NatsListenError(ValueError):
+    """--nats-listen cannot be served as asked (the message says why and what to pass)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def embedded_tls(home: Any, host: str, names: Sequence[str]) -> TLSMaterial | None:
+    """TLS for an embedded server listening on `host`: always off loopback, on loopback only when
+    names are given. The certificate comes from Grid's private CA under the home (the one
+    `gridctl nats init --tls-name` makes), so `gridctl invite` pins it in the join token and a
+    joining machine receives the CA; it also names loopback, for this machine's own components."""
+    if is_loopback(host) and not names:
+        return None
+    wanted = list(names) or ([] if host in WILDCARD_HOSTS else [host])
+    if not wanted:
+        raise NatsListenError(f"--nats-listen {host}: name the hostname or address other machines reach this one "
+                              "by with --nats-tls-name (its TLS certificate must carry it)")
+    material = TLSMaterial(authority_dir(home) / TLS_DIR)
+    return material.ensure([*wanted, "127.0.0.1", "localhost"], now=dt.datetime.now(dt.timezone.utc))
 
 
 def _exit_reason(code: int | None) -> str:

@@ -118,7 +118,8 @@ def _say(text: str, style: str | None = None) -> None:
 
 async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int, wait: bool,
               assume_durable: bool = False, insecure: bool = False,
-              dashboard: tuple[str, int] | None = ("127.0.0.1", 0), *, log_budget: int | None = None) -> None:
+              dashboard: tuple[str, int] | None = ("127.0.0.1", 0), *, log_budget: int | None = None,
+              nats_listen: tuple[str, int] | None = None, nats_tls_names: tuple[str, ...] = ()) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
     if _running_up(cfg) is not None:
@@ -136,7 +137,7 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
 
     grid = LocalGrid(cfg, nats_url=nats, mode=mode, gateway_host=host, gateway_port=port, admin_port=admin_port,
                      assume_durable=assume_durable, notify=_notice, gateway_insecure=insecure,
-                     log_budget=log_budget)
+                     log_budget=log_budget, nats_listen=nats_listen, nats_tls_names=nats_tls_names)
     started = False
     dash = None
     try:
@@ -148,6 +149,10 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
         model_id = grid.profile.model_id
         console.print(f"[bold]grid is up[/bold] (home {cfg.home})")
         console.print(f"  NATS JetStream  {grid.nats_url}{' (embedded)' if grid.embedded else ''}")
+        if nats_listen is not None and grid.embedded is not None:
+            scheme = "tls" if grid.embedded.tls is not None else "nats"  # type: ignore[attr-defined]
+            reach = f"{scheme}://{(nats_tls_names or nats_listen)[0]}:{grid.embedded.port}"
+            console.print(f"  other machines  {reach}   (gridctl invite --server {reach})", highlight=False)
         console.print(f"  gateway         {grid.gateway_url}/v1   (OpenAI-compatible)")
         console.print(f"  admin API       {grid.admin_url}/allocator/status")
         if dash is not None:
@@ -229,6 +234,15 @@ def up(
         help="With --nats: treat that server as durable (it fsyncs every write) when it does not report its "
              "sync policy; automatic mode is refused otherwise."),
     insecure: bool = InsecureOption,
+    nats_listen: Optional[str] = typer.Option(
+        None, "--nats-listen", metavar="HOST:PORT",
+        help="Let the embedded NATS server listen here for other machines (e.g. 0.0.0.0:4222), not only on "
+             "loopback. Off loopback it serves TLS from Grid's private CA under GRID_HOME; `gridctl invite "
+             "--server tls://NAME:PORT` then makes join tokens that pin it."),
+    nats_tls_name: list[str] = typer.Option(
+        [], "--nats-tls-name", metavar="NAME",
+        help="Hostname or IP other machines reach the embedded NATS server by (repeatable; its TLS certificate "
+             "names them). Default: the --nats-listen host; needed when that is 0.0.0.0."),
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Serve the live dashboard."),
     dashboard_host: str = typer.Option(
         "127.0.0.1", "--dashboard-host",
@@ -247,15 +261,37 @@ def up(
     _check_exposure(host, insecure)
     if nats is not None:
         check_nats_url(nats)
+    listen = _nats_listen(nats_listen, nats, tuple(nats_tls_name))
     budget = _log_budget(log_budget, nats)
     if port and _port_taken(host, port):
         err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
         port = 0
     try:
         eventloop.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
-                          (dashboard_host, dashboard_port) if dashboard else None, log_budget=budget))
+                          (dashboard_host, dashboard_port) if dashboard else None, log_budget=budget,
+                          nats_listen=listen, nats_tls_names=tuple(nats_tls_name)))
     except (EmbeddedNatsError, LogError, SecretFileError, AgentLockedError, ValueError) as exc:
         fail(str(exc))
+
+
+def _nats_listen(requested: str | None, nats: str | None, tls_names: tuple[str, ...]) -> tuple[str, int] | None:
+    """--nats-listen HOST:PORT, refused before anything starts when it cannot be served."""
+    from grid.localgrid import WILDCARD_HOSTS
+
+    if requested is None:
+        if tls_names and nats is None:
+            fail("--nats-tls-name needs --nats-listen (the embedded server listens on loopback otherwise)")
+        return None
+    if nats is not None:
+        fail("--nats-listen is for the embedded server; with --nats, configure that server's listener "
+             "(`gridctl nats init --listen`)")
+    host, sep, port = requested.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"--nats-listen wants HOST:PORT (e.g. 0.0.0.0:4222), not {requested!r}")
+    if host in WILDCARD_HOSTS and not tls_names:
+        fail(f"--nats-listen {requested}: name the hostname or address other machines reach this one by with "
+             "--nats-tls-name (the TLS certificate must carry it)")
+    return host or "0.0.0.0", int(port)
 
 
 def _log_budget(requested: str | None, nats: str | None) -> int | None:

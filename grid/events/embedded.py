@@ -26,6 +26,9 @@ from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only, write
 READY_TIMEOUT_SECONDS = 20.0
 
 
+# Listen addresses that accept clients on every interface.
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
 # How often a start whose auto-picked port was taken meanwhile is tried again on new ports.
 PORT_TAKEN_ATTEMPTS = 3
 
@@ -127,9 +130,12 @@ class EmbeddedNats:
         binary: Path | None = None,
         server_name: str = "grid_embedded",
         monitor_port: int | None = None,
+        monitor_host: str | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
+        # Monitoring stays on loopback when clients may come from anywhere (its pages are open).
+        self.monitor_host = monitor_host or ("127.0.0.1" if host in WILDCARD_HOSTS else host)
         self.requested_port = port
         self.port = 0
         self.requested_monitor_port = monitor_port
@@ -141,8 +147,13 @@ class EmbeddedNats:
         self._log_start = 0
 
     @property
+    def connect_host(self) -> str:
+        """Where this machine's own clients reach the server (loopback for a wildcard listener)."""
+        return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+
+    @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"nats://{self.connect_host}:{self.port}"
 
     def _write_config(self) -> Path:
         ensure_private_dir(self.store_dir)
@@ -150,7 +161,7 @@ class EmbeddedNats:
         config = (
             f"server_name: {self.server_name}\n"
             f"listen: {self.host}:{self.port}\n"
-            f"http: {self.host}:{self.monitor_port}\n"
+            f"http: {self.monitor_host}:{self.monitor_port}\n"
             f"max_payload: 8MB\n"
             f"jetstream {{\n  store_dir: \"{self.store_dir / 'jetstream'}\"\n{sync}}}\n"
             + self.extra_config()
@@ -189,7 +200,7 @@ class EmbeddedNats:
             self.port = self.requested_port
         else:
             self.port = free_port(self.host)
-        self.monitor_port = self.requested_monitor_port or free_port(self.host)
+        self.monitor_port = self.requested_monitor_port or free_port(self.monitor_host)
         self._launch(binary)
 
     def _launch(self, binary: Path) -> None:
@@ -238,7 +249,7 @@ class EmbeddedNats:
     def wait_ready(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        url = f"http://{self.monitor_host}:{self.monitor_port}/healthz?js-enabled-only=true"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 with open(self.log_path, "rb") as log:
@@ -259,7 +270,7 @@ class EmbeddedNats:
         """GET `path` (e.g. /jsz, /healthz) from the server's monitoring port: (HTTP status, JSON
         body). OSError when the server does not answer."""
         try:
-            response = httpx.get(f"http://{self.host}:{self.monitor_port}{path}", timeout=2.0)
+            response = httpx.get(f"http://{self.monitor_host}:{self.monitor_port}{path}", timeout=2.0)
             return response.status_code, response.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise OSError(f"nats-server monitor {path}: {exc}") from exc

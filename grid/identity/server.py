@@ -43,7 +43,7 @@ class SecuredEmbeddedNats(EmbeddedNats):
 
     @property
     def url(self) -> str:
-        return f"{'tls' if self.tls is not None else 'nats'}://{self.host}:{self.port}"
+        return f"{'tls' if self.tls is not None else 'nats'}://{self.connect_host}:{self.port}"
 
 
 class SecuredClusterNode(ClusterNode):
