@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pytest
 
 from grid.analytics.service import QUARANTINE, REOPEN, damage
-from grid.analytics.sink import AnalyticsSink, open_store
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
-from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.jetstream import JetStreamLog
-from grid.events.log import StoredMessage
 from grid.events.requests import RequestCompleted, RequestFeatures
 
 from tests.integration.controller.test_cli_admin import gridctl
@@ -206,36 +202,3 @@ def test_damage_tells_corruption_from_transient_errors() -> None:
                                         "fatal error")) == REOPEN
     assert damage(duckdb.ConnectionException("Connection Error: Connection already closed!")) is None
     assert damage(OSError("no")) is None
-
-
-class _FullDisk:
-    """A connection whose COMMIT fails as on a full disk: DuckDB has ended the transaction."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._con = con
-
-    def execute(self, sql: str, *args: Any) -> Any:
-        if sql == "COMMIT":
-            self._con.execute("ROLLBACK")
-            raise duckdb.IOException('IO Error: Could not write file "analytics.duckdb.wal": No space left on device')
-        return self._con.execute(sql, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._con, name)
-
-
-def test_a_failed_commit_reports_its_own_error_not_the_rollbacks(tmp_path: Path) -> None:
-    """Issue 25 5(b): "cannot rollback - no transaction is active" hid a full disk."""
-    con = open_store(tmp_path / "analytics.duckdb")
-    try:
-        sink = AnalyticsSink(con)
-        sink.con = _FullDisk(con)  # type: ignore[assignment]
-        data = codec.encode(_request("m-a"))
-        sink.add(StoredMessage(stream="GRID_REQS", seq=1, subject="grid.req.completed", time=time.time(), data=data,
-                               headers={}))
-        with pytest.raises(duckdb.IOException, match="No space left on device") as info:
-            sink.flush()
-        assert "no transaction is active" in " ".join(getattr(info.value, "__notes__", []))
-        assert sink.positions() == {}  # nothing of the batch stored
-    finally:
-        con.close()
