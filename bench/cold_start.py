@@ -32,7 +32,7 @@ from grid.agent.engines import llama_cpp
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
-from grid.controller.issue import Authority, command_issued
+from grid.controller.issue import Issuer, command_issued
 from grid.controller.reconcile import Action
 from grid.events import codec
 from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
@@ -50,8 +50,8 @@ def command(kind: str, seq: int) -> CommandIssued:
     # The bench stands in for the controller: its commands are issued the controller's way.
     action = Action(action_id=uuid.uuid4().hex, kind=kind, host_id=HOST, model_id=BUNDLED_MODEL_ID, memory_mb=400,
                     reason="bench", artifact_sha256=BUNDLED_SHA256, slots=1, context_size=2048)
-    authority = Authority(controller_id="bench", controller_term=1, generation=make_generation("bench", seq, "d"))
-    return command_issued(action, authority, issued_at=time.time(), lease_remaining=60.0)
+    issuer = Issuer(controller_id="bench", controller_term=1, generation=make_generation("bench", seq, "d"))
+    return command_issued(action, issuer, issued_at=time.time(), lease_remaining=60.0)
 
 
 async def wait_event(sub, predicate, timeout: float = 60.0):

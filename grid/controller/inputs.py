@@ -1,4 +1,5 @@
-"""The planner's input from projection states, and the fleet facts the forecast needs (pure).
+"""The typed observation a tick reads, the planner's input built from it, and the fleet facts the
+forecast needs (pure).
 
 grid.controller.tick composes these into a tick; the controller and replay both go through it,
 so a recorded plan's input can be rebuilt byte for byte. Without a forecast, demand is the
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import (
@@ -80,34 +82,55 @@ def with_measured_throughput(
     )
 
 
+class Observation(msgspec.Struct, frozen=True, kw_only=True):
+    """The projection states one tick reads, typed (the tick's observe step). The optional ones
+    are absent where a caller runs without them (a plain projection runner, some tests)."""
+
+    catalog: catalog_proj.CatalogState
+    fleet: fleet_proj.FleetState
+    actions: ActionsState
+    # Which replicas the controller commanded and its hosts confirmed.
+    placed: placed_proj.PlacedState | None = None
+    # Request demand (the forecast's input); None: plan for the baseline.
+    demand: DemandState | None = None
+    # The gateway's measured tokens/s per host and model.
+    throughput: throughput_proj.ThroughputState | None = None
+
+
+def observe(states: Mapping[str, Any] | Observation) -> Observation:
+    """The typed view of a projection runner's states (an `Observation` is returned as is)."""
+    if isinstance(states, Observation):
+        return states
+    return Observation(
+        catalog=states["catalog"], fleet=states["fleet"], actions=states["actions"],
+        placed=states.get("placed"), demand=states.get("demand"), throughput=states.get("throughput"),
+    )
+
+
 def build_planner_input(
-    states: Mapping[str, Any],
+    states: Mapping[str, Any] | Observation,
     now: float,
     *,
     demand: tuple[DemandTarget, ...] | None = None,
     policy: Policy = Policy(),
 ) -> PlannerInput:
-    catalog: catalog_proj.CatalogState = states["catalog"]
-    fleet: fleet_proj.FleetState = states["fleet"]
-    actions: ActionsState = states["actions"]
-    profiles = catalog_proj.sorted_profiles(catalog)
-    hosts = fleet_proj.snapshots(fleet, now)
-    placed = states.get("placed")
-    if placed is not None:
+    obs = observe(states)
+    profiles = catalog_proj.sorted_profiles(obs.catalog)
+    hosts = fleet_proj.snapshots(obs.fleet, now)
+    if obs.placed is not None:
         # A heartbeat's claim of a replica nobody commanded there is no incumbent: counted as
         # one, a hostile host could make the plan drop an honest replica for its fake.
-        hosts = tuple(placed_proj.without_uncommanded(h, placed) for h in hosts)
-    throughput = states.get("throughput")
-    if throughput is not None:
-        hosts = with_measured_throughput(hosts, throughput_proj.measured(throughput, profiles, now))
+        hosts = tuple(placed_proj.without_uncommanded(h, obs.placed) for h in hosts)
+    if obs.throughput is not None:
+        hosts = with_measured_throughput(hosts, throughput_proj.measured(obs.throughput, profiles, now))
     return PlannerInput(
         now=now,
         profiles=profiles,
         hosts=hosts,
         demand=baseline_demand(profiles) if demand is None else demand,
         policy=policy,
-        timings=timing_samples(actions),
-        retired=tuple(sorted(catalog.retired)),
+        timings=timing_samples(obs.actions),
+        retired=tuple(sorted(obs.catalog.retired)),
     )
 
 

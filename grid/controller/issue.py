@@ -15,7 +15,7 @@ from grid.controller.reconcile import Action, Withdrawal
 from grid.events.commands import CommandIssued, CommandWithdrawn
 
 
-class Authority(msgspec.Struct, frozen=True, kw_only=True):
+class Issuer(msgspec.Struct, frozen=True, kw_only=True):
     """Who issues: the controller, its lease term, and the recorded plan the commands follow."""
 
     controller_id: str
@@ -24,15 +24,15 @@ class Authority(msgspec.Struct, frozen=True, kw_only=True):
     generation: str
 
 
-def command_issued(action: Action, authority: Authority, *, issued_at: float,
+def command_issued(action: Action, issuer: Issuer, *, issued_at: float,
                    lease_remaining: float) -> CommandIssued:
     """The command for `action`, issued at `issued_at` with `lease_remaining` seconds of lease
     authority left (the agent judges that on its own monotonic clock)."""
     return CommandIssued(
         event_id=action.action_id, at=issued_at, action_id=action.action_id, kind=action.kind,  # type: ignore[arg-type]
         host_id=action.host_id, model_id=action.model_id, memory_mb=action.memory_mb,
-        generation=authority.generation, controller_term=authority.controller_term,
-        controller_id=authority.controller_id, lease_expires_at=issued_at + lease_remaining,
+        generation=issuer.generation, controller_term=issuer.controller_term,
+        controller_id=issuer.controller_id, lease_expires_at=issued_at + lease_remaining,
         lease_ttl_seconds=round(lease_remaining, 3), dependencies=action.dependencies, executable=True,
         reason=action.reason, created_at=issued_at, not_before=issued_at, runtime=action.runtime,
         artifact_sha256=action.artifact_sha256, artifact_source=action.artifact_source,
@@ -41,13 +41,13 @@ def command_issued(action: Action, authority: Authority, *, issued_at: float,
     )
 
 
-def command_withdrawn(withdrawal: Withdrawal, authority: Authority, *, at: float) -> CommandWithdrawn:
+def command_withdrawn(withdrawal: Withdrawal, issuer: Issuer, *, at: float) -> CommandWithdrawn:
     """The withdrawal of an open command (event id derived from the action id: a retry dedupes)."""
     return CommandWithdrawn(
         event_id=f"withdraw-{withdrawal.action_id}", at=at, action_id=withdrawal.action_id,
-        host_id=withdrawal.host_id, reason=withdrawal.reason, generation=authority.generation,
-        controller_term=authority.controller_term, controller_id=authority.controller_id,
+        host_id=withdrawal.host_id, reason=withdrawal.reason, generation=issuer.generation,
+        controller_term=issuer.controller_term, controller_id=issuer.controller_id,
     )
 
 
-__all__ = ["Authority", "command_issued", "command_withdrawn"]
+__all__ = ["Issuer", "command_issued", "command_withdrawn"]

@@ -1,4 +1,8 @@
-"""Pure reconciler: (plan, actual fleet, action history, profiles, now) -> lifecycle actions.
+"""Pure reconciler: (plan, observed fleet and catalog, action history, now) -> lifecycle actions.
+
+It reads the plan's decisions and its per-model ``basis`` (never the explanations, which are
+presentation), and the hosts, profiles and retired models from the same ``PlannerInput`` the
+plan was made from.
 
 Nomad's generic_sched habit: the result is buckets of values (actions to issue, deferrals,
 ignored residencies, blocked models, withdrawals), every entry with a reason constant. Nothing
@@ -50,7 +54,7 @@ per-tick indexes the constructor builds.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 
 import msgspec
 
@@ -58,7 +62,7 @@ from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
 from grid.planner.reasons import RELOCATION
-from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, Preemption, ResidencyView
+from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, PlannerInput, Preemption, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
 from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
 
@@ -297,20 +301,19 @@ class _Candidate:
 
 def reconcile(
     plan: Plan,
-    hosts: Sequence[HostSnapshot],
+    observed: PlannerInput,
     history: ActionsState,
-    profiles: Mapping[str, ModelProfile],
     now: float,
     *,
-    retired: Iterable[str] = (),
     mode: str = "recommend",
     limits: Limits = Limits(),
     guards: Guards = Guards(),
 ) -> ReconcileResult:
-    """The lifecycle actions that move `hosts` toward `plan` at `now` (pure)."""
-    return Reconciler(
-        plan, hosts, history, profiles, now, retired=retired, mode=mode, limits=limits, guards=guards,
-    ).run()
+    """The lifecycle actions that move the observed hosts toward `plan` at `now` (pure).
+
+    `observed` is what the plan was made from (hosts, profiles, retired models); its demand and
+    policy are the planner's business and are not read here."""
+    return Reconciler(plan, observed, history, now, mode=mode, limits=limits, guards=guards).run()
 
 
 class Reconciler:
@@ -327,23 +330,22 @@ class Reconciler:
     def __init__(
         self,
         plan: Plan,
-        hosts: Sequence[HostSnapshot],
+        observed: PlannerInput,
         history: ActionsState,
-        profiles: Mapping[str, ModelProfile],
         now: float,
         *,
-        retired: Iterable[str] = (),
         mode: str = "recommend",
         limits: Limits = Limits(),
         guards: Guards = Guards(),
     ) -> None:
+        hosts = observed.hosts
         self.hosts = hosts
-        self.profiles = profiles
+        self.profiles: dict[str, ModelProfile] = {p.model_id: p for p in observed.profiles}
         self.now = now
         self.mode = mode
         self.limits = limits
         self.guards = guards
-        self.retired = frozenset(retired) - frozenset(profiles)
+        self.retired = frozenset(observed.retired) - frozenset(self.profiles)
         self.hosts_by_id = {h.host_id: h for h in hosts}
         self.fresh = {h.host_id: _fresh(h, now, limits) for h in hosts}
         self.residencies = {h.host_id: _index_residencies(h) for h in hosts}
@@ -399,13 +401,9 @@ class Reconciler:
             self.victims.setdefault((pre.host_id, pre.victim_model), pre)
             self.beneficiaries.setdefault((pre.host_id, pre.beneficiary_model), pre)
         self.shortfall_models = frozenset(s.model_id for s in plan.shortfalls if s.wanted > s.placed)
-        self.evidence_rank = {e.model_id: EVIDENCE_ORDER.get(e.evidence, 1) for e in plan.explanations}
-        # Eligible hosts per model when the explanation lists them completely (it may be bounded).
-        self.explained_hosts = {
-            e.model_id: frozenset(e.eligible_hosts)
-            for e in plan.explanations
-            if getattr(e, "eligible_count", 0) <= len(e.eligible_hosts)
-        }
+        self.evidence_rank = {b.model_id: EVIDENCE_ORDER.get(b.evidence, 1) for b in plan.basis}
+        # Per planned model, the holders of a managed copy that are still eligible for it.
+        self.eligible_holders = {b.model_id: frozenset(b.eligible_holders) for b in plan.basis}
         self.all_desired_ready: dict[str, bool] = {
             m: all(self._ready_at(p.host_id, m) for p in ps) for m, ps in self.desired_by_model.items()
         }
@@ -786,8 +784,8 @@ class Reconciler:
         else:
             # Scale-down: the planner could have kept this copy (the host is still eligible)
             # but wants fewer. Otherwise it is a relocation away from an unfit host.
-            expl = self.explained_hosts.get(model_id)
-            still_eligible = host_id in expl if expl is not None else host.state in ADMITTING_HOST_STATES
+            holders = self.eligible_holders.get(model_id)
+            still_eligible = host_id in holders if holders is not None else host.state in ADMITTING_HOST_STATES
             reason = DRAIN_SCALE_DOWN if still_eligible else DRAIN_OBSOLETE
         now = self.now
         # An evacuation past its deadline: the draining host's replica goes even if it is the

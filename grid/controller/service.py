@@ -60,18 +60,17 @@ from grid.controller.presence import (
     presence_view,
     read_presence,
 )
-from grid.controller.issue import Authority, command_issued, command_withdrawn
+from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import (
     WITHDRAW_MODE,
     Action,
     Guards,
     ReconcileResult,
     Withdrawal,
-    reconcile,
     withdraw_all,
 )
 from grid.controller.status import LATEST_REJECTIONS, ControllerView, TickReport, build_status
-from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
+from grid.controller.tick import PROJECTIONS, Controls, encode_policy, run_tick
 from grid.demand.forecast import Forecast
 from grid.events import codec
 from grid.events.artifact_store import ensure_artifact_store
@@ -551,29 +550,26 @@ class Controller:
         report = TickReport(number=self._tick_no, at=now, reason=reason, mode=mode, effective_mode=effective,
                             leader=leader, dirty_revision=self._processed_revision)
         try:
-            # forecast + plan (pure)
+            # observe, forecast, plan, reconcile (pure)
             # The positions the input is built from, read with it (no await in between): a
             # plan's based_on must name exactly what its planner saw, or replay cannot rebuild it.
             based_on = dict(sorted(self.runner.positions.items()))
-            composed = compose_tick(states, now, self.settings.policy, stopwatch=time.perf_counter)
-            if composed.forecast_error is not None:
-                log.warning("forecast failed; using baseline demand", error=composed.forecast_error)
-                self._warn(f"forecast failed ({composed.forecast_error}); using min_replicas")
-            pin, plan = composed.planner_input, composed.plan
-            report.forecast_ms = composed.forecast_seconds * 1000
-            report.plan_ms = composed.plan_seconds * 1000
-            self.last_input, self.last_plan, self.last_forecast = pin, plan, composed.forecast
+            controls = Controls(policy=self.settings.policy, mode=effective, limits=self.settings.limits,
+                                guards=self._guards())
+            tick = run_tick(states, now, controls, stopwatch=time.perf_counter)
+            planned, result = tick.planned, tick.result
+            if planned.forecast_error is not None:
+                log.warning("forecast failed; using baseline demand", error=planned.forecast_error)
+                self._warn(f"forecast failed ({planned.forecast_error}); using min_replicas")
+            pin, plan = planned.planner_input, planned.plan
+            report.forecast_ms = planned.forecast_seconds * 1000
+            report.plan_ms = planned.plan_seconds * 1000
+            report.reconcile_ms = tick.reconcile_seconds * 1000
+            self.last_input, self.last_plan, self.last_forecast = pin, plan, planned.forecast
             # record the plan (lease holder only, CAS on the plan subject)
             if leader:
                 await self._record_plan(plan, pin, now, report, based_on)
             report.generation = self.last_generation
-            # reconcile (pure)
-            t4 = time.perf_counter()
-            result = reconcile(
-                plan, pin.hosts, states["actions"], catalog.profiles, now,
-                retired=tuple(catalog.retired), mode=effective, limits=self.settings.limits, guards=self._guards(),
-            )
-            report.reconcile_ms = (time.perf_counter() - t4) * 1000
             self._cleared.update(result.cleared_withdrawals)
             self.last_result = result
             report.actions, report.deferred = len(result.actions), len(result.deferred)
@@ -657,13 +653,13 @@ class Controller:
         last_seq = 0
         held_back = False
 
-        def authority() -> Authority:
+        def issuer() -> Issuer:
             # Read per event: the term a command carries is the lease's at the moment it is built.
-            return Authority(controller_id=self.controller_id, controller_term=lease.term,
-                             generation=self.last_generation)
+            return Issuer(controller_id=self.controller_id, controller_term=lease.term,
+                          generation=self.last_generation)
 
         def withdrawal_event(w: Withdrawal) -> CommandWithdrawn:
-            return command_withdrawn(w, authority(), at=now)
+            return command_withdrawn(w, issuer(), at=now)
 
         def command_event(a: Action) -> CommandIssued | None:
             nonlocal held_back
@@ -671,7 +667,7 @@ class Controller:
             if not lease.held or remaining <= lease.margin:
                 held_back = True
                 return None
-            return command_issued(a, authority(), issued_at=self.clock.now(), lease_remaining=remaining)
+            return command_issued(a, issuer(), issued_at=self.clock.now(), lease_remaining=remaining)
 
         async def run(items: list[Any], build: Any, is_command: bool) -> None:
             nonlocal last_seq

@@ -1,11 +1,13 @@
-"""The one tick composition: projection states -> planner input -> forecast -> plan (pure).
+"""The one tick composition: observe -> forecast -> plan -> reconcile (pure).
 
-The controller service and replay (and any simulator) call this module, and nothing else
-builds a tick: a recorded plan's input is rebuilt by exactly the code that built it, so replay
-reproduces it byte for byte. Everything here is a function of the projection states, an
-explicit ``now`` and the planner ``Policy``; the side effects (recording, reconciling,
-publishing) stay in ``grid.controller.service``. With two or more active workloads the
-forecast's workload -> model map comes from the joint portfolio search
+``run_tick`` takes the projection states (typed by ``grid.controller.inputs.observe``), an
+explicit ``now`` and the caller's ``Controls`` and returns the plan and the reconciler's
+decision; ``grid.controller.issue`` turns the decision into commands. The controller service,
+the lab (grid.sim.run), the stateful reconciler test and the benches call it; replay re-runs
+the part up to the plan (``compose_tick`` / ``tick_input``), so a recorded plan's input is
+rebuilt by exactly the code that built it and replay reproduces it byte for byte. The side
+effects (recording, publishing) stay in ``grid.controller.service``. With two or more active
+workloads the forecast's workload -> model map comes from the joint portfolio search
 (``grid.demand.portfolio``), whose counterfactuals are planned by the production planner.
 """
 
@@ -16,7 +18,9 @@ from typing import Any
 
 import msgspec
 
-from grid.controller.inputs import baseline_demand, build_planner_input, ready_replicas
+from grid.controller.governor import Limits
+from grid.controller.inputs import Observation, baseline_demand, build_planner_input, observe, ready_replicas
+from grid.controller.reconcile import Guards, ReconcileResult, reconcile
 from grid.demand import fold as demand_fold
 from grid.demand import portfolio as portfolio_mod
 from grid.demand.forecast import Forecast, forecast
@@ -29,6 +33,7 @@ from grid.planner.fleet_scan import placeable_models
 from grid.fleet import heartbeat_fresh
 from grid.planner.types import HostSnapshot, Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
+from grid.projections.actions import ActionsState
 from grid.projections.position import Position
 from grid.projections import throughput as throughput_proj
 from grid.projections.runner import CORE_PROJECTIONS, PLACED_CONTROL, ProjectionSpec
@@ -70,7 +75,9 @@ class TickInput(msgspec.Struct, frozen=True, kw_only=True):
     forecast_error: str | None = None
 
 
-class Tick(msgspec.Struct, frozen=True, kw_only=True):
+class Planned(msgspec.Struct, frozen=True, kw_only=True):
+    """A tick up to its plan: what replay re-runs and the planning benches time."""
+
     planner_input: PlannerInput
     forecast: Forecast | None
     plan: Plan
@@ -78,6 +85,38 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True):
     # Durations measured with the caller's stopwatch (0.0 without one); they never feed a decision.
     forecast_seconds: float = 0.0
     plan_seconds: float = 0.0
+
+
+class Controls(msgspec.Struct, frozen=True, kw_only=True):
+    """What the tick's caller decides rather than the log: the planner policy, the effective
+    mode, the mutation limits and the service-held guards."""
+
+    policy: Policy = Policy()
+    mode: str = "recommend"
+    limits: Limits = Limits()
+    guards: Guards = Guards()
+
+
+class Tick(msgspec.Struct, frozen=True, kw_only=True):
+    """One whole tick: the plan and the reconciler's decision on it. Publishing the decision
+    (`grid.controller.issue`) is the caller's side effect."""
+
+    planned: Planned
+    result: ReconcileResult
+    reconcile_seconds: float = 0.0
+
+    @property
+    def planner_input(self) -> PlannerInput:
+        return self.planned.planner_input
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+
+# Builds the planner input (and forecast) from the observation: the production forecast by
+# default; the lab's comparison controls substitute their own.
+Prepare = Callable[[Observation, float, Policy], TickInput]
 
 
 def ready_since(hosts: Sequence[HostSnapshot], now: float, policy: Policy) -> dict[str, tuple[float | None, ...]]:
@@ -94,11 +133,13 @@ def ready_since(hosts: Sequence[HostSnapshot], now: float, policy: Policy) -> di
     return {m: tuple(sorted(ts, key=lambda t: (t is not None, t or 0.0))) for m, ts in sorted(out.items())}
 
 
-def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInput:
+def tick_input(states: Mapping[str, Any] | Observation, now: float, policy: Policy) -> TickInput:
     """The planner input a tick at `now` plans from: the fleet and catalog, demand from the forecast."""
-    base = build_planner_input(states, now, demand=(), policy=policy)
-    if "demand" not in states:
+    obs = observe(states)
+    base = build_planner_input(obs, now, demand=(), policy=policy)
+    if obs.demand is None:
         return TickInput(planner_input=msgspec.structs.replace(base, demand=baseline_demand(base.profiles)))
+    demand_state = obs.demand
     try:
         ready = ready_replicas(base.hosts, now, policy)
         serving_since = ready_since(base.hosts, now, policy)
@@ -106,7 +147,7 @@ def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInp
 
         def counterfactual(portfolio: Mapping[str, str] | None = None) -> Forecast:
             return forecast(
-                states["demand"], base.profiles, now, ready_replicas=ready, ready_since=serving_since,
+                demand_state, base.profiles, now, ready_replicas=ready, ready_since=serving_since,
                 timings=base.timings, retired=frozenset(base.retired), placeable=placeable, portfolio=portfolio,
             )
 
@@ -121,24 +162,60 @@ def tick_input(states: Mapping[str, Any], now: float, policy: Policy) -> TickInp
     return TickInput(planner_input=msgspec.structs.replace(base, demand=tuple(fc.targets)), forecast=fc)
 
 
+def _clock(stopwatch: Stopwatch | None) -> float:
+    return stopwatch() if stopwatch is not None else 0.0
+
+
+def plan_prepared(prepared: TickInput, *, planner: PlanFn = planner_plan.plan,
+                  stopwatch: Stopwatch | None = None, forecast_seconds: float = 0.0) -> Planned:
+    """The plan step: run the planner on a prepared input."""
+    t0 = _clock(stopwatch)
+    plan = planner(prepared.planner_input)
+    return Planned(
+        planner_input=prepared.planner_input, forecast=prepared.forecast, plan=plan,
+        forecast_error=prepared.forecast_error, forecast_seconds=forecast_seconds,
+        plan_seconds=_clock(stopwatch) - t0,
+    )
+
+
 def compose_tick(
-    states: Mapping[str, Any],
+    states: Mapping[str, Any] | Observation,
     now: float,
     policy: Policy,
     *,
     planner: PlanFn = planner_plan.plan,
+    prepare: Prepare = tick_input,
+    stopwatch: Stopwatch | None = None,
+) -> Planned:
+    """The tick up to its plan: observe, forecast, plan from the projection states at `now`."""
+    t0 = _clock(stopwatch)
+    prepared = prepare(observe(states), now, policy)
+    return plan_prepared(prepared, planner=planner, stopwatch=stopwatch, forecast_seconds=_clock(stopwatch) - t0)
+
+
+def decide(planned: Planned, history: ActionsState, now: float, controls: Controls, *,
+           stopwatch: Stopwatch | None = None) -> Tick:
+    """The reconcile step: the lifecycle actions that move the observed fleet toward the plan."""
+    t0 = _clock(stopwatch)
+    result = reconcile(planned.plan, planned.planner_input, history, now, mode=controls.mode,
+                       limits=controls.limits, guards=controls.guards)
+    return Tick(planned=planned, result=result, reconcile_seconds=_clock(stopwatch) - t0)
+
+
+def run_tick(
+    states: Mapping[str, Any] | Observation,
+    now: float,
+    controls: Controls,
+    *,
+    planner: PlanFn = planner_plan.plan,
+    prepare: Prepare = tick_input,
     stopwatch: Stopwatch | None = None,
 ) -> Tick:
-    """One tick: forecast, then plan, from the projection states at `now` under `policy`."""
-    t0 = stopwatch() if stopwatch is not None else 0.0
-    prepared = tick_input(states, now, policy)
-    t1 = stopwatch() if stopwatch is not None else 0.0
-    plan = planner(prepared.planner_input)
-    t2 = stopwatch() if stopwatch is not None else 0.0
-    return Tick(
-        planner_input=prepared.planner_input, forecast=prepared.forecast, plan=plan,
-        forecast_error=prepared.forecast_error, forecast_seconds=t1 - t0, plan_seconds=t2 - t1,
-    )
+    """One whole tick at `now`: observe -> forecast -> plan -> reconcile (pure). The commands are
+    `grid.controller.issue.command_issued` of `result.actions`, stamped by the caller."""
+    obs = observe(states)
+    planned = compose_tick(obs, now, controls.policy, planner=planner, prepare=prepare, stopwatch=stopwatch)
+    return decide(planned, obs.actions, now, controls, stopwatch=stopwatch)
 
 
 # --- the policy a recorded plan ran under -----------------------------------------------------------
@@ -161,11 +238,17 @@ __all__ = [
     "DEMAND",
     "PROJECTIONS",
     "THROUGHPUT",
+    "Controls",
     "PlanFn",
+    "Planned",
+    "Prepare",
     "Tick",
     "TickInput",
     "compose_tick",
+    "decide",
     "encode_policy",
+    "plan_prepared",
     "recorded_policy",
+    "run_tick",
     "tick_input",
 ]

@@ -20,7 +20,9 @@ from grid.planner import scoring as S
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.placement import Placer
-from grid.planner.types import ModelExplanation, Placement, Plan, PlannerInput
+from grid.planner.ledger import Ledger
+from grid.planner.state import HostState, ModelState
+from grid.planner.types import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
 
 PLANNER_VERSION = "grid-planner/1.2.0"
 
@@ -38,7 +40,8 @@ _plan_decoder = msgspec.json.Decoder(Plan)
 
 
 def plan(inp: PlannerInput) -> Plan:
-    """Compute the complete desired placement, staged preemptions, shortfalls, explanations."""
+    """Compute the complete desired placement, staged preemptions, shortfalls, explanations
+    (presentation) and each model's basis (what the reconciler decides from)."""
     return build_plan(inp)
 
 
@@ -53,6 +56,8 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
     placements: list[Placement] = []
     shortfalls = []
     explanations = []
+    basis = []
+    holders = _managed_holders(inp)
     for ms in led.models:
         mine: list[Placement] = []
         for e in ms.entries:
@@ -93,6 +98,7 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
         placements.extend(mine)
         shortfalls.extend(sf)
         explanations.append(ex)
+        basis.append(_model_basis(led, ms, holders.get(ms.req.model_id, ())))
     preemptions = sorted(
         led.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model)
     )
@@ -104,6 +110,36 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
         preemptions=tuple(preemptions),
         shortfalls=tuple(shortfalls),
         explanations=tuple(explanations),
+        basis=tuple(basis),
+    )
+
+
+def _managed_holders(inp: PlannerInput) -> dict[str, tuple[str, ...]]:
+    """Model id -> hosts holding a managed (Grid-owned, unpinned) copy of it, by host id."""
+    out: dict[str, set[str]] = {}
+    for h in inp.hosts:
+        for r in h.residencies:
+            if r.managed and not r.pinned:
+                out.setdefault(r.model_id, set()).add(h.host_id)
+    return {m: tuple(sorted(ids)) for m, ids in out.items()}
+
+
+def _statically_eligible(led: Ledger, ms: ModelState, hs: HostState) -> bool:
+    """Membership in ``explain.eligible_hosts(led, ms)``, decided for one host."""
+    if ms.explicit or hs.idx in ms.special_set:
+        return hs.idx in ms.special_set and led.host_static(hs, ms) is None
+    mem = ms.class_mem.get(hs.cls.idx)
+    return mem is not None and hs.host_id not in ms.req.deny and hs.cap_new >= mem[1]
+
+
+def _model_basis(led: Ledger, ms: ModelState, holders: tuple[str, ...]) -> ModelBasis:
+    by_id = led.fleet.by_id
+    return ModelBasis(
+        model_id=ms.req.model_id,
+        evidence=ms.evidence_label,
+        eligible_holders=tuple(
+            h for h in holders if (hs := by_id.get(h)) is not None and _statically_eligible(led, ms, hs)
+        ),
     )
 
 

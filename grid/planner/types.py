@@ -185,6 +185,18 @@ class ModelExplanation(Value, frozen=True, kw_only=True):
     detail: str = ""
 
 
+class ModelBasis(Value, frozen=True, kw_only=True):
+    """What reconciliation reads of one model's planning, as data: explanations are presentation
+    only (and their host lists are bounded by ``Policy.explain_host_limit``)."""
+
+    model_id: str
+    # The demand evidence the model was planned on (the explanation's label): orders availability work.
+    evidence: str = ""
+    # Every host holding a managed copy of the model that is still statically eligible for it:
+    # dropping a copy there is a scale-down; elsewhere it moves away from an unfit host.
+    eligible_holders: tuple[str, ...] = ()
+
+
 class Plan(Value, frozen=True, kw_only=True):
     planner_version: str
     inputs_digest: str
@@ -194,3 +206,5 @@ class Plan(Value, frozen=True, kw_only=True):
     preemptions: tuple[Preemption, ...] = ()
     shortfalls: tuple[Shortfall, ...] = ()
     explanations: tuple[ModelExplanation, ...] = ()
+    # One entry per planned model: the reconciler decides from these, never from `explanations`.
+    basis: tuple[ModelBasis, ...] = ()

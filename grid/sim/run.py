@@ -4,9 +4,10 @@ Each minute at simulated time T:
 1. incidents change machine state (outage, throttle, recovery);
 2. every live machine heartbeats; the heartbeats and everything that happened since the last
    tick (acks, request telemetry) are folded, in receipt-time order, by the real projections;
-3. the strategy plans (smart is grid.controller.tick.compose_tick) and the production
-   reconciler turns the plan into lifecycle actions (automatic mode, default limits), which
-   are checked against the safety invariants and issued to the machines as CommandIssued;
+3. the production tick (grid.controller.tick.run_tick) plans with the strategy's input and
+   planner (smart is the controller's own) and reconciles (automatic mode, default limits);
+   the actions are checked against the safety invariants and issued to the machines through
+   grid.controller.issue;
 4. the minute's requests are routed with the gateway's own choice (grid.gateway.routing:
    build_table, auto_model, choose) against what the gateway would see; device time beyond a
    replica's concurrency is refused, the outcome becomes request telemetry;
@@ -21,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grid.controller.governor import Limits
-from grid.controller.inputs import build_planner_input
-from grid.controller.issue import Authority, command_issued, command_withdrawn
-from grid.controller.reconcile import Guards, ReconcileResult, reconcile
-from grid.controller.tick import PROJECTIONS
+from grid.controller.issue import Issuer, command_issued, command_withdrawn
+from grid.controller.reconcile import Guards, ReconcileResult
+from grid.controller.tick import PROJECTIONS, Controls, run_tick
 from grid.events.base import Event
 from grid.events.control import ModeSet, ProfileSet
 from grid.events.plan import make_generation
@@ -86,8 +86,6 @@ class _Log:
 
 def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None,
         on_event: Callable[[str, Event], None] | None = None) -> Metrics:
-    if strategy not in strategies.STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r} (one of: {', '.join(strategies.STRATEGIES)})")
     policy = Policy()
     limits = Limits()
     runner = ProjectionRunner(PROJECTIONS)
@@ -99,8 +97,9 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
         log.emit(EPOCH - 1.0, CONTROL_STREAM, ProfileSet(event_id=f"profile-{i}", at=EPOCH - 1.0,
                                                          profile=sc.profiles[model_id]))
     log.emit(EPOCH - 1.0, CONTROL_STREAM, ModeSet(event_id="mode", at=EPOCH - 1.0, mode="automatic"))
-    static_plan: Plan | None = None
-    average = sc.average_targets() if strategy == strategies.STATIC else ()
+    prepare, planner = strategies.tick_functions(
+        strategy, sc.profiles, sc.fleet, sc.average_targets() if strategy == strategies.STATIC else ())
+    controls = Controls(policy=policy, mode="automatic", limits=limits, guards=Guards())
     incident: dict[str, str | None] = {h: None for h in specs}
     last_demand: dict[str, int] = {}
     for minute in range(sc.day.minutes):
@@ -118,34 +117,21 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
         log.flush(now)
         states = runner.states
 
-        # --- plan and reconcile ------------------------------------------------------------
-        if strategy == strategies.SMART:
-            pin, plan = strategies.plan_smart(states, now, policy)
-        elif strategy == strategies.REACTIVE:
-            pin, plan = strategies.plan_reactive(states, now, policy)
-        elif strategy == strategies.GREEDY:
-            pin, plan = strategies.plan_greedy(states, now, policy, sc.profiles, sc.fleet)
-        else:
-            if static_plan is None:
-                pin, static_plan = strategies.plan_static(states, now, policy, average)
-            else:
-                pin = build_planner_input(states, now, demand=average, policy=policy)
-            plan = static_plan
-        catalog = states["catalog"]
-        result = reconcile(plan, pin.hosts, states["actions"], catalog.profiles, now,
-                           retired=tuple(catalog.retired), mode="automatic", limits=limits, guards=Guards())
+        # --- the production tick: observe, forecast, plan, reconcile --------------------------
+        tick = run_tick(states, now, controls, planner=planner, prepare=prepare)
+        pin, plan, result = tick.planner_input, tick.plan, tick.result
         demanded = frozenset(m for m, last in last_demand.items() if minute - last <= DEMAND_WINDOW_MINUTES)
         for violation in safety.check_tick(plan, pin.hosts, result, states["actions"], sc.profiles, demanded,
                                            now, limits):
             metrics.violation(minute, *violation)
         # The lab is one controller (term 1) whose plan sequence is the tick number.
-        authority = Authority(controller_id=CONTROLLER_ID, controller_term=1,
-                              generation=make_generation(GENERATION_EPOCH, minute + 1, plan.inputs_digest))
+        issuer = Issuer(controller_id=CONTROLLER_ID, controller_term=1,
+                        generation=make_generation(GENERATION_EPOCH, minute + 1, plan.inputs_digest))
         for w in result.withdrawals:
-            log.emit(now, COMMANDS_STREAM, command_withdrawn(w, authority, at=now))
+            log.emit(now, COMMANDS_STREAM, command_withdrawn(w, issuer, at=now))
             world.withdraw(w.host_id, w.action_id)
         for a in result.actions:
-            cmd = command_issued(a, authority, issued_at=now, lease_remaining=LEASE_SECONDS)
+            cmd = command_issued(a, issuer, issued_at=now, lease_remaining=LEASE_SECONDS)
             log.emit(now, COMMANDS_STREAM, cmd)
             world.deliver(cmd)
             metrics.action(minute, a.kind, a.host_id, a.model_id, a.reason, a.preemption_for)

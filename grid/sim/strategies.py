@@ -1,6 +1,6 @@
 """The four controls the lab compares, each a function of the projection states and `now`.
 
-* smart: the production tick composition (grid.controller.tick.compose_tick), unchanged.
+* smart: the production tick composition (grid.controller.tick.tick_input and the planner), unchanged.
 * reactive: the same forecast without lookahead or correlation: no trend horizon, and
   targets only correlation or sequence evidence asked for dropped (workload demand kept).
 * greedy: each minute, the latest complete minute's visible demand only: named requests to
@@ -9,7 +9,8 @@
 * static: the population's average mix, planned once at the start; that plan is kept for the
   whole day (no rescheduling around failures).
 
-All four are reconciled, routed and measured identically by grid.sim.run.
+Each is a (prepare, planner) pair for grid.controller.tick.run_tick; all four are reconciled,
+routed and measured identically by grid.sim.run.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from grid.controller.inputs import build_planner_input, ready_replicas
-from grid.controller.tick import compose_tick, ready_since
+from grid.controller.inputs import Observation, build_planner_input, ready_replicas
+from grid.controller.tick import PlanFn, Prepare, TickInput, ready_since, tick_input
 from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
@@ -83,22 +84,18 @@ def targets_from_offered(
     return tuple(out)
 
 
-def plan_smart(states: Mapping[str, Any], now: float, policy: Policy) -> tuple[PlannerInput, Plan]:
-    tick = compose_tick(states, now, policy)
-    return tick.planner_input, tick.plan
-
-
-def plan_reactive(states: Mapping[str, Any], now: float, policy: Policy) -> tuple[PlannerInput, Plan]:
-    base = build_planner_input(states, now, demand=(), policy=policy)
+def reactive_input(obs: Observation, now: float, policy: Policy) -> TickInput:
+    base = build_planner_input(obs, now, demand=(), policy=policy)
+    if obs.demand is None:
+        raise ValueError("the reactive control needs the demand projection")
     fc = forecast(
-        states["demand"], base.profiles, now, ready_replicas=ready_replicas(base.hosts, now, policy),
+        obs.demand, base.profiles, now, ready_replicas=ready_replicas(base.hosts, now, policy),
         ready_since=ready_since(base.hosts, now, policy),
         timings=base.timings, retired=frozenset(base.retired), config=REACTIVE_CONFIG,
         placeable=placeable_models(base.profiles, base.hosts),
     )
     targets = tuple(t for t in fc.targets if not _correlation_only(t))
-    pin = msgspec.structs.replace(base, demand=targets)
-    return pin, planner_plan.plan(pin)
+    return TickInput(planner_input=msgspec.structs.replace(base, demand=targets))
 
 
 def _correlation_only(t: DemandTarget) -> bool:
@@ -133,15 +130,46 @@ def latest_offered(demand: DemandState, now: float, profiles: Mapping[str, Model
     return offered
 
 
-def plan_greedy(states: Mapping[str, Any], now: float, policy: Policy, profiles: Mapping[str, ModelProfile],
-                fleet: tuple[MachineSpec, ...]) -> tuple[PlannerInput, Plan]:
-    offered = latest_offered(states["demand"], now, profiles, fleet)
-    pin = build_planner_input(states, now, demand=targets_from_offered(offered, profiles, "greedy_minute"),
-                              policy=policy)
-    return pin, planner_plan.plan(pin)
+def greedy_input(profiles: Mapping[str, ModelProfile], fleet: tuple[MachineSpec, ...]) -> Prepare:
+    def prepare(obs: Observation, now: float, policy: Policy) -> TickInput:
+        if obs.demand is None:
+            raise ValueError("the greedy control needs the demand projection")
+        offered = latest_offered(obs.demand, now, profiles, fleet)
+        demand = targets_from_offered(offered, profiles, "greedy_minute")
+        return TickInput(planner_input=build_planner_input(obs, now, demand=demand, policy=policy))
+
+    return prepare
 
 
-def plan_static(states: Mapping[str, Any], now: float, policy: Policy,
-                average: tuple[DemandTarget, ...]) -> tuple[PlannerInput, Plan]:
-    pin = build_planner_input(states, now, demand=average, policy=policy)
-    return pin, planner_plan.plan(pin)
+def fixed_input(average: tuple[DemandTarget, ...]) -> Prepare:
+    """The static control's input: the population's average mix, whatever the log says."""
+    def prepare(obs: Observation, now: float, policy: Policy) -> TickInput:
+        return TickInput(planner_input=build_planner_input(obs, now, demand=average, policy=policy))
+
+    return prepare
+
+
+def planned_once(planner: PlanFn = planner_plan.plan) -> PlanFn:
+    """The static control's planner: the first plan, kept for the whole day."""
+    kept: list[Plan] = []
+
+    def plan_fn(pin: PlannerInput) -> Plan:
+        if not kept:
+            kept.append(planner(pin))
+        return kept[0]
+
+    return plan_fn
+
+
+def tick_functions(strategy: str, profiles: Mapping[str, ModelProfile], fleet: tuple[MachineSpec, ...],
+                   average: tuple[DemandTarget, ...]) -> tuple[Prepare, PlanFn]:
+    """How `strategy` prepares its planner input and plans, for grid.controller.tick.run_tick."""
+    if strategy == SMART:
+        return tick_input, planner_plan.plan
+    if strategy == REACTIVE:
+        return reactive_input, planner_plan.plan
+    if strategy == GREEDY:
+        return greedy_input(profiles, fleet), planner_plan.plan
+    if strategy == STATIC:
+        return fixed_input(average), planned_once()
+    raise ValueError(f"unknown strategy {strategy!r} (one of: {', '.join(STRATEGIES)})")

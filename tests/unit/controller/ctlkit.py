@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from grid.controller.issue import Authority, command_issued
-from grid.controller.reconcile import Action
+from grid.controller.issue import Issuer, command_issued
+from grid.controller.reconcile import Action, ReconcileResult, reconcile
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModelProfile
 from grid.events.host import ACTUATOR_CAPABILITIES, CachedArtifact, HostResources
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
-from grid.planner.types import HostSnapshot, Placement, Plan, Preemption, ResidencyView, Shortfall
+from grid.planner.types import HostSnapshot, Placement, Plan, PlannerInput, Preemption, ResidencyView, Shortfall
 from grid.projections import actions as actions_proj
 from grid.projections.actions import ActionsState
 from grid.projections.position import Position
@@ -66,7 +66,7 @@ def mkplan(*placements: Placement, preemptions: Iterable[Preemption] = (),
 
 def command_for(a: Action, *, at: float = NOW, generation: str = "e:00000000000000000001:d",
                 term: int = 1) -> CommandIssued:
-    return command_issued(a, Authority(controller_id="c", controller_term=term, generation=generation),
+    return command_issued(a, Issuer(controller_id="c", controller_term=term, generation=generation),
                           issued_at=at, lease_remaining=15.0)
 
 
@@ -98,6 +98,19 @@ class History:
                        model_id=a.model_id)
         self.state = actions_proj.apply(self.state, ev, Position(HOSTS_STREAM, self.host_seq, at))
         return self
+
+
+def observed(hosts: Iterable[HostSnapshot], profs: dict[str, ModelProfile], *, retired: Iterable[str] = (),
+             now: float = NOW) -> PlannerInput:
+    """What a reconciler is shown: hosts, profiles and retired models, as the tick builds it."""
+    return PlannerInput(now=now, profiles=tuple(profs[m] for m in sorted(profs)), hosts=tuple(hosts),
+                        retired=tuple(sorted(retired)))
+
+
+def reconcile_hosts(plan: Plan, hosts: Iterable[HostSnapshot], history: ActionsState, profs: dict[str, ModelProfile],
+                    now: float = NOW, *, retired: Iterable[str] = (), **kw) -> ReconcileResult:  # type: ignore[no-untyped-def]
+    """`reconcile` over a host list and a profile map (the table tests' shape)."""
+    return reconcile(plan, observed(hosts, profs, retired=retired, now=now), history, now, **kw)
 
 
 def kinds(result) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]

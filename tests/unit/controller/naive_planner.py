@@ -15,6 +15,7 @@ from grid.events.control import DATA_TIERS, ModelProfile
 from grid.planner.types import (
     HostSnapshot,
     HostVerdict,
+    ModelBasis,
     ModelExplanation,
     Placement,
     Plan,
@@ -148,6 +149,7 @@ def plan(pin: PlannerInput) -> Plan:
     placements: list[Placement] = []
     shortfalls: list[Shortfall] = []
     explanations: list[ModelExplanation] = []
+    basis: list[ModelBasis] = []
     for p in sorted(profiles, key=lambda p: p.model_id):
         cs = sorted(chosen[p.model_id], key=lambda c: c.host_id)
         placements.extend(cs)
@@ -162,9 +164,15 @@ def plan(pin: PlannerInput) -> Plan:
             eligible_hosts=tuple(h.host_id for h in eligible[p.model_id]),
             rejected=tuple(rejected[p.model_id][:16]), chosen=tuple(cs), shortfall_reason=reason,
         ))
+        basis.append(ModelBasis(
+            model_id=p.model_id, evidence=d.evidence if d is not None else "baseline",
+            eligible_holders=tuple(h.host_id for h in eligible[p.model_id] if any(
+                r.model_id == p.model_id and r.managed and not r.pinned for r in h.residencies)),
+        ))
     return Plan(
         planner_version=PLANNER_VERSION, inputs_digest=inputs_digest(pin), now=pin.now,
         placements=tuple(placements), shortfalls=tuple(shortfalls), explanations=tuple(explanations),
+        basis=tuple(basis),
     )
 
 

@@ -12,11 +12,11 @@ import msgspec
 
 from grid.controller import reconcile as rc
 from grid.controller.governor import Limits
-from grid.controller.reconcile import Guards, reconcile
+from grid.controller.reconcile import Guards
+from grid.controller.tick import Controls, TickInput, decide, plan_prepared
 from grid.gateway import routing
-from grid.planner.plan import plan as make_plan
 from grid.planner.reasons import RETAINED_UNTIL_REPLACED
-from grid.planner.types import HostSnapshot
+from grid.planner.types import HostSnapshot, PlannerInput, Policy
 
 from tests.unit.controller.ctlkit import NOW, History, host, kinds, profile, profiles, reasons, res
 
@@ -24,11 +24,8 @@ M = profiles(profile("m", min_replicas=1, max_replicas=1, min_residency_seconds=
 DRAIN_AT = NOW - 10.0
 
 
-def _plan(hosts: list[HostSnapshot], now: float = NOW):  # type: ignore[no-untyped-def]
-    from grid.planner.types import PlannerInput, Policy
-
-    return make_plan(PlannerInput(now=now, profiles=tuple(M.values()), hosts=tuple(hosts), demand=(),
-                                  policy=Policy()))
+def _input(hosts: list[HostSnapshot], now: float = NOW) -> PlannerInput:
+    return PlannerInput(now=now, profiles=tuple(M.values()), hosts=tuple(hosts), demand=(), policy=Policy())
 
 
 def _routed(hosts: list[HostSnapshot], now: float = NOW) -> str | None:
@@ -43,8 +40,9 @@ def _tick(hosts: list[HostSnapshot], history: History | None = None, now: float 
           since: float | None = DRAIN_AT, limits: Limits = Limits()):  # type: ignore[no-untyped-def]
     guards = Guards(evacuating_since={} if since is None else {
         h.host_id: since for h in hosts if h.state == "draining"})
-    p = _plan(hosts, now)
-    return p, reconcile(p, hosts, (history or History()).state, M, now, limits=limits, guards=guards)
+    planned = plan_prepared(TickInput(planner_input=_input(hosts, now)))
+    tick = decide(planned, (history or History()).state, now, Controls(limits=limits, guards=guards))
+    return tick.plan, tick.result
 
 
 def test_a_drained_single_copy_keeps_serving_until_its_replacement_is_ready() -> None:

@@ -6,17 +6,19 @@ import msgspec
 
 from grid.controller import reconcile as rc
 from grid.controller.governor import ARTIFACT_FANOUT, GLOBAL_LIMIT, HOST_LIMIT, Limits
-from grid.controller.reconcile import Guards, reconcile
+from grid.controller.reconcile import Guards
 from grid.planner.reasons import RELOCATION
 from grid.planner.types import Preemption, Shortfall
 
-from tests.unit.controller.ctlkit import NOW, SHA_A, SHA_B, History, host, kinds, mkplan, placement, profile, profiles, reasons, res
+from tests.unit.controller.ctlkit import (
+    NOW, SHA_A, SHA_B, History, host, kinds, mkplan, placement, profile, profiles, reasons, reconcile_hosts, res,
+)
 
 M = profiles(profile("m"))
 
 
 def run(plan, hosts, history=None, profs=M, **kw):  # type: ignore[no-untyped-def]
-    return reconcile(plan, hosts, (history or History()).state, profs, NOW, **kw)
+    return reconcile_hosts(plan, hosts, (history or History()).state, profs, NOW, **kw)
 
 
 def test_missing_replica_loads_then_warms_after_the_load_and_ids_are_stable() -> None:
@@ -32,7 +34,7 @@ def test_missing_replica_loads_then_warms_after_the_load_and_ids_are_stable() ->
     assert msgspec.json.encode(r1) == msgspec.json.encode(r2)
     # Load finished (ack newer than the heartbeat): warm now, without a second load.
     h = History().issue(load, at=NOW - 3).ack(load, at=NOW - 2)
-    r3 = reconcile(plan, [host("h1", hb_at=NOW - 2.5)], h.state, M, NOW)
+    r3 = reconcile_hosts(plan, [host("h1", hb_at=NOW - 2.5)], h.state, M, NOW)
     assert kinds(r3) == [("warm", "h1", "m")] and r3.actions[0].reason == rc.WARM_FOR_PLACEMENT
 
 
@@ -71,12 +73,12 @@ def test_failure_backoff_is_per_kind_host_model_and_exponential() -> None:
     d = next(d for d in r.deferred if d.host_id == "h1")
     assert d.reason == rc.BACKOFF and d.not_before == NOW - 10 + 15
     # After the backoff the retry is a new lifecycle with a new id.
-    later = reconcile(plan, [host("h1", cached=[("m", SHA_A)], hb_at=NOW + 19), hosts[1]], h.state, profs, NOW + 20)
+    later = reconcile_hosts(plan, [host("h1", cached=[("m", SHA_A)], hb_at=NOW + 19), hosts[1]], h.state, profs, NOW + 20)
     retry = next(a for a in later.actions if a.host_id == "h1")
     assert retry.action_id != w1.action_id
     # A second failure doubles the wait.
     h.issue(retry, at=NOW + 20).ack(retry, "failed", at=NOW + 21)
-    r = reconcile(plan, [host("h1", cached=[("m", SHA_A)], hb_at=NOW + 40)], h.state, profs, NOW + 41)
+    r = reconcile_hosts(plan, [host("h1", cached=[("m", SHA_A)], hb_at=NOW + 40)], h.state, profs, NOW + 41)
     d = next(d for d in r.deferred if d.host_id == "h1")
     assert d.reason == rc.BACKOFF and d.not_before == NOW + 21 + 30
 
@@ -179,7 +181,7 @@ def test_staged_preemption_drains_victim_first_and_prefetches_beneficiary() -> N
     )
     pre = Preemption(host_id="h1", victim_model="low", beneficiary_model="high", reason="priority")
     plan = mkplan(preemptions=[pre], shortfalls=[Shortfall(model_id="high", wanted=1, placed=0, reason="capacity")])
-    r = reconcile(plan, [host("h1", res("low"))], History().state, profs, NOW, limits=Limits(max_host_mutations=2))
+    r = reconcile_hosts(plan, [host("h1", res("low"))], History().state, profs, NOW, limits=Limits(max_host_mutations=2))
     assert set(kinds(r)) == {("drain", "h1", "low"), ("load", "h1", "high")}
     drain = next(a for a in r.actions if a.kind == "drain")
     assert drain.reason == rc.DRAIN_PREEMPTION and drain.preemption_for == "high" and drain.priority == 10
@@ -187,22 +189,22 @@ def test_staged_preemption_drains_victim_first_and_prefetches_beneficiary() -> N
     assert load.reason == rc.PREFETCH_FOR_PREEMPTION
     assert not [a for a in r.actions if a.kind == "warm"]
     # Minimum residency is never bypassed by a preemption.
-    r = reconcile(plan, [host("h1", res("low", loaded_age=10))], History().state, profs, NOW)
+    r = reconcile_hosts(plan, [host("h1", res("low", loaded_age=10))], History().state, profs, NOW)
     assert reasons(r)[("drain", "h1", "low")] == rc.MIN_RESIDENCY
 
 
 def test_retirement_drains_managed_copies_and_withdraws_availability_work() -> None:
     profs = profiles(profile("m", min_residency_seconds=300))
     plan = mkplan(placement("m", "h2"))
-    first = reconcile(plan, [host("h1"), host("h2")], History().state, profs, NOW)
+    first = reconcile_hosts(plan, [host("h1"), host("h2")], History().state, profs, NOW)
     load_h2 = first.actions[0]
     h = History().issue(load_h2)
     # Profile removed: tombstone in `retired`, no profile, no placement.
-    r = reconcile(mkplan(), [host("h1", res("m", loaded_age=5)), host("h2")], h.state, {}, NOW, retired=["m"])
+    r = reconcile_hosts(mkplan(), [host("h1", res("m", loaded_age=5)), host("h2")], h.state, {}, NOW, retired=["m"])
     assert kinds(r) == [("drain", "h1", "m")] and r.actions[0].reason == rc.DRAIN_RETIRED
     assert [(w.action_id, w.reason) for w in r.withdrawals] == [(load_h2.action_id, rc.WITHDRAW_RETIRED)]
     # A managed copy that reappears later (offline host returns) is drained too.
-    r = reconcile(mkplan(), [host("h3", res("m"))], h.state, {}, NOW, retired=["m"])
+    r = reconcile_hosts(mkplan(), [host("h3", res("m"))], h.state, {}, NOW, retired=["m"])
     assert ("drain", "h3", "m") in kinds(r)
 
 
@@ -228,16 +230,16 @@ def test_pending_equivalents_are_suppressed() -> None:
     plan = mkplan(placement("m", "h1"))
     load = run(plan, [host("h1")]).actions[0]
     h = History().issue(load).ack(load, at=NOW - 0.5)
-    warm = reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW).actions[0]
+    warm = reconcile_hosts(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW).actions[0]
     h.issue(warm)
-    r = reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW)
+    r = reconcile_hosts(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW)
     assert r.actions == ()
     assert reasons(r)[("warm", "h1", "m")] == rc.IN_FLIGHT
     assert r.in_flight == (warm.action_id,)
     # Duplicate and conflicting later acks are harmless: the first terminal ack stands.
     h.ack(load, "succeeded", at=NOW).ack(load, "failed", at=NOW + 1)
     assert h.state.actions[load.action_id].status == "succeeded"
-    assert reconcile(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW) == r
+    assert reconcile_hosts(plan, [host("h1", hb_at=NOW - 0.7)], h.state, M, NOW) == r
 
 
 def test_warm_waits_while_its_load_is_open() -> None:
@@ -254,20 +256,20 @@ def test_observation_time_fencing() -> None:
     profs = profiles(profile("m", artifact_sha256=SHA_A))
     plan = mkplan(placement("m", "h1"))
     hosts = [host("h1", cached=[("m", SHA_A)], hb_at=NOW - 10)]
-    warm = reconcile(plan, hosts, History().state, profs, NOW).actions[0]
+    warm = reconcile_hosts(plan, hosts, History().state, profs, NOW).actions[0]
     h = History().issue(warm, at=NOW - 8).ack(warm, "succeeded", at=NOW - 5)
     # The heartbeat predates the successful ack: no duplicate warm.
-    r = reconcile(plan, hosts, h.state, profs, NOW)
+    r = reconcile_hosts(plan, hosts, h.state, profs, NOW)
     assert r.actions == () and reasons(r)[("warm", "h1", "m")] == rc.AWAITING_OBSERVATION
     # A genuinely newer heartbeat that still shows no residency starts a new lifecycle.
     newer = [host("h1", cached=[("m", SHA_A)], hb_at=NOW - 1)]
-    r = reconcile(plan, newer, h.state, profs, NOW)
+    r = reconcile_hosts(plan, newer, h.state, profs, NOW)
     assert kinds(r) == [("warm", "h1", "m")] and r.actions[0].action_id != warm.action_id
     # A load that succeeded after the heartbeat counts as cached: warm without a second load.
     plan2 = mkplan(placement("m", "h2"))
-    load = reconcile(plan2, [host("h2", hb_at=NOW - 10)], History().state, profs, NOW).actions[0]
+    load = reconcile_hosts(plan2, [host("h2", hb_at=NOW - 10)], History().state, profs, NOW).actions[0]
     h2 = History().issue(load, at=NOW - 8).ack(load, "succeeded", at=NOW - 5)
-    r = reconcile(plan2, [host("h2", hb_at=NOW - 10)], h2.state, profs, NOW)
+    r = reconcile_hosts(plan2, [host("h2", hb_at=NOW - 10)], h2.state, profs, NOW)
     assert kinds(r) == [("warm", "h2", "m")] and r.actions[0].dependencies == ()
 
 
@@ -283,7 +285,7 @@ def test_unsafe_destructive_batch_is_withdrawn_and_blocks_until_proven() -> None
     later = NOW + 2
     hosts = [host("h1", res("m"), hb_at=later), host("h2", res("m"), hb_at=later),
              host("h3", res("m", "warming"), hb_at=later), host("h4", res("m"), hb_at=later)]
-    r = reconcile(plan, hosts, h.state, M, later + 1)
+    r = reconcile_hosts(plan, hosts, h.state, M, later + 1)
     assert {w.action_id for w in r.withdrawals} == {a.action_id for a in drains}
     assert all(w.reason == rc.WITHDRAW_UNSAFE_DESTRUCTIVE for w in r.withdrawals)
     assert next(w for w in r.withdrawals if w.host_id == "h1").delivered
@@ -292,7 +294,7 @@ def test_unsafe_destructive_batch_is_withdrawn_and_blocks_until_proven() -> None
     # h3 is ready again, but destructive work for m stays blocked (no wall-clock timeout)...
     hosts = [host(x.host_id, *x.residencies, hb_at=later + 499) for x in hosts]
     hosts[2] = host("h3", res("m"), hb_at=later + 499)
-    r = reconcile(plan, hosts, h.state, M, later + 500)
+    r = reconcile_hosts(plan, hosts, h.state, M, later + 500)
     assert [b.model_id for b in r.blocked] == ["m"]
     assert not [a for a in r.actions if a.destructive]
     assert {reasons(r)[("drain", x, "m")] for x in ("h1", "h4")} == {rc.DESTRUCTIVE_BLOCKED}
@@ -300,7 +302,7 @@ def test_unsafe_destructive_batch_is_withdrawn_and_blocks_until_proven() -> None
     h.ack(drains[0], "cancelled", at=later + 501)
     hosts = [host(x.host_id, *x.residencies, hb_at=later + 502) for x in hosts]
     hosts[3] = host("h4", res("m", "draining"), hb_at=later + 502)
-    r = reconcile(plan, hosts, h.state, M, later + 503)
+    r = reconcile_hosts(plan, hosts, h.state, M, later + 503)
     assert r.blocked == () and r.cleared_withdrawals == (drains[1].action_id,)
     assert ("drain", "h1", "m") in kinds(r)
     # The new drain of h1 is a new lifecycle (the withdrawn one is its basis).
@@ -314,13 +316,13 @@ def test_restart_grace_defers_destructive_work_only() -> None:
     r = run(plan, hosts, guards=g)
     assert ("load", "h2", "m") in kinds(r)
     profs = profiles(profile("m"), profile("x"))
-    r = reconcile(mkplan(), [host("h1", res("x"), hb_at=NOW - 1)], History().state, profs, NOW, guards=g)
+    r = reconcile_hosts(mkplan(), [host("h1", res("x"), hb_at=NOW - 1)], History().state, profs, NOW, guards=g)
     assert reasons(r)[("drain", "h1", "x")] == rc.RESTART_GRACE
     # After the grace, a heartbeat from before the restart is still not enough.
     g2 = Guards(destructive_not_before=NOW - 1, fresh_after=NOW - 0.5)
-    r = reconcile(mkplan(), [host("h1", res("x"), hb_at=NOW - 1)], History().state, profs, NOW, guards=g2)
+    r = reconcile_hosts(mkplan(), [host("h1", res("x"), hb_at=NOW - 1)], History().state, profs, NOW, guards=g2)
     assert reasons(r)[("drain", "h1", "x")] == rc.RESTART_GRACE
-    r = reconcile(mkplan(), [host("h1", res("x"), hb_at=NOW - 0.1)], History().state, profs, NOW, guards=g2)
+    r = reconcile_hosts(mkplan(), [host("h1", res("x"), hb_at=NOW - 0.1)], History().state, profs, NOW, guards=g2)
     assert kinds(r) == [("drain", "h1", "x")]
 
 
@@ -328,7 +330,7 @@ def test_availability_is_served_before_destructive_work() -> None:
     profs = profiles(profile("a"), profile("b"), profile("old"))
     plan = mkplan(placement("a", "h1"), placement("b", "h2"))
     hosts = [host("h1"), host("h2"), host("h3", res("old"))]
-    r = reconcile(plan, hosts, History().state, profs, NOW, limits=Limits(max_global_mutations=2))
+    r = reconcile_hosts(plan, hosts, History().state, profs, NOW, limits=Limits(max_global_mutations=2))
     assert [a.kind for a in r.actions] == ["load", "load"]
     assert reasons(r)[("drain", "h3", "old")] == GLOBAL_LIMIT
 
@@ -351,10 +353,10 @@ def test_warm_waits_for_free_memory() -> None:
     profs = profiles(profile("m", memory_mb=8000, artifact_sha256=SHA_A), profile("old"))
     plan = mkplan(placement("m", "h1", memory=8000))
     hosts = [host("h1", res("old", memory=9000), capacity=16_000, cached=[("m", SHA_A)])]
-    r = reconcile(plan, hosts, History().state, profs, NOW)
+    r = reconcile_hosts(plan, hosts, History().state, profs, NOW)
     assert reasons(r)[("warm", "h1", "m")] == rc.INSUFFICIENT_FREE_MEMORY
     hosts = [host("h1", res("old", memory=7000), capacity=16_000, cached=[("m", SHA_A)])]
-    assert ("warm", "h1", "m") in kinds(reconcile(plan, hosts, History().state, profs, NOW))
+    assert ("warm", "h1", "m") in kinds(reconcile_hosts(plan, hosts, History().state, profs, NOW))
 
 
 def test_undelivered_availability_work_no_longer_desired_is_withdrawn() -> None:
@@ -388,20 +390,20 @@ def test_preemption_budget_bounds_repeated_preemption_of_one_model() -> None:
     plan = mkplan(placement("high", "h2"), preemptions=[pre],
                   shortfalls=[Shortfall(model_id="high", wanted=2, placed=1, reason="capacity")])
     hosts = [host("h1", res("low")), host("h2", res("high"))]
-    first = reconcile(plan, hosts, History().state, profs, NOW)
+    first = reconcile_hosts(plan, hosts, History().state, profs, NOW)
     assert ("drain", "h1", "low") in kinds(first)
     drain = next(a for a in first.actions if a.kind == "drain")
     # "low" was preempted ten minutes ago (and came back): while "high" already serves from a
     # ready replica, a second preemption of "low" inside the window waits.
     h = History().issue(drain, at=NOW - 600).ack(drain, at=NOW - 599)
-    again = reconcile(plan, hosts, h.state, profs, NOW)
+    again = reconcile_hosts(plan, hosts, h.state, profs, NOW)
     assert reasons(again)[("drain", "h1", "low")] == rc.PREEMPTION_BUDGET
     # After the window it may preempt again.
     window = rc.PREEMPTION_WINDOW_SECONDS
     old = History().issue(drain, at=NOW - window - 60).ack(drain, at=NOW - window - 59)
-    assert ("drain", "h1", "low") in kinds(reconcile(plan, hosts, old.state, profs, NOW))
+    assert ("drain", "h1", "low") in kinds(reconcile_hosts(plan, hosts, old.state, profs, NOW))
     # The beneficiary's first replica keeps strict priority.
-    alone = reconcile(mkplan(preemptions=[pre], shortfalls=[Shortfall(model_id="high", wanted=1, placed=0,
+    alone = reconcile_hosts(mkplan(preemptions=[pre], shortfalls=[Shortfall(model_id="high", wanted=1, placed=0,
                                                                          reason="capacity")]),
                       [host("h1", res("low")), host("h2")], h.state, profs, NOW)
     assert ("drain", "h1", "low") in kinds(alone)

@@ -29,8 +29,9 @@ from grid.controller import reconcile as rc
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
 from grid.planner.plan import plan as PLAN
 from grid.planner.reasons import RELOCATION
-from grid.controller.issue import Authority, command_issued, command_withdrawn
-from grid.controller.reconcile import Guards, reconcile, withdraw_all
+from grid.controller.issue import Issuer, command_issued, command_withdrawn
+from grid.controller.reconcile import Guards, withdraw_all
+from grid.controller.tick import Controls, TickInput, decide, plan_prepared
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued
 from grid.events.plan import make_generation
@@ -163,28 +164,29 @@ class ControllerMachine(RuleBasedStateMachine):
                          for m, p in sorted(profiles.items()) if p.min_replicas > 0),
             retired=tuple(sorted(self.retired)),
         )
-        plan = self.plan_fn(pin)
-        guards = Guards(cleared_withdrawals=frozenset(self.cleared))
-        args = (plan, hosts, self.history, profiles, self.now)
-        kw = dict(retired=tuple(sorted(self.retired)), mode=self.mode, limits=LIMITS, guards=guards)
-        result = reconcile(*args, **kw)  # type: ignore[arg-type]
+        controls = Controls(mode=self.mode, limits=LIMITS, guards=Guards(cleared_withdrawals=frozenset(self.cleared)))
+        planned = plan_prepared(TickInput(planner_input=pin), planner=self.plan_fn)
+        tick = decide(planned, self.history, self.now, controls)
+        plan, result = tick.plan, tick.result
         # invariant 9: deterministic, so a retried tick reproduces the same ids
-        assert msgspec.json.encode(reconcile(*args, **kw)) == msgspec.json.encode(result)  # type: ignore[arg-type]
+        again = decide(plan_prepared(TickInput(planner_input=pin), planner=self.plan_fn), self.history, self.now,
+                       controls)
+        assert msgspec.json.encode(again.result) == msgspec.json.encode(result)
         self.check_decision(plan, hosts, profiles, result)
         self.cleared |= set(result.cleared_withdrawals)
         self.ticks += 1
         # side effects: the service's publish step
         withdrawals = result.withdrawals if self.mode == "automatic" else withdraw_all(self.history)
-        authority = Authority(controller_id="c", controller_term=1,
-                              generation=make_generation("e", self.ticks, plan.inputs_digest))
+        issuer = Issuer(controller_id="c", controller_term=1,
+                        generation=make_generation("e", self.ticks, plan.inputs_digest))
         for w in withdrawals:
-            self._fold(command_withdrawn(w, authority, at=self.now), COMMANDS_STREAM, self.now)
+            self._fold(command_withdrawn(w, issuer, at=self.now), COMMANDS_STREAM, self.now)
             self.hosts[w.host_id].withdrawn.add(w.action_id)
         if self.mode != "automatic":
             assert not [a for a in result.actions if self.mode == "observe"]
             return
         for a in result.actions:
-            cmd = command_issued(a, authority, issued_at=self.now, lease_remaining=15.0)
+            cmd = command_issued(a, issuer, issued_at=self.now, lease_remaining=15.0)
             self._fold(cmd, COMMANDS_STREAM, self.now)
             self.hosts[a.host_id].queue.append(cmd)
 

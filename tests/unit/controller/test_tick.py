@@ -1,4 +1,5 @@
-"""The one tick composition: projection states + now + policy -> planner input, forecast, plan."""
+"""The one tick composition: projection states + now + controls -> planner input, forecast, plan,
+reconciler decision."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 
 from grid.clock import SimulatedClock
 from grid.controller.inputs import baseline_demand, ready_replicas
-from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy, recorded_policy, tick_input
+from grid.controller.reconcile import reconcile
+from grid.controller.tick import (
+    PROJECTIONS, Controls, compose_tick, encode_policy, recorded_policy, run_tick, tick_input,
+)
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated
 from grid.planner.digest import inputs_digest
@@ -79,3 +83,21 @@ def test_the_recorded_policy_round_trips_and_defaults_for_older_plans() -> None:
                        inputs_digest="d", based_on={}, now=0.0)
     assert recorded_policy(plan) == Policy()  # recorded before PlanCreated carried a policy
     assert recorded_policy(msgspec.structs.replace(plan, policy=encode_policy(POLICY))) == POLICY
+
+
+async def test_one_tick_reconciles_the_plan_it_made_from_the_same_observation(folded) -> None:
+    states, now = folded
+    controls = Controls(policy=POLICY, mode="automatic")
+    tick = run_tick(states, now, controls)
+    assert tick.planned == compose_tick(states, now, POLICY)
+    # The reconciler is shown exactly what the planner was (hosts, profiles, retired models).
+    assert tick.result == reconcile(tick.plan, tick.planner_input, states["actions"], now, mode="automatic")
+    assert msgspec.json.encode(run_tick(states, now, controls)) == msgspec.json.encode(tick)
+
+
+async def test_the_reconciler_decides_from_the_plan_basis_never_from_explanations(folded) -> None:
+    states, now = folded
+    tick = run_tick(states, now, Controls(policy=POLICY, mode="automatic"))
+    assert {b.model_id for b in tick.plan.basis} == {e.model_id for e in tick.plan.explanations}
+    bare = msgspec.structs.replace(tick.plan, explanations=())
+    assert reconcile(bare, tick.planner_input, states["actions"], now, mode="automatic") == tick.result

@@ -117,7 +117,7 @@ def test_bad_scenario_inputs_are_clear_errors() -> None:
 def test_a_machine_reports_the_runtime_its_engine_runs() -> None:
     # A residency reported under the wrong runtime is non-compliant for the planner, which then
     # keeps every replica of the model resident and reports a shortfall (seen in the lab).
-    from grid.controller.issue import Authority, command_issued
+    from grid.controller.issue import Issuer, command_issued
     from grid.controller.reconcile import Action
     from grid.sim.world import World
 
@@ -129,8 +129,8 @@ def test_a_machine_reports_the_runtime_its_engine_runs() -> None:
         action = Action(action_id=kind, kind=kind, host_id="m03", model_id="image-xl", memory_mb=p.memory_mb,
                         reason="test", runtime="comfyui", artifact_sha256=p.artifact_sha256,
                         artifact_size_mb=p.artifact_size_mb)
-        authority = Authority(controller_id="sim", controller_term=1, generation="sim:00000000000000000001:d")
-        world.deliver(command_issued(action, authority, issued_at=0.0, lease_remaining=30.0))
+        issuer = Issuer(controller_id="sim", controller_term=1, generation="sim:00000000000000000001:d")
+        world.deliver(command_issued(action, issuer, issued_at=0.0, lease_remaining=30.0))
     world.advance(600.0, lambda at, stream, ev: events.append(ev))
     hb = world.heartbeat("m03", 600.0)
     assert hb is not None
@@ -156,3 +156,22 @@ def test_no_prompt_or_raw_affinity_key_reaches_the_log(small) -> None:
     for user in range(0, len(small.users), PROJECT_SIZE):
         raw = hashlib.sha256(f"sim-project:{small.config.seed}:{user // PROJECT_SIZE}".encode())
         assert raw.hexdigest().encode() not in everything  # only the second hash is ever logged
+
+
+def test_every_lab_command_passes_the_agents_fence(small) -> None:
+    # The lab issues through the controller's one command function: each command carries a
+    # generation the agent parses and a sequence that never goes back.
+    from grid.agent.fencing import Authority, advance_authority, check_command
+    from grid.events.commands import CommandIssued
+
+    commands: list[CommandIssued] = []
+    run(small, "smart", on_event=lambda stream, ev: commands.append(ev) if isinstance(ev, CommandIssued) else None)
+    assert commands
+    fences: dict[str, Authority] = {}
+    for cmd in commands:
+        fence = fences.get(cmd.host_id, Authority())
+        verdict = check_command(cmd, host_id=cmd.host_id, authority=fence, lease_remaining_seconds=cmd.lease_ttl_seconds,
+                                dependency_status={d: "succeeded" for d in cmd.dependencies},
+                                protection_state="accepting")
+        assert verdict.ok, (cmd.generation, verdict.message)
+        fences[cmd.host_id] = advance_authority(fence, cmd)
