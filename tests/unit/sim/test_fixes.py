@@ -64,7 +64,7 @@ def test_replicas_justified_by_auto_traffic_do_not_flap() -> None:
     # 16 machines, 200 users: before the workload hold, image/video replicas were drained on a
     # dip and started again within minutes (4 flaps in this day). Through the working day at
     # most one remains; in the evening lull one more restart answers a real one-minute spike of a
-    # running model (fast scale-up's price: forecast._series_stats).
+    # running model (fast scale-up's price: grid.demand.forecast.series.series_stats).
     sc = prepare(ScenarioConfig(machines=16, models=8, users=200, minutes=120, seed=1))
     report = run(sc, "smart", timeline=True).report()
     assert len(_flaps(report.timeline, before=sc.day.evening_start())) <= 1, report.timeline
