@@ -7,6 +7,8 @@
    with a plain INSERT into identical tables.
 2. Queries at N events in the store: what `gridctl status` asks (demand of the last hour) and
    each `gridctl history` view, over the last hour and over the whole store; p50 and p99.
+3. The dashboard's charts (its demand and memory views over the last hour and day, bucketed
+   as /api/charts asks), against `gridctl status`'s demand query in the same run.
 
     python -m bench.analytics_store [--events 1000000] [--chunk 100000] [--reps 30]
 """
@@ -28,6 +30,7 @@ from grid.analytics.history import HistoryParams, run_view
 from grid.analytics.schema import TABLES, create_statements
 from grid.analytics.columns import ARROW_TYPES
 from grid.analytics.sink import AnalyticsSink, open_store
+from grid.dashboard.charts import window_for
 from grid.events import codec
 from grid.events.log import StoredMessage
 from grid.events.requests import RequestCompleted
@@ -109,8 +112,15 @@ def main(events: int, chunk: int, reps: int) -> None:
             ("history residency (whole store)", "residency", HistoryParams()),
             ("history workloads last hour", "workloads", hour),
         ]
+        charts = []
+        for window in (3600.0, 86400.0):
+            start, stop, bucket = window_for(end, window)
+            params = HistoryParams(start=start, end=stop, bucket_seconds=bucket)
+            charts += [(f"dashboard charts demand (last {window / 3600:g} h)", "demand", params),
+                       (f"dashboard charts memory (last {window / 3600:g} h)", "memory", params)]
         print(f"queries at {events} events ({reps} runs each, one cursor per query as the controller does):")
-        for label, view, params in cases:
+        p50: dict[str, float] = {}
+        for label, view, params in cases + charts:
             times = []
             for _ in range(reps):
                 cur = sink_con.cursor()
@@ -118,7 +128,12 @@ def main(events: int, chunk: int, reps: int) -> None:
                 run_view(cur, view, params)
                 times.append((time.perf_counter() - t) * 1000)
                 cur.close()
-            print(f"  {label:52s} p50 {statistics.median(times):7.1f} ms  p99 {pct(times, 0.99):7.1f} ms")
+            p50[label] = statistics.median(times)
+            print(f"  {label:52s} p50 {p50[label]:7.1f} ms  p99 {pct(times, 0.99):7.1f} ms")
+        status = p50["status: demand last hour"]
+        for window in ("1 h", "24 h"):
+            page = sum(v for k, v in p50.items() if k.startswith("dashboard charts") and k.endswith(f"{window})"))
+            print(f"  ratio dashboard charts (last {window}, both views) / status demand (p50): {page / status:.2f}")
         sink_con.close()
         base_con.close()
 
