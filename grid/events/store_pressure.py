@@ -94,6 +94,9 @@ def assess(*, path: Path | str, free_bytes: int, total_bytes: int, jsz: Mapping[
     elif write_failure(health_error):
         state = STORE_WRITE_FAILED
         detail = f"the NATS server stopped storing: {health_error}"
+        if free_bytes < needs:
+            detail += (f"; it is restarted once {needs // MIB} MiB are free on its filesystem "
+                       f"({free_bytes // MIB} MiB now)")
     elif free_bytes < warn:
         state = STORE_LOW_SPACE
         detail = (f"{free_bytes // MIB} MiB free on the event log's filesystem, below the warning threshold of "

@@ -161,6 +161,8 @@ def test_disk_full_then_freed_recovers_without_a_restart_by_hand(up_on_tmpfs: Up
     _fill(filler, 0)
     failed = _wait_store(up, "write_failed", 120)
     assert "no space left on device" in failed["detail"]
+    assert "it is restarted once" in failed["detail"]  # and says what it waits for
+    assert _metric(admin, "grid_store_state", '{state="write_failed"}') == 1.0
     deadline = time.monotonic() + 120
     while True:
         code, body = _chat(gateway)

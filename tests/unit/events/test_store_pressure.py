@@ -48,6 +48,7 @@ def test_a_failed_write_is_recoverable_only_once_the_reservations_fit_again() ->
     assert full.state == STORE_WRITE_FAILED and "no space left on device" in full.detail
     assert full.restart_needs_free_bytes == restart_needs_free_bytes(256 * MIB) > 256 * MIB
     assert not full.recoverable  # a server started now would refuse the streams
+    assert f"restarted once {full.restart_needs_free_bytes // MIB} MiB are free" in full.detail
     assert reading(full.restart_needs_free_bytes, error=WRITE_ERROR).recoverable
 
 
