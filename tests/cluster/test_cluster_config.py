@@ -19,24 +19,17 @@ import pytest
 
 from grid.events import cluster as cluster_module
 from grid.events.cluster import NatsCluster
-from grid.events.embedded import find_nats_server, port_in_use
+from grid.events.embedded import find_nats_server
 from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.identity.connect import connect_log
+from tests.ports import port_block
 
 
 def gridctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GRID_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "grid.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=120)
-
-
-def free_block(count: int, start: int = 20000) -> int:
-    """A base port with `count` consecutive free ports after it."""
-    base = start + (os.getpid() * 7) % 20000
-    while any(port_in_use(base + i) for i in range(count)):
-        base += count
-    return base
 
 
 class Servers:
@@ -85,7 +78,7 @@ def wait_healthy(monitor_ports: list[int], timeout: float = 30.0) -> None:
 
 async def test_cluster_config_runs_as_a_secured_r3_cluster(tmp_path: Path, servers: Servers) -> None:
     home = tmp_path / "home"
-    base = free_block(9)
+    base = port_block(9)
     out = tmp_path / "nodes"
     proc = gridctl(home, "nats", "cluster-config", "--nodes", "3", "--name", "testgrid", "--host", "127.0.0.1",
                    "--client-port", str(base), "--route-port", str(base + 3), "--monitor-port", str(base + 6),
@@ -142,7 +135,7 @@ def test_cluster_config_refuses_layouts_it_cannot_secure(tmp_path: Path) -> None
 async def test_a_node_without_the_route_secret_cannot_join(tmp_path: Path, servers: Servers,
                                                           nats_cluster: NatsCluster, credentials: str) -> None:
     target = nats_cluster.addresses[0]
-    port = free_block(3, 45000)
+    port = port_block(3)
     route, monitor = port + 1, port + 2
     config = tmp_path / "rogue.conf"
     config.write_text(

@@ -33,6 +33,7 @@ import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
+from grid.agent.engines.runtime import Runtime
 from grid.events import codec
 from grid.events.acks import ActionAck
 from grid.events.cluster import NatsCluster
@@ -41,8 +42,10 @@ from grid.events.embedded import free_port
 from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, PLANS_STREAM
+from tests.engineproc import runtime_arg
+from tests.ports import engine_ports_arg
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 LEASE_TTL = 3.0
 LEASE_RENEW = 0.5
@@ -160,7 +163,7 @@ def ready_replicas(status: dict) -> int:  # type: ignore[type-arg]
 
 @pytest.fixture(scope="module")
 def ha_grid(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path,
-            llama_server_bin: Path) -> Iterator[HAGrid]:
+            engine_runtime: Runtime) -> Iterator[HAGrid]:
     base = tmp_path_factory.mktemp("ha-grid")
     cluster = NatsCluster(base / "nats", nodes=3)
     cluster.start()
@@ -176,11 +179,10 @@ def ha_grid(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path,
             home = base / f"agent-{i}"
             home.mkdir()
             (home / "artifacts").symlink_to(bundled_model_home / "artifacts")
-            lo = 39700 + 50 * i
             grid.spawn(f"agent-{i}", home, "node", "start", "--nats", grid.url, "--host-id", f"agent-{i}",
-                       "--memory-mb", "8000", "--failure-domain", f"d{i}", "--port-range", f"{lo}-{lo + 49}",
-                       "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--llama-server", str(llama_server_bin),
-                       "--log-format", "json")
+                       "--memory-mb", "8000", "--failure-domain", f"d{i}", "--port-range", engine_ports_arg(),
+                       "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--log-format", "json",
+                       "--runtime-binary", runtime_arg(engine_runtime))
 
         def hosts_fresh() -> bool:
             hosts = {h["host_id"]: h for h in grid.status("ctl-a")["hosts"]}

@@ -15,6 +15,7 @@ from grid.agent.service import AgentOptions
 from grid.config import GridConfig
 from grid.controller.service import ControllerSettings
 from grid.localgrid import LocalGrid, bundled_profile
+from tests.ports import engine_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +28,7 @@ async def test_openai_embeddings_create_end_to_end(tmp_path: Path, bundled_model
         GridConfig(home=home, nats_url=None),
         profile=bundled_profile(embeddings=True),
         agent_options=AgentOptions(failure_domain="local", heartbeat_interval=0.5, sample_interval=0.5,
-                                   port_range=(39700, 39799)),
+                                   port_range=engine_ports()),
         controller_settings=ControllerSettings(tick_interval_seconds=1.0, restart_grace_seconds=0.0),
     )
     await grid.start()

@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from grid.identity.creds import connect_options
+from tests.ports import engine_ports_arg
 
 pytestmark = pytest.mark.e2e
 
@@ -111,7 +112,7 @@ def joined(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path) -
         agent_log = base / "agent.log"
         with open(agent_log, "w") as out:
             agent = subprocess.Popen([*GRIDCTL, "node", "start", "--heartbeat-interval", "0.5",
-                                      "--port-range", "39400-39499", "--log-format", "json"],
+                                      "--port-range", engine_ports_arg(), "--log-format", "json"],
                                      env=env_b, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         _wait_for_text(agent_log, f"agent {JOINER} running", agent, 60)
         yield Grid(env_a, env_b, node_home, agent, agent_log)

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID
+from grid.agent.engines.runtime import Runtime
 from grid.agent.outcomes import NOTE_ADOPTED
 from grid.agent.state import AgentPaths, decode_state
 from grid.config import GridConfig
@@ -30,6 +31,7 @@ from grid.fleet import ADMITTING_HOST_STATES, HEARTBEAT_TIMEOUT_SECONDS
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.netns import PREFIX, existing_namespaces
 from grid.testfleet.state import load_state
+from tests.engineproc import is_engine
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +98,7 @@ def wait_until(what: str, probe, timeout: float, interval: float = 0.5):  # type
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
     home = tmp_path_factory.mktemp("fleet-home")
     seed_fleet_models(home, bundled_model_home)
     try:
@@ -222,7 +224,7 @@ def test_a_killed_agent_stops_receiving_requests_its_replica_is_replaced_and_res
 
     wait_until(f"{victim} adopting engine pid {victim_engine}", adopted, 60, interval=0.1)
     wait_until(f"{victim} fresh again", lambda: fleet.hosts()[victim]["fresh"], 60)
-    assert not any(p.name() == "llama-server" and p.pid != victim_engine
+    assert not any(is_engine(p) and p.pid != victim_engine
                    for p in psutil.Process(load_state(fleet.root).host(victim).agent.pid).children())  # type: ignore[union-attr]
 
 

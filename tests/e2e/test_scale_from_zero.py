@@ -19,6 +19,7 @@ from grid.agent.service import AgentOptions
 from grid.config import GridConfig
 from grid.controller.service import ControllerSettings
 from grid.localgrid import LocalGrid, bundled_profile
+from tests.ports import engine_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +33,7 @@ async def zero_replica_grid(tmp_path: Path, bundled_model_home: Path):  # type: 
         GridConfig(home=home, nats_url=None),
         profile=bundled_profile(min_replicas=0, max_replicas=1, min_residency_seconds=5.0),
         agent_options=AgentOptions(failure_domain="local", heartbeat_interval=0.5, sample_interval=0.5,
-                                   port_range=(39600, 39699)),
+                                   port_range=engine_ports()),
         controller_settings=ControllerSettings(tick_interval_seconds=1.0, restart_grace_seconds=0.0),
     )
     await grid.start()

@@ -20,6 +20,7 @@ from grid.agent.artifacts import BUNDLED_MODEL_ID
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import load_state
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.ports import fleet_engine_port_base
 
 MODEL = BUNDLED_MODEL_ID
 
@@ -40,12 +41,12 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def two_machines(home: Path, bundled_model_home: Path, *, engine_port_base: int) -> Iterator[Fleet]:
-    """A started two-machine fleet under `home` (each test its own engine port range)."""
+def two_machines(home: Path, bundled_model_home: Path) -> Iterator[Fleet]:
+    """A started two-machine fleet under `home` (each fleet its own engine ports, tests.ports)."""
     seed_fleet_models(home, bundled_model_home)
     try:
-        started = gridctl(home, "test", "start", "--machines", "2", "--engine-port-base", str(engine_port_base),
-                          "--json")
+        started = gridctl(home, "test", "start", "--machines", "2", "--engine-port-base",
+                          str(fleet_engine_port_base(2)), "--json")
         assert started.returncode == 0, started.stderr
         yield Fleet(home, json.loads(started.stdout)["gateway_url"])
     finally:

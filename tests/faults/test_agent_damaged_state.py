@@ -19,18 +19,23 @@ import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_SHA256
+from grid.agent.engines.runtime import Runtime
 from grid.agent.state import AgentPaths
 from grid.config import GridConfig
 from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostRegistered
 from grid.events.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import host_events, make_command, seed_cache, wait_ack, wait_for
+from tests.ports import engine_ports_arg
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
+
+# One engine port block for every start of the agent in this file: a restarted agent keeps its ports.
+PORT_RANGE = engine_ports_arg()
 
 
 @pytest.fixture
-def grid_config(grid_home: Path, bundled_gguf: Path, llama_server_bin: Path) -> GridConfig:
+def grid_config(grid_home: Path, bundled_gguf: Path, engine_runtime: Runtime) -> GridConfig:
     return GridConfig(home=grid_home, nats_url=None)
 
 
@@ -42,7 +47,7 @@ def _env(home: Path) -> dict[str, str]:
 
 def _spawn_agent(nats_url: str, home: Path, log_file: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "grid.cli.node", "start", "--nats", nats_url, "--heartbeat-interval", "0.5",
-           "--sample-interval", "0.5", "--port-range", "39600-39699", "--json-logs"]
+           "--sample-interval", "0.5", "--port-range", PORT_RANGE, "--json-logs"]
     with open(log_file, "ab") as out:
         return subprocess.Popen(cmd, env=_env(home), stdout=out, stderr=subprocess.STDOUT)
 

@@ -20,6 +20,7 @@ from grid.config import GridConfig
 from grid.events.jetstream import JetStreamLog
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 from tests.integration.agent.agentkit import HOST, agent_factory
+from tests.ports import engine_ports
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def grid_config(grid_home: Path) -> GridConfig:
 @pytest.fixture
 async def start_agent(js_log: JetStreamLog, grid_config: GridConfig) -> AsyncIterator[Callable[..., Awaitable[HostAgent]]]:
     async with agent_factory(js_log, grid_config, heartbeat_interval=0.3, sample_interval=0.1,
-                             port_range=(39900, 39949), ready_timeout=2.0) as factory:
+                             port_range=engine_ports(), ready_timeout=2.0) as factory:
         yield factory
 
 

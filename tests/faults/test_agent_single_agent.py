@@ -18,6 +18,7 @@ from grid.config import GridConfig
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, heartbeats, wait_for
+from tests.ports import engine_ports, engine_ports_arg
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def grid_config(grid_home: Path) -> GridConfig:
 @pytest.fixture
 async def start_agent(js_log: JetStreamLog, grid_config: GridConfig) -> AsyncIterator[Callable[..., Awaitable[HostAgent]]]:
     async with agent_factory(js_log, grid_config, heartbeat_interval=0.3, sample_interval=0.1,
-                             port_range=(39800, 39899)) as factory:
+                             port_range=engine_ports()) as factory:
         yield factory
 
 
@@ -50,7 +51,7 @@ async def test_second_agent_on_the_same_state_dir_refuses(
     js_log: JetStreamLog, nats_server: EmbeddedNats, start_agent, grid_config: GridConfig,
 ):
     agent = await start_agent()
-    second = _node(grid_config.home, "start", "--nats", nats_server.url, "--port-range", "39850-39899")
+    second = _node(grid_config.home, "start", "--nats", nats_server.url, "--port-range", engine_ports_arg())
     assert second.returncode != 0
     assert "one agent per state directory" in second.stderr, second.stderr
 

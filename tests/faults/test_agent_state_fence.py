@@ -18,6 +18,7 @@ from grid.agent.state import AgentPaths
 from grid.config import GridConfig
 from grid.events.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, heartbeats, make_command, wait_ack, wait_for
+from tests.ports import engine_ports
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def grid_config(grid_home: Path) -> GridConfig:
 @pytest.fixture
 async def start_agent(js_log: JetStreamLog, grid_config: GridConfig) -> AsyncIterator[Callable[..., Awaitable[HostAgent]]]:
     async with agent_factory(js_log, grid_config, heartbeat_interval=0.2, sample_interval=0.1,
-                             port_range=(39700, 39799)) as factory:
+                             port_range=engine_ports()) as factory:
         yield factory
 
 

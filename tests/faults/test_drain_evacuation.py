@@ -22,12 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import load_state
 from tests.e2e.test_fleet import wait_until
 from tests.faults.fleetkit import MODEL, Fleet, ask, two_machines
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 HOSTS = {"h1", "h2"}
 REQUESTS_BEFORE_DRAIN = 4
@@ -54,8 +55,8 @@ def single_copy(fleet: Fleet) -> str | None:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Fleet]:
-    with two_machines(tmp_path, bundled_model_home, engine_port_base=43700) as started:
+def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
+    with two_machines(tmp_path, bundled_model_home) as started:
         yield started
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
@@ -48,7 +49,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(home: Path, bundled_gguf: Path, llama_server_bin: Path) -> Iterator[EngineRoute]:
+def engine(home: Path, bundled_gguf: Path, engine_runtime: Runtime) -> Iterator[EngineRoute]:
     """One real chat-only llama-server accepting only HOST's own engine key; its route."""
     from grid.agent.engines.llama_cpp import EngineSpec, spawn
 
@@ -56,7 +57,7 @@ def engine(home: Path, bundled_gguf: Path, llama_server_bin: Path) -> Iterator[E
     key = load_or_create_secret(key_file)
     spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=free_port(), key_file=key_file, slots=2,
                       context_size=512, threads=1)
-    proc = spawn(llama_server_bin, spec, home / "llama.log")
+    proc = spawn(engine_runtime.command, spec, home / "llama.log")
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -19,13 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.fleet import ADMITTING_HOST_STATES
 from grid.gateway.routing import EXCLUDED_NO_RESPONDERS
 from grid.testfleet import fleet as fleetlib
 from tests.e2e.test_fleet import wait_until
 from tests.faults.fleetkit import MODEL, Fleet, ask, two_machines
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 VICTIM, SURVIVOR = "h2", "h1"
 REQUESTS_BEFORE_KILL = 6
@@ -44,8 +45,8 @@ def fresh(fleet: Fleet, host_id: str) -> bool:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Fleet]:
-    with two_machines(tmp_path, bundled_model_home, engine_port_base=43600) as started:
+def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
+    with two_machines(tmp_path, bundled_model_home) as started:
         yield started
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
 from grid.controller.service import Controller, ControllerSettings
@@ -31,8 +32,9 @@ from grid.gateway.app import create_gateway_app, start_gateway
 from grid.localgrid import bundled_profile
 from tests.faults.test_nats_restart_log import client_connections, kill_and_restart
 from tests.integration.agent.agentkit import seed_cache
+from tests.ports import engine_ports
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 # Reconnect (0.5 s between attempts) + consumers re-created + one heartbeat + a chat: under a
 # second here. Left to nats-py, an ordered consumer is re-created only after two missed idle
@@ -51,7 +53,7 @@ class Grid:
 
 
 @pytest.fixture
-async def grid(tmp_path: Path, bundled_gguf: Path, llama_server_bin: Path) -> AsyncIterator[Grid]:
+async def grid(tmp_path: Path, bundled_gguf: Path, engine_runtime: Runtime) -> AsyncIterator[Grid]:
     home = tmp_path / "home"
     home.mkdir()
     cfg = GridConfig(home=home, nats_url=None)
@@ -73,7 +75,7 @@ async def grid(tmp_path: Path, bundled_gguf: Path, llama_server_bin: Path) -> As
         g.gateway = app.state.gateway
         g.running = await start_gateway(app, "127.0.0.1", 0, write_url_file=False)
         g.agent = HostAgent(agent_log, cfg, AgentOptions(failure_domain="local", heartbeat_interval=0.5,
-                                                         sample_interval=0.5, port_range=(39700, 39799)))
+                                                         sample_interval=0.5, port_range=engine_ports()))
         await g.agent.start()
         yield g
     finally:

@@ -25,7 +25,7 @@ from grid.events.embedded import EmbeddedNats, find_nats_server, free_port
 from grid.events.jetstream import JetStreamLog
 from tests.faults.test_up_nats_restart import GRIDCTL, start_up, stop_up
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 # An account for the grid that imports the server's own VARZ report from the system account.
 REPORTING_CONFIG = """\

@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+from grid.agent.engines.runtime import Runtime
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,7 +66,7 @@ def stop_up(up: Up) -> None:
 
 
 @pytest.fixture
-def running_up(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Up]:
+def running_up(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Up]:
     up = start_up(tmp_path, bundled_model_home)
     try:
         up.wait_for("ready:", 180)

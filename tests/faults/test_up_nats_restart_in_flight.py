@@ -29,7 +29,7 @@ import pytest
 
 from tests.faults.test_up_nats_restart import MODEL, Up, chat_ok, running_up  # noqa: F401 - fixture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 # What the issue asks: an answer or a clear error, and the slot free again, within this.
 BOUND_SECONDS = 10.0

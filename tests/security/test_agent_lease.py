@@ -25,6 +25,7 @@ from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from tests.integration.agent.agentkit import make_command, wait_ack
+from tests.ports import engine_ports
 from tests.security.conftest import CredsFactory, SecuredNats
 
 HOST = "leased-host"
@@ -44,7 +45,7 @@ async def test_a_command_naming_another_controller_is_refused_before_the_fence_m
                                   ensure_streams=False)
     config = GridConfig(home=tmp_path / "home", nats_url=None)
     agent = HostAgent(agent_log, config, AgentOptions(host_id=HOST, credentials=host_creds, heartbeat_interval=0.3,
-                                                      sample_interval=0.1, port_range=(39300, 39399)),
+                                                      sample_interval=0.1, port_range=engine_ports()),
                       sensor_source=FixedSensors())
     try:
         await agent.start()
@@ -81,7 +82,7 @@ async def test_the_agent_renews_its_credential_before_it_expires(
     agent_log = await connect_log(secured_server.url, credentials=host_creds, name="grid-agent",
                                   ensure_streams=False)
     agent = HostAgent(agent_log, GridConfig(home=tmp_path / "home", nats_url=None),
-                      AgentOptions(host_id=host_id, credentials=host_creds, port_range=(39600, 39699)),
+                      AgentOptions(host_id=host_id, credentials=host_creds, port_range=engine_ports()),
                       sensor_source=FixedSensors())
     try:
         await agent.start()

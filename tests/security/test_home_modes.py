@@ -205,12 +205,12 @@ async def test_nats_server_log_store_and_the_analytics_store_are_owner_only(wide
     assert open_to_others(cfg.home) == []
 
 
-@pytest.mark.parametrize("runtime", ["llama-server", "xllamacpp"])
+@pytest.mark.parametrize("runtime", [pytest.param("llama-server", marks=pytest.mark.native), "xllamacpp"])
 def test_an_engine_log_made_by_the_agents_launcher_is_owner_only(
         wide_home: Path, runtime: str, request: pytest.FixtureRequest) -> None:
     """The agent's own launch path (grid.agent.actuators -> llama_cpp.spawn) with a real child.
     The model is missing, so the child writes its complaint to the log and exits at once."""
-    binary = (request.getfixturevalue("llama_server_bin") if runtime == "llama-server"
+    binary = (request.getfixturevalue("native_llama_server") if runtime == "llama-server"
               else list(xllamacpp_runtime().command))
     cfg = GridConfig(home=wide_home, nats_url=None)
     cfg.ensure_home()

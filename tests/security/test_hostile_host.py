@@ -86,6 +86,7 @@ from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.placement import warm_ack
+from tests.ports import engine_ports
 from tests.security.conftest import (
     CredsFactory,
     SecuredNats,
@@ -240,7 +241,7 @@ async def victim_agent(tmp_path: Path, secured_server: SecuredNats, creds: Creds
     agent_log = await connect_log(secured_server.url, credentials=host_creds, name="grid-agent", ensure_streams=False)
     agent = HostAgent(agent_log, GridConfig(home=tmp_path / "home", nats_url=None),
                       AgentOptions(host_id=VICTIM, credentials=host_creds, heartbeat_interval=0.3,
-                                   sample_interval=0.1, port_range=(39400, 39499)),
+                                   sample_interval=0.1, port_range=engine_ports()),
                       sensor_source=FixedSensors())
     await agent.start()
     try:

@@ -34,11 +34,16 @@ def test_named_choices(tmp_path: Path) -> None:
         find_runtime(None, environ={"GRID_RUNTIME_BINARY": str(tmp_path)})  # a directory
 
 
-def test_default_prefers_native_then_xllamacpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GRID_LLAMA_SERVER", raising=False)
+def test_default_prefers_the_installed_native_llama_server(native_llama_server: Path) -> None:
     chosen = find_runtime(None, environ={})
-    assert chosen is not None
-    assert chosen.name == (NATIVE if llama_cpp.find_llama_server(None, environ={}) else XLLAMACPP)
+    assert chosen is not None and chosen.name == NATIVE and chosen.command == (str(native_llama_server),)
+
+
+def test_default_without_a_native_llama_server_is_xllamacpp() -> None:
+    if llama_cpp.find_llama_server(None, environ={}) is not None:
+        pytest.skip("a native llama-server is installed here, and the default prefers it (the test above)")
+    chosen = find_runtime(None, environ={})
+    assert chosen is not None and chosen.name == XLLAMACPP and chosen.command == (sys.executable, "-m", XLLAMACPP_MODULE)
 
 
 def test_build_argv_takes_a_runtime_prefix(tmp_path: Path) -> None:

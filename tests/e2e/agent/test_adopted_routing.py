@@ -37,10 +37,13 @@ from grid.gateway import state as gateway_state
 from grid.gateway.app import create_gateway_app, start_gateway
 from tests.integration.agent.agentkit import make_command, seed_cache, wait_ack, wait_for
 from tests.placement import plan_event
+from tests.ports import engine_ports_arg
 
 pytestmark = pytest.mark.e2e
 
 HOST = "host-adopt-route"
+# One engine port block for every start of the agent in this file: a restarted agent keeps its ports.
+PORT_RANGE = engine_ports_arg()
 MODEL = "smol-routed.gguf"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
@@ -49,7 +52,7 @@ def _spawn_agent(nats_url: str, home: Path, log_file: Path) -> subprocess.Popen[
     env = {**os.environ, "GRID_HOME": str(home)}
     env.pop("GRID_NATS_URL", None)
     argv = [sys.executable, "-m", "grid.cli.node", "start", "--nats", nats_url, "--host-id", HOST,
-            "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--port-range", "39500-39599", "--json-logs"]
+            "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--port-range", PORT_RANGE, "--json-logs"]
     with open(log_file, "ab") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 

@@ -19,17 +19,20 @@ from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostRegistered
 from grid.events.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import host_events, make_command, seed_cache, wait_ack, wait_for
+from tests.ports import engine_ports_arg
 
 pytestmark = pytest.mark.e2e
 
 HOST = "host-restart-1"
+# One engine port block for every start of the agent in this file: a restarted agent keeps its ports.
+PORT_RANGE = engine_ports_arg()
 MODELS = ("smol-a.gguf", "smol-b.gguf")
 
 
 def _agent_cmd(nats_url: str) -> list[str]:
     return [
         sys.executable, "-m", "grid.cli.node", "start", "--nats", nats_url, "--host-id", HOST,
-        "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--port-range", "39400-39499",
+        "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--port-range", PORT_RANGE,
         "--failure-domain", "rack-1", "--tag", "test", "--json-logs",
     ]
 

@@ -16,6 +16,7 @@ from grid.agent.service import AgentOptions
 from grid.config import GridConfig
 from grid.controller.service import ControllerSettings
 from grid.localgrid import LocalGrid, bundled_profile
+from tests.ports import engine_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +29,7 @@ async def test_agent_serves_through_xllamacpp(tmp_path: Path, bundled_model_home
         GridConfig(home=home, nats_url=None),
         profile=bundled_profile(embeddings=True),
         agent_options=AgentOptions(failure_domain="local", heartbeat_interval=0.5, sample_interval=0.5,
-                                   port_range=(39800, 39899), llama_server=XLLAMACPP),
+                                   port_range=engine_ports(), llama_server=XLLAMACPP),
         controller_settings=ControllerSettings(tick_interval_seconds=1.0, restart_grace_seconds=0.0),
     )
     await grid.start()

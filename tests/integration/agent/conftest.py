@@ -11,6 +11,7 @@ from grid.agent.service import HostAgent
 from grid.config import GridConfig
 from grid.events.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory
+from tests.ports import engine_ports
 
 
 @pytest.fixture
@@ -24,5 +25,5 @@ AgentFactory = Callable[..., Awaitable[HostAgent]]
 @pytest.fixture
 async def start_agent(js_log: JetStreamLog, grid_config: GridConfig) -> AsyncIterator[AgentFactory]:
     async with agent_factory(js_log, grid_config, heartbeat_interval=0.3, sample_interval=0.1,
-                             port_range=(39200, 39299)) as factory:
+                             port_range=engine_ports()) as factory:
         yield factory

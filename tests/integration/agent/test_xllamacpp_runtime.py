@@ -15,7 +15,7 @@ import pytest
 
 from grid.events.embedded import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 
 def test_xllamacpp_child_serves_with_its_key_and_stops_on_sigterm(bundled_gguf: Path, tmp_path: Path) -> None:

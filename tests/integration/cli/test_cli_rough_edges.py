@@ -82,9 +82,12 @@ async def test_status_shows_the_throttled_reason_and_watches(js_log: JetStreamLo
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "grid.cli.main", "status", "--watch", "0.3", "--json", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        await asyncio.sleep(3.0)
+        # Interrupted once it has redrawn at least once (two documents), however long that took.
+        assert proc.stdout is not None
+        printed = [await asyncio.wait_for(proc.stdout.readline(), 30) for _ in range(2)]
         proc.send_signal(signal.SIGINT)
-        out, err = await asyncio.wait_for(proc.communicate(), 20)
+        rest, err = await asyncio.wait_for(proc.communicate(), 20)
+        out = b"".join(printed) + rest
         docs = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
         assert len(docs) >= 2, (out, err)
         assert all(d["hosts"][0]["host_id"] == "host-t" for d in docs)

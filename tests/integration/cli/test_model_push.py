@@ -17,11 +17,22 @@ from grid.controller.service import Controller, ControllerSettings
 from grid.events.artifact_store import stored_artifact
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ARTIFACT_STREAM
-from tests.integration.agent.agentkit import seed_cache
+from tests.integration.agent.agentkit import seed_cache, wait_for
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0, background_ticks=False)
 MODEL = "SmolLM2.Q4.gguf"
+
+
+async def folded(ctl: Controller, log: JetStreamLog) -> None:
+    """Wait until the controller has folded every event its streams held when this was called
+    (what gridctl just appended, here)."""
+    ends = {s: await log.last_sequence(s) for s in ctl.runner.streams}
+
+    async def caught_up() -> bool:
+        return all(ctl.runner.positions.get(s, 0) >= end for s, end in ends.items())
+
+    await wait_for(caught_up, timeout=10.0)
 
 
 async def gridctl(home: Path, nats_url: str | None, *args: str) -> tuple[int, str, str]:
@@ -70,7 +81,7 @@ async def test_pull_and_push_store_the_artifact_in_the_grid(js_log: JetStreamLog
         assert result == {"sha256": BUNDLED_SHA256, "size_bytes": BUNDLED_SIZE_BYTES, "result": "already_stored",
                           "model": MODEL}
         assert (await js.stream_info(ARTIFACT_STREAM)).state.last_seq == last_seq  # nothing stored twice
-        await asyncio.sleep(0.3)
+        await folded(ctl, js_log)
         profile = ctl.runner["catalog"].profiles[MODEL]
         assert (profile.artifact_sha256, profile.artifact_size_mb, profile.priority) == (BUNDLED_SHA256, 94, 7)
 

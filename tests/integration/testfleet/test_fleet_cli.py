@@ -18,8 +18,11 @@ import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID
+from grid.agent.engines.runtime import Runtime
+from tests.engineproc import is_engine
+from tests.ports import fleet_engine_port_base
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 
 def gridctl(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -39,7 +42,7 @@ def seed_fleet_models(home: Path, bundled_model_home: Path) -> None:
 
 
 @pytest.fixture
-def home(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[Path]:
+def home(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Path]:
     home = tmp_path / "home"
     seed_fleet_models(home, bundled_model_home)
     try:
@@ -59,7 +62,8 @@ def _pids(status: dict) -> dict[str, int]:  # type: ignore[type-arg]
 
 
 def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
-    started = gridctl(home, "test", "start", "--machines", "2", "--capacities-gib", "1,1.5", "--json")
+    settings = ("--machines", "2", "--capacities-gib", "1,1.5", "--engine-port-base", str(fleet_engine_port_base(2)))
+    started = gridctl(home, "test", "start", *settings, "--json")
     assert started.returncode == 0, started.stderr
     assert "starting NATS JetStream" in started.stderr and "waiting for" in started.stderr  # progress
     status = json.loads(started.stdout)
@@ -86,7 +90,7 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
     assert sorted(h["capacity_mb"] for h in seen["hosts"]) == [1024, 1536]
 
     # The same start again is a no-op; other settings are refused and touch nothing.
-    again = gridctl(home, "test", "start", "--machines", "2", "--capacities-gib", "1,1.5")
+    again = gridctl(home, "test", "start", *settings)
     assert again.returncode == 0 and "already running" in again.stderr, again.stderr
     other = gridctl(home, "test", "start", "--machines", "3")
     assert other.returncode == 1 and "other settings" in other.stderr, other.stderr
@@ -112,7 +116,10 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
         while time.monotonic() < deadline and len(_ready(home)) < 2:
             time.sleep(0.5)
         assert len(_ready(home)) == 2
-        time.sleep(2.0)
+        # watch prints what the log says, a moment after the log says it: wait for its lines.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not ("-> ready" in "".join(lines) and "succeeded" in "".join(lines)):
+            time.sleep(0.2)
     finally:
         watcher.send_signal(signal.SIGINT)
         watcher.wait(timeout=30)
@@ -122,8 +129,7 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
     assert "succeeded" in out, out
 
     procs = _pids(_status(home))
-    engines = [c for p in procs.values() for c in psutil.Process(p).children(recursive=True)
-               if "llama-server" in c.name()]
+    engines = [c for p in procs.values() for c in psutil.Process(p).children(recursive=True) if is_engine(c)]
     assert len(engines) == 2
     stopped = gridctl(home, "test", "stop", timeout=180)
     assert stopped.returncode == 0, stopped.stderr

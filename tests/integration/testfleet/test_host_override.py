@@ -20,22 +20,25 @@ from typing import Any
 
 import pytest
 
+from grid.agent.engines.runtime import Runtime
 from grid.events.base import new_event_id
 from grid.events.control import HostOverride
 from grid.identity.connect import connect_log
 from grid.identity.local import local_credential, local_tls_ca
 from grid.identity.signing import Identity
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.ports import fleet_engine_port_base
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[dict[str, Any]]:
+def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[dict[str, Any]]:
     home = tmp_path / "home"
     seed_fleet_models(home, bundled_model_home)
     try:
-        started = gridctl(home, "test", "start", "--machines", "2", "--json")
+        started = gridctl(home, "test", "start", "--machines", "2", "--engine-port-base", str(fleet_engine_port_base(2)),
+                          "--json")
         assert started.returncode == 0, started.stderr
         status = json.loads(started.stdout)
         status["home"] = home

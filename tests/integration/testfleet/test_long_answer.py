@@ -13,17 +13,20 @@ import openai
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID
+from grid.agent.engines.runtime import Runtime
 from grid.gateway.settings import GatewaySettings
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.ports import fleet_engine_port_base
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, bundled_model_home: Path, llama_server_bin: Path) -> Iterator[str]:
+def gateway(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[str]:
     seed_fleet_models(tmp_path, bundled_model_home)
     try:
-        started = gridctl(tmp_path, "test", "start", "--machines", "1", "--json")
+        started = gridctl(tmp_path, "test", "start", "--machines", "1", "--engine-port-base",
+                          str(fleet_engine_port_base(1)), "--json")
         assert started.returncode == 0, started.stderr
         yield json.loads(started.stdout)["gateway_url"]
     finally:

@@ -5,15 +5,25 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache, ensure_bundled_model
 from grid.cli.pull import pull
 from grid.config import GridConfig
+from tests.integration.agent.agentkit import seed_cache
 
 app = typer.Typer()
 app.command()(pull)
+
+
+@pytest.fixture
+def grid_config(grid_home: Path, bundled_gguf: Path) -> GridConfig:
+    """A grid home (GRID_HOME) whose cache already holds the verified GGUF."""
+    config = GridConfig(home=grid_home, nats_url=None)
+    seed_cache(config, bundled_gguf)
+    return config
 
 
 def test_bundled_pull_is_verified_and_idempotent(bundled_gguf: Path, grid_config: GridConfig):
