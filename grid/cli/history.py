@@ -228,6 +228,25 @@ def residency(
            {"time": _when, "host_id": str, "model_id": str, "state": str})
 
 
+@history_app.command("memory")
+def memory(
+    start: str = DayFromOption,
+    end: Optional[str] = ToOption,
+    bucket: float = typer.Option(300.0, "--bucket", help="Window length in seconds (0 = every heartbeat)."),
+    json_out: bool = JsonOption,
+    db: Optional[str] = DbOption,
+) -> None:
+    """Resident memory per host (MiB held by engine processes) per time window, as heartbeats reported it."""
+    rows = _history("memory", HistoryParams(start=parse_when(start), end=parse_when(end),
+                                            bucket_seconds=bucket or None), db)
+    if json_out:
+        print_json(rows)
+        return
+    _table("resident memory per host", rows,
+           [("host", "host"), ("bucket", "window start"), ("memory_mb", "MiB (highest)")],
+           {"bucket": _when, "host": str})
+
+
 @history_app.command("replays")
 def replays(
     run: Optional[str] = typer.Option(None, "--run", help="Show one run's plans and differences (id or unique prefix)."),
