@@ -44,6 +44,8 @@ KeptOn = list[list[tuple[str, ModelReq | None]]]
 
 
 class Placer:
+    """One plan's placement over its ledger; ``run()`` is the algorithm."""
+
     def __init__(self, inp: PlannerInput, *, reference_scan: bool = False) -> None:
         self.inp = inp
         self.ledger: Ledger = compile_input(inp, reference_scan=reference_scan)
@@ -54,7 +56,7 @@ class Placer:
     def run(self) -> None:
         """Place every model: existing residencies first, then new replicas by priority."""
         self.take_live_inventory()
-        self.count_immovable_residencies()
+        self.keep_immovable_residencies()
         incumbents, evacuations = self.sort_managed_residencies()
         self.keep_incumbents(incumbents)
         self.evacuate_drained_hosts(evacuations)
@@ -110,7 +112,7 @@ class Placer:
                 else:
                     hs._add_presence(0, led.excl.get(m, frozenset()))
 
-    def count_immovable_residencies(self) -> None:
+    def keep_immovable_residencies(self) -> None:
         """Immovable residencies satisfy demand when they are healthy, on an eligible host and
         statically compatible (they are never actuated either way)."""
         led = self.ledger
