@@ -122,7 +122,7 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
         pin, plan, result = tick.planner_input, tick.plan, tick.result
         demanded = frozenset(m for m, last in last_demand.items() if minute - last <= DEMAND_WINDOW_MINUTES)
         for violation in safety.check_tick(plan, pin.hosts, result, states["actions"], sc.profiles, demanded,
-                                           now, limits):
+                                           now, limits, guards=controls.guards):
             metrics.violation(minute, *violation)
         # The lab is one controller (term 1) whose plan sequence is the tick number.
         issuer = Issuer(controller_id=CONTROLLER_ID, controller_term=1,

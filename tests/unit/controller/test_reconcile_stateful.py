@@ -2,16 +2,12 @@
 
 Agents execute commands in order and emit acks and heartbeats into outboxes; the controller
 sees them only when a rule delivers them, so acks and heartbeats are dropped, duplicated,
-delayed and reordered. After every tick the reconciler's decision is checked against exactly
-what it was shown:
-
-* invariants 3 and 5: a routine drain only when every desired replica of that model is ready
-  (and the plan has no shortfall for it); routine destructive work never takes a mutation slot
-  while availability work waits for one;
-* invariant 6: an unload only for a residency observed draining with zero requests in flight;
-* invariant 8: global / per-host mutation limits, exact-artifact fanout, failure backoff;
-* invariant 9: stable ids (same inputs, same result), pending equivalents suppressed, distinct
-  ids, and duplicate acks change nothing.
+delayed and reordered. After every tick the reconciler's decision is checked by the lab's
+invariant checker (grid.sim.safety.check_tick) against exactly what it was shown: make before
+break and the last replica (3, 5), drain before unload (6), never the unmanaged engine (7),
+mutation limits, fanout and backoff (8), stable, distinct, never re-issued ids and suppressed
+pending equivalents (9). Here, in addition: the same inputs give the same result, and a
+duplicate ack changes nothing (invariant 9).
 """
 
 from __future__ import annotations
@@ -26,12 +22,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.unit.controller import naive_planner as interim_plan
 from grid.controller import reconcile as rc
-from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
+from grid.controller.governor import Limits
 from grid.planner.plan import plan as PLAN
-from grid.planner.reasons import RELOCATION
 from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, withdraw_all
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
+from grid.sim import safety
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued
 from grid.events.plan import make_generation
@@ -191,86 +187,9 @@ class ControllerMachine(RuleBasedStateMachine):
             self.hosts[a.host_id].queue.append(cmd)
 
     def check_decision(self, plan, hosts, profiles, result) -> None:  # type: ignore[no-untyped-def]
-        by_host = {h.host_id: h for h in hosts}
-        timeout = LIMITS.heartbeat_timeout_seconds
-
-        def fresh(h: HostSnapshot | None) -> bool:
-            return h is not None and h.heartbeat_at is not None and self.now - h.heartbeat_at <= timeout
-
-        def ready(host_id: str, model: str) -> bool:
-            h = by_host.get(host_id)
-            if not fresh(h) or h.state not in ("accepting", "throttled"):  # type: ignore[union-attr]
-                return False
-            sha = profiles[model].artifact_sha256 if model in profiles else None
-            return any(r.model_id == model and r.state == "ready" and (sha is None or r.artifact_sha256 == sha)
-                       for r in h.residencies)  # type: ignore[union-attr]
-
-        desired: dict[str, list[str]] = {}
-        for p in plan.placements:
-            desired.setdefault(p.model_id, []).append(p.host_id)
-        shortfall = {s.model_id for s in plan.shortfalls if s.wanted > s.placed}
-        relocations = {(p.host_id, p.victim_model) for p in plan.preemptions if p.reason == RELOCATION}
-        open_records = [r for r in self.history.actions.values() if r.terminal_at is None]
-        open_live = {r.command.action_id for r in open_records if not r.withdrawn}
-        open_intents = {(r.command.kind, r.command.host_id, r.command.model_id) for r in open_records
-                        if not r.withdrawn}
-        ids = [a.action_id for a in result.actions]
-        assert len(ids) == len(set(ids)), "duplicate action ids in one tick"
-        assert not set(ids) & set(self.history.actions), "an id already issued was issued again"
-        backoffs = backoff_index(LIMITS, self.history.actions.values())
-        for a in result.actions:
-            assert (a.kind, a.host_id, a.model_id) not in open_intents, f"pending equivalent not suppressed: {a}"
-            bo = backoffs.get((a.kind, a.host_id, a.model_id))
-            assert bo is None or self.now >= bo.not_before, f"{a} ignores failure backoff"
-            assert a.model_id != "ext", "invariant 7: an unmanaged engine was actuated"
-            h = by_host[a.host_id]
-            r = next((x for x in h.residencies if x.model_id == a.model_id), None)
-            if a.kind == "drain":
-                assert r is not None and r.managed and r.state in ("ready", "failed")
-                routine = a.preemption_for is None and a.model_id in profiles and r.state == "ready"
-                if routine:
-                    # invariants 3 and 5: make before break, never the last required replica
-                    assert all(ready(x, a.model_id) for x in desired.get(a.model_id, ())), \
-                        f"drain {a.host_id}/{a.model_id} before its replacements are ready"
-                    assert a.model_id not in shortfall, "drained a replica of a model with a shortfall"
-                    assert a.host_id not in desired.get(a.model_id, ()), "drained a desired replica"
-                if (a.host_id, a.model_id) in relocations and r.state == "ready":
-                    # a relocation moves a replica: another ready copy serves before the old one drains
-                    assert any(ready(x, a.model_id) for x in by_host if x != a.host_id), \
-                        f"relocation drained the last ready {a.model_id}"
-            if a.kind == "unload":
-                # invariant 6: drain before unload, and only when idle
-                assert r is not None and r.managed and r.state == "draining" and r.active_requests == 0, \
-                    f"unload of {r} violates drain-before-unload"
-        # invariant 3 (slot order): routine destructive work never beats waiting availability work
-        if any(d.reason == GLOBAL_LIMIT and d.kind in ("load", "warm") for d in result.deferred):
-            assert not [a for a in result.actions if a.destructive and a.preemption_for is None]
-        # invariant 8: limits
-        charged_global: dict[str, int] = {}
-        per_host: dict[str, int] = {}
-        fanout: dict[str, int] = {}
-        withdrawn_now = {w.action_id for w in result.withdrawals}
-        for r in open_records:
-            live = r.command.action_id in open_live and r.command.action_id not in withdrawn_now
-            if live or r.status == "accepted":
-                c = r.command
-                per_host[c.host_id] = per_host.get(c.host_id, 0) + 1
-                if fresh(by_host.get(c.host_id)):
-                    charged_global[c.host_id] = charged_global.get(c.host_id, 0) + 1
-                if c.kind == "load":
-                    k = artifact_key(c.model_id, c.artifact_sha256)
-                    fanout[k] = fanout.get(k, 0) + 1
-        total = sum(charged_global.values())
-        for a in result.actions:
-            per_host[a.host_id] = per_host.get(a.host_id, 0) + 1
-            total += 1
-            if a.kind == "load":
-                k = artifact_key(a.model_id, a.artifact_sha256)
-                fanout[k] = fanout.get(k, 0) + 1
-                assert fanout[k] <= LIMITS.artifact_fanout, "exact-artifact fanout exceeded"
-            assert per_host[a.host_id] <= LIMITS.max_host_mutations, "per-host mutation limit exceeded"
-        if result.actions:
-            assert total <= LIMITS.max_global_mutations, "global mutation limit exceeded"
+        # The lab's checker: every safety invariant, judged against exactly what was shown.
+        violations = safety.check_tick(plan, hosts, result, self.history, profiles, frozenset(), self.now, LIMITS)
+        assert not violations, violations
 
     # --- agents -----------------------------------------------------------------------------
 
