@@ -54,6 +54,9 @@ NATS_WATCH_SECONDS = 0.5
 NATS_RESTART_BACKOFF_SECONDS = (1.0, 30.0)
 # How often the embedded store's free space and health are read (status, /metrics, recovery).
 STORE_CHECK_SECONDS = 2.0
+# Restarts that bring a failed store back are at least this far apart: a write that fails for
+# another reason than a full disk must not turn into a restart loop.
+STORE_RECOVERY_MIN_INTERVAL_SECONDS = 30.0
 # Resident budget for the bundled 135M Q4_1 model with a 2k context (the file is 94 MiB).
 BUNDLED_MEMORY_MB = 512
 
@@ -239,6 +242,7 @@ class LocalGrid:
         stopped storing (a full disk) and there is room again; keep `store_pressure` current."""
         pause = NATS_RESTART_BACKOFF_SECONDS[0]
         next_store_check = 0.0
+        last_recovery = -STORE_RECOVERY_MIN_INTERVAL_SECONDS
         while True:
             await asyncio.sleep(NATS_WATCH_SECONDS)
             if server.alive:
@@ -246,10 +250,11 @@ class LocalGrid:
                     continue
                 next_store_check = time.monotonic() + STORE_CHECK_SECONDS
                 pressure = await asyncio.to_thread(self._read_store, server)
-                if not pressure.recoverable:
+                if not pressure.recoverable or time.monotonic() < last_recovery + STORE_RECOVERY_MIN_INTERVAL_SECONDS:
                     continue
                 # It keeps refusing writes until restarted (grid.events.store_pressure).
                 self.store_recoveries += 1
+                last_recovery = time.monotonic()
                 await asyncio.to_thread(server.stop)
                 reason = f"stopped storing after a failed write and {pressure.free_bytes // MIB} MiB are free again"
             else:
