@@ -34,6 +34,8 @@ REASON_OK = ""
 REASON_NO_HISTORY = "no_history"  # this dashboard runs beside no analytics store
 REASON_HISTORY_UNAVAILABLE = "history_unavailable"  # the store is closed or failed this read
 
+FORECAST_NOTE = "forecast: as this dashboard computed it while it ran (the store keeps requests, not forecasts)"
+
 
 class Point(msgspec.Struct, frozen=True, array_like=True):
     t: float
@@ -55,6 +57,8 @@ class Chart(msgspec.Struct, frozen=True, kw_only=True):
     series: tuple[Series, ...] = ()
     # Models or hosts with data in the window that did not make the top (busiest first).
     omitted: tuple[str, ...] = ()
+    # What the reader should know about where the data comes from ("" when nothing).
+    note: str = ""
 
 
 class ChartsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,7 +179,8 @@ def build_charts(
         Chart(id="errors", title="Errors per model", unit=f"errors {per_bucket}",
               series=tuple(_series(demand, "model", "errors", served)), omitted=models_omitted),
         Chart(id="demand", title="Demand against forecast per model", unit="requests per second",
-              series=tuple(s for s in demand_vs_forecast if s.points), omitted=models_omitted),
+              series=tuple(s for s in demand_vs_forecast if s.points), omitted=models_omitted,
+              note=FORECAST_NOTE),
         Chart(id="memory", title="Resident memory per host", unit="MiB",
               series=tuple(_series(memory_rows, "host", "memory_mb", hosts)), omitted=hosts_omitted),
     )
