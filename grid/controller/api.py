@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -228,12 +230,46 @@ def _unauthorized_read() -> Response:
                   headers={"WWW-Authenticate": "Bearer"})
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request, AdminContext], Awaitable[Response]]
+
+
+def _guarded(allowed: Callable[[AdminContext, Request], bool],
+             refusal: Callable[[AdminContext, Request], Response]) -> Callable[[Handler], Endpoint]:
+    """A Starlette endpoint that answers `refusal` unless `allowed`, else calls the handler with the
+    app's context."""
+    def wrap(handler: Handler) -> Endpoint:
+        @functools.wraps(handler)
+        async def endpoint(request: Request) -> Response:
+            ctx = _context(request)
+            if not allowed(ctx, request):
+                return refusal(ctx, request)
+            return await handler(request, ctx)
+        return endpoint
+    return wrap
+
+
+# Mutations: the operator token only. History: either token. Status and metrics: either token,
+# or none from loopback.
+operator_only = _guarded(_may_mutate, _unauthorized)
+readers_only = _guarded(_may_read, lambda _ctx, _request: _unauthorized_read())
+readers_or_loopback = _guarded(_may_read_open, lambda _ctx, _request: _unauthorized_read())
+
+
 def _refused(exc: BodyError) -> Response:
     return _error(exc.status, exc.error, exc.detail, exc.field)
 
 
 def _log_unavailable(exc: LogError) -> Response:
     return _error(503, "log_unavailable", str(exc))
+
+
+async def _append(ctx: AdminContext, event: Event) -> AppendResult | Response:
+    """Append a control event, or the 503 naming why the log would not take it."""
+    try:
+        return await ctx.controller.append_control(event)
+    except LogError as exc:
+        return _log_unavailable(exc)
 
 
 # How long a history request waits for the sink to hold what the controller has folded.
@@ -260,10 +296,8 @@ async def _analytics_summary(service: AnalyticsService | None, now: float) -> di
 # --- read endpoints ---------------------------------------------------------------------------
 
 
-async def status(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_read_open(ctx, request):
-        return _unauthorized_read()
+@readers_or_loopback
+async def status(request: Request, ctx: AdminContext) -> Response:
     body = build_status(ctx.controller.snapshot(), admin_url=ctx.admin_url)
     body["analytics"] = await _analytics_summary(getattr(ctx.controller, "analytics", None), ctx.now())
     return _json(body)
@@ -273,20 +307,16 @@ async def openapi(request: Request) -> Response:
     return Response(_context(request).openapi, media_type="application/json")
 
 
-async def metrics(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_read_open(ctx, request):
-        return _unauthorized_read()
+@readers_or_loopback
+async def metrics(request: Request, ctx: AdminContext) -> Response:
     registry = getattr(getattr(ctx.controller, "metrics", None), "registry", None)
     if registry is None:
         return _error(404, "no_metrics", "this controller keeps no metrics")
     return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def history(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_read(ctx, request):
-        return _unauthorized_read()
+@readers_only
+async def history(request: Request, ctx: AdminContext) -> Response:
     view = request.path_params["view"]
     if view not in HISTORY_VIEWS:
         return _error(404, "unknown_view", f"no history view {view!r}; one of {', '.join(sorted(HISTORY_VIEWS))}",
@@ -311,10 +341,8 @@ async def history(request: Request) -> Response:
 # --- mutations (operator token only) ----------------------------------------------------------
 
 
-async def put_model(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
+@operator_only
+async def put_model(request: Request, ctx: AdminContext) -> Response:
     model_id = _path_model_id(request)
     try:
         validate_model_id(model_id)
@@ -325,11 +353,9 @@ async def put_model(request: Request) -> Response:
     return await _record_profile(ctx, model_id, profile)
 
 
-async def patch_model(request: Request) -> Response:
+@operator_only
+async def patch_model(request: Request, ctx: AdminContext) -> Response:
     """Change only the fields given; the rest of the current profile stays as it is."""
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
     model_id = _path_model_id(request)
     try:
         validate_model_id(model_id)
@@ -345,18 +371,14 @@ async def patch_model(request: Request) -> Response:
 
 async def _record_profile(ctx: AdminContext, model_id: str, profile: ModelProfile) -> Response:
     """Append a validated profile (PUT and PATCH end the same way)."""
-    event = ProfileSet(event_id=new_event_id(), at=ctx.now(), profile=profile)
-    try:
-        res = await ctx.controller.append_control(event)
-    except LogError as exc:
-        return _log_unavailable(exc)
+    res = await _append(ctx, ProfileSet(event_id=new_event_id(), at=ctx.now(), profile=profile))
+    if isinstance(res, Response):
+        return res
     return _json(ProfileSetResponse(model_id=model_id, profile=profile, seq=res.seq))
 
 
-async def delete_model(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
+@operator_only
+async def delete_model(request: Request, ctx: AdminContext) -> Response:
     model_id = _path_model_id(request)
     try:
         validate_model_id(model_id)
@@ -364,18 +386,14 @@ async def delete_model(request: Request) -> Response:
         return _refused(exc)
     if model_id not in ctx.controller.runner["catalog"].profiles:
         return _error(404, "unknown_model", f"no profile for {model_id!r}", "model_id")
-    try:
-        res = await ctx.controller.append_control(
-            ProfileRemoved(event_id=new_event_id(), at=ctx.now(), model_id=model_id))
-    except LogError as exc:
-        return _log_unavailable(exc)
+    res = await _append(ctx, ProfileRemoved(event_id=new_event_id(), at=ctx.now(), model_id=model_id))
+    if isinstance(res, Response):
+        return res
     return _json(ProfileRetiredResponse(model_id=model_id, retired=True, seq=res.seq))
 
 
-async def put_mode(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
+@operator_only
+async def put_mode(request: Request, ctx: AdminContext) -> Response:
     try:
         body = decode_body(_mode_decoder, await ctx.body(request))
     except BodyError as exc:
@@ -386,18 +404,14 @@ async def put_mode(request: Request) -> Response:
         return _error(409, "log_not_durable",
                       "automatic mode is refused: the event log is not durable (mutations would run "
                       "with non-durable intent)", "mode")
-    try:
-        res = await ctx.controller.append_control(
-            ModeSet(event_id=new_event_id(), at=ctx.now(), mode=body.mode))  # type: ignore[arg-type]
-    except LogError as exc:
-        return _log_unavailable(exc)
+    res = await _append(ctx, ModeSet(event_id=new_event_id(), at=ctx.now(), mode=body.mode))  # type: ignore[arg-type]
+    if isinstance(res, Response):
+        return res
     return _json(ModeResponse(mode=body.mode, seq=res.seq))
 
 
-async def post_tick(request: Request) -> Response:
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
+@operator_only
+async def post_tick(request: Request, ctx: AdminContext) -> Response:
     try:
         raw = await ctx.body(request)
         body = decode_body(_tick_decoder, raw) if raw.strip() else TickBody()
@@ -418,21 +432,18 @@ async def post_tick(request: Request) -> Response:
     ))
 
 
-async def post_evaluation(request: Request) -> Response:
-    # Quality evidence moves placement: only the owner's operator token may record it.
-    ctx = _context(request)
-    if not _may_mutate(ctx, request):
-        return _unauthorized(ctx, request)
+# Quality evidence moves placement: only the owner's operator token may record it.
+@operator_only
+async def post_evaluation(request: Request, ctx: AdminContext) -> Response:
     try:
         body = decode_body(evaluation_decoder, await ctx.body(request))
         validate_body(body)
         event = to_event(body, ctx.controller.runner["catalog"].profiles.get(body.model_id), ctx.now())
     except BodyError as exc:
         return _refused(exc)
-    try:
-        res = await ctx.controller.append_control(event)
-    except LogError as exc:
-        return _log_unavailable(exc)
+    res = await _append(ctx, event)
+    if isinstance(res, Response):
+        return res
     return _json(EvaluationResponse(model_id=event.model_id, workload=event.workload, score=event.score,
                                     samples=event.samples, artifact_sha256=event.artifact_sha256, seq=res.seq))
 
