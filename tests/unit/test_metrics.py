@@ -6,6 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grid.events.requests import RequestFeatures
 from grid.metrics import AgentMetrics, ControllerMetrics, GatewayMetrics, GaugeSource, counts, exposition
+from tests import heartbeats
 
 
 def parse(data: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -37,14 +38,14 @@ def test_gateway_request_observations() -> None:
 
 
 def test_host_gauges_read_the_fleet_at_scrape_time() -> None:
-    from grid.events.host import HostHeartbeat, HostResources, Residency
+    from grid.events.host import HostResources, Residency
     from grid.gateway.host_metrics import host_gauges
     from grid.projections.fleet import FleetState, HostRecord
 
     def record(host: str, at: float, *residencies: Residency, unmanaged: int = 0) -> HostRecord:
         resources = HostResources(capacity_mb=8000, reserved_mb=1000)
-        hb = HostHeartbeat(event_id=f"hb-{host}", at=at, host_id=host, resources=resources, residencies=residencies,
-                           unmanaged_memory_mb=unmanaged)
+        hb = heartbeats.heartbeat(host, *residencies, event_id=f"hb-{host}", at=at, resources=resources,
+                                  unmanaged_memory_mb=unmanaged)
         return HostRecord(host_id=host, resources=resources, heartbeat=hb, heartbeat_at=at)
 
     fleet = FleetState(hosts={
@@ -129,7 +130,7 @@ async def test_the_gateway_counts_what_its_runner_rejects(tmp_path) -> None:  # 
     from grid.clock import SimulatedClock
     from grid.config import GridConfig
     from grid.events import codec
-    from grid.events.host import HostHeartbeat, HostResources
+    from grid.events.host import HostHeartbeat
     from grid.events.log import InMemoryLog
     from grid.events.subjects import host_subject
     from grid.gateway.state import Gateway
@@ -140,8 +141,7 @@ async def test_the_gateway_counts_what_its_runner_rejects(tmp_path) -> None:  # 
     log = InMemoryLog(clock)
 
     def hb(host: str) -> HostHeartbeat:
-        return HostHeartbeat(event_id=f"hb-{host}-{clock.now()}", at=clock.now(), host_id=host,
-                             resources=HostResources(capacity_mb=8000))
+        return heartbeats.heartbeat(host, event_id=f"hb-{host}-{clock.now()}", at=clock.now(), capacity_mb=8000)
 
     log.authorship = ids.host("h1")
     await log.append(hb("h1"))

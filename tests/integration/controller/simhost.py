@@ -13,12 +13,12 @@ import time
 from grid.agent import fencing
 from grid.events import codec
 from grid.events.acks import ActionAck
-from grid.events.base import new_event_id
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import HostHeartbeat, Residency
 from grid.events.log import EventLog
 from grid.events.subjects import COMMANDS_STREAM, command_subject
 from grid.tasks import cancel_and_wait
+from tests.heartbeats import heartbeat
 
 
 class SimHost:
@@ -36,15 +36,12 @@ class SimHost:
         self._task: asyncio.Task[None] | None = None
 
     def heartbeat_event(self) -> HostHeartbeat:
-        return HostHeartbeat(
-            event_id=new_event_id(), at=time.time(), host_id=self.host_id,
-            resources=HostResources(capacity_mb=self.capacity_mb),
-            residencies=tuple(
-                Residency(model_id=m, memory_mb=self.memory.get(m, 1000), state=s, loaded_age_seconds=10_000.0,  # type: ignore[arg-type]
-                          last_used_age_seconds=10_000.0)
-                for m, s in sorted(self.residencies.items())
-            ),
-            highest_term=self.authority.highest_term,
+        return heartbeat(
+            self.host_id,
+            *(Residency(model_id=m, memory_mb=self.memory.get(m, 1000), state=s, loaded_age_seconds=10_000.0,  # type: ignore[arg-type]
+                        last_used_age_seconds=10_000.0)
+              for m, s in sorted(self.residencies.items())),
+            capacity_mb=self.capacity_mb, highest_term=self.authority.highest_term,
         )
 
     async def heartbeat(self, log: EventLog) -> None:

@@ -10,14 +10,11 @@ rejections (stream, seq, subject, reason, role) in `--json`, and
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from grid.events import codec
-from grid.events.base import new_event_id
-from grid.events.host import HostHeartbeat, HostResources
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
 from grid.identity.provenance import SUBJECT_MISMATCH
@@ -25,11 +22,7 @@ from grid.metrics import exposition
 
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
-
-
-def heartbeat(host_id: str) -> HostHeartbeat:
-    return HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host_id,
-                         resources=HostResources(capacity_mb=16000))
+from tests.heartbeats import heartbeat
 
 
 async def test_status_and_metrics_show_rejected_events(js_log: JetStreamLog, tmp_path: Path) -> None:

@@ -14,32 +14,32 @@ from pathlib import Path
 
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import CachedArtifact, HostHeartbeat, HostResources
+from grid.events.host import CachedArtifact
 from grid.events.jetstream import JetStreamLog
 
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
+from tests.heartbeats import heartbeat
 
 SHA = "ab" * 32
 
 
 async def test_status_shows_why_a_model_cannot_be_placed(js_log: JetStreamLog, tmp_path: Path) -> None:
-    async def heartbeat() -> None:
-        await js_log.append(HostHeartbeat(
-            event_id=new_event_id(), at=time.time(), host_id="host-a", resources=HostResources(capacity_mb=16000),
-            cached=(CachedArtifact(model_id="cached.gguf", sha256=SHA, size_bytes=100 << 20),),
+    async def beat() -> None:
+        await js_log.append(heartbeat(
+            "host-a", cached=(CachedArtifact(model_id="cached.gguf", sha256=SHA, size_bytes=100 << 20),),
         ))
 
     async def profile(p: ModelProfile) -> None:
         await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=p))
 
-    await heartbeat()
+    await beat()
     await profile(ModelProfile(model_id="huge", memory_mb=900_000, artifact_sha256=SHA, min_replicas=1))
     await profile(ModelProfile(model_id="small", memory_mb=300, artifact_sha256=SHA, min_replicas=1))
     await profile(ModelProfile(model_id="ghost", memory_mb=300))  # no sha, no source, cached nowhere
     home = tmp_path / "home"
     async with serving_controller(js_log, home, "ctl-unplaceable"):
-        doc = await status_until(home, heartbeat, lambda d: any(r["model_id"] == "huge" for r in d["unplaceable"]),
+        doc = await status_until(home, beat, lambda d: any(r["model_id"] == "huge" for r in d["unplaceable"]),
                                  "a plan with a shortfall for 'huge'")
         rows = {r["model_id"]: r for r in doc["unplaceable"]}
         assert rows["huge"]["reason"] == "no_eligible_host" and "insufficient_memory" in rows["huge"]["detail"]

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import Residency
 from grid.events.jetstream import JetStreamLog
 
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
 from tests.integration.agent.agentkit import make_command
 from tests.placement import warm_ack
+from tests.heartbeats import heartbeat
 
 SHA = "ab" * 32
 
@@ -33,16 +34,15 @@ def claim(model: str, sha: str | None = SHA) -> Residency:
 
 async def test_status_lists_claims_the_plan_does_not_assign_or_no_warm_ack_confirms(js_log: JetStreamLog,
                                                                                       tmp_path: Path) -> None:
-    async def heartbeat() -> None:
+    async def beat() -> None:
         for host, residencies in (("host-a", (claim("m"),)), ("host-b", (claim("x", None),))):
-            await js_log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host,
-                                              resources=HostResources(capacity_mb=16000), residencies=residencies))
+            await js_log.append(heartbeat(host, *residencies))
 
     await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
         model_id="m", memory_mb=300, artifact_sha256=SHA, min_replicas=1)))
     home = tmp_path / "home"
     async with serving_controller(js_log, home, "ctl-unplaced"):
-        doc = await status_until(home, heartbeat, lambda d: d["plan"] is not None and len(d["unplaced_claims"]) == 2,
+        doc = await status_until(home, beat, lambda d: d["plan"] is not None and len(d["unplaced_claims"]) == 2,
                                  "two unplaced claims after a recorded plan")
         claims = {(c["host_id"], c["model_id"]): c for c in doc["unplaced_claims"]}
         assert claims[("host-b", "x")]["reason"] == "not_in_plan"
@@ -57,7 +57,7 @@ async def test_status_lists_claims_the_plan_does_not_assign_or_no_warm_ack_confi
         # A warm ack the host wrote for a command nobody issued (what a hostile host could sign on
         # its own subject) corroborates nothing: the plan does not list the pair.
         await js_log.append(warm_ack("host-a", "m", action_id="made-up"))
-        doc = await status_until(home, heartbeat,
+        doc = await status_until(home, beat,
                                  lambda d: {c["reason"] for c in d["unplaced_claims"]} == {"not_in_plan",
                                                                                              "not_corroborated"},
                                  "host-a's self-made ack seen and not trusted")
@@ -65,7 +65,7 @@ async def test_status_lists_claims_the_plan_does_not_assign_or_no_warm_ack_confi
         # running it), corroborates the claim once the next plan lists it.
         await js_log.append(make_command(action_id="warm-1", kind="warm", host_id="host-a", model_id="m"))
         await js_log.append(warm_ack("host-a", "m", action_id="warm-1"))
-        doc = await status_until(home, heartbeat, lambda d: len(d["unplaced_claims"]) == 1,
+        doc = await status_until(home, beat, lambda d: len(d["unplaced_claims"]) == 1,
                                  "host-a's claim corroborated by the controller's command and its ack")
         assert [(c["host_id"], c["model_id"]) for c in doc["unplaced_claims"]] == [("host-b", "x")]
         assert doc["plan"] is not None

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import HostHeartbeat, HostResources
 from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch, RequestFeatures
 
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
+from tests.heartbeats import heartbeat
 
 
 def auto(workload: str) -> RequestFeatures:
@@ -24,11 +24,10 @@ def auto(workload: str) -> RequestFeatures:
 
 
 async def test_status_lists_each_active_workload(js_log: JetStreamLog, tmp_path: Path) -> None:
-    async def heartbeat() -> None:
-        await js_log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id="host-a",
-                                          resources=HostResources(capacity_mb=16000)))
+    async def beat() -> None:
+        await js_log.append(heartbeat("host-a"))
 
-    await heartbeat()
+    await beat()
     await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
         model_id="coder", memory_mb=300, artifact_sha256="ab" * 32, workload_scores={"coding": 0.9})))
     # Coding was asked for three times (admitted); research once (below the evidence gate).
@@ -36,7 +35,7 @@ async def test_status_lists_each_active_workload(js_log: JetStreamLog, tmp_path:
                                      records=(auto("coding"), auto("coding"), auto("coding"), auto("research"))))
     home = tmp_path / "home"
     async with serving_controller(js_log, home, "ctl-workloads"):
-        doc = await status_until(home, heartbeat, lambda d: any(r["workload"] == "coding" and r["placed"]
+        doc = await status_until(home, beat, lambda d: any(r["workload"] == "coding" and r["placed"]
                                                                 for r in d["workloads"]), "a plan for coding")
         rows = {r["workload"]: r for r in doc["workloads"]}
         coding = rows["coding"]

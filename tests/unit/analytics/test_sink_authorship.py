@@ -20,7 +20,7 @@ from grid.events import codec
 from grid.events.authorship import SIG_HEADER
 from grid.events.base import Event
 from grid.events.control import CredentialRevoked
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import HostHeartbeat, Residency
 from grid.events.log import InMemoryLog
 from grid.events.requests import RequestCompleted, RequestFeatures
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM, host_subject
@@ -35,15 +35,15 @@ from grid.identity.signing import (
     Identity,
 )
 from tests.identities import Identities
+from tests import heartbeats
 
 T0 = 1_800_000_000.0
 DATA_TABLES = [t for t in TABLES if t != "sink_positions"]
 
 
 def heartbeat(host: str, n: int) -> HostHeartbeat:
-    return HostHeartbeat(event_id=f"hb-{host}-{n}", at=T0 + n, host_id=host,
-                         resources=HostResources(capacity_mb=8000),
-                         residencies=(Residency(model_id="m.gguf", memory_mb=900, state="ready"),))
+    return heartbeats.heartbeat(host, Residency(model_id="m.gguf", memory_mb=900, state="ready"),
+                                event_id=f"hb-{host}-{n}", at=T0 + n, capacity_mb=8000)
 
 
 def completed(n: int) -> RequestCompleted:

@@ -18,10 +18,11 @@ from grid.dashboard import charts
 from grid.dashboard.charts import ForecastSample, build_charts, encode_charts, window_for
 from grid.events import codec
 from grid.events.base import Event
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import Residency
 from grid.events.log import StoredMessage
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM, subject_for
+from tests import heartbeats
 
 NOW = 1_800_003_600.0
 START, END, BUCKET = window_for(NOW, 3600.0)
@@ -49,8 +50,7 @@ def _requests(at: float, model: str, n: int, *, errors: int = 0, seconds: float 
 
 
 def _heartbeat(at: float, host: str, *residencies: Residency) -> tuple[str, Event]:
-    return HOSTS_STREAM, HostHeartbeat(event_id=f"hb-{host}-{at}", at=at, host_id=host,
-                                       resources=HostResources(capacity_mb=8000), residencies=residencies)
+    return HOSTS_STREAM, heartbeats.heartbeat(host, *residencies, event_id=f"hb-{host}-{at}", at=at, capacity_mb=8000)
 
 
 def _views(con: duckdb.DuckDBPyConnection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -6,11 +6,12 @@ from grid.clock import SimulatedClock
 from grid.controller.tick import PROJECTIONS, encode_policy
 from grid.dashboard.serve import controller_forecast, plan_policy
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import Residency
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.planner.types import Policy
 from grid.projections.runner import ProjectionRunner
+from tests import heartbeats
 
 T0 = 1_800_000_000.0
 # Longer than the default heartbeat timeout (30 s), shorter than the recorded one.
@@ -22,8 +23,8 @@ async def _states(*, recorded: Policy | None) -> dict:
     log = InMemoryLog(SimulatedClock(T0))
     await log.append(ProfileSet(event_id="p1", at=T0, profile=ModelProfile(model_id="m1", memory_mb=500, min_replicas=1)))
     # An unmanaged residency (an engine the host runs itself) counts as supply without a warm ack.
-    await log.append(HostHeartbeat(event_id="hb1", at=T0, host_id="h1", resources=HostResources(capacity_mb=8000),
-                                   residencies=(Residency(model_id="m1", memory_mb=500, state="ready", managed=False),)))
+    await log.append(heartbeats.heartbeat("h1", Residency(model_id="m1", memory_mb=500, state="ready", managed=False),
+                                          event_id="hb1", at=T0, capacity_mb=8000))
     if recorded is not None:
         await log.append(PlanCreated(event_id="pl1", at=T0, planner_version="v", generation=make_generation("e", 1, "d"),
                                      epoch="e", sequence=1, inputs_digest="d", based_on={}, now=T0,

@@ -19,6 +19,7 @@ from grid.planner.plan import PLANNER_VERSION, encode_plan, plan
 from grid.projections.runner import ProjectionRunner
 
 from tests.golden.examples import EXAMPLES
+from tests import heartbeats
 
 T0 = 1_800_000_000.0
 
@@ -33,9 +34,8 @@ async def _runner(events) -> ProjectionRunner:
 
 
 def _hb(host: str, *residencies: Residency, state: str = "accepting") -> HostHeartbeat:
-    return HostHeartbeat(event_id=f"hb-{host}-{len(residencies)}", at=T0, host_id=host, state=state,  # type: ignore[arg-type]
-                         resources=HostResources(capacity_mb=8000, reserved_mb=1000, failure_domain="rack-a"),
-                         residencies=residencies)
+    return heartbeats.heartbeat(host, *residencies, event_id=f"hb-{host}-{len(residencies)}", at=T0, state=state,
+                                resources=HostResources(capacity_mb=8000, reserved_mb=1000, failure_domain="rack-a"))
 
 
 def _cmd(i: int, kind: str, host: str, model: str) -> CommandIssued:

@@ -18,7 +18,7 @@ import pytest
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import Residency
 from grid.events.log import InMemoryLog
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM
 from grid.gateway import routing
@@ -27,6 +27,7 @@ from grid.gateway.state import Gateway
 from grid.metrics import exposition
 
 from tests.placement import Placements, warm_ack
+from tests.heartbeats import heartbeat
 
 SHA = "ab" * 32
 
@@ -43,8 +44,7 @@ class Fleet:
         self.placements = Placements(log)
 
     async def heartbeat(self, host: str, *residencies: Residency) -> None:
-        await self.log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host,
-                                            resources=HostResources(capacity_mb=16000), residencies=residencies))
+        await self.log.append(heartbeat(host, *residencies))
         await self.settled()
 
     async def settled(self) -> None:
@@ -151,8 +151,7 @@ async def test_startup_finds_warm_acks_older_than_the_replayed_tail(tmp_path: Pa
     await placements.drained("h2", "m")
     for _ in range(20):
         for host in ("h1", "h2"):
-            await log.append(HostHeartbeat(event_id=new_event_id(), at=time.time(), host_id=host,
-                                           resources=HostResources(capacity_mb=16000), residencies=(ready(),)))
+            await log.append(heartbeat(host, ready()))
     monkeypatch.setattr(state_module, "HOST_REPLAY_MAX_MESSAGES", 5)
     monkeypatch.setattr(state_module, "ACK_SCAN_IDLE_SECONDS", 0.05)
     gw = Gateway(log, GridConfig(home=tmp_path, nats_url=None), api_keys=[])

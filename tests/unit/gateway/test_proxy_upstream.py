@@ -19,7 +19,7 @@ from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.events.host import Residency
 from grid.events.log import InMemoryLog
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
@@ -27,6 +27,7 @@ from grid.gateway.app import RunningGateway, create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 
 from tests.placement import Placements
+from tests.heartbeats import heartbeat
 
 CHAT = "/v1/chat/completions"
 OK_BODY = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
@@ -92,10 +93,7 @@ class Served:
         residencies = (Residency(model_id=model, memory_mb=300, state="ready", endpoint=endpoint,
                                  max_concurrency=4),)
         await self.placements.corroborate(host_id, residencies)  # what a controller placed, the host acked
-        await self.log.append(HostHeartbeat(
-            event_id=new_event_id(), at=time.time(), host_id=host_id,
-            resources=HostResources(capacity_mb=16000), residencies=residencies,
-        ))
+        await self.log.append(heartbeat(host_id, *residencies))
         await self.projected()
 
     async def profile(self, profile: ModelProfile) -> None:

@@ -11,6 +11,7 @@ from grid.config import GridConfig
 from grid.events.embedded import free_port
 from grid.events.log import InMemoryLog
 from grid.gateway.app import create_gateway_app, serve_gateway
+from tests.heartbeats import heartbeat
 
 
 async def test_serve_gateway_until_cancelled(tmp_path: Path) -> None:
@@ -39,8 +40,7 @@ async def test_serve_gateway_until_cancelled(tmp_path: Path) -> None:
 async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    from grid.events.base import new_event_id
-    from grid.events.host import HostHeartbeat, HostResources, Residency
+    from grid.events.host import Residency
     from grid.gateway import state as state_module
 
     from tests.placement import Placements
@@ -49,9 +49,8 @@ async def test_startup_replays_only_the_recent_tail_of_host_events(tmp_path: Pat
     await Placements(log).place("live", "m-live")  # the plan and the warm ack come first
     for i in range(30):  # an old host that later went quiet, then many heartbeats of a live one
         host = "old" if i < 10 else "live"
-        await log.append(HostHeartbeat(
-            event_id=new_event_id(), at=time.time(), host_id=host, resources=HostResources(capacity_mb=1),
-            residencies=(Residency(model_id=f"m-{host}", memory_mb=1, state="ready", endpoint="http://x:1"),),
+        await log.append(heartbeat(
+            host, Residency(model_id=f"m-{host}", memory_mb=1, state="ready", endpoint="http://x:1"), capacity_mb=1,
         ))
     monkeypatch.setattr(state_module, "HOST_REPLAY_MAX_MESSAGES", 5)
     monkeypatch.setattr(state_module, "ACK_SCAN_IDLE_SECONDS", 0.05)

@@ -10,6 +10,7 @@ from grid.events.control import HostOverride, ModelProfile, ModeSet, ProfileRemo
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.projections import actions, catalog, fleet
 from grid.projections.position import Position
+from tests.heartbeats import heartbeat
 
 RES = HostResources(capacity_mb=8000)
 
@@ -77,7 +78,7 @@ def test_history_is_bounded() -> None:
 
 
 def hb(host: str, state: str = "accepting", *residencies: Residency) -> HostHeartbeat:
-    return HostHeartbeat(event_id=f"{host}-{state}", at=0, host_id=host, state=state, resources=RES, residencies=residencies)
+    return heartbeat(host, *residencies, event_id=f"{host}-{state}", at=0, state=state, resources=RES)
 
 
 def test_an_older_heartbeat_never_overwrites_a_newer_one() -> None:

@@ -8,13 +8,14 @@ from grid.clock import SimulatedClock
 from grid.controller.tick import PROJECTIONS, compose_tick
 from grid.events.codec import encode_value
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.host import HostHeartbeat, HostRegistered, HostResources
+from grid.events.host import HostRegistered, HostResources
 from grid.events.log import InMemoryLog
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFeatures
 from grid.planner.types import Policy
 from grid.projections import throughput as tp
 from grid.projections.position import Position
 from grid.projections.runner import ProjectionRunner
+from tests.heartbeats import heartbeat
 
 SHA = "ab" * 32
 OLD_SHA = "cd" * 32
@@ -120,8 +121,8 @@ async def _fleet_with_measurements(fast: str, slow: str, *, measured: bool = Tru
         await log.append(batch(*[rec(host=slow, tokens=20)] * 4, *[rec(host=fast, tokens=80)] * 4, eid="rb"))
     clock.advance(5.0)
     for h in sorted((fast, slow)):
-        await log.append(HostHeartbeat(event_id=f"hb-{h}", at=clock.now(), host_id=h, resources=res,
-                                       disk_free_bytes=100 << 30, disk_total_bytes=200 << 30))
+        await log.append(heartbeat(h, event_id=f"hb-{h}", at=clock.now(), resources=res,
+                                   disk_free_bytes=100 << 30, disk_total_bytes=200 << 30))
     runner = ProjectionRunner(PROJECTIONS)
     await runner.catch_up(log)
     return runner.states, clock.now()

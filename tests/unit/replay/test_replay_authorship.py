@@ -20,7 +20,7 @@ from grid.clock import SimulatedClock
 from grid.events import codec
 from grid.events.base import Event
 from grid.events.control import CredentialRevoked
-from grid.events.host import HostHeartbeat, HostResources
+from grid.events.host import HostHeartbeat
 from grid.events.log import InMemoryLog
 from grid.events.subjects import ALL_STREAMS, CONTROL_STREAM, PLAN_SUBJECT, PLANS_STREAM, host_subject
 from grid.identity.permissions import Role
@@ -29,6 +29,7 @@ from grid.identity.signing import Identity, NOT_PERMITTED, REVOKED_SIGNER, UNKNO
 from replay import FileSource, LogSource, replay_window
 from tests.identities import Identities
 from tests.unit.replay.session import Session
+from tests import heartbeats
 
 
 class Forger:
@@ -50,8 +51,7 @@ class Forger:
 
 
 def heartbeat(host: str, n: int, at: float) -> HostHeartbeat:
-    return HostHeartbeat(event_id=f"forged-{host}-{n}", at=at, host_id=host,
-                         resources=HostResources(capacity_mb=64_000), state="accepting")
+    return heartbeats.heartbeat(host, event_id=f"forged-{host}-{n}", at=at, capacity_mb=64_000, state="accepting")
 
 
 @pytest.fixture
