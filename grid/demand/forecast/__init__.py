@@ -58,6 +58,7 @@ from grid.demand.forecast.types import (
 )
 from grid.demand.forecast.workload_demand import MAX_CANDIDATES_SHOWN
 
+
 __all__ = [
     "FORECAST_VERSION",
     "GATE_CONCURRENCY",

@@ -15,6 +15,7 @@ from grid.demand.forecast.workload_demand import workload_demand
 from grid.events.control import ModelProfile
 from grid.planner.types import DemandTarget, TimingSample
 
+
 def forecast(
     demand: DemandState,
     profiles: Sequence[ModelProfile],
@@ -56,7 +57,7 @@ def forecast(
     seq_preds = affinity_mod.predictions(demand.affinity, now)
     candidates = live if placeable is None else [p for p in live if p.model_id in placeable]
     claims, workload_rows = workload_demand(demand, candidates, by_id, starts, seq_preds, now, ready_replicas, cfg,
-                                             portfolio or {})
+                                            portfolio or {})
     inferred, considered = inferred_demand(demand, live, stats, now)
 
     targets: list[DemandTarget] = []

@@ -37,6 +37,7 @@ from grid.demand.forecast.sizing import hold_fraction, peak_need, replica_capaci
 from grid.demand.forecast.types import ForecastConfig
 from grid.events.control import ModelProfile
 
+
 def direct_demand(
     demand: DemandState, live: Sequence[ModelProfile], starts: Mapping[str, float], now: float, cfg: ForecastConfig,
 ) -> dict[str, SeriesStats]:

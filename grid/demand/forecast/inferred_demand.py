@@ -11,6 +11,7 @@ from grid.demand.fold import DemandState
 from grid.demand.forecast.series import SeriesStats
 from grid.events.control import ModelProfile
 
+
 def inferred_demand(
     demand: DemandState, live: Sequence[ModelProfile], stats: Mapping[str, SeriesStats], now: float,
 ) -> tuple[dict[str, correlation_mod.Inference], tuple[CorrelationEdge, ...]]:

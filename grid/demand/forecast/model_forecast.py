@@ -32,6 +32,7 @@ from grid.demand.forecast.workload_demand import WorkloadClaim
 from grid.events.control import ModelProfile
 from grid.planner.types import DemandTarget, Harm
 
+
 def model_forecast(
     p: ModelProfile,
     st: SeriesStats,
@@ -88,7 +89,7 @@ def model_forecast(
         # one replica (weak evidence is never held above its cap).
         cooldown = max(0.0, finite(p.scale_down_cooldown_seconds))
         peak = workload_peak_need(claim.workloads, demand, now, cooldown, finite(p.expected_service_seconds, 2.0),
-                                   cap * hold_fraction(cfg), cfg)
+                                  cap * hold_fraction(cfg), cfg)
         hold = min(ready, peak)
         if hold > replicas:
             replicas = hold

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+
 # Reason constants (joined with "+" in DemandTarget.reason / ModelForecast.reason).
 REASON_DIRECT = "direct_load"
 REASON_LOOKAHEAD = "rising_lookahead"

@@ -24,6 +24,7 @@ import msgspec
 from grid.demand.fold import Bucket, DemandState, Series, percentile_ms
 from grid.demand.forecast.types import ForecastConfig
 
+
 class SeriesStats(msgspec.Struct, kw_only=True):
     observed: float = 0.0
     ewma: float = 0.0

@@ -11,6 +11,7 @@ from grid.demand.forecast.series import finite
 from grid.demand.forecast.types import ForecastConfig
 from grid.events.control import ModelProfile
 
+
 def replica_capacity(p: ModelProfile) -> float:
     util = finite(p.target_utilization, 0.7)
     util = min(1.0, max(0.05, util))

@@ -12,6 +12,7 @@ from grid.demand.forecast.types import ForecastConfig
 from grid.events.control import ModelProfile
 from grid.planner.types import TimingSample
 
+
 def start_seconds(
     profiles: Sequence[ModelProfile],
     fastest_start_seconds: Mapping[str, float],

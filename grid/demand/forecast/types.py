@@ -8,6 +8,7 @@ from grid.demand.correlation import CorrelationEdge
 from grid.demand.forecast.reasons import REASON_IDLE, WORKLOAD_IDLE
 from grid.planner.types import DemandTarget, Value
 
+
 FORECAST_VERSION = "forecast-1"
 
 

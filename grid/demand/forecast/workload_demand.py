@@ -44,6 +44,7 @@ from grid.demand.forecast.sizing import replica_capacity, replicas_for
 from grid.demand.forecast.types import Candidate, ForecastConfig, WorkloadForecast
 from grid.events.control import ModelProfile
 
+
 MAX_CANDIDATES_SHOWN = 4
 
 
@@ -81,7 +82,7 @@ def workload_demand(
         if series is None and pred is None:
             continue
         row, projected = workload_row(w, series, pred, demand, live, by_id, starts, now, ready_replicas, cfg,
-                                       portfolio.get(w))
+                                      portfolio.get(w))
         if row.status == WORKLOAD_ADMITTED:
             claim = claim_for(claims, row.model_id)  # type: ignore[arg-type]
             claim.offered += projected
@@ -137,7 +138,7 @@ def workload_row(
     leader = by_id[best[0].model_id] if best is not None else None
     prior = finite(leader.expected_service_seconds, 2.0) if leader is not None else 0.0
     st = series_stats(series, demand, now, prior, starts[leader.model_id] if leader is not None else 0.0, cfg,
-                       fast_up=leader is not None and ready_replicas.get(leader.model_id, 0) > 0)
+                      fast_up=leader is not None and ready_replicas.get(leader.model_id, 0) > 0)
     row = dict(
         workload=w, observations=st.observations, observed_rate=st.observed, rate=st.rate,
         trend=st.slope, service_seconds=st.service, offered_concurrency=st.offered,
