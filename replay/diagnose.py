@@ -35,6 +35,8 @@ DIAGNOSE_WINDOW = 64
 
 # Positions whose rebuilt input has the recorded digest, and that input.
 Found = tuple[dict[str, int], PlannerInput]
+# (projection states, the recorded plan) -> the planner input, exactly as the controller builds it.
+InputBuilder = Callable[[Mapping[str, Any], PlanCreated], PlannerInput]
 
 
 class Folder(Protocol):
@@ -66,7 +68,7 @@ class BasedOnDrift:
     compared."""
 
     def __init__(self, new_folder: Callable[[], Folder], source: Any,
-                 build_input: Callable[[Mapping[str, Any], PlanCreated], PlannerInput],
+                 build_input: InputBuilder,
                  digest: Callable[[PlannerInput], str], *, enabled: bool = True) -> None:
         self._new_folder = new_folder  # a folder from the stream start, reporting no progress
         self._source = source
@@ -150,7 +152,7 @@ def _tee(runner: ProjectionRunner, into: list[Any]) -> Callable[[Any], None]:
 
 
 def _scan(runner: ProjectionRunner, delta: Sequence[Any], event: PlanCreated,
-          build_input: Callable[[Mapping[str, Any], PlanCreated], PlannerInput],
+          build_input: InputBuilder,
           digest: Callable[[PlannerInput], str], window: int) -> Found | None:
     """Fold `delta` into `runner`, checking the recorded digest before each of its last `window`
     messages. The runner always ends at the end of `delta`; the first matching prefix is returned."""
@@ -166,7 +168,7 @@ def _scan(runner: ProjectionRunner, delta: Sequence[Any], event: PlanCreated,
 
 
 async def _find_input(folder: Folder, chunks: Sequence[Mapping[str, int]], seq: int, event: PlanCreated,
-                      build_input: Callable[[Mapping[str, Any], PlanCreated], PlannerInput],
+                      build_input: InputBuilder,
                       digest: Callable[[PlannerInput], str],
                       window: int = DIAGNOSE_WINDOW) -> tuple[Found | None, ProjectionRunner]:
     """Look for positions just before `based_on` whose rebuilt input has the recorded digest.

@@ -53,7 +53,7 @@ from grid.projections.runner import (
     ReplayError,
     merge_by_receipt_time,
 )
-from replay.diagnose import BasedOnDrift, drift_warning
+from replay.diagnose import BasedOnDrift, InputBuilder, drift_warning
 from replay.diff import Difference, diff_plans
 from replay.extract import Source, StreamReader, Window, read_range
 
@@ -65,9 +65,6 @@ STATUS_DIFFERING = "differing"  # at least one decision differs
 
 ENCODING_PLANNER = "encode_plan"
 ENCODING_DECLARATION = "msgspec-declaration-order"
-
-# (projection states, the recorded plan) -> the planner input, exactly as the controller builds it.
-InputBuilder = Callable[[Mapping[str, Any], PlanCreated], PlannerInput]
 
 
 class PlannerPathError(ValueError):
