@@ -233,9 +233,9 @@ async def test_dashboard_charts_real_traffic(tmp_path: Path, bundled_model_home:
     finally:
         print(f"dashboard screenshots in {shots}")
         if proc.poll() is None:
-            down = await gridctl(home, "down")
-            if down[0] != 0 or await asyncio.to_thread(proc.wait, 60) is None:
+            await gridctl(home, "down")  # drains and unloads the engine like an operator would
+            try:
+                await asyncio.to_thread(proc.wait, 60)
+            except subprocess.TimeoutExpired:
                 proc.terminate()
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
+                proc.wait(60)
