@@ -450,3 +450,82 @@ if __name__ == "__main__":
         eventloop.run(serve_agent(sys.argv[2], sys.argv[3], Path(sys.argv[4])))  # the agent's own loop
     else:
         sys.exit("usage: python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE")
+
+
+class ChatLoad:
+    """Steady chat load through a gateway: `clients` clients, each sending the next request as
+    soon as the last one ended (short answers). Every request is recorded as (start, end, status):
+    598 a transport error, 599 a stream cut before its end."""
+
+    def __init__(self, gateway_url: str, model: str, clients: int, *, max_tokens: int = 4,
+                 timeout: float = 120.0) -> None:
+        self.url = f"{gateway_url}/v1/chat/completions"
+        self.model, self.clients, self.max_tokens, self.timeout = model, clients, max_tokens, timeout
+        self.results: list[tuple[float, float, int]] = []
+
+    async def _client(self, n: int, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+            i = 0
+            while not stop.is_set():
+                stream = (n + i) % 2 == 1  # streamed and not, alternately
+                body = {"model": self.model, "messages": [{"role": "user", "content": "Reply with OK"}],
+                        "max_tokens": self.max_tokens, "stream": stream}
+                start = time.monotonic()
+                try:
+                    async with client.stream("POST", self.url, json=body) as r:
+                        content = await r.aread()
+                        status = 599 if r.status_code == 200 and stream and b"[DONE]" not in content else r.status_code
+                except httpx.HTTPError:
+                    status = 598
+                self.results.append((start, time.monotonic(), status))
+                i += 1
+                if status != 200:
+                    await asyncio.sleep(0.1)  # a failing gateway answers at once: do not spin
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(*(self._client(n, stop) for n in range(self.clients)))
+
+    def window(self, start: float, end: float) -> "LoadWindow":
+        """What the clients saw between `start` and `end` (requests that ended in it)."""
+        inside = [(s, e, status) for s, e, status in self.results if start <= e <= end]
+        ok = sorted(e for _, e, status in inside if status == 200)
+        # The longest wait for a success, from the window's start to its end.
+        marks = [start, *ok, end]
+        gap = max(b - a for a, b in zip(marks, marks[1:])) if len(marks) > 1 else end - start
+        return LoadWindow(sent=len(inside), failed=sum(1 for *_, status in inside if status != 200),
+                          longest_gap=gap, seconds=end - start, statuses=sorted({s for *_, s in inside if s != 200}))
+
+
+@dataclass
+class LoadWindow:
+    sent: int
+    failed: int
+    longest_gap: float  # seconds without a success
+    seconds: float
+    statuses: list[int]
+
+    @property
+    def success_rate(self) -> float:
+        """Successful requests per second."""
+        return (self.sent - self.failed) / self.seconds if self.seconds else 0.0
+
+
+def gateway_active(gateway_url: str) -> int:
+    """Requests the gateway holds a slot for (`/gateway/stats`), summed over its routes."""
+    stats = httpx.get(f"{gateway_url}/gateway/stats", timeout=5).json()
+    return sum(int(r.get("active", 0)) for r in stats.get("routes") or [])
+
+
+def slots_released(gateway_url: str, within: float) -> tuple[float | None, int]:
+    """(seconds until the gateway holds no slot, or None; slots still held after `within`)."""
+    start = time.monotonic()
+    active = -1
+    while time.monotonic() - start < within:
+        try:
+            active = gateway_active(gateway_url)
+        except (httpx.HTTPError, ValueError):
+            active = -1
+        if active == 0:
+            return time.monotonic() - start, 0
+        time.sleep(0.2)
+    return None, active
