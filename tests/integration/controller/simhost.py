@@ -1,8 +1,9 @@
 """A simulated host for controller integration tests: real log, no engine.
 
-It consumes its command subject in order, fences each command with the real agent's pure
-admission chain (grid.agent.fencing), applies the lifecycle transition to an in-memory
-inventory, appends "accepted" and terminal acks and a fresh heartbeat, like the real agent.
+It consumes its command subject in order and hands each command to the one simulated agent
+(grid.sim.agent.SimAgent: the real agent's admission chain, then the lifecycle transition on an
+in-memory inventory), appending its "accepted" and terminal acks and a fresh heartbeat, like the
+real agent.
 """
 
 from __future__ import annotations
@@ -17,80 +18,58 @@ from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.host import HostHeartbeat, Residency
 from grid.events.log import EventLog
 from grid.events.subjects import COMMANDS_STREAM, command_subject
+from grid.sim.agent import SimAgent
 from grid.tasks import cancel_and_wait
 from tests.heartbeats import heartbeat
 
 
 class SimHost:
+    """grid.sim.agent.SimAgent on a real log: commands from its subject, acks and heartbeats back."""
+
     def __init__(self, host_id: str, *, capacity_mb: int = 16_000, respond: bool = True) -> None:
         self.host_id = host_id
-        self.capacity_mb = capacity_mb
+        self.agent = SimAgent(host_id, capacity_mb=capacity_mb)
         self.respond = respond
-        self.residencies: dict[str, str] = {}
-        self.memory: dict[str, int] = {}
-        self.authority = fencing.Authority()
-        self.executed: list[CommandIssued] = []
-        self.refused: list[tuple[CommandIssued, str]] = []
-        self.withdrawn: set[str] = set()
-        self.receipts: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def residencies(self) -> dict[str, str]:
+        """Model id -> state as the heartbeat reports it (weights on disk without an engine: cached)."""
+        out = {m: "cached" for m in self.agent.cached}
+        out.update({m: r.state for m, r in self.agent.residencies.items()})
+        return dict(sorted(out.items()))
+
+    @property
+    def executed(self) -> list[CommandIssued]:
+        return self.agent.executed
+
     def heartbeat_event(self) -> HostHeartbeat:
+        # Every engine is reported long loaded and idle: minimum residency and scale-down
+        # cooldowns never hold these tests back.
+        engines = self.agent.residencies
         return heartbeat(
             self.host_id,
-            *(Residency(model_id=m, memory_mb=self.memory.get(m, 1000), state=s, loaded_age_seconds=10_000.0,  # type: ignore[arg-type]
-                        last_used_age_seconds=10_000.0)
-              for m, s in sorted(self.residencies.items())),
-            capacity_mb=self.capacity_mb, highest_term=self.authority.highest_term,
+            *(Residency(model_id=m, memory_mb=engines[m].memory_mb if m in engines else 1000, state=s,  # type: ignore[arg-type]
+                        loaded_age_seconds=10_000.0, last_used_age_seconds=10_000.0)
+              for m, s in self.residencies.items()),
+            capacity_mb=self.agent.capacity_mb, highest_term=self.agent.fence.highest_term,
         )
 
     async def heartbeat(self, log: EventLog) -> None:
         await log.append(self.heartbeat_event())
 
-    async def _ack(self, log: EventLog, cmd: CommandIssued, status: str, message: str = "") -> None:
-        await log.append(ActionAck(
-            event_id=f"{cmd.action_id}-{status}", at=time.time(), host_id=self.host_id, action_id=cmd.action_id,
-            status=status, message=message, duration_seconds=0.01, kind=cmd.kind, model_id=cmd.model_id,  # type: ignore[arg-type]
-            generation=cmd.generation, controller_term=cmd.controller_term,
-        ))
-
-    def check(self, cmd: CommandIssued, received_mono: float) -> fencing.Verdict:
-        return fencing.check_command(
-            cmd, host_id=self.host_id, authority=self.authority,
-            lease_remaining_seconds=fencing.lease_remaining(cmd.lease_ttl_seconds, received_mono=received_mono,
-                                                            now_mono=time.monotonic()),
-            dependency_status=self.receipts, protection_state="accepting",
-        )
-
     async def handle(self, log: EventLog, cmd: CommandIssued, received_mono: float) -> None:
-        if cmd.action_id in self.receipts:
-            return  # redelivery of a finished action
-        if cmd.action_id in self.withdrawn:
-            self.receipts[cmd.action_id] = "cancelled"
-            await self._ack(log, cmd, "cancelled", "withdrawn")
-            return
-        verdict = self.check(cmd, received_mono)
-        if not verdict.ok:
-            self.refused.append((cmd, verdict.reason))
-            self.receipts[cmd.action_id] = verdict.status
-            await self._ack(log, cmd, verdict.status, verdict.message)
-            return
-        self.authority = fencing.advance_authority(self.authority, cmd)
-        self.executed.append(cmd)
-        await self._ack(log, cmd, "accepted", "started")
-        m = cmd.model_id
-        if cmd.kind == "load":
-            self.residencies[m] = "cached"
-        elif cmd.kind == "warm":
-            self.residencies[m] = "ready"
-            self.memory[m] = cmd.memory_mb
-        elif cmd.kind == "drain":
-            self.residencies[m] = "draining"
-        elif cmd.kind == "unload":
-            self.residencies[m] = "cached"
-        self.receipts[cmd.action_id] = "succeeded"
-        await self._ack(log, cmd, "succeeded", "ok")
-        await self.heartbeat(log)
+        remaining = fencing.lease_remaining(cmd.lease_ttl_seconds, received_mono=received_mono,
+                                            now_mono=time.monotonic())
+        acks = self.agent.execute(cmd, time.time(), lease_remaining=remaining)
+        for status, message in acks:
+            await log.append(ActionAck(
+                event_id=f"{cmd.action_id}-{status}", at=time.time(), host_id=self.host_id, action_id=cmd.action_id,
+                status=status, message=message, duration_seconds=0.01, kind=cmd.kind, model_id=cmd.model_id,  # type: ignore[arg-type]
+                generation=cmd.generation, controller_term=cmd.controller_term,
+            ))
+        if acks and acks[0][0] == "accepted":  # the transition ran: report it at once, like the agent
+            await self.heartbeat(log)
 
     async def run(self, log: EventLog) -> None:
         sub = await log.subscribe(COMMANDS_STREAM, start_seq=1, subject_filter=command_subject(self.host_id))
@@ -101,7 +80,7 @@ class SimHost:
                     return
                 ev = codec.decode(msg.data)
                 if isinstance(ev, CommandWithdrawn):
-                    self.withdrawn.add(ev.action_id)
+                    self.agent.withdraw(ev.action_id)
                 elif isinstance(ev, CommandIssued) and self.respond:
                     await self.handle(log, ev, time.monotonic())
         finally:

@@ -8,6 +8,7 @@ memory, free memory moves the placement's fit score, and the score was part of w
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from grid.controller.service import Controller, ControllerSettings
@@ -16,6 +17,7 @@ from grid.events.control import ModelProfile, ProfileSet
 from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM
 
+from grid.sim.agent import SimResidency
 from tests.integration.controller.simhost import SimHost
 
 MODEL = "m.gguf"
@@ -31,8 +33,7 @@ async def test_unchanged_decisions_append_no_plan_until_the_keepalive(js_log: Je
                                   background_ticks=False, plan_refresh_seconds=300.0)
     ctl = Controller(js_log, tmp_path / "home", settings=settings, controller_id="ctl-plan-change")
     host = SimHost("host-1", capacity_mb=16_000)
-    host.residencies[MODEL] = "ready"
-    host.memory[MODEL] = 1000
+    host.agent.residencies[MODEL] = SimResidency("ready", 1000, time.time())
     await host.heartbeat(js_log)
     await ctl.start()
     try:
@@ -43,7 +44,7 @@ async def test_unchanged_decisions_append_no_plan_until_the_keepalive(js_log: Je
         scores = set()
         recorded = 0
         for capacity in (15_000, 14_000, 13_000, 12_000, 11_000):
-            host.capacity_mb = capacity  # free memory moves, so the fit score moves
+            host.agent.capacity_mb = capacity  # free memory moves, so the fit score moves
             await _heartbeat(ctl, js_log, host)
             report = await ctl.tick("test")
             scores.add(ctl.last_plan.placements[0].score)

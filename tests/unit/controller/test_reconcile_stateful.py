@@ -28,6 +28,7 @@ from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, withdraw_all
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
 from grid.sim import safety
+from grid.sim.agent import SimAgent, SimResidency
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued
 from grid.events.plan import make_generation
@@ -44,24 +45,11 @@ LIMITS = Limits(max_global_mutations=3, max_host_mutations=1, artifact_fanout=2,
 
 
 @dataclass
-class WRes:
-    state: str
-    memory: int
-    loaded_at: float
-    sha: str | None
-    active: int = 0
-    managed: bool = True
-
-
-@dataclass
 class WHost:
-    host_id: str
-    state: str = "accepting"
-    capacity: int = 4000
-    residencies: dict[str, WRes] = field(default_factory=dict)
-    cached: set[str] = field(default_factory=set)
+    """One simulated agent and what travels to it: its command queue and heartbeat sequence."""
+
+    agent: SimAgent
     queue: list[CommandIssued] = field(default_factory=list)
-    withdrawn: set[str] = field(default_factory=set)
     seq: int = 0
 
 
@@ -71,9 +59,9 @@ class ControllerMachine(RuleBasedStateMachine):
     def setup(self, min_a: int, min_b: int, seed: int) -> None:
         self.rng = random.Random(seed)
         self.now = 1_800_000_000.0
-        self.hosts = {h: WHost(h) for h in HOSTS}
+        self.hosts = {h: WHost(SimAgent(h, capacity_mb=4000)) for h in HOSTS}
         # An external engine Grid must never touch.
-        self.hosts["h2"].residencies["ext"] = WRes("ready", 500, self.now - 1000, None, managed=False)
+        self.hosts["h2"].agent.residencies["ext"] = SimResidency("ready", 500, self.now - 1000, managed=False)
         self.mins = {"a": min_a, "b": min_b}
         self.retired: set[str] = set()
         self.mode = "automatic"
@@ -102,16 +90,17 @@ class ControllerMachine(RuleBasedStateMachine):
         return out
 
     def _snapshot(self, h: WHost) -> HostSnapshot:
+        agent = h.agent
         return HostSnapshot(
-            host_id=h.host_id, state=h.state,
-            resources=HostResources(capacity_mb=h.capacity, failure_domain=h.host_id),
+            host_id=agent.host_id, state=agent.state,
+            resources=HostResources(capacity_mb=agent.capacity_mb, failure_domain=agent.host_id),
             residencies=tuple(
-                ResidencyView(model_id=m, memory_mb=r.memory, state=r.state, managed=r.managed,
+                ResidencyView(model_id=m, memory_mb=r.memory_mb, state=r.state, managed=r.managed,
                               artifact_sha256=r.sha, loaded_at=r.loaded_at, last_used_at=r.loaded_at,
-                              active_requests=r.active)
-                for m, r in sorted(h.residencies.items())
+                              active_requests=r.active_requests)
+                for m, r in sorted(agent.residencies.items())
             ),
-            cached=tuple(CachedArtifact(model_id=m, sha256=MODELS[m][0], size_bytes=1) for m in sorted(h.cached)),
+            cached=tuple(CachedArtifact(model_id=m, sha256=MODELS[m][0], size_bytes=1) for m in sorted(agent.cached)),
             actuator_capabilities=("load", "warm", "drain", "unload"),
             heartbeat_at=self.now,
         )
@@ -140,10 +129,10 @@ class ControllerMachine(RuleBasedStateMachine):
             seq = self.host_seq
         self.history = actions_proj.apply(self.history, event, Position(stream, seq, at))  # type: ignore[arg-type]
 
-    def _ack(self, h: WHost, cmd: CommandIssued, status: str) -> None:
-        ack = ActionAck(event_id=f"{cmd.action_id}-{status}", at=self.now, host_id=h.host_id,
-                        action_id=cmd.action_id, status=status, kind=cmd.kind, model_id=cmd.model_id,  # type: ignore[arg-type]
-                        duration_seconds=1.0)
+    def _ack(self, h: WHost, cmd: CommandIssued, status: str, message: str) -> None:
+        ack = ActionAck(event_id=f"{cmd.action_id}-{status}", at=self.now, host_id=h.agent.host_id,
+                        action_id=cmd.action_id, status=status, message=message, kind=cmd.kind,  # type: ignore[arg-type]
+                        model_id=cmd.model_id, duration_seconds=1.0)
         self.ack_outbox.append((ack, self.now))
 
     # --- the controller tick --------------------------------------------------------------
@@ -177,7 +166,7 @@ class ControllerMachine(RuleBasedStateMachine):
                         generation=make_generation("e", self.ticks, plan.inputs_digest))
         for w in withdrawals:
             self._fold(command_withdrawn(w, issuer, at=self.now), COMMANDS_STREAM, self.now)
-            self.hosts[w.host_id].withdrawn.add(w.action_id)
+            self.hosts[w.host_id].agent.withdraw(w.action_id)
         if self.mode != "automatic":
             assert not [a for a in result.actions if self.mode == "observe"]
             return
@@ -199,35 +188,11 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         h = busy[pick % len(busy)]
         cmd = h.queue.pop(0)
-        m = cmd.model_id
-        if cmd.action_id in h.withdrawn:
-            self._ack(h, cmd, "cancelled")
-            return
-        self._ack(h, cmd, "accepted")
-        r = h.residencies.get(m)
-        status = "succeeded"
-        if cmd.kind == "load":
-            if fail:
-                status = "failed"
-            else:
-                h.cached.add(m)
-        elif cmd.kind == "warm":
-            used = sum(x.memory for x in h.residencies.values() if x.state != "cached")
-            if fail or m not in h.cached or used + cmd.memory_mb > h.capacity or h.state != "accepting":
-                status = "failed"
-            elif r is None or r.state in ("cached", "failed"):
-                h.residencies[m] = WRes("ready", cmd.memory_mb, self.now, MODELS[m][0])
-        elif cmd.kind == "drain":
-            if r is not None and r.state in ("ready", "failed"):
-                r.state = "draining"
-        elif cmd.kind == "unload":
-            if r is not None and r.state == "draining":
-                if r.active > 0:
-                    status = "failed"  # fail safe: requests in flight
-                else:
-                    del h.residencies[m]
-        self._ack(h, cmd, status)
-        self._heartbeat(h.host_id)
+        acks = h.agent.execute(cmd, self.now, lease_remaining=cmd.lease_ttl_seconds, fail=fail)
+        for status, message in acks:
+            self._ack(h, cmd, status, message)
+        if acks and acks[0][0] == "accepted":  # the transition ran: the next heartbeat shows it
+            self._heartbeat(h.agent.host_id)
 
     def deliver_ack(self, pick: int) -> None:
         ack, at = self.ack_outbox.pop(pick % len(self.ack_outbox))
@@ -253,7 +218,7 @@ class ControllerMachine(RuleBasedStateMachine):
         for h in self.hosts.values():
             for _ in range(rng.choice((0, 1, 1, 2))):
                 if h.queue:
-                    self.agent_executes(HOSTS.index(h.host_id), fail=rng.random() < 0.1)
+                    self.agent_executes(HOSTS.index(h.agent.host_id), fail=rng.random() < 0.1)
         # acks: delivered in a shuffled order; some delayed, dropped or duplicated
         outbox, self.ack_outbox = self.ack_outbox, []
         rng.shuffle(outbox)
@@ -267,9 +232,9 @@ class ControllerMachine(RuleBasedStateMachine):
                 self.ack_outbox.append((ack, at))  # delayed to a later round
             # else: dropped
         for h in self.hosts.values():
-            for r in h.residencies.values():  # long requests keep draining copies busy
+            for r in h.agent.residencies.values():  # long requests keep draining copies busy
                 if r.state == "draining" and rng.random() < 0.4:
-                    r.active = rng.choice((0, 0, 1, 2))
+                    r.active_requests = rng.choice((0, 0, 1, 2))
         for h in HOSTS:
             if rng.random() < 0.8:
                 self._heartbeat(h)
@@ -297,13 +262,13 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule(host=st.sampled_from(HOSTS), state=st.sampled_from(["accepting", "accepting", "paused", "draining"]))
     def protection(self, host: str, state: str) -> None:
-        self.hosts[host].state = state
+        self.hosts[host].agent.state = state
 
     @rule(host=st.sampled_from(HOSTS), model=st.sampled_from(sorted(MODELS)), n=st.integers(0, 2))
     def requests_in_flight(self, host: str, model: str, n: int) -> None:
-        r = self.hosts[host].residencies.get(model)
+        r = self.hosts[host].agent.residencies.get(model)
         if r is not None:
-            r.active = n
+            r.active_requests = n
 
     @rule(mode=st.sampled_from(["automatic", "automatic", "automatic", "recommend", "observe"]))
     def set_mode(self, mode: str) -> None:
@@ -351,7 +316,7 @@ def test_simulation_converges_when_nothing_is_lost() -> None:
             m._heartbeat(h)
         m._deliver_all_heartbeats()
         m.advance(1.0)
-    ready = {model: sum(1 for h in m.hosts.values() if (r := h.residencies.get(model)) and r.state == "ready")
+    ready = {model: sum(1 for h in m.hosts.values() if (r := h.agent.residencies.get(model)) and r.state == "ready")
              for model in MODELS}
     assert ready == {"a": 2, "b": 1}
     m.retire("a")
@@ -365,6 +330,6 @@ def test_simulation_converges_when_nothing_is_lost() -> None:
             m._heartbeat(h)
         m._deliver_all_heartbeats()
         m.advance(5.0)
-    assert not [h for h in m.hosts.values() if "a" in h.residencies]
-    assert m.hosts["h2"].residencies["ext"].state == "ready"  # never actuated
+    assert not [h for h in m.hosts.values() if "a" in h.agent.residencies]
+    assert m.hosts["h2"].agent.residencies["ext"].state == "ready"  # never actuated
     _ = rc  # reason constants used by readers of this module
