@@ -2,12 +2,13 @@
 
 ``run_tick`` takes the projection states (typed by ``grid.controller.inputs.observe``), an
 explicit ``now`` and the caller's ``Controls`` and returns the plan and the reconciler's
-decision; ``grid.controller.issue`` turns the decision into commands. The controller service,
-the lab (grid.sim.run), the stateful reconciler test and the benches call it; replay re-runs
-the part up to the plan (``compose_tick`` / ``tick_input``), so a recorded plan's input is
-rebuilt by exactly the code that built it and replay reproduces it byte for byte. The side
-effects (recording, publishing) stay in ``grid.controller.service``. With two or more active
-workloads the forecast's workload -> model map comes from the joint portfolio search
+decision; ``grid.controller.issue`` turns the decision into commands. The controller service
+and the lab (grid.sim.run) call it; the stateful reconciler test runs its plan and reconcile
+steps (``plan_prepared``, ``decide``) on inputs it builds itself. Replay and the planning
+benches run the part up to the plan (``compose_tick`` / ``tick_input``), so a recorded plan's
+input is rebuilt by exactly the code that built it and replay reproduces it byte for byte.
+The side effects (recording, publishing) stay in ``grid.controller.service``. With two or more
+active workloads the forecast's workload -> model map comes from the joint portfolio search
 (``grid.demand.portfolio``), whose counterfactuals are planned by the production planner.
 """
 
