@@ -21,8 +21,11 @@ from typing import Any
 import pytest
 
 from grid.agent.engines.runtime import Runtime
+from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import HostOverride
+from grid.events.host import ProtectionTransition
+from grid.events.subjects import HOSTS_STREAM
 from grid.identity.connect import connect_log
 from grid.identity.local import local_credential, local_tls_ca
 from grid.identity.signing import Identity
@@ -131,10 +134,31 @@ def test_operator_pauses_and_resumes_another_host_and_a_host_forgery_is_ignored(
         finally:
             await log.close()
 
+    async def h2_transitions() -> list[ProtectionTransition]:
+        log = await connect_log(nats, credentials=local_credential(ctl, "controller"), tls_ca=local_tls_ca(ctl),
+                                ensure_streams=False)
+        try:
+            events = [codec.decode(msg.data) async for msg in log.replay(HOSTS_STREAM)]
+        finally:
+            await log.close()
+        return [e for e in events if isinstance(e, ProtectionTransition) and e.host_id == "h2"]
+
     asyncio.run(forge())
     wait_for("the controller to reject the forgery",
              lambda: seen(fleet)["rejected_events"]["by_reason"].get("not_permitted", 0) >= 1)
-    time.sleep(6.0)  # three of the agent's protection samples
+    # The agent reads overrides in log order: once it honours a genuine one appended after the
+    # forgery, it has read the forgery too, and its transitions say what it made of it.
+    after = as_home(ctl, "host", "pause", "h2", "--reason", "after the forgery", "--nats", nats)
+    assert after.returncode == 0, after.stderr
+    wait_for("h2's agent to honour the override after the forgery",
+             lambda: agent_state(fleet, "h2")["protection_reason"].startswith("override:paused: after the forgery"))
+    transitions = asyncio.run(h2_transitions())
+    assert any(t.to_state == "paused" and "after the forgery" in t.reason for t in transitions), transitions
+    assert [t.reason for t in transitions if t.to_state == "quarantined"] == []
+    resumed = as_home(ctl, "host", "resume", "h2", "--nats", nats)
+    assert resumed.returncode == 0, resumed.stderr
+    wait_for("h2's agent to release the pause", lambda: agent_state(fleet, "h2")["protection_state"] in FREE)
+    wait_for("status to show h2 released", lambda: host_row(fleet, "h2")["state"] in FREE)
     mine = agent_state(fleet, "h2")
     assert mine["protection_state"] in FREE and not mine["protection_reason"].startswith("override"), mine
     row = host_row(fleet, "h2")
