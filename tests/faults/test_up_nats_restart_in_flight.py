@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
+from grid.agent.state import AgentPaths, decode_state
+from grid.config import GridConfig
 from tests.faults.test_up_nats_restart import MODEL, Up, chat_ok, running_up  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -89,6 +91,27 @@ def active(gateway: str) -> int | None:
     except (httpx.HTTPError, ValueError):
         return None
     return sum(route["active"] for route in stats["routes"])
+
+
+def engine_generating(up: Up) -> bool:
+    """Whether an engine of the grid's agent has a slot processing (its authenticated /slots)."""
+    paths = AgentPaths.for_config(GridConfig(home=up.home, nats_url=None))
+    try:
+        residencies = list(decode_state(paths.state.read_bytes()).residencies.values())
+        key = paths.engine_key.read_text().strip()
+    except (OSError, ValueError):
+        return False
+    for rec in residencies:
+        if rec.port is None:
+            continue
+        try:
+            slots = httpx.get(f"http://127.0.0.1:{rec.port}/slots", headers={"Authorization": f"Bearer {key}"},
+                              timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        if any(isinstance(slot, dict) and slot.get("is_processing") for slot in slots):
+            return True
+    return False
 
 
 def clear_error(body: bytes) -> dict[str, Any] | None:
@@ -185,7 +208,9 @@ def test_requests_in_flight_end_and_free_their_slots_when_nats_restarts(running_
     while active(gateway) != 1:
         assert time.monotonic() < in_flight, f"the request is not in flight: active={active(gateway)}"
         time.sleep(0.05)
-    time.sleep(1.5)  # the engine is generating
+    while not engine_generating(running_up):
+        assert time.monotonic() < in_flight, "the engine never started generating the answer"
+        time.sleep(0.05)
     assert plain.ended_at is None, "the non-streamed answer ended before the kill (make it longer)"
     killed = kill_nats(running_up)
     thread.join(BOUND_SECONDS + 10)
