@@ -3,4 +3,4 @@ RUN apt-get update && apt-get install -y --no-install-recommends build-essential
 WORKDIR /src
 COPY . .
 ENV CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
-RUN pip install --no-cache-dir '.[engine]'
+RUN pip install --no-cache-dir '.[native]'

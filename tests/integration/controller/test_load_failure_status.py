@@ -16,6 +16,7 @@ from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.jetstream import JetStreamLog
 from tests.integration.controller.simhost import wait_for
+from tests.ports import engine_ports
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0)
@@ -27,7 +28,7 @@ async def test_failed_artifact_load_is_a_shortfall_with_its_reason(js_log: JetSt
     sha = hashlib.sha256(b"weights nobody pushed").hexdigest()
     agent = HostAgent(js_log, GridConfig(home=tmp_path / "agent-home", nats_url=None),
                       AgentOptions(host_id=HOST, heartbeat_interval=0.3, sample_interval=0.2,
-                                   port_range=(39400, 39409)),
+                                   port_range=engine_ports(10)),
                       sensor_source=FixedSensors())
     controller = Controller(js_log, tmp_path / "controller-home", settings=SETTINGS, controller_id="ctl-lf")
     await agent.start()
