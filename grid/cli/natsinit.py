@@ -120,7 +120,7 @@ def init(
     # nats-server resolves an include relative to the including file, never as an absolute path.
     console.print(f"  your own nats-server config includes it by its path relative to that config: "
                   f"`include {SNIPPET_FILE}` beside it, `include {snippet_path.parent.name}/{SNIPPET_FILE}` "
-                  f"from {snippet_path.parent.parent} (as deploy/nats.conf does)", highlight=False, soft_wrap=True)
+                  f"from {snippet_path.parent.parent}", highlight=False, soft_wrap=True)
     console.print("  (it turns on operator mode: from then on every client needs a credential)", style="dim")
     if fingerprint:
         console.print(f"  TLS server certificate fingerprint (join tokens pin it): {fingerprint}", highlight=False, soft_wrap=True)

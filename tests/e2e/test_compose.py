@@ -1,5 +1,5 @@
 """docker-compose.yml's topology running: its services' own commands as local processes
-against the deploy nats.conf on a real nats-server, and the compose file itself where a Docker
+against the server config `gridctl nats init` writes, on a real nats-server, and the compose file itself where a Docker
 engine answers (through testcontainers, an optional part: skipped with a reason without it)."""
 
 from __future__ import annotations
@@ -14,32 +14,36 @@ from tests.ports import engine_ports_arg
 from tests.unit.test_compose import ROOT, _compose
 
 
-def test_the_nats_config_is_valid_with_what_gridctl_nats_init_writes(tmp_path: Path) -> None:
-    """deploy/nats.conf with the snippet `gridctl nats init` writes, as the identity service
-    runs it, passes the real nats-server's own configuration check."""
-    import os
+def test_the_nats_config_the_identity_service_writes_is_valid_and_durable(tmp_path: Path) -> None:
+    """The identity service's own `gridctl nats init` writes the whole config the nats service runs:
+    it passes the real nats-server's configuration check, fsyncs every write, keeps monitoring on
+    loopback, stores JetStream in the nats-data volume, and is recorded as durable for the
+    controller's home."""
     import subprocess
     import sys
 
     from grid.events.embedded import find_nats_server
 
-    etc = tmp_path / "etc"
-    env = {**os.environ, "GRID_HOME": str(tmp_path / "home")}
-    init = subprocess.run([sys.executable, "-m", "grid.cli.main", "nats", "init", "--tls-name", "nats",
-                           "--resolver-dir", str(tmp_path / "data" / "resolver"), "--server-dir", str(etc / "grid"),
-                           "--gateway-home", str(tmp_path / "gateway")], env=env, capture_output=True, text=True,
-                          timeout=60)
+    local = _Local(tmp_path, _compose()["services"])
+    init = subprocess.run([sys.executable, "-m", "grid.cli.main", *local.args("identity")],
+                          env=local.env("identity"), capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
-    conf = (ROOT / "deploy" / "nats.conf").read_text().replace("/data/jetstream", str(tmp_path / "data" / "js"))
-    (etc / "nats.conf").write_text(conf)
-    check = subprocess.run([str(find_nats_server()), "-c", str(etc / "nats.conf"), "-t"], capture_output=True,
+    conf_path = local.nats_config()
+    check = subprocess.run([str(find_nats_server()), "-c", str(conf_path), "-t"], capture_output=True,
                            text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
-    snippet = (etc / "grid" / "grid-nats.conf").read_text()
-    assert "operator:" in snippet and "tls {" in snippet and str(etc / "grid" / "server.key") in snippet
+    conf = conf_path.read_text()
+    assert "sync_interval: always" in conf and f"http: 127.0.0.1:{local.monitor}" in conf
+    assert f'store_dir: "{local.volume("nats-data") / "jetstream"}"' in conf, conf
+    assert "include grid-nats.conf" in conf
+    grid_dir = conf_path.parent
+    snippet = (grid_dir / "grid-nats.conf").read_text()
+    assert "operator:" in snippet and "tls {" in snippet and str(grid_dir / "server.key") in snippet
+    durability = (local.mounts("controller")["/grid"] / "identity" / "nats-durability.json").read_text()
+    assert "grid-" in durability and '"sync_always":true' in durability.replace(" ", "")
     # The gateway's home holds its credential and the CA, and nothing else.
-    gateway_files = sorted(p.relative_to(tmp_path / "gateway").as_posix()
-                           for p in (tmp_path / "gateway").rglob("*") if p.is_file())
+    gateway_home = local.mounts("gateway")["/grid"]
+    gateway_files = sorted(p.relative_to(gateway_home).as_posix() for p in gateway_home.rglob("*") if p.is_file())
     assert gateway_files == ["identity/creds/gateway.creds", "identity/tls/ca.pem"]
 
 
@@ -106,8 +110,7 @@ class _Local:
         self.tmp = tmp
         self.services = services
         self.port, self.monitor = free_port(), free_port()
-        # The NATS config directory: deploy/nats.conf beside the nats-config volume (as mounted).
-        self.volumes = {"nats-config": tmp / "etc" / "grid"}
+        self.volumes: dict[str, Path] = {}
 
     def volume(self, name: str) -> Path:
         path = self.volumes.setdefault(name, self.tmp / name)
@@ -132,8 +135,11 @@ class _Local:
                     arg = str(path) + arg[len(target):]
                     break
             out.append("localhost" if arg == "nats" and out and out[-1] == "--tls-name" else arg)
-        if service == "identity":  # the server's resolver store lives in its own data volume
-            out[out.index("--resolver-dir") + 1] = str(self.volume("nats-data") / "resolver")
+        if service == "identity":  # the server's resolver and JetStream stores live in its own data volume
+            for option, below in (("--resolver-dir", "/data/"), ("--store-dir", "/data/")):
+                given = out[out.index(option) + 1]
+                assert given.startswith(below), (option, given)
+                out[out.index(option) + 1] = str(self.volume("nats-data") / given[len(below):])
         return out
 
     def env(self, service: str) -> dict[str, str]:
@@ -148,17 +154,22 @@ class _Local:
         return env
 
     def nats_config(self) -> Path:
-        conf = (ROOT / "deploy" / "nats.conf").read_text()
-        conf = conf.replace("0.0.0.0:4222", f"127.0.0.1:{self.port}").replace("127.0.0.1:8222", f"127.0.0.1:{self.monitor}")
-        conf = conf.replace("/data/jetstream", str(self.volume("nats-data") / "jetstream"))
-        path = self.tmp / "etc" / "nats.conf"
-        path.write_text(conf)
+        """The config the nats service runs (written by the identity service), on this test's ports."""
+        command = self.services["nats"]["command"]
+        target = command[command.index("-c") + 1]
+        path = next(self.mounts("nats")[mount] / target[len(mount) + 1:]
+                    for mount in self.mounts("nats") if target.startswith(mount + "/"))
+        conf = path.read_text()
+        assert "listen: 0.0.0.0:4222" in conf and "http: 127.0.0.1:8222" in conf, conf
+        path.write_text(conf.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{self.port}")
+                        .replace("http: 127.0.0.1:8222", f"http: 127.0.0.1:{self.monitor}"))
         return path
 
 
 def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> None:
     """Without Docker: the compose services' own commands, in dependency order, against the
-    deploy nats.conf on a real nats-server; the agent joins with the invite and registers."""
+    server config the identity service wrote, on a real nats-server; the agent joins with the
+    invite and registers."""
     import subprocess
     import sys
 
