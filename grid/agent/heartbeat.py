@@ -88,12 +88,20 @@ def build_heartbeat(
     cpu_percent: float | None,
     highest_term: int,
     warnings: Sequence[str],
+    external: Sequence[Residency] = (),
 ) -> HostHeartbeat:
     """One heartbeat. `activity` maps model id -> requests in flight (None: unknown);
-    `managed_rss_mb` is the summed RSS of Grid-owned children, so unmanaged memory is the rest."""
+    `managed_rss_mb` is the summed RSS of Grid-owned children, so unmanaged memory is the rest.
+
+    `external` are the residencies of engines Grid does not own (grid.agent.external), reported
+    with `managed=False` after Grid's own. Their declared memory is use outside Grid: it is
+    carried on their residencies (so status and the planner see whose it is) and taken out of
+    the unmanaged figure, so the planner, which charges both, counts it once and never less
+    than was measured."""
     reports = tuple(
         residency_report(residencies[model_id], activity.get(model_id), now) for model_id in sorted(residencies)
-    )
+    ) + tuple(external)
+    external_mb = sum(r.memory_mb for r in external if r.state in SERVING_STATES)
     active_total = sum(a for a in activity.values() if a)
     return HostHeartbeat(
         event_id=event_id,
@@ -111,7 +119,7 @@ def build_heartbeat(
             cpu_percent=cpu_percent,
             memory_used_mb=memory_used_mb,
         ),
-        unmanaged_memory_mb=max(0, memory_used_mb - managed_rss_mb),
+        unmanaged_memory_mb=max(0, memory_used_mb - managed_rss_mb - external_mb),
         actuator_capabilities=ACTUATOR_CAPABILITIES,
         highest_term=highest_term,
         warnings=tuple(warnings),

@@ -44,6 +44,8 @@ from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
+from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines
+from grid.agent.external import reports as external_reports
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
@@ -156,6 +158,8 @@ class HostAgent:
         self.responder: InferenceResponder | None = None
         self.inventory: Inventory | None = None
         self._ledger = CapacityLedger.under(config.home)
+        # Engines Grid did not start, registered on this host: probed and served, never actuated.
+        self.external = ExternalEngines(self.paths.root)
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -255,6 +259,7 @@ class HostAgent:
         except Exception as exc:
             log.warning("agent.protection_failed", error=str(exc))
         await self._start_responder()
+        await self._probe_external()
         await self._heartbeat_now()
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
@@ -266,6 +271,7 @@ class HostAgent:
             asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeat"),
             asyncio.create_task(self._protection_loop(), name="agent-protection"),
             asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
+            asyncio.create_task(self._external_loop(), name="agent-external"),
         ]
         nc = getattr(self.log, "client", None)
         if self.options.credentials is not None and nc is not None:
@@ -356,11 +362,34 @@ class HostAgent:
             self.responder = None
 
     def _engine_route(self, model_id: str) -> EngineRoute | None:
-        """Where a new inference request for `model_id` goes: a ready engine of ours, or nowhere."""
+        """Where a new inference request for `model_id` goes: a ready engine of ours, else a
+        registered external engine whose latest probe passed, or nowhere."""
         rec = self.state.residencies.get(model_id)
-        if rec is None or rec.state != "ready" or self._ctx is None:
-            return None
-        return EngineRoute(endpoint(rec), self._ctx.key)
+        if rec is not None and rec.state == "ready" and self._ctx is not None:
+            return EngineRoute(endpoint(rec), self._ctx.key)
+        ext = self.external.ready(model_id)
+        if ext is not None:
+            return EngineRoute(ext.registration.url, ext.key or "")
+        return None
+
+    async def _probe_external(self) -> bool:
+        """One probe round of the registered external engines; True when what the heartbeat
+        reports changed."""
+        if self._http is None:
+            return False
+        try:
+            return await self.external.probe_all(self._http, self.clock.now())
+        except Exception as exc:  # a damaged registry or a probe bug must not stop the agent
+            log.warning("agent.external_probe_failed", error=type(exc).__name__)
+            return False
+
+    async def _external_loop(self) -> None:
+        """Probe external engines every PROBE_INTERVAL_SECONDS; a change (an engine died, came
+        back, was registered or removed) is reported by a heartbeat at once."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
+            if await self._probe_external():
+                self._poke()
 
     async def _idle_worker(self) -> None:
         while self._current_action is not None:
@@ -476,6 +505,7 @@ class HostAgent:
         unmanaged = share_of_unmanaged_mb(int((vm.total - vm.available) // MIB) - managed_rss,
                                           self.options.capacity_mb, vm.total // MIB)
         free, total = self.cache.disk_usage()
+        external, external_warnings = external_reports(self.external, now)
         hb = build_heartbeat(
             event_id=new_event_id(),
             now=now,
@@ -494,7 +524,8 @@ class HostAgent:
             disk_total_bytes=total,
             cpu_percent=self._last_sample.cpu_percent,
             highest_term=self.state.highest_term,
-            warnings=self.warnings,
+            warnings=[*self.warnings, *external_warnings],
+            external=external,
         )
         result = await self.log.append(hb)
         self.last_heartbeat = hb

@@ -12,6 +12,7 @@ from grid.cli import chat, history, invite, model_evaluate, model_push, natsinit
 from grid.cli.admin import model_app
 from grid.cli.admin import register as register_admin
 from grid.cli.dashboard import dashboard_app
+from grid.cli.engine import engine_app
 from grid.cli.events import events_app
 from grid.cli.host import host_app
 from grid.cli.node import node_app
@@ -45,6 +46,7 @@ def main(
 up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
+app.add_typer(engine_app, name="engine")  # gridctl engine add|rm|ls (external engines)
 app.add_typer(host_app, name="host")  # gridctl host drain|pause|quarantine|resume HOST
 app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
