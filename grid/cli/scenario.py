@@ -81,8 +81,11 @@ def scenario(
 
 def graduate(
     fleets: str = typer.Option("4,16", "--fleets", help="Comma-separated fleet sizes (machines)."),
-    seeds: int = typer.Option(6, "--seeds", help="Number of seeds per fleet (seeds 1..N)."),
-    hours: float = typer.Option(2.0, "--hours", help="Length of each simulated day in hours."),
+    seeds: str = typer.Option("6", "--seeds", help="A count N (seeds 1..N), or explicit seeds and ranges "
+                              "such as 7,42 or 3-5 (one explicit seed: 42,)."),
+    days: str = typer.Option("classic,full", "--days", help="Comma-separated day shapes: classic (--hours long) "
+                             "and full (8 hours with lunch, evening and long-tail named models)."),
+    hours: float = typer.Option(2.0, "--hours", help="Length of the classic day in hours."),
     models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
     users_per_machine: float = typer.Option(12.5, "--users-per-machine", help="Users per machine (4 machines: 50)."),
     json_out: bool = JsonOption,
@@ -94,19 +97,24 @@ def graduate(
         _fail(f"--fleets must be comma-separated integers, got {fleets!r}")
     if not sizes:
         _fail("--fleets names no fleet")
-    if not 1 <= seeds <= 50:
-        _fail(f"--seeds must be between 1 and 50, got {seeds}")
+    try:
+        seed_values = graduate_mod.parse_seeds(seeds)
+        day_shapes = graduate_mod.parse_days(days)
+    except ValueError as exc:
+        _fail(str(exc))
     minutes = _minutes(hours)
     results = []
     for machines in sizes:
         users = max(1, int(round(users_per_machine * machines)))
-        try:
-            results.append(graduate_mod.run_fleet(
-                machines, tuple(range(1, seeds + 1)), users=users, models=models, minutes=minutes,
-                progress=None if json_out else (lambda msg: err_console.print(f"  {msg}", style="dim")),
-            ))
-        except ValueError as exc:
-            _fail(str(exc))
+        for day in day_shapes:
+            try:
+                results.append(graduate_mod.run_fleet(
+                    machines, seed_values, users=users, models=models,
+                    minutes=graduate_mod.day_minutes(day, minutes), day=day,
+                    progress=None if json_out else (lambda msg: err_console.print(f"  {msg}", style="dim")),
+                ))
+            except ValueError as exc:
+                _fail(str(exc))
     if json_out:
         import msgspec
 

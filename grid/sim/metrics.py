@@ -71,6 +71,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     least_feasible_workload_service: float
     slo_attainment: float
     churn: int
+    # Churn less each machine's first start of each model (the day's initial placements).
+    churn_excluding_first: int
     loads: int
     unloads: int
     drains: int
@@ -116,6 +118,8 @@ class Metrics:
         self.preemption_drains = 0
         self.flaps = 0
         self._unloaded: dict[str, int] = {}
+        # (host, model) pairs started at least once: later starts of a pair are re-placements.
+        self._started: set[tuple[str, str]] = set()
         self.memory: list[int] = []
         self.shortfalls: dict[str, int] = {}
         # Most replicas a plan placed per model (recommendations name a profile cap it reached).
@@ -137,6 +141,8 @@ class Metrics:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if kind == "drain" and preemption_for is not None:
             self.preemption_drains += 1
+        if kind == "warm":
+            self._started.add((host_id, model_id))
         if kind == "unload":
             self._unloaded[model_id] = minute
         elif kind == "warm" and model_id in self._unloaded and minute - self._unloaded[model_id] <= FLAP_MINUTES:
@@ -218,7 +224,8 @@ class Metrics:
             least_feasible_workload=least_f.workload if least_f else "",
             least_feasible_workload_service=least_f.service if least_f else 1.0,
             slo_attainment=_r(sum(self.slo_ok.values()) / total) if total else 1.0,
-            churn=self.kinds["warm"] + self.kinds["unload"], loads=self.kinds["warm"], unloads=self.kinds["unload"],
+            churn=self.kinds["warm"] + self.kinds["unload"],
+            churn_excluding_first=self.kinds["warm"] + self.kinds["unload"] - len(self._started), loads=self.kinds["warm"], unloads=self.kinds["unload"],
             drains=self.kinds["drain"], preemption_drains=self.preemption_drains, flaps=self.flaps,
             cold_starts=self.cold_starts,
             memory_mean_gib=_r(sum(self.memory) / len(self.memory) / GIB) if self.memory else 0.0,

@@ -39,7 +39,8 @@ from grid.sim.workday import OUTAGE, THROTTLE
 
 MAX_MACHINES = 4
 MAX_MODELS = 9
-MAX_MINUTES = 240
+# The full 8-hour day (grid.sim.workday.FULL_DAY_MINUTES) is within bounds.
+MAX_MINUTES = 480
 BLOCK_MINUTES = 2
 HORIZON_MINUTES = 10
 TIE_CAP = 256
@@ -287,6 +288,7 @@ class _Oracle:
             "evening_memory_gib": round(sum(evening) / len(evening) / GIB, 4),
             "memory_mean_gib": round(sum(memory) / len(memory) / GIB, 4) if memory else 0.0,
             "mutations": mutations,
+            "mutations_excluding_first": mutations - sum(len(e) for e in ever),
             "block_minutes": BLOCK_MINUTES,
             "states_evaluated": self.states_evaluated,
             "tie_cap": TIE_CAP,

@@ -77,6 +77,13 @@ class Persona:
     # Share of requests that name `named_model` instead of `auto`.
     named_share: float = 0.0
     named_model: str | None = None
+    # Active only in this span of the day (fractions of the scenario); None: all day.
+    window: tuple[float, float] | None = None
+
+    def active(self, minute: int, minutes: int) -> bool:
+        if self.window is None:
+            return True
+        return self.window[0] * minutes <= minute < self.window[1] * minutes
 
 
 PERSONAS: tuple[Persona, ...] = (
@@ -92,6 +99,25 @@ PERSONAS: tuple[Persona, ...] = (
 )
 # How many users of each persona a population of 100 holds.
 POPULATION_WEIGHTS: tuple[int, ...] = (30, 15, 15, 15, 10, 15)
+
+
+# The full day's long tail: few users who name a model the general traffic rarely needs.
+# An illustration sprint names the image model for about 50 minutes of the afternoon; a few
+# researchers name the large research model all day.
+LONG_TAIL: tuple[Persona, ...] = (
+    Persona("illustrator", (("image", 1.0),), 0.8, named_share=0.9, named_model="image-xl", window=(0.64, 0.745)),
+    Persona("scientist", (("research", 0.9), ("general", 0.1)), 0.5, named_share=0.9, named_model="research-32b"),
+)
+# Long-tail users per 50 users of the full day (each persona).
+LONG_TAIL_PER_50 = 2
+
+
+def full_day_population(users: int) -> tuple[Persona, ...]:
+    """The classic proportions plus the long tail, `users` personas in all (the tail last)."""
+    tail = [p for p in LONG_TAIL for _ in range(max(1, round(users * LONG_TAIL_PER_50 / 50)))]
+    if users <= len(tail):
+        raise ValueError(f"--users must exceed the full day's {len(tail)} long-tail users, got {users}")
+    return population(users - len(tail)) + tuple(tail)
 
 
 def population(users: int) -> tuple[Persona, ...]:

@@ -36,6 +36,7 @@ def render(report: Report, oracle: dict | None = None) -> str:
         f"{'SLO attainment':<26}{_pct(r.slo_attainment):>10}",
         f"{'churn (loads+unloads)':<26}{r.churn:>10}  loads {r.loads}, unloads {r.unloads}, drains {r.drains}"
         f" (preemption {r.preemption_drains}), flaps {r.flaps}",
+        f"{'churn after first starts':<26}{r.churn_excluding_first:>10}",
         f"{'cold starts (fetches)':<26}{r.cold_starts:>10}",
         f"{'resident memory':<26}{r.memory_mean_gib:>9.1f}G  peak {r.memory_peak_gib:.1f}G, "
         f"evening {r.evening_memory_gib:.1f}G",

@@ -95,7 +95,7 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
     specs = {m.host_id: m for m in sc.fleet}
     for i, model_id in enumerate(sorted(sc.profiles)):
         log.emit(EPOCH - 1.0, CONTROL_STREAM, ProfileSet(event_id=f"profile-{i}", at=EPOCH - 1.0,
-                                                         profile=sc.profiles[model_id]))
+                                                         profile=strategies.lab_profile(strategy, sc.profiles[model_id])))
     log.emit(EPOCH - 1.0, CONTROL_STREAM, ModeSet(event_id="mode", at=EPOCH - 1.0, mode="automatic"))
     prepare, planner = strategies.tick_functions(
         strategy, sc.profiles, sc.fleet, sc.average_targets() if strategy == strategies.STATIC else ())

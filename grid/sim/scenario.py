@@ -10,10 +10,10 @@ from grid.planner.types import DemandTarget
 from grid.sim import catalog as catalog_mod
 from grid.sim import traffic
 from grid.sim.fleet import MachineSpec, build_fleet
-from grid.sim.personas import SERVICE_SECONDS, Persona, population
+from grid.sim.personas import SERVICE_SECONDS, Persona, full_day_population, population
 from grid.sim.strategies import best_model, targets_from_offered
 from grid.sim.trace import curve
-from grid.sim.workday import Workday, build_workday, with_curve
+from grid.sim.workday import CLASSIC_DAY, DAYS, FULL_DAY, Workday, day_builder, with_curve
 
 MAX_MINUTES = 24 * 60
 MAX_USERS = 5000
@@ -28,6 +28,8 @@ class ScenarioConfig:
     users: int = 50
     minutes: int = 120
     seed: int = 42
+    # The day's shape (grid.sim.workday.DAYS): the classic day, or the full day with its long tail.
+    day: str = CLASSIC_DAY
     # (workload, rows) from --workload-trace, already validated by grid.sim.trace.
     traces: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
 
@@ -47,9 +49,11 @@ class Scenario:
         """The declared population's average demand, mapped to models (static's one plan)."""
         offered: dict[str, float] = {}
         for persona in self.users:
+            minutes = self.day.minutes
+            active = [persona.active(m, minutes) for m in range(minutes)]
             for w, weight in persona.mix:
                 curve_ = self.day.curves[w]
-                per_min = persona.rate * weight * sum(curve_) / len(curve_)
+                per_min = persona.rate * weight * sum(c for c, a in zip(curve_, active) if a) / len(curve_)
                 load = per_min * SERVICE_SECONDS[w] / 60.0
                 named = persona.named_model if persona.named_model in self.profiles else None
                 share = persona.named_share if named else 0.0
@@ -68,6 +72,8 @@ def validate(cfg: ScenarioConfig) -> None:
         raise ValueError(f"--users must be between 1 and {MAX_USERS}, got {cfg.users}")
     if cfg.seed < 0:
         raise ValueError("--seed must be non-negative")
+    if cfg.day not in DAYS:
+        raise ValueError(f"unknown day {cfg.day!r} (one of: {', '.join(DAYS)})")
 
 
 def prepare(cfg: ScenarioConfig) -> Scenario:
@@ -75,8 +81,8 @@ def prepare(cfg: ScenarioConfig) -> Scenario:
     fleet = build_fleet(cfg.machines)
     specs = catalog_mod.catalog(cfg.models)
     profiles = {s.model_id: catalog_mod.profile(s) for s in specs}
-    users = population(cfg.users)
-    day = build_workday(cfg.minutes, cfg.seed, tuple(m.host_id for m in fleet))
+    users = full_day_population(cfg.users) if cfg.day == FULL_DAY else population(cfg.users)
+    day = day_builder(cfg.day)(cfg.minutes, cfg.seed, tuple(m.host_id for m in fleet))
     for workload, rows in cfg.traces:
         day = with_curve(day, workload, curve(list(rows), cfg.minutes, day.curves[workload]))
     requests = traffic.generate(users, day, cfg.seed, frozenset(profiles))

@@ -37,6 +37,11 @@ GREEDY = "greedy"
 STATIC = "static"
 STRATEGIES: tuple[str, ...] = (SMART, REACTIVE, GREEDY, STATIC)
 
+# Controls the lab fences with the reconciler's minimum residency only: the scale-down cooldown
+# is smart's own policy (reactive is smart without lookahead and keeps it), so minute-greedy is
+# measured as the seed defines it, not with smart's churn damping borrowed.
+RESIDENCY_FENCE_ONLY = frozenset({GREEDY})
+
 REACTIVE_CONFIG = ForecastConfig(max_lookahead_seconds=0.0)
 TARGET_UTILIZATION = 0.7
 
@@ -159,6 +164,14 @@ def planned_once(planner: PlanFn = planner_plan.plan) -> PlanFn:
         return kept[0]
 
     return plan_fn
+
+
+def lab_profile(strategy: str, p: ModelProfile) -> ModelProfile:
+    """The profile a strategy's run configures: without the scale-down cooldown where only the
+    minimum-residency fence applies."""
+    if strategy in RESIDENCY_FENCE_ONLY:
+        return msgspec.structs.replace(p, scale_down_cooldown_seconds=0.0)
+    return p
 
 
 def tick_functions(strategy: str, profiles: Mapping[str, ModelProfile], fleet: tuple[MachineSpec, ...],

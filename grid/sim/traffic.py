@@ -61,6 +61,8 @@ def generate(users: tuple[Persona, ...], day: Workday, seed: int, models: frozen
     for m in range(day.minutes):
         bucket = minutes[m]
         for u, persona in enumerate(users):
+            if not persona.active(m, day.minutes):
+                continue
             for w, weight in persona.mix:
                 n = _poisson(rng, persona.rate * weight * day.curves[w][m])
                 for _ in range(n):

@@ -1,13 +1,20 @@
 """A seeded workday: demand curves per workload and fleet incidents, minute by minute.
 
-Phases as fractions of the scenario (jittered by the seed): morning ramp, coding surge,
-creative campaign, thermal throttle on one machine, a node outage and its recovery, and the
-evening cooldown. The same seed gives the same day for every strategy.
+Two shapes, both phases as fractions of the scenario (jittered by the seed):
+
+* the classic day (`build_workday`): morning ramp, coding surge, creative campaign, thermal
+  throttle on one machine, a node outage and its recovery, and the evening cooldown;
+* the full day (`build_full_workday`, meant for 8 hours): morning ramp, coding surge, a lunch
+  lull, a node outage, an afternoon with the creative campaign and a throttle, and an evening
+  cooldown long enough (the last 1.5 of 8 hours) that resident memory can be seen to fall.
+
+The same seed gives the same day for every strategy.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grid.events.requests import WORKLOADS
@@ -18,7 +25,18 @@ THROTTLE = "thermal_throttle"
 OUTAGE = "node_outage"
 COOLDOWN = "cooldown"
 RAMP = "morning_ramp"
+LUNCH = "lunch"
+AFTERNOON = "afternoon"
 
+# Day shapes a scenario may ask for (grid.sim.scenario.ScenarioConfig.day).
+CLASSIC_DAY = "classic"
+FULL_DAY = "full"
+DAYS: tuple[str, ...] = (CLASSIC_DAY, FULL_DAY)
+# The full day's length when the graduate matrix runs it.
+FULL_DAY_MINUTES = 8 * 60
+
+# The lunch lull's multiplier (people away from their desks, not an evening).
+LUNCH_LEVEL = 0.5
 # The evening multiplier every workload falls to (the lull in which memory should fall too).
 EVENING_LEVEL = 0.15
 SURGE_BOOST = {"coding": 2.5, "research": 1.5}
@@ -99,6 +117,56 @@ def build_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Workday
     phases = (Phase(RAMP, *ramp), Phase(SURGE, *surge), Phase(CAMPAIGN, *campaign), Phase(THROTTLE, *throttle),
               Phase(OUTAGE, *outage), Phase(COOLDOWN, *cooldown))
     return Workday(minutes, {w: tuple(c) for w, c in curves.items()}, tuple(incidents), phases)
+
+
+def build_full_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Workday:
+    """The full office day: fractions below are of an 8-hour day (0.125 = one hour)."""
+    if minutes < 1:
+        raise ValueError("a scenario needs at least one minute")
+    rng = random.Random(f"full-workday:{seed}")
+    ramp = _span(rng, minutes, 0.0, 0.09)
+    surge = _span(rng, minutes, 0.125, 0.31)
+    lunch = _span(rng, minutes, 0.44, 0.53)
+    outage = _span(rng, minutes, 0.56, 0.66)
+    campaign = _span(rng, minutes, 0.62, 0.76)
+    throttle = _span(rng, minutes, 0.66, 0.78)
+    afternoon = (lunch[1], int(0.8125 * minutes))
+    cooldown = (int(0.8125 * minutes), minutes)
+    curves: dict[str, list[float]] = {w: [1.0] * minutes for w in WORKLOADS}
+    for m in range(minutes):
+        for w in WORKLOADS:
+            level = 1.0
+            if ramp[0] <= m < ramp[1]:
+                level *= 0.3 + 0.7 * (m - ramp[0]) / max(1, ramp[1] - ramp[0])
+            if surge[0] <= m < surge[1]:
+                level *= SURGE_BOOST.get(w, 1.0)
+            if lunch[0] <= m < lunch[1]:
+                level *= LUNCH_LEVEL
+            if campaign[0] <= m < campaign[1]:
+                level *= CAMPAIGN_BOOST.get(w, 1.0)
+            if m >= cooldown[0]:
+                level *= EVENING_LEVEL
+            curves[w][m] = round(level, 6)
+    hosts = sorted(host_ids)
+    incidents: list[Incident] = []
+    if len(hosts) >= 2:
+        throttled = hosts[rng.randrange(len(hosts))]
+        down = hosts[rng.randrange(len(hosts))]
+        incidents.append(Incident(OUTAGE, down, *outage))
+        incidents.append(Incident(THROTTLE, throttled, *throttle))
+    phases = (Phase(RAMP, *ramp), Phase(SURGE, *surge), Phase(LUNCH, *lunch), Phase(OUTAGE, *outage),
+              Phase(AFTERNOON, *afternoon), Phase(CAMPAIGN, *campaign), Phase(THROTTLE, *throttle),
+              Phase(COOLDOWN, *cooldown))
+    return Workday(minutes, {w: tuple(c) for w, c in curves.items()}, tuple(incidents), phases)
+
+
+def day_builder(day: str) -> Callable[[int, int, tuple[str, ...]], Workday]:
+    """The workday function for a day shape."""
+    if day == CLASSIC_DAY:
+        return build_workday
+    if day == FULL_DAY:
+        return build_full_workday
+    raise ValueError(f"unknown day {day!r} (one of: {', '.join(DAYS)})")
 
 
 def with_curve(day: Workday, workload: str, curve: tuple[float, ...]) -> Workday:

@@ -52,10 +52,26 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_graduate_prints_gates_and_exit_code_follows_them() -> None:
-    res = runner.invoke(app, ["test", "graduate", "--fleets", "4", "--seeds", "1", "--hours", "0.5", "--json"])
+    res = runner.invoke(app, ["test", "graduate", "--fleets", "4", "--seeds", "1", "--hours", "0.5",
+                              "--days", "classic", "--json"])
     assert res.exit_code in (0, 1), res.output
     body = json.loads(res.stdout)
-    gates = body["fleets"][0]["gates"]
+    [fleet] = body["fleets"]
+    assert fleet["day"] == "classic" and fleet["minutes"] == 30
+    gates = fleet["gates"]
     assert {g["name"] for g in gates} >= {"zero smart safety violations", "smart serves more than static",
-                                          "smart churn <= 1/3 of greedy", "identical demand traces"}
+                                          "smart churn <= 0.5x min-residency-fenced greedy",
+                                          "identical demand traces"}
     assert (res.exit_code == 0) == body["passed"] == all(g["passed"] for g in gates)
+
+
+def test_graduate_takes_explicit_seeds_as_well_as_a_count() -> None:
+    res = runner.invoke(app, ["test", "graduate", "--fleets", "2", "--seeds", "9,", "--hours", "0.25",
+                              "--days", "classic", "--json"])
+    assert res.exit_code in (0, 1), res.output
+    assert json.loads(res.stdout)["fleets"][0]["seeds"] == [9]
+    for seeds, message in (("0", "count"), ("5-3", "backwards"), ("x", "--seeds")):
+        res = runner.invoke(app, ["test", "graduate", "--seeds", seeds])
+        assert res.exit_code == 2 and message in res.output, (seeds, res.output)
+    res = runner.invoke(app, ["test", "graduate", "--days", "weekend"])
+    assert res.exit_code == 2 and "--days" in res.output, res.output

@@ -102,7 +102,7 @@ def test_oracle_is_bounded_and_beats_static(small, reports) -> None:
     assert o["served_demand"] >= reports["static"].served_demand
     assert o["disk_audit"] == "pass"
     for cfg, word in ((ScenarioConfig(machines=5, minutes=10), "machines"),
-                      (ScenarioConfig(machines=4, minutes=241), "minutes")):
+                      (ScenarioConfig(machines=4, minutes=oracle.MAX_MINUTES + 1), "minutes")):
         with pytest.raises(oracle.OracleRefused, match=word):
             oracle.solve(prepare(cfg))
 
