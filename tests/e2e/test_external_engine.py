@@ -1,0 +1,258 @@
+"""An engine Grid did not start, registered as inventory on a host of a one-machine test fleet
+(`gridctl test start --machines 1`: real NATS with identities, controller, gateway, an agent that
+joined by invitation, llama.cpp with the SmolLM2 GGUF).
+
+The test starts its own llama-server (the session's runtime, outside Grid, with its own API key),
+registers it with `gridctl engine add` on the host, and checks that Grid serves it through the
+gateway (chat and streaming), keeps serving it when the model's profile is retired, the host is
+drained and the agent is killed and restarted, never signals it (same pid, alive), and stops
+routing to it within 5 s of its death, with status saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from grid.agent.artifacts import BUNDLED_MODEL_ID
+from grid.agent.engines.runtime import Runtime
+from grid.agent.ownership import HOST_ENV, OWNER_ENV
+from grid.events.embedded import free_port
+from grid.fleet import ADMITTING_HOST_STATES
+from grid.testfleet import fleet as fleetlib
+from grid.testfleet.state import load_state
+from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests.ports import fleet_engine_port_base
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
+
+MODEL = BUNDLED_MODEL_ID
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class OneMachine:
+    home: Path
+    gateway: str
+
+    @property
+    def root(self) -> Path:
+        return self.home / "testfleet"
+
+    @property
+    def host_id(self) -> str:
+        state = load_state(self.root)
+        assert state is not None
+        return state.hosts[0].host_id
+
+    @property
+    def agent_state_dir(self) -> Path:
+        state = load_state(self.root)
+        assert state is not None
+        return Path(state.hosts[0].home) / "agent"
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        state = load_state(self.root)
+        assert state is not None
+        return fleetlib.admin_request(state, method, path, body)
+
+    def host(self) -> dict[str, Any]:
+        return next(h for h in self.admin("GET", "/allocator/status")["hosts"] if h["host_id"] == self.host_id)
+
+    def engine(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return gridctl(self.home, "engine", *args, "--state-dir", str(self.agent_state_dir))
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[OneMachine]:
+    home = tmp_path / "home"
+    seed_fleet_models(home, bundled_model_home)
+    try:
+        started = gridctl(home, "test", "start", "--machines", "1", "--engine-port-base",
+                          str(fleet_engine_port_base(1)), "--json")
+        assert started.returncode == 0, started.stderr
+        yield OneMachine(home, json.loads(started.stdout)["gateway_url"])
+    finally:
+        gridctl(home, "test", "stop", timeout=180)
+
+
+@dataclass
+class ExternalEngine:
+    proc: subprocess.Popen[bytes]
+    url: str
+    key_file: Path
+
+    def alive_and_unsignalled(self) -> bool:
+        """Still the process the test started: running, same pid, not a zombie."""
+        if self.proc.poll() is not None:
+            return False
+        p = psutil.Process(self.proc.pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture
+def external_engine(tmp_path: Path, bundled_gguf: Path, engine_runtime: Runtime) -> Iterator[ExternalEngine]:
+    """A llama-server started by hand (no Grid owner marker in its environment), with an API key."""
+    key_file = tmp_path / "external.key"
+    key_file.write_text("sk-external-test-key\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (OWNER_ENV, HOST_ENV)}
+    log = (tmp_path / "external-engine.log").open("wb")
+    proc = subprocess.Popen(
+        [*engine_runtime.command, "--model", str(bundled_gguf), "--host", "127.0.0.1", "--port", str(port),
+         "--api-key-file", str(key_file), "--alias", MODEL, "--ctx-size", "1024", "--parallel", "2",
+         "--threads", "1", "--no-webui"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    engine = ExternalEngine(proc, f"http://127.0.0.1:{port}", key_file)
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, (tmp_path / "external-engine.log").read_text()[-2000:]
+            try:
+                return httpx.get(engine.url + "/health", timeout=1, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until("the external llama-server to be healthy", healthy, 120)
+        yield engine
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def chat(gateway: str, stream: bool) -> tuple[int, str | None, bytes]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Reply with OK"}], "max_tokens": 4,
+            "stream": stream}
+    with httpx.Client(base_url=gateway, timeout=60, trust_env=False) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            return r.status_code, r.headers.get("x-grid-host"), r.read()
+
+
+def served_by_external(fleet: OneMachine) -> None:
+    """A plain and a streamed chat through the gateway, both answered by the host."""
+    status, host, body = chat(fleet.gateway, stream=False)
+    assert status == 200, body
+    assert host == fleet.host_id
+    assert json.loads(body)["choices"][0]["message"]["content"] is not None
+    status, host, body = chat(fleet.gateway, stream=True)
+    assert status == 200, body
+    assert host == fleet.host_id and b"[DONE]" in body
+
+
+def residency(fleet: OneMachine, managed: bool) -> dict[str, Any] | None:
+    return next((r for r in fleet.host()["residencies"] if r["model_id"] == MODEL and r["managed"] == managed), None)
+
+
+def grid_engines(host_id: str) -> list[int]:
+    """Engines Grid spawned for `host_id` (they carry its owner marker)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if OWNER_ENV in env and env.get(HOST_ENV) == host_id:
+            out.append(p.pid)
+    return out
+
+
+def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
+    fleet: OneMachine, external_engine: ExternalEngine, tmp_path: Path,
+) -> None:
+    engine = external_engine
+    pid = engine.proc.pid
+
+    # Registration probes at once: a wrong key and an unlisted model are refused, clearly.
+    wrong_key = tmp_path / "wrong.key"
+    wrong_key.write_text("sk-wrong\n")
+    wrong_key.chmod(0o600)
+    refused = fleet.engine("add", engine.url, "--model", MODEL, "--kind", "llama.cpp",
+                           "--api-key-file", str(wrong_key))
+    assert refused.returncode == 1 and "api_key_refused" in refused.stderr, refused.stderr
+    assert "sk-wrong" not in refused.stderr + refused.stdout
+    refused = fleet.engine("add", engine.url, "--model", "not-served", "--kind", "llama.cpp",
+                           "--api-key-file", str(engine.key_file))
+    assert refused.returncode == 1 and "model_not_listed" in refused.stderr and MODEL in refused.stderr
+    assert json.loads(fleet.engine("ls", "--json").stdout) == {"engines": []}
+
+    added = fleet.engine("add", engine.url + "/v1", "--model", MODEL, "--kind", "llama.cpp", "--memory-mb", "250",
+                         "--api-key-file", str(engine.key_file))
+    assert added.returncode == 0, added.stderr
+    (listed,) = json.loads(fleet.engine("ls", "--json").stdout)["engines"]
+    assert (listed["url"], listed["probe"], listed["memory_mb"]) == (engine.url, "ok", 250)
+
+    # Status shows it as external, ready, with its memory; the key is in no event or log.
+    ext = wait_until("the external residency in status", lambda: (r := residency(fleet, False)) and
+                     r["state"] == "ready" and r, 30)
+    assert ext["memory_mb"] == 250
+
+    # Retire the profile: Grid drains its own copy to zero, the external engine keeps serving.
+    fleet.admin("DELETE", f"/allocator/models/{MODEL}")
+    wait_until("the managed copy drained", lambda: residency(fleet, True) is None
+               or residency(fleet, True)["state"] in ("cached",), 120)
+    wait_until("no Grid engine left on the host", lambda: not grid_engines(fleet.host_id), 60)
+    served_by_external(fleet)
+    assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+
+    # Drain the host: the reconciler drains what it owns; an external engine is never drained.
+    drained = gridctl(fleet.home, "node", "drain", "--reason", "maintenance",
+                      "--state-dir", str(fleet.agent_state_dir))
+    assert drained.returncode == 0, drained.stderr
+    wait_until("the host draining", lambda: fleet.host()["state"] == "draining", 30)
+    served_by_external(fleet)
+    assert residency(fleet, False)["state"] == "ready"
+    assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+    resumed = gridctl(fleet.home, "node", "resume", "--state-dir", str(fleet.agent_state_dir))
+    assert resumed.returncode == 0, resumed.stderr
+
+    # Kill the agent and start it again: the registration is on disk, the engine untouched.
+    fleetlib.kill_agent(fleet.root, fleet.host_id)
+    fleetlib.restart_agent(fleet.root, fleet.host_id)
+    wait_until("the restarted agent reporting", lambda: fleet.host()["fresh"]
+               and fleet.host()["state"] in ADMITTING_HOST_STATES and (r := residency(fleet, False)) and r["state"] == "ready",
+               60)
+    wait_until("the gateway routing to it again", lambda: chat(fleet.gateway, stream=False)[0] == 200, 30)
+    served_by_external(fleet)
+    assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+    assert not grid_engines(fleet.host_id)
+
+    # Death: unroutable within 5 s, and status says why.
+    engine.proc.kill()
+    died = time.monotonic()
+    engine.proc.wait(timeout=10)
+    wait_until("the gateway to stop routing to the dead engine",
+               lambda: chat(fleet.gateway, stream=False)[0] != 200, 5.0, interval=0.1)
+    assert time.monotonic() - died < 5.0
+    status, _, body = chat(fleet.gateway, stream=False)
+    assert status in (404, 503), body
+    wait_until("status to say why", lambda: residency(fleet, False) is not None
+               and residency(fleet, False)["state"] == "failed", 10)
+    warnings = fleet.host()["warnings"]
+    assert any(w.startswith(f"external_engine_unreachable: {MODEL} at {engine.url}") for w in warnings), warnings
+
+    # No key anywhere it must not be: the fleet's logs and the agent's heartbeat text.
+    for log_file in (fleet.root / "logs").glob("*.log"):
+        assert "sk-external-test-key" not in log_file.read_text(errors="replace"), log_file
