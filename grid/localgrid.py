@@ -42,6 +42,7 @@ from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import TLS_DIR, LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
 from grid.identity.server import SecuredEmbeddedNats
+from grid.infer.local import LocalResponders
 from grid.identity.tls import TLSMaterial
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
@@ -135,6 +136,7 @@ class LocalGrid:
         self.controller: Any = None
         self.gateway: Any = None
         self.agent: Any = None
+        self.local = LocalResponders()
         self.admin: Any = None
         self.admin_url = ""
 
@@ -212,10 +214,14 @@ class LocalGrid:
         if catalog.mode != self.mode:
             await self.log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=self.mode))  # type: ignore[arg-type]
 
-        self.gateway = await start_gateway(create_gateway_app(self.gateway_log, cfg), self.gateway_host,
-                                           self.gateway_port, insecure=self.gateway_insecure)
+        self.gateway = await start_gateway(create_gateway_app(self.gateway_log, cfg, local_responders=self.local),
+                                           self.gateway_host, self.gateway_port, insecure=self.gateway_insecure)
         self.agent = HostAgent(self.agent_log, cfg, options)
         await self.agent.start()
+        # The gateway hands this host's requests to its agent's responder in process (no broker
+        # hop); while that responder is stopped they go over NATS like any other host's.
+        agent = self.agent
+        self.local.add(agent.host_id, lambda: agent.responder)
         return self
 
     def _say(self, text: str) -> None:

@@ -29,6 +29,7 @@ from grid.gateway.responses import SOCKET_SCOPE_KEY
 from grid.gateway.routes import build_routes, exception_handlers
 from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
+from grid.infer.local import LocalResponders
 from grid.http_limits import uvicorn_options
 from grid.tasks import cancel_and_wait
 
@@ -43,11 +44,13 @@ def create_gateway_app(
     clock: Clock | None = None,
     settings: GatewaySettings | None = None,
     environ: Mapping[str, str] | None = None,
+    local_responders: LocalResponders | None = None,
 ) -> Starlette:
     """The OpenAI-compatible gateway app. Its lifespan starts/stops the follower and flusher.
 
     `api_keys`: client keys to require; None reads GRID_GATEWAY_API_KEYS (file or list) from
     `environ` (default os.environ); empty means no client key is required.
+    `local_responders`: host agents in this process, whose requests skip NATS (grid.infer.local).
 
     Every request, inference included, goes through Starlette's middleware stack and router.
     An earlier version dispatched the three inference paths straight from `__call__`; measured
@@ -55,7 +58,8 @@ def create_gateway_app(
     costs about 20 us per request (26 -> 48 us), 1% of the gateway's 2 ms budget: not worth a
     second dispatch path.
     """
-    gateway = Gateway(log, config, api_keys=api_keys, clock=clock, settings=settings, environ=environ)
+    gateway = Gateway(log, config, api_keys=api_keys, clock=clock, settings=settings, environ=environ,
+                      local_responders=local_responders)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

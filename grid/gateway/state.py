@@ -39,6 +39,7 @@ from grid.gateway.routing import Candidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
+from grid.infer.local import LocalResponders
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts, rejected_events
 from grid.projections import fleet, placed
 from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
@@ -79,8 +80,11 @@ class Gateway:
         clock: Clock | None = None,
         settings: GatewaySettings | None = None,
         environ: Mapping[str, str] | None = None,
+        local_responders: LocalResponders | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
+        # Host agents running in this process (`gridctl up`): their requests skip NATS.
+        self.local_responders = local_responders
         self.log = event_log
         self.config = config
         self.clock = clock or SystemClock()
@@ -145,6 +149,7 @@ class Gateway:
             # Inference rides the log's own NATS connection (the in-memory log has none).
             nc=getattr(self.log, "client", None),
             signer=getattr(self.log, "authorship", None),
+            local=self.local_responders,
         )
         # A lost NATS connection fails every inference request in flight at once (their replies
         # cannot arrive any more) instead of holding its slot for the whole read timeout.

@@ -104,7 +104,9 @@ class Upstream:
 
     Default backend "nats" is `grid.infer.client.NatsUpstream` on the gateway's NATS connection
     (`nc`; None, as with the in-memory log, answers every request with a connect error), signing
-    each request as `signer` (the log's authorship; None without identities). "h1"
+    each request as `signer` (the log's authorship; None without identities), handing it to the
+    chosen host's responder directly when that runs in this process (`local`,
+    grid.infer.local.LocalResponders). "h1"
     is grid.gateway.h1 (see there for why and by how much); "httpx" is `HttpxClient`. All
     satisfy `UpstreamClient`.
     """
@@ -118,13 +120,15 @@ class Upstream:
         backend: str = "nats",
         nc: Any = None,
         signer: Any = None,
+        local: Any = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown upstream backend {backend!r} ({' or '.join(BACKENDS)})")
         self.backend = backend
         self.client: UpstreamClient
         if backend == "nats":
-            self.client = NatsUpstream(nc, connect_timeout=connect_timeout, read_timeout=read_timeout, signer=signer)
+            self.client = NatsUpstream(nc, connect_timeout=connect_timeout, read_timeout=read_timeout, signer=signer,
+                                       local=local)
         elif backend == "h1":
             self.client = H1Pool(connect_timeout=connect_timeout, read_timeout=read_timeout)
         else:

@@ -9,4 +9,5 @@ ever dials out to NATS.
 - `wire`: headers and framing shared by both ends.
 - `responder`: the agent side.
 - `client`: the gateway side, an `UpstreamClient` like the HTTP pools.
+- `local`: responders in the requester's own process (`gridctl up`), reached without the broker.
 """

@@ -19,11 +19,13 @@ from typing import Any
 import httpx
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from grid.events.authorship import Authorship
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
 from grid.infer import wire
+from grid.infer.local import LocalPort, LocalResponders
 
 log = structlog.get_logger(__name__)
 
@@ -165,10 +167,13 @@ class _Replies:
 
 
 class NatsResponse:
+    """One answer, read from its inbox whether it came over NATS or in process (`port`)."""
+
     def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
                  headers: list[tuple[bytes, bytes]], read_timeout: float, *, first: bytes = b"",
-                 ended: bool = False) -> None:
+                 ended: bool = False, port: LocalPort | None = None) -> None:
         self._nc = nc
+        self._port = port
         self._target = target
         self._sub = sub
         self._reply = reply
@@ -215,19 +220,31 @@ class NatsResponse:
         self._closed = True
         if not self._ended:
             # The client left: tell the agent, which drops its engine connection (frees the slot).
-            with contextlib.suppress(Exception):
-                await self._nc.publish(infer_cancel_subject(self._target.host_id), self._reply.encode("ascii"))
+            await _cancel(self._nc, self._port, self._target, self._reply)
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
 
 
+async def _cancel(nc: NATS, port: LocalPort | None, target: InferTarget, reply: str) -> None:
+    """Ask the host's agent to stop answering `reply`."""
+    if port is not None:
+        port.cancel(reply)
+        return
+    with contextlib.suppress(Exception):
+        await nc.publish(infer_cancel_subject(target.host_id), reply.encode("ascii"))
+
+
 class NatsUpstream:
     """`nc` None (a gateway on the in-memory log) refuses every request as a connect error.
-    `signer`: the gateway's identity (its log's authorship), None on a grid without identities."""
+    `signer`: the gateway's identity (its log's authorship), None on a grid without identities.
+    `local`: responders in this process (grid.infer.local), tried before NATS."""
 
     def __init__(self, nc: NATS | None, *, connect_timeout: float = 5.0, read_timeout: float = 600.0,
-                 signer: Authorship | None = None) -> None:
+                 signer: Authorship | None = None, local: LocalResponders | None = None) -> None:
         self.nc = nc
+        self.local = local
+        # Requests handed to an in-process responder instead of published.
+        self.sent_in_process = 0
         self.signer = signer
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -261,9 +278,10 @@ class NatsUpstream:
             key = name.decode("latin-1").title()
             if key in wire.FORWARDED_REQUEST_HEADERS:
                 out[key] = value.decode("latin-1")
+        port = self.local.get(target.host_id) if self.local is not None else None
         try:
             reply = sub.subject
-            first = await self._first_answer(target, body, reply, sub, out)
+            first = await self._first_answer(target, body, reply, sub, out, port)
             headers_in = first.headers or {}
             if wire.H_ERROR in headers_in:
                 if headers_in.get(wire.H_PHASE) == wire.PHASE_CONNECT:
@@ -273,12 +291,11 @@ class NatsUpstream:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
-                                first=first.data or b"", ended=wire.H_END in headers_in)
+                                first=first.data or b"", ended=wire.H_END in headers_in, port=port)
         except UpstreamConnectionLost:
             # The agent may have the request: ask it to stop (sent once reconnected; it also
             # stops a request still in the client's buffer, which is sent just before it).
-            with contextlib.suppress(Exception):
-                await nc.publish(infer_cancel_subject(target.host_id), sub.subject.encode("ascii"))
+            await _cancel(nc, port, target, sub.subject)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             raise
@@ -292,8 +309,10 @@ class NatsUpstream:
                 await sub.unsubscribe()
             raise
 
-    async def _first_answer(self, target: InferTarget, body: bytes, reply: str, sub: Any, headers: dict[str, str]) -> Any:
-        """Publish the request and wait for the agent's first message.
+    async def _first_answer(self, target: InferTarget, body: bytes, reply: str, sub: Any, headers: dict[str, str],
+                            port: LocalPort | None) -> Any:
+        """Publish the request (or hand it to the host's in-process responder, `port`) and wait
+        for the agent's first message.
 
         A no-responders status proves the request reached nobody, so publishing it again
         cannot execute it twice. nats-server can report no responders for a moment after a
@@ -305,7 +324,12 @@ class NatsUpstream:
         if self.signer is not None:
             headers = {**headers, **self.signer.sign(subject, body)}
         for delay in NO_RESPONDER_RETRIES:
-            await self.nc.publish(subject, body, reply=reply, headers=headers)
+            if port is not None:
+                # The message NATS would deliver; an in-process responder is always subscribed.
+                await port.deliver(Msg(self.nc, subject=subject, reply=reply, data=body, headers=headers), sub)
+                self.sent_in_process += 1
+            else:
+                await self.nc.publish(subject, body, reply=reply, headers=headers)
             try:
                 first = await sub.next_msg(timeout=self.connect_timeout)
             except _ConnectionLost as exc:

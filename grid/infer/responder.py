@@ -30,6 +30,7 @@ from grid.identity.permissions import Role
 from grid.identity.replies import check_request
 from grid.identity.signing import Verifier
 from grid.infer import wire
+from grid.infer.local import ReplySink
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -148,6 +149,12 @@ class InferenceResponder:
         self._lost_replies: set[str] = set()
         # Requests answered with nothing, by reason (grid.identity.replies).
         self.refused: dict[str, int] = {}
+        # In-process answers (grid.infer.local): reply subject -> the requester's inbox.
+        self._local: dict[str, ReplySink] = {}
+        # The last message of an in-process answer, held until its task is done (see _publish).
+        self._local_end: dict[str, Msg] = {}
+        # Requests that came in process rather than over NATS (also counted in `served`).
+        self.delivered_in_process = 0
 
     async def start(self) -> None:
         self._subs = [
@@ -185,6 +192,22 @@ class InferenceResponder:
     def _done(self, reply: str) -> None:
         self._active.pop(reply, None)
         self._lost_replies.discard(reply)
+        sink = self._local.pop(reply, None)
+        end = self._local_end.pop(reply, None)
+        if sink is not None and end is not None:
+            sink.put(end)
+
+    async def deliver(self, msg: Msg, sink: ReplySink) -> None:
+        """A request from a requester in this process (grid.infer.local): handled exactly as if
+        NATS had delivered `msg`, its answer put in `sink` instead of published."""
+        if not self._subs:
+            return  # stopped: no answer, as on NATS
+        self._local[msg.reply] = sink
+        await self._on_request(msg)
+        if msg.reply not in self._active:  # refused: nothing will be sent
+            self._local.pop(msg.reply, None)
+        else:
+            self.delivered_in_process += 1
 
     def connection_lost(self) -> None:
         """This agent's NATS connection was lost: stop every answer in flight (the engine stops
@@ -203,7 +226,11 @@ class InferenceResponder:
             log.warning("infer.connection_lost", stopped=stopped)
 
     async def _on_cancel(self, msg: Msg) -> None:
-        task = self._active.get(msg.data.decode("ascii", "replace"))
+        self.cancel(msg.data.decode("ascii", "replace"))
+
+    def cancel(self, reply: str) -> None:
+        """The requester left: stop the answer to `reply` (its engine connection closes)."""
+        task = self._active.get(reply)
         if task is not None:
             self.cancelled += 1
             task.cancel()
@@ -218,10 +245,23 @@ class InferenceResponder:
         # so a marker is never published after message 0.
         if not answer.started:
             with contextlib.suppress(Exception):
-                await self.nc.publish(reply, b"", headers={wire.H_WORKING: "1"})
+                await self._publish(reply, b"", {wire.H_WORKING: "1"})
 
     async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
-        await self.nc.publish(reply, body, headers={wire.H_SEQ: str(seq), **headers})
+        await self._publish(reply, body, {wire.H_SEQ: str(seq), **headers})
+
+    async def _publish(self, reply: str, body: bytes, headers: dict[str, str]) -> None:
+        sink = self._local.get(reply)
+        if sink is None:
+            await self.nc.publish(reply, body, headers=headers)
+        elif wire.H_END in headers:
+            # Handed over once this answer's task is done (engine connection closed or pooled,
+            # counters updated): over NATS the broker's hop covers that moment; in process the
+            # requester would otherwise see the end while the slot is still held.
+            self._local_end[reply] = Msg(self.nc, subject=reply, data=body, headers=headers)
+        else:
+            # The message NATS would have delivered, without the broker.
+            sink.put(Msg(self.nc, subject=reply, data=body, headers=headers))
 
     async def _end_lost(self, reply: str, seq: int) -> None:
         """Best effort (buffered until reconnected): the answer ends, and why."""
