@@ -26,8 +26,10 @@ Rules, in the order they are applied:
   queueing behind a transfer) and is deferred with it when the load is deferred.
 * An obsolete ready replica is drained only when every desired replica of that model reports
   ready (make-before-break, invariants 3 and 5), the model has no shortfall to protect (the last
-  replica is kept), minimum residency and the scale-down cooldown have elapsed. The deliberate
-  exception is an explicit staged preemption from the plan: the victim drains first, at most
+  replica is kept), minimum residency and the scale-down cooldown have elapsed. The cooldown
+  yields on a host where a model with direct demand is short and would fit once the copies the
+  plan no longer wants there are gone: those surplus copies are the first memory given up.
+  The deliberate exception is an explicit staged preemption from the plan: the victim drains first, at most
   ``PREEMPTIONS_PER_MODEL`` times per model per ``PREEMPTION_WINDOW_SECONDS`` while the
   beneficiary already has a ready replica (``preemption_budget``; bounds ping-pong).
   An operator drain is the same make-before-break evacuation (the planner retains the draining
@@ -402,6 +404,10 @@ class Reconciler:
             self.beneficiaries.setdefault((pre.host_id, pre.beneficiary_model), pre)
         self.shortfall_models = frozenset(s.model_id for s in plan.shortfalls if s.wanted > s.placed)
         self.evidence_rank = {b.model_id: EVIDENCE_ORDER.get(b.evidence, 1) for b in plan.basis}
+        # Models with direct demand the plan could not place in full: a scale-down the cooldown
+        # alone would hold gives way to them (``_cooldown_yields``).
+        direct = frozenset(b.model_id for b in plan.basis if b.evidence == "direct")
+        self.direct_short = tuple(sorted(m for m in self.shortfall_models if m in direct))
         # Per planned model, the holders of a managed copy that are still eligible for it.
         self.eligible_holders = {b.model_id: frozenset(b.eligible_holders) for b in plan.basis}
         self.all_desired_ready: dict[str, bool] = {
@@ -798,7 +804,7 @@ class Reconciler:
                 reasons.append(AWAITING_REPLACEMENT)
             if reason == DRAIN_SCALE_DOWN and r.last_used_at is not None and (
                 now - r.last_used_at < profile.scale_down_cooldown_seconds
-            ):
+            ) and not self._cooldown_yields(host):
                 reasons.append(SCALE_DOWN_COOLDOWN)
         if r.state == "ready" and not retiring and profile is not None and r.loaded_at is not None and (
             now - r.loaded_at < profile.min_residency_seconds
@@ -822,6 +828,27 @@ class Reconciler:
                                 preemption_for=pre.beneficiary_model if pre else None,
                                 priority=_priority(self.profiles, pre, profile))
         self.candidates.append(_Candidate(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
+
+    def _cooldown_yields(self, host: HostSnapshot) -> bool:
+        """Whether the scale-down cooldown stops holding surplus copies on `host`: a model with
+        direct demand is short and would fit here once the copies the plan no longer wants on the
+        host are gone (the cooldown damps churn; it must not keep named demand waiting)."""
+        if not self.direct_short:
+            return False
+        res = host.resources
+        surplus = sum(r.memory_mb for r in host.residencies
+                      if r.managed and not r.pinned and r.state == "ready"
+                      and (host.host_id, r.model_id) not in self.desired)
+        room = _free_memory(host) + surplus
+        for model_id in self.direct_short:
+            p = self.profiles.get(model_id)
+            if p is None or (host.host_id, model_id) in self.desired:
+                continue
+            if not set(p.runtimes) & set(res.runtimes) or (p.backends and not set(p.backends) & set(res.backends)):
+                continue
+            if p.memory_mb <= room:
+                return True
+        return False
 
     # --- 6. slot the candidates in service order --------------------------------------------------
 

@@ -1,0 +1,41 @@
+"""Issue 28 decision fixes, each with the example that failed before."""
+
+from __future__ import annotations
+
+import msgspec
+
+from grid.controller import reconcile as rc
+from grid.planner.types import ModelBasis, Shortfall
+
+from tests.unit.controller.ctlkit import NOW, History, host, mkplan, placement, profile, profiles, reasons, \
+    reconcile_hosts, res
+
+
+def _named_short(evidence: str, memory_mb: int):  # type: ignore[no-untyped-def]
+    """A plan that keeps one `general` copy on h2 (the h1 copy is surplus) while `named` is short."""
+    plan = mkplan(placement("general", "h2", status="existing", memory=6000), placement("embed", "h1", status="existing"),
+                  shortfalls=[Shortfall(model_id="named", wanted=1, placed=0, reason="insufficient_memory")])
+    plan = msgspec.structs.replace(plan, basis=(
+        ModelBasis(model_id="general", evidence="direct", eligible_holders=("h1", "h2")),
+        ModelBasis(model_id="named", evidence=evidence),
+    ))
+    profs = profiles(profile("general", memory_mb=6000, scale_down_cooldown_seconds=600.0),
+                     profile("embed"), profile("named", memory_mb=memory_mb))
+    # h1: 16 GB with the surplus general copy (used 30 s ago) and the embedder: 9 GB free.
+    hosts = [host("h1", res("general", memory=6000, used_age=30), res("embed")),
+             host("h2", res("general", memory=6000))]
+    return reconcile_hosts(plan, hosts, History().state, profs, NOW)
+
+
+def test_a_copy_held_only_by_the_cooldown_gives_way_to_short_named_demand() -> None:
+    # 12 GB of named demand fits on h1 once the surplus general copy is gone. Before, the
+    # scale-down cooldown kept that copy for ten minutes while the named model stayed short.
+    r = _named_short("direct", 12_000)
+    assert ("drain", "h1", "general") in [(a.kind, a.host_id, a.model_id) for a in r.actions]
+    assert reasons(r).get(("drain", "h1", "general")) is None
+
+
+def test_the_cooldown_still_holds_for_inferred_demand_or_demand_that_would_not_fit() -> None:
+    assert reasons(_named_short("inferred", 12_000))[("drain", "h1", "general")] == rc.SCALE_DOWN_COOLDOWN
+    # 16 GB would not fit on h1 even with the surplus copy gone: no point giving it up.
+    assert reasons(_named_short("direct", 16_000))[("drain", "h1", "general")] == rc.SCALE_DOWN_COOLDOWN
