@@ -1,9 +1,11 @@
-"""An engine Grid did not start, registered as inventory on a host of a one-machine test fleet
-(`gridctl test start --machines 1`: real NATS with identities, controller, gateway, an agent that
-joined by invitation, llama.cpp with the SmolLM2 GGUF).
+"""An engine Grid did not start, registered as inventory on a host of a test fleet (real NATS with
+identities, controller, gateway, agents that joined by invitation, llama.cpp with the SmolLM2
+GGUF): one machine (`gridctl test start --machines 1`), and two machines in their own network
+namespaces (`--machines 2 --netns`) with the engine on the second, inside its namespace, so the
+gateway's requests cross to another machine.
 
 The test starts its own llama-server (the session's runtime, outside Grid, with its own API key),
-registers it with `gridctl engine add` on the host, and checks that Grid serves it through the
+registers it with `gridctl engine add` on that host, and checks that Grid serves it through the
 gateway (chat and streaming), keeps serving it when the model's profile is retired, the host is
 drained and the agent is killed and restarted, never signals it (same pid, alive), and stops
 routing to it within 5 s of its death, with status saying why.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from grid.agent.ownership import HOST_ENV, OWNER_ENV
 from grid.events.embedded import free_port
 from grid.fleet import ADMITTING_HOST_STATES
 from grid.testfleet import fleet as fleetlib
+from grid.testfleet import netns
 from grid.testfleet.state import load_state
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 from tests.ports import fleet_engine_port_base
@@ -51,7 +55,9 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: fl
 
 
 @dataclass
-class OneMachine:
+class EngineHost:
+    """A test fleet and the host (its last) where the external engine runs."""
+
     home: Path
     gateway: str
 
@@ -59,17 +65,26 @@ class OneMachine:
     def root(self) -> Path:
         return self.home / "testfleet"
 
-    @property
-    def host_id(self) -> str:
+    def _record(self) -> Any:
         state = load_state(self.root)
         assert state is not None
-        return state.hosts[0].host_id
+        return state.hosts[-1]
+
+    @property
+    def host_id(self) -> str:
+        return str(self._record().host_id)
+
+    @property
+    def netns(self) -> str | None:
+        return self._record().netns
+
+    def inside(self, argv: list[str]) -> list[str]:
+        """`argv` run on the engine's machine (inside its namespace, when it has one)."""
+        return [*netns.exec_prefix(self.netns), *argv]
 
     @property
     def agent_state_dir(self) -> Path:
-        state = load_state(self.root)
-        assert state is not None
-        return Path(state.hosts[0].home) / "agent"
+        return Path(self._record().home) / "agent"
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
         state = load_state(self.root)
@@ -80,20 +95,36 @@ class OneMachine:
         return next(h for h in self.admin("GET", "/allocator/status")["hosts"] if h["host_id"] == self.host_id)
 
     def engine(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return gridctl(self.home, "engine", *args, "--state-dir", str(self.agent_state_dir))
+        """`gridctl engine ...` on the engine's machine (its probe reaches the engine's loopback)."""
+        env = {k: v for k, v in os.environ.items() if k != "GRID_NATS_URL"} | {"GRID_HOME": str(self.home),
+                                                                              "COLUMNS": "400"}
+        return subprocess.run(self.inside([sys.executable, "-m", "grid.cli.main", "engine", *args, "--state-dir",
+                                           str(self.agent_state_dir)]),
+                              env=env, capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture
-def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[OneMachine]:
+FLEETS = {"one-machine": ("--machines", "1"), "netns-two-machines": ("--machines", "2", "--netns")}
+
+
+@pytest.fixture(params=sorted(FLEETS))
+def fleet(request: pytest.FixtureRequest, tmp_path: Path, bundled_model_home: Path,
+          engine_runtime: Runtime) -> Iterator[EngineHost]:
+    args = FLEETS[request.param]
     home = tmp_path / "home"
     seed_fleet_models(home, bundled_model_home)
+    ours: set[str] = set()
     try:
-        started = gridctl(home, "test", "start", "--machines", "1", "--engine-port-base",
-                          str(fleet_engine_port_base(1)), "--json")
+        started = gridctl(home, "test", "start", *args, "--engine-port-base",
+                          str(fleet_engine_port_base(int(args[1]))), "--json", timeout=300)
         assert started.returncode == 0, started.stderr
-        yield OneMachine(home, json.loads(started.stdout)["gateway_url"])
+        state = load_state(home / "testfleet")
+        assert state is not None
+        ours = {h.netns for h in state.hosts if h.netns}
+        yield EngineHost(home, json.loads(started.stdout)["gateway_url"])
     finally:
-        gridctl(home, "test", "stop", timeout=180)
+        stopped = gridctl(home, "test", "stop", timeout=240)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not ours & set(netns.existing_namespaces()), "a namespace of this fleet was left behind"
 
 
 @dataclass
@@ -111,28 +142,30 @@ class ExternalEngine:
 
 
 @pytest.fixture
-def external_engine(tmp_path: Path, bundled_gguf: Path, engine_runtime: Runtime) -> Iterator[ExternalEngine]:
-    """A llama-server started by hand (no Grid owner marker in its environment), with an API key."""
+def external_engine(fleet: EngineHost, tmp_path: Path, bundled_gguf: Path,
+                    engine_runtime: Runtime) -> Iterator[ExternalEngine]:
+    """A llama-server started by hand on the fleet's engine host (no Grid owner marker in its
+    environment), with an API key."""
     key_file = tmp_path / "external.key"
     key_file.write_text("sk-external-test-key\n")
     key_file.chmod(0o600)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in (OWNER_ENV, HOST_ENV)}
     log = (tmp_path / "external-engine.log").open("wb")
-    proc = subprocess.Popen(
+    # `ip netns exec` enters the namespace and execs the server: the pid is the server's.
+    proc = subprocess.Popen(fleet.inside(
         [*engine_runtime.command, "--model", str(bundled_gguf), "--host", "127.0.0.1", "--port", str(port),
          "--api-key-file", str(key_file), "--alias", MODEL, "--ctx-size", "1024", "--parallel", "2",
-         "--threads", "1", "--no-webui"],
+         "--threads", "1", "--no-webui"]),
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     engine = ExternalEngine(proc, f"http://127.0.0.1:{port}", key_file)
     try:
         def healthy() -> bool:
             assert proc.poll() is None, (tmp_path / "external-engine.log").read_text()[-2000:]
-            try:
-                return httpx.get(engine.url + "/health", timeout=1, trust_env=False).status_code == 200
-            except httpx.HTTPError:
-                return False
+            probe = subprocess.run(fleet.inside([sys.executable, "-c", HEALTH_CHECK, engine.url + "/health"]),
+                                   capture_output=True, timeout=30)
+            return probe.returncode == 0
 
         wait_until("the external llama-server to be healthy", healthy, 120)
         yield engine
@@ -143,6 +176,14 @@ def external_engine(tmp_path: Path, bundled_gguf: Path, engine_runtime: Runtime)
         log.close()
 
 
+# Run on the engine's machine: exit 0 when the URL answers 200.
+HEALTH_CHECK = (
+    "import sys, httpx\n"
+    "try:\n    sys.exit(0 if httpx.get(sys.argv[1], timeout=1, trust_env=False).status_code == 200 else 1)\n"
+    "except httpx.HTTPError:\n    sys.exit(1)\n"
+)
+
+
 def chat(gateway: str, stream: bool) -> tuple[int, str | None, bytes]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Reply with OK"}], "max_tokens": 4,
             "stream": stream}
@@ -151,7 +192,7 @@ def chat(gateway: str, stream: bool) -> tuple[int, str | None, bytes]:
             return r.status_code, r.headers.get("x-grid-host"), r.read()
 
 
-def served_by_external(fleet: OneMachine) -> None:
+def served_by_external(fleet: EngineHost) -> None:
     """A plain and a streamed chat through the gateway, both answered by the host."""
     status, host, body = chat(fleet.gateway, stream=False)
     assert status == 200, body
@@ -162,7 +203,7 @@ def served_by_external(fleet: OneMachine) -> None:
     assert host == fleet.host_id and b"[DONE]" in body
 
 
-def residency(fleet: OneMachine, managed: bool) -> dict[str, Any] | None:
+def residency(fleet: EngineHost, managed: bool) -> dict[str, Any] | None:
     return next((r for r in fleet.host()["residencies"] if r["model_id"] == MODEL and r["managed"] == managed), None)
 
 
@@ -180,7 +221,7 @@ def grid_engines(host_id: str) -> list[int]:
 
 
 def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
-    fleet: OneMachine, external_engine: ExternalEngine, tmp_path: Path,
+    fleet: EngineHost, external_engine: ExternalEngine, tmp_path: Path,
 ) -> None:
     engine = external_engine
     pid = engine.proc.pid
@@ -243,8 +284,10 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
     engine.proc.kill()
     died = time.monotonic()
     engine.proc.wait(timeout=10)
+    # Until the probe notices, a request may still reach the agent and fail to connect (502);
+    # unroutable means the gateway no longer sends it anywhere (no ready replica).
     wait_until("the gateway to stop routing to the dead engine",
-               lambda: chat(fleet.gateway, stream=False)[0] != 200, 5.0, interval=0.1)
+               lambda: chat(fleet.gateway, stream=False)[0] in (404, 503), 5.0, interval=0.1)
     assert time.monotonic() - died < 5.0
     status, _, body = chat(fleet.gateway, stream=False)
     assert status in (404, 503), body
