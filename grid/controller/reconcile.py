@@ -29,8 +29,8 @@ Rules, in the order they are applied:
   replica is kept), minimum residency and the scale-down cooldown have elapsed. The cooldown
   yields on a host where a model with direct demand is short and would fit once the copies the
   plan no longer wants there are gone: those surplus copies are the first memory given up.
-  The deliberate exception is an explicit staged preemption from the plan: the victim drains first, at most
-  ``PREEMPTIONS_PER_MODEL`` times per model per ``PREEMPTION_WINDOW_SECONDS`` while the
+  The deliberate exception is an explicit staged preemption from the plan: the victim drains
+  first, at most ``PREEMPTIONS_PER_MODEL`` times per model per ``PREEMPTION_WINDOW_SECONDS`` while the
   beneficiary already has a ready replica (``preemption_budget``; bounds ping-pong).
   An operator drain is the same make-before-break evacuation (the planner retains the draining
   host's ready copy until its replacement is ready, and the gateway keeps routing to it) with a

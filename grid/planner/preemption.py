@@ -17,7 +17,9 @@ the victim's displaced demand counts against the beneficiary's gain, so a brief 
 evict steady work that then returns and is evicted again (ping-pong).
 
 Never a victim: external (managed=False) or operator-pinned residencies, a model's own pinned
-host, incumbents inside their minimum residency, and anything of equal or higher priority.
+host, incumbents inside their minimum residency, anything of equal or higher priority, and a
+model's only ready replica while that model itself wants more replicas than it has ready (it
+would lose all service while short, and such a victim did not come back the same day).
 Inferred-only demand never preempts; it may only wait for capacity that obsolete residencies
 are already releasing (``AWAITING_RELEASE``, no eviction). Each plan stages at most
 ``policy.max_evictions`` evictions.
@@ -87,6 +89,21 @@ def protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
     return led.now - residency.loaded_at < vms.profile.min_residency_seconds
 
 
+def sole_ready_while_short(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
+    """The residency is its model's only ready replica and the model's target is more than one."""
+    if residency.state != "ready" or vms.wanted <= 1:
+        return False
+    model_id = vms.req.model_id
+    ready = 0
+    for other in led.hosts:
+        r = other.residencies.get(model_id)
+        if r is not None and r.state == "ready":
+            ready += 1
+            if ready > 1:
+                return False
+    return True
+
+
 def _victims_on(
     led: Ledger, hs: HostState, ms: ModelState, destructive: bool
 ) -> list[Victim]:
@@ -100,7 +117,7 @@ def _victims_on(
         if r is None or not r.managed or r.pinned:
             continue
         vms = led.by_model[slot.model_id]
-        if hs.host_id in vms.req.pins or protected(led, vms, r):
+        if hs.host_id in vms.req.pins or protected(led, vms, r) or sole_ready_while_short(led, vms, r):
             continue
         entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
         out.append(make_victim(led, hs, vms, r, slot.memory_mb, True, entry))
@@ -108,7 +125,7 @@ def _victims_on(
         if mm.preempted or vms.priority >= ms.priority:
             continue
         r = mm.residency
-        if hs.host_id in vms.req.pins or protected(led, vms, r):
+        if hs.host_id in vms.req.pins or protected(led, vms, r) or sole_ready_while_short(led, vms, r):
             continue
         out.append(make_victim(led, hs, vms, r, max(0, int(r.memory_mb)), False, mm))
     out.sort(key=Victim.key)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import msgspec
 
 from grid.controller import reconcile as rc
+from grid.planner.plan import plan as planner_plan
 from grid.planner.types import ModelBasis, Shortfall
 
+from tests.unit.planner import builders as pb
 from tests.unit.controller.ctlkit import NOW, History, host, mkplan, placement, profile, profiles, reasons, \
     reconcile_hosts, res
 
@@ -39,3 +41,19 @@ def test_the_cooldown_still_holds_for_inferred_demand_or_demand_that_would_not_f
     assert reasons(_named_short("inferred", 12_000))[("drain", "h1", "general")] == rc.SCALE_DOWN_COOLDOWN
     # 16 GB would not fit on h1 even with the surplus copy gone: no point giving it up.
     assert reasons(_named_short("direct", 16_000))[("drain", "h1", "general")] == rc.SCALE_DOWN_COOLDOWN
+
+
+def test_no_preemption_of_a_models_only_ready_replica_while_that_model_is_short() -> None:
+    # `research` wants 3 replicas and has its one ready copy on the only host. Before, direct
+    # demand for the higher-priority `image` staged a preemption of that only ready copy, and
+    # `research` lost all service while short.
+    old = pb.NOW - 10_000
+    hosts = [pb.host("h1", 10_000, residencies=(pb.res("research", 8000, loaded_at=old),))]
+    profiles = [pb.prof("research", 8000, priority=0, max_replicas=3), pb.prof("image", 8000, priority=5)]
+    p = planner_plan(pb.mk(profiles, hosts, [pb.want("research", 3), pb.want("image", 1)]))
+    assert [x.victim_model for x in p.preemptions] == []
+    assert pb.on(p, "research") == ["h1"]
+    assert pb.count(p, "image") == 0
+    # Without a target of its own it is not short: the higher-priority model may take its place.
+    p = planner_plan(pb.mk(profiles, hosts, [pb.want("image", 1)]))
+    assert [x.victim_model for x in p.preemptions] == ["research"]
