@@ -131,6 +131,8 @@ def summary(f: FleetResult) -> dict:
             "churn": sum(r.churn for r in reps),
             "churn_excluding_first": sum(r.churn_excluding_first for r in reps),
             "evening_memory_gib": round(_median([r.evening_memory_gib for r in reps]), 4),
+            "evening_to_day_memory": round(_median([_ratio(r.evening_memory_gib, r.memory_mean_gib)
+                                                    for r in reps]), 4),
             "safety_violations": sum(r.safety_violations for r in reps),
         }
     if f.oracle:
@@ -140,6 +142,8 @@ def summary(f: FleetResult) -> dict:
             "churn": sum(o["mutations"] for o in f.oracle),
             "churn_excluding_first": sum(o["mutations_excluding_first"] for o in f.oracle),
             "evening_memory_gib": round(_median([o["evening_memory_gib"] for o in f.oracle]), 4),
+            "evening_to_day_memory": round(_median([_ratio(o["evening_memory_gib"], o["memory_mean_gib"])
+                                                    for o in f.oracle]), 4),
         }
     return rows
 
@@ -192,15 +196,16 @@ def render(results: list[FleetResult]) -> str:
     for f in results:
         lines.append(f"fleet {f.machines} machines, {f.day} day ({f.minutes} min), seeds {','.join(map(str, f.seeds))}")
         lines.append(f"  {'strategy':<10}{'served':>9}{'least':>9}{'SLO':>9}{'churn':>7}{'later':>7}{'evening':>10}"
-                     f"{'unsafe':>8}")
+                     f"{'eve/day':>9}{'unsafe':>8}")
         for strategy, row in summary(f).items():
             slo = f"{row['slo_attainment']:>9.4f}" if "slo_attainment" in row else f"{'-':>9}"
             unsafe = row.get("safety_violations", "-")
             lines.append(f"  {strategy:<10}{row['served_demand']:>9.4f}{row['least_feasible_workload_service']:>9.4f}"
-                         f"{slo}{row['churn']:>7}{row['churn_excluding_first']:>7}{row['evening_memory_gib']:>9.1f}G{unsafe:>8}")
+                         f"{slo}{row['churn']:>7}{row['churn_excluding_first']:>7}{row['evening_memory_gib']:>9.1f}G"
+                         f"{row['evening_to_day_memory']:>9.2f}{unsafe:>8}")
     lines.append("")
     lines.append("  later: churn after each machine's first start of each model; evening: mean resident memory "
-                 "in the cooldown phase")
+                 "in the cooldown phase; eve/day: that over the day's mean")
     lines.append("gates")
     for f in results:
         for g in gates(f):
