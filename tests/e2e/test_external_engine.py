@@ -269,16 +269,23 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
     resumed = gridctl(fleet.home, "node", "resume", "--state-dir", str(fleet.agent_state_dir))
     assert resumed.returncode == 0, resumed.stderr
 
-    # Kill the agent and start it again: the registration is on disk, the engine untouched.
-    fleetlib.kill_agent(fleet.root, fleet.host_id)
-    fleetlib.restart_agent(fleet.root, fleet.host_id)
-    wait_until("the restarted agent reporting", lambda: fleet.host()["fresh"]
-               and fleet.host()["state"] in ADMITTING_HOST_STATES and (r := residency(fleet, False)) and r["state"] == "ready",
-               60)
-    wait_until("the gateway routing to it again", lambda: chat(fleet.gateway, stream=False)[0] == 200, 30)
-    served_by_external(fleet)
-    assert engine.alive_and_unsignalled() and engine.proc.pid == pid
-    assert not grid_engines(fleet.host_id)
+    # Stop the agent (a graceful stop drains and stops every child it owns) and kill it; each
+    # time it starts again from the registration on disk, and the engine is untouched.
+    for how in ("stop", "kill"):
+        if how == "stop":
+            stopped = gridctl(fleet.home, "node", "stop", "--state-dir", str(fleet.agent_state_dir))
+            assert stopped.returncode == 0, stopped.stderr
+        else:
+            fleetlib.kill_agent(fleet.root, fleet.host_id)
+        assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+        fleetlib.restart_agent(fleet.root, fleet.host_id)
+        wait_until(f"the agent reporting after its {how}", lambda: fleet.host()["fresh"]
+                   and fleet.host()["state"] in ADMITTING_HOST_STATES and (r := residency(fleet, False))
+                   and r["state"] == "ready", 60)
+        wait_until("the gateway routing to it again", lambda: chat(fleet.gateway, stream=False)[0] == 200, 30)
+        served_by_external(fleet)
+        assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+        assert not grid_engines(fleet.host_id)
 
     # Death: unroutable within 5 s, and status says why.
     engine.proc.kill()
@@ -296,6 +303,14 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
     warnings = fleet.host()["warnings"]
     assert any(w.startswith(f"external_engine_unreachable: {MODEL} at {engine.url}") for w in warnings), warnings
 
-    # No key anywhere it must not be: the fleet's logs and the agent's heartbeat text.
-    for log_file in (fleet.root / "logs").glob("*.log"):
-        assert "sk-external-test-key" not in log_file.read_text(errors="replace"), log_file
+    # The key is on no event and in no log; the heartbeats carried the engine as external.
+    state = load_state(fleet.root)
+    assert state is not None
+    exported = subprocess.run(
+        [sys.executable, "-m", "grid.cli.main", "events", "export", "--stream", "hosts", "--nats", state.nats_url],
+        env={k: v for k, v in os.environ.items() if k not in ("GRID_NATS_URL", "GRID_AGENT_STATE_DIR")}
+        | {"GRID_HOME": str(fleet.root / "control")}, capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    assert f'"endpoint":"{engine.url}"' in exported.stdout.replace('\\"', '"').replace(" ", "")
+    for text in (exported.stdout, *(f.read_text(errors="replace") for f in (fleet.root / "logs").glob("*.log"))):
+        assert "sk-external-test-key" not in text
