@@ -75,3 +75,11 @@ def test_graduate_takes_explicit_seeds_as_well_as_a_count() -> None:
         assert res.exit_code == 2 and message in res.output, (seeds, res.output)
     res = runner.invoke(app, ["test", "graduate", "--days", "weekend"])
     assert res.exit_code == 2 and "--days" in res.output, res.output
+
+
+def test_graduate_json_is_byte_stable_and_a_count_equals_its_explicit_seeds() -> None:
+    base = ["test", "graduate", "--fleets", "2", "--hours", "0.25", "--days", "classic", "--json"]
+    a = runner.invoke(app, base + ["--seeds", "2"])
+    b = runner.invoke(app, base + ["--seeds", "1,2"])
+    assert a.exit_code in (0, 1), a.output
+    assert a.stdout_bytes == b.stdout_bytes
