@@ -25,17 +25,36 @@ never holds), so comparing them would time a path no user's request takes. The a
 engine hop uses grid.gateway.h1's pool (grid.agent.engine_client), and is in every figure here.
 
     python -m bench.gateway_overhead [--rounds 200] [--threads 1]
+
+`--one-process` measures `gridctl up`'s composition instead: a LocalGrid (embedded nats-server
+with identities, controller, gateway and host agent in one process, the agent's llama-server
+child) in a process of its own, the bench's client outside it. Each round calls the engine
+directly, through the gateway with the request handed to the agent in process
+(grid.infer.local), and through the gateway with the agent taken out of the registry, so the
+same process sends it over NATS (order rotating each round). It prints the latency table of
+both gateway paths against the direct one, their difference, and the CPU per request of the
+grid process and of nats-server on each path (each request's CPU delta, summed per path).
+
+    python -m bench.gateway_overhead --one-process [--rounds 200]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import httpx
+import psutil
 
-from bench._common import overhead_args, overhead_rounds, print_latency_table
+from bench._common import cpu_seconds, one_plain, one_ttft, overhead_rounds, pct, print_latency_table
 
 
 async def run(rounds: int, threads: int, warmup: int) -> None:
@@ -56,9 +75,161 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
     print(f"goal median added <= 2 ms: {'met' if added <= 2.0 else 'NOT met'} ({added:.2f} ms)")
 
 
+# Lines of the grid process's protocol (among its own progress lines).
+READY = "bench-grid-ready "
+SWITCHED = "bench-grid-switched"
+
+
+async def serve_one_process(home: Path) -> None:
+    """The grid process of `--one-process`: start a LocalGrid, print where it serves, then for
+    each stdin line "in-process" or "nats" route the agent's requests that way and answer "ok"."""
+    from grid.agent.service import AgentOptions
+    from grid.config import GridConfig
+    from grid.localgrid import LocalGrid
+
+    grid = LocalGrid(GridConfig(home=home, nats_url=None), agent_options=AgentOptions(failure_domain="local"))
+    await grid.start()
+    try:
+        model = grid.profile.model_id
+        deadline = time.monotonic() + 180
+        while grid.residency_state(model) != "ready":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{model} never became ready")
+            await asyncio.sleep(0.2)
+        agent = grid.agent
+        assert grid.embedded is not None and grid.embedded.process is not None
+        print(READY + json.dumps({"gateway": grid.gateway_url, "model": model, "host": agent.host_id,
+                          "engine": f"http://127.0.0.1:{agent.state.residencies[model].port}",
+                          "key_file": str(agent.paths.engine_key), "nats_pid": grid.embedded.process.pid}),
+              flush=True)
+        loop = asyncio.get_running_loop()
+        while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            if line == "nats":
+                grid.local.remove(agent.host_id)
+            else:
+                grid.local.add(agent.host_id, lambda: agent.responder)
+            print(SWITCHED, flush=True)
+    finally:
+        await grid.stop()
+
+
+class OneProcessGrid:
+    """The grid process, told which way its gateway reaches its own agent."""
+
+    def __init__(self, home: Path) -> None:
+        from grid.agent.artifacts import ensure_bundled_model
+        from grid.config import GridConfig
+
+        cache_home = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
+        ensure_bundled_model(GridConfig(home=cache_home, nats_url=None))
+        (home / "artifacts").symlink_to(cache_home / "artifacts")
+        repo = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, GRID_HOME=str(home),
+                   PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+        env.pop("GRID_NATS_URL", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.gateway_overhead", "one-process-grid", str(home)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info: dict[str, object] = {}
+
+    async def started(self) -> dict[str, object]:
+        line = await asyncio.to_thread(self._readline, READY)
+        self.info = json.loads(line)
+        return self.info
+
+    def _readline(self, prefix: str) -> str:
+        """The next line of ours (the grid also writes its own progress to stdout)."""
+        assert self.proc.stdout is not None
+        while line := self.proc.stdout.readline():
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        raise RuntimeError("the grid process exited")
+
+    async def route(self, way: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(way + "\n")
+        self.proc.stdin.flush()
+        await asyncio.to_thread(self._readline, SWITCHED)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def run_one_process(rounds: int, warmup: int) -> None:
+    ways = ("direct", "in-process", "nats")
+    with tempfile.TemporaryDirectory(prefix="grid-bench-up-") as tmp:
+        grid = OneProcessGrid(Path(tmp))
+        try:
+            info = await grid.started()
+            model = str(info["model"])
+            key = Path(str(info["key_file"])).read_text().strip()
+            urls = {"direct": (f"{info['engine']}/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
+                    "in-process": (f"{info['gateway']}/v1/chat/completions", {}),
+                    "nats": (f"{info['gateway']}/v1/chat/completions", {})}
+            procs = {"grid process": psutil.Process(grid.proc.pid), "nats-server": psutil.Process(int(info["nats_pid"]))}
+            results: dict[str, dict[str, list[float]]] = {k: {w: [] for w in ways} for k in ("plain", "ttft")}
+            cpu = {w: {n: 0.0 for n in procs} for w in ways}
+            async with httpx.AsyncClient(trust_env=False, timeout=60.0) as client:
+                async def one(kind: str, way: str, measured: bool) -> None:
+                    if way != "direct":
+                        await grid.route(way)
+                    url, headers = urls[way]
+                    before = {n: cpu_seconds(p) for n, p in procs.items()}
+                    fn = one_plain if kind == "plain" else one_ttft
+                    latency = await fn(client, url, headers, model)
+                    if measured:
+                        results[kind][way].append(latency)
+                        for n, p in procs.items():
+                            cpu[way][n] += cpu_seconds(p) - before[n]
+
+                for _ in range(warmup):
+                    for way in ways:
+                        await one("plain", way, False)
+                        await one("ttft", way, False)
+                for i in range(rounds):
+                    order = ways[i % 3:] + ways[:i % 3]
+                    for kind in ("plain", "ttft"):
+                        for way in order:
+                            await one(kind, way, True)
+        finally:
+            grid.close()
+
+    print(f"gateway overhead, one process (`gridctl up`'s composition: embedded nats-server with identities, "
+          f"controller, gateway and agent in one process, bundled SmolLM2-135M Q4_1): {rounds} interleaved rounds, "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    for way in ("in-process", "nats"):
+        print(f"-- gateway -> agent {way}")
+        print_latency_table(results, "direct", way)
+    for kind, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
+        diffs = [n - i for i, n in zip(results[kind]["in-process"], results[kind]["nats"], strict=True)]
+        print(f"{label}: nats - in-process per round, median {pct(diffs, 0.5) * 1e3:.2f} ms, "
+              f"p90 {pct(diffs, 0.9) * 1e3:.2f} ms")
+    for way in ways:
+        per = {n: ms * 1e3 / (2 * rounds) for n, ms in cpu[way].items()}
+        print(f"CPU per request, {way}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items())
+              + f" (total {sum(per.values()):.3f} ms)")
+
+
 def main() -> None:
-    args = overhead_args(__doc__)
-    asyncio.run(run(args.rounds, args.threads, args.warmup))
+    if len(sys.argv) == 3 and sys.argv[1] == "one-process-grid":
+        asyncio.run(serve_one_process(Path(sys.argv[2])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200, help="interleaved measured rounds")
+    parser.add_argument("--warmup", type=int, default=10, help="unmeasured rounds first")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server threads (2 cores here)")
+    parser.add_argument("--one-process", action="store_true",
+                        help="gridctl up's composition: in-process against NATS for the gateway's own host")
+    args = parser.parse_args()
+    args.rounds, args.warmup = max(1, args.rounds), max(0, args.warmup)
+    if args.one_process:
+        asyncio.run(run_one_process(args.rounds, args.warmup))
+    else:
+        asyncio.run(run(args.rounds, args.threads, args.warmup))
 
 
 if __name__ == "__main__":
