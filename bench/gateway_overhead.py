@@ -36,6 +36,15 @@ both gateway paths against the direct one, their difference, and the CPU per req
 grid process and of nats-server on each path (each request's CPU delta, summed per path).
 
     python -m bench.gateway_overhead --one-process [--rounds 200]
+
+`--hop` isolates the hop that `--one-process` removes, without the HTTP front, the controller
+or the gateway's routing around it: one process holds an `InferenceResponder` (the agent's, with
+the agent's engine client and the engine key) and two requesters on their own NATS connection,
+one with that responder in its registry (grid.infer.local) and one without; they alternate
+non-streamed max_tokens=1 requests to one llama-server. It prints each path's median latency,
+the per-pair difference, and the CPU per request of that process and of nats-server.
+
+    python -m bench.gateway_overhead --hop [--rounds 300]
 """
 
 from __future__ import annotations
@@ -214,6 +223,97 @@ async def run_one_process(rounds: int, warmup: int) -> None:
               + f" (total {sum(per.values()):.3f} ms)")
 
 
+async def run_hop(rounds: int, warmup: int, threads: int) -> None:
+    import secrets
+
+    from grid.agent.artifacts import ensure_bundled_model
+    from grid.agent.engine_client import H1EngineClient
+    from grid.agent.engines.llama_cpp import EngineSpec, spawn
+    from grid.agent.engines.runtime import find_runtime, xllamacpp_runtime
+    from grid.config import GridConfig
+    from grid.events.embedded import EmbeddedNats, free_port
+    from grid.events.jetstream import JetStreamLog
+    from grid.infer.client import InferTarget, NatsUpstream
+    from grid.infer.local import LocalResponders
+    from grid.infer.responder import EngineRoute, InferenceResponder
+
+    cache = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
+    model_path = ensure_bundled_model(GridConfig(home=cache, nats_url=None))
+    runtime = find_runtime(None) or xllamacpp_runtime()
+    with tempfile.TemporaryDirectory(prefix="grid-bench-hop-") as tmp:
+        key = secrets.token_urlsafe(24)
+        key_file = Path(tmp) / "engine.key"
+        key_file.write_text(key)
+        key_file.chmod(0o600)
+        spec = EngineSpec(model_id="smol", model_path=model_path, port=free_port(), key_file=key_file, slots=1,
+                          context_size=1024, threads=threads)
+        engine = spawn(runtime.command, spec, Path(tmp) / "engine.log")
+        server = EmbeddedNats(Path(tmp) / "nats")
+        server.start()
+        try:
+            await _wait_engine(spec.endpoint, key)
+            agent_log = await JetStreamLog.connect(server.url, name="bench-agent")
+            gateway_log = await JetStreamLog.connect(server.url, name="bench-gateway")
+            responder = InferenceResponder(agent_log.client, "bench-host", lambda _m: EngineRoute(spec.endpoint, key),
+                                           engine_client=H1EngineClient())
+            await responder.start()
+            local = LocalResponders()
+            local.add("bench-host", lambda: responder)
+            upstreams = {"in-process": NatsUpstream(gateway_log.client, local=local),
+                         "nats": NatsUpstream(gateway_log.client)}
+            procs = {"this process": psutil.Process(), "nats-server": psutil.Process(server.process.pid)}  # type: ignore[union-attr]
+            body = json.dumps({"model": "smol", "max_tokens": 1, "temperature": 0,
+                               "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+            target = InferTarget("bench-host", "smol", "/v1/chat/completions")
+            latency: dict[str, list[float]] = {w: [] for w in upstreams}
+            cpu = {w: {n: 0.0 for n in procs} for w in upstreams}
+            for i in range(warmup + rounds):
+                for way in (list(upstreams) if i % 2 else list(upstreams)[::-1]):
+                    before = {n: cpu_seconds(p) for n, p in procs.items()}
+                    t0 = time.perf_counter()
+                    resp = await upstreams[way].post(target, body, [(b"content-type", b"application/json")])
+                    await resp.aread()
+                    await resp.aclose()
+                    elapsed = time.perf_counter() - t0
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"{way}: HTTP {resp.status_code}")
+                    if i >= warmup:
+                        latency[way].append(elapsed)
+                        for n, p in procs.items():
+                            cpu[way][n] += cpu_seconds(p) - before[n]
+            delivered = responder.delivered_in_process
+            await responder.stop()
+            await agent_log.close()
+            await gateway_log.close()
+        finally:
+            engine.terminate()
+            engine.wait(15)
+            server.stop()
+
+    print(f"the hop alone: requester and agent responder in one process, {rounds} alternating pairs, "
+          f"max_tokens=1, llama-server threads={threads}, load average {os.getloadavg()[0]:.2f} on "
+          f"{os.cpu_count()} cpus ({delivered - warmup} requests served in process)")
+    for way, xs in latency.items():
+        per = {n: c * 1e3 / rounds for n, c in cpu[way].items()}
+        print(f"{way:<11} median {pct(xs, 0.5) * 1e3:.3f} ms, p90 {pct(xs, 0.9) * 1e3:.3f} ms; CPU per request "
+              + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items()) + f" (total {sum(per.values()):.3f} ms)")
+    diffs = [n - i for i, n in zip(latency["in-process"], latency["nats"], strict=True)]
+    print(f"nats - in-process per pair: median {pct(diffs, 0.5) * 1e3:.3f} ms, p90 {pct(diffs, 0.9) * 1e3:.3f} ms")
+
+
+async def _wait_engine(endpoint: str, key: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(trust_env=False) as c:
+        while time.monotonic() < deadline:
+            try:
+                if (await c.get(f"{endpoint}/health", headers={"Authorization": f"Bearer {key}"})).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the engine did not become healthy")
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "one-process-grid":
         asyncio.run(serve_one_process(Path(sys.argv[2])))
@@ -224,9 +324,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads (2 cores here)")
     parser.add_argument("--one-process", action="store_true",
                         help="gridctl up's composition: in-process against NATS for the gateway's own host")
+    parser.add_argument("--hop", action="store_true",
+                        help="the requester-to-responder hop alone, in process against over NATS")
     args = parser.parse_args()
     args.rounds, args.warmup = max(1, args.rounds), max(0, args.warmup)
-    if args.one_process:
+    if args.hop:
+        asyncio.run(run_hop(args.rounds, args.warmup, args.threads))
+    elif args.one_process:
         asyncio.run(run_one_process(args.rounds, args.warmup))
     else:
         asyncio.run(run(args.rounds, args.threads, args.warmup))
