@@ -44,7 +44,7 @@ from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
-from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines
+from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines, WatchedEngineClient
 from grid.agent.external import reports as external_reports
 from grid.agent.heartbeat import build_heartbeat, host_resources
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
@@ -160,6 +160,7 @@ class HostAgent:
         self._ledger = CapacityLedger.under(config.home)
         # Engines Grid did not start, registered on this host: probed and served, never actuated.
         self.external = ExternalEngines(self.paths.root)
+        self._external_wake = asyncio.Event()  # a forward to an external engine failed to connect
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -344,7 +345,8 @@ class HostAgent:
             return
         # With identities, only a gateway's signed request under its own inbox is answered.
         authorship = getattr(self.log, "authorship", None)
-        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=H1EngineClient(),
+        engines = WatchedEngineClient(H1EngineClient(), self.external, self._external_wake.set)
+        self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=engines,
                                             verifier=getattr(authorship, "verifier", None))
         await self.responder.start()
         # A lost connection stops the answers in flight (nobody can receive them any more).
@@ -384,10 +386,13 @@ class HostAgent:
             return False
 
     async def _external_loop(self) -> None:
-        """Probe external engines every PROBE_INTERVAL_SECONDS; a change (an engine died, came
-        back, was registered or removed) is reported by a heartbeat at once."""
+        """Probe external engines every PROBE_INTERVAL_SECONDS, and at once after a forward to one
+        failed to connect; a change (an engine died, came back, was registered or removed) is
+        reported by a heartbeat at once."""
         while True:
-            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._external_wake.wait(), timeout=PROBE_INTERVAL_SECONDS)
+            self._external_wake.clear()
             if await self._probe_external():
                 self._poke()
 

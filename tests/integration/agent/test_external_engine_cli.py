@@ -119,3 +119,26 @@ def test_register_list_and_remove_an_engine(tmp_path: Path, key_file: Path,
     proc.wait(timeout=30)
     refused = gridctl(state_dir, "add", url, "--model", MODEL, "--kind", "openai", *key)
     assert refused.returncode == 1 and external.PROBE_UNREACHABLE in refused.stderr
+
+
+async def test_a_refused_connect_to_an_external_engine_wakes_the_prober(tmp_path: Path) -> None:
+    from grid.agent.engine_client import H1EngineClient
+
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    engines = external.ExternalEngines(tmp_path)
+    reg = external.validate(MODEL, closed, "openai", 0, None)
+    assert isinstance(reg, external.Registration)
+    engines.update([(reg, external.ProbeResult(external.PROBE_OK), None)], 0.0)
+    woken: list[int] = []
+    client = external.WatchedEngineClient(H1EngineClient(connect_timeout=2.0), engines, lambda: woken.append(1))
+    try:
+        with pytest.raises(httpx.ConnectError):
+            await client.post(closed + "/v1/chat/completions", b"{}", [])
+        assert woken == [1]
+        # A Grid engine's failed connect is not the prober's business.
+        other = f"http://127.0.0.1:{free_port()}"
+        with pytest.raises(httpx.ConnectError):
+            await client.post(other + "/v1/chat/completions", b"{}", [])
+        assert woken == [1]
+    finally:
+        await client.aclose()
