@@ -24,10 +24,10 @@ pytestmark = pytest.mark.unit
 MODEL = "smol"
 
 
-def external_view(ok: bool) -> ResidencyView:
+def external_view(ok: bool, kind: str = "llama.cpp") -> ResidencyView:
     """The agent's report of a registered engine, as the fleet projection sees it."""
     engines = ext.ExternalEngines(Path("/nonexistent"))
-    reg = ext.validate(MODEL, "http://127.0.0.1:8080", "llama.cpp", 1000, None)
+    reg = ext.validate(MODEL, "http://127.0.0.1:8080", kind, 1000, None)
     assert isinstance(reg, ext.Registration)
     verdict = ext.ProbeResult(ext.PROBE_OK) if ok else ext.ProbeResult(ext.PROBE_UNREACHABLE, "ConnectError")
     engines.update([(reg, verdict, None)], NOW - 600)
@@ -64,9 +64,10 @@ def test_no_pass_ever_commands_the_external_engine(profile_case: str, host_state
     assert not [p for p in plan.preemptions if p.host_id == "h1" and p.victim_model == MODEL]
 
 
-def test_a_ready_external_engine_counts_for_its_model_and_is_ignored_by_the_reconciler() -> None:
+@pytest.mark.parametrize("kind", ext.KINDS)
+def test_a_ready_external_engine_counts_for_its_model_and_is_ignored_by_the_reconciler(kind: str) -> None:
     profs = PROFILES["wants-one"]
-    hosts = [host("h1", external_view(True)), host("h2")]
+    hosts = [host("h1", external_view(True, kind)), host("h2")]
     plan = make_plan(observed(hosts, profs))
     mine = [(p.host_id, p.status, p.managed) for p in plan.placements if p.model_id == MODEL]
     # The external copy satisfies the one wanted replica: nothing new is placed for it.
