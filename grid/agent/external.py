@@ -360,7 +360,10 @@ def reports(engines: ExternalEngines, now: float) -> tuple[tuple[Residency, ...]
         o = engines.engines[model_id]
         residencies.append(report(o, now))
         if not o.result.ok:
-            warnings.append(f"external_engine_{o.result.reason}: {model_id} at {o.registration.url}: "
-                            f"{o.result.detail}"[:300])
+            # The key file's problem names a local path (perhaps a user's home): only its reason
+            # leaves the host; `gridctl engine ls` there shows the whole message.
+            detail = "see `gridctl engine ls` on the host" if o.result.reason == PROBE_KEY_UNREADABLE \
+                else o.result.detail
+            warnings.append(f"external_engine_{o.result.reason}: {model_id} at {o.registration.url}: {detail}"[:300])
     return tuple(residencies), tuple(warnings)
 

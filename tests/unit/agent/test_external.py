@@ -150,3 +150,15 @@ def test_heartbeat_counts_external_memory_once(tmp_path: Path) -> None:
     # 1000 MB used outside Grid, 300 of them declared by the external engine on its residency.
     assert hb.unmanaged_memory_mb == 700
     assert hb.unmanaged_memory_mb + sum(r.memory_mb for r in hb.residencies) == 1000
+
+
+def test_a_key_file_problem_is_reported_without_its_local_path(tmp_path: Path) -> None:
+    key = tmp_path / "private" / "key"
+    reg = ext.validate("smol", "http://127.0.0.1:9", "openai", 0, key)
+    assert isinstance(reg, ext.Registration)
+    _, failure = ext.read_key(reg)
+    assert failure is not None and str(key) in failure.detail  # the operator's view, on the host
+    engines = ext.ExternalEngines(tmp_path)
+    engines.update([(reg, failure, None)], 1.0)
+    _, (warning,) = ext.reports(engines, 1.0)
+    assert warning.startswith("external_engine_api_key_file_unreadable: smol") and str(tmp_path) not in warning
