@@ -261,6 +261,46 @@ def probe_sync(reg: Registration, timeout: float = 5.0) -> ProbeResult:
     return classify(reg.model_id, models.status_code, models.content, health)
 
 
+# --- opt-in discovery: proposals only ----------------------------------------------------------
+
+# Where the kinds listen by default on a machine's loopback.
+WELL_KNOWN_PORTS: Mapping[int, str] = {8080: KIND_LLAMA_CPP, 8000: KIND_VLLM, 11434: KIND_OLLAMA, 1234: KIND_LMSTUDIO}
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An OpenAI-compatible endpoint found on loopback: what `gridctl engine add` would register."""
+
+    url: str
+    kind: str
+    reason: str  # PROBE_OK (models listed) or PROBE_KEY_REFUSED (it wants a key)
+    models: tuple[str, ...] = ()
+    registered: tuple[str, ...] = ()  # of `models`, those already registered here
+
+
+def discover(ports: Mapping[int, str], registered: Sequence[Registration],
+             timeout: float = 1.0) -> list[Proposal]:
+    """Probe `/v1/models` on each loopback port (port -> kind) without a key; nothing is
+    registered. A port that does not answer like an OpenAI server is left out."""
+    found = []
+    with httpx.Client(trust_env=False, timeout=timeout) as http:
+        for port, kind in sorted(ports.items()):
+            url = f"http://127.0.0.1:{port}"
+            try:
+                answer = http.get(url + MODELS_PATH)
+            except httpx.HTTPError:
+                continue
+            if answer.status_code in (401, 403):
+                found.append(Proposal(url, kind, PROBE_KEY_REFUSED))
+                continue
+            models = listed_models(answer.content) if answer.status_code == 200 else None
+            if models is None:
+                continue
+            mine = tuple(m for m in models if any(r.url == url and r.model_id == m for r in registered))
+            found.append(Proposal(url, kind, PROBE_OK, models, mine))
+    return found
+
+
 # --- what the agent knows about its external engines -------------------------------------------
 
 

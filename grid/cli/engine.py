@@ -1,8 +1,10 @@
-"""gridctl engine add | rm | ls: register engines Grid did not start, on the host where they run.
+"""gridctl engine add | rm | ls | discover: register engines Grid did not start, on the host where
+they run.
 
 The registration is stored in this host's agent state directory (owner-only); the running agent
 re-reads it every probe round, so no restart is needed. Grid serves a registered engine and
-counts it as capacity, and never starts, stops, signals, loads, warms or drains it.
+counts it as capacity, and never starts, stops, signals, loads, warms or drains it. `discover`
+only proposes registrations: nothing is registered unless the operator runs `add`.
 """
 
 from __future__ import annotations
@@ -117,3 +119,50 @@ def ls(
         table.add_row(r["model_id"], r["url"], r["kind"], str(r["memory_mb"]), r["api_key_file"] or "-",
                       r["probe"] or "-" if not r["detail"] else f"{r['probe']}: {r['detail']}")
     Console(width=200).print(table)
+
+
+def _ports(values: list[str]) -> dict[int, str] | str:
+    """--port PORT[:KIND] values as port -> kind (the kind defaults to openai)."""
+    out: dict[int, str] = {}
+    for value in values:
+        port, _, kind = value.partition(":")
+        kind = kind or external.KIND_OPENAI
+        if not port.isdigit() or not 0 < int(port) < 65536 or kind not in external.KINDS:
+            return f"--port takes PORT or PORT:KIND (KIND one of {', '.join(external.KINDS)}), not {value!r}"
+        out[int(port)] = kind
+    return out
+
+
+@engine_app.command("discover")
+def discover(
+    port: list[str] = typer.Option(
+        [], "--port", help="Probe this loopback port instead of the well-known ones (8080 llama.cpp, 8000 vLLM, "
+                           "11434 Ollama, 1234 LM Studio); PORT or PORT:KIND, repeatable."),
+    as_json: bool = typer.Option(False, "--json", help="Print the proposals as JSON."),
+    state_dir: Optional[Path] = StateDirOption,
+) -> None:
+    """Look for engines on this machine's loopback and propose registrations; nothing is registered."""
+    ports = _ports(port) if port else dict(external.WELL_KNOWN_PORTS)
+    if isinstance(ports, str):
+        _fail(ports)
+        return
+    found = external.discover(ports, external.load(_state_dir(state_dir)))
+    rows = []
+    for p in found:
+        new = [m for m in p.models if m not in p.registered]
+        commands = [f"gridctl engine add {p.url} --model {m} --kind {p.kind}" for m in new]
+        if p.reason == external.PROBE_KEY_REFUSED:
+            commands = [f"gridctl engine add {p.url} --model MODEL --kind {p.kind} --api-key-file KEY_FILE"]
+        rows.append({"url": p.url, "kind": p.kind, "probe": p.reason, "models": list(p.models),
+                     "registered": list(p.registered), "propose": commands})
+    if as_json:
+        typer.echo(json.dumps({"engines": rows}, indent=2))
+        return
+    if not rows:
+        typer.echo("no OpenAI-compatible engine answers on the probed loopback ports")
+        return
+    for r in rows:
+        shown = ", ".join(r["models"]) or ("wants an API key" if r["probe"] == external.PROBE_KEY_REFUSED else "none")
+        typer.echo(f"{r['url']} ({r['kind']}): {shown}")
+        for command in r["propose"]:
+            typer.echo(f"  {command}")

@@ -1,5 +1,5 @@
-"""`gridctl engine add | ls | rm` against a real llama-server started outside Grid with an API key:
-registration per kind, a missing key refused, the owner-only registry, removal, and the probe's
+"""`gridctl engine add | ls | rm | discover` against a real llama-server started outside Grid with an
+API key: discovery proposing only, registration per kind, a missing key refused, the owner-only registry, removal, and the probe's
 verdict on a stopped (SIGSTOP) engine and on one that is gone."""
 
 from __future__ import annotations
@@ -80,6 +80,14 @@ def test_register_list_and_remove_an_engine(tmp_path: Path, key_file: Path,
                                             engine: tuple[subprocess.Popen[bytes], str]) -> None:
     proc, url = engine
     state_dir = tmp_path / "agent"
+    assert _ls(state_dir) == []
+    # Discovery only proposes: the keyed engine is found, wants a key, and nothing is registered.
+    port = url.rsplit(":", 1)[1]
+    found = gridctl(state_dir, "discover", "--port", f"{port}:llama.cpp", "--port", str(free_port()), "--json")
+    assert found.returncode == 0, found.stderr
+    (proposal,) = json.loads(found.stdout)["engines"]
+    assert (proposal["url"], proposal["kind"], proposal["probe"]) == (url, "llama.cpp", external.PROBE_KEY_REFUSED)
+    assert proposal["propose"] == [f"gridctl engine add {url} --model MODEL --kind llama.cpp --api-key-file KEY_FILE"]
     assert _ls(state_dir) == []
     refused = gridctl(state_dir, "add", url, "--model", MODEL, "--kind", "openai")
     assert refused.returncode == 1 and external.PROBE_KEY_REFUSED in refused.stderr
