@@ -42,12 +42,12 @@ from grid.agent.outcomes import (
     MSG_UNLOADED,
     NOTE_EXITED,
     NOTE_FENCED,
-    SERVING_STATES,
     Outcome,
 )
 from grid.agent.state import ProcessProof, ResidencyRecord
 from grid.events.commands import CommandIssued
 from grid.events.subjects import escape_token
+from grid.fleet import HOLDS_MEMORY_STATES
 
 log = structlog.get_logger("grid.agent")
 
@@ -121,7 +121,7 @@ class Actuators:
         if ctx.protection_state() == "throttled":
             usable = int(usable * ctx.options.policy.throttle_fraction)
         committed = sum(
-            r.memory_mb for r in ctx.state.residencies.values() if r.state in SERVING_STATES and r.process is not None
+            r.memory_mb for r in ctx.state.residencies.values() if r.state in HOLDS_MEMORY_STATES and r.process is not None
         )
         if committed + memory_mb > usable:
             return False, f"{committed}+{memory_mb} MiB > usable {usable} MiB"

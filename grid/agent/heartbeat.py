@@ -13,7 +13,6 @@ from grid.agent.context import endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.inventory import Inventory
 from grid.agent.options import AgentOptions
-from grid.agent.outcomes import SERVING_STATES
 from grid.agent.state import ResidencyRecord
 from grid.events.host import (
     ACTUATOR_CAPABILITIES,
@@ -23,10 +22,7 @@ from grid.events.host import (
     HostResources,
     Residency,
 )
-
-# Residency states that serve traffic (or finish it): they report an endpoint and concurrency.
-ROUTED_STATES = ("ready", "draining")
-
+from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
 
 def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool, cpu_count: int,
                    inventory: Inventory | None = None) -> HostResources:
@@ -55,10 +51,10 @@ def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool
 
 
 def residency_report(rec: ResidencyRecord, active: int | None, now: float) -> Residency:
-    routed = rec.state in ROUTED_STATES
+    routed = rec.state in SERVING_STATES
     return Residency(
         model_id=rec.model_id,
-        memory_mb=rec.memory_mb if rec.state in SERVING_STATES else 0,
+        memory_mb=rec.memory_mb if rec.state in HOLDS_MEMORY_STATES else 0,
         state=rec.state,  # type: ignore[arg-type]
         managed=True,
         runtime=llama_cpp.RUNTIME,

@@ -39,9 +39,6 @@ NOTE_FENCED = "fenced: ownership unproven, never signalled"
 NOTE_EXITED = "engine exited"
 NOTE_UNHEALTHY = "adopted but not healthy"
 
-# Residency states in which a child holds (or may still hold) its memory.
-SERVING_STATES = frozenset({"warming", "ready", "draining", "unloading", "failed"})
-
 
 @dataclass
 class Outcome:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
 from grid.projections.actions import ActionRecord
 
 # Terminal statuses that count as a failed attempt for backoff. "cancelled" is our own
@@ -39,8 +39,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     # A host silent for longer than this is stale: no new work, and its open commands stop
     # consuming the global budget (they still hold that host's slots).
     heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
-    # A heartbeat received this far in the future (log clock skew) is not trusted.
-    future_skew_seconds: float = 5.0
+    future_skew_seconds: float = FUTURE_SKEW_SECONDS
     # An operator drain is a make-before-break evacuation: a ready replica on a draining host
     # keeps serving until its replacement is ready, or until this long after the host entered
     # the draining state (then it drains even if it is the last replica).

@@ -16,7 +16,7 @@ import msgspec
 
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
-from grid.fleet import FreshnessPolicy, heartbeat_fresh
+from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import (
     DemandTarget,
     HostSnapshot,
@@ -28,7 +28,7 @@ from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
 from grid.projections import throughput as throughput_proj
-from grid.projections.actions import TIMING_AUTHORITATIVE_SAMPLES, ActionsState
+from grid.projections.actions import ActionsState
 
 
 def baseline_demand(profiles: tuple[ModelProfile, ...]) -> tuple[DemandTarget, ...]:
@@ -64,7 +64,7 @@ def timing_samples(actions: ActionsState) -> tuple[TimingSample, ...]:
 
 
 def authoritative(sample: TimingSample) -> bool:
-    return sample.samples >= TIMING_AUTHORITATIVE_SAMPLES
+    return sample.samples >= AUTHORITATIVE_SAMPLES
 
 
 def with_measured_throughput(

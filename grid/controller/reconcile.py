@@ -62,7 +62,13 @@ import msgspec
 
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
-from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, RESIDENCY_STATE_RANK, heartbeat_fresh
+from grid.fleet import (
+    ADMITTING_HOST_STATES,
+    EVACUATING_HOST_STATES,
+    HOLDS_MEMORY_STATES,
+    RESIDENCY_STATE_RANK,
+    heartbeat_live,
+)
 from grid.planner.reasons import RELOCATION
 from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, PlannerInput, Preemption, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
@@ -119,7 +125,6 @@ WITHDRAW_MODE = "left_automatic_mode"
 # --- blocked ----------------------------------------------------------------------------------
 BLOCKED_WITHDRAWN_DESTRUCTIVE = "withdrawn_destructive_unconfirmed"
 
-SERVING_STATES = frozenset({"warming", "ready", "draining", "unloading", "failed"})
 # Preemption budget: a model is drained by staged preemptions at most this often per window
 # while the beneficiary already serves from a ready replica (its first replica keeps strict
 # priority). Bounds ping-pong between models whose demand alternates.
@@ -252,9 +257,7 @@ def _index_residencies(host: HostSnapshot) -> dict[str, _HostModel]:
 
 def _fresh(host: HostSnapshot | None, now: float, limits: Limits) -> bool:
     at = host.heartbeat_at if host is not None else None
-    # grid.fleet leaves future skew to its callers: the reconciler does not trust a heartbeat
-    # received further in the future than the allowed log clock skew.
-    return heartbeat_fresh(at, now, limits) and at <= now + limits.future_skew_seconds  # type: ignore[operator]
+    return heartbeat_live(at, now, limits)
 
 
 def _sha_ok(r: ResidencyView, profile: ModelProfile | None) -> bool:
@@ -276,7 +279,7 @@ def _memory_for(profile: ModelProfile, runtime: str) -> int:
 
 
 def _free_memory(host: HostSnapshot) -> int:
-    used = sum(r.memory_mb for r in host.residencies if r.state in SERVING_STATES)
+    used = sum(r.memory_mb for r in host.residencies if r.state in HOLDS_MEMORY_STATES)
     res = host.resources
     return int(res.capacity_mb - res.reserved_mb - host.unmanaged_memory_mb - used)
 

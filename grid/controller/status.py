@@ -58,12 +58,12 @@ import msgspec
 
 from grid.controller.governor import Limits
 from grid.controller.inputs import ready_replicas
-from grid.controller.reconcile import SERVING_STATES, ReconcileResult
+from grid.controller.reconcile import ReconcileResult
 from grid.controller.workload_status import workload_rows
 from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
-from grid.fleet import heartbeat_fresh
+from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
 from grid.planner.placeability import plan_saw_profile, unplaceable
 from grid.planner.plan import decode_plan, render_explanation
 from grid.planner.types import HostSnapshot, Plan, PlannerInput
@@ -160,10 +160,10 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> 
     rows = []
     for h in snaps:
         res = h.resources
-        used = sum(r.memory_mb for r in h.residencies if r.state in SERVING_STATES)
+        used = sum(r.memory_mb for r in h.residencies if r.state in HOLDS_MEMORY_STATES)
         age = None if h.heartbeat_at is None else round(now - h.heartbeat_at, 3)
         rec = fleet.hosts.get(h.host_id)
-        fresh = heartbeat_fresh(h.heartbeat_at, now, limits) and age is not None and age >= -limits.future_skew_seconds
+        fresh = heartbeat_live(h.heartbeat_at, now, limits)
         rows.append({
             "host_id": h.host_id, "state": h.state, "fresh": fresh,
             "heartbeat_age_seconds": age, "capacity_mb": res.capacity_mb, "reserved_mb": res.reserved_mb,

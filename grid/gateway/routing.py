@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS, ROUTABLE_HOST_STATES, heartbeat_fresh
+from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS, ROUTABLE_HOST_STATES, heartbeat_ahead, heartbeat_fresh
 from grid.gateway.affinity import rendezvous_pick
 from grid.gateway.measure import RouteMeasurement
 from grid.planner.types import HostSnapshot
@@ -74,7 +74,7 @@ MAX_AUTO_RETRY_SECONDS = 300.0
 @dataclass(frozen=True, slots=True)
 class RoutingPolicy:
     heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
-    future_skew_seconds: float = 5.0
+    future_skew_seconds: float = FUTURE_SKEW_SECONDS
     affinity_slack: float = 0.20
     default_latency_seconds: float = 1.0
 
@@ -173,7 +173,7 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
         return EXCLUDED_NO_RESPONDERS
     if c.heartbeat_at is None:
         return EXCLUDED_NO_HEARTBEAT
-    if c.heartbeat_at > now + policy.future_skew_seconds:
+    if heartbeat_ahead(c.heartbeat_at, now, policy):
         return EXCLUDED_FUTURE
     if not heartbeat_fresh(c.heartbeat_at, now, policy):
         return EXCLUDED_STALE

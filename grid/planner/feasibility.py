@@ -24,18 +24,12 @@ from dataclasses import dataclass, field
 
 from grid.events.control import DATA_TIERS, ModelProfile
 from grid.events.host import HostResources
-from grid.fleet import ADMITTING_HOST_STATES, heartbeat_fresh
+from grid.fleet import ADMITTING_HOST_STATES, heartbeat_ahead, heartbeat_fresh
 from grid.planner import reasons as R
 from grid.planner.types import HostSnapshot, Policy
 
 Rejection = tuple[str, str]  # (REASON, detail)
 
-# Residency states that hold a process (and therefore memory and a serving slot).
-LIVE_STATES: frozenset[str] = frozenset(
-    {"loading", "warming", "ready", "draining", "unloading", "failed"}
-)
-# Residency states that may be seeded as healthy incumbents.
-HEALTHY_STATES: frozenset[str] = frozenset({"ready", "warming", "loading"})
 DEFAULT_RUNTIMES: tuple[str, ...] = ("llama.cpp",)
 MB = 1 << 20
 
@@ -226,8 +220,8 @@ def check_heartbeat_future(
     host: HostSnapshot, now: float, policy: Policy
 ) -> Rejection | None:
     assert host.heartbeat_at is not None
-    ahead = host.heartbeat_at - now
-    if ahead > policy.future_skew_seconds:
+    if heartbeat_ahead(host.heartbeat_at, now, policy):
+        ahead = host.heartbeat_at - now
         return (
             R.HEARTBEAT_FUTURE,
             f"{ahead:.1f}s ahead > {policy.future_skew_seconds:g}s skew",

@@ -11,7 +11,7 @@ use it to prove the indexed search gives the same plan.
 
 from __future__ import annotations
 
-from grid.fleet import EVACUATING_HOST_STATES, RESIDENCY_STATE_RANK
+from grid.fleet import EVACUATING_HOST_STATES, INCUMBENT_STATES, PROCESS_STATES, RESIDENCY_STATE_RANK
 from grid.planner import preemption, relocation, repair
 from grid.planner import reasons as R
 from grid.planner.compile import compile_input
@@ -20,8 +20,6 @@ from grid.planner.feasibility import (
     check_heartbeat_future,
     check_heartbeat_missing,
     check_heartbeat_stale,
-    HEALTHY_STATES,
-    LIVE_STATES,
     ModelReq,
 )
 from grid.planner.ledger import Ledger
@@ -89,11 +87,11 @@ class Placer:
                     seen.add(r.model_id)
                     hs.residencies[r.model_id] = r
                 elif (
-                    r.state in HEALTHY_STATES
-                    and hs.residencies[r.model_id].state not in HEALTHY_STATES
+                    r.state in INCUMBENT_STATES
+                    and hs.residencies[r.model_id].state not in INCUMBENT_STATES
                 ):
                     hs.residencies[r.model_id] = r
-                if r.state not in LIVE_STATES:
+                if r.state not in PROCESS_STATES:
                     continue
                 mem = max(0, int(r.memory_mb))
                 live_mb += mem
@@ -124,7 +122,7 @@ class Placer:
             hs = led.hosts[hi]
             if (
                 ms is None
-                or r.state not in HEALTHY_STATES
+                or r.state not in INCUMBENT_STATES
                 or len(ms.entries) >= ms.wanted
             ):
                 continue
@@ -155,9 +153,9 @@ class Placer:
         self.obsolete = []
         for hs in led.hosts:
             for m, r in hs.residencies.items():
-                if r.state not in LIVE_STATES or not r.managed or r.pinned:
+                if r.state not in PROCESS_STATES or not r.managed or r.pinned:
                     continue
-                if r.state in HEALTHY_STATES and m in models and hs.eligible:
+                if r.state in INCUMBENT_STATES and m in models and hs.eligible:
                     incumbents.setdefault(m, []).append((hs, r))
                 elif r.state == "ready" and m in models and _evacuating(hs, led.now, led.policy):
                     # An operator drain is a make-before-break evacuation: the ready copy must
@@ -170,7 +168,7 @@ class Placer:
                 if (
                     r.managed
                     and not r.pinned
-                    and r.state in LIVE_STATES
+                    and r.state in PROCESS_STATES
                     and hs.residencies.get(r.model_id) is not r
                 ):
                     self.obsolete.append((hs.idx, r))
@@ -557,13 +555,13 @@ def _state_key(state: str) -> int:
     """Healthy residencies first, most useful first (grid.fleet's rank: ready, warming,
     loading); every other state ties (placement never prefers one unhealthy copy to another;
     callers break the tie on the state name)."""
-    return -RESIDENCY_STATE_RANK[state] if state in HEALTHY_STATES else 0
+    return -RESIDENCY_STATE_RANK[state] if state in INCUMBENT_STATES else 0
 
 
 def _res_order(r: ResidencyView) -> tuple:
     return (
         r.model_id,
-        0 if r.state in HEALTHY_STATES else 1,
+        0 if r.state in INCUMBENT_STATES else 1,
         _state_key(r.state),
         r.state,
     )

@@ -14,6 +14,7 @@ import operator
 from typing import NamedTuple
 
 from grid.events.control import ModelProfile
+from grid.fleet import AUTHORITATIVE_SAMPLES
 from grid.planner.types import DemandTarget, TimingSample
 
 # Order matters only for the floating-point sum: totals are always added in this order.
@@ -61,8 +62,6 @@ BOOSTED: frozenset[str] = frozenset({"throughput", "hardware"})
 MAX_BOOST = 8.0
 # Startup seconds at which the startup scorer gives 50.
 STARTUP_REFERENCE_SECONDS = 60.0
-# A learned timing becomes authoritative after this many samples (blended before).
-AUTHORITATIVE_SAMPLES = 4
 MAX_VALID_SECONDS = 3600.0
 
 

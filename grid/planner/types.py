@@ -12,7 +12,7 @@ import msgspec
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
 
 Evidence = Literal["baseline", "direct", "inferred"]
 EVIDENCE_ORDER: dict[str, int] = {"baseline": 0, "direct": 1, "inferred": 2}
@@ -98,7 +98,7 @@ class Policy(Value, frozen=True, kw_only=True):
     # Extra fraction of a new allocation that must fit (admission headroom for new work).
     admission_headroom_fraction: float = 0.05
     heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
-    future_skew_seconds: float = 5.0
+    future_skew_seconds: float = FUTURE_SKEW_SECONDS
     max_repair_steps: int = 2000
     max_new_placements: int = 1_000_000
     # Per-model bound on host ids listed in a plan's explanation (eligible hosts and per-host

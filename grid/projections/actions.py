@@ -20,7 +20,6 @@ from grid.projections.position import Position
 MAX_TERMINAL_ACTIONS = 4096
 # Learned timing: an eight-sample EWMA, authoritative after four samples, expiring after 30 days.
 TIMING_ALPHA = 2.0 / (8 + 1)
-TIMING_AUTHORITATIVE_SAMPLES = 4
 TIMING_MAX_AGE_SECONDS = 30 * 86_400.0
 TIMING_MAX_SECONDS = 3600.0
 MAX_EARLY_ACTIONS = 1024

@@ -41,7 +41,7 @@ from grid.events.acks import ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
-from grid.fleet import FreshnessPolicy, heartbeat_fresh
+from grid.fleet import CLAIM_STATES, REPLICA_STATES, FreshnessPolicy, heartbeat_fresh
 from grid.planner.types import HostSnapshot, ResidencyView
 from grid.projections.position import Position
 
@@ -57,11 +57,6 @@ REASON_ARTIFACT_MISMATCH = "artifact_mismatch"
 REASON_NOT_CORROBORATED = "not_corroborated"
 # Load and warm commands remembered per (host, model): the ack confirming a residency names one.
 WARMS_KEPT = 4
-# Managed residency states that hold memory as a replica: a claim of one the controller never
-# commanded there is not supply (grid.controller.inputs).
-HELD_STATES = frozenset({"loading", "warming", "ready", "draining", "unloading"})
-# Residency states whose claim this rule judges (what status and metrics count as claims).
-CLAIM_STATES = frozenset({"ready", "warming"})
 
 _SEP = "\x1f"
 
@@ -230,7 +225,7 @@ def without_uncommanded(snapshot: HostSnapshot, state: PlacedState) -> HostSnaps
     memory Grid does not manage."""
     keep, claimed_mb = [], 0
     for r in snapshot.residencies:
-        if r.managed and r.state in HELD_STATES and not commanded(state, snapshot.host_id, r.model_id):
+        if r.managed and r.state in REPLICA_STATES and not commanded(state, snapshot.host_id, r.model_id):
             claimed_mb += r.memory_mb
         else:
             keep.append(r)

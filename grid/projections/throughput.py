@@ -31,10 +31,10 @@ import msgspec
 from grid.events.base import Event
 from grid.events.control import ModelProfile
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFeatures
+from grid.fleet import AUTHORITATIVE_SAMPLES
 from grid.projections.position import Position
 
 ALPHA = 2.0 / (8 + 1)
-AUTHORITATIVE_SAMPLES = 4
 MAX_AGE_SECONDS = 30 * 86_400.0
 MAX_SERVICE_SECONDS = 3600.0
 MAX_TOKENS_PER_SECOND = 1_000_000.0

@@ -19,6 +19,7 @@ from grid.events.commands import CommandIssued
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostHeartbeat, HostLoad, Residency
 from grid.events.subjects import HOSTS_STREAM
+from grid.fleet import HOLDS_MEMORY_STATES
 from grid.sim.fleet import MachineSpec
 
 Emit = Callable[[float, str, Event], None]
@@ -28,7 +29,6 @@ DRAIN_SECONDS = 1.0
 UNLOAD_SECONDS = 2.0
 # Transfer seconds on a 200 MB/s link equal the profile's load_seconds; other links scale.
 REFERENCE_BANDWIDTH = 200.0
-SERVING = frozenset({"warming", "ready", "draining", "unloading", "failed"})
 
 # Problems the world observed with a command it was given (safety evidence for the report).
 WARM_WITHOUT_MEMORY = "warm_without_free_memory"
@@ -60,7 +60,7 @@ class Machine:
     heartbeats: int = 0
 
     def used_mb(self) -> int:
-        return sum(e.memory_mb for e in self.engines.values() if e.state in SERVING)
+        return sum(e.memory_mb for e in self.engines.values() if e.state in HOLDS_MEMORY_STATES)
 
     def disk_used_mb(self) -> int:
         return sum(self.cached.values())
@@ -155,7 +155,7 @@ class World:
             return took
         if cmd.kind == "warm":
             free = m.spec.memory_mb - m.used_mb()
-            if cmd.model_id not in m.cached or (e is not None and e.state in SERVING):
+            if cmd.model_id not in m.cached or (e is not None and e.state in HOLDS_MEMORY_STATES):
                 self._ack(emit, at + 1.0, m, cmd, "failed", duration=1.0, message="not_cached_or_running")
                 return 1.0
             if cmd.memory_mb > free:

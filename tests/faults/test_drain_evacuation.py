@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from grid.agent.engines.runtime import Runtime
+from grid.fleet import REPLICA_STATES
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import load_state
 from tests.e2e.test_fleet import wait_until
@@ -35,12 +36,11 @@ REQUESTS_BEFORE_DRAIN = 4
 # Bound on the whole evacuation: replacement load + warm, then drain and unload of the old copy
 # (the evacuation deadline is 60 s; minimum residency may hold the old copy until then).
 EVACUATION_BOUND_SECONDS = 240.0
-LIVE_STATES = {"loading", "warming", "ready", "draining", "unloading"}
 
 
 def residencies(fleet: Fleet) -> dict[str, set[str]]:
     """host -> {model's live residency states} (fresh hosts only)."""
-    return {h["host_id"]: {r["state"] for r in h["residencies"] if r["model_id"] == MODEL and r["state"] in LIVE_STATES}
+    return {h["host_id"]: {r["state"] for r in h["residencies"] if r["model_id"] == MODEL and r["state"] in REPLICA_STATES}
             for h in fleet.hosts() if h["fresh"]}
 
 
@@ -108,5 +108,5 @@ def test_draining_the_only_replicas_host_costs_no_request(fleet: Fleet) -> None:
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
     assert report["protection_state"] == "draining"
-    assert not [r for r in report.get("residencies", []) if r["model_id"] == MODEL and r["state"] in LIVE_STATES]
+    assert not [r for r in report.get("residencies", []) if r["model_id"] == MODEL and r["state"] in REPLICA_STATES]
     client.close()

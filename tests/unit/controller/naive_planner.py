@@ -12,6 +12,7 @@ import hashlib
 
 from grid.events import codec
 from grid.events.control import DATA_TIERS, ModelProfile
+from grid.fleet import HOLDS_MEMORY_STATES
 from grid.planner.types import (
     HostSnapshot,
     HostVerdict,
@@ -24,7 +25,6 @@ from grid.planner.types import (
 )
 
 PLANNER_VERSION = "interim-0.1"
-SERVING = frozenset({"warming", "ready", "draining", "unloading", "failed"})
 LIVE = frozenset({"loading", "warming", "ready"})
 
 
@@ -82,7 +82,7 @@ def plan(pin: PlannerInput) -> Plan:
     hosts = sorted(pin.hosts, key=lambda h: h.host_id)
     free: dict[str, int] = {}
     for h in hosts:
-        used = sum(r.memory_mb for r in h.residencies if r.state in SERVING)
+        used = sum(r.memory_mb for r in h.residencies if r.state in HOLDS_MEMORY_STATES)
         free[h.host_id] = h.resources.capacity_mb - h.resources.reserved_mb - h.unmanaged_memory_mb - used
 
     wanted: dict[str, int] = {}
@@ -129,7 +129,7 @@ def plan(pin: PlannerInput) -> Plan:
                 if free[h.host_id] < mem:
                     continue
                 limit = h.resources.model_limit
-                if limit and sum(1 for r in h.residencies if r.state in SERVING) + sum(
+                if limit and sum(1 for r in h.residencies if r.state in HOLDS_MEMORY_STATES) + sum(
                     1 for cs in chosen.values() for c in cs if c.host_id == h.host_id and c.status == "new"
                 ) >= limit:
                     continue

@@ -1,0 +1,54 @@
+"""The fleet vocabulary: the layer below the planner, the reconciler, the router and the agent.
+
+Pure values and rules every layer above shares, so each means one thing:
+
+* :mod:`grid.fleet.states` - the named sets of host and residency states;
+* :mod:`grid.fleet.freshness` - when a heartbeat is live (timeout and clock skew);
+* :mod:`grid.fleet.samples` - when a learned figure is authoritative.
+
+The common names are re-exported here.
+"""
+
+from grid.fleet.freshness import (
+    FUTURE_SKEW_SECONDS,
+    HEARTBEAT_TIMEOUT_SECONDS,
+    FreshnessPolicy,
+    SkewPolicy,
+    heartbeat_ahead,
+    heartbeat_fresh,
+    heartbeat_live,
+)
+from grid.fleet.samples import AUTHORITATIVE_SAMPLES
+from grid.fleet.states import (
+    ADMITTING_HOST_STATES,
+    CLAIM_STATES,
+    EVACUATING_HOST_STATES,
+    HOLDS_MEMORY_STATES,
+    INCUMBENT_STATES,
+    PROCESS_STATES,
+    REPLICA_STATES,
+    RESIDENCY_STATE_RANK,
+    ROUTABLE_HOST_STATES,
+    SERVING_STATES,
+)
+
+__all__ = [
+    "ADMITTING_HOST_STATES",
+    "AUTHORITATIVE_SAMPLES",
+    "CLAIM_STATES",
+    "EVACUATING_HOST_STATES",
+    "FUTURE_SKEW_SECONDS",
+    "HEARTBEAT_TIMEOUT_SECONDS",
+    "HOLDS_MEMORY_STATES",
+    "INCUMBENT_STATES",
+    "PROCESS_STATES",
+    "REPLICA_STATES",
+    "RESIDENCY_STATE_RANK",
+    "ROUTABLE_HOST_STATES",
+    "SERVING_STATES",
+    "FreshnessPolicy",
+    "SkewPolicy",
+    "heartbeat_ahead",
+    "heartbeat_fresh",
+    "heartbeat_live",
+]
