@@ -162,8 +162,8 @@ async def placed(log: JetStreamLog) -> None:
     succeeded warm of it."""
     from grid.events.acks import ActionAck
     from grid.events.plan import PlanCreated, make_generation
-    from grid.planner.plan import encode_plan
-    from grid.planner.types import Placement, Plan
+    from grid.fleet.planning import encode_plan
+    from grid.fleet.planning import Placement, Plan
 
     now = time.time()
     digest = "0" * 64

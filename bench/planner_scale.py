@@ -29,14 +29,10 @@ import time
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.planner.plan import build_plan, encode_plan, plan
-from grid.planner.types import (
-    DemandTarget,
-    Harm,
-    HostSnapshot,
-    PlannerInput,
-    ResidencyView,
-)
+from grid.fleet.planning import encode_plan
+from grid.fleet.planning import DemandTarget, Harm, PlannerInput
+from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.planner.plan import build_plan, plan
 
 NOW = 1_000_000.0
 GB = 1 << 30

@@ -52,7 +52,7 @@ from grid.events.subjects import (
     STREAM_SUBJECTS,
     subject_for,
 )
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from grid.projections.runner import ProjectionRunner
 from replay.extract import DuckDBSource, LogSource, Window
 from replay.rerun import Progress, encode_plan, inputs_digest, replay_window

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grid.events.plan import PlanCreated
-from grid.planner.types import PlannerInput
+from grid.fleet.planning import PlannerInput
 from grid.projections.runner import ProjectionRunner
 
 # Investigations that re-fold from the stream start (once one finds a drift, a runner kept one plan

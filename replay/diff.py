@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from grid.planner.types import ModelExplanation, Plan
+from grid.fleet.planning import ModelExplanation, Plan
 
 Kind = Literal["placement", "preemption", "shortfall"]
 Change = Literal["added", "removed", "changed"]

@@ -42,10 +42,10 @@ from grid.events.authorship import AuthorshipGate, Rejection, Signed, describe_r
 from grid.events.codec import EventDecodeError
 from grid.events.plan import PlanCreated
 from grid.events.subjects import PLANS_STREAM
+from grid.fleet import planning
+from grid.fleet.planning import Plan, PlannerInput
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
-from grid.planner import plan as planner_plan
 from grid.planner.digest import inputs_digest
-from grid.planner.types import Plan, PlannerInput
 from grid.projections.runner import (
     STREAM_ORDER,
     ProjectionRunner,
@@ -91,11 +91,11 @@ def encode_plan(plan: Any) -> bytes:
     """Encode a plan the way the controller records it (the planner's encode_plan)."""
     if isinstance(plan, (bytes, bytearray, memoryview)):
         return bytes(plan)
-    return planner_plan.encode_plan(plan)
+    return planning.encode_plan(plan)
 
 
 def decode_plan(data: bytes) -> Plan:
-    return planner_plan.decode_plan(data)
+    return planning.decode_plan(data)
 
 
 def _import_path(path: str, module_part: str) -> Any:

@@ -25,8 +25,8 @@ from grid.events.base import new_event_id
 from grid.events.host import Residency
 from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
-from grid.planner.plan import encode_plan
-from grid.planner.types import Placement, Plan
+from grid.fleet.planning import encode_plan
+from grid.fleet.planning import Placement, Plan
 
 EPOCH = "test-epoch"
 

@@ -17,8 +17,8 @@ import msgspec
 import structlog
 
 from grid.agent.identity import HostIdError
-from grid.controller.lease import LEASE_KEY, LeaseRecord, lease_subject, unsigned_bytes
 from grid.events.authorship import SIG_HEADER, SIGNER_HEADER
+from grid.events.lease import LEASE_KEY, LeaseRecord, lease_subject, unsigned_bytes
 from grid.events.log import EventLog
 from grid.events.subjects import LEASE_BUCKET, escape_token
 from grid.identity.creds import credential_principal

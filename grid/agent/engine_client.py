@@ -1,6 +1,6 @@
 """The agent's client for its own loopback engines when it forwards inference from NATS.
 
-`grid.gateway.h1` is the small HTTP/1.1 client measured for exactly this hop (one POST of a
+`grid.transport.h1` is the small HTTP/1.1 client measured for exactly this hop (one POST of a
 JSON body to a llama-server, a Content-Length or SSE answer): about 120 us of CPU per pooled
 request against about 600 us through an httpx transport (see that module). Every forwarded
 request pays it once on the engine's host.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from grid.gateway.h1 import H1Pool, H1Response, Target
 from grid.tasks import cancel_and_wait
+from grid.transport.h1 import H1Pool, H1Response, Target
 
 MAX_TARGETS = 1024
 

@@ -17,13 +17,8 @@ import msgspec
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
-from grid.planner.types import (
-    DemandTarget,
-    HostSnapshot,
-    PlannerInput,
-    Policy,
-    TimingSample,
-)
+from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
+from grid.fleet.views import HostSnapshot
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj

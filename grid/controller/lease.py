@@ -19,58 +19,16 @@ import msgspec
 import structlog
 
 from grid.clock import Clock, SystemClock
-from grid.events.authorship import SIG_HEADER, SIGNER_HEADER, Authorship
+from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record, lease_decoder
 from grid.events.log import ConflictError, EventLog, LogError
 from grid.events.subjects import LEASE_BUCKET
 
 log = structlog.get_logger(__name__)
 
-_encoder = msgspec.json.Encoder()
-
-LEASE_KEY = "controller"
-
 # Lease states shown in status.
 HELD = "held"
 STANDBY = "standby"
 LOST = "lost"
-
-
-class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
-    controller_id: str
-    term: int
-    ttl_seconds: float
-    # Informational wall-clock times of the holder; expiry is never judged from them.
-    renewed_at: float = 0.0
-    expires_at: float = 0.0
-    released: bool = False
-    # The holder's proof of authorship (grid.identity.signing): its user JWT and its signature
-    # over this record with both fields empty, for the lease key's subject. Anyone can make the
-    # server store bytes under the lease key (a reply subject is never checked), so an agent
-    # trusts only a record its grid's controller signed; commands must then be signed by that key.
-    signer: str = ""
-    signature: str = ""
-
-
-def lease_subject(key: str = LEASE_KEY) -> str:
-    return f"$KV.{LEASE_BUCKET}.{key}"
-
-
-def unsigned_bytes(record: LeaseRecord) -> bytes:
-    """What the holder's signature covers: the record with its proof left out."""
-    return _encoder.encode(msgspec.structs.replace(record, signer="", signature=""))
-
-
-
-
-def encode_record(record: LeaseRecord, authorship: Authorship | None, key: str = LEASE_KEY) -> bytes:
-    """The KV value of a lease record, signed by `authorship` when the log has identities."""
-    if authorship is not None:
-        proof = authorship.sign(lease_subject(key), unsigned_bytes(record))
-        record = msgspec.structs.replace(record, signer=proof[SIGNER_HEADER], signature=proof[SIG_HEADER])
-    return _encoder.encode(record)
-
-
-_decoder = msgspec.json.Decoder(LeaseRecord)
 
 
 class Lease:
@@ -185,7 +143,7 @@ class Lease:
         if entry is None:
             return await self._write(self.min_term + 1, 0)
         try:
-            rec: LeaseRecord | None = _decoder.decode(entry.value)
+            rec: LeaseRecord | None = lease_decoder.decode(entry.value)
         except (msgspec.DecodeError, msgspec.ValidationError):
             rec = None
         if rec is not None:
@@ -235,7 +193,7 @@ class Lease:
                 # release only if the entry is still our own record in our term.
                 entry = await self._log.kv_get(LEASE_BUCKET, self.key)
                 try:
-                    rec = _decoder.decode(entry.value) if entry is not None else None
+                    rec = lease_decoder.decode(entry.value) if entry is not None else None
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     rec = None
                 if entry is None or rec is None or rec.controller_id != self.controller_id or rec.term != self.term:

@@ -60,6 +60,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.events.control import ModelProfile
 from grid.fleet import (
@@ -69,10 +70,10 @@ from grid.fleet import (
     RESIDENCY_STATE_RANK,
     heartbeat_live,
 )
-from grid.planner.reasons import RELOCATION
-from grid.planner.types import EVIDENCE_ORDER, HostSnapshot, Placement, Plan, PlannerInput, Preemption, ResidencyView
+from grid.fleet.planning import EVIDENCE_ORDER, Placement, Plan, PlannerInput, Preemption
+from grid.fleet.reasons import RELOCATION
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
-from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
 
 # --- action reasons ---------------------------------------------------------------------------
 LOAD_FOR_PLACEMENT = "load_for_placement"

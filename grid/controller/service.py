@@ -78,6 +78,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
 from grid.events.evaluations import EvaluationRecorded
+from grid.events.jetstream import REPLICAS_MISMATCH, JetStreamLog
 from grid.events.log import (
     AppendResult,
     ConflictError,
@@ -86,7 +87,6 @@ from grid.events.log import (
     StoredMessage,
 )
 from grid.events.plan import PlanCreated, make_generation
-from grid.events.jetstream import REPLICAS_MISMATCH, JetStreamLog
 from grid.events.subjects import (
     COMMANDS_STREAM,
     CONTROL_STREAM,
@@ -94,8 +94,8 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
 )
-from grid.planner.plan import decode_plan, encode_plan
-from grid.planner.types import Plan, PlannerInput, Policy
+from grid.fleet.planning import decode_plan, encode_plan
+from grid.fleet.planning import Plan, PlannerInput, Policy
 from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj

@@ -64,9 +64,11 @@ from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
-from grid.planner.placeability import plan_saw_profile, unplaceable
-from grid.planner.plan import decode_plan, render_explanation
-from grid.planner.types import HostSnapshot, Plan, PlannerInput
+from grid.fleet.placeability import plan_saw_profile, unplaceable
+from grid.fleet.planning import decode_plan
+from grid.fleet.planning import Plan, PlannerInput
+from grid.fleet.views import HostSnapshot
+from grid.planner.plan import render_explanation
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
 from grid.projections.actions import ActionRecord, ActionsState, LoadFailure
@@ -234,7 +236,7 @@ def _with_load_failures(rows: list[dict[str, Any]], failures: list[LoadFailure])
 def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...],
                  ready: Mapping[str, int]) -> list[dict[str, Any]]:
     """Models that cannot be placed, and why: the verdict the gateway gives a request for them
-    (grid.planner.placeability), from the same facts: the latest recorded plan and the fleet."""
+    (grid.fleet.placeability), from the same facts: the latest recorded plan and the fleet."""
     catalog, plans = ctl.states["catalog"], ctl.states["plans"]
     recorded = plans.latest
     try:

@@ -29,14 +29,15 @@ from grid.events.base import Event
 from grid.events.codec import encode_value
 from grid.events.plan import PlanCreated
 from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
+from grid.fleet import heartbeat_fresh
+from grid.fleet.planning import Plan, PlannerInput, Policy
+from grid.fleet.views import HostSnapshot
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
-from grid.fleet import heartbeat_fresh
-from grid.planner.types import HostSnapshot, Plan, PlannerInput, Policy
 from grid.projections import catalog as catalog_proj
+from grid.projections import throughput as throughput_proj
 from grid.projections.actions import ActionsState
 from grid.projections.position import Position
-from grid.projections import throughput as throughput_proj
 from grid.projections.runner import CORE_PROJECTIONS, PLACED_CONTROL, ProjectionSpec
 
 PlanFn = Callable[[PlannerInput], Plan]

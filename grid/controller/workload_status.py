@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grid.demand.forecast import WORKLOAD_ADMITTED, WORKLOAD_BELOW_GATE, WORKLOAD_IDLE, WORKLOAD_NO_CANDIDATE, Forecast
-from grid.planner.types import Plan
+from grid.fleet.planning import Plan
 
 SERVED = "served"
 STARTING = "starting"

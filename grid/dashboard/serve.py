@@ -16,7 +16,7 @@ from grid.controller.tick import PROJECTIONS, recorded_policy, tick_input
 from grid.dashboard.app import Dashboard, HistoryReader, create_dashboard_app, require_token_off_loopback
 from grid.demand.forecast import Forecast
 from grid.events.log import EventLog
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from grid.serving import RunningServer, serve
 
 

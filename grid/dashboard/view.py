@@ -14,11 +14,12 @@ import msgspec
 
 from grid.demand.forecast import Forecast
 from grid.events.commands import CommandIssued
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
-from grid.planner.explain import render_explanation
 from grid.events.plan import PlanCreated
-from grid.planner.plan import PLANNER_VERSION, decode_plan
-from grid.planner.types import Plan
+from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.planning import decode_plan
+from grid.fleet.planning import Plan
+from grid.planner.explain import render_explanation
+from grid.planner.plan import PLANNER_VERSION
 from grid.projections import fleet as fleet_proj
 from grid.projections.actions import ActionRecord, ActionsState
 from grid.projections.catalog import CatalogState

@@ -54,8 +54,9 @@ import msgspec
 from grid.demand.forecast import WORKLOAD_ADMITTED, Candidate, Forecast, WorkloadForecast
 from grid.demand.outcomes import suitability_points
 from grid.events.control import ModelProfile
-from grid.planner.feasibility import raw_allocatable_mb
-from grid.planner.types import HostSnapshot, Plan, PlannerInput, Value
+from grid.fleet.planning import Plan, PlannerInput
+from grid.fleet.views import raw_allocatable_mb
+from grid.fleet.views import HostSnapshot, Value
 
 MAX_CANDIDATES = 4
 MAX_PORTFOLIOS = 64

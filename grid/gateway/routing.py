@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
 from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS, ROUTABLE_HOST_STATES, heartbeat_ahead, heartbeat_fresh
+from grid.fleet.views import HostSnapshot
 from grid.gateway.affinity import rendezvous_pick
 from grid.gateway.measure import RouteMeasurement
-from grid.planner.types import HostSnapshot
 
 RouteKey = tuple[str, str, str]  # (host_id, endpoint, model_id)
 

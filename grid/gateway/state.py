@@ -26,9 +26,12 @@ import structlog
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events.control import ModelProfile
-from grid.events.log import EventLog
 from grid.events.host import RESIDENCY_STATES
+from grid.events.log import EventLog
 from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, PREFIX
+from grid.fleet.placeability import Unplaceable, plan_saw_profile, unplaceable
+from grid.fleet.planning import decode_plan
+from grid.fleet.planning import Plan
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.evaluation import OwnerCapability
@@ -42,9 +45,6 @@ from grid.gateway.upstream import Upstream
 from grid.infer.local import LocalResponders
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts, rejected_events
 from grid.projections import fleet, placed
-from grid.planner.placeability import Unplaceable, plan_saw_profile, unplaceable
-from grid.planner.plan import decode_plan
-from grid.planner.types import Plan
 from grid.projections.runner import CATALOG, FLEET, PLACED, PLANS, ProjectionRunner
 from grid.tasks import cancel_and_wait
 

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from grid.gateway.h1 import H1Pool, Target
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.infer.responder import HttpxEngineResponse
+from grid.transport.h1 import H1Pool, Target
 
 # Response headers that describe the hop, not the content.
 HOP_HEADERS = frozenset({
@@ -107,7 +107,7 @@ class Upstream:
     each request as `signer` (the log's authorship; None without identities), handing it to the
     chosen host's responder directly when that runs in this process (`local`,
     grid.infer.local.LocalResponders). "h1"
-    is grid.gateway.h1 (see there for why and by how much); "httpx" is `HttpxClient`. All
+    is grid.transport.h1 (see there for why and by how much); "httpx" is `HttpxClient`. All
     satisfy `UpstreamClient`.
     """
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 
 from grid.events.control import ModelProfile
+from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
+from grid.fleet.views import HostSnapshot
 from grid.planner import scoring as S
 from grid.planner.feasibility import (
     CHAIN,
@@ -25,13 +27,6 @@ from grid.planner.feasibility import (
 )
 from grid.planner.ledger import Ledger
 from grid.planner.state import FleetState, HostState, ModelState
-from grid.planner.types import (
-    DemandTarget,
-    HostSnapshot,
-    PlannerInput,
-    Policy,
-    TimingSample,
-)
 
 
 def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:

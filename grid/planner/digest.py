@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from grid.events.codec import encode_value
-from grid.planner.types import PlannerInput
+from grid.fleet.planning import PlannerInput
 
 
 def input_bytes(inp: PlannerInput) -> bytes:

@@ -16,17 +16,11 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import HostVerdict, ModelExplanation, Placement, Plan, Shortfall
 from grid.planner.feasibility import CHAIN
 from grid.planner.ledger import Ledger
 from grid.planner.state import HostState, ModelState
-from grid.planner.types import (
-    HostVerdict,
-    ModelExplanation,
-    Placement,
-    Plan,
-    Shortfall,
-)
 
 # (counts per reason, first verdicts, first detail per reason, hosts examined)
 DynamicRejections = tuple[Counter[str], list[HostVerdict], dict[str, str], int]

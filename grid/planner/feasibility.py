@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from grid.events.control import DATA_TIERS, ModelProfile
 from grid.events.host import HostResources
 from grid.fleet import ADMITTING_HOST_STATES, heartbeat_ahead, heartbeat_fresh
-from grid.planner import reasons as R
-from grid.planner.types import HostSnapshot, Policy
+from grid.fleet import reasons as R
+from grid.fleet.planning import Policy
+from grid.fleet.views import HostSnapshot, raw_allocatable_mb
 
 Rejection = tuple[str, str]  # (REASON, detail)
 
@@ -151,12 +152,6 @@ class HostClass:
     )  # sorted new-work allocatable memory of members
     buckets: list[Bucket] = field(default_factory=list)
     domains: set[str] = field(default_factory=set)
-
-
-def raw_allocatable_mb(res: HostResources) -> int:
-    """(capacity - reserved) * thermal derating, never negative."""
-    derating = min(1.0, max(0.0, float(res.thermal_derating)))
-    return max(0, int((res.capacity_mb - res.reserved_mb) * derating))
 
 
 def new_work_allocatable_mb(res: HostResources, state: str) -> int:

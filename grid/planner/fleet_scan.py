@@ -17,16 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from grid.events.control import ModelProfile
+from grid.fleet.views import raw_allocatable_mb
+from grid.fleet.views import HostSnapshot
 from grid.planner.feasibility import (
     FeasibilityChain,
     HostClass,
     ModelReq,
     matching_runtimes,
-    raw_allocatable_mb,
     runtime_memory,
     tier_index,
 )
-from grid.planner.types import HostSnapshot
 
 
 def _host_class(i: int, host: HostSnapshot) -> HostClass:

@@ -18,9 +18,11 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
 
+from grid.fleet import reasons as R
+from grid.fleet.planning import Policy, Preemption, TimingSample
+from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
 from grid.planner.eligibility import StaticEligibility
-from grid.planner import reasons as R
 from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
 from grid.planner.scoring import Scores
 from grid.planner.state import (
@@ -33,7 +35,6 @@ from grid.planner.state import (
     Slot,
     min_memory,
 )
-from grid.planner.types import Policy, Preemption, ResidencyView, TimingSample
 
 
 class Ledger(StaticEligibility):

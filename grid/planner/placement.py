@@ -12,8 +12,10 @@ use it to prove the indexed search gives the same plan.
 from __future__ import annotations
 
 from grid.fleet import EVACUATING_HOST_STATES, INCUMBENT_STATES, PROCESS_STATES, RESIDENCY_STATE_RANK
+from grid.fleet import reasons as R
+from grid.fleet.planning import PlannerInput, Policy, Preemption
+from grid.fleet.views import ResidencyView
 from grid.planner import preemption, relocation, repair
-from grid.planner import reasons as R
 from grid.planner.compile import compile_input
 from grid.planner.feasibility import (
     DEFAULT_RUNTIMES,
@@ -31,7 +33,6 @@ from grid.planner.state import (
     MustMove,
     Slot,
 )
-from grid.planner.types import PlannerInput, Policy, Preemption, ResidencyView
 
 # Managed residencies the placer may keep, per model: (host, residency).
 Incumbents = dict[str, list[tuple[HostState, ResidencyView]]]

@@ -15,29 +15,24 @@ from __future__ import annotations
 import msgspec
 
 from grid.events.codec import encode_value
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
 from grid.planner import scoring as S
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import model_explanation, render_explanation
-from grid.planner.placement import Placer
 from grid.planner.ledger import Ledger
+from grid.planner.placement import Placer
 from grid.planner.state import HostState, ModelState
-from grid.planner.types import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
 
 PLANNER_VERSION = "grid-planner/1.2.0"
 
 __all__ = [
     "PLANNER_VERSION",
     "build_plan",
-    "decode_plan",
-    "encode_plan",
     "explain_model",
     "plan",
     "render_explanation",
 ]
-
-_plan_decoder = msgspec.json.Decoder(Plan)
-
 
 def plan(inp: PlannerInput) -> Plan:
     """Compute the complete desired placement, staged preemptions, shortfalls, explanations
@@ -151,12 +146,3 @@ def explain_model(inp: PlannerInput, model_id: str) -> ModelExplanation | None:
         if ex.model_id == model_id:
             return ex
     return None
-
-
-def encode_plan(p: Plan) -> bytes:
-    """Deterministic bytes of a plan (grid.events.codec.encode_value)."""
-    return encode_value(p)
-
-
-def decode_plan(data: bytes) -> Plan:
-    return _plan_decoder.decode(data)

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 
 from collections.abc import Iterator
 
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import Preemption
+from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
 from grid.planner.feasibility import ModelReq
 from grid.planner.ledger import Ledger
 from grid.planner.state import Entry, HostState, ModelState, MustMove
-from grid.planner.types import Preemption, ResidencyView
 
 
 @dataclass(slots=True, eq=False)

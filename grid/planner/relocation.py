@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import Preemption
 from grid.planner.ledger import Ledger
 from grid.planner.preemption import fits_after, make_victim, offered, protected, replica_capacity
 from grid.planner.state import Candidate, Entry, HostState, ModelState, MustMove
-from grid.planner.types import Preemption
 
 # The replica must carry this share of one replica's capacity in unserved offered concurrency.
 MIN_GAIN_SHARE = 0.25

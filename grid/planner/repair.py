@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
 from grid.planner.ledger import Ledger
 from grid.planner.state import TIER_REASON, Entry, HostState, ModelState, min_memory
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES
-from grid.planner.types import DemandTarget, TimingSample
+from grid.fleet.planning import DemandTarget, TimingSample
 
 # Order matters only for the floating-point sum: totals are always added in this order.
 WEIGHTS: dict[str, float] = {

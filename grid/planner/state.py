@@ -27,10 +27,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from grid.events.control import ModelProfile
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import DemandTarget
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
 from grid.planner.scoring import Scores
-from grid.planner.types import DemandTarget, HostSnapshot, ResidencyView
 
 # Within a priority class, replicas fill in this order; each tier's new replicas carry its reason.
 TIERS: tuple[str, ...] = ("baseline", "direct", "inferred")

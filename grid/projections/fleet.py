@@ -11,7 +11,7 @@ import msgspec
 from grid.events.base import Event
 from grid.events.control import HostOverride
 from grid.events.host import HostHeartbeat, HostRegistered, HostResources, ProtectionTransition
-from grid.planner.types import HostSnapshot, ResidencyView
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections.position import Position
 
 # Operator override states outrank an accepting/throttled host but never relax a local fence.

@@ -42,7 +42,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
 from grid.fleet import CLAIM_STATES, REPLICA_STATES, FreshnessPolicy, heartbeat_fresh
-from grid.planner.types import HostSnapshot, ResidencyView
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections.position import Position
 
 MAX_PAIRS = 65_536
@@ -107,7 +107,7 @@ class _Placement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class _Placements(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """Only the placements of a grid.planner.types.Plan (the rest is skipped, not built)."""
+    """Only the placements of a grid.fleet.planning.Plan (the rest is skipped, not built)."""
 
     placements: tuple[_Placement, ...] = ()
 

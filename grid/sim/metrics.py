@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from grid.events.requests import WORKLOADS
-from grid.planner.types import Plan
+from grid.fleet.planning import Plan
 from grid.sim.safety import DRAIN_BEFORE_UNLOAD, MEMORY
 from grid.sim.strategies import best_model, feasible
 from grid.sim.world import WARM_WITHOUT_MEMORY

@@ -30,8 +30,8 @@ from grid.events.control import ModeSet, ProfileSet
 from grid.events.plan import make_generation
 from grid.events.requests import MAX_BATCH_RECORDS, RequestBatch, RequestFeatures
 from grid.events.subjects import COMMANDS_STREAM, CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
+from grid.fleet.planning import Plan, PlannerInput, Policy
 from grid.gateway import routing
-from grid.planner.types import Plan, PlannerInput, Policy
 from grid.projections import fleet as fleet_proj
 from grid.projections.position import Position
 from grid.projections.runner import STREAM_ORDER, ProjectionRunner

@@ -17,8 +17,9 @@ from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff
 from grid.controller.reconcile import Guards, ReconcileResult
 from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, heartbeat_fresh
-from grid.planner.reasons import RELOCATION
-from grid.planner.types import HostSnapshot, Plan, ResidencyView
+from grid.fleet.planning import Plan
+from grid.fleet.reasons import RELOCATION
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections.actions import ActionsState
 
 Violation = tuple[str, str]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
-from grid.planner.types import DemandTarget
+from grid.fleet.planning import DemandTarget
 from grid.sim import catalog as catalog_mod
 from grid.sim import traffic
 from grid.sim.fleet import MachineSpec, build_fleet

@@ -23,12 +23,12 @@ import msgspec
 
 from grid.controller.inputs import Observation, build_planner_input, ready_replicas
 from grid.controller.tick import PlanFn, Prepare, TickInput, ready_since, tick_input
-from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
 from grid.demand.fold import DemandState
+from grid.demand.forecast import REASON_WORKLOAD, ForecastConfig, forecast
 from grid.events.control import ModelProfile
+from grid.fleet.planning import DemandTarget, Plan, PlannerInput, Policy
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
-from grid.planner.types import DemandTarget, Plan, PlannerInput, Policy
 from grid.sim.fleet import MachineSpec
 
 SMART = "smart"

@@ -13,15 +13,15 @@ from grid.agent.fencing import REASON_NOT_LEASE_HOLDER
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
-from grid.controller.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.jetstream import JetStreamLog
+from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.subjects import LEASE_BUCKET
 from grid.identity import jwt
 from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
 from grid.identity.creds import read_creds
 from grid.identity.enrolment import EnrolmentService
 from grid.identity.invitations import InvitationStore
-from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from tests.integration.agent.agentkit import make_command, wait_ack

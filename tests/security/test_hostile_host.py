@@ -44,13 +44,13 @@ from grid.agent.fencing import REASON_NOT_LEASE_SIGNER
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
-from grid.controller.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events import codec
 from grid.events.artifact_store import ARTIFACT_CHUNK_SIZE, ensure_artifact_bucket, put_artifact, stored_artifact
 from grid.events.base import new_event_id
 from grid.events.control import CredentialRevoked, HostOverride, ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.jetstream import JetStreamLog
+from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.subjects import (
     ARTIFACT_BUCKET,
     ARTIFACT_STREAM,

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from grid import eventloop
 from grid.cli.main import app
-from grid.gateway.h1 import H1Pool
-from tests.unit.gateway.test_h1 import Server, fixed, start
+from grid.transport.h1 import H1Pool
+from tests.unit.transport.test_h1 import Server, fixed, start
 
 uvloop = pytest.importorskip("uvloop")
 

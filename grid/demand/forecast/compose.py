@@ -13,7 +13,7 @@ from grid.demand.forecast.start import start_seconds
 from grid.demand.forecast.types import Forecast, ForecastConfig, ModelForecast
 from grid.demand.forecast.workload_demand import workload_demand
 from grid.events.control import ModelProfile
-from grid.planner.types import DemandTarget, TimingSample
+from grid.fleet.planning import DemandTarget, TimingSample
 
 
 def forecast(

@@ -30,7 +30,7 @@ from grid.demand.forecast.sizing import hold_fraction, replica_capacity, replica
 from grid.demand.forecast.types import ForecastConfig, ModelForecast
 from grid.demand.forecast.workload_demand import WorkloadClaim
 from grid.events.control import ModelProfile
-from grid.planner.types import DemandTarget, Harm
+from grid.fleet.planning import DemandTarget, Harm
 
 
 def model_forecast(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from grid.demand.forecast.series import finite
 from grid.demand.forecast.types import ForecastConfig
 from grid.events.control import ModelProfile
-from grid.planner.types import TimingSample
+from grid.fleet.planning import TimingSample
 
 
 def start_seconds(

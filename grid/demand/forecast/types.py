@@ -6,7 +6,8 @@ from __future__ import annotations
 from grid.demand.affinity import SequenceEdge, SequencePrediction
 from grid.demand.correlation import CorrelationEdge
 from grid.demand.forecast.reasons import REASON_IDLE, WORKLOAD_IDLE
-from grid.planner.types import DemandTarget, Value
+from grid.fleet.planning import DemandTarget
+from grid.fleet.views import Value
 
 
 FORECAST_VERSION = "forecast-1"

@@ -14,9 +14,10 @@ import msgspec
 import pytest
 
 from grid.clock import SimulatedClock
-from grid.controller.lease import HELD, LEASE_KEY, LOST, STANDBY, Lease, LeaseRecord
+from grid.controller.lease import HELD, LOST, STANDBY, Lease
 from grid.events.embedded import EmbeddedNats
 from grid.events.jetstream import JetStreamLog
+from grid.events.lease import LEASE_KEY, LeaseRecord
 from grid.events.log import KVEntry
 from grid.events.subjects import LEASE_BUCKET
 

@@ -13,7 +13,8 @@ SCRIPT = r"""
 import hashlib, sys
 sys.path.insert(0, "bench")
 from planner_scale import make_input, saturated_input, steady_input
-from grid.planner.plan import encode_plan, plan
+from grid.fleet.planning import encode_plan
+from grid.planner.plan import plan
 inp = make_input(64, 48, 11)
 first = plan(inp)
 out = [encode_plan(first), encode_plan(plan(steady_input(inp, first, 11))), encode_plan(plan(saturated_input(24, 12)))]

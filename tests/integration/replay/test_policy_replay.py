@@ -18,7 +18,7 @@ from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import PLANS_STREAM
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from replay import LogSource, replay_window
 from tests.integration.controller.simhost import SimHost
 

@@ -8,7 +8,7 @@ from grid.clock import SystemClock
 from grid.controller.tick import tick_input
 from grid.demand import outcomes
 from grid.events.evaluations import EvaluationRecorded
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from replay import LogSource, replay_window
 from tests.unit.replay.session import Session
 

@@ -11,7 +11,8 @@ from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModelProfile
 from grid.events.host import ACTUATOR_CAPABILITIES, CachedArtifact, HostResources
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
-from grid.planner.types import HostSnapshot, Placement, Plan, PlannerInput, Preemption, ResidencyView, Shortfall
+from grid.fleet.planning import Placement, Plan, PlannerInput, Preemption, Shortfall
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections import actions as actions_proj
 from grid.projections.actions import ActionsState
 from grid.projections.position import Position

@@ -13,8 +13,7 @@ import hashlib
 from grid.events import codec
 from grid.events.control import DATA_TIERS, ModelProfile
 from grid.fleet import HOLDS_MEMORY_STATES
-from grid.planner.types import (
-    HostSnapshot,
+from grid.fleet.planning import (
     HostVerdict,
     ModelBasis,
     ModelExplanation,
@@ -23,6 +22,7 @@ from grid.planner.types import (
     PlannerInput,
     Shortfall,
 )
+from grid.fleet.views import HostSnapshot
 
 PLANNER_VERSION = "interim-0.1"
 LIVE = frozenset({"loading", "warming", "ready"})

@@ -14,9 +14,10 @@ from grid.controller import reconcile as rc
 from grid.controller.governor import Limits
 from grid.controller.reconcile import Guards
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
+from grid.fleet.planning import PlannerInput, Policy
+from grid.fleet.reasons import RETAINED_UNTIL_REPLACED
+from grid.fleet.views import HostSnapshot
 from grid.gateway import routing
-from grid.planner.reasons import RETAINED_UNTIL_REPLACED
-from grid.planner.types import HostSnapshot, PlannerInput, Policy
 
 from tests.unit.controller.ctlkit import NOW, History, host, kinds, profile, profiles, reasons, res
 

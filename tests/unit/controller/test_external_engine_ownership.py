@@ -15,8 +15,8 @@ import pytest
 
 from grid.agent import external as ext
 from grid.controller.reconcile import IGNORED_UNMANAGED
+from grid.fleet.views import ResidencyView
 from grid.planner.plan import plan as make_plan
-from grid.planner.types import ResidencyView
 from tests.unit.controller.ctlkit import NOW, History, host, observed, profile, profiles, reconcile_hosts
 
 pytestmark = pytest.mark.unit

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from grid.controller.reconcile import DRAIN_OBSOLETE, DRAIN_SCALE_DOWN, reconcile
+from grid.fleet.planning import PlannerInput, Policy
 from grid.planner.plan import plan
-from grid.planner.types import PlannerInput, Policy
 from grid.projections import actions as actions_proj
 
 from tests.unit.controller.ctlkit import NOW, host, profile, res

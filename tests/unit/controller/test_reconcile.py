@@ -7,8 +7,8 @@ import msgspec
 from grid.controller import reconcile as rc
 from grid.controller.governor import ARTIFACT_FANOUT, GLOBAL_LIMIT, HOST_LIMIT, Limits
 from grid.controller.reconcile import Guards
-from grid.planner.reasons import RELOCATION
-from grid.planner.types import Preemption, Shortfall
+from grid.fleet.planning import Preemption, Shortfall
+from grid.fleet.reasons import RELOCATION
 
 from tests.unit.controller.ctlkit import (
     NOW, SHA_A, SHA_B, History, host, kinds, mkplan, placement, profile, profiles, reasons, reconcile_hosts, res,

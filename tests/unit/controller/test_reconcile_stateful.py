@@ -20,24 +20,25 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.unit.controller import naive_planner as interim_plan
 from grid.controller import reconcile as rc
 from grid.controller.governor import Limits
-from grid.planner.plan import plan as PLAN
 from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, withdraw_all
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
-from grid.sim import safety
-from grid.sim.agent import SimAgent, SimResidency
 from grid.events.acks import ActionAck
 from grid.events.commands import CommandIssued
-from grid.events.plan import make_generation
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostResources
+from grid.events.plan import make_generation
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
-from grid.planner.types import DemandTarget, HostSnapshot, PlannerInput, ResidencyView
+from grid.fleet.planning import DemandTarget, PlannerInput
+from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.planner.plan import plan as PLAN
 from grid.projections import actions as actions_proj
 from grid.projections.position import Position
+from grid.sim import safety
+from grid.sim.agent import SimAgent, SimResidency
+from tests.unit.controller import naive_planner as interim_plan
 
 HOSTS = ("h0", "h1", "h2")
 MODELS = {"a": ("a" * 64, 1000, 0), "b": ("b" * 64, 1500, 5)}

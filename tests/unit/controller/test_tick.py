@@ -16,9 +16,9 @@ from grid.controller.tick import (
 )
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated
+from grid.fleet.planning import encode_plan
+from grid.fleet.planning import Policy
 from grid.planner.digest import inputs_digest
-from grid.planner.plan import encode_plan
-from grid.planner.types import Policy
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.unit.replay.session import Session
 

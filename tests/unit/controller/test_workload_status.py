@@ -13,8 +13,8 @@ from grid.demand.forecast import (
     Forecast,
     WorkloadForecast,
 )
-from grid.planner import reasons as R
-from grid.planner.types import Placement, Plan, Shortfall
+from grid.fleet import reasons as R
+from grid.fleet.planning import Placement, Plan, Shortfall
 
 
 def cand(model_id: str, suitability: float) -> Candidate:

@@ -9,7 +9,7 @@ from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import Residency
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated, make_generation
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from grid.projections.runner import ProjectionRunner
 from tests import heartbeats
 

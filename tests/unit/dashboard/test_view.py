@@ -15,7 +15,8 @@ from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated, make_generation
-from grid.planner.plan import PLANNER_VERSION, encode_plan, plan
+from grid.fleet.planning import encode_plan
+from grid.planner.plan import PLANNER_VERSION, plan
 from grid.projections.runner import ProjectionRunner
 
 from tests.golden.examples import EXAMPLES

@@ -2,14 +2,14 @@ import math
 
 import pytest
 
-from grid.events.codec import encode_value
-from grid.events.requests import RequestFeatures
+from grid.demand import fold as dm
 from grid.demand.forecast import (
     REASON_BASELINE, REASON_ERRORS, REASON_HOLD, REASON_LATENCY, REASON_LOOKAHEAD, REASON_MAX,
     REASON_QUEUE, Forecast, forecast,
 )
-from grid.planner.types import DemandTarget, PlannerInput, TimingSample
-from grid.demand import fold as dm
+from grid.events.codec import encode_value
+from grid.events.requests import RequestFeatures
+from grid.fleet.planning import DemandTarget, PlannerInput, TimingSample
 
 from tests.unit.demand.fc_helpers import BS, T0, at, auto, feed, fold, profile, rec, row, target
 

@@ -9,8 +9,9 @@ from grid.demand import portfolio as pm
 from grid.demand.forecast import Forecast, forecast
 from grid.events.control import ModelProfile
 from grid.events.requests import RequestBatch, RequestFeatures
+from grid.fleet.planning import PlannerInput
+from grid.fleet.views import ResidencyView
 from grid.planner import plan as planner_plan
-from grid.planner.types import PlannerInput, ResidencyView
 from tests.unit.planner import builders
 
 NOW = 1_800_000_000.0

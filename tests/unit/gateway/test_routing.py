@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from grid.events.control import ModelProfile
 from grid.events.host import HostResources
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.gateway import routing
 from grid.gateway.measure import Measurements
 from grid.gateway.routing import Candidate, choose
-from grid.planner.types import HostSnapshot, ResidencyView
 
 NOW = 1_800_000_000.0
 

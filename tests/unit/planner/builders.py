@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.planner.types import (
-    DemandTarget,
-    Harm,
-    HostSnapshot,
-    Plan,
-    PlannerInput,
-    Policy,
-    ResidencyView,
-)
+from grid.fleet.planning import DemandTarget, Harm, Plan, PlannerInput, Policy
+from grid.fleet.views import HostSnapshot, ResidencyView
 
 NOW = 100_000.0
 GB = 1 << 30

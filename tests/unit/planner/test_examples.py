@@ -6,18 +6,12 @@ import hashlib
 
 from grid.events.codec import encode_value
 from grid.events.host import CachedArtifact
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import decode_plan, encode_plan
+from grid.fleet.planning import Policy, TimingSample
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import render_explanation
-from grid.planner.plan import (
-    PLANNER_VERSION,
-    build_plan,
-    decode_plan,
-    encode_plan,
-    explain_model,
-    plan,
-)
-from grid.planner.types import Policy, TimingSample
+from grid.planner.plan import PLANNER_VERSION, build_plan, explain_model, plan
 
 from .builders import (
     GB,

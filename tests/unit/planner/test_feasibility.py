@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from grid.events.host import CachedArtifact
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
+from grid.fleet.planning import Policy
 from grid.planner.feasibility import CHAIN, FeasibilityChain
 from grid.planner.plan import plan
-from grid.planner.types import Policy
 
 from .builders import (
     GB,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grid.events.control import ModelProfile
 from grid.events.host import HostResources
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.planner.fleet_scan import placeable_models
-from grid.planner.types import HostSnapshot, ResidencyView
 
 
 def _host(host_id: str, mb: int, **kw) -> HostSnapshot:  # type: ignore[no-untyped-def]

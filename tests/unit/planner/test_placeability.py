@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostResources
-from grid.planner.placeability import ARTIFACT_UNKNOWN, unplaceable
-from grid.planner import reasons as R
-from grid.planner.types import HostSnapshot, ModelExplanation, Plan, Shortfall
+from grid.fleet import reasons as R
+from grid.fleet.placeability import ARTIFACT_UNKNOWN, unplaceable
+from grid.fleet.planning import ModelExplanation, Plan, Shortfall
+from grid.fleet.views import HostSnapshot
 
 NOW = 1000.0
 SHA = "cd" * 32

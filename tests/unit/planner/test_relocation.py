@@ -10,9 +10,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grid.planner import reasons as R
-from grid.planner.plan import build_plan, encode_plan, plan
-from grid.planner.types import DemandTarget, Policy
+from grid.fleet import reasons as R
+from grid.fleet.planning import encode_plan
+from grid.fleet.planning import DemandTarget, Policy
+from grid.planner.plan import build_plan, plan
 
 from tests.unit.planner.builders import NOW, count, host, mk, on, prof, res, shortfall_reasons, want
 

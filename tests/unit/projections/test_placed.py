@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from grid.agent.outcomes import MSG_INTERRUPTED
 from grid.events.host import HostResources
-from grid.planner.types import HostSnapshot, ResidencyView
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections import placed
 from grid.projections.placed import REASON_ARTIFACT_MISMATCH, REASON_NO_WARM_ACK, REASON_NOT_IN_PLAN
 from grid.projections.position import Position

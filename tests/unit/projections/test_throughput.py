@@ -11,7 +11,7 @@ from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostRegistered, HostResources
 from grid.events.log import InMemoryLog
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFeatures
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from grid.projections import throughput as tp
 from grid.projections.position import Position
 from grid.projections.runner import ProjectionRunner

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from grid.planner.types import Plan, PlannerInput
+from grid.fleet.planning import Plan, PlannerInput
 from grid.planner.plan import plan as installed
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grid.planner.types import HostVerdict, ModelExplanation, Placement, Plan, Preemption, Shortfall
+from grid.fleet.planning import HostVerdict, ModelExplanation, Placement, Plan, Preemption, Shortfall
 from replay.diff import describe, diff_plans
 
 

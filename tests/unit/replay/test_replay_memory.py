@@ -20,7 +20,7 @@ from grid.events.subjects import (
     REQUESTS_STREAM,
     host_subject,
 )
-from grid.planner.types import Policy
+from grid.fleet.planning import Policy
 from grid.projections.runner import ProjectionRunner, ReplayError
 from replay import (
     DuckDBSource,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 
 from grid.controller import reconcile as rc
+from grid.fleet.planning import ModelBasis, Shortfall
 from grid.planner.plan import plan as planner_plan
-from grid.planner.types import ModelBasis, Shortfall
 
-from tests.unit.planner import builders as pb
 from tests.unit.controller.ctlkit import NOW, History, host, mkplan, placement, profile, profiles, reasons, \
     reconcile_hosts, res
+from tests.unit.planner import builders as pb
 
 
 def _named_short(evidence: str, memory_mb: int):  # type: ignore[no-untyped-def]

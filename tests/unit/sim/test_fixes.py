@@ -6,7 +6,7 @@ import dataclasses
 
 import msgspec
 
-from grid.planner import reasons as R
+from grid.fleet import reasons as R
 from grid.sim.metrics import FLAP_MINUTES
 from grid.sim.run import run
 from grid.sim.scenario import ScenarioConfig, prepare

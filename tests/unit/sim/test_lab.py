@@ -5,12 +5,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from grid.controller.governor import Limits
 from grid.controller.reconcile import Action, ReconcileResult
 from grid.demand.workload import classify
 from grid.events.host import HostResources
-from grid.planner.types import HostSnapshot, Plan, ResidencyView
+from grid.fleet.planning import Plan
+from grid.fleet.views import HostSnapshot, ResidencyView
 from grid.projections.actions import ActionsState
-from grid.controller.governor import Limits
 from grid.sim import oracle, safety
 from grid.sim.personas import TEMPLATES
 from grid.sim.report import render, to_json

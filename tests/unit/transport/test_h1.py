@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from grid.events.embedded import free_port
-from grid.gateway.h1 import H1Pool, Target
+from grid.transport.h1 import H1Pool, Target
 
 Answer = Callable[[bytes], bytes | None]  # request head+body -> raw response (None: close)
 

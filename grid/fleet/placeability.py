@@ -2,8 +2,9 @@
 
 The gateway answers a request with it (grid.gateway.state) and `gridctl status` shows it
 (grid.controller.status): one function over the same log facts, so the two always agree. It
-lives with the planner because it reads the planner's shortfalls and reasons, and both edges
-may import the planner (the controller may not import the gateway).
+lives in the fleet vocabulary because it reads only a recorded plan's shortfalls and reasons,
+and the gateway and the controller both need it (neither may import the other, nor the
+planner's algorithm).
 
 "Loading" answers 503 with a Retry-After (its cold start); "cannot be placed" answers 503 with
 the reason and no Retry-After, because waiting will not help until an operator changes the
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
 from grid.events.subjects import CONTROL_STREAM
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
-from grid.planner import reasons as R
-from grid.planner.types import HostSnapshot, Plan
+from grid.fleet import reasons as R
+from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.planning import Plan
+from grid.fleet.views import HostSnapshot
 
 ARTIFACT_UNKNOWN = "artifact_unknown"
 # Shortfall reasons that no amount of waiting resolves.

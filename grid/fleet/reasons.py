@@ -5,6 +5,8 @@ Grid uses (reconciler, gateway, agent and OpenAI error codes alike).
 
 Feasibility reasons (why a host cannot take a model), shortfall reasons (why a model is not
 fully placed), placement reasons (why a replica is in the desired set) and preemption reasons.
+They belong to the fleet vocabulary, not to the planner, because a recorded plan carries them
+to every reader: the reconciler, the router, status and the dashboard.
 """
 
 from __future__ import annotations

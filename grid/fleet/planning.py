@@ -1,7 +1,10 @@
-"""Planner input and output values. Pure data: everything the planner needs is in PlannerInput.
+"""The planner's contract: its input and output values and the plan codec.
 
+Pure data: everything the planner needs is in PlannerInput, everything it decides is in Plan.
 Same PlannerInput bytes (``grid.events.codec.encode_value``) give the same Plan bytes; the
-plan's ``inputs_digest`` is the sha256 of that deterministic encoding.
+plan's ``inputs_digest`` is the sha256 of that deterministic encoding. The demand forecaster
+builds inputs, the controller records plans, the gateway and status read them; none of them
+needs the planner's algorithm (grid.planner) for that.
 """
 
 from __future__ import annotations
@@ -10,51 +13,13 @@ from typing import Literal
 
 import msgspec
 
+from grid.events.codec import encode_value
 from grid.events.control import ModelProfile
-from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.freshness import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.views import HostSnapshot, Value
 
 Evidence = Literal["baseline", "direct", "inferred"]
 EVIDENCE_ORDER: dict[str, int] = {"baseline": 0, "direct": 1, "inferred": 2}
-
-
-class Value(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """Base for planner values."""
-
-
-class ResidencyView(Value, frozen=True, kw_only=True):
-    """A residency as the controller sees it: ages turned into receipt-clock timestamps."""
-
-    model_id: str
-    memory_mb: int
-    state: str  # cached | loading | warming | ready | draining | unloading | failed
-    managed: bool = True
-    runtime: str = "llama.cpp"
-    artifact_sha256: str | None = None
-    loaded_at: float | None = None
-    last_used_at: float | None = None
-    active_requests: int = 0
-    max_concurrency: int | None = None
-    pinned: bool = False
-    endpoint: str | None = None
-
-
-class HostSnapshot(Value, frozen=True, kw_only=True):
-    host_id: str
-    # Lifecycle state after local protection and operator overrides are combined.
-    state: str
-    resources: HostResources
-    residencies: tuple[ResidencyView, ...] = ()
-    cached: tuple[CachedArtifact, ...] = ()
-    disk_free_bytes: int | None = None
-    disk_total_bytes: int | None = None
-    load: HostLoad = HostLoad()
-    unmanaged_memory_mb: int = 0
-    actuator_capabilities: tuple[str, ...] = ()
-    # Receipt time (log clock) of the last heartbeat; None = registered but never heard from.
-    heartbeat_at: float | None = None
-    # Measured performance (proxy-owned), keyed by model id: tokens/s and latency seconds.
-    measured_tokens_per_second: dict[str, float] = {}
 
 
 class Harm(Value, frozen=True, kw_only=True):
@@ -208,3 +173,15 @@ class Plan(Value, frozen=True, kw_only=True):
     explanations: tuple[ModelExplanation, ...] = ()
     # One entry per planned model: the reconciler decides from these, never from `explanations`.
     basis: tuple[ModelBasis, ...] = ()
+
+
+_plan_decoder = msgspec.json.Decoder(Plan)
+
+
+def encode_plan(p: Plan) -> bytes:
+    """Deterministic bytes of a plan (grid.events.codec.encode_value)."""
+    return encode_value(p)
+
+
+def decode_plan(data: bytes) -> Plan:
+    return _plan_decoder.decode(data)

@@ -1,0 +1,57 @@
+"""Hosts and residencies as the controller sees them: the host view every layer above reads.
+
+A HostSnapshot is one host's last heartbeat combined with its registration, local protection
+and operator overrides, ages turned into receipt-clock timestamps. The planner places on it,
+the reconciler acts on it, the router and `gridctl status` read it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from grid.events.host import CachedArtifact, HostLoad, HostResources
+
+
+class Value(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Base for the fleet and planner values: frozen, deterministic to encode."""
+
+
+class ResidencyView(Value, frozen=True, kw_only=True):
+    """A residency as the controller sees it: ages turned into receipt-clock timestamps."""
+
+    model_id: str
+    memory_mb: int
+    state: str  # cached | loading | warming | ready | draining | unloading | failed
+    managed: bool = True
+    runtime: str = "llama.cpp"
+    artifact_sha256: str | None = None
+    loaded_at: float | None = None
+    last_used_at: float | None = None
+    active_requests: int = 0
+    max_concurrency: int | None = None
+    pinned: bool = False
+    endpoint: str | None = None
+
+
+class HostSnapshot(Value, frozen=True, kw_only=True):
+    host_id: str
+    # Lifecycle state after local protection and operator overrides are combined.
+    state: str
+    resources: HostResources
+    residencies: tuple[ResidencyView, ...] = ()
+    cached: tuple[CachedArtifact, ...] = ()
+    disk_free_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    load: HostLoad = HostLoad()
+    unmanaged_memory_mb: int = 0
+    actuator_capabilities: tuple[str, ...] = ()
+    # Receipt time (log clock) of the last heartbeat; None = registered but never heard from.
+    heartbeat_at: float | None = None
+    # Measured performance (proxy-owned), keyed by model id: tokens/s and latency seconds.
+    measured_tokens_per_second: dict[str, float] = {}
+
+
+def raw_allocatable_mb(res: HostResources) -> int:
+    """(capacity - reserved) * thermal derating, never negative."""
+    derating = min(1.0, max(0.0, float(res.thermal_derating)))
+    return max(0, int((res.capacity_mb - res.reserved_mb) * derating))
