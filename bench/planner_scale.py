@@ -31,7 +31,7 @@ from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
 from grid.fleet.planning import encode_plan
 from grid.fleet.planning import DemandTarget, Harm, PlannerInput
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.planner.plan import build_plan, plan
 
 NOW = 1_000_000.0
@@ -116,7 +116,7 @@ MEMORY = [1_024, 2_048, 4_096, 6_144, 8_192, 12_288, 16_384, 24_576, 40_960, 81_
 MEMORY_W = [8, 14, 18, 12, 12, 10, 8, 8, 6, 4]
 
 
-def make_hosts(rng: random.Random, n: int) -> list[HostSnapshot]:
+def make_hosts(rng: random.Random, n: int) -> list[HostView]:
     n_domains = max(4, n // 16)
     hosts = []
     for i in range(n):
@@ -135,7 +135,7 @@ def make_hosts(rng: random.Random, n: int) -> list[HostSnapshot]:
         extra = tuple(sorted({"eu" if rng.random() < 0.5 else "us"}))
         q = rng.random()
         hosts.append(
-            HostSnapshot(
+            HostView(
                 host_id=f"host-{i:05d}",
                 state=state,
                 resources=HostResources(
@@ -269,7 +269,7 @@ def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
             if rng.random() < 0.5:
                 tps[pl.model_id] = rng.uniform(10.0, 200.0)
         hosts.append(
-            HostSnapshot(
+            HostView(
                 host_id=h.host_id,
                 state=h.state,
                 resources=h.resources,
@@ -305,7 +305,7 @@ def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
 
 def saturated_input(n_hosts: int, n_models: int) -> PlannerInput:
     hosts = tuple(
-        HostSnapshot(
+        HostView(
             host_id=f"host-{i:05d}",
             state="accepting",
             resources=HostResources(

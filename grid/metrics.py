@@ -72,7 +72,7 @@ def _family(s: Source) -> GaugeMetricFamily | CounterMetricFamily:
     return kind(s.name, s.documentation, labels=list(s.labels))
 
 
-class SnapshotCollector:
+class GaugeCollector:
     """Turns GaugeSources and CounterSources into metric families on every scrape."""
 
     def __init__(self, sources: Iterable[Source]) -> None:
@@ -136,7 +136,7 @@ class GatewayMetrics:
                               ["model", "direction", "host"], registry=r)
         self.telemetry_dropped = Counter("grid_gateway_telemetry_dropped",
                                          "Request records dropped because the telemetry queue was full.", registry=r)
-        r.register(SnapshotCollector(sources))
+        r.register(GaugeCollector(sources))
 
     def observe(self, features: RequestFeatures, *, ttft_seconds: float | None = None) -> None:
         model = features.served_model or features.requested_model
@@ -160,7 +160,7 @@ class ControllerMetrics:
                               buckets=TICK_BUCKETS, registry=self.registry)
         self.commands = Counter("grid_controller_commands_issued", "Commands issued, by kind.", ["kind"],
                                 registry=self.registry)
-        self.registry.register(SnapshotCollector(sources))
+        self.registry.register(GaugeCollector(sources))
 
 
 class AgentMetrics:
@@ -168,7 +168,7 @@ class AgentMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.actions = Histogram("grid_agent_action_seconds", "Duration of lifecycle actions, by kind and outcome.",
                                  ["kind", "status"], buckets=ACTION_BUCKETS, registry=self.registry)
-        self.registry.register(SnapshotCollector(sources))
+        self.registry.register(GaugeCollector(sources))
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -80,7 +80,6 @@ from grid.controller.openapi import (
 from grid.controller.reconcile import ReconcileResult
 from grid.controller.status import ControllerView, TickReport, build_status
 from grid.events.base import Event, new_event_id
-from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.events.control import (
     MODES,
     ModelProfile,
@@ -91,6 +90,7 @@ from grid.events.control import (
 )
 from grid.events.embedded import free_port
 from grid.events.log import AppendResult, EventLog, LogError
+from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.metrics import exposition
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
@@ -110,7 +110,7 @@ class AdminTarget(Protocol):
     last_result: ReconcileResult | None
     analytics: AnalyticsService | None
 
-    def snapshot(self) -> ControllerView: ...
+    def view(self) -> ControllerView: ...
 
     async def append_control(self, event: Event) -> AppendResult: ...
 
@@ -298,7 +298,7 @@ async def _analytics_summary(service: AnalyticsService | None, now: float) -> di
 
 @readers_or_loopback
 async def status(request: Request, ctx: AdminContext) -> Response:
-    body = build_status(ctx.controller.snapshot(), admin_url=ctx.admin_url)
+    body = build_status(ctx.controller.view(), admin_url=ctx.admin_url)
     body["analytics"] = await _analytics_summary(getattr(ctx.controller, "analytics", None), ctx.now())
     return _json(body)
 

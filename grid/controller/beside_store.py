@@ -14,17 +14,17 @@ from typing import Any
 from grid.controller.service import Controller
 from grid.controller.status import ControllerView
 from grid.events.store_pressure import STORE_STATES, StorePressure, as_status
-from grid.metrics import CounterSource, GaugeSource, Sample, SnapshotCollector
+from grid.metrics import CounterSource, GaugeSource, Sample, GaugeCollector
 
 
 class StoreAwareController(Controller):
     def __init__(self, *args: Any, store: Callable[[], StorePressure | None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.store = store
-        self.metrics.registry.register(SnapshotCollector(store_sources(store)))
+        self.metrics.registry.register(GaugeCollector(store_sources(store)))
 
-    def snapshot(self) -> ControllerView:
-        return dataclasses.replace(super().snapshot(), store=as_status(self.store()))
+    def view(self) -> ControllerView:
+        return dataclasses.replace(super().view(), store=as_status(self.store()))
 
 
 def store_sources(store: Callable[[], StorePressure | None]) -> list[GaugeSource | CounterSource]:

@@ -18,7 +18,7 @@ from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
 from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
@@ -63,8 +63,8 @@ def authoritative(sample: TimingSample) -> bool:
 
 
 def with_measured_throughput(
-    hosts: tuple[HostSnapshot, ...], measured: Mapping[str, Mapping[str, float]]
-) -> tuple[HostSnapshot, ...]:
+    hosts: tuple[HostView, ...], measured: Mapping[str, Mapping[str, float]]
+) -> tuple[HostView, ...]:
     """Each host's measured tokens/s per model, from the gateway's measurements only.
 
     The map is replaced, never merged: measured performance is proxy-owned, so nothing a host
@@ -129,7 +129,7 @@ def build_planner_input(
     )
 
 
-def ready_replicas(hosts: Sequence[HostSnapshot], now: float, policy: FreshnessPolicy) -> dict[str, int]:
+def ready_replicas(hosts: Sequence[HostView], now: float, policy: FreshnessPolicy) -> dict[str, int]:
     """Ready replicas per model on hosts whose heartbeat is fresh at `now` (the forecast's supply)."""
     ready: dict[str, int] = {}
     for h in hosts:

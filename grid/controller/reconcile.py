@@ -72,7 +72,7 @@ from grid.fleet import (
 )
 from grid.fleet.planning import EVIDENCE_ORDER, Placement, Plan, PlannerInput, Preemption
 from grid.fleet.reasons import RELOCATION
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
 
 # --- action reasons ---------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def _rank(r: ResidencyView) -> int:
     return RESIDENCY_STATE_RANK.get(r.state, 0)
 
 
-def _index_residencies(host: HostSnapshot) -> dict[str, _HostModel]:
+def _index_residencies(host: HostView) -> dict[str, _HostModel]:
     out: dict[str, _HostModel] = {}
     for r in host.residencies:
         hm = out.get(r.model_id)
@@ -256,7 +256,7 @@ def _index_residencies(host: HostSnapshot) -> dict[str, _HostModel]:
     return out
 
 
-def _fresh(host: HostSnapshot | None, now: float, limits: Limits) -> bool:
+def _fresh(host: HostView | None, now: float, limits: Limits) -> bool:
     at = host.heartbeat_at if host is not None else None
     return heartbeat_live(at, now, limits)
 
@@ -266,7 +266,7 @@ def _sha_ok(r: ResidencyView, profile: ModelProfile | None) -> bool:
     return want is None or (r.artifact_sha256 or "").lower() == want.lower()
 
 
-def _cached(host: HostSnapshot, model_id: str, profile: ModelProfile, hm: _HostModel | None) -> bool:
+def _cached(host: HostView, model_id: str, profile: ModelProfile, hm: _HostModel | None) -> bool:
     want = profile.artifact_sha256
     for c in host.cached:
         if c.model_id == model_id and (want is None or c.sha256.lower() == want.lower()):
@@ -279,7 +279,7 @@ def _memory_for(profile: ModelProfile, runtime: str) -> int:
     return int(profile.runtime_memory_mb.get(runtime, profile.memory_mb))
 
 
-def _free_memory(host: HostSnapshot) -> int:
+def _free_memory(host: HostView) -> int:
     used = sum(r.memory_mb for r in host.residencies if r.state in HOLDS_MEMORY_STATES)
     res = host.resources
     return int(res.capacity_mb - res.reserved_mb - host.unmanaged_memory_mb - used)
@@ -293,7 +293,7 @@ def _postcondition(kind: str, hm: _HostModel | None) -> bool:
     return state in (None, "cached")
 
 
-class _Candidate:
+class _Proposal:
     __slots__ = ("sort_key", "steps")
 
     def __init__(self, sort_key: tuple, steps: list[tuple[Action, list[str]]]) -> None:
@@ -366,7 +366,7 @@ class Reconciler:
         self.blocked: dict[str, list[str]] = {}
         self.cleared: list[str] = []
         self.in_flight: list[str] = []
-        self.candidates: list[_Candidate] = []
+        self.candidates: list[_Proposal] = []
         self.actions: list[Action] = []
         self.satisfied = 0
         self.gov = Governor(limits)
@@ -706,7 +706,7 @@ class Reconciler:
         self._round_of[model_id] = rnd + 1
         est = (0.0 if cached else profile.load_seconds) + profile.warm_seconds
         key = (0, -profile.priority, self.evidence_rank.get(model_id, 1), rnd, est, model_id, host_id)
-        self.candidates.append(_Candidate(key, steps))
+        self.candidates.append(_Proposal(key, steps))
 
     def prefetch_for_preemptions(self) -> None:
         """Fetch the beneficiary's exact artifact before its victim drains (disk only, never warm)."""
@@ -726,7 +726,7 @@ class Reconciler:
                                      detail=f"victim {pre.victim_model}")
             evidence = self.evidence_rank.get(model_id, 1)
             key = (0, -profile.priority, evidence, 0, profile.load_seconds, model_id, host_id)
-            self.candidates.append(_Candidate(key, [(load, self._common_checks("load", host_id, model_id))]))
+            self.candidates.append(_Proposal(key, [(load, self._common_checks("load", host_id, model_id))]))
 
     # --- 5. destructive: obsolete and draining managed residencies --------------------------------
 
@@ -750,7 +750,7 @@ class Reconciler:
                 elif not is_desired and r.state != "cached":
                     self._drain(host, model_id, r)
 
-    def _evacuation_due(self, host: HostSnapshot) -> bool:
+    def _evacuation_due(self, host: HostView) -> bool:
         """The host is evacuating (draining) and its deadline has passed."""
         if host.state not in EVACUATING_HOST_STATES:
             return False
@@ -768,9 +768,9 @@ class Reconciler:
         reasons = self._common_checks("unload", host_id, model_id)
         if r.active_requests > 0:
             reasons.append(REQUESTS_IN_FLIGHT)
-        self.candidates.append(_Candidate(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
+        self.candidates.append(_Proposal(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
 
-    def _drain(self, host: HostSnapshot, model_id: str, r: ResidencyView) -> None:
+    def _drain(self, host: HostView, model_id: str, r: ResidencyView) -> None:
         """A ready or failed managed residency that is not desired here."""
         host_id = host.host_id
         if r.state in ("loading", "warming", "unloading"):
@@ -831,9 +831,9 @@ class Reconciler:
         act = self._make_action("drain", host_id, model_id, profile, r.memory_mb, reason, r.runtime,
                                 preemption_for=pre.beneficiary_model if pre else None,
                                 priority=_priority(self.profiles, pre, profile))
-        self.candidates.append(_Candidate(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
+        self.candidates.append(_Proposal(_destructive_key(act, pre, self.profiles, profile), [(act, reasons)]))
 
-    def _cooldown_yields(self, host: HostSnapshot) -> bool:
+    def _cooldown_yields(self, host: HostView) -> bool:
         """Whether the scale-down cooldown stops holding surplus copies on `host`: a model with
         direct demand is short and would fit here once the copies the plan no longer wants on the
         host are gone (the cooldown damps churn; it must not keep named demand waiting)."""

@@ -50,6 +50,7 @@ from grid.analytics.service import AnalyticsService
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.controller.governor import Limits
+from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.lease import Lease
 from grid.controller.presence import (
     ANNOUNCE_ACTIVE,
@@ -60,7 +61,6 @@ from grid.controller.presence import (
     presence_view,
     read_presence,
 )
-from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import (
     WITHDRAW_MODE,
     Action,
@@ -200,7 +200,7 @@ def _persistent_value(path: Path, nbytes: int = 16) -> str:
 
 
 class Controller:
-    """The allocator controller. `start()` / `stop()`; `tick()`; `snapshot()` / `status()`."""
+    """The allocator controller. `start()` / `stop()`; `tick()`; `view()` / `status()`."""
 
     def __init__(
         self,
@@ -708,7 +708,7 @@ class Controller:
 
     # --- status -------------------------------------------------------------------------------
 
-    def snapshot(self) -> ControllerView:
+    def view(self) -> ControllerView:
         """What status shows, read at one instant (nothing awaits while it is taken)."""
         lease = self.lease
         s = self.settings
@@ -734,5 +734,5 @@ class Controller:
         )
 
     def status(self) -> dict[str, Any]:
-        return build_status(self.snapshot())
+        return build_status(self.view())
 

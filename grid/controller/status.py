@@ -67,7 +67,7 @@ from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
 from grid.fleet.placeability import plan_saw_profile, unplaceable
 from grid.fleet.planning import decode_plan
 from grid.fleet.planning import Plan, PlannerInput
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.planner.plan import render_explanation
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
@@ -156,7 +156,7 @@ def _command_row(r: ActionRecord) -> dict[str, Any]:
     }
 
 
-def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...]) -> list[dict[str, Any]]:
+def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list[dict[str, Any]]:
     fleet = ctl.states["fleet"]
     limits = ctl.limits
     rows = []
@@ -233,7 +233,7 @@ def _with_load_failures(rows: list[dict[str, Any]], failures: list[LoadFailure])
     return rows
 
 
-def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostSnapshot, ...],
+def _unplaceable(ctl: ControllerView, now: float, snaps: tuple[HostView, ...],
                  ready: Mapping[str, int]) -> list[dict[str, Any]]:
     """Models that cannot be placed, and why: the verdict the gateway gives a request for them
     (grid.fleet.placeability), from the same facts: the latest recorded plan and the fleet."""
@@ -266,7 +266,7 @@ _UNPLACED_WHY = {
 }
 
 
-def _unplaced_claims(ctl: ControllerView, snaps: tuple[HostSnapshot, ...]) -> list[placed_proj.UnplacedClaim]:
+def _unplaced_claims(ctl: ControllerView, snaps: tuple[HostView, ...]) -> list[placed_proj.UnplacedClaim]:
     """Heartbeat claims (of fresh hosts) the gateway does not route, judged as the gateway judges them."""
     state = ctl.states.get("placed")
     if state is None:  # a view of a runner without the projection (nothing to judge with)

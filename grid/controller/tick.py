@@ -31,7 +31,7 @@ from grid.events.plan import PlanCreated
 from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
 from grid.fleet import heartbeat_fresh
 from grid.fleet.planning import Plan, PlannerInput, Policy
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
 from grid.projections import catalog as catalog_proj
@@ -121,7 +121,7 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True):
 Prepare = Callable[[Observation, float, Policy], TickInput]
 
 
-def ready_since(hosts: Sequence[HostSnapshot], now: float, policy: Policy) -> dict[str, tuple[float | None, ...]]:
+def ready_since(hosts: Sequence[HostView], now: float, policy: Policy) -> dict[str, tuple[float | None, ...]]:
     """When each ready replica (fresh heartbeat, as ``ready_replicas`` counts) became ready, per
     model, sorted (None: unknown). The forecast judges capacity pressure against the replicas
     that were serving when it was measured."""

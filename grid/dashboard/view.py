@@ -15,7 +15,7 @@ import msgspec
 from grid.demand.forecast import Forecast
 from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
-from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS, HeartbeatWindow, heartbeat_fresh
 from grid.fleet.planning import decode_plan
 from grid.fleet.planning import Plan
 from grid.planner.explain import render_explanation
@@ -152,7 +152,7 @@ def _host_row(record: HostRecord, now: float, timeout: float) -> HostRow:
     return HostRow(
         host_id=record.host_id,
         state=fleet_proj.effective_state(record, now),
-        fresh=age is not None and age <= timeout,
+        fresh=heartbeat_fresh(record.heartbeat_at, now, HeartbeatWindow(timeout)),
         heartbeat_age_seconds=age,
         protection_reason=record.protection_reason,
         failure_domain=res.failure_domain if res else "",

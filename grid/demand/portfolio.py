@@ -51,12 +51,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from grid.demand.forecast import WORKLOAD_ADMITTED, Candidate, Forecast, WorkloadForecast
+from grid.demand.forecast import WORKLOAD_ADMITTED, ModelCandidate, Forecast, WorkloadForecast
 from grid.demand.outcomes import suitability_points
 from grid.events.control import ModelProfile
 from grid.fleet.planning import Plan, PlannerInput
 from grid.fleet.views import raw_allocatable_mb
-from grid.fleet.views import HostSnapshot, Value
+from grid.fleet.views import HostView, Value
 
 MAX_CANDIDATES = 4
 MAX_PORTFOLIOS = 64
@@ -126,7 +126,7 @@ def _utilities(
     utils: dict[str, dict[str, float]] = {}
     unvalidated: dict[str, frozenset[str]] = {}
     for r in rows:
-        shown: dict[str, Candidate] = {c.model_id: c for c in r.candidates}
+        shown: dict[str, ModelCandidate] = {c.model_id: c for c in r.candidates}
         order: list[str] = [r.model_id]  # type: ignore[list-item]
         if broadest is not None and profiles[broadest].workload_scores.get(r.workload, 0.0) > 0.0:
             order.append(broadest)
@@ -144,7 +144,7 @@ def _utilities(
     return utils, unvalidated
 
 
-def nominal_slots(hosts: Sequence[HostSnapshot], memory_mb: Sequence[int]) -> int:
+def nominal_slots(hosts: Sequence[HostView], memory_mb: Sequence[int]) -> int:
     """Model slots the fleet nominally offers: each host's model limit, or (unlimited) how many
     of the given model sizes, smallest first, fit its raw allocatable memory."""
     sizes = sorted(max(1, m) for m in memory_mb)

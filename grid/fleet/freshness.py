@@ -8,6 +8,7 @@ router or `gridctl status`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 # The one default for heartbeat freshness. A host silent for longer than this is stale: the
@@ -32,6 +33,14 @@ class SkewPolicy(FreshnessPolicy, Protocol):
 
     @property
     def future_skew_seconds(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatWindow:
+    """The freshness setting on its own, for a caller that holds only the numbers."""
+
+    heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS
+    future_skew_seconds: float = FUTURE_SKEW_SECONDS
 
 
 def heartbeat_fresh(at: float | None, now: float, policy: FreshnessPolicy) -> bool:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from grid.events.control import ModelProfile
 from grid.events.subjects import CONTROL_STREAM
 from grid.fleet import reasons as R
-from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS, HeartbeatWindow, heartbeat_fresh
 from grid.fleet.planning import Plan
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 
 ARTIFACT_UNKNOWN = "artifact_unknown"
 # Shortfall reasons that no amount of waiting resolves.
@@ -48,7 +48,7 @@ def plan_saw_profile(based_on: Mapping[str, int] | None, profile_revision: int) 
     return based_on is not None and based_on.get(CONTROL_STREAM, 0) >= profile_revision
 
 
-def _has_artifact(snap: HostSnapshot, profile: ModelProfile) -> bool:
+def _has_artifact(snap: HostView, profile: ModelProfile) -> bool:
     sha = profile.artifact_sha256.lower() if profile.artifact_sha256 else None
     for art in snap.cached:
         if (art.sha256.lower() == sha) if sha else (art.model_id == profile.model_id):
@@ -61,7 +61,7 @@ def _has_artifact(snap: HostSnapshot, profile: ModelProfile) -> bool:
 
 def unplaceable(
     profile: ModelProfile,
-    snapshots: Iterable[HostSnapshot],
+    snapshots: Iterable[HostView],
     plan: Plan | None,
     *,
     plan_current: bool,
@@ -69,8 +69,8 @@ def unplaceable(
     heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT_SECONDS,
 ) -> Unplaceable | None:
     """Why `profile` cannot be placed, or None when it may still become ready."""
-    fresh = [s for s in snapshots
-             if s.heartbeat_at is not None and now - s.heartbeat_at <= heartbeat_timeout_seconds]
+    window = HeartbeatWindow(heartbeat_timeout_seconds)
+    fresh = [s for s in snapshots if heartbeat_fresh(s.heartbeat_at, now, window)]
     # With no fresh host at all nothing is known yet (a grid starting up): not a verdict.
     if fresh and profile.artifact_source is None and not any(_has_artifact(s, profile) for s in fresh):
         what = f"sha256 {profile.artifact_sha256.lower()[:12]}..." if profile.artifact_sha256 else "its weights"

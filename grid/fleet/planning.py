@@ -16,7 +16,7 @@ import msgspec
 from grid.events.codec import encode_value
 from grid.events.control import ModelProfile
 from grid.fleet.freshness import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
-from grid.fleet.views import HostSnapshot, Value
+from grid.fleet.views import HostView, Value
 
 Evidence = Literal["baseline", "direct", "inferred"]
 EVIDENCE_ORDER: dict[str, int] = {"baseline": 0, "direct": 1, "inferred": 2}
@@ -75,7 +75,7 @@ class Policy(Value, frozen=True, kw_only=True):
 class PlannerInput(Value, frozen=True, kw_only=True):
     now: float
     profiles: tuple[ModelProfile, ...]
-    hosts: tuple[HostSnapshot, ...]
+    hosts: tuple[HostView, ...]
     demand: tuple[DemandTarget, ...] = ()
     policy: Policy = Policy()
     timings: tuple[TimingSample, ...] = ()

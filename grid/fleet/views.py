@@ -1,6 +1,6 @@
 """Hosts and residencies as the controller sees them: the host view every layer above reads.
 
-A HostSnapshot is one host's last heartbeat combined with its registration, local protection
+A HostView is one host's last heartbeat combined with its registration, local protection
 and operator overrides, ages turned into receipt-clock timestamps. The planner places on it,
 the reconciler acts on it, the router and `gridctl status` read it.
 """
@@ -33,7 +33,7 @@ class ResidencyView(Value, frozen=True, kw_only=True):
     endpoint: str | None = None
 
 
-class HostSnapshot(Value, frozen=True, kw_only=True):
+class HostView(Value, frozen=True, kw_only=True):
     host_id: str
     # Lifecycle state after local protection and operator overrides are combined.
     state: str

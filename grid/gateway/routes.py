@@ -189,7 +189,7 @@ class _Ctx:
         self.evaluation = False
         self.queue_seconds = 0.0
         self.queue_depth = 0
-        self.route: routing.Candidate | None = None
+        self.route: routing.RouteCandidate | None = None
         self.t0 = time.perf_counter()
         self.ttft: float | None = None  # seconds from request to the first streamed chunk
 
@@ -377,7 +377,7 @@ def _no_route(gw: Gateway, ctx: _Ctx, decision: routing.Decision, target: str, p
                         errors.CODE_NO_READY_REPLICA, max(1.0, min(300.0, retry)))
 
 
-async def _forward(gw: Gateway, ctx: _Ctx, route: routing.Candidate, kind: str, body: bytes,
+async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: str, body: bytes,
                    accept: bytes | None, stream: bool, now: float, *, may_retry: bool = False) -> Any:
     """Send the request on `route` and answer the client; `_UNDELIVERED` (only with
     `may_retry`) when NATS proved nobody received it: the caller routes it again."""
@@ -505,7 +505,7 @@ def _connection_lost() -> Response:
                                  errors.CODE_UPSTREAM_CONNECTION_LOST, retry_after=1.0)
 
 
-def _served_headers(upstream: UpstreamResponse, route: routing.Candidate) -> list[tuple[bytes, bytes]]:
+def _served_headers(upstream: UpstreamResponse, route: routing.RouteCandidate) -> list[tuple[bytes, bytes]]:
     """The engine's content headers plus which host served the answer."""
     host = route.host_id.encode("ascii", "backslashreplace")
     if not host.isalnum():  # a header value never carries control characters, whatever a heartbeat said

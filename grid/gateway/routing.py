@@ -1,4 +1,4 @@
-"""Pure request routing: HostSnapshots + private measurements + breaker state + now -> a route.
+"""Pure request routing: HostViews + private measurements + breaker state + now -> a route.
 
 The order of the gates is written once, in `choose`:
 
@@ -8,7 +8,7 @@ The order of the gates is written once, in `choose`:
    implausibly in the future. Draining residencies and paused, unhealthy or quarantined hosts
    never receive new requests (invariant 4);
    requests already running on them are not touched by this module. A managed residency must
-   also be one the controller placed and the host confirmed (`Candidate.unplaced` is None,
+   also be one the controller placed and the host confirmed (`RouteCandidate.unplaced` is None,
    judged by grid.projections.placed when the table is built): a claim alone attracts nothing.
 2. admission (hard): zero advertised capacity is closed; active requests (the proxy-owned
    counter, or the heartbeat's for a route the proxy never used) must stay below the effective
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from grid.events.control import ModelProfile
 from grid.fleet import FUTURE_SKEW_SECONDS, HEARTBEAT_TIMEOUT_SECONDS, ROUTABLE_HOST_STATES, heartbeat_ahead, heartbeat_fresh
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.gateway.affinity import rendezvous_pick
 from grid.gateway.measure import RouteMeasurement
 
@@ -83,7 +83,7 @@ DEFAULT_POLICY = RoutingPolicy()
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class RouteCandidate:
     key: RouteKey
     host_id: str
     model_id: str
@@ -111,9 +111,9 @@ class Candidate:
 
 
 def build_table(
-    snapshots: Iterable[HostSnapshot], unplaced: Mapping[tuple[str, str], str] | None = None,
+    snapshots: Iterable[HostView], unplaced: Mapping[tuple[str, str], str] | None = None,
     no_responders: Mapping[str, float | None] | None = None,
-) -> dict[str, tuple[Candidate, ...]]:
+) -> dict[str, tuple[RouteCandidate, ...]]:
     """Every residency of every host, grouped by model (sorted: deterministic).
 
     `unplaced` maps (host id, model id) of the managed claims that are not corroborated to the
@@ -123,13 +123,13 @@ def build_table(
     """
     unplaced = unplaced or {}
     no_responders = no_responders or {}
-    by_model: dict[str, list[Candidate]] = {}
+    by_model: dict[str, list[RouteCandidate]] = {}
     for snap in snapshots:
         silent = snap.host_id in no_responders and still_unresponsive(no_responders[snap.host_id], snap.heartbeat_at)
         throttle = snap.resources.throttle_fraction
         queue = snap.load.queue_depth
         for r in snap.residencies:
-            c = Candidate(
+            c = RouteCandidate(
                 key=(snap.host_id, r.endpoint or "", r.model_id),
                 host_id=snap.host_id,
                 model_id=r.model_id,
@@ -159,7 +159,7 @@ def still_unresponsive(marked_heartbeat_at: float | None, heartbeat_at: float | 
     return marked_heartbeat_at is not None and heartbeat_at <= marked_heartbeat_at
 
 
-def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> str | None:
+def exclusion(c: RouteCandidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> str | None:
     """Why `c` may not take new requests at `now`, or None when it is eligible."""
     if c.state != "ready":
         return EXCLUDED_DRAINING if c.state == "draining" else EXCLUDED_NOT_READY
@@ -180,18 +180,18 @@ def exclusion(c: Candidate, now: float, policy: RoutingPolicy = DEFAULT_POLICY) 
     return None
 
 
-def eligible(candidates: Iterable[Candidate], now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> list[Candidate]:
+def eligible(candidates: Iterable[RouteCandidate], now: float, policy: RoutingPolicy = DEFAULT_POLICY) -> list[RouteCandidate]:
     return [c for c in candidates if exclusion(c, now, policy) is None]
 
 
 def ready_models(
-    table: Mapping[str, Sequence[Candidate]], now: float, policy: RoutingPolicy = DEFAULT_POLICY
+    table: Mapping[str, Sequence[RouteCandidate]], now: float, policy: RoutingPolicy = DEFAULT_POLICY
 ) -> list[str]:
     """Admitted READY model ids (the /v1/models identity list), sorted."""
     return [m for m in sorted(table) if any(exclusion(c, now, policy) is None for c in table[m])]
 
 
-def effective_concurrency(c: Candidate) -> int | None:
+def effective_concurrency(c: RouteCandidate) -> int | None:
     """None: capacity unknown (conservative raw load). 0: closed."""
     mc = c.max_concurrency
     if mc is None:
@@ -205,7 +205,7 @@ def effective_concurrency(c: Candidate) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    candidate: Candidate
+    candidate: RouteCandidate
     rank: int
     expected_seconds: float
     load: float
@@ -215,7 +215,7 @@ class Scored:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    route: Candidate | None
+    route: RouteCandidate | None
     reason: str
     expected_seconds: float = 0.0
     # How many routes were eligible / admissible (for stats and error messages).
@@ -245,7 +245,7 @@ def _median_without(values: list[float], own: float | None) -> float | None:
     return at(mid) if n % 2 else 0.5 * (at(mid - 1) + at(mid))
 
 
-def _own(m: RouteMeasurement | None, c: Candidate, now: float) -> tuple[float, float, float, float]:
+def _own(m: RouteMeasurement | None, c: RouteCandidate, now: float) -> tuple[float, float, float, float]:
     """(latency, latency weight, tokens/s, tokens/s weight) bound to the artifact revision."""
     if m is None or m.artifact_sha256 != c.artifact_sha256:
         return 0.0, 0.0, 0.0, 0.0
@@ -253,7 +253,7 @@ def _own(m: RouteMeasurement | None, c: Candidate, now: float) -> tuple[float, f
 
 
 def choose(
-    candidates: Sequence[Candidate],
+    candidates: Sequence[RouteCandidate],
     *,
     now: float,
     measurements: Mapping[RouteKey, RouteMeasurement] | None = None,

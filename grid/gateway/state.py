@@ -38,7 +38,7 @@ from grid.gateway.evaluation import OwnerCapability
 from grid.gateway.host_metrics import host_gauges
 from grid.gateway.intake import BodyReader
 from grid.gateway.measure import Measurements
-from grid.gateway.routing import Candidate, RouteKey
+from grid.gateway.routing import RouteCandidate, RouteKey
 from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_api_keys
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
@@ -125,7 +125,7 @@ class Gateway:
         self.waiters = 0
         self._released = asyncio.Event()
         self._version = 0
-        self._table: dict[str, tuple[Candidate, ...]] = {}
+        self._table: dict[str, tuple[RouteCandidate, ...]] = {}
         self._table_version = -1
         self._table_built_at = float("-inf")
         self._unplaced: list[placed.UnplacedClaim] = []
@@ -292,7 +292,7 @@ class Gateway:
 
     # --- views -------------------------------------------------------------------------------------
 
-    def table(self, now: float) -> dict[str, tuple[Candidate, ...]]:
+    def table(self, now: float) -> dict[str, tuple[RouteCandidate, ...]]:
         if self._table_version != self._version or now - self._table_built_at > TABLE_MAX_AGE_SECONDS \
                 or now < self._table_built_at:
             snaps = fleet.snapshots(self.runner["fleet"], now)

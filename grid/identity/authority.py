@@ -40,7 +40,7 @@ class AuthorityError(RuntimeError):
     pass
 
 
-class HostRecord(msgspec.Struct):
+class HostIdentityRecord(msgspec.Struct):
     command_consumer: str
     keys: list[str] = msgspec.field(default_factory=list)
     revoked_at: int | None = None
@@ -49,7 +49,7 @@ class HostRecord(msgspec.Struct):
 
 
 class Registry(msgspec.Struct):
-    hosts: dict[str, HostRecord] = msgspec.field(default_factory=dict)
+    hosts: dict[str, HostIdentityRecord] = msgspec.field(default_factory=dict)
     # user public key -> unix seconds; JWTs of that key issued at or before it are refused.
     revocations: dict[str, int] = msgspec.field(default_factory=dict)
 
@@ -168,7 +168,7 @@ class Authority:
         self.reload()  # read what another process (the controller, `gridctl node revoke`) wrote
         record = self.registry.hosts.get(host_id)
         if record is None:
-            record = self.registry.hosts[host_id] = HostRecord(command_consumer=new_host_consumer(host_id))
+            record = self.registry.hosts[host_id] = HostIdentityRecord(command_consumer=new_host_consumer(host_id))
             self._save()
         return Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
 

@@ -14,7 +14,7 @@ import math
 
 from grid.events.control import ModelProfile
 from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.planner import scoring as S
 from grid.planner.feasibility import (
     CHAIN,
@@ -26,7 +26,7 @@ from grid.planner.feasibility import (
     tier_index,
 )
 from grid.planner.ledger import Ledger
-from grid.planner.state import FleetState, HostState, ModelState
+from grid.planner.state import PlacementFleet, HostState, ModelState
 
 
 def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
@@ -49,7 +49,7 @@ def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
             timings[k] = t
 
     # Hosts, sorted by id (a later duplicate snapshot of the same id wins).
-    snaps: dict[str, HostSnapshot] = {}
+    snaps: dict[str, HostView] = {}
     for h in inp.hosts:
         snaps[h.host_id] = h
     max_bw = max(
@@ -66,7 +66,7 @@ def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
         policy=policy,
         hosts=hosts,
         classes=classes,
-        fleet=FleetState(hosts, classes),
+        fleet=PlacementFleet(hosts, classes),
         models=models,
         excl=excl,
         timings=timings,
@@ -164,7 +164,7 @@ def _models(
 
 
 def _hosts(
-    snaps: dict[str, HostSnapshot],
+    snaps: dict[str, HostView],
     now: float,
     policy: Policy,
     max_bw: float,

@@ -19,7 +19,7 @@ from grid.planner.feasibility import (
     matching_runtimes,
     runtime_memory,
 )
-from grid.planner.state import FleetState, HostState, ModelState
+from grid.planner.state import PlacementFleet, HostState, ModelState
 
 
 class StaticEligibility:
@@ -29,7 +29,7 @@ class StaticEligibility:
         self,
         hosts: list[HostState],
         classes: list[HostClass],
-        fleet: FleetState,
+        fleet: PlacementFleet,
         models: list[ModelState],
     ) -> None:
         self.hosts = hosts

@@ -27,7 +27,7 @@ from grid.events.host import HostResources
 from grid.fleet import ADMITTING_HOST_STATES, heartbeat_ahead, heartbeat_fresh
 from grid.fleet import reasons as R
 from grid.fleet.planning import Policy
-from grid.fleet.views import HostSnapshot, raw_allocatable_mb
+from grid.fleet.views import HostView, raw_allocatable_mb
 
 Rejection = tuple[str, str]  # (REASON, detail)
 
@@ -163,7 +163,7 @@ def new_work_allocatable_mb(res: HostResources, state: str) -> int:
     return raw
 
 
-def load_level(host: HostSnapshot) -> int:
+def load_level(host: HostView) -> int:
     """Host load quantised to five levels (0 idle .. 4 saturated): part of the class key."""
     pressure = max(0, host.load.active_tasks) + 2 * max(0, host.load.queue_depth)
     if pressure <= 0:
@@ -183,7 +183,7 @@ def load_level(host: HostSnapshot) -> int:
 
 
 def check_heartbeat_missing(
-    host: HostSnapshot, now: float, policy: Policy
+    host: HostView, now: float, policy: Policy
 ) -> Rejection | None:
     if host.heartbeat_at is None or not math.isfinite(host.heartbeat_at):
         return (R.HEARTBEAT_MISSING, "registered but never heard from")
@@ -191,7 +191,7 @@ def check_heartbeat_missing(
 
 
 def check_host_state(
-    host: HostSnapshot, now: float, policy: Policy
+    host: HostView, now: float, policy: Policy
 ) -> Rejection | None:
     if host.state not in ADMITTING_HOST_STATES:
         return (R.HOST_NOT_ELIGIBLE_STATE, host.state)
@@ -199,7 +199,7 @@ def check_host_state(
 
 
 def check_heartbeat_stale(
-    host: HostSnapshot, now: float, policy: Policy
+    host: HostView, now: float, policy: Policy
 ) -> Rejection | None:
     assert host.heartbeat_at is not None
     if not heartbeat_fresh(host.heartbeat_at, now, policy):
@@ -212,7 +212,7 @@ def check_heartbeat_stale(
 
 
 def check_heartbeat_future(
-    host: HostSnapshot, now: float, policy: Policy
+    host: HostView, now: float, policy: Policy
 ) -> Rejection | None:
     assert host.heartbeat_at is not None
     if heartbeat_ahead(host.heartbeat_at, now, policy):
@@ -433,7 +433,7 @@ def check_disk(
     return None
 
 
-HostCheck = Callable[[HostSnapshot, float, Policy], "Rejection | None"]
+HostCheck = Callable[[HostView, float, Policy], "Rejection | None"]
 PolicyCheck = Callable[[str, ModelReq], "Rejection | None"]
 ClassCheck = Callable[[HostClass, ModelReq], "Rejection | None"]
 CapacityCheck = Callable[[HostClass, int, int, ModelReq, bool], "Rejection | None"]
@@ -492,7 +492,7 @@ class FeasibilityChain:
         )
 
     def host_lifecycle(
-        self, host: HostSnapshot, now: float, policy: Policy
+        self, host: HostView, now: float, policy: Policy
     ) -> Rejection | None:
         for check in self.lifecycle:
             r = check(host, now, policy)
@@ -540,7 +540,7 @@ class FeasibilityChain:
 CHAIN = FeasibilityChain()
 
 
-def artifact_cached(host: HostSnapshot, req: ModelReq) -> bool:
+def artifact_cached(host: HostView, req: ModelReq) -> bool:
     """Exact cached weights: sha match, or model id match when the profile has no sha."""
     if req.sha is not None:
         for art in host.cached:

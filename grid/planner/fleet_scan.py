@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from grid.events.control import ModelProfile
 from grid.fleet.views import raw_allocatable_mb
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.planner.feasibility import (
     FeasibilityChain,
     HostClass,
@@ -29,7 +29,7 @@ from grid.planner.feasibility import (
 )
 
 
-def _host_class(i: int, host: HostSnapshot) -> HostClass:
+def _host_class(i: int, host: HostView) -> HostClass:
     res = host.resources
     ti = tier_index(res.data_tier)
     return HostClass(
@@ -39,7 +39,7 @@ def _host_class(i: int, host: HostSnapshot) -> HostClass:
     )
 
 
-def placeable_models(profiles: Iterable[ModelProfile], hosts: Sequence[HostSnapshot]) -> frozenset[str]:
+def placeable_models(profiles: Iterable[ModelProfile], hosts: Sequence[HostView]) -> frozenset[str]:
     """Model ids with at least one host that passes every immutable placement check."""
     chain = FeasibilityChain()
     classes = [(h, _host_class(i, h), raw_allocatable_mb(h.resources)) for i, h in enumerate(hosts)]

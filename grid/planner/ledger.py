@@ -6,7 +6,7 @@ hosts with leaving capacity, and the staged preemptions. The placer (``placement
 drives it; staged preemption, repair and explanations take it as their one typed parameter, so
 none of them needs the placer's module (or another's).
 
-Candidate selection is exact: ``best_host`` returns the host with the highest total score
+ScoredHost selection is exact: ``best_host`` returns the host with the highest total score
 (ties: smaller host id) as a full scan would, but scans per host class (see state.py) with an
 upper bound that prunes classes that cannot win. ``Ledger(reference_scan=True)`` performs the
 plain full scan; tests and the planner benchmark prove both give byte-identical plans.
@@ -26,9 +26,9 @@ from grid.planner.eligibility import StaticEligibility
 from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
 from grid.planner.scoring import Scores
 from grid.planner.state import (
-    Candidate,
+    ScoredHost,
     Entry,
-    FleetState,
+    PlacementFleet,
     HostState,
     ModelState,
     MustMove,
@@ -47,7 +47,7 @@ class Ledger(StaticEligibility):
         policy: Policy,
         hosts: list[HostState],
         classes: list[HostClass],
-        fleet: FleetState,
+        fleet: PlacementFleet,
         models: list[ModelState],
         excl: dict[str, frozenset[str]],
         timings: dict[tuple[str, str], TimingSample],
@@ -235,7 +235,7 @@ class Ledger(StaticEligibility):
 
     def eval_host(
         self, hs: HostState, ms: ModelState, need_new_domain: bool
-    ) -> Candidate | None:
+    ) -> ScoredHost | None:
         """One host as a candidate for one more replica of ms (None: infeasible)."""
         if need_new_domain and hs.domain in ms.used_domains:
             return None
@@ -243,7 +243,7 @@ class Ledger(StaticEligibility):
         if r is not None:
             return None
         values = self.host_values(hs, ms, mem)
-        return Candidate(
+        return ScoredHost(
             S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
         )
 
@@ -260,12 +260,12 @@ class Ledger(StaticEligibility):
             ms.class_order = order
         return ms.class_order
 
-    def best_host(self, ms: ModelState, need_new_domain: bool) -> Candidate | None:
+    def best_host(self, ms: ModelState, need_new_domain: bool) -> ScoredHost | None:
         """The feasible host with the highest score (ties: smaller host id), exactly as a full
         scan would find it: special hosts one by one, every other host through its bucket."""
         if self.reference_scan:
             return self._best_host_reference(ms, need_new_domain)
-        best: Candidate | None = None
+        best: ScoredHost | None = None
         hosts = self.hosts
         for hi in ms.special:
             c = self.eval_host(hosts[hi], ms, need_new_domain)
@@ -339,7 +339,7 @@ class Ledger(StaticEligibility):
                         load,
                         thr,
                     )
-                    c = Candidate(
+                    c = ScoredHost(
                         combine(values, boost), hs.host_id, hs.idx, rt, mem, disk, values
                     )
                     if c.beats(best):
@@ -348,9 +348,9 @@ class Ledger(StaticEligibility):
 
     def _best_host_reference(
         self, ms: ModelState, need_new_domain: bool
-    ) -> Candidate | None:
+    ) -> ScoredHost | None:
         """The plain full scan ``best_host`` must agree with."""
-        best: Candidate | None = None
+        best: ScoredHost | None = None
         for hs in self.hosts:
             c = self.eval_host(hs, ms, need_new_domain)
             if c is not None and c.beats(best):
@@ -363,7 +363,7 @@ class Ledger(StaticEligibility):
             return False
         return bool(self.eligible_domains(ms, 1, exclude=ms.used_domains))
 
-    def choose(self, ms: ModelState) -> Candidate | None:
+    def choose(self, ms: ModelState) -> ScoredHost | None:
         """The best host for one more replica, in a new failure domain while one is needed."""
         if self.needs_new_domain(ms):
             c = self.best_host(ms, True)
@@ -377,7 +377,7 @@ class Ledger(StaticEligibility):
     def commit_new(
         self,
         ms: ModelState,
-        c: Candidate,
+        c: ScoredHost,
         reason: str,
         round_class: int,
         pinned_phase: bool = False,

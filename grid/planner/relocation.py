@@ -41,7 +41,7 @@ from grid.fleet import reasons as R
 from grid.fleet.planning import Preemption
 from grid.planner.ledger import Ledger
 from grid.planner.preemption import fits_after, make_victim, offered, protected, replica_capacity
-from grid.planner.state import Candidate, Entry, HostState, ModelState, MustMove
+from grid.planner.state import ScoredHost, Entry, HostState, ModelState, MustMove
 
 # The replica must carry this share of one replica's capacity in unserved offered concurrency.
 MIN_GAIN_SHARE = 0.25
@@ -59,7 +59,7 @@ class _Option:
     hs: HostState  # where the beneficiary goes
     vms: ModelState  # the incumbent's model
     entry: Entry  # the incumbent's kept entry on hs
-    destination: Candidate | None  # a new copy's host (None: a copy is already under way)
+    destination: ScoredHost | None  # a new copy's host (None: a copy is already under way)
     warmback: float
 
     def key(self) -> tuple:
@@ -107,8 +107,8 @@ def _spend(led: Ledger) -> bool:
     return True
 
 
-def _destination(led: Ledger, vms: ModelState, away: HostState) -> Candidate | None:
-    best: Candidate | None = None
+def _destination(led: Ledger, vms: ModelState, away: HostState) -> ScoredHost | None:
+    best: ScoredHost | None = None
     need_domain = led.needs_new_domain(vms)
     for h in led.hosts:
         if h is away or not h.eligible:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from grid.events.control import ModelProfile
 from grid.fleet import reasons as R
 from grid.fleet.planning import DemandTarget
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
 from grid.planner.scoring import Scores
 
@@ -86,7 +86,7 @@ class HostState:
     def __init__(
         self,
         idx: int,
-        snap: HostSnapshot,
+        snap: HostView,
         cls: HostClass,
         bucket: Bucket | None,
         lifecycle: Rejection | None,
@@ -195,7 +195,7 @@ def host_contribution(hs: HostState) -> tuple[int, int, int]:
     return (free, 0, 1 if free > 0 else 0)
 
 
-class FleetState:
+class PlacementFleet:
     """Host states, class index and aggregate totals."""
 
     def __init__(self, hosts: list[HostState], classes: list[HostClass]) -> None:
@@ -231,7 +231,7 @@ class FleetState:
 
 
 @dataclass(slots=True, eq=False)
-class Candidate:
+class ScoredHost:
     """A feasible host for one more replica of a model, with its scores."""
 
     score: float
@@ -242,7 +242,7 @@ class Candidate:
     disk_bytes: int
     values: Scores
 
-    def beats(self, other: Candidate | None) -> bool:
+    def beats(self, other: ScoredHost | None) -> bool:
         if other is None:
             return True
         if self.score != other.score:

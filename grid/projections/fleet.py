@@ -1,7 +1,7 @@
 """Fleet projection: registrations, latest heartbeat per host, protection, operator overrides.
 
 Freshness is judged by receipt time (the log's timestamp), never by the sender's clock.
-`snapshots(state, now)` turns the fold into the planner's HostSnapshot values.
+`snapshots(state, now)` turns the fold into the planner's HostView values.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import msgspec
 from grid.events.base import Event
 from grid.events.control import HostOverride
 from grid.events.host import HostHeartbeat, HostRegistered, HostResources, ProtectionTransition
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections.position import Position
 
 # Operator override states outrank an accepting/throttled host but never relax a local fence.
@@ -152,20 +152,20 @@ def _residency_view(hb_at: float, r: object) -> ResidencyView:
     )
 
 
-def snapshot(record: HostRecord, now: float) -> HostSnapshot | None:
+def host_view(record: HostRecord, now: float) -> HostView | None:
     hb = record.heartbeat
     resources = record.resources
     if resources is None:
         return None
     if hb is None or record.heartbeat_at is None:
-        return HostSnapshot(
+        return HostView(
             host_id=record.host_id,
             state=effective_state(record, now),
             resources=resources,
             actuator_capabilities=record.actuator_capabilities,
         )
     hb_at = record.heartbeat_at
-    return HostSnapshot(
+    return HostView(
         host_id=record.host_id,
         state=effective_state(record, now),
         resources=resources,
@@ -182,10 +182,10 @@ def snapshot(record: HostRecord, now: float) -> HostSnapshot | None:
     )
 
 
-def snapshots(state: FleetState, now: float) -> tuple[HostSnapshot, ...]:
+def snapshots(state: FleetState, now: float) -> tuple[HostView, ...]:
     out = []
     for host_id in sorted(state.hosts):
-        snap = snapshot(state.hosts[host_id], now)
+        snap = host_view(state.hosts[host_id], now)
         if snap is not None:
             out.append(snap)
     return tuple(out)

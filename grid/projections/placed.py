@@ -42,7 +42,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
 from grid.fleet import CLAIM_STATES, REPLICA_STATES, FreshnessPolicy, heartbeat_fresh
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections.position import Position
 
 MAX_PAIRS = 65_536
@@ -219,7 +219,7 @@ def commanded(state: PlacedState, host_id: str, model_id: str) -> bool:
     return pair_key(host_id, model_id) in state.warms
 
 
-def without_uncommanded(snapshot: HostSnapshot, state: PlacedState) -> HostSnapshot:
+def without_uncommanded(snapshot: HostView, state: PlacedState) -> HostView:
     """The host as the planner may count it: a managed replica the controller never commanded
     there is a claim, not supply. Its memory still counts as used (the host says it is), as
     memory Grid does not manage."""
@@ -262,7 +262,7 @@ def profile_digests(profiles: Mapping[str, Any]) -> dict[str, str | None]:
     return {m: p.artifact_sha256 for m, p in profiles.items()}
 
 
-def unplaced_claims(state: PlacedState, snapshots: Iterable[HostSnapshot], digests: Mapping[str, str | None],
+def unplaced_claims(state: PlacedState, snapshots: Iterable[HostView], digests: Mapping[str, str | None],
                     *, now: float | None = None, policy: FreshnessPolicy | None = None) -> list[UnplacedClaim]:
     """Every managed ready or warming claim that is not corroborated, sorted by host and model.
 

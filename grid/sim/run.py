@@ -221,6 +221,6 @@ def route(sc: Scenario, snaps, requests: tuple[Request, ...], now: float, world:
     return records
 
 
-def _speed(specs, route_: routing.Candidate) -> float:
+def _speed(specs, route_: routing.RouteCandidate) -> float:
     spec = specs[route_.host_id]
     return spec.speed * (THROTTLED_SPEED if route_.host_state == "throttled" else 1.0)

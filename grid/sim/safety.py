@@ -19,7 +19,7 @@ from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, heartbeat_fresh
 from grid.fleet.planning import Plan
 from grid.fleet.reasons import RELOCATION
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections.actions import ActionsState
 
 Violation = tuple[str, str]
@@ -49,7 +49,7 @@ PENDING_EQUIVALENT = "9_pending_equivalent_not_suppressed"
 
 def check_tick(
     plan: Plan,
-    hosts: Sequence[HostSnapshot],
+    hosts: Sequence[HostView],
     result: ReconcileResult,
     history: ActionsState,
     profiles: Mapping[str, ModelProfile],
@@ -71,16 +71,16 @@ def check_tick(
     return out
 
 
-def _admitting(h: HostSnapshot | None, now: float, limits: Limits) -> bool:
+def _admitting(h: HostView | None, now: float, limits: Limits) -> bool:
     return h is not None and h.state in ADMITTING_HOST_STATES and heartbeat_fresh(h.heartbeat_at, now, limits)
 
 
-def _managed(h: HostSnapshot | None, model_id: str) -> ResidencyView | None:
+def _managed(h: HostView | None, model_id: str) -> ResidencyView | None:
     return next((r for r in (h.residencies if h else ()) if r.model_id == model_id and r.managed and not r.pinned),
                 None)
 
 
-def _plan_fits(plan: Plan, by_host: Mapping[str, HostSnapshot]) -> list[Violation]:
+def _plan_fits(plan: Plan, by_host: Mapping[str, HostView]) -> list[Violation]:
     """[1] The plan's desired managed footprint fits every host's declared memory."""
     out: list[Violation] = []
     per_host: dict[str, int] = {}
@@ -113,7 +113,7 @@ def _identity(result: ReconcileResult, history: ActionsState) -> list[Violation]
     return out
 
 
-def _actuation(plan: Plan, by_host: Mapping[str, HostSnapshot], result: ReconcileResult,
+def _actuation(plan: Plan, by_host: Mapping[str, HostView], result: ReconcileResult,
                profiles: Mapping[str, ModelProfile], now: float, limits: Limits, guards: Guards) -> list[Violation]:
     """[2] admission only on admitting hosts; [3]/[5] make before break; [6] drain before unload;
     [7] never actuate what Grid does not own."""
@@ -128,7 +128,7 @@ def _actuation(plan: Plan, by_host: Mapping[str, HostSnapshot], result: Reconcil
                    and (sha is None or (r.artifact_sha256 or "").lower() == sha.lower())
                    for r in h.residencies)  # type: ignore[union-attr]
 
-    def evacuation_due(h: HostSnapshot) -> bool:
+    def evacuation_due(h: HostView) -> bool:
         since = guards.evacuating_since.get(h.host_id)
         return (h.state in EVACUATING_HOST_STATES and since is not None
                 and now - since >= limits.evacuation_deadline_seconds)
@@ -174,7 +174,7 @@ def _actuation(plan: Plan, by_host: Mapping[str, HostSnapshot], result: Reconcil
     return out
 
 
-def _last_replica(plan: Plan, hosts: Sequence[HostSnapshot], result: ReconcileResult, demanded: frozenset[str],
+def _last_replica(plan: Plan, hosts: Sequence[HostView], result: ReconcileResult, demanded: frozenset[str],
                   now: float, limits: Limits) -> list[Violation]:
     """[5] No drain of a demanded model's last ready replica (a relocation keeps a copy)."""
     out: list[Violation] = []
@@ -197,7 +197,7 @@ def _last_replica(plan: Plan, hosts: Sequence[HostSnapshot], result: ReconcileRe
     return out
 
 
-def _limits(by_host: Mapping[str, HostSnapshot], result: ReconcileResult, history: ActionsState, now: float,
+def _limits(by_host: Mapping[str, HostView], result: ReconcileResult, history: ActionsState, now: float,
             limits: Limits) -> list[Violation]:
     """[8] Per-host and global mutation limits, exact-artifact fanout and failure backoff, charged
     the way the governor charges: open commands (a withdrawn one while its host may run it)."""

@@ -45,9 +45,9 @@ from grid.testfleet.sizing import (
 from grid.testfleet.state import (
     FleetError,
     FleetSettings,
-    FleetState,
+    FleetManifest,
     FleetStateError,
-    HostRecord,
+    HostManifest,
     ProcessRecord,
     load_state,
     remove_state,
@@ -110,13 +110,13 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _operator_token(state: FleetState) -> str:
+def _operator_token(state: FleetManifest) -> str:
     from grid.secrets import read_secret
 
     return read_secret(GridConfig(home=Path(state.control_home), nats_url=None).operator_token_path)
 
 
-def admin_request(state: FleetState, method: str, path: str, body: Any = None) -> Any:
+def admin_request(state: FleetManifest, method: str, path: str, body: Any = None) -> Any:
     """The fleet controller's admin API as the operator (JSON answer; FleetError on refusal)."""
     headers = {"X-Grid-Allocator-Token": _operator_token(state)}
     try:
@@ -177,14 +177,14 @@ def _check_spec(spec: FleetSpec) -> None:
         raise FleetError(f"--engine-port-base {spec.engine_port_base} leaves no room for {spec.machines} port ranges")
 
 
-def processes(state: FleetState) -> dict[str, ProcessRecord | None]:
+def processes(state: FleetManifest) -> dict[str, ProcessRecord | None]:
     out: dict[str, ProcessRecord | None] = {"nats": state.nats, "controller": state.controller,
                                             "gateway": state.gateway}
     out.update({f"agent {h.host_id}": h.agent for h in state.hosts})
     return out
 
 
-def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> FleetState:
+def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> FleetManifest:
     """Start the fleet (idempotent: the same settings while it runs are a no-op)."""
     existing = load_state(root)
     _check_spec(spec)
@@ -205,7 +205,7 @@ def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> Fleet
     if spec.netns:
         netns.check_available()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    state = FleetState(settings=settings, root=str(root), control_home=str(root / "control"),
+    state = FleetManifest(settings=settings, root=str(root), control_home=str(root / "control"),
                        started_at=time.time())
     save_state(state)
     try:
@@ -217,7 +217,7 @@ def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> Fleet
     return state
 
 
-def _start(state: FleetState, spec: FleetSpec, model: Model, say: Say) -> None:
+def _start(state: FleetManifest, spec: FleetSpec, model: Model, say: Say) -> None:
     from grid.identity.authority import Authority
     from grid.identity.local import authority_dir, ensure_local_credentials
     from grid.identity.tls import TLSMaterial
@@ -324,8 +324,8 @@ def _start(state: FleetState, spec: FleetSpec, model: Model, say: Say) -> None:
     save_state(state)
 
 
-def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSpec, model: Model | None,
-                  shares: Path, tls: Any) -> HostRecord:
+def _prepare_host(state: FleetManifest, index: int, capacity_mb: int, spec: FleetSpec, model: Model | None,
+                  shares: Path, tls: Any) -> HostManifest:
     """A logical host's home, capacity ledger link, namespace and join token (real invitation)."""
     from grid.identity.admin import invite
     from grid.secrets import write_owner_only
@@ -340,7 +340,7 @@ def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSp
     if model is not None:
         seed_cache(home, model)
     lo = spec.engine_port_base + index * ENGINE_PORT_SPAN
-    record = HostRecord(host_id=host_id, failure_domain=domain, capacity_mb=capacity_mb,
+    record = HostManifest(host_id=host_id, failure_domain=domain, capacity_mb=capacity_mb,
                         port_range=(lo, lo + ENGINE_PORT_SPAN - 1), home=str(home))
     if spec.netns:
         record.netns, record.address, record.veth = netns.create_host(index)
@@ -351,7 +351,7 @@ def _prepare_host(state: FleetState, index: int, capacity_mb: int, spec: FleetSp
     return record
 
 
-def _spawn_agent(state: FleetState, host: HostRecord) -> None:
+def _spawn_agent(state: FleetManifest, host: HostManifest) -> None:
     """`gridctl node start` for one logical host (inside its namespace); it joins with the token
     the first time and runs as the host its credential names afterwards."""
     home = Path(host.home)
@@ -371,7 +371,7 @@ JOIN_RETRIES = 2
 _NO_RESPONDER = "could not join through"
 
 
-def _join_found_no_responder(host: HostRecord) -> bool:
+def _join_found_no_responder(host: HostManifest) -> bool:
     assert host.agent is not None
     tail = _tail(Path(host.agent.log), 600)
     return _NO_RESPONDER in tail and "NoRespondersError" in tail
@@ -409,15 +409,15 @@ class _DetachedNats:
 # --- inspect --------------------------------------------------------------------------------
 
 
-def controller_status(state: FleetState) -> dict[str, Any]:
+def controller_status(state: FleetManifest) -> dict[str, Any]:
     return admin_request(state, "GET", "/allocator/status")  # type: ignore[no-any-return]
 
 
-def fresh_hosts(state: FleetState) -> set[str]:
+def fresh_hosts(state: FleetManifest) -> set[str]:
     return {h["host_id"] for h in controller_status(state)["hosts"] if h["fresh"]}
 
 
-def ready_hosts(state: FleetState, model_id: str) -> set[str]:
+def ready_hosts(state: FleetManifest, model_id: str) -> set[str]:
     """Hosts whose fresh heartbeat reports `model_id` READY."""
     out = set()
     for h in controller_status(state)["hosts"]:
@@ -483,14 +483,14 @@ def restart_agent(root: Path, host_id: str) -> ProcessRecord:
     return host.agent
 
 
-def host_cli(state: FleetState, host_id: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def host_cli(state: FleetManifest, host_id: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run `gridctl <args>` as that logical host's operator would (its grid home, its namespace)."""
     host = state.host(host_id)
     argv = [*netns.exec_prefix(host.netns), *_gridctl(*args)]
     return subprocess.run(argv, env=_env(Path(host.home)), capture_output=True, text=True, timeout=timeout)
 
 
-def _require(root: Path) -> FleetState:
+def _require(root: Path) -> FleetManifest:
     state = load_state(root)
     if state is None:
         raise FleetError(f"no test fleet is recorded in {root} (`gridctl test start` starts one)")
@@ -500,7 +500,7 @@ def _require(root: Path) -> FleetState:
 # --- stop -----------------------------------------------------------------------------------
 
 
-def _engine_records(host: HostRecord) -> list[ProcessRecord]:
+def _engine_records(host: HostManifest) -> list[ProcessRecord]:
     """The engines a host's agent recorded (proof: pid, birth time, command line), so engines an
     agent left behind (it was killed and not restarted) are stopped too, and nothing else."""
     from grid.agent.state import AgentPaths, decode_state

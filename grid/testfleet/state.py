@@ -35,7 +35,7 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
     start_stamp: str | None = None
 
 
-class HostRecord(msgspec.Struct, kw_only=True):
+class HostManifest(msgspec.Struct, kw_only=True):
     host_id: str
     failure_domain: str
     capacity_mb: int
@@ -59,7 +59,7 @@ class FleetSettings(msgspec.Struct, frozen=True, kw_only=True):
     engine_threads: int = 1
 
 
-class FleetState(msgspec.Struct, kw_only=True):
+class FleetManifest(msgspec.Struct, kw_only=True):
     schema_version: int = SCHEMA_VERSION
     settings: FleetSettings
     root: str
@@ -71,25 +71,25 @@ class FleetState(msgspec.Struct, kw_only=True):
     nats: ProcessRecord | None = None
     controller: ProcessRecord | None = None
     gateway: ProcessRecord | None = None
-    hosts: list[HostRecord] = []
+    hosts: list[HostManifest] = []
     started_at: float = 0.0
     ready: bool = False
 
-    def host(self, host_id: str) -> HostRecord:
+    def host(self, host_id: str) -> HostManifest:
         for h in self.hosts:
             if h.host_id == host_id:
                 return h
         raise KeyError(f"no logical host {host_id!r} in this fleet ({', '.join(h.host_id for h in self.hosts)})")
 
 
-_decoder = msgspec.json.Decoder(FleetState)
+_decoder = msgspec.json.Decoder(FleetManifest)
 
 
 def state_path(root: Path) -> Path:
     return Path(root) / STATE_FILE
 
 
-def load_state(root: Path) -> FleetState | None:
+def load_state(root: Path) -> FleetManifest | None:
     """The recorded fleet, None when there is none; FleetStateError when the file is damaged."""
     path = state_path(root)
     try:
@@ -111,7 +111,7 @@ def load_state(root: Path) -> FleetState | None:
     return state
 
 
-def save_state(state: FleetState) -> None:
+def save_state(state: FleetManifest) -> None:
     """Write atomically (temp file, fsync, rename): a crash never leaves half a file."""
     path = state_path(Path(state.root))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -26,7 +26,7 @@ from grid.cli.node import PidRecord, verify_pid
 from grid.procstart import same_start, start_stamp
 from grid.testfleet.fleet import stop_fleet
 from grid.testfleet.procs import prove, spawn
-from grid.testfleet.state import FleetSettings, FleetState, load_state, save_state
+from grid.testfleet.state import FleetSettings, FleetManifest, load_state, save_state
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stamps are Linux's boot-relative start")
 
@@ -97,7 +97,7 @@ def test_the_test_fleet_still_stops_its_processes_after_a_correction(tmp_path: P
     try:
         settings = FleetSettings(machines=1, model_id="m.gguf", artifact_sha256="0" * 64, model_memory_mb=512,
                                  capacities_mb=(1024,), netns=False)
-        save_state(FleetState(settings=settings, root=str(tmp_path), control_home=str(tmp_path / "control"),
+        save_state(FleetManifest(settings=settings, root=str(tmp_path), control_home=str(tmp_path / "control"),
                               controller=record))
         correct_clock(monkeypatch)
         assert stop_fleet(tmp_path) == []

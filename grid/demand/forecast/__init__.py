@@ -50,7 +50,7 @@ from grid.demand.forecast.reasons import (
 )
 from grid.demand.forecast.types import (
     FORECAST_VERSION,
-    Candidate,
+    ModelCandidate,
     Forecast,
     ForecastConfig,
     ModelForecast,
@@ -83,7 +83,7 @@ __all__ = [
     "WORKLOAD_BELOW_GATE",
     "WORKLOAD_IDLE",
     "WORKLOAD_NO_CANDIDATE",
-    "Candidate",
+    "ModelCandidate",
     "Forecast",
     "ForecastConfig",
     "ModelForecast",

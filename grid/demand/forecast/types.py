@@ -6,6 +6,7 @@ from __future__ import annotations
 from grid.demand.affinity import SequenceEdge, SequencePrediction
 from grid.demand.correlation import CorrelationEdge
 from grid.demand.forecast.reasons import REASON_IDLE, WORKLOAD_IDLE
+from grid.fleet import AUTHORITATIVE_SAMPLES
 from grid.fleet.planning import DemandTarget
 from grid.fleet.views import Value
 
@@ -31,7 +32,7 @@ class ForecastConfig(Value, frozen=True, kw_only=True):
     evidence_concurrency: float = 1.5
     gate_buckets: int = 15
     service_prior_samples: float = 8.0
-    authoritative_timing_samples: int = 4
+    authoritative_timing_samples: int = AUTHORITATIVE_SAMPLES
 
 
 class ModelForecast(Value, frozen=True, kw_only=True):
@@ -64,7 +65,7 @@ class ModelForecast(Value, frozen=True, kw_only=True):
     workloads: tuple[str, ...] = ()
 
 
-class Candidate(Value, frozen=True, kw_only=True):
+class ModelCandidate(Value, frozen=True, kw_only=True):
     model_id: str
     suitability: float
     score: float
@@ -102,7 +103,7 @@ class WorkloadForecast(Value, frozen=True, kw_only=True):
     # workload holds the forecast's single exploration canary.
     explore_model_id: str | None = None
     exploring: bool = False
-    candidates: tuple[Candidate, ...] = ()
+    candidates: tuple[ModelCandidate, ...] = ()
     # The independent (exploitation) choice, and joint=True when the joint portfolio search
     # (grid.demand.portfolio) projected this workload onto a different model_id instead.
     independent_model_id: str | None = None

@@ -41,7 +41,7 @@ from grid.demand.forecast.reasons import (
 )
 from grid.demand.forecast.series import finite, series_stats
 from grid.demand.forecast.sizing import replica_capacity, replicas_for
-from grid.demand.forecast.types import Candidate, ForecastConfig, WorkloadForecast
+from grid.demand.forecast.types import ModelCandidate, ForecastConfig, WorkloadForecast
 from grid.events.control import ModelProfile
 
 
@@ -171,7 +171,7 @@ def workload_row(
     ), projected
 
 
-def exploit_key(cv: tuple[Candidate, outcomes_mod.OutcomeView]) -> tuple[float, int, str]:
+def exploit_key(cv: tuple[ModelCandidate, outcomes_mod.OutcomeView]) -> tuple[float, int, str]:
     c = cv[0]
     return (-(c.score - c.bonus), -(c.ready > 0), c.model_id)
 
@@ -182,7 +182,7 @@ def rank_candidates(
     profiles: Sequence[ModelProfile],
     now: float,
     ready: Mapping[str, int],
-) -> list[tuple[Candidate, outcomes_mod.OutcomeView]]:
+) -> list[tuple[ModelCandidate, outcomes_mod.OutcomeView]]:
     out = []
     for p in profiles:
         suit = outcomes_mod.suitability_points(p.workload_scores.get(workload, 0.0))
@@ -191,7 +191,7 @@ def rank_candidates(
         view = outcomes_mod.view(demand.outcomes, p.model_id, workload, p.artifact_sha256, now)
         slo = p.latency_slo_ms / 1000.0 if p.latency_slo_ms else None
         score = outcomes_mod.candidate_score(suit, view, slo_seconds=slo)
-        out.append((Candidate(
+        out.append((ModelCandidate(
             model_id=p.model_id, suitability=suit, score=score, confidence=view.confidence,
             quality_confidence=view.quality_confidence, samples=view.samples,
             quality_samples=view.quality_samples, bonus=view.bonus, validated=view.validated,

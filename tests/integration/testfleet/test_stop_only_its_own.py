@@ -11,7 +11,7 @@ import psutil
 
 from grid.testfleet.fleet import stop_fleet
 from grid.testfleet.procs import spawn
-from grid.testfleet.state import FleetSettings, FleetState, HostRecord, ProcessRecord, load_state, save_state
+from grid.testfleet.state import FleetSettings, FleetManifest, HostManifest, ProcessRecord, load_state, save_state
 
 SETTINGS = FleetSettings(machines=1, model_id="m.gguf", artifact_sha256="0" * 64, model_memory_mb=512,
                          capacities_mb=(1024,), netns=False)
@@ -28,9 +28,9 @@ def test_a_state_file_naming_foreign_processes_and_objects_harms_none(tmp_path: 
         reused = ProcessRecord(pid=foreign.pid, create_time=proc.create_time() - 100.0,  # another birth: pid reuse
                                cmdline=tuple(proc.cmdline()), log="")
         other_cmd = ProcessRecord(pid=foreign.pid, create_time=proc.create_time(), cmdline=("nats-server",), log="")
-        state = FleetState(settings=SETTINGS, root=str(tmp_path), control_home=str(tmp_path / "control"),
+        state = FleetManifest(settings=SETTINGS, root=str(tmp_path), control_home=str(tmp_path / "control"),
                            controller=reused, gateway=other_cmd, bridge="docker0",
-                           hosts=[HostRecord(host_id="h1", failure_domain="fd1", capacity_mb=1024, port_range=(1, 2),
+                           hosts=[HostManifest(host_id="h1", failure_domain="fd1", capacity_mb=1024, port_range=(1, 2),
                                              home=str(tmp_path / "h1"), netns="someone-elses", veth="eth0",
                                              agent=reused)])
         save_state(state)
@@ -49,7 +49,7 @@ def test_the_processes_it_started_are_stopped(tmp_path: Path) -> None:
     import os
 
     record = spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=os.environ, log=tmp_path / "p.log")
-    state = FleetState(settings=SETTINGS, root=str(tmp_path), control_home=str(tmp_path / "control"),
+    state = FleetManifest(settings=SETTINGS, root=str(tmp_path), control_home=str(tmp_path / "control"),
                        controller=record)
     save_state(state)
     assert stop_fleet(tmp_path) == []

@@ -12,7 +12,7 @@ from grid.events.control import ModelProfile
 from grid.events.host import ACTUATOR_CAPABILITIES, CachedArtifact, HostResources
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
 from grid.fleet.planning import Placement, Plan, PlannerInput, Preemption, Shortfall
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections import actions as actions_proj
 from grid.projections.actions import ActionsState
 from grid.projections.position import Position
@@ -34,8 +34,8 @@ def res(model: str, state: str = "ready", *, managed: bool = True, pinned: bool 
 
 def host(host_id: str, *residencies: ResidencyView, state: str = "accepting", capacity: int = 16_000,
          hb_at: float | None = NOW - 1.0, cached: Iterable[tuple[str, str]] = (),
-         caps: tuple[str, ...] = ACTUATOR_CAPABILITIES, domain: str = "d1", unmanaged_mb: int = 0) -> HostSnapshot:
-    return HostSnapshot(
+         caps: tuple[str, ...] = ACTUATOR_CAPABILITIES, domain: str = "d1", unmanaged_mb: int = 0) -> HostView:
+    return HostView(
         host_id=host_id, state=state,
         resources=HostResources(capacity_mb=capacity, failure_domain=domain),
         residencies=tuple(sorted(residencies, key=lambda r: (r.model_id, r.state))),
@@ -101,14 +101,14 @@ class History:
         return self
 
 
-def observed(hosts: Iterable[HostSnapshot], profs: dict[str, ModelProfile], *, retired: Iterable[str] = (),
+def observed(hosts: Iterable[HostView], profs: dict[str, ModelProfile], *, retired: Iterable[str] = (),
              now: float = NOW) -> PlannerInput:
     """What a reconciler is shown: hosts, profiles and retired models, as the tick builds it."""
     return PlannerInput(now=now, profiles=tuple(profs[m] for m in sorted(profs)), hosts=tuple(hosts),
                         retired=tuple(sorted(retired)))
 
 
-def reconcile_hosts(plan: Plan, hosts: Iterable[HostSnapshot], history: ActionsState, profs: dict[str, ModelProfile],
+def reconcile_hosts(plan: Plan, hosts: Iterable[HostView], history: ActionsState, profs: dict[str, ModelProfile],
                     now: float = NOW, *, retired: Iterable[str] = (), **kw) -> ReconcileResult:  # type: ignore[no-untyped-def]
     """`reconcile` over a host list and a profile map (the table tests' shape)."""
     return reconcile(plan, observed(hosts, profs, retired=retired, now=now), history, now, **kw)

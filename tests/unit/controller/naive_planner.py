@@ -22,7 +22,7 @@ from grid.fleet.planning import (
     PlannerInput,
     Shortfall,
 )
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 
 PLANNER_VERSION = "interim-0.1"
 LIVE = frozenset({"loading", "warming", "ready"})
@@ -32,7 +32,7 @@ def inputs_digest(pin: PlannerInput) -> str:
     return hashlib.sha256(codec.encode_value(pin)).hexdigest()
 
 
-def _eligible(host: HostSnapshot, profile: ModelProfile, pin: PlannerInput) -> str | None:
+def _eligible(host: HostView, profile: ModelProfile, pin: PlannerInput) -> str | None:
     pol = pin.policy
     if host.heartbeat_at is None:
         return "no_heartbeat"
@@ -69,7 +69,7 @@ def _eligible(host: HostSnapshot, profile: ModelProfile, pin: PlannerInput) -> s
     return None
 
 
-def _memory(profile: ModelProfile, host: HostSnapshot) -> tuple[str, int]:
+def _memory(profile: ModelProfile, host: HostView) -> tuple[str, int]:
     options = [r for r in sorted(profile.runtimes) if r in host.resources.runtimes] or ["llama.cpp"]
     best = min(options, key=lambda r: (profile.runtime_memory_mb.get(r, profile.memory_mb), r))
     return best, int(profile.runtime_memory_mb.get(best, profile.memory_mb))
@@ -86,7 +86,7 @@ def plan(pin: PlannerInput) -> Plan:
         free[h.host_id] = h.resources.capacity_mb - h.resources.reserved_mb - h.unmanaged_memory_mb - used
 
     wanted: dict[str, int] = {}
-    eligible: dict[str, list[HostSnapshot]] = {}
+    eligible: dict[str, list[HostView]] = {}
     rejected: dict[str, list[HostVerdict]] = {}
     chosen: dict[str, list[Placement]] = {}
     for p in profiles:
@@ -121,7 +121,7 @@ def plan(pin: PlannerInput) -> Plan:
             if len(chosen[p.model_id]) >= wanted[p.model_id]:
                 continue
             taken = {c.host_id for c in chosen[p.model_id]}
-            best: tuple[int, str, HostSnapshot, str, int] | None = None
+            best: tuple[int, str, HostView, str, int] | None = None
             for h in eligible[p.model_id]:
                 if h.host_id in taken:
                     continue

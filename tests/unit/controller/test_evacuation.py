@@ -16,7 +16,7 @@ from grid.controller.reconcile import Guards
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
 from grid.fleet.planning import PlannerInput, Policy
 from grid.fleet.reasons import RETAINED_UNTIL_REPLACED
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 from grid.gateway import routing
 
 from tests.unit.controller.ctlkit import NOW, History, host, kinds, profile, profiles, reasons, res
@@ -25,11 +25,11 @@ M = profiles(profile("m", min_replicas=1, max_replicas=1, min_residency_seconds=
 DRAIN_AT = NOW - 10.0
 
 
-def _input(hosts: list[HostSnapshot], now: float = NOW) -> PlannerInput:
+def _input(hosts: list[HostView], now: float = NOW) -> PlannerInput:
     return PlannerInput(now=now, profiles=tuple(M.values()), hosts=tuple(hosts), demand=(), policy=Policy())
 
 
-def _routed(hosts: list[HostSnapshot], now: float = NOW) -> str | None:
+def _routed(hosts: list[HostView], now: float = NOW) -> str | None:
     hosts = [msgspec.structs.replace(h, residencies=tuple(
         msgspec.structs.replace(r, endpoint=f"http://{h.host_id}:1") for r in h.residencies)) for h in hosts]
     table = routing.build_table(hosts)
@@ -37,7 +37,7 @@ def _routed(hosts: list[HostSnapshot], now: float = NOW) -> str | None:
     return None if d.route is None else d.route.host_id
 
 
-def _tick(hosts: list[HostSnapshot], history: History | None = None, now: float = NOW,
+def _tick(hosts: list[HostView], history: History | None = None, now: float = NOW,
           since: float | None = DRAIN_AT, limits: Limits = Limits()):  # type: ignore[no-untyped-def]
     guards = Guards(evacuating_since={} if since is None else {
         h.host_id: since for h in hosts if h.state == "draining"})
@@ -96,7 +96,7 @@ def test_the_deadline_ends_the_evacuation_even_without_a_replacement() -> None:
     assert r.actions == () and ("drain", "h1", "m") not in reasons(r)
     assert _routed(hosts) == "h1"
     # Deadline passed (60 s by default since the host entered draining): it drains.
-    def later(t: float) -> list[HostSnapshot]:
+    def later(t: float) -> list[HostView]:
         return [host("h1", res("m", loaded_age=60), state="draining", hb_at=t - 1.0)]
 
     _, r = _tick(later(DRAIN_AT + 59.0), now=DRAIN_AT + 59.0)

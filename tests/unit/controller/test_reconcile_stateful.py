@@ -32,7 +32,7 @@ from grid.events.host import CachedArtifact, HostResources
 from grid.events.plan import make_generation
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
 from grid.fleet.planning import DemandTarget, PlannerInput
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.planner.plan import plan as PLAN
 from grid.projections import actions as actions_proj
 from grid.projections.position import Position
@@ -69,8 +69,8 @@ class ControllerMachine(RuleBasedStateMachine):
         self.history = actions_proj.initial()
         self.cmd_seq = 0
         self.host_seq = 0
-        self.observed: dict[str, tuple[int, HostSnapshot]] = {}
-        self.hb_outbox: list[tuple[str, int, HostSnapshot]] = []
+        self.observed: dict[str, tuple[int, HostView]] = {}
+        self.hb_outbox: list[tuple[str, int, HostView]] = []
         self.ack_outbox: list[tuple[ActionAck, float]] = []
         self.cleared: set[str] = set()
         self.ticks = 0
@@ -90,9 +90,9 @@ class ControllerMachine(RuleBasedStateMachine):
                                   scale_down_cooldown_seconds=0.0)
         return out
 
-    def _snapshot(self, h: WHost) -> HostSnapshot:
+    def _snapshot(self, h: WHost) -> HostView:
         agent = h.agent
-        return HostSnapshot(
+        return HostView(
             host_id=agent.host_id, state=agent.state,
             resources=HostResources(capacity_mb=agent.capacity_mb, failure_domain=agent.host_id),
             residencies=tuple(
@@ -138,7 +138,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
     # --- the controller tick --------------------------------------------------------------
 
-    def observed_hosts(self) -> tuple[HostSnapshot, ...]:
+    def observed_hosts(self) -> tuple[HostView, ...]:
         return tuple(self.observed[h][1] for h in sorted(self.observed))
 
     def tick(self) -> None:

@@ -9,7 +9,7 @@ from grid.demand.forecast import (
     WORKLOAD_BELOW_GATE,
     WORKLOAD_IDLE,
     WORKLOAD_NO_CANDIDATE,
-    Candidate,
+    ModelCandidate,
     Forecast,
     WorkloadForecast,
 )
@@ -17,8 +17,8 @@ from grid.fleet import reasons as R
 from grid.fleet.planning import Placement, Plan, Shortfall
 
 
-def cand(model_id: str, suitability: float) -> Candidate:
-    return Candidate(model_id=model_id, suitability=suitability, score=suitability, confidence=1.0,
+def cand(model_id: str, suitability: float) -> ModelCandidate:
+    return ModelCandidate(model_id=model_id, suitability=suitability, score=suitability, confidence=1.0,
                      quality_confidence=1.0, samples=10.0, quality_samples=0.0, bonus=0.0, validated=True)
 
 

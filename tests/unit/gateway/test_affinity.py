@@ -6,7 +6,7 @@ import hashlib
 
 from grid.gateway import affinity
 from grid.gateway.affinity import AffinityError, parse_affinity_key, rendezvous_pick, telemetry_hash
-from grid.gateway.routing import Candidate, choose
+from grid.gateway.routing import RouteCandidate, choose
 
 NOW = 1_800_000_000.0
 
@@ -67,9 +67,9 @@ def test_rendezvous_removing_a_member_moves_only_its_keys() -> None:
             assert after[k] == before[k]
 
 
-def _cand(host: str) -> Candidate:
+def _cand(host: str) -> RouteCandidate:
     ep = f"http://{host}:1"
-    return Candidate(key=(host, ep, "m"), host_id=host, model_id="m", endpoint=ep, state="ready",
+    return RouteCandidate(key=(host, ep, "m"), host_id=host, model_id="m", endpoint=ep, state="ready",
                      host_state="accepting", heartbeat_at=NOW, max_concurrency=4)
 
 

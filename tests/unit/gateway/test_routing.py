@@ -9,19 +9,19 @@ from hypothesis import strategies as st
 
 from grid.events.control import ModelProfile
 from grid.events.host import HostResources
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.gateway import routing
 from grid.gateway.measure import Measurements
-from grid.gateway.routing import Candidate, choose
+from grid.gateway.routing import RouteCandidate, choose
 
 NOW = 1_800_000_000.0
 
 
 def cand(host: str, *, model: str = "m", state: str = "ready", host_state: str = "accepting",
          hb_age: float | None = 1.0, active: int = 0, conc: int | None = 4, sha: str | None = None,
-         endpoint: str | None = "default", queue: int = 0, throttle: float = 0.5) -> Candidate:
+         endpoint: str | None = "default", queue: int = 0, throttle: float = 0.5) -> RouteCandidate:
     ep = f"http://{host}:8080" if endpoint == "default" else endpoint
-    return Candidate(
+    return RouteCandidate(
         key=(host, ep or "", model), host_id=host, model_id=model, endpoint=ep, state=state,
         host_state=host_state, heartbeat_at=None if hb_age is None else NOW - hb_age,
         active_requests=active, max_concurrency=conc, throttle_fraction=throttle, queue_depth=queue,
@@ -29,14 +29,14 @@ def cand(host: str, *, model: str = "m", state: str = "ready", host_state: str =
     )
 
 
-def observe(ms: Measurements, c: Candidate, latency: float, n: int = 8, tokens: int | None = None,
+def observe(ms: Measurements, c: RouteCandidate, latency: float, n: int = 8, tokens: int | None = None,
             at: float = NOW, sha: str | None = None) -> None:
     for _ in range(n):
         ms.observe(c.key, sha if sha is not None else c.artifact_sha256, latency, tokens, at)
 
 
 def test_build_table_groups_by_model_and_keeps_every_residency() -> None:
-    snap = HostSnapshot(
+    snap = HostView(
         host_id="h1", state="accepting", resources=HostResources(capacity_mb=1000), heartbeat_at=NOW,
         residencies=(
             ResidencyView(model_id="a", memory_mb=1, state="ready", endpoint="http://h1:1"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
 from grid.fleet.planning import DemandTarget, Harm, Plan, PlannerInput, Policy
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 
 NOW = 100_000.0
 GB = 1 << 30
@@ -37,8 +37,8 @@ def host(
     tps: dict[str, float] | None = None,
     queue: int = 0,
     active: int = 0,
-) -> HostSnapshot:
-    return HostSnapshot(
+) -> HostView:
+    return HostView(
         host_id=hid,
         state=state,
         resources=HostResources(

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from grid.events.control import ModelProfile
 from grid.events.host import HostResources
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.planner.fleet_scan import placeable_models
 
 
-def _host(host_id: str, mb: int, **kw) -> HostSnapshot:  # type: ignore[no-untyped-def]
+def _host(host_id: str, mb: int, **kw) -> HostView:  # type: ignore[no-untyped-def]
     state = kw.pop("state", "accepting")
-    return HostSnapshot(host_id=host_id, state=state, resources=HostResources(capacity_mb=mb, **kw), heartbeat_at=None)
+    return HostView(host_id=host_id, state=state, resources=HostResources(capacity_mb=mb, **kw), heartbeat_at=None)
 
 
 def test_only_models_some_host_could_ever_hold() -> None:
     hosts = (
         _host("a", 16_000, runtimes=("llama.cpp", "comfyui"), backends=("metal",)),
         # stale, paused and full of other work: still counts (a temporary state must not flip the map)
-        HostSnapshot(host_id="b", state="paused", resources=HostResources(capacity_mb=24_000, reserved_mb=2_000),
+        HostView(host_id="b", state="paused", resources=HostResources(capacity_mb=24_000, reserved_mb=2_000),
                      residencies=(ResidencyView(model_id="x", memory_mb=20_000, state="ready"),)),
     )
     profiles = [

@@ -7,14 +7,14 @@ from grid.events.host import CachedArtifact, HostResources
 from grid.fleet import reasons as R
 from grid.fleet.placeability import ARTIFACT_UNKNOWN, unplaceable
 from grid.fleet.planning import ModelExplanation, Plan, Shortfall
-from grid.fleet.views import HostSnapshot
+from grid.fleet.views import HostView
 
 NOW = 1000.0
 SHA = "cd" * 32
 
 
-def host(at: float = NOW - 1, cached: tuple[CachedArtifact, ...] = ()) -> HostSnapshot:
-    return HostSnapshot(host_id="h", state="accepting", resources=HostResources(capacity_mb=1000), cached=cached,
+def host(at: float = NOW - 1, cached: tuple[CachedArtifact, ...] = ()) -> HostView:
+    return HostView(host_id="h", state="accepting", resources=HostResources(capacity_mb=1000), cached=cached,
                         heartbeat_at=at)
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from grid.agent.outcomes import MSG_INTERRUPTED
 from grid.events.host import HostResources
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections import placed
 from grid.projections.placed import REASON_ARTIFACT_MISMATCH, REASON_NO_WARM_ACK, REASON_NOT_IN_PLAN
 from grid.projections.position import Position
@@ -147,9 +147,9 @@ def test_one_entry_per_pair_and_bounded(monkeypatch) -> None:  # type: ignore[no
 
 def test_unplaced_claims_lists_managed_ready_and_warming_claims_with_their_reason() -> None:
     s = fold(plan_event([("h1", "m"), ("h1", "w"), ("h2", "m")]), warm_ack("h1", "m"))
-    snap = HostSnapshot(host_id="h1", state="accepting", resources=HostResources(capacity_mb=1000), residencies=(
+    snap = HostView(host_id="h1", state="accepting", resources=HostResources(capacity_mb=1000), residencies=(
         res("m"), res("w", state="warming"), res("x"), res("ext", managed=False), res("old", state="draining")))
-    snap2 = HostSnapshot(host_id="h2", state="accepting", resources=HostResources(capacity_mb=1000),
+    snap2 = HostView(host_id="h2", state="accepting", resources=HostResources(capacity_mb=1000),
                          residencies=(res("m", sha="cd" * 32),))
     claims = placed.unplaced_claims(s, [snap, snap2], {"m": SHA, "w": None})
     assert [(c.host_id, c.model_id, c.state, c.reason) for c in claims] == [
@@ -189,7 +189,7 @@ def test_only_an_ack_naming_a_command_the_controller_issued_corroborates() -> No
 
 
 def test_a_replica_nobody_commanded_is_not_supply_but_its_memory_is_used() -> None:
-    snap = HostSnapshot(host_id="h", state="accepting", resources=HostResources(capacity_mb=8000),
+    snap = HostView(host_id="h", state="accepting", resources=HostResources(capacity_mb=8000),
                         residencies=(res("m"), res("x", state="loading"), res("ext", managed=False),
                                      res("c", state="cached")),
                         unmanaged_memory_mb=100)

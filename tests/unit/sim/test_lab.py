@@ -10,7 +10,7 @@ from grid.controller.reconcile import Action, ReconcileResult
 from grid.demand.workload import classify
 from grid.events.host import HostResources
 from grid.fleet.planning import Plan
-from grid.fleet.views import HostSnapshot, ResidencyView
+from grid.fleet.views import HostView, ResidencyView
 from grid.projections.actions import ActionsState
 from grid.sim import oracle, safety
 from grid.sim.personas import TEMPLATES
@@ -79,7 +79,7 @@ def test_table_output_names_the_figures(reports) -> None:
 
 def test_safety_check_flags_a_drain_of_the_last_ready_replica_with_demand() -> None:
     now = 1_800_000_000.0
-    host = HostSnapshot(
+    host = HostView(
         host_id="h1", state="accepting", resources=HostResources(capacity_mb=8000),
         residencies=(ResidencyView(model_id="m", memory_mb=1000, state="ready"),), heartbeat_at=now,
     )
