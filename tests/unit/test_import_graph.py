@@ -1,9 +1,13 @@
-"""The import graph of grid/ and replay/ has no cycles, between files or between packages.
+"""The import graph of grid/ and replay/ has no cycles, and every import points down the layers.
 
 A cycle between files makes import order matter and hides a missing seam; a cycle between
 packages (say projections <-> planner) means two subjects are really one. Imports inside
 functions and under `if TYPE_CHECKING:` count too: a deferred or type-only import that exists
 only to dodge a cycle is still a cycle.
+
+LAYERS names each package's layer, lowest first (docs/GLOSSARY.md says what each layer is). A
+package imports only from strictly lower layers, so an upward import (say the agent reaching
+into the controller for a type) fails here rather than growing into a cycle later.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _package(module: str) -> str:
-    """grid.<sub> for the grid packages (grid.fleet, a single module, is its own); replay whole."""
+    """grid.<sub> for the grid packages and top-level modules; replay whole."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "grid" and len(parts) > 1 else parts[0]
 
@@ -114,6 +118,53 @@ def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
         deps = packages.setdefault(_package(src), set())
         deps.update(_package(t) for t in targets if _package(t) != _package(src))
     return packages
+
+
+# Lowest to highest. A package may import only packages of a strictly lower layer.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundations", ("grid", "grid.clock", "grid.secrets", "grid.tasks", "grid.procstart", "grid.eventloop",
+                     "grid.http_limits", "grid.logs")),
+    ("events and settings", ("grid.events", "grid.config", "grid.serving")),
+    ("vocabulary", ("grid.fleet",)),
+    ("transport and identity", ("grid.transport", "grid.identity")),
+    ("protocols over the transport", ("grid.infer", "grid.metrics")),
+    ("folds and forecasts", ("grid.projections", "grid.demand")),
+    ("derived stores and the placer", ("grid.analytics", "grid.planner")),
+    ("services", ("grid.controller", "grid.agent", "grid.gateway")),
+    ("compositions", ("grid.dashboard", "grid.sim", "grid.localgrid", "replay")),
+    ("test fleet", ("grid.testfleet",)),
+    ("cli", ("grid.cli",)),
+)
+
+
+def _layer_of() -> dict[str, int]:
+    return {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
+
+
+def _upward_imports(packages: dict[str, set[str]], layer_of: dict[str, int]) -> list[str]:
+    """Every package import that does not point to a strictly lower layer, named for the reader."""
+    names = [name for name, _ in LAYERS]
+    out = []
+    for src in sorted(packages):
+        for dst in sorted(packages[src]):
+            if layer_of[dst] >= layer_of[src]:
+                out.append(f"{src} ({names[layer_of[src]]}) -> {dst} ({names[layer_of[dst]]})")
+    return out
+
+
+def test_every_package_has_a_layer() -> None:
+    assert sorted(set(_package_graph(_graph())) - set(_layer_of())) == []
+
+
+def test_imports_point_down_the_layers() -> None:
+    assert _upward_imports(_package_graph(_graph()), _layer_of()) == []
+
+
+def test_the_checker_finds_an_upward_import() -> None:
+    layers = {"low": 0, "mid": 1, "high": 2}
+    assert _upward_imports({"low": {"high"}, "high": {"mid"}, "mid": {"mid2"}, "mid2": set()},
+                           {**layers, "mid2": 1}) == ["low (foundations) -> high (vocabulary)",
+                                                      "mid (events and settings) -> mid2 (events and settings)"]
 
 
 def test_no_cycles_between_files() -> None:
