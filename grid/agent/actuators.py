@@ -47,7 +47,7 @@ from grid.agent.outcomes import (
 from grid.agent.state import ProcessProof, ResidencyRecord
 from grid.events.commands import CommandIssued
 from grid.events.subjects import escape_token
-from grid.fleet import HOLDS_MEMORY_STATES
+from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
 
 log = structlog.get_logger("grid.agent")
 
@@ -260,7 +260,7 @@ class Actuators:
         rec = ctx.state.residencies.get(cmd.model_id)
         if rec is None or rec.process is None or rec.state == "cached":
             return Outcome("succeeded", MSG_ALREADY_ABSENT)
-        if rec.state not in ("ready", "draining"):
+        if rec.state not in SERVING_STATES:
             return Outcome("failed", f"{MSG_RESIDENCY_BUSY}: {rec.state}")
         if rec.state == "ready":
             rec.state = "draining"

@@ -32,6 +32,7 @@ from grid.events import codec
 from grid.events.host import HostHeartbeat
 from grid.events.log import EventLog
 from grid.events.subjects import host_subject
+from grid.fleet import SERVING_STATES
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, starts_match
 
 log = structlog.get_logger("grid.agent")
@@ -244,7 +245,7 @@ async def check_children(ctx: AgentContext, busy_model: str | None) -> None:
         if rec.state == "failed" and rec.note == NOTE_UNHEALTHY:
             changed |= await retry_adoption(ctx, rec)
             continue
-        if rec.state not in ("ready", "draining"):
+        if rec.state not in SERVING_STATES:
             continue
         popen = ctx.popens.get(model_id)
         if popen is not None and popen.poll() is not None:

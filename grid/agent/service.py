@@ -75,6 +75,7 @@ from grid.events.host import (
 )
 from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
+from grid.fleet import SERVING_STATES
 from grid.identity.permissions import Role
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
@@ -489,7 +490,7 @@ class HostAgent:
         ctx = self._ctx
         live = [
             rec for _, rec in sorted(self.state.residencies.items())
-            if rec.state in ("ready", "draining") and rec.process is not None
+            if rec.state in SERVING_STATES and rec.process is not None
         ]
         results = await asyncio.gather(
             *(llama_cpp.probe_active(ctx.http, endpoint(r), ctx.key, timeout=1.0) for r in live)

@@ -38,6 +38,7 @@ from grid.agent.overrides import VERB_STATES, active_override, clear_override, m
 from grid.agent.state import AgentPaths, AgentState, decode_state
 from grid.cli.common import LogFormatOption
 from grid.config import GridConfig
+from grid.fleet import SERVING_STATES
 from grid.logs import configure_logging
 
 node_app = typer.Typer(help="Run and steer this machine's host agent.", no_args_is_help=True)
@@ -279,7 +280,7 @@ def status(
                 "model_id": model_id, "state": r.state, "port": r.port,
                 "pid": r.process.pid if r.process else None, "memory_mb": r.memory_mb,
                 "artifact_sha256": r.artifact_sha256, "note": r.note,
-                "endpoint": f"http://127.0.0.1:{r.port}" if r.port and r.state in ("ready", "draining") else None,
+                "endpoint": f"http://127.0.0.1:{r.port}" if r.port and r.state in SERVING_STATES else None,
             })
     report: dict[str, Any] = {
         "host_id": host_id,
