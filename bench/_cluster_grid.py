@@ -27,8 +27,8 @@ import psutil
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ensure_bundled_model
 from grid.config import GridConfig
-from grid.events.embedded import find_nats_server, free_port
 from grid.testfleet.nscluster import CLIENT_PORT, MONITOR_PORT, NodeNetwork
+from grid.transport.embedded import find_nats_server, free_port
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]
 MODEL = BUNDLED_MODEL_ID

@@ -29,10 +29,10 @@ import msgspec
 import psutil
 
 from grid.events.base import new_event_id
-from grid.events.embedded import EmbeddedNats, free_port
 from grid.events.host import HostHeartbeat, HostLoad, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestFeatures
+from grid.transport.embedded import EmbeddedNats, free_port
+from grid.transport.jetstream import JetStreamLog
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_ID = "bench-host"

@@ -22,7 +22,7 @@ from bench._common import Timer, embedded_server, median
 from grid.agent.artifact_fetch import GridArtifactSource
 from grid.agent.artifacts import CHUNK, MIB, ArtifactCache, ensure_bundled_model, hash_file
 from grid.config import GridConfig
-from grid.events.artifact_store import (
+from grid.transport.artifact_store import (
     ARTIFACT_CHUNK_SIZE,
     READ_WINDOW,
     ensure_artifact_bucket,
@@ -30,7 +30,7 @@ from grid.events.artifact_store import (
     read_chunks,
     stored_artifact,
 )
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 
 def local_read(path: Path) -> int:

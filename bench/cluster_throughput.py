@@ -19,10 +19,10 @@ from pathlib import Path
 from bench._common import Timer
 from bench.log_ingest import append_rates
 from bench.log_replay import fill, raw_ordered
-from grid.events.cluster import NatsCluster
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM
 from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
+from grid.transport.cluster import NatsCluster
+from grid.transport.jetstream import JetStreamLog
 
 
 async def appends(log: JetStreamLog, events: int, window: int, rounds: int) -> None:

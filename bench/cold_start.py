@@ -37,11 +37,11 @@ from grid.controller.reconcile import Action
 from grid.events import codec
 from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
 from grid.events.commands import CommandIssued
-from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import make_generation
 from grid.events.subjects import HOSTS_STREAM
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 HOST = "bench-host"
 

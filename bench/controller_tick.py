@@ -36,9 +36,9 @@ from grid.controller.tick import compose_tick  # noqa: E402
 from grid.events.base import new_event_id  # noqa: E402
 from grid.events.control import ModelProfile, ModeSet, ProfileSet  # noqa: E402
 from grid.events.host import HostHeartbeat, HostResources, Residency  # noqa: E402
-from grid.events.jetstream import JetStreamLog  # noqa: E402
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET  # noqa: E402
 from grid.planner.plan import plan  # noqa: E402
+from grid.transport.jetstream import JetStreamLog  # noqa: E402
 
 MODELS = 32
 

@@ -231,11 +231,11 @@ async def run_hop(rounds: int, warmup: int, threads: int) -> None:
     from grid.agent.engines.llama_cpp import EngineSpec, spawn
     from grid.agent.engines.runtime import find_runtime, xllamacpp_runtime
     from grid.config import GridConfig
-    from grid.events.embedded import EmbeddedNats, free_port
-    from grid.events.jetstream import JetStreamLog
     from grid.infer.client import InferTarget, NatsUpstream
     from grid.infer.local import LocalResponders
     from grid.infer.responder import EngineRoute, InferenceResponder
+    from grid.transport.embedded import EmbeddedNats, free_port
+    from grid.transport.jetstream import JetStreamLog
 
     cache = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
     model_path = ensure_bundled_model(GridConfig(home=cache, nats_url=None))

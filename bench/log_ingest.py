@@ -13,9 +13,9 @@ import asyncio
 
 from bench._common import Timer, embedded_server, heartbeat, request_record
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch
 from grid.events.subjects import subject_for
+from grid.transport.jetstream import JetStreamLog
 
 
 async def windowed(n: int, window: int, fn) -> None:  # type: ignore[no-untyped-def]

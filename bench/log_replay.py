@@ -19,10 +19,10 @@ from nats.js import api
 from bench._common import Timer, embedded_server, heartbeat, request_record
 from grid.analytics.sink import AnalyticsSink, open_store
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM, subject_for
 from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
+from grid.transport.jetstream import JetStreamLog
 
 
 async def fill(log: JetStreamLog, events: int, hosts: int) -> None:

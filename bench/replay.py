@@ -40,9 +40,7 @@ from grid.analytics.sink import AnalyticsSink, open_store
 from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
 from grid.events import codec
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostLoad, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import (
@@ -54,6 +52,8 @@ from grid.events.subjects import (
 )
 from grid.fleet.planning import Policy
 from grid.projections.runner import ProjectionRunner
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from replay.extract import DuckDBSource, LogSource, Window
 from replay.rerun import Progress, encode_plan, inputs_digest, replay_window
 

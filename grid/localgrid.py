@@ -12,7 +12,7 @@ grid home, the one `gridctl invite` pins in join tokens and the join reply hands
 
 An embedded server that dies is started again on the same port with the same store (the
 components reconnect on their own), and so is one that stopped storing after a failed write (a
-full disk) once there is room again (grid.events.store_pressure). The log counts as durable only
+full disk) once there is room again (grid.transport.store_pressure). The log counts as durable only
 when we know every write is fsynced: the embedded server is configured so; an external one must
 report it (or the operator vouches for it with assume_durable), otherwise automatic mode is
 refused.
@@ -35,9 +35,6 @@ import structlog
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import WILDCARD_HOSTS, EmbeddedNats, EmbeddedNatsError
-from grid.events.jetstream import JetStreamLog
-from grid.events.store_pressure import MIB, STORE_OK, STORE_UNKNOWN, StorePressure, read_store
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import TLS_DIR, LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
@@ -46,6 +43,9 @@ from grid.infer.local import LocalResponders
 from grid.identity.tls import TLSMaterial
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
+from grid.transport.embedded import WILDCARD_HOSTS, EmbeddedNats, EmbeddedNatsError
+from grid.transport.jetstream import JetStreamLog
+from grid.transport.store_pressure import MIB, STORE_OK, STORE_UNKNOWN, StorePressure, read_store
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +106,7 @@ class LocalGrid:
         # the names they reach it by (its TLS certificate's names).
         self.nats_listen = nats_listen
         self.nats_tls_names = nats_tls_names
-        # Bytes the streams may hold together (grid.events.log_budget); None: as they are.
+        # Bytes the streams may hold together (grid.transport.log_budget); None: as they are.
         self.log_budget = log_budget
         self.nats_url = nats_url
         self.mode = mode
@@ -122,7 +122,7 @@ class LocalGrid:
         self.notify = notify
         self.durability_note = ""  # why the log does not count as durable, when it does not
         self.nats_restarts = 0
-        # The embedded store's last reading (grid.events.store_pressure), and the restarts that
+        # The embedded store's last reading (grid.transport.store_pressure), and the restarts that
         # brought a failed store back.
         self.store_pressure: StorePressure | None = None
         self.store_recoveries = 0
@@ -258,7 +258,7 @@ class LocalGrid:
                 pressure = await asyncio.to_thread(self._read_store, server)
                 if not pressure.recoverable or time.monotonic() < last_recovery + STORE_RECOVERY_MIN_INTERVAL_SECONDS:
                     continue
-                # It keeps refusing writes until restarted (grid.events.store_pressure).
+                # It keeps refusing writes until restarted (grid.transport.store_pressure).
                 self.store_recoveries += 1
                 last_recovery = time.monotonic()
                 await asyncio.to_thread(server.stop)

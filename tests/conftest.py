@@ -19,10 +19,10 @@ import nats.js.errors
 import pytest
 
 from grid.agent.engines.runtime import RUNTIME_ENV, XLLAMACPP, Runtime, RuntimeChoiceError, find_runtime
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 # pytest-timeout ends a hung run with every thread's stack (pyproject: timeout_method). Under
 # asyncio those stacks all end in the selector; what hung is a task, so its stack is printed to

@@ -30,7 +30,13 @@ from grid.agent.artifacts import (
     Progress,
 )
 from grid.agent.state import atomic_write
-from grid.events.artifact_store import ArtifactStoreError, StoreMissing, StoredArtifact, read_chunks, stored_artifact
+from grid.transport.artifact_store import (
+    ArtifactStoreError,
+    StoreMissing,
+    StoredArtifact,
+    read_chunks,
+    stored_artifact,
+)
 
 # The resume record is rewritten at most once per this many bytes (each write is two fsyncs).
 CHECKPOINT_BYTES = 8 * 1024 * 1024

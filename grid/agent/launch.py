@@ -329,10 +329,10 @@ async def run_launch(launch: Launch, reporter: Reporter) -> int:
     from grid.agent.inventory import CapacityShareError
     from grid.agent.lock import AgentLockedError
     from grid.agent.service import HostAgent, HostIdError
-    from grid.events.jetstream import JetStreamLog
     from grid.events.log import LogError
     from grid.identity.connect import connect_log
     from grid.secrets import SecretFileError
+    from grid.transport.jetstream import JetStreamLog
 
     joined, paths, record = launch.joined, launch.paths, launch.record
     try:

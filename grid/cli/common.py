@@ -14,9 +14,9 @@ from rich.console import Console
 
 from grid.config import GridConfig, NatsUrlNotFound
 from grid.config import resolve_nats_url as resolve_configured_nats_url
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.logs import LOG_FORMATS
+from grid.transport.jetstream import JetStreamLog
 
 T = TypeVar("T")
 

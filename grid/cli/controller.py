@@ -20,11 +20,11 @@ from grid.config import ConfigError, GridConfig, parse_replicas
 from grid.controller.api import serve_admin
 from grid.controller.governor import Limits
 from grid.controller.service import Controller, ControllerError, ControllerSettings
-from grid.events.jetstream import REPLICAS_MISMATCH
 from grid.events.log import LogError
 from grid.localgrid import durability_note
 from grid.logs import configure_logging
 from grid.secrets import SecretFileError
+from grid.transport.jetstream import REPLICAS_MISMATCH
 
 DEFAULT_ADMIN_PORT = 8787
 _DEFAULT_SETTINGS = ControllerSettings()

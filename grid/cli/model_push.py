@@ -24,9 +24,9 @@ from grid.cli.admin import AdminOption, TokenFileOption, admin_url, operator_tok
 from grid.cli.common import JsonOption, NatsOption, config, console, err_console, fail, print_json
 from grid.config import NatsUrlNotFound
 from grid.config import resolve_nats_url as resolve_configured_nats_url
-from grid.events.artifact_store import ArtifactStoreError, PutResult, put_artifact
 from grid.events.log import LogError
 from grid.events.subjects import ARTIFACT_STREAM
+from grid.transport.artifact_store import ArtifactStoreError, PutResult, put_artifact
 
 
 def _progress() -> Progress:

@@ -17,13 +17,13 @@ from typing import Optional
 import typer
 
 from grid.cli.common import JsonOption, config, console, fail, print_json
-from grid.events.cluster import CLIENT_PORT, DEFAULT_CLUSTER_NAME, ROUTE_PORT
 from grid.identity.authority import Authority
-from grid.identity.durability import record_servers
 from grid.identity.clusterconfig import ClusterConfigError, ClusterLayout, write_cluster_configs
+from grid.identity.durability import record_servers
 from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir, ensure_local_credentials
 from grid.identity.tls import TLSMaterial
 from grid.secrets import load_or_create_secret, write_owner_only
+from grid.transport.cluster import CLIENT_PORT, DEFAULT_CLUSTER_NAME, ROUTE_PORT
 
 CLUSTER_DIR = "cluster"
 MONITOR_PORT = 8222

@@ -31,15 +31,15 @@ from grid.cli.common import (
     fail,
     resolve_nats_url,
 )
-from grid.config import GridConfig
 from grid.cli.controller import serve_controller
+from grid.config import GridConfig
 from grid.events.control import MODES
-from grid.events.embedded import EmbeddedNatsError
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
 from grid.procstart import same_start, start_stamp
 from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret, write_owner_only
+from grid.transport.embedded import EmbeddedNatsError
 
 UP_PID_FILE = "up.pid"
 READY_TIMEOUT_SECONDS = 180.0
@@ -296,7 +296,7 @@ def _nats_listen(requested: str | None, nats: str | None, tls_names: tuple[str, 
 
 def _log_budget(requested: str | None, nats: str | None) -> int | None:
     """The log budget in bytes, refused before anything starts when it cannot fit the disk."""
-    from grid.events.log_budget import LogBudgetError, parse_size, resolve_log_budget
+    from grid.transport.log_budget import LogBudgetError, parse_size, resolve_log_budget
 
     try:
         if nats is not None:  # that server's disk is not ours to measure
@@ -308,7 +308,7 @@ def _log_budget(requested: str | None, nats: str | None) -> int | None:
 
 
 def _at_least_minimum(budget: int, requested: str) -> int:
-    from grid.events.jetstream import MIB, MIN_LOG_BUDGET
+    from grid.transport.jetstream import MIB, MIN_LOG_BUDGET
 
     if budget < MIN_LOG_BUDGET:
         fail(f"--log-budget {requested} is below the minimum of {MIN_LOG_BUDGET // MIB} MiB")
@@ -332,7 +332,7 @@ def _check_exposure(host: str, insecure: bool) -> None:
 
 
 def _port_taken(host: str, port: int) -> bool:
-    from grid.events.embedded import port_in_use
+    from grid.transport.embedded import port_in_use
 
     return port_in_use(port, host)
 

@@ -88,12 +88,12 @@ from grid.events.control import (
     ProfileSet,
     TickRequested,
 )
-from grid.events.embedded import free_port
 from grid.events.log import AppendResult, EventLog, LogError
 from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.metrics import exposition
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
+from grid.transport.embedded import free_port
 
 
 class AdminTarget(Protocol):

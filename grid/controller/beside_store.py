@@ -1,6 +1,6 @@
 """A controller running beside the NATS server that stores its log (`gridctl up`).
 
-It reads what the server's supervisor measured of the store (grid.events.store_pressure): its
+It reads what the server's supervisor measured of the store (grid.transport.store_pressure): its
 status carries the `store` section and its /metrics the grid_store_* families, so a filling disk
 shows before heartbeats stop being stored.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 from grid.controller.service import Controller
 from grid.controller.status import ControllerView
-from grid.events.store_pressure import STORE_STATES, StorePressure, as_status
 from grid.metrics import CounterSource, GaugeSource, Sample, GaugeCollector
+from grid.transport.store_pressure import STORE_STATES, StorePressure, as_status
 
 
 class StoreAwareController(Controller):

@@ -73,12 +73,10 @@ from grid.controller.status import LATEST_REJECTIONS, ControllerView, TickReport
 from grid.controller.tick import PROJECTIONS, Controls, encode_policy, run_tick
 from grid.demand.forecast import Forecast
 from grid.events import codec
-from grid.events.artifact_store import ensure_artifact_store
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
 from grid.events.evaluations import EvaluationRecorded
-from grid.events.jetstream import REPLICAS_MISMATCH, JetStreamLog
 from grid.events.log import (
     AppendResult,
     ConflictError,
@@ -104,6 +102,8 @@ from grid.projections import placed as placed_proj
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
+from grid.transport.artifact_store import ensure_artifact_store
+from grid.transport.jetstream import REPLICAS_MISMATCH, JetStreamLog
 
 log = structlog.get_logger(__name__)
 

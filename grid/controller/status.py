@@ -136,7 +136,7 @@ class ControllerView:
     # latest of them (oldest first).
     rejected_events: Mapping[str, int] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
-    # The event log store's disk pressure (grid.events.store_pressure) where the controller runs
+    # The event log store's disk pressure (grid.transport.store_pressure) where the controller runs
     # beside the server that writes it (`gridctl up`); None elsewhere.
     store: Mapping[str, Any] | None = None
 

@@ -143,7 +143,7 @@ def infer_wildcard(host_id: str | None = None) -> str:
     return f"{PREFIX}.{INFER_FAMILY}.{escape_token(host_id)}.>" if host_id else f"{PREFIX}.{INFER_FAMILY}.>"
 
 
-# Model artifacts live in a JetStream object store bucket (grid.events.artifact_store), one
+# Model artifacts live in a JetStream object store bucket (grid.transport.artifact_store), one
 # object per blob, named by its sha256 hex digest. The object store's own subject layout is
 # fixed by NATS: `$O.<bucket>.M.<base64url(name)>` holds an object's metadata and
 # `$O.<bucket>.C.<nuid>` its chunks, all in the stream `OBJ_<bucket>`.

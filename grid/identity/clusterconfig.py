@@ -13,12 +13,12 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from grid.events.cluster import NodeAddress, check_node_name, node_config
 from grid.identity.authority import Authority
 from grid.identity.routetls import ROUTE_CERT, ROUTE_KEY, ensure_route_cert, route_tls_config
 from grid.identity.server import secured_config
 from grid.identity.tls import TLSMaterial
 from grid.secrets import load_or_create_secret, write_owner_only
+from grid.transport.cluster import NodeAddress, check_node_name, node_config
 
 CONFIG_FILE = "nats.conf"
 ROUTE_SECRET_FILE = "route.secret"

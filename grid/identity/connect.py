@@ -1,6 +1,6 @@
 """Connect to the log as an identity: a `.creds` file and the CA that vouches for the server.
 
-The log (grid.events.jetstream) knows nothing of identities: it takes nats-py options. This is
+The log (grid.transport.jetstream) knows nothing of identities: it takes nats-py options. This is
 where an identity's credential becomes those options, so grid.events never imports grid.identity.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import COMMANDS_STREAM, COMMANDS_VIEW_STREAM
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Role
 from grid.identity.signing import Identity
+from grid.transport.jetstream import JetStreamLog
 
 
 async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path | None = None,

@@ -6,7 +6,7 @@ the server enforces. Allow lists are exact; deny lists repeat the dangerous fami
 line (a deny wins over any allow, so a later, broader allow cannot re-open them).
 
 JetStream is itself spoken over subjects, so the table also names the `$JS.API` calls each role
-makes through `grid.events.jetstream.JetStreamLog`:
+makes through `grid.transport.jetstream.JetStreamLog`:
 - appending is a plain publish to the event's subject (the PubAck comes back on the inbox);
 - replaying and live-tailing a stream create an ephemeral ordered consumer
   (`$JS.API.CONSUMER.CREATE.<stream>`, the form that refuses a durable name) after
@@ -210,7 +210,7 @@ _LEASE_READ = (f"{JS_API}.STREAM.INFO.KV_{LEASE_BUCKET}", f"{JS_API}.STREAM.MSG.
 # Everything on the lease but those reads: a put, and any consumer on the bucket's stream.
 _LEASE_WRITE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}",
                 f"{JS_API}.CONSUMER.*.KV_{LEASE_BUCKET}.>")
-# The artifact object store (grid.events.artifact_store). Reading is stream message gets only:
+# The artifact object store (grid.transport.artifact_store). Reading is stream message gets only:
 # the object's metadata by subject, then its chunks by sequence. No consumer: a host may create
 # none, since a consumer's deliver subject could be any subject (see the module docstring).
 _ARTIFACT_READ = (f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}",)

@@ -7,11 +7,11 @@ import functools
 import time
 from pathlib import Path
 
-from grid.events.cluster import ClusterNode, NatsCluster, cluster_block
-from grid.events.embedded import EmbeddedNats
 from grid.identity.authority import Authority
 from grid.identity.routetls import ensure_route_cert, route_tls_config
 from grid.identity.tls import TLSMaterial
+from grid.transport.cluster import ClusterNode, NatsCluster, cluster_block
+from grid.transport.embedded import EmbeddedNats
 
 
 def secured_config(authority: Authority, resolver_dir: Path, tls: TLSMaterial | None, *, now: float) -> str:

@@ -30,7 +30,6 @@ import httpx
 import msgspec
 
 from grid.config import GridConfig
-from grid.events.embedded import free_port
 from grid.testfleet import netns
 from grid.testfleet.procs import alive, kill_now, prove, spawn, terminate
 from grid.testfleet.sizing import (
@@ -53,6 +52,7 @@ from grid.testfleet.state import (
     remove_state,
     save_state,
 )
+from grid.transport.embedded import free_port
 
 FLEET_DIR = "testfleet"
 
@@ -392,7 +392,7 @@ class _DetachedNats:
         return self.server.url
 
     def spawn(self) -> None:
-        from grid.events.embedded import find_nats_server
+        from grid.transport.embedded import find_nats_server
 
         s = self.server
         s.port, s.monitor_port = free_port(s.host), free_port(s.host)

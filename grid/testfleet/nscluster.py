@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 
-from grid.events.cluster import NodeAddress, new_route_secret
-from grid.events.embedded import find_nats_server
 from grid.identity.authority import Authority
 from grid.identity.server import SecuredClusterNode
 from grid.identity.tls import TLSMaterial
+from grid.transport.cluster import NodeAddress, new_route_secret
+from grid.transport.embedded import find_nats_server
 
 PREFIX = "gridc"
 BRIDGE = f"{PREFIX}-br0"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from grid.events.cluster import NatsCluster
 from grid.identity.authority import Authority
 from grid.identity.server import SecuredNatsCluster
 from grid.identity.tls import TLSMaterial
+from grid.transport.cluster import NatsCluster
 
 
 @pytest.fixture

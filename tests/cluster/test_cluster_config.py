@@ -17,12 +17,12 @@ import httpx
 import nats
 import pytest
 
-from grid.events import cluster as cluster_module
-from grid.events.cluster import NatsCluster
-from grid.events.embedded import find_nats_server
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.identity.connect import connect_log
+from grid.transport import cluster as cluster_module
+from grid.transport.cluster import NatsCluster
+from grid.transport.embedded import find_nats_server
+from grid.transport.jetstream import JetStreamLog
 from tests.ports import port_block
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from grid.events.embedded import find_nats_server
+from grid.transport.embedded import find_nats_server
 from tests.unit.test_compose import ROOT, resolve
 
 HA = ("identity-ha", "nats-1", "nats-2", "nats-3", "controller-a", "controller-b", "invite-ha",

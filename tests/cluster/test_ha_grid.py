@@ -36,12 +36,12 @@ from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.agent.engines.runtime import Runtime
 from grid.events import codec
 from grid.events.acks import ActionAck
-from grid.events.cluster import NatsCluster
 from grid.events.commands import CommandIssued
-from grid.events.embedded import free_port
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, PLANS_STREAM
+from grid.transport.cluster import NatsCluster
+from grid.transport.embedded import free_port
+from grid.transport.jetstream import JetStreamLog
 from tests.engineproc import runtime_arg
 from tests.ports import engine_ports_arg
 

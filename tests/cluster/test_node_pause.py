@@ -9,10 +9,10 @@ import time
 
 import httpx
 
-from grid.events.cluster import NatsCluster
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM, host_subject
+from grid.transport.cluster import NatsCluster
+from grid.transport.jetstream import JetStreamLog
 
 # Two missed pings three seconds apart, a reconnect: the failover must come well within this.
 FAILOVER_BUDGET_SECONDS = 25.0

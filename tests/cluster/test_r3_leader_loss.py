@@ -8,7 +8,6 @@ import asyncio
 import time
 from pathlib import Path
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM, host_subject, request_subject
 from grid.identity.authority import Authority
@@ -17,6 +16,7 @@ from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role
 from grid.identity.server import SecuredNatsCluster
 from grid.identity.tls import TLSMaterial
+from grid.transport.jetstream import JetStreamLog
 
 PER_IDENTITY = 500  # 1,000 appends in all
 IN_FLIGHT = 8

@@ -12,18 +12,18 @@ import nats.errors
 import pytest
 
 from grid.config import ConfigError, GridConfig, parse_replicas
-from grid.events.artifact_store import ensure_artifact_store
-from grid.events.cluster import ClusterNode, NatsCluster
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import (
+from grid.events.log import LogError
+from grid.events.subjects import ALL_STREAMS, ARTIFACT_STREAM, COMMANDS_VIEW_STREAM, LEASE_BUCKET
+from grid.transport.artifact_store import ensure_artifact_store
+from grid.transport.cluster import ClusterNode, NatsCluster
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import (
     REPLICAS_CREATED,
     REPLICAS_MISMATCH,
     REPLICAS_OK,
     REPLICAS_UPDATED,
     JetStreamLog,
 )
-from grid.events.log import LogError
-from grid.events.subjects import ALL_STREAMS, ARTIFACT_STREAM, COMMANDS_VIEW_STREAM, LEASE_BUCKET
 
 # The event streams and the commands mirror (Grid's own configuration), then the lease bucket.
 GRID_STREAMS = (*ALL_STREAMS, COMMANDS_VIEW_STREAM)

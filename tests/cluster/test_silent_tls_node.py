@@ -21,13 +21,13 @@ from urllib.parse import urlparse
 
 import pytest
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import REQUESTS_STREAM, request_subject
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role, infer_subject_root
 from grid.testfleet.nscluster import NamespacedTLSCluster
+from grid.transport.jetstream import JetStreamLog
 
 GOAL_SECONDS = 5.0
 # How long to wait for service to come back at all (the stall being fixed was about 40 s).

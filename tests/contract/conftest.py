@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from grid.clock import SystemClock
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import InMemoryLog
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.conftest import reset_streams
 
 

@@ -22,7 +22,7 @@ def test_the_nats_config_the_identity_service_writes_is_valid_and_durable(tmp_pa
     import subprocess
     import sys
 
-    from grid.events.embedded import find_nats_server
+    from grid.transport.embedded import find_nats_server
 
     local = _Local(tmp_path, _compose()["services"])
     init = subprocess.run([sys.executable, "-m", "grid.cli.main", *local.args("identity")],
@@ -105,7 +105,7 @@ class _Local:
     target is rewritten to it, and `nats` is this machine's nats-server on free ports."""
 
     def __init__(self, tmp: Path, services: dict) -> None:  # type: ignore[type-arg]
-        from grid.events.embedded import free_port
+        from grid.transport.embedded import free_port
 
         self.tmp = tmp
         self.services = services
@@ -173,7 +173,7 @@ def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    from grid.events.embedded import find_nats_server
+    from grid.transport.embedded import find_nats_server
 
     local = _Local(tmp_path, _compose()["services"])
     gridctl = [sys.executable, "-m", "grid.cli.main"]
@@ -194,7 +194,7 @@ def test_the_compose_services_run_secured_as_local_processes(tmp_path: Path) -> 
         procs.append(subprocess.Popen([str(find_nats_server()), "-c", str(local.nats_config())],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{local.monitor}/healthz", timeout=2).status_code == 200, 30)
-        from grid.events.embedded import free_port
+        from grid.transport.embedded import free_port
 
         admin, gateway = free_port(), free_port()
         controller_args = local.args("controller")

@@ -25,8 +25,8 @@ import pytest
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
-from grid.events.jetstream import JetStreamLog
 from grid.serving import serve
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.simhost import SimHost
 

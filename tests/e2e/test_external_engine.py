@@ -30,11 +30,11 @@ import pytest
 from grid.agent.artifacts import BUNDLED_MODEL_ID
 from grid.agent.engines.runtime import Runtime
 from grid.agent.ownership import HOST_ENV, OWNER_ENV
-from grid.events.embedded import free_port
 from grid.fleet import ADMITTING_HOST_STATES
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet import netns
 from grid.testfleet.state import load_state
+from grid.transport.embedded import free_port
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 from tests.ports import fleet_engine_port_base
 

@@ -22,9 +22,9 @@ from grid.agent.artifacts import BUNDLED_SHA256
 from grid.agent.engines.runtime import Runtime
 from grid.agent.state import AgentPaths
 from grid.config import GridConfig
-from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostRegistered
-from grid.events.jetstream import JetStreamLog
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import host_events, make_command, seed_cache, wait_ack, wait_for
 from tests.ports import engine_ports_arg
 

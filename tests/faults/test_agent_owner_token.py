@@ -17,8 +17,8 @@ from grid.agent.ownership import EngineOwner, owner_token
 from grid.agent.service import HostAgent
 from grid.agent.state import AgentPaths
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, agent_factory
 from tests.ports import engine_ports
 

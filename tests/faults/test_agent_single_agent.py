@@ -15,8 +15,8 @@ import pytest
 
 from grid.agent.service import HostAgent
 from grid.config import GridConfig
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, heartbeats, wait_for
 from tests.ports import engine_ports, engine_ports_arg
 

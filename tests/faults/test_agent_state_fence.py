@@ -16,7 +16,7 @@ from grid.agent import fencing
 from grid.agent.service import HostAgent
 from grid.agent.state import AgentPaths
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, heartbeats, make_command, wait_ack, wait_for
 from tests.ports import engine_ports
 

@@ -24,8 +24,8 @@ from grid.analytics.service import QUARANTINE, REOPEN, damage
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestCompleted, RequestFeatures
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.test_cli_admin import gridctl
 

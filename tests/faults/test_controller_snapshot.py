@@ -14,8 +14,8 @@ from pathlib import Path
 from grid.controller.service import SNAPSHOT_NAME, Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, CONTROL_STREAM
+from grid.transport.jetstream import JetStreamLog
 
 from tests.conftest import ensure_streams_after_delete
 

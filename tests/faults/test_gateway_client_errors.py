@@ -22,15 +22,15 @@ from grid.agent.engines.runtime import Runtime
 from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
-from grid.events.embedded import free_port
 from grid.events.host import HostHeartbeat, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import load_or_create_secret
+from grid.transport.embedded import free_port
+from grid.transport.jetstream import JetStreamLog
 
 from tests.placement import Placements
 

@@ -18,13 +18,13 @@ import pytest
 
 from grid.agent.http import AgentHttp
 from grid.config import GridConfig
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import InMemoryLog
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 from grid.http_limits import HEADER_SECONDS_ENV, KEEPALIVE_SECONDS_ENV, MAX_CONNECTIONS_ENV, ListenerLimits
 from grid.metrics import AgentMetrics
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 from tests.conftest import reset_streams
 

@@ -25,11 +25,11 @@ from grid.config import GridConfig
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM
 from grid.gateway.app import create_gateway_app, start_gateway
 from grid.localgrid import bundled_profile
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.faults.test_nats_restart_log import client_connections, kill_and_restart
 from tests.integration.agent.agentkit import seed_cache
 from tests.ports import engine_ports

@@ -19,9 +19,9 @@ import pytest
 
 from grid.events.base import new_event_id
 from grid.events.control import ModeSet
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import CONTROL_STREAM
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ import pytest
 from grid.controller.api import AdminServer, serve_admin
 from grid.controller.service import Controller
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import profile_subject
 from grid.projections.runner import ProjectionRunner
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.test_cli_admin import SETTINGS, gridctl
 

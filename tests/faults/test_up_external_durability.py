@@ -21,8 +21,8 @@ import pytest
 
 from grid.events.base import new_event_id
 from grid.events.control import ModeSet
-from grid.events.embedded import EmbeddedNats, find_nats_server, free_port
-from grid.events.jetstream import JetStreamLog
+from grid.transport.embedded import EmbeddedNats, find_nats_server, free_port
+from grid.transport.jetstream import JetStreamLog
 from tests.faults.test_up_nats_restart import GRIDCTL, start_up, stop_up
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from grid.events import embedded, jetstream
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError, find_nats_server, free_port
-from grid.events.jetstream import STREAM_POLICIES, JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import ALL_STREAMS
+from grid.transport import embedded, jetstream
+from grid.transport.embedded import EmbeddedNats, EmbeddedNatsError, find_nats_server, free_port
+from grid.transport.jetstream import STREAM_POLICIES, JetStreamLog
 
 
 def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import (
+from grid.events.subjects import ALL_STREAMS, COMMANDS_STREAM, COMMANDS_VIEW_STREAM
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import (
     DEFAULT_LOG_BUDGET,
     MIB,
     MIN_LOG_BUDGET,
@@ -20,8 +21,7 @@ from grid.events.jetstream import (
     JetStreamLog,
     stream_byte_limits,
 )
-from grid.events.log_budget import LogBudgetError, parse_size, resolve_log_budget
-from grid.events.subjects import ALL_STREAMS, COMMANDS_STREAM, COMMANDS_VIEW_STREAM
+from grid.transport.log_budget import LogBudgetError, parse_size, resolve_log_budget
 
 GIB = 1 << 30
 

@@ -18,15 +18,15 @@ import pytest
 
 from grid.events import codec
 from grid.events.base import Event, new_event_id
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS
 from grid.identity import jwt
 from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options
 from grid.identity.invitations import JoinToken
 from grid.identity.permissions import Principal, Role, inbox_prefix
 from grid.identity.server import SecuredEmbeddedNats
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.conftest import reset_streams
 
 

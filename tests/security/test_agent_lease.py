@@ -13,7 +13,6 @@ from grid.agent.fencing import REASON_NOT_LEASE_HOLDER
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
 from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.subjects import LEASE_BUCKET
 from grid.identity import jwt
@@ -24,6 +23,7 @@ from grid.identity.enrolment import EnrolmentService
 from grid.identity.invitations import InvitationStore
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, wait_ack
 from tests.ports import engine_ports
 from tests.security.conftest import CredsFactory, SecuredNats

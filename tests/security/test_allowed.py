@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import (
     ALL_STREAMS,
     COMMANDS_STREAM,
@@ -16,10 +15,11 @@ from grid.events.subjects import (
     command_subject,
     host_subject,
 )
+from grid.identity.connect import connect_log
 from grid.identity.creds import credential_principal
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
 HOST = "node-1.example"

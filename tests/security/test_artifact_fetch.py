@@ -31,10 +31,10 @@ from grid.agent.artifacts import (
     REASON_STORE_UNAVAILABLE,
     ArtifactCache,
 )
-from grid.events.artifact_store import ensure_artifact_bucket, put_artifact, stored_artifact
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_meta_subject
 from grid.identity.permissions import Role
+from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact, stored_artifact
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, raw_client
 
 HOST = "node-1"

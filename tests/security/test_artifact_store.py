@@ -16,7 +16,9 @@ import nats.js.errors
 import pytest
 from nats.js.object_store import ObjectStore
 
-from grid.events.artifact_store import (
+from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_chunk_subject, artifact_meta_subject
+from grid.identity.permissions import Role
+from grid.transport.artifact_store import (
     ARTIFACT_CHUNK_SIZE,
     REASON_ALREADY_STORED,
     REASON_STORED,
@@ -26,9 +28,7 @@ from grid.events.artifact_store import (
     read_chunks,
     stored_artifact,
 )
-from grid.events.jetstream import JetStreamLog
-from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_chunk_subject, artifact_meta_subject
-from grid.identity.permissions import Role
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, raw_client
 
 HOST = "node-1"

@@ -10,12 +10,12 @@ import nats.errors
 import pytest
 from nats_jwt.nkeys_ext import create_account_pair, create_user_pair
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.identity import jwt
+from grid.identity.connect import connect_log
 from grid.identity.creds import write_creds
 from grid.identity.permissions import Principal, Role, grant_for
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
 

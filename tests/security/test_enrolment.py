@@ -11,11 +11,11 @@ import msgspec
 import nats
 import pytest
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject
 from grid.identity import jwt
 from grid.identity.authority import Authority, push_account_jwt
+from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options, read_creds
 from grid.identity.enrolment import (
     REFUSED_BAD_PROOF,
@@ -39,7 +39,7 @@ from grid.identity.invitations import (
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, Role
 from grid.identity.provision import provision_host_consumer
 from grid.identity.signing import Identity, Signer
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event, invitee_client, stream_sequences
 
 HOST = "edge-7"

@@ -17,12 +17,12 @@ import pytest
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.host import HostHeartbeat, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM
 from grid.gateway import routing
 from grid.gateway import state as gateway_state
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
+from grid.transport.jetstream import JetStreamLog
 from tests.placement import Placements, warm_ack
 from tests.security.conftest import CredsFactory, SecuredNats
 

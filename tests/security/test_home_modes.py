@@ -25,13 +25,13 @@ from grid.agent.engines.runtime import xllamacpp_runtime
 from grid.agent.state import AgentPaths
 from grid.analytics.service import AnalyticsService
 from grid.config import GridConfig
-from grid.events.embedded import free_port
 from grid.events.subjects import escape_token
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import authority_dir, ensure_local_credentials
 from grid.identity.server import SecuredEmbeddedNats
 from grid.secrets import SecretFileError, open_owner_only, read_secret, write_owner_only
+from grid.transport.embedded import free_port
 from tests.security.conftest import event
 
 HOST = "local"

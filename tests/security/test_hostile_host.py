@@ -45,11 +45,9 @@ from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
 from grid.events import codec
-from grid.events.artifact_store import ARTIFACT_CHUNK_SIZE, ensure_artifact_bucket, put_artifact, stored_artifact
 from grid.events.base import new_event_id
 from grid.events.control import CredentialRevoked, HostOverride, ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.subjects import (
     ARTIFACT_BUCKET,
@@ -83,6 +81,13 @@ from grid.infer.client import InferTarget, NatsUpstream
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.metrics import exposition
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
+from grid.transport.artifact_store import (
+    ARTIFACT_CHUNK_SIZE,
+    ensure_artifact_bucket,
+    put_artifact,
+    stored_artifact,
+)
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.placement import warm_ack

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
+from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event
 
 

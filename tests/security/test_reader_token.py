@@ -19,9 +19,9 @@ import pytest
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_off_loopback
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import CONTROL_STREAM
 from grid.serving import serve
+from grid.transport.jetstream import JetStreamLog
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0, analytics=True)

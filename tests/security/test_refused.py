@@ -12,7 +12,6 @@ import nats.errors
 import pytest
 
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import (
     ALL_STREAMS,
     ARTIFACT_STREAM,
@@ -30,6 +29,7 @@ from grid.events.subjects import (
 from grid.identity.authority import Authority
 from grid.identity.permissions import Role, host_consumer_prefix, infer_subject_root
 from grid.identity.provision import provision_host_consumer
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client, stream_sequences
 
 HOST = "node-1"

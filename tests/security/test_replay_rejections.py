@@ -19,12 +19,12 @@ import pytest
 
 from grid.clock import SystemClock
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provenance import SUBJECT_MISMATCH
 from grid.identity.signing import UNSIGNED
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats, event, raw_client
 from tests.unit.replay.session import Session
 

@@ -21,7 +21,6 @@ import pytest
 from grid.events import codec
 from grid.events.control import CredentialRevoked
 from grid.events.host import HostHeartbeat, HostResources
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, revocation_subject
 from grid.identity.admin import revoke
 from grid.identity.authority import Authority
@@ -29,6 +28,7 @@ from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.signing import REVOKED_SIGNER, Identity
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import CredsFactory, SecuredNats
 
 pytestmark = pytest.mark.slow

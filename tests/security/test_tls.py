@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM
 from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
 from grid.identity.enrolment import Enrolment, EnrolmentService, join
 from grid.identity.invitations import InvitationStore
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from grid.identity.tls import TLSMaterial, TLSMaterialError
-from grid.identity.connect import connect_log
+from grid.transport.jetstream import JetStreamLog
 from tests.conftest import reset_streams
 from tests.security.conftest import CredsFactory, SecuredNats, event
 

@@ -13,7 +13,7 @@ import pytest
 from grid.agent.engines.runtime import Runtime
 from grid.agent.service import HostAgent
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, seed_cache
 from tests.ports import engine_ports
 

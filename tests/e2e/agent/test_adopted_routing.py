@@ -29,12 +29,12 @@ from grid.agent.state import AgentPaths, StateStore
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.embedded import EmbeddedNats
 from grid.events.host import HostHeartbeat, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM
 from grid.gateway import state as gateway_state
 from grid.gateway.app import create_gateway_app, start_gateway
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, seed_cache, wait_ack, wait_for
 from tests.placement import plan_event
 from tests.ports import engine_ports_arg

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, wait_ack, wait_for
 
 pytestmark = pytest.mark.e2e

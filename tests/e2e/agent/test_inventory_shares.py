@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from grid.agent.inventory import MIB, CapacityShareError
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import heartbeats, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.agent.engines.llama_cpp import port_free
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import heartbeats, make_command, wait_ack, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -10,9 +10,9 @@ import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, make_command, wait_ack, wait_for
 
 pytestmark = pytest.mark.e2e

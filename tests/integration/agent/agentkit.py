@@ -20,9 +20,9 @@ from grid.events import codec
 from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
 from grid.events.commands import CommandIssued
 from grid.events.host import HostHeartbeat, ProtectionTransition
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import make_generation
 from grid.events.subjects import HOSTS_STREAM
+from grid.transport.jetstream import JetStreamLog
 
 HOST = "host-test-1"
 

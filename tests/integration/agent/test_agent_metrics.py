@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from grid.agent.http import METRICS_URL_FILE
 from grid.cli.node import node_app
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, wait_ack
 
 

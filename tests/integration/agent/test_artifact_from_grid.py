@@ -10,9 +10,9 @@ import nats.js.errors
 
 from grid.agent.artifacts import REASON_NOT_CACHED, ArtifactCache
 from grid.config import GridConfig
-from grid.events.artifact_store import ensure_artifact_bucket, put_artifact
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ARTIFACT_BUCKET
+from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import make_command, wait_ack
 
 

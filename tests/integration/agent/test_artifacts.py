@@ -27,8 +27,8 @@ from grid.agent.artifacts import (
     SourceError,
     parse_source,
 )
-from grid.events.jetstream import JetStreamLog
 from grid.events.commands import CommandWithdrawn
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, heartbeats, make_command, terminal_acks, wait_ack, wait_for
 
 

@@ -9,8 +9,8 @@ from grid.agent import fencing
 from grid.agent.state import AgentState, InFlight, StateStore
 from grid.events import codec
 from grid.events.commands import CommandWithdrawn
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import command_subject
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.agent.agentkit import HOST, heartbeats, make_command, terminal_acks, wait_ack, wait_for
 

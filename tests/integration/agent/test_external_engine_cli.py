@@ -19,7 +19,7 @@ import pytest
 
 from grid.agent import external
 from grid.agent.engines.runtime import Runtime
-from grid.events.embedded import free_port
+from grid.transport.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from grid.agent.state import AgentPaths
 from grid.cli.node import PidRecord, node_app
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import heartbeats, transitions, wait_for
 
 runner = CliRunner()

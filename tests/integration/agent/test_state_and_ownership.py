@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from grid.agent.state import AgentPaths, AgentState, ProcessProof, ResidencyRecord, StateStore
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, heartbeats, make_command, wait_ack, wait_for
 
 

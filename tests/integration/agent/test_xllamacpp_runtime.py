@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from grid.events.embedded import free_port
+from grid.transport.embedded import free_port
 
 pytestmark = pytest.mark.engine
 

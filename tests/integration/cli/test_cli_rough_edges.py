@@ -18,7 +18,7 @@ from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.host import ProtectionTransition
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.simhost import SimHost
 

@@ -14,9 +14,9 @@ from grid.agent.artifacts import BUNDLED_SHA256, BUNDLED_SIZE_BYTES
 from grid.config import GridConfig
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
-from grid.events.artifact_store import stored_artifact
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ARTIFACT_STREAM
+from grid.transport.artifact_store import stored_artifact
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import seed_cache, wait_for
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,

@@ -14,10 +14,10 @@ from pathlib import Path
 import nats
 import pytest
 
-from grid.events.embedded import find_nats_server, free_port
 from grid.events.log import LogError
 from grid.events.subjects import CONTROL_STREAM
 from grid.identity.connect import connect_log
+from grid.transport.embedded import find_nats_server, free_port
 from tests.security.conftest import event
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]

@@ -21,11 +21,11 @@ import pytest
 
 from grid.agent.options import AgentOptions
 from grid.config import GridConfig
-from grid.events.embedded import find_nats_server, free_port
 from grid.events.log import LogError
 from grid.identity.connect import connect_log
 from grid.identity.durability import external_log_durable, read_record
 from grid.localgrid import LocalGrid, bundled_profile
+from grid.transport.embedded import find_nats_server, free_port
 from tests.ports import engine_ports
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]

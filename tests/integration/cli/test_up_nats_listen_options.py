@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from grid.events.embedded import find_nats_server
 from grid.localgrid import embedded_tls
+from grid.transport.embedded import find_nats_server
 
 GRIDCTL = [sys.executable, "-m", "grid.cli.main"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.test_cli_admin import gridctl
 

@@ -14,9 +14,9 @@ from grid.controller.api import create_admin_app
 from grid.controller.service import Controller, ControllerSettings
 from grid.events import codec
 from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import InMemoryLog
 from grid.events.subjects import CONTROL_STREAM
+from grid.transport.jetstream import JetStreamLog
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0)

@@ -15,8 +15,8 @@ from grid.demand import outcomes
 from grid.events import codec
 from grid.events.control import ModelProfile, ProfileSet
 from grid.events.evaluations import EvaluationRecorded
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import CONTROL_STREAM
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.controller.test_cli_admin import gridctl
 
 SETTINGS = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,

@@ -11,7 +11,7 @@ import httpx
 
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.test_cli_admin import SETTINGS
 

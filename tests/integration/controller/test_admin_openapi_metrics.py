@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-from grid.events.embedded import EmbeddedNats
+from grid.transport.embedded import EmbeddedNats
 
 
 @pytest.fixture

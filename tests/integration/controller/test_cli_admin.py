@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.simhost import SimHost
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileRemoved, ProfileSet
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.simhost import SimHost, commands_in_log, wait_for
 

@@ -15,11 +15,11 @@ import pytest
 
 from grid.clock import SimulatedClock
 from grid.controller.lease import HELD, LOST, STANDBY, Lease
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.lease import LEASE_KEY, LeaseRecord
 from grid.events.log import KVEntry
 from grid.events.subjects import LEASE_BUCKET
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 TTL = 15.0
 

@@ -17,11 +17,11 @@ from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.commands import CommandIssued
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import ConflictError
 from grid.events.plan import PlanCreated
 from grid.events.subjects import PLANS_STREAM
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.simhost import SimHost, commands_in_log, wait_for
 

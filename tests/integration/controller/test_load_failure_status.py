@@ -14,7 +14,7 @@ from grid.config import GridConfig
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.controller.simhost import wait_for
 from tests.ports import engine_ports
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM
+from grid.transport.jetstream import JetStreamLog
 
 from grid.sim.agent import SimResidency
 from tests.integration.controller.simhost import SimHost

@@ -12,8 +12,8 @@ import httpx
 
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.controller.simhost import wait_for
 
 

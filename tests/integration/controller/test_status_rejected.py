@@ -15,14 +15,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from grid.events import codec
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import HOSTS_STREAM, host_subject
 from grid.identity.provenance import SUBJECT_MISMATCH
 from grid.metrics import exposition
+from grid.transport.jetstream import JetStreamLog
 
+from tests.heartbeats import heartbeat
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
-from tests.heartbeats import heartbeat
 
 
 async def test_status_and_metrics_show_rejected_events(js_log: JetStreamLog, tmp_path: Path) -> None:

@@ -16,13 +16,13 @@ from pathlib import Path
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import Residency
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
+from tests.heartbeats import heartbeat
+from tests.integration.agent.agentkit import make_command
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
-from tests.integration.agent.agentkit import make_command
 from tests.placement import warm_ack
-from tests.heartbeats import heartbeat
 
 SHA = "ab" * 32
 

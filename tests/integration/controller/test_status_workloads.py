@@ -10,12 +10,12 @@ from pathlib import Path
 
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.jetstream import JetStreamLog
 from grid.events.requests import RequestBatch, RequestFeatures
+from grid.transport.jetstream import JetStreamLog
 
+from tests.heartbeats import heartbeat
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.integration.controller.test_cli_admin import gridctl
-from tests.heartbeats import heartbeat
 
 
 def auto(workload: str) -> RequestFeatures:

@@ -23,9 +23,7 @@ from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.embedded import free_port
 from grid.events.host import HostHeartbeat, HostResources, Residency
-from grid.events.jetstream import JetStreamLog
 from grid.events.log import EventLog
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed, RequestFeatures
 from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, PLANS_STREAM, REQUESTS_STREAM
@@ -33,6 +31,8 @@ from grid.gateway.app import RunningGateway, create_gateway_app, start_gateway
 from grid.gateway.settings import GatewaySettings
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import write_owner_only
+from grid.transport.embedded import free_port
+from grid.transport.jetstream import JetStreamLog
 
 from tests.placement import Placements
 

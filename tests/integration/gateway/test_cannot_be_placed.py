@@ -13,7 +13,7 @@ from grid.controller.service import Controller, ControllerSettings
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostHeartbeat, HostResources
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 
 from .conftest import GatewayFactory
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 
 
 async def _start(args: list[str], home: Path, nats_url: str | None) -> tuple[asyncio.subprocess.Process, str]:

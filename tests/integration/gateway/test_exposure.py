@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
 from grid.gateway.app import GatewayExposureError, create_gateway_app, start_gateway
 from grid.gateway.settings import exposure_error, is_loopback
+from grid.transport.jetstream import JetStreamLog
 
 
 def test_loopback_and_exposure_rules() -> None:

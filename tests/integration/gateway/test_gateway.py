@@ -18,10 +18,10 @@ import pytest
 
 from grid.agent.engines.llama_cpp import probe_active
 from grid.events.control import ModelProfile
-from grid.events.embedded import EmbeddedNats, free_port
-from grid.events.jetstream import JetStreamLog
 from grid.gateway.settings import GatewaySettings
 from grid.gateway.telemetry import APPEND_TIMEOUT_SECONDS
+from grid.transport.embedded import EmbeddedNats, free_port
+from grid.transport.jetstream import JetStreamLog
 
 from .conftest import MODEL, Engine, GatewayFactory, ready
 

@@ -16,12 +16,12 @@ import nats
 import pytest
 
 from grid.agent.engine_client import H1EngineClient
-from grid.events.embedded import EmbeddedNats
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import infer_wildcard
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.infer.local import LocalResponders
 from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.transport.embedded import EmbeddedNats
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.infer.test_infer_over_nats import (  # noqa: F401 - the engine fixture and the shared tests
     CHAT,
     JSON,

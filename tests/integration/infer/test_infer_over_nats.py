@@ -21,11 +21,11 @@ import pytest
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
 from grid.agent.engines.runtime import Runtime
-from grid.events.embedded import EmbeddedNats, free_port
-from grid.events.jetstream import JetStreamLog
 from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
 from grid.infer.client import InferTarget, NatsUpstream
 from grid.infer.responder import EngineRoute, InferenceResponder
+from grid.transport.embedded import EmbeddedNats, free_port
+from grid.transport.jetstream import JetStreamLog
 
 pytestmark = pytest.mark.engine
 

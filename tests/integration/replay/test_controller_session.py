@@ -27,10 +27,10 @@ from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM, PLANS_STREAM
+from grid.transport.jetstream import JetStreamLog
 from replay import DuckDBSource, FileSource, LogSource, replay_window
 from tests.integration.agent.agentkit import seed_cache
 from tests.ports import engine_ports

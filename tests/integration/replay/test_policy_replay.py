@@ -14,11 +14,11 @@ from grid.controller.tick import recorded_policy
 from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ProfileSet
-from grid.events.jetstream import JetStreamLog
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import PLANS_STREAM
 from grid.fleet.planning import Policy
+from grid.transport.jetstream import JetStreamLog
 from replay import LogSource, replay_window
 from tests.integration.controller.simhost import SimHost
 

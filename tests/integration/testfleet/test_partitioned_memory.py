@@ -8,7 +8,7 @@ import psutil
 from grid.agent.context import MIB
 from grid.agent.service import share_of_unmanaged_mb
 from grid.config import GridConfig
-from grid.events.jetstream import JetStreamLog
+from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import agent_factory, wait_for
 
 

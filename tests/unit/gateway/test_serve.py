@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 
 from grid.config import GridConfig
-from grid.events.embedded import free_port
 from grid.events.log import InMemoryLog
 from grid.gateway.app import create_gateway_app, serve_gateway
+from grid.transport.embedded import free_port
 from tests.heartbeats import heartbeat
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from grid.events.embedded import free_port
+from grid.transport.embedded import free_port
 from grid.transport.h1 import H1Pool, Target
 
 Answer = Callable[[bytes], bytes | None]  # request head+body -> raw response (None: close)

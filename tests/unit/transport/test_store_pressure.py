@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grid.events.store_pressure import (
+from grid.transport.store_pressure import (
     MIB,
     STORE_LOW_SPACE,
     STORE_OK,

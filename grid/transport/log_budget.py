@@ -4,7 +4,7 @@ The server reserves every stream's max_bytes up front and refuses a stream that 
 its file store (by default 75% of the store directory's free space), so the streams' sizes must
 follow the disk they live on. `gridctl up --log-budget SIZE` (or GRID_LOG_BUDGET) sets it; by
 default it is the policies' own total or a quarter of the free space, whichever is less, and
-never below MIN_LOG_BUDGET. grid.events.jetstream.stream_byte_limits splits it across streams.
+never below MIN_LOG_BUDGET. grid.transport.jetstream.stream_byte_limits splits it across streams.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from grid.events.jetstream import DEFAULT_LOG_BUDGET, MIB, MIN_LOG_BUDGET
+from grid.transport.jetstream import DEFAULT_LOG_BUDGET, MIB, MIN_LOG_BUDGET
 
 LOG_BUDGET_ENV = "GRID_LOG_BUDGET"
 # nats-server's file store takes at most this share of the free space it finds at start.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from grid.events.embedded import EmbeddedNats, EmbeddedNatsError, free_port, start_on_free_ports
+from grid.transport.embedded import EmbeddedNats, EmbeddedNatsError, free_port, start_on_free_ports
 
 ROUTE_USER = "grid-route"
 DEFAULT_CLUSTER_NAME = "grid"

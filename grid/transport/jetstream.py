@@ -8,7 +8,7 @@ every inbox, but a restarted server has forgotten the ordered consumers behind t
 (they live in memory). Every live subscription is therefore registered here and renewed on
 reconnect: an ordered one restarts after the last message it handed out, a durable one checks
 that its consumer still exists and re-creates it with the same configuration if not (the
-subscription classes live in grid.events.jetstream_consumers).
+subscription classes live in grid.transport.jetstream_consumers).
 
 Replication: every stream and bucket is ensured with the replica count of the setting or of the
 cluster's size, and drift is updated or reported (`StreamReplicas`). This keeps the file over
@@ -37,14 +37,7 @@ from nats.js import api
 from grid.events import codec
 from grid.events.authorship import Authorship
 from grid.events.base import Event
-from grid.events.jetstream_consumers import (
-    DurableSubscription,
-    OrderedSubscription,
-    parse_js_reply,  # noqa: F401 - part of this module's interface
-    unsubscribe,
-)
 from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, StoredMessage
-from grid.events.nats_failover import connect_client
 from grid.events.subjects import (
     ALL_STREAMS,
     COMMANDS_STREAM,
@@ -58,6 +51,13 @@ from grid.events.subjects import (
     stream_for_subject,
     subject_for,
 )
+from grid.transport.jetstream_consumers import (
+    DurableSubscription,
+    OrderedSubscription,
+    parse_js_reply,
+    unsubscribe,
+)
+from grid.transport.nats_failover import connect_client
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -76,7 +76,7 @@ JETSTREAM_READY_SECONDS = 10.0
 # A server that stops answering without closing its sockets (SIGSTOP, a partition, a hung host)
 # is only noticed by unanswered pings: nats-py's default (two missed pings two minutes apart)
 # would leave a component stuck for minutes instead of failing over to another cluster node.
-# Two missed 1 s pings: a silent node is left within 3 s (grid.events.nats_failover leaves it).
+# Two missed 1 s pings: a silent node is left within 3 s (grid.transport.nats_failover leaves it).
 PING_INTERVAL_SECONDS = 1.0
 MAX_OUTSTANDING_PINGS = 2
 DUPLICATE_WINDOW_SECONDS = 120.0

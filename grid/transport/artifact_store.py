@@ -33,13 +33,13 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.object_store import ObjectStore
 
-from grid.events.jetstream import JetStreamLog, StreamReplicas
 from grid.events.subjects import (
     ARTIFACT_BUCKET,
     ARTIFACT_STREAM,
     artifact_chunk_subject,
     artifact_meta_subject,
 )
+from grid.transport.jetstream import JetStreamLog, StreamReplicas
 
 # Below the server's default max_payload (1 MiB), also once base64-encoded in a message get's
 # JSON answer (4/3 of it plus the envelope).

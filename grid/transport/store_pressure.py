@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from grid.events.log_budget import SERVER_STORE_FRACTION
+from grid.transport.log_budget import SERVER_STORE_FRACTION
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -25,7 +25,7 @@ from grid.events.log import LogError, StoredMessage
 class SubscriptionOwner(Protocol):
     """What a subscription uses of the JetStreamLog that owns it.
 
-    Structural, so this module need not import grid.events.jetstream (which imports it): the
+    Structural, so this module need not import grid.transport.jetstream (which imports it): the
     subscriptions are that log's internals, split out only to keep each file readable.
     """
 
