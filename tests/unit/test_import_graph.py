@@ -126,7 +126,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "grid.http_limits", "grid.logs")),
     ("events and settings", ("grid.events", "grid.config", "grid.serving")),
     ("vocabulary", ("grid.fleet",)),
-    ("transport and identity", ("grid.transport", "grid.identity")),
+    ("transport", ("grid.transport",)),
+    ("identity", ("grid.identity",)),
     ("protocols over the transport", ("grid.infer", "grid.metrics")),
     ("folds and forecasts", ("grid.projections", "grid.demand")),
     ("derived stores and the placer", ("grid.analytics", "grid.planner")),
@@ -183,3 +184,27 @@ def test_replay_does_not_import_the_cli() -> None:
 
 def test_the_checker_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Libraries that open connections, start processes or touch stores: the transport's business.
+IO_LIBRARIES = ("nats", "httpx", "httptools", "subprocess", "socket", "ssl", "duckdb", "uvicorn", "psutil")
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_event_types_and_vocabulary_import_no_io() -> None:
+    offenders = sorted(
+        f"{_module_name(path)} imports {lib}"
+        for pkg in ("grid/events", "grid/fleet")
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        for lib in sorted(_third_party_imports(path) & set(IO_LIBRARIES))
+    )
+    assert offenders == []
