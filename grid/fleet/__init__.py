@@ -4,9 +4,14 @@ Pure values and rules every layer above shares, so each means one thing:
 
 * :mod:`grid.fleet.states` - the named sets of host and residency states;
 * :mod:`grid.fleet.freshness` - when a heartbeat is live (timeout and clock skew);
-* :mod:`grid.fleet.samples` - when a learned figure is authoritative.
+* :mod:`grid.fleet.samples` - when a learned figure is authoritative;
+* :mod:`grid.fleet.views` - hosts and residencies as the controller sees them;
+* :mod:`grid.fleet.planning` - the planner's input and output values and the plan codec;
+* :mod:`grid.fleet.reasons` - the planner's reason constants, which plans carry to every reader;
+* :mod:`grid.fleet.placeability` - whether a configured model can be placed at all.
 
-The common names are re-exported here.
+The state sets, freshness and sample names are re-exported here; the values are imported from
+their modules.
 """
 
 from grid.fleet.freshness import (
