@@ -250,6 +250,23 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
                      r["state"] == "ready" and r, 30)
     assert ext["memory_mb"] == 250
 
+    # Migration to managed: the operator retires the external route; the planner, which counted
+    # the external engine toward the model's replicas, has Grid's own replica serve it again,
+    # and the engine is left running.
+    removed = fleet.engine("rm", MODEL)
+    assert removed.returncode == 0, removed.stderr
+    retired_at = time.monotonic()
+    wait_until("the external route gone from status", lambda: residency(fleet, False) is None, 15)
+    wait_until("a managed replica serving the model", lambda: chat(fleet.gateway, stream=False)[0] == 200, 90,
+               interval=0.5)
+    print(f"managed replica serving {time.monotonic() - retired_at:.1f}s after the external route was retired")
+    assert engine.alive_and_unsignalled() and engine.proc.pid == pid
+    # ...and brought back for the rest of the test.
+    added = fleet.engine("add", engine.url, "--model", MODEL, "--kind", "llama.cpp", "--memory-mb", "250",
+                         "--api-key-file", str(engine.key_file))
+    assert added.returncode == 0, added.stderr
+    wait_until("the external residency back", lambda: (r := residency(fleet, False)) and r["state"] == "ready", 15)
+
     # Retire the profile: Grid drains its own copy to zero, the external engine keeps serving.
     fleet.admin("DELETE", f"/allocator/models/{MODEL}")
     wait_until("the managed copy drained", lambda: residency(fleet, True) is None
