@@ -10,4 +10,5 @@ ever dials out to NATS.
 - `responder`: the agent side.
 - `client`: the gateway side, an `UpstreamClient` like the HTTP pools.
 - `local`: responders in the requester's own process (`gridctl up`), reached without the broker.
+- `direct`: subscriptions whose messages are taken as the NATS client parses them.
 """

@@ -24,7 +24,7 @@ from nats.errors import Error as NatsError
 
 from grid.events.authorship import Authorship
 from grid.events.subjects import escape_token, infer_cancel_subject, infer_request_subject
-from grid.infer import wire
+from grid.infer import direct, wire
 from grid.infer.local import LocalPort, LocalResponders
 
 log = structlog.get_logger(__name__)
@@ -144,13 +144,14 @@ class _Replies:
 
     async def open(self) -> _Inbox:
         if self._sub is None:
-            self._sub = await self.nc.subscribe(f"{self.prefix}.*", cb=self._dispatch)
+            # Each reply goes straight to its inbox's queue (grid.infer.direct).
+            self._sub = await direct.subscribe(self.nc, f"{self.prefix}.*", self.deliver)
         self._next += 1
         box = _Inbox(self, f"{self.prefix}.{self._next}")
         self.boxes[box.subject] = box
         return box
 
-    async def _dispatch(self, msg: Any) -> None:
+    def deliver(self, msg: Any) -> None:
         box = self.boxes.get(msg.subject)
         if box is not None:
             box.put(msg)

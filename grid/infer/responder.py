@@ -29,7 +29,7 @@ from grid.events.subjects import infer_cancel_subject, infer_request_subject
 from grid.identity.permissions import Role
 from grid.identity.replies import check_request
 from grid.identity.signing import Verifier
-from grid.infer import wire
+from grid.infer import direct, wire
 from grid.infer.local import ReplySink
 from grid.tasks import cancel_and_wait
 
@@ -157,9 +157,11 @@ class InferenceResponder:
         self.delivered_in_process = 0
 
     async def start(self) -> None:
+        # Taken as nats-py's reader parses them (grid.infer.direct): admission and starting the
+        # answer's task need no task of their own.
         self._subs = [
-            await self.nc.subscribe(infer_request_subject(self.host_id), cb=self._on_request),
-            await self.nc.subscribe(infer_cancel_subject(self.host_id), cb=self._on_cancel),
+            await direct.subscribe(self.nc, infer_request_subject(self.host_id), self._take),
+            await direct.subscribe(self.nc, infer_cancel_subject(self.host_id), self._take_cancel),
         ]
         await self.nc.flush()  # subscribed on the server before anyone is told we serve
 
@@ -175,7 +177,7 @@ class InferenceResponder:
     def in_flight(self) -> int:
         return len(self._active)
 
-    async def _on_request(self, msg: Msg) -> None:
+    def _take(self, msg: Msg) -> None:
         check = check_request(self.verifier, msg.subject, msg.data, msg.headers, msg.reply, roles=REQUESTER_ROLES)
         if not check.ok:
             self.refused[check.reason] = self.refused.get(check.reason, 0) + 1
@@ -203,7 +205,7 @@ class InferenceResponder:
         if not self._subs:
             return  # stopped: no answer, as on NATS
         self._local[msg.reply] = sink
-        await self._on_request(msg)
+        self._take(msg)
         if msg.reply not in self._active:  # refused: nothing will be sent
             self._local.pop(msg.reply, None)
         else:
@@ -225,7 +227,7 @@ class InferenceResponder:
         if stopped:
             log.warning("infer.connection_lost", stopped=stopped)
 
-    async def _on_cancel(self, msg: Msg) -> None:
+    def _take_cancel(self, msg: Msg) -> None:
         self.cancel(msg.data.decode("ascii", "replace"))
 
     def cancel(self, reply: str) -> None:
