@@ -24,7 +24,9 @@ from grid.planner.ledger import Ledger
 from grid.planner.placement import Placer
 from grid.planner.state import HostState, ModelState
 
-PLANNER_VERSION = "grid-planner/1.2.0"
+# 1.3.0: plans carry the per-model basis the reconciler decides from, and never stage a preemption
+# of a model's only ready replica while that model itself wants more replicas than it has ready.
+PLANNER_VERSION = "grid-planner/1.3.0"
 
 __all__ = [
     "PLANNER_VERSION",
