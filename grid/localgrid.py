@@ -197,13 +197,8 @@ class LocalGrid:
         identity = ControllerIdentity(authority_dir(cfg.home), ca_pem=ca_pem) if creds is not None else None
         # The one-machine grid keeps its analytics store current (history right after a chat).
         settings = self.controller_settings or ControllerSettings(analytics=True)
-        if self.embedded is not None:
-            from grid.controller.beside_store import StoreAwareController
-
-            self.controller = StoreAwareController(self.log, cfg, settings=settings, identity=identity,
-                                                   store=lambda: self.store_pressure)
-        else:
-            self.controller = Controller(self.log, cfg, settings=settings, identity=identity)
+        self.controller = Controller(self.log, cfg, settings=settings, identity=identity,
+                                     store=None if self.embedded is None else lambda: self.store_pressure)
         await self.controller.start()
         self.admin = await serve_admin(self.controller, "127.0.0.1", self.admin_port)
         self.admin_url = self.admin.url or ""

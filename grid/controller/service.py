@@ -39,6 +39,7 @@ import hashlib
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,9 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
 )
-from grid.fleet.planning import decode_plan, encode_plan
-from grid.fleet.planning import Plan, PlannerInput, Policy
-from grid.metrics import ControllerMetrics, GaugeSource, Sample, rejected_events
+from grid.controller.store_metrics import store_sources
+from grid.fleet.planning import Plan, PlannerInput, Policy, decode_plan, encode_plan
+from grid.metrics import ControllerMetrics, GaugeCollector, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
@@ -104,6 +105,7 @@ from grid.secrets import load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
 from grid.transport.artifact_store import ensure_artifact_store
 from grid.transport.jetstream import REPLICAS_MISMATCH, JetStreamLog
+from grid.transport.store_pressure import StorePressure, as_status
 
 log = structlog.get_logger(__name__)
 
@@ -211,8 +213,13 @@ class Controller:
         clock: Clock | None = None,
         controller_id: str | None = None,
         identity: Any = None,
+        store: Callable[[], StorePressure | None] | None = None,
     ) -> None:
         self.log = log_
+        # The supervisor's last reading of the event log store's disk, where the controller runs
+        # beside the NATS server that stores the log (`gridctl up`): status and /metrics show a
+        # filling disk before heartbeats stop being stored.
+        self.store = store
         # grid.identity.service.ControllerIdentity when the log has auth on: host command
         # consumers and the enrolment service (hosts may create neither themselves).
         self.identity = identity
@@ -258,6 +265,8 @@ class Controller:
         # Every controller's last presence record (this one's included), for status.
         self.presence: list[tuple[PresenceRecord, float | None]] = []
         self.metrics = ControllerMetrics(self._gauges())
+        if store is not None:
+            self.metrics.registry.register(GaugeCollector(store_sources(store)))
 
     # --- metrics (states read at scrape time) ----------------------------------------------------
 
@@ -670,7 +679,6 @@ class Controller:
             return command_issued(a, issuer(), issued_at=self.clock.now(), lease_remaining=remaining)
 
         async def run(items: list[Any], build: Any, is_command: bool) -> None:
-            nonlocal last_seq
             per_host: dict[str, list[Any]] = {}
             for item in items:
                 per_host.setdefault(item.host_id, []).append(item)
@@ -723,6 +731,7 @@ class Controller:
             success_revision=self._success_revision, states=dict(self.runner.states),
             positions=dict(sorted(self.runner.positions.items())), malformed_events=self.runner.malformed,
             warnings=tuple(self.runner.warnings) + tuple(self.warnings), limits=s.limits,
+            store=None if self.store is None else as_status(self.store()),
             history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
             last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,
             last_generation=self.last_generation, last_result=self.last_result,

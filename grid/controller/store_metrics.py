@@ -1,30 +1,12 @@
-"""A controller running beside the NATS server that stores its log (`gridctl up`).
-
-It reads what the server's supervisor measured of the store (grid.transport.store_pressure): its
-status carries the `store` section and its /metrics the grid_store_* families, so a filling disk
-shows before heartbeats stop being stored.
-"""
+"""The grid_store_* metric families: the event log store's disk pressure, as the embedded
+server's supervisor last measured it (grid.transport.store_pressure), read at scrape time."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
 
-from grid.controller.service import Controller
-from grid.controller.status import ControllerView
-from grid.metrics import CounterSource, GaugeSource, Sample, GaugeCollector
-from grid.transport.store_pressure import STORE_STATES, StorePressure, as_status
-
-
-class StoreAwareController(Controller):
-    def __init__(self, *args: Any, store: Callable[[], StorePressure | None], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.store = store
-        self.metrics.registry.register(GaugeCollector(store_sources(store)))
-
-    def view(self) -> ControllerView:
-        return dataclasses.replace(super().view(), store=as_status(self.store()))
+from grid.metrics import CounterSource, GaugeSource, Sample
+from grid.transport.store_pressure import STORE_STATES, StorePressure
 
 
 def store_sources(store: Callable[[], StorePressure | None]) -> list[GaugeSource | CounterSource]:
