@@ -30,24 +30,6 @@ class _CurrentStderr:
         return sys.stderr.isatty()
 
 
-# asyncio logs this on every TLS connection the server closes: nats-py upgrades to TLS with a
-# new StreamReaderProtocol that `loop.start_tls` never hands `connection_made`, so the protocol
-# does not know it runs over SSL and answers EOF with True (harmless: the reader already got
-# its EOF and the SSL layer closes regardless). Not Grid's code to fix; this one message only.
-SSL_EOF_WARNING = "returning true from eof_received() has no effect when using ssl"
-
-
-class _DropSSLEofWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != SSL_EOF_WARNING
-
-
-def _quiet_ssl_eof_warning() -> None:
-    asyncio_logger = logging.getLogger("asyncio")
-    if not any(isinstance(f, _DropSSLEofWarning) for f in asyncio_logger.filters):
-        asyncio_logger.addFilter(_DropSSLEofWarning())
-
-
 def configure_logging(fmt: LogFormat | str = "auto", *, level: int = logging.INFO, stream: TextIO | None = None) -> None:
     """Route structlog (and stdlib logging) to `stream` (stderr) in the chosen format.
 
@@ -73,4 +55,3 @@ def configure_logging(fmt: LogFormat | str = "auto", *, level: int = logging.INF
     )
     # Libraries that log through the standard module (uvicorn, nats) go to the same stream.
     logging.basicConfig(level=max(level, logging.WARNING), stream=out, format="%(levelname)s %(name)s: %(message)s", force=True)
-    _quiet_ssl_eof_warning()

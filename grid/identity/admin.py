@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import msgspec
-import nats
 
 from grid.events.base import new_event_id
 from grid.events.control import CredentialRevoked
@@ -25,6 +24,7 @@ from grid.identity.enrolment import EnrolmentService
 from grid.identity.invitations import INVITATION_TTL_SECONDS, Invitation
 from grid.identity.local import authority_dir, local_credential, local_tls_ca
 from grid.identity.service import invitation_store
+from grid.transport.nats_failover import connect_client
 
 
 class IdentityAdminError(RuntimeError):
@@ -83,8 +83,8 @@ async def revoke(grid_home: Path, url: str, host_id: str, *, now: float | None =
     account_jwt = authority.revoke_host(host_id, now=at)
     keys = tuple(authority.registry.hosts[host_id].revoked_keys)
     system = authority.system_creds(now=at)
-    nc = await nats.connect(url, name="grid-revoke", allow_reconnect=False, max_reconnect_attempts=0,
-                            connect_timeout=timeout, **connect_options(system, tls_ca))
+    nc = await connect_client(servers=url, name="grid-revoke", allow_reconnect=False, max_reconnect_attempts=0,
+                              connect_timeout=timeout, **connect_options(system, tls_ca))
     try:
         await push_account_jwt(nc, authority.account_public, account_jwt, timeout=timeout)
     finally:

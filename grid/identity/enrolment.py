@@ -67,6 +67,7 @@ from grid.identity.replies import RequestCheck, check_request
 from grid.identity.signing import Signer, Verifier
 from grid.identity.tls import pinned_tls_context
 from grid.secrets import write_owner_only
+from grid.transport.nats_failover import connect_client
 
 log = structlog.get_logger(__name__)
 
@@ -298,9 +299,9 @@ class EnrolmentService:
             options["tls"] = nc.options["tls"]
             if nc.options.get("tls_hostname"):
                 options["tls_hostname"] = nc.options["tls_hostname"]
-        system = await nats.connect(servers=[f"{url.scheme}://{url.netloc}"], name="grid-enrol-revoke",
-                                    allow_reconnect=False, max_reconnect_attempts=0,
-                                    connect_timeout=PUSH_TIMEOUT_SECONDS, **options)
+        system = await connect_client(servers=[f"{url.scheme}://{url.netloc}"], name="grid-enrol-revoke",
+                                      allow_reconnect=False, max_reconnect_attempts=0,
+                                      connect_timeout=PUSH_TIMEOUT_SECONDS, **options)
         try:
             await push_account_jwt(system, self.authority.account_public, account_jwt, timeout=PUSH_TIMEOUT_SECONDS)
         finally:
@@ -421,8 +422,8 @@ async def join(token: JoinToken | str, directory: Path, *,
     if token.tls_fingerprint is not None:
         options["tls"] = _pinned_context(token.servers, token.tls_fingerprint)
     try:
-        nc = await nats.connect(servers=list(token.servers), name="grid-join", allow_reconnect=False,
-                                max_reconnect_attempts=0, connect_timeout=timeout, **options)
+        nc = await connect_client(servers=list(token.servers), name="grid-join", allow_reconnect=False,
+                                  max_reconnect_attempts=0, connect_timeout=timeout, **options)
     except nats.errors.Error as exc:
         if any(word in str(exc).lower() for word in ("authorization violation", "expired")):
             # The invitee credential dies with its join (and with its invitation's end).

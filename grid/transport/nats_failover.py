@@ -41,6 +41,16 @@ class PromptCloseTransport(TcpTransport):
         super().__init__()
         self._client = weakref.ref(client)
 
+    async def connect_tls(self, uri: Any, ssl_context: Any, buffer_size: int, connect_timeout: int) -> None:
+        await super().connect_tls(uri, ssl_context, buffer_size, connect_timeout)
+        # nats-py upgrades to TLS with a new StreamReaderProtocol that `loop.start_tls` never hands
+        # `connection_made`, so the protocol does not know it runs over TLS: on every EOF the
+        # server sends, asyncio warns "returning true from eof_received() has no effect when using
+        # ssl". Tell it, as connection_made would have.
+        protocol = getattr(self._io_writer, "_protocol", None)
+        if isinstance(protocol, asyncio.StreamReaderProtocol):
+            protocol._over_ssl = True
+
     def close(self) -> None:
         client = self._client()
         if client is not None and client.is_reconnecting:
