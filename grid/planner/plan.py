@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import msgspec
 
-from grid.events.codec import encode_value
 from grid.fleet import reasons as R
 from grid.fleet.planning import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
 from grid.planner import scoring as S

@@ -54,7 +54,6 @@ from grid.events.subjects import (
 from grid.transport.jetstream_consumers import (
     DurableSubscription,
     OrderedSubscription,
-    parse_js_reply,
     unsubscribe,
 )
 from grid.transport.nats_failover import connect_client

@@ -12,7 +12,7 @@ from grid.sim.run import run
 from grid.sim.scenario import ScenarioConfig, prepare
 from grid.sim.strategies import GREEDY, SMART
 from grid.sim.traffic import AUTO
-from grid.sim.workday import COOLDOWN, FULL_DAY, FULL_DAY_MINUTES, LUNCH, OUTAGE, RAMP, SURGE
+from grid.sim.workday import FULL_DAY, FULL_DAY_MINUTES, LUNCH, OUTAGE, RAMP, SURGE
 
 FULL = ScenarioConfig(machines=4, models=8, users=50, minutes=FULL_DAY_MINUTES, seed=3, day=FULL_DAY)
 
