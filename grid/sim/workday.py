@@ -84,6 +84,40 @@ def _span(rng: random.Random, minutes: int, lo: float, hi: float) -> tuple[int, 
     return min(start, minutes), min(end, minutes)
 
 
+def _curves(minutes: int, *, ramp: tuple[int, int], ramp_level: tuple[float, float], surge: tuple[int, int],
+            campaign: tuple[int, int], cooldown: tuple[int, int],
+            lunch: tuple[int, int] | None = None) -> dict[str, tuple[float, ...]]:
+    """Each workload's demand multiplier per minute. The ramp climbs from `ramp_level[0]` by
+    `ramp_level[1]` (two numbers, not a floor and 1 - floor, so each day's floats stay its own)."""
+    floor, rise = ramp_level
+    curves: dict[str, list[float]] = {w: [1.0] * minutes for w in WORKLOADS}
+    for m in range(minutes):
+        for w in WORKLOADS:
+            level = 1.0
+            if ramp[0] <= m < ramp[1]:
+                level *= floor + rise * (m - ramp[0]) / max(1, ramp[1] - ramp[0])
+            if surge[0] <= m < surge[1]:
+                level *= SURGE_BOOST.get(w, 1.0)
+            if lunch is not None and lunch[0] <= m < lunch[1]:
+                level *= LUNCH_LEVEL
+            if campaign[0] <= m < campaign[1]:
+                level *= CAMPAIGN_BOOST.get(w, 1.0)
+            if m >= cooldown[0]:
+                level *= EVENING_LEVEL
+            curves[w][m] = round(level, 6)
+    return {w: tuple(c) for w, c in curves.items()}
+
+
+def _incident_hosts(rng: random.Random, host_ids: tuple[str, ...]) -> tuple[str, str] | None:
+    """The host throttled and the host that goes down (possibly the same one); none on one host."""
+    hosts = sorted(host_ids)
+    if len(hosts) < 2:
+        return None
+    throttled = hosts[rng.randrange(len(hosts))]
+    down = hosts[rng.randrange(len(hosts))]
+    return throttled, down
+
+
 def build_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Workday:
     if minutes < 1:
         raise ValueError("a scenario needs at least one minute")
@@ -94,29 +128,14 @@ def build_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Workday
     throttle = _span(rng, minutes, 0.30, 0.45)
     outage = _span(rng, minutes, 0.50, 0.65)
     cooldown = (int(0.80 * minutes), minutes)
-    curves: dict[str, list[float]] = {w: [1.0] * minutes for w in WORKLOADS}
-    for m in range(minutes):
-        for w in WORKLOADS:
-            level = 1.0
-            if ramp[0] <= m < ramp[1]:
-                level *= 0.4 + 0.6 * (m - ramp[0]) / max(1, ramp[1] - ramp[0])
-            if surge[0] <= m < surge[1]:
-                level *= SURGE_BOOST.get(w, 1.0)
-            if campaign[0] <= m < campaign[1]:
-                level *= CAMPAIGN_BOOST.get(w, 1.0)
-            if m >= cooldown[0]:
-                level *= EVENING_LEVEL
-            curves[w][m] = round(level, 6)
-    hosts = sorted(host_ids)
-    incidents: list[Incident] = []
-    if len(hosts) >= 2:
-        throttled = hosts[rng.randrange(len(hosts))]
-        down = hosts[rng.randrange(len(hosts))]
-        incidents.append(Incident(THROTTLE, throttled, *throttle))
-        incidents.append(Incident(OUTAGE, down, *outage))
+    curves = _curves(minutes, ramp=ramp, ramp_level=(0.4, 0.6), surge=surge, campaign=campaign, cooldown=cooldown)
+    incidents: tuple[Incident, ...] = ()
+    if (chosen := _incident_hosts(rng, host_ids)) is not None:
+        throttled, down = chosen
+        incidents = (Incident(THROTTLE, throttled, *throttle), Incident(OUTAGE, down, *outage))
     phases = (Phase(RAMP, *ramp), Phase(SURGE, *surge), Phase(CAMPAIGN, *campaign), Phase(THROTTLE, *throttle),
               Phase(OUTAGE, *outage), Phase(COOLDOWN, *cooldown))
-    return Workday(minutes, {w: tuple(c) for w, c in curves.items()}, tuple(incidents), phases)
+    return Workday(minutes, curves, incidents, phases)
 
 
 def build_full_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Workday:
@@ -132,32 +151,16 @@ def build_full_workday(minutes: int, seed: int, host_ids: tuple[str, ...]) -> Wo
     throttle = _span(rng, minutes, 0.66, 0.78)
     afternoon = (lunch[1], int(0.8125 * minutes))
     cooldown = (int(0.8125 * minutes), minutes)
-    curves: dict[str, list[float]] = {w: [1.0] * minutes for w in WORKLOADS}
-    for m in range(minutes):
-        for w in WORKLOADS:
-            level = 1.0
-            if ramp[0] <= m < ramp[1]:
-                level *= 0.3 + 0.7 * (m - ramp[0]) / max(1, ramp[1] - ramp[0])
-            if surge[0] <= m < surge[1]:
-                level *= SURGE_BOOST.get(w, 1.0)
-            if lunch[0] <= m < lunch[1]:
-                level *= LUNCH_LEVEL
-            if campaign[0] <= m < campaign[1]:
-                level *= CAMPAIGN_BOOST.get(w, 1.0)
-            if m >= cooldown[0]:
-                level *= EVENING_LEVEL
-            curves[w][m] = round(level, 6)
-    hosts = sorted(host_ids)
-    incidents: list[Incident] = []
-    if len(hosts) >= 2:
-        throttled = hosts[rng.randrange(len(hosts))]
-        down = hosts[rng.randrange(len(hosts))]
-        incidents.append(Incident(OUTAGE, down, *outage))
-        incidents.append(Incident(THROTTLE, throttled, *throttle))
+    curves = _curves(minutes, ramp=ramp, ramp_level=(0.3, 0.7), surge=surge, campaign=campaign, cooldown=cooldown,
+                     lunch=lunch)
+    incidents: tuple[Incident, ...] = ()
+    if (chosen := _incident_hosts(rng, host_ids)) is not None:
+        throttled, down = chosen
+        incidents = (Incident(OUTAGE, down, *outage), Incident(THROTTLE, throttled, *throttle))
     phases = (Phase(RAMP, *ramp), Phase(SURGE, *surge), Phase(LUNCH, *lunch), Phase(OUTAGE, *outage),
               Phase(AFTERNOON, *afternoon), Phase(CAMPAIGN, *campaign), Phase(THROTTLE, *throttle),
               Phase(COOLDOWN, *cooldown))
-    return Workday(minutes, {w: tuple(c) for w, c in curves.items()}, tuple(incidents), phases)
+    return Workday(minutes, curves, incidents, phases)
 
 
 def day_builder(day: str) -> Callable[[int, int, tuple[str, ...]], Workday]:
