@@ -69,12 +69,7 @@ def up_on_tmpfs(tmp_path: Path, bundled_model_home: Path, engine_runtime: object
             up.wait_for("ready:", 180)
             yield up
         finally:
-            try:
-                stop_up(up)
-            finally:
-                if up.proc.poll() is None:
-                    up.proc.kill()
-                    up.proc.wait(30)
+            stop_up(up)
     finally:
         _unmount(store)
 

@@ -109,12 +109,7 @@ def test_automatic_mode_needs_a_known_durable_external_server(
         if not durable:
             assert "does not report its sync policy" in text and "--assume-durable" in text
     finally:
-        try:
-            stop_up(up)
-        finally:
-            if up.proc.poll() is None:
-                up.proc.kill()
-                up.proc.wait(30)
+        stop_up(up)
 
 
 @pytest.mark.parametrize(("flags", "durable"), [((), False), (("--assume-durable",), True)],

@@ -59,10 +59,16 @@ def start_up(tmp_path: Path, bundled_model_home: Path, *args: str) -> Up:
 
 
 def stop_up(up: Up) -> None:
-    if up.proc.poll() is None:
-        down = subprocess.run([*GRIDCTL, "down"], env=up.env, capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr
-        up.proc.wait(60)
+    """`gridctl down`, as a user stops it; killed if it has not exited (or down failed)."""
+    try:
+        if up.proc.poll() is None:
+            down = subprocess.run([*GRIDCTL, "down"], env=up.env, capture_output=True, text=True, timeout=120)
+            assert down.returncode == 0, down.stderr
+            up.proc.wait(60)
+    finally:
+        if up.proc.poll() is None:
+            up.proc.kill()
+            up.proc.wait(30)
 
 
 @pytest.fixture
@@ -72,12 +78,7 @@ def running_up(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime
         up.wait_for("ready:", 180)
         yield up
     finally:
-        try:
-            stop_up(up)
-        finally:
-            if up.proc.poll() is None:
-                up.proc.kill()
-                up.proc.wait(30)
+        stop_up(up)
 
 
 def chat_ok(gateway: str) -> bool:
