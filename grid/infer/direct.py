@@ -15,7 +15,10 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import structlog
 from nats.aio.client import Client as NATS
+
+log = structlog.get_logger(__name__)
 
 
 class _Direct:
@@ -28,7 +31,10 @@ class _Direct:
         self._deliver = deliver
 
     def put_nowait(self, msg: Any) -> None:
-        self._deliver(msg)
+        try:
+            self._deliver(msg)
+        except Exception as exc:  # never into the connection's reader, which would stop reading
+            log.error("infer.delivery_failed", subject=msg.subject, error=type(exc).__name__)
 
     def qsize(self) -> int:
         return 0
