@@ -56,6 +56,7 @@ from grid.transport.jetstream_consumers import (
     OrderedSubscription,
     unsubscribe,
 )
+from grid.transport.log_errors import WRONG_LAST_SEQUENCE, log_errors
 from grid.transport.nats_failover import connect_client
 
 log = structlog.get_logger(__name__)
@@ -64,7 +65,6 @@ T = TypeVar("T")
 DAY = 86_400.0
 GIB = 1 << 30
 # JetStream API error codes Grid acts on.
-WRONG_LAST_SEQUENCE = 10071
 JS_NO_SUITABLE_PEERS = 10005  # "no suitable peers for placement": fewer peers than replicas asked for
 JS_STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 INITIAL_CONNECT_ATTEMPTS = 3
@@ -611,12 +611,8 @@ class JetStreamLog:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
         if self.authorship is not None:
             headers.update(self.authorship.sign(subject, data))
-        try:
+        with log_errors(f"append to {subject}"):
             reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers or None)
-        except nats.errors.NoRespondersError as exc:
-            raise LogError(f"no stream answers for {subject} (streams not created?)") from exc
-        except nats.errors.TimeoutError as exc:
-            raise LogError(f"append to {subject} timed out") from exc
         resp = _pub_ack_decoder.decode(reply.data)
         error = resp.get("error")
         if error:
@@ -779,28 +775,23 @@ class JetStreamLog:
 
     async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
         kv = await self._bucket(bucket)
-        try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
+        with log_errors(f"kv {bucket}/{key}"):
+            try:
+                entry = await kv.get(key)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                return None
         return KVEntry(key, entry.value or b"", int(entry.revision or 0))
 
     async def kv_put(
         self, bucket: str, key: str, value: bytes, *, expected_revision: int | None = None
     ) -> int:
         kv = await self._bucket(bucket)
-        try:
+        with log_errors(f"kv {bucket}/{key}", conflict=f"revision is not {expected_revision}"):
             if expected_revision is None:
                 return int(await kv.put(key, value))
             if expected_revision == 0:
                 return int(await kv.create(key, value))
             return int(await kv.update(key, value, last=expected_revision))
-        except nats.js.errors.KeyWrongLastSequenceError as exc:
-            raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
-                raise ConflictError(f"kv {bucket}/{key}: revision is not {expected_revision}") from exc
-            raise
 
     async def kv_entries(self, bucket: str, pattern: str = ">") -> list[tuple[KVEntry, float | None]]:
         """The current entry of every key matching `pattern`, with the server's time of it
@@ -810,10 +801,8 @@ class JetStreamLog:
         out: list[tuple[KVEntry, float | None]] = []
         try:
             while True:
-                try:
+                with log_errors(f"listing kv {bucket}/{pattern}"):
                     entry = await watcher.updates(timeout=self._timeout)
-                except nats.errors.TimeoutError as exc:
-                    raise LogError(f"listing kv {bucket}/{pattern} timed out") from exc
                 if entry is None:  # the end of the current values
                     return out
                 created = entry.created
