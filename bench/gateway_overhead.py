@@ -37,6 +37,12 @@ grid process and of nats-server on each path (each request's CPU delta, summed p
 
     python -m bench.gateway_overhead --one-process [--rounds 200]
 
+Measured on this 2-core machine, shared (load average 2.6), 60 rounds: max_tokens=1 median added
+0.48 ms in process against 2.88 ms over NATS, first token -1.12 against 2.22 ms; per round NATS
+took 1.35 ms (plain) and 1.85 ms (first token) longer; CPU per request of the grid process 8.2 ms
+in process, 13.1 ms over NATS, 5.8 ms around a direct call (its background: controller ticks,
+heartbeats, the analytics sink), nats-server 0.5 against 2.7 ms.
+
 `--hop` isolates the hop that `--one-process` removes, without the HTTP front, the controller
 or the gateway's routing around it: one process holds an `InferenceResponder` (the agent's, with
 the agent's engine client and the engine key) and two requesters on their own NATS connection,
@@ -45,6 +51,9 @@ non-streamed max_tokens=1 requests to one llama-server. It prints each path's me
 the per-pair difference, and the CPU per request of that process and of nats-server.
 
     python -m bench.gateway_overhead --hop [--rounds 300]
+
+Measured here (load average 4.0, 300 pairs): CPU per request 0.57 ms in the process and 0.13 ms
+in nats-server in process, against 1.80 and 0.53 ms over NATS; per pair NATS 0.98 ms slower.
 """
 
 from __future__ import annotations
