@@ -158,12 +158,11 @@ async def wait_http(url: str, timeout: float = 60.0, headers: dict[str, str] | N
 
 async def placed(log: JetStreamLog) -> None:
     """What a controller records and the host's agent acks before the gateway routes to a managed
-    engine (grid.projections.placed): a plan assigning the model to the host, and the host's
-    succeeded warm of it."""
+    engine (grid.projections.placed): a plan assigning the model to the host and listing the pair
+    as corroborated (a command the controller issued, acknowledged), and the host's succeeded warm."""
     from grid.events.acks import ActionAck
     from grid.events.plan import PlanCreated, make_generation
-    from grid.fleet.planning import encode_plan
-    from grid.fleet.planning import Placement, Plan
+    from grid.fleet.planning import Placement, Plan, encode_plan
 
     now = time.time()
     digest = "0" * 64
@@ -172,7 +171,8 @@ async def placed(log: JetStreamLog) -> None:
         Placement(model_id=MODEL_ID, host_id=HOST_ID, runtime="llama.cpp", memory_mb=300, status="new"),))
     await log.append(PlanCreated(event_id=new_event_id(), at=now, planner_version="bench", generation=generation,
                                  epoch="bench", sequence=1, inputs_digest=digest, based_on={}, now=now,
-                                 controller_id="bench", controller_term=1, plan=msgspec.Raw(encode_plan(plan))))
+                                 controller_id="bench", controller_term=1, plan=msgspec.Raw(encode_plan(plan)),
+                                 corroborated=((HOST_ID, MODEL_ID),)))
     await log.append(ActionAck(event_id=new_event_id(), at=now, host_id=HOST_ID, action_id="bench-warm",
                                status="succeeded", kind="warm", model_id=MODEL_ID, generation=generation,
                                controller_term=1))
@@ -375,7 +375,7 @@ async def _gateway(env: dict[str, str], home: Path, nats_url: str, log_path: Pat
             deadline = time.monotonic() + 30
             while MODEL_ID not in (await c.get(f"{url}/v1/models")).text:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the gateway never listed the model")
+                    raise RuntimeError("the gateway never listed the model: " + log_path.read_text()[-3000:])
                 await asyncio.sleep(0.1)
     except BaseException:
         stop_process(gateway)

@@ -29,8 +29,7 @@ import time
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.fleet.planning import encode_plan
-from grid.fleet.planning import DemandTarget, Harm, PlannerInput
+from grid.fleet.planning import DemandTarget, Harm, PlannerInput, encode_plan
 from grid.fleet.views import HostView, ResidencyView
 from grid.planner.plan import build_plan, plan
 

@@ -25,8 +25,7 @@ from grid.events.base import new_event_id
 from grid.events.host import Residency
 from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
-from grid.fleet.planning import encode_plan
-from grid.fleet.planning import Placement, Plan
+from grid.fleet.planning import Placement, Plan, encode_plan
 
 EPOCH = "test-epoch"
 

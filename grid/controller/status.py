@@ -65,8 +65,7 @@ from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
 from grid.fleet.placeability import plan_saw_profile, unplaceable
-from grid.fleet.planning import decode_plan
-from grid.fleet.planning import Plan, PlannerInput
+from grid.fleet.planning import Plan, PlannerInput, decode_plan
 from grid.fleet.views import HostView
 from grid.planner.plan import render_explanation
 from grid.projections import fleet as fleet_proj

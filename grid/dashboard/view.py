@@ -16,8 +16,7 @@ from grid.demand.forecast import Forecast
 from grid.events.commands import CommandIssued
 from grid.events.plan import PlanCreated
 from grid.fleet import HEARTBEAT_TIMEOUT_SECONDS, HeartbeatWindow, heartbeat_fresh
-from grid.fleet.planning import decode_plan
-from grid.fleet.planning import Plan
+from grid.fleet.planning import Plan, decode_plan
 from grid.planner.explain import render_explanation
 from grid.planner.plan import PLANNER_VERSION
 from grid.projections import fleet as fleet_proj

@@ -30,8 +30,7 @@ from grid.events.host import RESIDENCY_STATES
 from grid.events.log import EventLog
 from grid.events.subjects import HOSTS_STREAM, PLANS_STREAM, PREFIX
 from grid.fleet.placeability import Unplaceable, plan_saw_profile, unplaceable
-from grid.fleet.planning import decode_plan
-from grid.fleet.planning import Plan
+from grid.fleet.planning import Plan, decode_plan
 from grid.gateway import routing
 from grid.gateway.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard
 from grid.gateway.evaluation import OwnerCapability

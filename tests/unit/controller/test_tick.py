@@ -16,8 +16,7 @@ from grid.controller.tick import (
 )
 from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated
-from grid.fleet.planning import encode_plan
-from grid.fleet.planning import Policy
+from grid.fleet.planning import Policy, encode_plan
 from grid.planner.digest import inputs_digest
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.unit.replay.session import Session

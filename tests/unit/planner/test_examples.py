@@ -7,8 +7,7 @@ import hashlib
 from grid.events.codec import encode_value
 from grid.events.host import CachedArtifact
 from grid.fleet import reasons as R
-from grid.fleet.planning import decode_plan, encode_plan
-from grid.fleet.planning import Policy, TimingSample
+from grid.fleet.planning import Policy, TimingSample, decode_plan, encode_plan
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import render_explanation
 from grid.planner.plan import PLANNER_VERSION, build_plan, explain_model, plan

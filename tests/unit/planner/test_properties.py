@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from grid.events.control import DATA_TIERS, ModelProfile
 from grid.events.host import CachedArtifact
 from grid.fleet import reasons as R
-from grid.fleet.planning import decode_plan, encode_plan
-from grid.fleet.planning import DemandTarget, Harm, PlannerInput, Policy
+from grid.fleet.planning import DemandTarget, Harm, PlannerInput, Policy, decode_plan, encode_plan
 from grid.fleet.views import ResidencyView
 from grid.planner.plan import build_plan, plan
 

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grid.fleet import reasons as R
-from grid.fleet.planning import encode_plan
-from grid.fleet.planning import DemandTarget, Policy
+from grid.fleet.planning import DemandTarget, Policy, encode_plan
 from grid.planner.plan import build_plan, plan
 
 from tests.unit.planner.builders import NOW, count, host, mk, on, prof, res, shortfall_reasons, want

@@ -23,8 +23,7 @@ from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import PLAN_SUBJECT
-from grid.fleet.planning import encode_plan
-from grid.fleet.planning import Policy
+from grid.fleet.planning import Policy, encode_plan
 from grid.planner.digest import inputs_digest
 from grid.projections.runner import ProjectionRunner
 
