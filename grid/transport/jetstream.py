@@ -774,8 +774,8 @@ class JetStreamLog:
         return pull
 
     async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
-        kv = await self._bucket(bucket)
         with log_errors(f"kv {bucket}/{key}"):
+            kv = await self._bucket(bucket)
             try:
                 entry = await kv.get(key)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
@@ -785,8 +785,8 @@ class JetStreamLog:
     async def kv_put(
         self, bucket: str, key: str, value: bytes, *, expected_revision: int | None = None
     ) -> int:
-        kv = await self._bucket(bucket)
         with log_errors(f"kv {bucket}/{key}", conflict=f"revision is not {expected_revision}"):
+            kv = await self._bucket(bucket)
             if expected_revision is None:
                 return int(await kv.put(key, value))
             if expected_revision == 0:
@@ -796,8 +796,9 @@ class JetStreamLog:
     async def kv_entries(self, bucket: str, pattern: str = ">") -> list[tuple[KVEntry, float | None]]:
         """The current entry of every key matching `pattern`, with the server's time of it
         (deleted keys left out). A short-lived watcher: for small buckets read now and then."""
-        kv = await self._bucket(bucket)
-        watcher = await kv.watch(pattern, ignore_deletes=True)
+        with log_errors(f"listing kv {bucket}/{pattern}"):
+            kv = await self._bucket(bucket)
+            watcher = await kv.watch(pattern, ignore_deletes=True)
         out: list[tuple[KVEntry, float | None]] = []
         try:
             while True:
