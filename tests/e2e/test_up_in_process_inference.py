@@ -12,12 +12,9 @@ from typing import Any
 import openai
 import pytest
 
-from grid.agent.service import AgentOptions
-from grid.config import GridConfig
-from grid.controller.service import ControllerSettings
 from grid.events.subjects import infer_cancel_subject, infer_request_subject
-from grid.localgrid import LocalGrid, bundled_profile
-from tests.ports import engine_ports
+from grid.localgrid import LocalGrid
+from tests.e2e.localgrid_kit import local_grid, wait_served
 
 pytestmark = pytest.mark.e2e
 
@@ -39,28 +36,11 @@ def _infer_subscriptions(grid: LocalGrid) -> dict[str, int]:
 
 
 async def test_chat_and_stream_go_to_the_agent_in_process(tmp_path: Path, bundled_model_home: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "artifacts").symlink_to(bundled_model_home / "artifacts")
-    grid = LocalGrid(
-        GridConfig(home=home, nats_url=None),
-        profile=bundled_profile(),
-        agent_options=AgentOptions(failure_domain="local", heartbeat_interval=0.5, sample_interval=0.5,
-                                   port_range=engine_ports()),
-        controller_settings=ControllerSettings(tick_interval_seconds=1.0, restart_grace_seconds=0.0),
-    )
+    grid = local_grid(tmp_path, bundled_model_home)
     await grid.start()
-    model = grid.profile.model_id
     client = openai.AsyncOpenAI(base_url=f"{grid.gateway_url}/v1", api_key="unused", max_retries=0)
     try:
-        deadline = time.monotonic() + 120
-        while grid.residency_state(model) != "ready":
-            assert time.monotonic() < deadline, f"{model} never became ready"
-            await asyncio.sleep(0.5)
-        for _ in range(40):
-            if [m.id for m in (await client.models.list()).data] == [model]:
-                break
-            await asyncio.sleep(0.25)
+        model = await wait_served(grid, client)
         before = _infer_subscriptions(grid)
         responder = grid.agent.responder
         served = responder.served
