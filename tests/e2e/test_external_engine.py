@@ -1,8 +1,7 @@
 """An engine Grid did not start, registered as inventory on a host of a test fleet (real NATS with
 identities, controller, gateway, agents that joined by invitation, llama.cpp with the SmolLM2
-GGUF): one machine (`gridctl test start --machines 1`), and two machines in their own network
-namespaces (`--machines 2 --netns`) with the engine on the second, inside its namespace, so the
-gateway's requests cross to another machine.
+GGUF): two machines in their own network namespaces (`--machines 2 --netns`) with the engine on
+the second, inside its namespace, so the gateway's requests cross to another machine.
 
 The test starts its own llama-server (the session's runtime, outside Grid, with its own API key),
 registers it with `gridctl engine add` on that host, and checks that Grid serves it through the
@@ -36,6 +35,7 @@ from grid.testfleet import netns
 from grid.testfleet.state import load_state
 from grid.transport.embedded import free_port
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
+from tests import machine_lock
 from tests.ports import fleet_engine_port_base
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
@@ -103,28 +103,24 @@ class EngineHost:
                               env=env, capture_output=True, text=True, timeout=60)
 
 
-FLEETS = {"one-machine": ("--machines", "1"), "netns-two-machines": ("--machines", "2", "--netns")}
-
-
-@pytest.fixture(params=sorted(FLEETS))
-def fleet(request: pytest.FixtureRequest, tmp_path: Path, bundled_model_home: Path,
-          engine_runtime: Runtime) -> Iterator[EngineHost]:
-    args = FLEETS[request.param]
+@pytest.fixture
+def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[EngineHost]:
     home = tmp_path / "home"
     seed_fleet_models(home, bundled_model_home)
     ours: set[str] = set()
-    try:
-        started = gridctl(home, "test", "start", *args, "--engine-port-base",
-                          str(fleet_engine_port_base(int(args[1]))), "--json", timeout=300)
-        assert started.returncode == 0, started.stderr
-        state = load_state(home / "testfleet")
-        assert state is not None
-        ours = {h.netns for h in state.hosts if h.netns}
-        yield EngineHost(home, json.loads(started.stdout)["gateway_url"])
-    finally:
-        stopped = gridctl(home, "test", "stop", timeout=240)
-        assert stopped.returncode == 0, stopped.stderr
-        assert not ours & set(netns.existing_namespaces()), "a namespace of this fleet was left behind"
+    with machine_lock.turn(machine_lock.NETNS_FLEET):
+        try:
+            started = gridctl(home, "test", "start", "--machines", "2", "--netns", "--engine-port-base",
+                              str(fleet_engine_port_base(2)), "--json", timeout=300)
+            assert started.returncode == 0, started.stderr
+            state = load_state(home / "testfleet")
+            assert state is not None
+            ours = {h.netns for h in state.hosts if h.netns}
+            yield EngineHost(home, json.loads(started.stdout)["gateway_url"])
+        finally:
+            stopped = gridctl(home, "test", "stop", timeout=240)
+            assert stopped.returncode == 0, stopped.stderr
+            assert not ours & set(netns.existing_namespaces()), "a namespace of this fleet was left behind"
 
 
 @dataclass
@@ -207,15 +203,16 @@ def residency(fleet: EngineHost, managed: bool) -> dict[str, Any] | None:
     return next((r for r in fleet.host()["residencies"] if r["model_id"] == MODEL and r["managed"] == managed), None)
 
 
-def grid_engines(host_id: str) -> list[int]:
-    """Engines Grid spawned for `host_id` (they carry its owner marker)."""
+def grid_engines(fleet: EngineHost) -> list[int]:
+    """Engines Grid spawned for the fleet's engine host: they carry its owner marker, and their key
+    file lies in this fleet's home (another test's fleet may name a host the same)."""
     out = []
     for p in psutil.process_iter():
         try:
-            env = p.environ()
+            env, argv = p.environ(), p.cmdline()
         except psutil.Error:
             continue
-        if OWNER_ENV in env and env.get(HOST_ENV) == host_id:
+        if OWNER_ENV in env and env.get(HOST_ENV) == fleet.host_id and any(str(fleet.home) in a for a in argv):
             out.append(p.pid)
     return out
 
@@ -271,7 +268,7 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
     fleet.admin("DELETE", f"/allocator/models/{MODEL}")
     wait_until("the managed copy drained", lambda: residency(fleet, True) is None
                or residency(fleet, True)["state"] in ("cached",), 120)
-    wait_until("no Grid engine left on the host", lambda: not grid_engines(fleet.host_id), 60)
+    wait_until("no Grid engine left on the host", lambda: not grid_engines(fleet), 60)
     served_by_external(fleet)
     assert engine.alive_and_unsignalled() and engine.proc.pid == pid
 
@@ -302,7 +299,7 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
         wait_until("the gateway routing to it again", lambda: chat(fleet.gateway, stream=False)[0] == 200, 30)
         served_by_external(fleet)
         assert engine.alive_and_unsignalled() and engine.proc.pid == pid
-        assert not grid_engines(fleet.host_id)
+        assert not grid_engines(fleet)
 
     # Death: unroutable within 5 s, and status says why.
     engine.proc.kill()

@@ -31,6 +31,7 @@ from grid.fleet import ADMITTING_HOST_STATES, HEARTBEAT_TIMEOUT_SECONDS
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.netns import PREFIX, existing_namespaces
 from grid.testfleet.state import load_state
+from tests import machine_lock
 from tests.engineproc import is_engine
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 
@@ -101,13 +102,14 @@ def wait_until(what: str, probe, timeout: float, interval: float = 0.5):  # type
 def fleet(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
     home = tmp_path_factory.mktemp("fleet-home")
     seed_fleet_models(home, bundled_model_home)
-    try:
-        started = gridctl(home, "test", "start", "--machines", "3", "--netns", "--json", *PRELOAD, timeout=300)
-        assert started.returncode == 0, started.stderr
-        yield Fleet(home, json.loads(started.stdout))
-    finally:
-        stopped = gridctl(home, "test", "stop", timeout=240)
-        assert stopped.returncode == 0, stopped.stderr
+    with machine_lock.turn(machine_lock.NETNS_FLEET):
+        try:
+            started = gridctl(home, "test", "start", "--machines", "3", "--netns", "--json", *PRELOAD, timeout=300)
+            assert started.returncode == 0, started.stderr
+            yield Fleet(home, json.loads(started.stdout))
+        finally:
+            stopped = gridctl(home, "test", "stop", timeout=240)
+            assert stopped.returncode == 0, stopped.stderr
         assert not {n for n in existing_namespaces() if n.startswith(PREFIX)}, "a namespace was left behind"
 
 
