@@ -372,7 +372,7 @@ class HostAgent:
             return EngineRoute(endpoint(rec), self._ctx.key)
         ext = self.external.ready(model_id)
         if ext is not None:
-            return EngineRoute(ext.registration.url, ext.key or "")
+            return EngineRoute(ext.registration.url, ext.key)
         return None
 
     async def _probe_external(self) -> bool:

@@ -41,10 +41,24 @@ REQUESTER_ROLES = frozenset({Role.GATEWAY, Role.CONTROLLER})
 
 @dataclass(frozen=True)
 class EngineRoute:
-    """Where this host serves a model: its loopback endpoint and its engine key."""
+    """Where this host serves a model: its loopback endpoint and its engine key (None for an
+    external engine registered without one: it is then sent no authorization header at all, not
+    an empty bearer, which some engines refuse)."""
 
     endpoint: str
-    key: str
+    key: str | None
+
+
+def engine_request_headers(route: EngineRoute, request_headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The headers sent to the engine: its key (added here, on its own host), and the few request
+    headers the gateway forwards (a connection header only to ask for close)."""
+    headers = [(b"authorization", f"Bearer {route.key}".encode("latin-1"))] if route.key else []
+    for name in wire.FORWARDED_REQUEST_HEADERS:
+        if (value := request_headers.get(name)) is not None:
+            if name == wire.H_CONNECTION and value.lower() != "close":
+                continue
+            headers.append((name.lower().encode("latin-1"), value.encode("latin-1", "replace")))
+    return headers
 
 
 EngineResolver = Callable[[str], EngineRoute | None]
@@ -288,12 +302,7 @@ class InferenceResponder:
         if route is None:
             await self._refuse(reply, 503, f"{model!r} is not ready on this host", wire.ERR_NO_ENGINE)
             return
-        headers = [(b"authorization", f"Bearer {route.key}".encode("latin-1"))]
-        for name in wire.FORWARDED_REQUEST_HEADERS:
-            if (value := req_headers.get(name)) is not None:
-                if name == wire.H_CONNECTION and value.lower() != "close":
-                    continue
-                headers.append((name.lower().encode("latin-1"), value.encode("latin-1", "replace")))
+        headers = engine_request_headers(route, req_headers)
         answer = _Answer()
         # A timer, not a task: nothing extra on the fast path (most answers start well within it).
         # It runs until message 0 is sent, not until the engine's headers arrive: a streamed
