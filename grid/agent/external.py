@@ -47,6 +47,10 @@ MODELS_PATH = "/v1/models"
 # one probe interval plus the probe timeout plus one heartbeat's trip through the log.
 PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 1.5
+# An engine that keeps failing is probed less often, doubling from one interval up to this: a
+# registration left behind for an engine that is gone costs a probe every 30 s, not every second,
+# and an engine that comes back is routed again within this bound.
+PROBE_BACKOFF_MAX_SECONDS = 30.0
 
 # Why a probe passed or failed.
 PROBE_OK = "ok"
@@ -310,6 +314,15 @@ class Observed:
     result: ProbeResult
     ready_since: float | None  # when the current run of passing probes began
     key: str | None = field(default=None, repr=False)  # the endpoint's key, held in memory only
+    failures: int = 0  # consecutive failed probes of this registration
+    next_probe_at: float = 0.0
+
+
+def probe_backoff(failures: int) -> float:
+    """Seconds until the next probe of an engine after `failures` consecutive failed probes."""
+    if failures <= 0:
+        return PROBE_INTERVAL_SECONDS
+    return min(PROBE_INTERVAL_SECONDS * 2.0 ** (failures - 1), PROBE_BACKOFF_MAX_SECONDS)
 
 
 @dataclass
@@ -322,18 +335,23 @@ class ExternalEngines:
     def registrations(self) -> list[Registration]:
         return load(self.state_dir)
 
-    def update(self, results: Sequence[tuple[Registration, ProbeResult, str | None]], now: float) -> bool:
-        """Record one round of probes (registration, result, key); True when anything a
-        heartbeat reports changed."""
+    def update(self, results: Sequence[tuple[Registration, ProbeResult, str | None]], now: float,
+               kept: Mapping[str, Observed] | None = None) -> bool:
+        """Record one round of probes (registration, result, key), keeping `kept` (engines not
+        probed this round) as they were; True when anything a heartbeat reports changed."""
         before = {m: (o.registration, o.result.reason) for m, o in self.engines.items()}
-        fresh: dict[str, Observed] = {}
+        fresh: dict[str, Observed] = dict(kept or {})
         for reg, result, key in results:
             old = self.engines.get(reg.model_id)
+            same = old is not None and old.registration == reg
             since = None
+            failures = 0
             if result.ok:
-                kept = old is not None and old.registration == reg and old.result.ok
+                kept = same and old.result.ok
                 since = old.ready_since if kept and old.ready_since is not None else now
-            fresh[reg.model_id] = Observed(reg, result, since, key)
+            else:
+                failures = (old.failures if same else 0) + 1
+            fresh[reg.model_id] = Observed(reg, result, since, key, failures, now + probe_backoff(failures))
         self.engines = fresh
         return before != {m: (o.registration, o.result.reason) for m, o in fresh.items()}
 
@@ -342,14 +360,24 @@ class ExternalEngines:
         seen = self.engines.get(model_id)
         return seen if seen is not None and seen.result.ok else None
 
+    def due(self, reg: Registration, now: float) -> bool:
+        """Whether `reg` is probed in the round at `now`: a new or changed registration, an
+        engine whose last probe passed, or a failing one whose backoff ran out."""
+        seen = self.engines.get(reg.model_id)
+        return seen is None or seen.registration != reg or seen.result.ok or now >= seen.next_probe_at
+
     async def probe_all(self, http: httpx.AsyncClient, now: float) -> bool:
-        """Re-read the registry, probe every engine at once, record the round; True on a change."""
+        """Re-read the registry, probe every engine that is due at once, record the round; True
+        on a change. An engine not due keeps its last result."""
         regs = self.registrations()
-        keys = [read_key(r) for r in regs]
+        due = [r for r in regs if self.due(r, now)]
+        keys = [read_key(r) for r in due]
         results = await asyncio.gather(*(
-            probe(http, r, key) if failure is None else _done(failure) for r, (key, failure) in zip(regs, keys)
+            probe(http, r, key) if failure is None else _done(failure) for r, (key, failure) in zip(due, keys)
         ))
-        return self.update([(r, res, k) for r, res, (k, _) in zip(regs, results, keys)], now)
+        probed = {r.model_id: (r, res, k) for r, res, (k, _) in zip(due, results, keys)}
+        kept = {r.model_id: self.engines[r.model_id] for r in regs if r.model_id not in probed}
+        return self.update(list(probed.values()), now, kept)
 
 
 class WatchedEngineClient:

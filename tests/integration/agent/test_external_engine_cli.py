@@ -150,3 +150,18 @@ async def test_a_refused_connect_to_an_external_engine_wakes_the_prober(tmp_path
         assert woken == [1]
     finally:
         await client.aclose()
+
+
+async def test_a_probe_round_skips_an_engine_in_backoff_and_keeps_its_last_verdict(tmp_path: Path) -> None:
+    reg = external.validate("smol", f"http://127.0.0.1:{free_port()}", "openai", 0, None)
+    assert isinstance(reg, external.Registration)
+    external.save(tmp_path, [reg])
+    engines = external.ExternalEngines(tmp_path)
+    async with httpx.AsyncClient() as http:
+        assert await engines.probe_all(http, 100.0)  # registered, and nothing answers
+        first = engines.engines["smol"]
+        assert first.failures == 1 and first.result.reason == external.PROBE_UNREACHABLE
+        assert not await engines.probe_all(http, 100.5)  # not due: not probed, verdict kept
+        assert engines.engines["smol"] is first
+        await engines.probe_all(http, first.next_probe_at)
+        assert engines.engines["smol"].failures == 2

@@ -162,3 +162,23 @@ def test_a_key_file_problem_is_reported_without_its_local_path(tmp_path: Path) -
     engines.update([(reg, failure, None)], 1.0)
     _, (warning,) = ext.reports(engines, 1.0)
     assert warning.startswith("external_engine_api_key_file_unreadable: smol") and str(tmp_path) not in warning
+
+
+def test_a_failing_engine_is_probed_less_often_until_it_passes_or_changes(tmp_path: Path) -> None:
+    engines = _engines(tmp_path, True, 0.0)
+    reg = engines.engines["smol"].registration
+    assert engines.due(reg, 0.5)  # a passing engine is probed every round: its death shows at once
+    now, gaps = 1.0, []
+    for _ in range(8):
+        _engines(tmp_path, False, now, engines)
+        seen = engines.engines["smol"]
+        assert not engines.due(reg, now + seen.next_probe_at - now - 0.01)
+        assert engines.due(reg, seen.next_probe_at)
+        gaps.append(seen.next_probe_at - now)
+        now = seen.next_probe_at
+    assert gaps == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    moved = ext.validate("smol", "http://127.0.0.1:10", "llama.cpp", 300, None)
+    assert isinstance(moved, ext.Registration) and engines.due(moved, now - 20.0)  # re-registered: at once
+    _engines(tmp_path, True, now, engines)
+    assert engines.engines["smol"].failures == 0 and engines.due(reg, now + 0.1)
+
