@@ -1,6 +1,7 @@
 """Profile numbers are bounded by what any machine can have, and model ids follow one grammar
 (grid.events.control), at the admin API, in gridctl before it sends, and in the event decoder.
-Real admin server, real gridctl processes, real NATS log.
+Real admin server, gridctl's own code (run in this process: thirty process starts made this the
+slowest test of its directory, and cost minutes on a loaded machine), real NATS log.
 
 Incident (issue 25): the admin API accepted memory_mb 10^35, min_replicas 10^6, context_size
 10^12, and a model named `../../etc/passwd` that `gridctl model rm` then could not remove.
@@ -8,6 +9,7 @@ Incident (issue 25): the admin API accepted memory_mb 10^35, min_replicas 10^6, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
+from grid.cli.main import app
 from grid.controller.api import AdminServer, serve_admin
 from grid.controller.service import Controller
 from grid.events.control import ModelProfile, ProfileSet
@@ -23,7 +27,7 @@ from grid.events.subjects import profile_subject
 from grid.projections.runner import ProjectionRunner
 from grid.transport.jetstream import JetStreamLog
 
-from tests.integration.controller.test_cli_admin import SETTINGS, gridctl
+from tests.integration.controller.test_cli_admin import SETTINGS
 
 BAD_VALUES = [
     ("memory_mb", 10 ** 35, "<= 16777216"),
@@ -42,6 +46,13 @@ BAD_VALUES = [
 BAD_IDS = ["../../etc/passwd", "..", "org/model.gguf", ".hidden", "-flag", "a b", "tab\there", "nl\n",
            "x" * 129, "café.gguf"]
 VALID_IDS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "m", "gpt-oss:20b", "Qwen2.5-7B+lora_v1", "x" * 128, "0.gguf"]
+
+
+async def gridctl(home: Path, *args: str) -> tuple[int, str, str]:
+    """`gridctl ARGS` with GRID_HOME=home, in a thread so the admin server on this loop answers."""
+    env = {"GRID_HOME": str(home), "GRID_ADMIN_URL": None, "COLUMNS": "200"}
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
+    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture

@@ -109,13 +109,17 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
         while time.monotonic() < deadline and not any(" -> " in line for line in lines):
             time.sleep(0.2)
         assert any(" -> " in line for line in lines), lines
+        # A profile change that needs a command after watch subscribed: a second replica, or,
+        # where the fleet already placed two (a slow start can finish both loads before watch
+        # subscribes), one fewer. A load still in flight ends after the subscription either way.
+        replicas = 1 if len(_ready(home)) == 2 else 2
         resp = httpx.patch(f"{admin}/allocator/models/{BUNDLED_MODEL_ID}", headers={"X-Grid-Allocator-Token": token},
-                           json={"min_replicas": 2, "max_replicas": 2}, timeout=5)
+                           json={"min_replicas": replicas, "max_replicas": replicas}, timeout=5)
         assert resp.status_code == 200, resp.text
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and len(_ready(home)) < 2:
+        while time.monotonic() < deadline and len(_ready(home)) != replicas:
             time.sleep(0.5)
-        assert len(_ready(home)) == 2
+        assert len(_ready(home)) == replicas
         # watch prints what the log says, a moment after the log says it: wait for its lines.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not ("-> ready" in "".join(lines) and "succeeded" in "".join(lines)):
@@ -130,7 +134,7 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
 
     procs = _pids(_status(home))
     engines = [c for p in procs.values() for c in psutil.Process(p).children(recursive=True) if is_engine(c)]
-    assert len(engines) == 2
+    assert len(engines) >= replicas  # a drained one may still be on its way out: stop ends it too
     stopped = gridctl(home, "test", "stop", timeout=180)
     assert stopped.returncode == 0, stopped.stderr
     assert not (home / "testfleet" / "fleet.json").exists()
