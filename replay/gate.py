@@ -108,6 +108,8 @@ class PlanChange:
     differences: tuple[Difference, ...]
     # Non-decision fields whose value differs (explanations, basis, inputs_digest, now).
     other_fields: tuple[str, ...]
+    # Placements kept with the same decision whose score or reason changed: (model, "model@host: what").
+    rescored: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -226,7 +228,22 @@ def compare_plans(expected: bytes, made: bytes, seq: int) -> PlanChange | None:
                    for name in fa if name != _VERSION_FIELD and name not in decided and fa[name] != fb.get(name))
     if not differences and not others:
         return None  # only the version stamp differs
-    return PlanChange(seq, differences, others)
+    return PlanChange(seq, differences, others, _rescored(a, b))
+
+
+def _rescored(a: Plan, b: Plan) -> tuple[tuple[str, str], ...]:
+    """Placements both plans make alike whose score or reason differs."""
+    made = {(p.model_id, p.host_id): p for p in b.placements}
+    out = []
+    for p in a.placements:
+        q = made.get((p.model_id, p.host_id))
+        if q is None or (p.score == q.score and p.reason == q.reason):
+            continue
+        what = [f"score {p.score:.2f} -> {q.score:.2f}"] if p.score != q.score else []
+        if p.reason != q.reason:
+            what.append(f"reason {p.reason} -> {q.reason}")
+        out.append((p.model_id, f"{p.model_id}@{p.host_id}: {', '.join(what)}"))
+    return tuple(out)
 
 
 def compare(expected: Expected, rerun: Rerun) -> GateReport:
@@ -271,7 +288,10 @@ def summary_lines(report: GateReport, *, per_model: int = 4) -> list[str]:
     Seen = dict[tuple[str, str, str], list[tuple[int, Difference]]]  # (kind, key, change) -> where
     by_model: dict[str, Seen] = defaultdict(lambda: defaultdict(list))
     others: dict[str, list[int]] = defaultdict(list)
+    rescored: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for change in report.changes:
+        for model, what in change.rescored:
+            rescored[model].append((change.plan_seq, what))
         for d in change.differences:
             by_model[d.model_id][(d.kind, d.key, describe(d) if d.change == "changed" else d.change)].append(
                 (change.plan_seq, d))
@@ -289,6 +309,10 @@ def summary_lines(report: GateReport, *, per_model: int = 4) -> list[str]:
             lines.append(f"      now:      {d.replayed_explanation or '-'}")
         if len(ordered) > per_model:
             lines.append(f"    ... {len(ordered) - per_model} more kinds of difference")
+    for model in sorted(set(rescored) - set(by_model)):
+        seqs = sorted({seq for seq, _ in rescored[model]})
+        lines.append(f"  {model}: same decisions, scores or reasons differ in {_span(seqs)}")
+        lines.append(f"    e.g. plan {rescored[model][0][0]}: {rescored[model][0][1]}")
     for name in sorted(others):
         lines.append(f"  plan field {name} differs in {_span(sorted(others[name]))}")
     lines.extend(f"  {note}" for note in report.notes)
@@ -296,7 +320,8 @@ def summary_lines(report: GateReport, *, per_model: int = 4) -> list[str]:
         lines.append(f"FAIL: the planner version is {report.current_version} but the expected plans were made "
                      f"with {report.expected_version}: regenerate them with `{REGENERATE_COMMAND}`")
     elif PLANS_DIFFER in report.failures:
-        lines.append(f"FAIL: the planner changed decisions on the recorded log: if that is intended, raise "
+        what = "decisions" if by_model else "plans (no placement decision; scores, reasons or explanations)"
+        lines.append(f"FAIL: the planner changed {what} on the recorded log: if that is intended, raise "
                      f"PLANNER_VERSION (grid/planner/plan.py) and run `{REGENERATE_COMMAND}`")
     elif report.failures:
         lines.append(f"FAIL: {', '.join(report.failures)}: run `{REGENERATE_COMMAND}`")

@@ -63,6 +63,14 @@ def test_the_current_planner_makes_the_expected_plans(rerun: Rerun) -> None:
     assert len(shapes) >= 3
 
 
+@pytest.fixture(scope="module")
+def as_expected(rerun: Rerun) -> Rerun:
+    """A re-run that made exactly the expected plans: the gate's own tests below do not depend on
+    whether the current planner still makes them (the test above says that)."""
+    expected = load_expected(DEFAULT_CORPUS)
+    return dataclasses.replace(rerun, planner_version=expected.manifest.planner_version, plans=expected.plans)
+
+
 def _edited(rerun: Rerun, edit) -> Rerun:  # type: ignore[no-untyped-def]
     """`rerun` with `edit` applied to every plan it made: a planner that decides differently."""
     plans = tuple(
@@ -89,9 +97,9 @@ def _without(model: str):  # type: ignore[no-untyped-def]
     return edit
 
 
-def test_a_changed_decision_fails_with_the_models_that_changed(rerun: Rerun) -> None:
-    model = _newest_placed_model(rerun)
-    report = compare(load_expected(DEFAULT_CORPUS), _edited(rerun, _without(model)))
+def test_a_changed_decision_fails_with_the_models_that_changed(as_expected: Rerun) -> None:
+    model = _newest_placed_model(as_expected)
+    report = compare(load_expected(DEFAULT_CORPUS), _edited(as_expected, _without(model)))
     text = "\n".join(summary_lines(report))
     assert report.failures == [PLANS_DIFFER]
     touched = {d.model_id for c in report.changes for d in c.differences}
@@ -108,11 +116,11 @@ def _stamped(version: str):  # type: ignore[no-untyped-def]
     return edit
 
 
-def test_a_raised_version_fails_until_the_plans_are_regenerated(rerun: Rerun, tmp_path: Path) -> None:
+def test_a_raised_version_fails_until_the_plans_are_regenerated(as_expected: Rerun, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     shutil.copytree(DEFAULT_CORPUS, corpus)
     raised = f"{PLANNER_VERSION}+next"
-    same_decisions = dataclasses.replace(_edited(rerun, _stamped(raised)), planner_version=raised)
+    same_decisions = dataclasses.replace(_edited(as_expected, _stamped(raised)), planner_version=raised)
     report = compare(load_expected(corpus), same_decisions)
     assert report.failures == [VERSION_NOT_REGENERATED] and not report.changes
     assert REGENERATE_COMMAND in summary_lines(report)[-1]
@@ -123,13 +131,31 @@ def test_a_raised_version_fails_until_the_plans_are_regenerated(rerun: Rerun, tm
     assert load_expected(corpus).manifest.planner_version == raised
 
 
-def test_regeneration_is_refused_while_the_version_is_unchanged(rerun: Rerun, tmp_path: Path) -> None:
+def test_regeneration_is_refused_while_the_version_is_unchanged(as_expected: Rerun, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     shutil.copytree(DEFAULT_CORPUS, corpus)
     before = {(corpus / f).read_bytes() for f in (EXPECTED_PLANS_FILE, MANIFEST_FILE)}
-    changed = _edited(rerun, _without(_newest_placed_model(rerun)))
+    changed = _edited(as_expected, _without(_newest_placed_model(as_expected)))
     outcome = regenerate(corpus, changed)
     assert not outcome.written
     assert REGENERATION_NEEDS_VERSION in outcome.report.failures
     assert "raise it" in outcome.reason
     assert {(corpus / f).read_bytes() for f in (EXPECTED_PLANS_FILE, MANIFEST_FILE)} == before
+
+
+def _rescored(model: str):  # type: ignore[no-untyped-def]
+    def edit(plan):  # type: ignore[no-untyped-def]
+        return msgspec.structs.replace(plan, placements=tuple(
+            msgspec.structs.replace(p, score=p.score + 1.0) if p.model_id == model else p for p in plan.placements))
+    return edit
+
+
+def test_a_score_change_alone_fails_and_says_no_decision_changed(as_expected: Rerun) -> None:
+    model = _newest_placed_model(as_expected)
+    report = compare(load_expected(DEFAULT_CORPUS), _edited(as_expected, _rescored(model)))
+    text = "\n".join(summary_lines(report))
+    assert report.failures == [PLANS_DIFFER]
+    assert all(not c.differences for c in report.changes)
+    assert f"  {model}: same decisions, scores or reasons differ in" in text
+    assert f"{model}@" in text and " -> " in text
+    assert "no placement decision" in summary_lines(report)[-1]
