@@ -18,6 +18,8 @@ whose printed summary goes in the commit message. `python -m replay.gate` alone 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -27,7 +29,9 @@ import pytest
 from grid.fleet.planning import decode_plan, encode_plan
 from grid.planner.plan import PLANNER_VERSION
 from replay.gate import (
+    CORPUS_CHANGED,
     DEFAULT_CORPUS,
+    EVENTS_FILE,
     EXPECTED_PLANS_FILE,
     MANIFEST_FILE,
     PLANS_DIFFER,
@@ -159,3 +163,18 @@ def test_a_score_change_alone_fails_and_says_no_decision_changed(as_expected: Re
     assert f"  {model}: same decisions, scores or reasons differ in" in text
     assert f"{model}@" in text and " -> " in text
     assert "no placement decision" in summary_lines(report)[-1]
+
+
+async def test_an_edited_export_is_caught(tmp_path: Path) -> None:
+    """The export is verified against the account key it records: an event edited after signing is
+    skipped as the live folds skip a forgery, and the export no longer matches the expected plans'."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(DEFAULT_CORPUS, corpus)
+    lines = gzip.decompress((corpus / EVENTS_FILE).read_bytes()).splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"host.heartbeat.v1"' in line and b'"capacity_mb":2048' in line)
+    lines[at] = lines[at].replace(b'"capacity_mb":2048', b'"capacity_mb":8192', 1)
+    (corpus / EVENTS_FILE).write_bytes(gzip.compress(b"".join(lines), mtime=0))
+    edited = await rerun_corpus(corpus)
+    assert [r.seq for r in edited.replay.rejections] == [json.loads(lines[at])["seq"]]
+    report = compare(load_expected(corpus), edited)
+    assert CORPUS_CHANGED in report.failures
