@@ -100,6 +100,7 @@ class Rerun:
     events_sha256: str
     plans: tuple[ExpectedPlan, ...]
     replay: ReplayResult
+    fold_order: str = FOLD_TIME
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def load_expected(corpus: Path) -> Expected:
 
 def write_expected(corpus: Path, rerun: Rerun) -> Manifest:
     manifest = Manifest(planner_version=rerun.planner_version, events_sha256=rerun.events_sha256,
-                        plans=len(rerun.plans))
+                        plans=len(rerun.plans), fold_order=rerun.fold_order)
     body = b"".join(msgspec.json.encode(p) + b"\n" for p in rerun.plans)
     (corpus / EXPECTED_PLANS_FILE).write_bytes(body)
     (corpus / MANIFEST_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
@@ -176,8 +177,14 @@ def _capturing(ref: PlannerRef, into: list[Any]) -> PlannerRef:
 
 
 async def rerun_corpus(corpus: Path, planner: str | PlannerRef | None = None,
-                       fold_order: str = FOLD_TIME) -> Rerun:
-    """Replay the corpus's export with `planner` (default the installed one)."""
+                       fold_order: str | None = None) -> Rerun:
+    """Replay the corpus's export with `planner` (default the installed one), folding in the
+    manifest's order unless `fold_order` is given."""
+    if fold_order is None:
+        try:
+            fold_order = load_expected(corpus).manifest.fold_order
+        except GateError:
+            fold_order = FOLD_TIME  # a new corpus
     ref = planner if isinstance(planner, PlannerRef) else load_planner(planner)
     made: list[Any] = []
     try:
@@ -205,7 +212,7 @@ async def rerun_corpus(corpus: Path, planner: str | PlannerRef | None = None,
         for o, p in zip(result.plans, made, strict=True)
     )
     version = ref.version or (decode_plan(bytes(plans[0].plan)).planner_version if plans else "")
-    return Rerun(ref.path, version, hashlib.sha256(exported).hexdigest(), plans, result)
+    return Rerun(ref.path, version, hashlib.sha256(exported).hexdigest(), plans, result, fold_order)
 
 
 # --- comparing ----------------------------------------------------------------------------------
