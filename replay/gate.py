@@ -394,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--regenerate", action="store_true",
                         help="Rewrite the expected plans from this planner (refused while plans differ under the "
                              "same PLANNER_VERSION) and print the summary for the commit message.")
+    parser.add_argument("--json", action="store_true",
+                        help="Print the report as JSON (verdict, failures, every changed plan) instead of text.")
     args = parser.parse_args(argv)
     try:
         rerun = asyncio.run(rerun_corpus(args.corpus, args.planner))
@@ -408,7 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except GateError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        print("\n".join(summary_lines(report)))
+        if args.json:
+            out = {**msgspec.to_builtins(report), "passed": report.passed}
+            sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
+        else:
+            print("\n".join(summary_lines(report)))
         return EXIT_PASSED if report.passed else EXIT_FAILED
     outcome = regenerate(args.corpus, rerun)
     if not outcome.written:
