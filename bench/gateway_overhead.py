@@ -54,12 +54,25 @@ the per-pair difference, and the CPU per request of that process and of nats-ser
 
 Measured here (load average 4.0, 300 pairs): CPU per request 0.57 ms in the process and 0.13 ms
 in nats-server in process, against 1.80 and 0.53 ms over NATS; per pair NATS 0.98 ms slower.
+
+`--litellm LITELLM` adds LiteLLM's proxy as a third path in the same interleaved run: the proxy
+(its own process, started by the bench from the `litellm` executable given) forwards to the same
+engine with its key, so both proxies are measured against one direct baseline in one run. LiteLLM
+is not a Grid dependency; install it in an environment of its own:
+
+    python3 -m venv ~/.litellm && ~/.litellm/bin/pip install 'litellm[proxy]'
+    python -m bench.gateway_overhead --litellm ~/.litellm/bin/litellm [--rounds 200]
+
+It prints the latency table of each proxy against the direct path, each proxy's added median
+(max_tokens=1 and the first streamed token) and Grid's as a fraction of LiteLLM's. Goal: Grid
+<= 0.05x LiteLLM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -67,12 +80,98 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import psutil
 
-from bench._common import cpu_seconds, one_plain, one_ttft, overhead_rounds, pct, print_latency_table
+from bench._common import (
+    MODEL_ID,
+    cpu_seconds,
+    interleaved,
+    one_host_grid,
+    one_plain,
+    one_ttft,
+    overhead_rounds,
+    pct,
+    print_latency_table,
+)
+
+
+@contextlib.asynccontextmanager
+async def litellm_proxy(executable: str, engine: str, key: str, model: str) -> AsyncIterator[
+        tuple[tuple[str, dict[str, str]], psutil.Process]]:
+    """LiteLLM's proxy on a free loopback port, forwarding `model` to `engine` with its key; yields
+    its chat URL with the client headers it needs, and its process. The engine key is in a config
+    file only this user can read. The proxy refuses to start without a master key of its own, so
+    its clients send one (Grid's gateway in this run requires no client key)."""
+    import secrets
+
+    from grid.transport.embedded import free_port
+
+    port = free_port()
+    master_key = "sk-" + secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="grid-bench-litellm-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(json.dumps({"model_list": [{"model_name": model, "litellm_params": {
+            "model": f"openai/{model}", "api_base": f"{engine}/v1", "api_key": key}}]}))
+        config.chmod(0o600)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env["LITELLM_LOG"] = "ERROR"
+        env["LITELLM_MASTER_KEY"] = master_key
+        with open(Path(tmp) / "litellm.log", "wb") as out:
+            proc = subprocess.Popen([executable, "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                                     "--num_workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            async with httpx.AsyncClient(trust_env=False, timeout=5.0) as c:
+                while True:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"litellm exited with {proc.returncode}: "
+                                           + (Path(tmp) / "litellm.log").read_text()[-2000:])
+                    try:
+                        if (await c.get(f"{url}/health/liveliness")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("litellm's proxy did not answer within 180 s")
+                    await asyncio.sleep(0.5)
+            yield (f"{url}/v1/chat/completions", {"Authorization": f"Bearer {master_key}"}), psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def run_litellm(executable: str, rounds: int, threads: int, warmup: int) -> None:
+    async with one_host_grid(threads=threads) as grid:
+        async with litellm_proxy(executable, grid.endpoint, grid.key, MODEL_ID) as (litellm_path, litellm_proc):
+            procs = {n: p for n, p in grid.procs.items() if n != "engine"} | {"litellm": litellm_proc}
+            results, cpu_ms = await interleaved({"direct": grid.direct, "gateway": grid.via, "litellm": litellm_path},
+                                                rounds=rounds, warmup=warmup, procs=procs)
+    print(f"Grid's gateway and LiteLLM's proxy on one engine: {rounds} interleaved rounds, llama-server "
+          f"threads={threads}, SmolLM2-135M Q4_1, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    added = {}
+    for proxy in ("gateway", "litellm"):
+        print(f"-- {proxy}")
+        print_latency_table(results, "direct", proxy)
+        added[proxy] = {kind: (pct(results[kind][proxy], 0.5) - pct(results[kind]["direct"], 0.5)) * 1e3
+                        for kind in ("plain", "ttft")}
+    for kind, label in (("plain", "max_tokens=1"), ("ttft", "first token")):
+        g, lite = added["gateway"][kind], added["litellm"][kind]
+        print(f"{label}: median added Grid {g:.2f} ms, LiteLLM {lite:.2f} ms, Grid/LiteLLM {g / lite:.3f}"
+              + ("" if lite > 0 else " (LiteLLM added nothing measurable)"))
+    grid_cpu = cpu_ms["gateway"] + cpu_ms["host agent"] + cpu_ms["nats-server"]
+    print(f"CPU per request: Grid's path {grid_cpu:.3f} ms (gateway {cpu_ms['gateway']:.3f}, host agent "
+          f"{cpu_ms['host agent']:.3f}, nats-server {cpu_ms['nats-server']:.3f}); LiteLLM {cpu_ms['litellm']:.3f} ms "
+          "(each over all requests of the run: a process's idle work is spread over both paths)")
+    ratio = added["gateway"]["plain"] / added["litellm"]["plain"] if added["litellm"]["plain"] > 0 else float("inf")
+    print(f"goal Grid <= 0.05x LiteLLM (max_tokens=1): {'met' if ratio <= 0.05 else 'NOT met'} ({ratio:.3f})")
 
 
 async def run(rounds: int, threads: int, warmup: int) -> None:
@@ -335,9 +434,13 @@ def main() -> None:
                         help="gridctl up's composition: in-process against NATS for the gateway's own host")
     parser.add_argument("--hop", action="store_true",
                         help="the requester-to-responder hop alone, in process against over NATS")
+    parser.add_argument("--litellm", metavar="LITELLM", default=None,
+                        help="the `litellm` executable of an environment of its own: adds LiteLLM's proxy to the run")
     args = parser.parse_args()
     args.rounds, args.warmup = max(1, args.rounds), max(0, args.warmup)
-    if args.hop:
+    if args.litellm:
+        asyncio.run(run_litellm(args.litellm, args.rounds, args.threads, args.warmup))
+    elif args.hop:
         asyncio.run(run_hop(args.rounds, args.warmup, args.threads))
     elif args.one_process:
         asyncio.run(run_one_process(args.rounds, args.warmup))
