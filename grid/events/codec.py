@@ -25,7 +25,7 @@ from grid.events.control import (
     TickRequested,
 )
 from grid.events.evaluations import EvaluationRecorded
-from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
+from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition, QualificationRecorded
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 
@@ -33,6 +33,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     HostRegistered,
     HostHeartbeat,
     ProtectionTransition,
+    QualificationRecorded,
     ActionAck,
     RequestCompleted,
     RequestFailed,

@@ -105,6 +105,9 @@ class ModelProfile(Record, frozen=True, kw_only=True):
     # The engine also serves /v1/embeddings (started with --embeddings); the gateway routes
     # embeddings requests only to such models.
     embeddings: bool = False
+    # Place only on hosts whose latest qualification of the runtime for this model (and its
+    # artifact digest, when set) passed (grid.fleet.qualification).
+    require_qualified: bool = False
 
 
 class ProfileSet(Event, frozen=True, kw_only=True, tag="control.profile_set.v1"):

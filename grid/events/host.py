@@ -105,3 +105,36 @@ class ProtectionTransition(Event, frozen=True, kw_only=True, tag="host.protectio
     override: bool = False
     # Bounded sensor readings that justified the transition; None means unknown, never zero.
     sensors: dict[str, float | None] = {}
+
+
+QualificationResult = Literal["passed", "failed"]
+QUALIFICATION_PASSED = "passed"
+QUALIFICATION_FAILED = "failed"
+
+
+class QualificationStep(Record, frozen=True, kw_only=True):
+    """One step of a runtime qualification: its name, verdict, duration and reason constant."""
+
+    name: str
+    ok: bool
+    seconds: float = 0.0
+    reason: str = ""
+
+
+class QualificationRecorded(Event, frozen=True, kw_only=True, tag="host.qualification.v1"):
+    """Durable evidence that a runtime ran its real lifecycle for a model on this host.
+
+    Written by the host itself (its own credential, on its own subject): a host can only ever
+    vouch for itself. Carries names, digests and reason constants only, never a prompt or a
+    response; `endpoint` is set for an external engine (no credentials in it)."""
+
+    host_id: str
+    runtime: str
+    model_id: str
+    artifact_sha256: str | None = None
+    result: QualificationResult
+    # The first step that failed and its reason constant (None/"" when the qualification passed).
+    failed_step: str | None = None
+    reason: str = ""
+    steps: tuple[QualificationStep, ...] = ()
+    endpoint: str | None = None

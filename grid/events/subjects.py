@@ -25,7 +25,7 @@ from grid.events.control import (
     TickRequested,
 )
 from grid.events.evaluations import EvaluationRecorded
-from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
+from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition, QualificationRecorded
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 
@@ -217,6 +217,8 @@ def subject_for(event: Event) -> str:
             return host_subject(event.host_id, "registered")
         case ProtectionTransition():
             return host_subject(event.host_id, "protection")
+        case QualificationRecorded():
+            return host_subject(event.host_id, "qualification")
         case ActionAck():
             return host_subject(event.host_id, "ack")
         case RequestBatch():

@@ -25,6 +25,8 @@ HEARTBEAT_FUTURE = "heartbeat_future"  # heartbeat_at > now + policy.future_skew
 DENIED = "denied"  # host in profile.deny_hosts
 NOT_ALLOWED = "not_allowed"  # profile.allow_hosts set and host not in it
 PIN_MISMATCH = "pin_mismatch"  # profile.pins set and host not in it
+# profile.require_qualified and the host has no passing qualification for it
+NOT_QUALIFIED = "not_qualified"
 
 # --- compatibility (per host class, per model) ---------------------------------------------
 DATA_TIER = "data_tier"
@@ -54,6 +56,7 @@ FEASIBILITY_REASONS: tuple[str, ...] = (
     DENIED,
     NOT_ALLOWED,
     PIN_MISMATCH,
+    NOT_QUALIFIED,
     DATA_TIER,
     RUNTIME_MISMATCH,
     BACKEND_MISMATCH,

@@ -33,6 +33,19 @@ class ResidencyView(Value, frozen=True, kw_only=True):
     endpoint: str | None = None
 
 
+class QualificationView(Value, frozen=True, kw_only=True):
+    """A host's latest runtime qualification for one (runtime, model), as the log recorded it
+    (grid.events.host.QualificationRecorded); `recorded_at` is its receipt time."""
+
+    runtime: str
+    model_id: str
+    artifact_sha256: str | None = None
+    passed: bool
+    failed_step: str | None = None
+    reason: str = ""
+    recorded_at: float
+
+
 class HostView(Value, frozen=True, kw_only=True):
     host_id: str
     # Lifecycle state after local protection and operator overrides are combined.
@@ -49,6 +62,8 @@ class HostView(Value, frozen=True, kw_only=True):
     heartbeat_at: float | None = None
     # Measured performance (proxy-owned), keyed by model id: tokens/s and latency seconds.
     measured_tokens_per_second: dict[str, float] = {}
+    # The latest qualification per (runtime, model), sorted by (runtime, model_id).
+    qualifications: tuple[QualificationView, ...] = ()
 
 
 def raw_allocatable_mb(res: HostResources) -> int:

@@ -14,6 +14,7 @@ import math
 
 from grid.events.control import ModelProfile
 from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
+from grid.fleet.qualification import qualified_hosts
 from grid.fleet.views import HostView
 from grid.planner import scoring as S
 from grid.planner.feasibility import (
@@ -109,7 +110,7 @@ def _models(
     models: list[ModelState] = []
     for i, m in enumerate(ids):
         p = profiles[m]
-        req = ModelReq.compile(p, excl.get(m, frozenset()))
+        req = ModelReq.compile(p, excl.get(m, frozenset()), qualified_hosts(p, inp.hosts))
         d = demand.get(m)
         is_retired = m in retired
         n_pins = len(req.pins)
@@ -273,7 +274,9 @@ def _special_hosts(led: Ledger, ids: list[str]) -> None:
         explicit_ids = ms.req.pins or (
             tuple(sorted(ms.req.allow)) if ms.req.allow is not None else ()
         )
-        if explicit_ids:
+        if not explicit_ids and ms.req.qualified is not None:
+            explicit_ids = tuple(sorted(ms.req.qualified))
+        if explicit_ids or ms.req.qualified is not None:
             ms.explicit = True
             for hid in explicit_ids:
                 hs = by_id.get(hid)

@@ -41,6 +41,8 @@ def _listed(led: Ledger, ms: ModelState) -> list[int]:
     ids: set[str] = set(req.deny) | set(req.pins)
     if req.allow is not None:
         ids |= req.allow
+    if req.qualified is not None:
+        ids |= req.qualified
     out = {led.fleet.by_id[h].idx for h in ids if h in led.fleet.by_id}
     out.update(ms.special)
     return sorted(out)
@@ -71,6 +73,8 @@ def static_counts(led: Ledger, ms: ModelState) -> tuple[int, Counter[str]]:
             counts[R.NOT_ALLOWED] += n
         elif ms.req.pins:
             counts[R.PIN_MISMATCH] += n
+        elif ms.req.qualified is not None:
+            counts[R.NOT_QUALIFIED] += n
         else:
             v = led.class_verdict(cls, ms)
             if v is not None:

@@ -66,9 +66,12 @@ class ModelReq:
     sha: str | None
     disk_bytes: int | None
     compat_key: tuple
+    # Hosts with a passing qualification (grid.fleet.qualification); None: none required.
+    qualified: frozenset[str] | None = None
 
     @staticmethod
-    def compile(profile: ModelProfile, excludes: frozenset[str]) -> ModelReq:
+    def compile(profile: ModelProfile, excludes: frozenset[str],
+                qualified: frozenset[str] | None = None) -> ModelReq:
         runtimes = tuple(profile.runtimes) or DEFAULT_RUNTIMES
         tier = tier_index(profile.data_tier)
         tier_i = len(DATA_TIERS) - 1 if tier is None else tier
@@ -105,6 +108,7 @@ class ModelReq:
             sha=sha,
             disk_bytes=disk,
             compat_key=compat_key,
+            qualified=qualified,
         )
 
 
@@ -244,6 +248,12 @@ def check_allowed(host_id: str, req: ModelReq) -> Rejection | None:
 def check_pinned(host_id: str, req: ModelReq) -> Rejection | None:
     if req.pins and host_id not in req.pins:
         return (R.PIN_MISMATCH, "model pinned to " + ",".join(req.pins))
+    return None
+
+
+def check_qualified(host_id: str, req: ModelReq) -> Rejection | None:
+    if req.qualified is not None and host_id not in req.qualified:
+        return (R.NOT_QUALIFIED, "no passing qualification of " + "/".join(req.runtimes) + " for this model")
     return None
 
 
@@ -453,12 +463,14 @@ class FeasibilityChain:
             check_heartbeat_stale,
             check_heartbeat_future,
         )
-        # 2. Operator placement policy next: explicit deny beats allow, allow beats pins, and
-        #    all three are exact statements that explain a rejection better than hardware.
+        # 2. Operator placement policy next: explicit deny beats allow, allow beats pins, pins
+        #    beat a required qualification, and all four are exact statements that explain a
+        #    rejection better than hardware.
         self.policy: tuple[PolicyCheck, ...] = (
             check_denied,
             check_allowed,
             check_pinned,
+            check_qualified,
         )
         # 3. Compatibility: data tier first (a safety boundary), then runtime/backend (the
         #    model cannot run at all), then tags, then GPU shape.

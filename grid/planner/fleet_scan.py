@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from grid.events.control import ModelProfile
+from grid.fleet.qualification import qualified_hosts
 from grid.fleet.views import raw_allocatable_mb
 from grid.fleet.views import HostView
 from grid.planner.feasibility import (
@@ -45,7 +46,7 @@ def placeable_models(profiles: Iterable[ModelProfile], hosts: Sequence[HostView]
     classes = [(h, _host_class(i, h), raw_allocatable_mb(h.resources)) for i, h in enumerate(hosts)]
     out: set[str] = set()
     for profile in profiles:
-        req = ModelReq.compile(profile, frozenset())
+        req = ModelReq.compile(profile, frozenset(), qualified_hosts(profile, hosts))
         for host, cls, raw in classes:
             if chain.host_policy(host.host_id, req) is not None or chain.class_compat(cls, req) is not None:
                 continue

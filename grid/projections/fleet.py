@@ -10,8 +10,15 @@ import msgspec
 
 from grid.events.base import Event
 from grid.events.control import HostOverride
-from grid.events.host import HostHeartbeat, HostRegistered, HostResources, ProtectionTransition
-from grid.fleet.views import HostView, ResidencyView
+from grid.events.host import (
+    QUALIFICATION_PASSED,
+    HostHeartbeat,
+    HostRegistered,
+    HostResources,
+    ProtectionTransition,
+    QualificationRecorded,
+)
+from grid.fleet.views import HostView, QualificationView, ResidencyView
 from grid.projections.position import Position
 
 # Operator override states outrank an accepting/throttled host but never relax a local fence.
@@ -38,6 +45,8 @@ class HostRecord(msgspec.Struct, frozen=True, kw_only=True):
     protection_reason: str = ""
     protection_at: float | None = None
     override: OverrideRecord | None = None
+    # The latest qualification per (runtime, model) this host recorded for itself.
+    qualifications: tuple[QualificationView, ...] = ()
 
 
 class FleetState(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +100,9 @@ def apply(state: FleetState, event: Event, position: Position) -> FleetState:
                     old, protection_state=event.to_state, protection_reason=event.reason, protection_at=position.time
                 ),
             )
+        case QualificationRecorded():
+            old = state.hosts.get(event.host_id) or HostRecord(host_id=event.host_id)
+            return _put(state, msgspec.structs.replace(old, qualifications=_with_qualification(old, event, position)))
         case HostOverride():
             old = state.hosts.get(event.host_id) or HostRecord(host_id=event.host_id)
             override = (
@@ -100,6 +112,18 @@ def apply(state: FleetState, event: Event, position: Position) -> FleetState:
             )
             return _put(state, msgspec.structs.replace(old, override=override))
     return state
+
+
+def _with_qualification(old: HostRecord, event: QualificationRecorded,
+                         position: Position) -> tuple[QualificationView, ...]:
+    """The host's qualifications with this one replacing its (runtime, model) predecessor."""
+    latest = QualificationView(
+        runtime=event.runtime, model_id=event.model_id, artifact_sha256=event.artifact_sha256,
+        passed=event.result == QUALIFICATION_PASSED, failed_step=event.failed_step, reason=event.reason,
+        recorded_at=position.time,
+    )
+    kept = [q for q in old.qualifications if (q.runtime, q.model_id) != (event.runtime, event.model_id)]
+    return tuple(sorted((*kept, latest), key=lambda q: (q.runtime, q.model_id)))
 
 
 def effective_state(record: HostRecord, now: float) -> str:
@@ -163,6 +187,7 @@ def host_view(record: HostRecord, now: float) -> HostView | None:
             state=effective_state(record, now),
             resources=resources,
             actuator_capabilities=record.actuator_capabilities,
+            qualifications=record.qualifications,
         )
     hb_at = record.heartbeat_at
     return HostView(
@@ -179,6 +204,7 @@ def host_view(record: HostRecord, now: float) -> HostView | None:
         unmanaged_memory_mb=hb.unmanaged_memory_mb,
         actuator_capabilities=hb.actuator_capabilities,
         heartbeat_at=hb_at,
+        qualifications=record.qualifications,
     )
 
 

@@ -31,6 +31,8 @@ from grid.events.host import (
     HostRegistered,
     HostResources,
     ProtectionTransition,
+    QualificationRecorded,
+    QualificationStep,
     Residency,
 )
 from grid.events.plan import PlanCreated
@@ -55,6 +57,10 @@ EXAMPLES: list[Event] = [
     ),
     ProtectionTransition(event_id="g-prot", at=1_800_000_002.0, host_id="host-1", from_state="accepting", to_state="throttled",
                          reason="battery_low", sensors={"battery_percent": 18.0, "cpu_temp_c": None}),
+    QualificationRecorded(event_id="g-qual", at=1_800_000_002.5, host_id="host-1", runtime="llama.cpp", model_id=MODEL,
+                          artifact_sha256=SHA, result="failed", failed_step="inference", reason="engine_exited",
+                          steps=(QualificationStep(name="inventory", ok=True, seconds=0.01),
+                                 QualificationStep(name="inference", ok=False, seconds=0.2, reason="engine_exited"))),
     ActionAck(event_id="g-ack", at=1_800_000_003.0, host_id="host-1", action_id="a1", status="succeeded", message="ready",
               duration_seconds=1.5, kind="warm", model_id=MODEL, generation="e:00000000000000000001:d", controller_term=1),
     RequestCompleted(event_id="g-rc", at=1_800_000_004.0, features=FEATURES),

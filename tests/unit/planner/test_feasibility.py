@@ -238,6 +238,7 @@ def test_chain_order_is_declared_once():
         "check_denied",
         "check_allowed",
         "check_pinned",
+        "check_qualified",
     ]
     assert chain.compat[0].__name__ == "check_data_tier"
     assert chain.dynamic[0].__name__ == "check_present"
