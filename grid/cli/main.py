@@ -17,6 +17,7 @@ from grid.cli.events import events_app
 from grid.cli.host import host_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
+from grid.cli.qualify import qualify_app
 from grid.cli.replay import replay_command
 from grid.cli.test_cmd import test_app
 
@@ -47,6 +48,7 @@ up.register(app)  # gridctl up, down, serve
 app.add_typer(events_app, name="events")
 app.add_typer(node_app, name="node")
 app.add_typer(engine_app, name="engine")  # gridctl engine add|rm|ls (external engines)
+app.add_typer(qualify_app, name="qualify")  # gridctl qualify llama.cpp|external (runtime qualification)
 app.add_typer(host_app, name="host")  # gridctl host drain|pause|quarantine|resume HOST
 app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
