@@ -156,6 +156,25 @@ def _render_store(store: Any) -> None:
     console.print(line, style="dim" if store["state"] == "ok" else "yellow", markup=False, highlight=False)
 
 
+def _render_qualifications(s: dict[str, Any]) -> None:
+    """Each host's latest qualification per runtime and model, and the hosts a profile that
+    requires qualification may not use (nothing when there is neither)."""
+    rows = [(h["host_id"], q) for h in s["hosts"] for q in h.get("qualifications") or ()]
+    if rows:
+        table = Table(title="Qualifications", title_justify="left")
+        for col in ("host", "runtime", "model", "digest", "result", "age"):
+            table.add_column(col)
+        for host_id, q in rows:
+            result = q["result"] if q["result"] == "passed" else \
+                f"failed at {q['failed_step']} ({q['reason']})"
+            table.add_row(host_id, q["runtime"], q["model_id"], (q["artifact_sha256"] or "-")[:12], result,
+                          _age(q["age_seconds"]))
+        console.print(table)
+    for x in s.get("qualification_exclusions") or ():
+        console.print(f"{x['model_id']} excludes host {x['host_id']}: {x['reason']} ({escape(x['detail'])})",
+                      highlight=False)
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -190,6 +209,7 @@ def render_status(s: dict[str, Any]) -> None:
         hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
                       str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
     console.print(hosts)
+    _render_qualifications(s)
 
     models = Table(title="Models", title_justify="left")
     for col in ("model", "wanted", "placed", "ready", "evidence", "shortfall"):
@@ -385,6 +405,10 @@ def model_set(
                                                help="Context window in tokens." + _new("context_size")),
     embeddings: Optional[bool] = typer.Option(None, "--embeddings/--no-embeddings",
                                               help="The engine also serves /v1/embeddings." + _new("embeddings")),
+    require_qualified: Optional[bool] = typer.Option(
+        None, "--require-qualified/--no-require-qualified",
+        help="Place only on hosts whose latest `gridctl qualify` of the runtime for this model (and its "
+             "artifact_sha256, when set) passed." + _new("require_qualified")),
     replace: bool = typer.Option(
         False, "--replace",
         help="Replace the whole profile: options not given take the new-profile defaults (the old behaviour)."),
@@ -416,6 +440,7 @@ def model_set(
         "warm_seconds": warm_seconds, "min_residency_seconds": min_residency_seconds,
         "scale_down_cooldown_seconds": scale_down_cooldown_seconds, "min_gpu_count": min_gpu_count,
         "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size, "embeddings": embeddings,
+        "require_qualified": require_qualified,
     }
     body.update({k: v for k, v in scalars.items() if v is not None})
     # Refused here, before anything is sent, by the same grammar and bounds the server applies.

@@ -28,6 +28,11 @@ Shape (every key always present; lists bounded):
                    joint, exploring}] each active workload's `auto` traffic now
                    (grid.controller.workload_status)
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
+    qualification_exclusions  [{model_id, host_id, reason (not_qualified), detail}] for each profile
+                 with require_qualified, the hosts it may not use and why (grid.fleet.qualification);
+                 each host's own qualifications are in hosts[].qualifications [{runtime, model_id,
+                 artifact_sha256, result, failed_step, reason, age_seconds}] (the latest per runtime
+                 and model, aged by the log's receipt time)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
                   shortfalls, explanations, explanation_text}
     reconciliation  the ReconcileResult (actions, deferred, ignored, blocked, withdrawals, ...)
@@ -64,7 +69,9 @@ from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
+from grid.fleet import reasons as R
 from grid.fleet.placeability import plan_saw_profile, unplaceable
+from grid.fleet.qualification import host_qualifies, why_not
 from grid.fleet.planning import Plan, PlannerInput, decode_plan
 from grid.fleet.views import HostView
 from grid.planner.plan import render_explanation
@@ -182,6 +189,34 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list
             "override": _b(rec.override) if rec is not None and rec.override is not None else None,
             "warnings": list(getattr(rec.heartbeat, "warnings", ()) or ()) if rec is not None and rec.heartbeat else [],
         })
+    return rows
+
+
+def _with_qualifications(rows: list[dict[str, Any]], now: float, snaps: tuple[HostView, ...]) -> list[dict[str, Any]]:
+    """Each host row with the host's latest qualification per (runtime, model) and its age."""
+    by_host = {h.host_id: h for h in snaps}
+    for row in rows:
+        host = by_host.get(row["host_id"])
+        row["qualifications"] = [
+            {"runtime": q.runtime, "model_id": q.model_id, "artifact_sha256": q.artifact_sha256,
+             "result": "passed" if q.passed else "failed", "failed_step": q.failed_step, "reason": q.reason,
+             "age_seconds": round(now - q.recorded_at, 3)}
+            for q in (host.qualifications if host is not None else ())
+        ]
+    return rows
+
+
+def _qualification_exclusions(ctl: ControllerView, snaps: tuple[HostView, ...]) -> list[dict[str, Any]]:
+    """The hosts each profile requiring qualification may not use, by the planner's own rule."""
+    catalog = ctl.states["catalog"]
+    rows = []
+    for model_id in sorted(catalog.profiles):
+        profile = catalog.profiles[model_id]
+        if not profile.require_qualified:
+            continue
+        rows.extend({"model_id": model_id, "host_id": h.host_id, "reason": R.NOT_QUALIFIED,
+                     "detail": why_not(h, profile)}
+                    for h in snaps if not host_qualifies(h, profile))
     return rows
 
 
@@ -371,13 +406,14 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
             "positions": dict(sorted(ctl.positions.items())), "profiles": dict(sorted(catalog.revisions.items())),
             "plans": ctl.states["plans"].count, "malformed_events": ctl.malformed_events,
         },
-        "hosts": _hosts(ctl, now, snaps),
+        "hosts": _with_qualifications(_hosts(ctl, now, snaps), now, snaps),
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
         "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
         "unplaceable": _unplaceable(ctl, now, snaps, ready),
         "unplaced_claims": [_b(c) for c in unplaced],
+        "qualification_exclusions": _qualification_exclusions(ctl, snaps),
         "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
