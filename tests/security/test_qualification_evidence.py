@@ -10,12 +10,19 @@ victim's own evidence, written with its own credential, is what every fold keeps
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.events import codec
 from grid.events.base import new_event_id
+from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import QualificationRecorded, QualificationStep
 from grid.events.subjects import HOSTS_STREAM, host_subject
 from grid.identity.connect import connect_log
@@ -98,3 +105,36 @@ async def test_a_host_cannot_record_a_qualification_for_another_host(
     assert (kept.passed, kept.failed_step) == (False, "inference")
     evil_record = runner["fleet"].hosts.get(EVIL)
     assert evil_record is None or not evil_record.qualifications
+
+
+def qualify_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GRID_AGENT_STATE_DIR", "GRID_NATS_URL")} | {
+        "GRID_HOME": str(home), "COLUMNS": "300"}
+    return subprocess.run([sys.executable, "-m", "grid.cli.main", "qualify", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+async def test_gridctl_qualify_records_as_the_credentials_host_against_the_profiles_digest(
+    secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog, bundled_model_home: Path,
+    tmp_path: Path,
+) -> None:
+    """The CLI path with a host credential: the expected digest comes from the model's profile (read
+    with the host's own permissions), the evidence is recorded under the credential's host, and
+    naming another host is refused before anything runs."""
+    await controller_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+        model_id=BUNDLED_MODEL_ID, memory_mb=400, artifact_sha256="0" * 64)))
+    evil_creds = creds(Role.HOST, host_id=EVIL)
+    common = ("--credentials", str(evil_creds), "--nats", secured_server.url, "--state-dir", str(tmp_path / "agent"),
+              "--json")
+    refused = await asyncio.to_thread(qualify_cli, bundled_model_home, "llama.cpp", BUNDLED_MODEL_ID,
+                                      "--host-id", VICTIM, *common)
+    assert refused.returncode == 2 and f"speaks for host {EVIL!r}" in refused.stderr, refused.stderr
+    done = await asyncio.to_thread(qualify_cli, bundled_model_home, "llama.cpp", BUNDLED_MODEL_ID, *common)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["host_id"], doc["failed_step"], doc["reason"]) == (EVIL, "identity", "digest_mismatch")
+    runner = await folded(controller_log)
+    assert runner.rejected == {}
+    [q] = runner["fleet"].hosts[EVIL].qualifications
+    assert (q.passed, q.failed_step, q.artifact_sha256) == (False, "identity", BUNDLED_SHA256)
+    assert VICTIM not in runner["fleet"].hosts
