@@ -372,19 +372,23 @@ class LlamaCppQualification:
         """A streamed request in flight must show as a busy slot (the agent drains by it)."""
         engine = self.engine
         first = asyncio.get_running_loop().create_future()
-        self._stream = asyncio.create_task(self._stream_request(first))
+        stream = self._stream = asyncio.create_task(self._stream_request(first))
         try:
             await asyncio.wait_for(asyncio.shield(first), timeout=self.options.request_timeout)
-        except (asyncio.TimeoutError, Exception):
+        except asyncio.TimeoutError:
             pass
-        if not first.done() or first.exception() is not None or not first.result():
+        if not first.done() or not first.result():
             return await self._gone_or(failed(ACTIVITY_UNOBSERVED, "the streamed request produced no token"))
-        active = await llama_cpp.probe_active(self.http, engine.endpoint, engine.key)
-        if active is None:
-            return await self._gone_or(failed(ACTIVITY_UNOBSERVED, "/slots did not report activity"))
-        if active < 1 and not self._stream.done():
-            return failed(ACTIVITY_UNOBSERVED, "a request in flight shows no busy slot")
-        return Check(True, detail=f"{active} busy slot(s) while a request streamed")
+        # Looked at until the request completes: a busy slot must show while it streams.
+        while True:
+            active = await llama_cpp.probe_active(self.http, engine.endpoint, engine.key)
+            if active is None:
+                return await self._gone_or(failed(ACTIVITY_UNOBSERVED, "/slots did not report activity"))
+            if active >= 1:
+                return Check(True, detail=f"{active} busy slot(s) while a request streamed")
+            if stream.done():
+                return failed(ACTIVITY_UNOBSERVED, "a request streamed to its end without a busy slot showing")
+            await asyncio.sleep(0.01)
 
     async def drain(self) -> Check:
         """The in-flight request completes and activity returns to zero."""

@@ -4,11 +4,11 @@ naming why the other host was excluded."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from grid.events.base import new_event_id
-from grid.events.control import ModelProfile, ProfileSet
 from grid.events.host import QualificationRecorded, QualificationStep
 from grid.fleet.reasons import NOT_QUALIFIED
 from grid.transport.jetstream import JetStreamLog
@@ -32,10 +32,12 @@ async def test_status_shows_qualifications_and_the_plan_uses_only_qualified_host
     await js_log.append(QualificationRecorded(
         event_id=new_event_id(), at=time.time(), host_id="host-b", runtime="llama.cpp", model_id="m",
         artifact_sha256=SHA, result="failed", failed_step="inference", reason="engine_exited"))
-    await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
-        model_id="m", memory_mb=300, artifact_sha256=SHA, min_replicas=2, max_replicas=2, require_qualified=True)))
     home = tmp_path / "home"
     async with serving_controller(js_log, home, "ctl-qualified"):
+        rc, out, err = await gridctl(home, "model", "set", "m", "--memory-mb", "300", "--artifact-sha256", SHA,
+                                     "--min-replicas", "2", "--max-replicas", "2", "--require-qualified", "--json")
+        assert rc == 0, err
+        assert json.loads(out)["profile"]["require_qualified"] is True, out
         doc = await status_until(home, beat, lambda d: d["plan"] is not None and d["plan"]["placements"],
                                  "a recorded plan placing m")
         assert {(p["host_id"], p["model_id"]) for p in doc["plan"]["placements"]} == {("host-a", "m")}
