@@ -191,6 +191,8 @@ async def _completion(http: httpx.AsyncClient, endpoint: str, key: str | None, m
                                json=_chat_body(model_id, INFERENCE_MAX_TOKENS), timeout=timeout)
     except httpx.HTTPError as exc:
         return failed(INFERENCE_FAILED, f"no answer: {type(exc).__name__}")
+    if resp.status_code in (401, 403):
+        return failed(KEY_REFUSED, f"/v1/chat/completions answered {resp.status_code}: the API key was refused")
     if resp.status_code != 200:
         return failed(INFERENCE_FAILED, f"/v1/chat/completions answered {resp.status_code}")
     try:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 
@@ -21,6 +22,7 @@ from grid.agent.engines.runtime import Runtime
 from grid.agent.qualification import (
     DIGEST_MISMATCH,
     ENGINE_EXITED,
+    KEY_REFUSED,
     LLAMA_CPP_STEPS,
     PROMPT,
     RUNTIME_EXTERNAL,
@@ -150,3 +152,48 @@ async def test_an_unreachable_external_engine_fails_at_reachability() -> None:
     assert outcome.runtime == RUNTIME_EXTERNAL
     assert outcome.failure is not None
     assert (outcome.failure.name, outcome.failure.reason) == (STEP_REACHABILITY, UNREACHABLE)
+
+
+async def test_an_external_engine_qualifies_and_is_never_signalled(
+    js_log: JetStreamLog, nats_server: EmbeddedNats, bundled_model_home: Path, bundled_gguf: Path, tmp_path: Path,
+    engine_runtime: Runtime,
+) -> None:
+    """A llama-server started outside Grid, with an API key: a wrong key fails at reachability, the
+    right one passes reachability, identity and inference; the engine keeps running as it was."""
+    key_file, wrong_key = tmp_path / "engine.key", tmp_path / "wrong.key"
+    key_file.write_text("sk-qualify-external\n")
+    wrong_key.write_text("sk-wrong\n")
+    for f in (key_file, wrong_key):
+        f.chmod(0o600)
+    port = engine_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "engine.log").open("wb") as log:
+        proc = subprocess.Popen([*engine_runtime.command, "--model", str(bundled_gguf), "--host", "127.0.0.1",
+                                 "--port", str(port), "--alias", "smol-external", "--api-key-file", str(key_file),
+                                 "--ctx-size", "512", "--threads", "1", "--no-webui"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            ready = await llama_cpp.wait_ready(http, url, "sk-qualify-external", timeout=120,
+                                               alive=lambda: proc.poll() is None, interval=0.2)
+        assert ready, (tmp_path / "engine.log").read_text()[-2000:]
+        started = llama_cpp.capture_proof(proc.pid, port)
+        wrong = await asyncio.to_thread(qualify, bundled_model_home, tmp_path / "agent", nats_server.url, "external",
+                                        url, "--model", "smol-external", "--api-key-file", str(wrong_key))
+        done = await asyncio.to_thread(qualify, bundled_model_home, tmp_path / "agent", nats_server.url, "external",
+                                       url, "--model", "smol-external", "--api-key-file", str(key_file))
+        # Both runs are over: the engine is the same process, never stopped or signalled.
+        assert proc.poll() is None and llama_cpp.prove(started) == llama_cpp.PROOF_MATCH
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert wrong.returncode == 1, wrong.stderr
+    assert (json.loads(wrong.stdout)["failed_step"], json.loads(wrong.stdout)["reason"]) == (STEP_REACHABILITY,
+                                                                                         KEY_REFUSED)
+    assert done.returncode == 0, done.stderr + done.stdout
+    doc = json.loads(done.stdout)
+    assert (doc["result"], doc["runtime"], doc["endpoint"]) == ("passed", RUNTIME_EXTERNAL, url)
+    assert [s["name"] for s in doc["steps"]] == [STEP_REACHABILITY, STEP_IDENTITY, STEP_INFERENCE]
+    runner = await folded(js_log)
+    quals = {(q.runtime, q.model_id): q.passed for q in runner["fleet"].hosts[HOST].qualifications}
+    assert quals == {(RUNTIME_EXTERNAL, "smol-external"): True}
