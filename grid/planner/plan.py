@@ -25,7 +25,9 @@ from grid.planner.state import HostState, ModelState
 
 # 1.3.0: plans carry the per-model basis the reconciler decides from, and never stage a preemption
 # of a model's only ready replica while that model itself wants more replicas than it has ready.
-PLANNER_VERSION = "grid-planner/1.3.0"
+# 1.4.0: hosts carry their runtime qualifications and a profile may require one (no decision
+# changes for profiles that do not); every input digest changes with the new fields.
+PLANNER_VERSION = "grid-planner/1.4.0"
 
 __all__ = [
     "PLANNER_VERSION",
