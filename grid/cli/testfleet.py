@@ -1,4 +1,4 @@
-"""gridctl test start | status | watch | stop: the logical multi-machine fleet on this machine.
+"""gridctl test start | status | watch | demo | stop: the logical multi-machine fleet on this machine.
 
 The fixture logic is grid.testfleet; this is its command line. The fleet lives under
 GRID_HOME/testfleet, apart from the grid `gridctl up` runs in the same home.
@@ -177,8 +177,99 @@ def stop() -> None:
     console.print("test fleet stopped")
 
 
+def demo(
+    users: int = typer.Option(3, "--users", min=1, max=64,
+                              help="Client personas sending concurrent requests (each with its own affinity key); "
+                                   "at least three distinct users send the unresolved coding requests."),
+    requests: int = typer.Option(12, "--requests", min=2, max=1000,
+                                 help="Requests the personas send in all, alternating between the two models."),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, max=4096, help="max_tokens of every request."),
+    coding_model: Optional[Path] = typer.Option(
+        None, "--model",
+        help="A GGUF to serve as the coding model (stored in the grid's artifact store; the hosts fetch it). "
+             "Default: a second profile of the fleet's own model standing in for a coding model."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run the focused coding flow on the running fleet with real requests only; exit 1 on any failed requirement."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from grid.testfleet.demo import DemoSpec, run_demo
+    from grid.testfleet.fleet import FleetError, FleetStateError
+    from grid.testfleet.state import load_state
+
+    root = _root()
+    try:
+        state = load_state(root)
+    except FleetStateError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if state is None:
+        fail(f"no test fleet in {root} (`gridctl test start`)")
+        raise AssertionError
+    out = err_console if json_out else console
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out, transient=True)
+    tasks: dict[str, object] = {}
+
+    def progress(what: str, elapsed: float, timeout: float) -> None:
+        if what not in tasks:
+            tasks[what] = bar.add_task(f"waiting: {what}", total=timeout)
+        bar.update(tasks[what], completed=min(elapsed, timeout))  # type: ignore[arg-type]
+        if elapsed >= timeout:
+            bar.remove_task(tasks[what])  # type: ignore[arg-type]
+
+    def on_line(line: object) -> None:
+        when = dt.datetime.fromtimestamp(line.at, dt.timezone.utc).strftime("%H:%M:%S")  # type: ignore[attr-defined]
+        style = {"residency": "cyan", "command": None, "outcome": "green", "withdrawn": "yellow"}[line.kind]  # type: ignore[attr-defined]
+        out.print(f"{when} {line.text}", style=style, highlight=False)  # type: ignore[attr-defined]
+
+    spec = DemoSpec(users=users, requests=requests, max_tokens=max_tokens, coding_model=coding_model)
+    try:
+        with bar:
+            report = run_demo(state, spec, say=lambda text: out.print(text, style="bold", highlight=False),
+                              progress=progress, on_line=on_line)
+    except FleetError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if json_out:
+        print_json(report.to_json())
+    else:
+        _print_demo(report)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+def _print_demo(report: object) -> None:
+    from grid.testfleet.demo import DemoReport
+
+    assert isinstance(report, DemoReport)
+    answers = Table("persona", "model", "host", "status", "tries", "ms", "id", "tokens")
+    for a in report.answers:
+        answers.add_row(a.persona, a.model, a.host_id or "-", str(a.status) + ("" if a.ok or a.status != 200 else " (incomplete)"),
+                        str(a.attempts), f"{a.latency_ms:.0f}", a.response_id or (a.reason or "-"),
+                        f"{a.prompt_tokens}+{a.completion_tokens}" if a.completion_tokens is not None else "-")
+    console.print(answers)
+    perf = Table("host", "model", "samples", "p50 ms", "max ms", "tok/s", title="per-host performance (client-measured)")
+    for host, row in report.performance().items():
+        for model, v in row.items():
+            perf.add_row(host, model, str(v["samples"]), str(v["p50_latency_ms"]), str(v["max_latency_ms"]),
+                         str(v["tokens_per_second"]))
+    console.print(perf)
+    console.print("[bold]lifecycle per residency[/bold]")
+    for key, steps in report.lifecycles().items():
+        path = " -> ".join([steps[0]["from"], *(s["to"] for s in steps)])
+        console.print(f"  {key}: {path}", highlight=False)
+    for model, c in report.counts().items():
+        console.print(f"  {model}: {c['answered']} answered, {c['refused']} refused of {c['sent']} "
+                      f"({c['retried']} retried)", highlight=False)
+    for req in report.requirements:
+        mark = "[green]pass[/green]" if req["ok"] else "[red]FAIL[/red]"
+        console.print(f"{mark} {req['name']}: {req['detail']}", highlight=False)
+    console.print("[bold green]demo passed[/bold green]" if report.passed else "[bold red]demo failed[/bold red]")
+
+
 def register(app: typer.Typer) -> None:
     app.command("start")(start)
     app.command("status")(status)
     app.command("watch")(watch)
+    app.command("demo")(demo)
     app.command("stop")(stop)

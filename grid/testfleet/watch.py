@@ -33,6 +33,10 @@ class Line:
     kind: str  # residency | command | outcome | withdrawn
     host_id: str
     text: str
+    model_id: str = ""
+    # A residency line's states; a command line's kind and reason in `after`/`text`.
+    before: str = ""
+    after: str = ""
 
 
 def observe(states: States, event: object, at: float) -> tuple[States, list[Line]]:
@@ -44,17 +48,19 @@ def observe(states: States, event: object, at: float) -> tuple[States, list[Line
         for key, state in sorted(now.items()):
             before = states.get(key, ABSENT)
             if before != state:
-                lines.append(Line(at, "residency", host, f"{host} {key[1]}: {before} -> {state}"))
+                lines.append(Line(at, "residency", host, f"{host} {key[1]}: {before} -> {state}", key[1], before, state))
         for key, before in sorted(states.items()):
             if key[0] == host and key not in now and before != ABSENT:
-                lines.append(Line(at, "residency", host, f"{host} {key[1]}: {before} -> {ABSENT}"))
+                lines.append(Line(at, "residency", host, f"{host} {key[1]}: {before} -> {ABSENT}", key[1], before,
+                                  ABSENT))
         merged = {k: v for k, v in states.items() if k[0] != host}
         merged.update(now)
         return merged, lines
     if isinstance(event, CommandIssued):
         reason = f" ({event.reason})" if event.reason else ""
         return states, [Line(at, "command", event.host_id,
-                             f"command {event.kind} {event.model_id} -> {event.host_id}{reason}")]
+                             f"command {event.kind} {event.model_id} -> {event.host_id}{reason}", event.model_id,
+                             after=event.kind)]
     if isinstance(event, ActionAck):
         took = f" in {event.duration_seconds:.1f}s" if event.duration_seconds is not None else ""
         what = f"{event.kind} {event.model_id}".strip() or event.action_id
