@@ -188,6 +188,10 @@ def demo(
         None, "--model",
         help="A GGUF to serve as the coding model (stored in the grid's artifact store; the hosts fetch it). "
              "Default: a second profile of the fleet's own model standing in for a coding model."),
+    converge_timeout: float = typer.Option(
+        1200.0, "--converge-timeout", min=1.0,
+        help="Seconds to wait for the fleet to be idle first (one baseline replica, no coding model); a "
+             "previous run's demand keeps the coding model for up to the forecast window, about 16 minutes."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run the focused coding flow on the running fleet with real requests only; exit 1 on any failed requirement."""
@@ -222,7 +226,8 @@ def demo(
         style = {"residency": "cyan", "command": None, "outcome": "green", "withdrawn": "yellow"}[line.kind]  # type: ignore[attr-defined]
         out.print(f"{when} {line.text}", style=style, highlight=False)  # type: ignore[attr-defined]
 
-    spec = DemoSpec(users=users, requests=requests, max_tokens=max_tokens, coding_model=coding_model)
+    spec = DemoSpec(users=users, requests=requests, max_tokens=max_tokens, coding_model=coding_model,
+                    converge_timeout=converge_timeout)
     try:
         with bar:
             report = run_demo(state, spec, say=lambda text: out.print(text, style="bold", highlight=False),

@@ -59,10 +59,14 @@ CODING_SUFFIX = "-coding"
 # places the coding model.
 BASELINE_SCORES = {"research": 0.4, "marketing": 0.4, "sales": 0.4}
 CODING_SCORES = {"coding": 0.9}
-# The coding model's residency rules: short enough that a demo fleet returns to its baseline
-# within minutes after the demo, long enough that it stays while the personas use it.
-CODING_MIN_RESIDENCY_SECONDS = 60.0
-CODING_COOLDOWN_SECONDS = 60.0
+# The demo's residency rules: a replica stays at least this long once ready (long enough for the
+# personas to use it), and the fleet returns to one baseline replica within a minute or so of the
+# demand that raised it instead of the production default's five minutes.
+DEMO_MIN_RESIDENCY_SECONDS = 20.0
+DEMO_COOLDOWN_SECONDS = 60.0
+# States in which a residency serves, or soon will: the coding model in any of them means a
+# previous run's demand is still held, and `auto` coding would not be refused.
+LIVE_STATES = frozenset({"loading", "warming", "ready"})
 
 CODING_PROMPTS = (
     "```python\ndef add(a, b):\n    return a + b\n```\nWrite a unit test for this function.",
@@ -96,7 +100,9 @@ class DemoSpec:
     max_tokens: int = 16
     # Another GGUF to serve as the coding model; None: a second profile of the fleet's artifact.
     coding_model: Path | None = None
-    converge_timeout: float = 180.0
+    # A previous run's coding demand keeps its model for the forecast window (15 one-minute
+    # buckets) and the cooldown after it.
+    converge_timeout: float = 1200.0
     warm_timeout: float = 240.0
 
 
@@ -363,11 +369,12 @@ class Demo:
     def _flow(self) -> None:
         r = self.report
         self._declare_models()
-        self.say(f"baseline {self.baseline}: converging to one ready replica")
-        ready = self._wait("baseline at exactly one ready replica",
-                           lambda: self._ready_hosts(self.baseline) if len(self._ready_hosts(self.baseline)) == 1
-                           else None, self.spec.converge_timeout)
-        if not r.require(REQ_BASELINE_ONE_REPLICA, ready is not None, f"ready on {sorted(ready or [])}"):
+        # Observed demand is retained between runs (it expires on its own, never cleared), so the
+        # fleet first converges to idle: one baseline replica and no coding model.
+        self.say(f"baseline {self.baseline}: converging to one ready replica and no {self.coding}")
+        ready = self._wait("one baseline replica, no coding model", self._idle, self.spec.converge_timeout)
+        if not r.require(REQ_BASELINE_ONE_REPLICA, ready is not None,
+                         f"ready on {sorted(ready)}" if ready else f"not idle within {self.spec.converge_timeout:.0f}s"):
             return
         first = send_chat(self.client, "operator", self.baseline, GENERAL_PROMPTS[0], self.spec.max_tokens)
         r.answers.append(first)
@@ -435,14 +442,15 @@ class Demo:
         settings = self.state.settings
         base = bundled_profile(model_id=self.baseline, artifact_sha256=settings.artifact_sha256,
                                memory_mb=settings.model_memory_mb, min_replicas=1, max_replicas=settings.machines,
-                               workload_scores=BASELINE_SCORES)
+                               workload_scores=BASELINE_SCORES, min_residency_seconds=DEMO_MIN_RESIDENCY_SECONDS,
+                               scale_down_cooldown_seconds=DEMO_COOLDOWN_SECONDS)
         sha, memory_mb = settings.artifact_sha256, settings.model_memory_mb
         if self.spec.coding_model is not None:
             sha, memory_mb = self._push(self.spec.coding_model)
         coding = bundled_profile(model_id=self.coding, artifact_sha256=sha, memory_mb=memory_mb, min_replicas=0,
                                  max_replicas=max(1, settings.machines - 1), workload_scores=CODING_SCORES,
-                                 min_residency_seconds=CODING_MIN_RESIDENCY_SECONDS,
-                                 scale_down_cooldown_seconds=CODING_COOLDOWN_SECONDS)
+                                 min_residency_seconds=DEMO_MIN_RESIDENCY_SECONDS,
+                                 scale_down_cooldown_seconds=DEMO_COOLDOWN_SECONDS)
         for profile in (base, coding):
             body = {k: v for k, v in msgspec.to_builtins(profile).items() if k != "model_id"}
             self.admin("PUT", f"/allocator/models/{profile.model_id}", body)
@@ -473,8 +481,13 @@ class Demo:
             if w.get("workload") == "coding" and w.get("model_id"):
                 self.report.coding_workload = {k: w.get(k) for k in (
                     "status", "gate", "observations", "model_id", "replicas", "canary", "offered_concurrency")}
-        return {h["host_id"] for h in status["hosts"]
-                if h["fresh"] and any(x["model_id"] == model_id and x["state"] == "ready" for x in h["residencies"])}
+        return _hosts_in(status, model_id, {"ready"})
+
+    def _idle(self) -> set[str] | None:
+        status = self._status()
+        baseline = _hosts_in(status, self.baseline, {"ready"})
+        coding = _hosts_in(status, self.coding, LIVE_STATES)
+        return baseline if len(baseline) == 1 and not coding else None
 
     def _wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
         started = time.monotonic()
@@ -526,6 +539,12 @@ class Demo:
         r.require(REQ_LIFECYCLE, complete,
                   "; ".join(f"{h}: " + " -> ".join([p[0].before, *(t.after for t in p)]) for h, p in paths.items())
                   or "no transition of the coding model seen")
+
+
+def _hosts_in(status: dict[str, Any], model_id: str, states: set[str] | frozenset[str]) -> set[str]:
+    """Fresh hosts whose heartbeat reports `model_id` in one of `states`."""
+    return {h["host_id"] for h in status["hosts"]
+            if h["fresh"] and any(x["model_id"] == model_id and x["state"] in states for x in h["residencies"])}
 
 
 def _describe(a: Answer) -> str:
