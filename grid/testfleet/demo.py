@@ -560,4 +560,7 @@ def run_demo(state: FleetManifest, spec: DemoSpec, *, say: Say = lambda _: None,
         raise FleetError("--users must be >= 1, --requests >= 2 (both models) and --max-tokens >= 1")
     if not state.ready:
         raise FleetError("the test fleet is not ready (`gridctl test start` waits until it is)")
+    if spec.coding_model is not None and spec.coding_model.name == state.settings.model_id:
+        raise FleetError(f"--model {spec.coding_model.name} is the fleet's baseline model; name another GGUF "
+                         "for the coding model, or leave --model out to use a second profile of the baseline")
     return Demo(state, spec, say=say, progress=progress, on_line=on_line).run()
