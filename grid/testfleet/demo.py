@@ -345,6 +345,7 @@ class Demo:
         self.coding = self._coding_id()
         self.report = DemoReport(baseline_model=self.baseline, coding_model=self.coding)
         self.follower = Follower(state, on_line)
+        self._last_seen = "the fleet was not asked"
         self.client = httpx.Client(base_url=state.gateway_url, timeout=HTTP_TIMEOUT_SECONDS, trust_env=False)
 
     def _coding_id(self) -> str:
@@ -374,7 +375,8 @@ class Demo:
         self.say(f"baseline {self.baseline}: converging to one ready replica and no {self.coding}")
         ready = self._wait("one baseline replica, no coding model", self._idle, self.spec.converge_timeout)
         if not r.require(REQ_BASELINE_ONE_REPLICA, ready is not None,
-                         f"ready on {sorted(ready)}" if ready else f"not idle within {self.spec.converge_timeout:.0f}s"):
+                         f"ready on {sorted(ready)}" if ready else
+                         f"not idle within {self.spec.converge_timeout:.0f}s ({self._last_seen})"):
             return
         first = send_chat(self.client, "operator", self.baseline, GENERAL_PROMPTS[0], self.spec.max_tokens)
         r.answers.append(first)
@@ -487,6 +489,8 @@ class Demo:
         status = self._status()
         baseline = _hosts_in(status, self.baseline, {"ready"})
         coding = _hosts_in(status, self.coding, LIVE_STATES)
+        self._last_seen = (f"baseline ready on {sorted(baseline) or 'no host'}, coding model live on "
+                           f"{sorted(coding) or 'no host'}")
         return baseline if len(baseline) == 1 and not coding else None
 
     def _wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:

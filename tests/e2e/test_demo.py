@@ -93,4 +93,5 @@ def test_a_second_run_waits_for_the_held_coding_model_and_fails_when_it_is_still
     assert code == 1 and not report["passed"]
     first = report["requirements"][0]
     assert first["name"] == demolib.REQ_BASELINE_ONE_REPLICA and not first["ok"]
+    assert "coding model live on [" in first["detail"], first["detail"]
     assert report["answers"] == []
