@@ -146,6 +146,8 @@ class DemoReport:
     answers: list[Answer] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
+    # Every line the fleet's log produced while the demo ran, in order (transitions, commands, outcomes).
+    timeline: list[dict[str, Any]] = field(default_factory=list)
     coding_workload: dict[str, Any] | None = None
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -200,7 +202,7 @@ class DemoReport:
             "requirements": self.requirements, "counts": self.counts(),
             "answers": [{**msgspec.to_builtins(_answer_struct(a)), "ok": a.ok} for a in self.answers],
             "performance": self.performance(), "lifecycles": self.lifecycles(),
-            "commands": self.commands, "coding_workload": self.coding_workload,
+            "commands": self.commands, "timeline": self.timeline, "coding_workload": self.coding_workload,
         }
 
 
@@ -525,6 +527,7 @@ class Demo:
         r.transitions = [Transition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
                          if x.kind == "residency"]
         r.commands = self._commands()
+        r.timeline = [{"at": x.at, "kind": x.kind, "host_id": x.host_id, "text": x.text} for x in lines]
         if self.follower.error is not None:
             r.require("fleet_log_followed", False, f"following the fleet's log failed: {self.follower.error!r}")
         if not any(q["name"] == REQ_CODING_ANSWERS and q["ok"] for q in r.requirements):

@@ -70,6 +70,7 @@ def test_the_allocator_warms_the_coding_model_from_refused_auto_requests_and_bot
     coding_ready = [t for t in report["lifecycles"][f"{loads[0]['host_id']}/{coding}"] if t["to"] == "ready"]
     assert coding_ready and coding_ready[0]["at"] >= loads[0]["at"]
     assert report["coding_workload"]["status"] == "admitted"
+    assert any(t["kind"] == "command" and coding in t["text"] for t in report["timeline"])
     assert report["coding_workload"]["model_id"] == coding
 
     # Every answer is a genuine completion; the personas reached both models with their own keys.
