@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -327,13 +328,20 @@ def _start(state: FleetManifest, spec: FleetSpec, model: Model, say: Say) -> Non
 def _prepare_host(state: FleetManifest, index: int, capacity_mb: int, spec: FleetSpec, model: Model | None,
                   shares: Path, tls: Any) -> HostManifest:
     """A logical host's home, capacity ledger link, namespace and join token (real invitation)."""
+    from grid.agent.launch import IDENTITY_DIR
+    from grid.agent.state import AgentPaths
     from grid.identity.admin import invite
     from grid.secrets import write_owner_only
 
     root = Path(state.root)
     host_id, domain = f"h{index}", f"fd{index}"
     home = root / "hosts" / host_id
-    GridConfig(home=home, nats_url=None).ensure_home()
+    config = GridConfig(home=home, nats_url=None)
+    config.ensure_home()
+    # A host home left by a stopped fleet keeps its enrolment, which names that fleet's NATS
+    # address; the agent runs as a kept enrolment rather than redeem a token, so this new fleet's
+    # host joins afresh with the invitation made below.
+    shutil.rmtree(AgentPaths.for_config(config).root / IDENTITY_DIR, ignore_errors=True)
     ledger = home / "capacity-shares"
     if not ledger.is_symlink():
         ledger.symlink_to(shares, target_is_directory=True)

@@ -142,6 +142,17 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
     assert gridctl(home, "test", "status").stdout.startswith("no test fleet")
 
+    # A new fleet in the same home: its host joins this fleet's NATS, not the stopped one's.
+    again = gridctl(home, "test", "start", "--machines", "1", "--engine-port-base", str(fleet_engine_port_base(1)),
+                    "--json")
+    try:
+        assert again.returncode == 0, again.stderr
+        (host,) = json.loads(again.stdout)["hosts"]
+        assert host["host_id"] == "h1" and host["fresh"], host
+    finally:
+        stopped = gridctl(home, "test", "stop", timeout=180)
+        assert stopped.returncode == 0, stopped.stderr
+
 
 def _ready(home: Path) -> list[str]:
     return [h["host_id"] for h in _status(home)["hosts"]
