@@ -18,6 +18,7 @@ import psutil
 import structlog
 from prometheus_client import Histogram
 
+from grid.agent.accelerators import DISCRETE_BACKENDS, choose_devices, llama_device_name
 from grid.agent.context import MIB, AgentContext, endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.outcomes import (
@@ -46,6 +47,7 @@ from grid.agent.outcomes import (
 )
 from grid.agent.state import ProcessProof, ResidencyRecord
 from grid.events.commands import CommandIssued
+from grid.events.host import AcceleratorDevice
 from grid.events.subjects import escape_token
 from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
 
@@ -148,9 +150,18 @@ class Actuators:
         artifact = await asyncio.to_thread(ctx.cache.verify_cached, cmd.model_id, cmd.artifact_sha256)
         if not artifact.ok:
             return Outcome("failed", artifact.message)
-        admits, why = self.memory_admits(cmd.memory_mb)
-        if not admits:
-            return Outcome("failed", f"{MSG_INSUFFICIENT_MEMORY}: {why}")
+        chosen: tuple[AcceleratorDevice, ...] = ()
+        if ctx.engine_backend in DISCRETE_BACKENDS:
+            # A discrete GPU holds the weights: its free memory decides, not RAM.
+            picked = choose_devices(ctx.devices(), ctx.engine_backend, cmd.memory_mb)
+            if picked is None:
+                return Outcome("failed", f"{MSG_INSUFFICIENT_MEMORY}: no {ctx.engine_backend} device has "
+                                         f"{cmd.memory_mb} MiB free")
+            chosen = picked
+        else:
+            admits, why = self.memory_admits(cmd.memory_mb)
+            if not admits:
+                return Outcome("failed", f"{MSG_INSUFFICIENT_MEMORY}: {why}")
         port = self.allocate_port()
         if port is None:
             return Outcome("failed", MSG_NO_FREE_PORT)
@@ -158,7 +169,8 @@ class Actuators:
         spec = llama_cpp.EngineSpec(
             model_id=cmd.model_id, model_path=Path(artifact.path), port=port, key_file=ctx.paths.engine_key,
             slots=max(1, cmd.slots), context_size=cmd.context_size, threads=ctx.options.threads,
-            embeddings=cmd.embeddings,
+            embeddings=cmd.embeddings, backend=ctx.engine_backend,
+            devices=tuple(llama_device_name(d) for d in chosen),
         )
         argv = tuple(llama_cpp.build_argv(ctx.binary, spec))
         if rec is None:
@@ -174,6 +186,7 @@ class Actuators:
         rec.action_id = cmd.action_id
         rec.note = ""
         rec.spawn_argv = argv
+        rec.devices = tuple(d.index for d in chosen)
         rec.spawn_started_at = ctx.clock.now()
         rec.loaded_at = None
         ctx.save()

@@ -20,6 +20,7 @@ from grid.agent.options import AgentOptions
 from grid.agent.ownership import EngineOwner
 from grid.agent.state import AgentPaths, AgentState, ResidencyRecord
 from grid.clock import Clock
+from grid.events.host import AcceleratorDevice
 
 MIB = 1024 * 1024
 
@@ -40,6 +41,10 @@ class AgentContext:
     warn: Callable[[str], None]
     protection_state: Callable[[], str]
     owner: EngineOwner
+    # The backend managed engines run on (Inventory.engine_backend): a GPU one means full offload.
+    engine_backend: str = "cpu"
+    # The host's accelerator devices as last read (free memory refreshed before each heartbeat).
+    devices: Callable[[], tuple[AcceleratorDevice, ...]] = lambda: ()
     popens: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def release(self, rec: ResidencyRecord, note: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from msgspec import UNSET
+
 from grid.agent.context import endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.inventory import Inventory
@@ -47,6 +49,12 @@ def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool
         gpu_memory_mb=inventory.gpu_memory_mb,
         cpu_count=inventory.cpu_count,
         throttle_fraction=options.policy.throttle_fraction,
+        memory_bandwidth_gbps=inventory.memory_bandwidth_gbps,
+        compute_gflops=inventory.compute_gflops,
+        # Left out (UNSET) when there is nothing to say, so GPU-less hosts keep their bytes.
+        devices=inventory.devices or UNSET,
+        unified_memory=True if inventory.unified_memory else UNSET,
+        runtime_builds=inventory.runtime_builds or UNSET,
     )
 
 
@@ -64,6 +72,7 @@ def residency_report(rec: ResidencyRecord, active: int | None, now: float) -> Re
         active_requests=active or 0,
         max_concurrency=rec.slots if routed else None,
         endpoint=endpoint(rec) if routed else None,
+        devices=rec.devices if rec.devices and rec.state in HOLDS_MEMORY_STATES else UNSET,
     )
 
 

@@ -1,10 +1,12 @@
 """What this machine has, and the share of it one agent offers to Grid.
 
 Detection (side effects, at agent start): total and free RAM, GPUs with their VRAM and backend
-(NVIDIA through `nvidia-ml-py` when a driver answers; Apple Metal on Apple silicon; otherwise
-none), the runtimes actually installed, and the disk that holds the artifact cache. A probe
-that finds nothing says why (a reason constant), never raises: a machine without a GPU
-driver is an ordinary CPU host.
+(NVIDIA through `nvidia-ml-py` when a driver answers, else `nvidia-smi`; Apple Metal on Apple
+silicon, read from `system_profiler` and `sysctl`; otherwise none), the runtimes actually
+installed and the backends their build can use (`--list-devices`), bandwidth and compute
+estimates, and the disk that holds the artifact cache. The text tools print is parsed by pure
+functions in grid.agent.accelerators. A probe that finds nothing says why (a reason constant),
+never raises: a machine without a GPU driver is an ordinary CPU host.
 
 Capacity shares: several agents may run on one machine (a shared or partitioned box, the
 logical fleet fixture). Each records the memory it offers in a machine-local ledger under the
@@ -19,7 +21,8 @@ import fcntl
 import os
 import platform
 import shutil
-from collections.abc import Callable, Mapping
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,14 +30,18 @@ from typing import Any
 import msgspec
 import psutil
 
+from grid.agent import accelerators as acc
+from grid.events.host import AcceleratorDevice, RuntimeBuild
 from grid.procstart import same_start, start_stamp
 from grid.secrets import open_owner_only
 
 MIB = 1024 * 1024
 
-BACKEND_CPU = "cpu"
-BACKEND_CUDA = "cuda"
-BACKEND_METAL = "metal"
+BACKEND_CPU = acc.BACKEND_CPU
+BACKEND_CUDA = acc.BACKEND_CUDA
+BACKEND_METAL = acc.BACKEND_METAL
+LLAMA_RUNTIME = "llama.cpp"
+PROBE_TIMEOUT_SECONDS = 15.0
 
 # Why a GPU probe found what it found.
 GPU_FOUND = "gpu_found"
@@ -58,6 +65,13 @@ class Gpu:
     name: str
     memory_mb: int
     backend: str
+    free_mb: int | None = None
+    unified: bool = False
+
+    def device(self) -> AcceleratorDevice:
+        kind = "apple" if self.backend == BACKEND_METAL else "nvidia"
+        return AcceleratorDevice(kind=kind, index=self.index, backend=self.backend, total_memory_mb=self.memory_mb,
+                                 free_memory_mb=self.free_mb, name=self.name, unified=self.unified)
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,10 @@ class GpuProbe:
     gpus: tuple[Gpu, ...]
     reason: str
     detail: str = ""
+
+
+def _gpu(d: AcceleratorDevice) -> Gpu:
+    return Gpu(d.index, d.name, d.total_memory_mb, d.backend, d.free_memory_mb, d.unified)
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,29 @@ class Inventory:
     runtimes: tuple[str, ...]
     disk_total_bytes: int | None
     disk_free_bytes: int | None
+    runtime_builds: tuple[RuntimeBuild, ...] = ()
+    memory_bandwidth_gbps: float | None = None
+    compute_gflops: float | None = None
+
+    @property
+    def devices(self) -> tuple[AcceleratorDevice, ...]:
+        return tuple(g.device() for g in self.gpus)
+
+    @property
+    def unified_memory(self) -> bool:
+        return any(g.unified for g in self.gpus)
+
+    @property
+    def engine_backend(self) -> str:
+        """The backend a managed llama.cpp engine runs on: the GPU backend its build can use
+        on a device this host has, else the CPU."""
+        have = {g.backend for g in self.gpus}
+        for build in self.runtime_builds:
+            if build.runtime == LLAMA_RUNTIME:
+                for backend in build.backends:
+                    if backend in acc.GPU_BACKENDS and backend in have:
+                        return backend
+        return BACKEND_CPU
 
     @property
     def gpu_memory_mb(self) -> int:
@@ -115,7 +156,7 @@ def probe_nvidia(load: Callable[[], Any] = _load_nvml) -> GpuProbe:
             name = nvml.nvmlDeviceGetName(handle)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else str(name), int(mem.total // MIB),
-                            BACKEND_CUDA))
+                            BACKEND_CUDA, int(mem.free // MIB)))
     except nvml.NVMLError as exc:
         return GpuProbe(None, (), GPU_PROBE_FAILED, f"{type(exc).__name__}: {exc}")
     finally:
@@ -128,33 +169,96 @@ def probe_nvidia(load: Callable[[], Any] = _load_nvml) -> GpuProbe:
     return GpuProbe(BACKEND_CUDA, tuple(gpus), GPU_FOUND)
 
 
-def probe_metal(system: str, machine: str, total_memory_mb: int) -> GpuProbe:
-    """Apple silicon: one Metal GPU sharing the machine's unified memory."""
+Runner = Callable[[Sequence[str]], str | None]
+
+
+def run_tool(argv: Sequence[str]) -> str | None:
+    """A tool's stdout, or None when it is missing, fails or hangs."""
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,memory.total,memory.free", "--format=csv")
+
+
+def probe_nvidia_smi(run: Runner = run_tool) -> GpuProbe:
+    """NVIDIA GPUs through nvidia-smi (a driver install without nvidia-ml-py)."""
+    text = run(NVIDIA_SMI_QUERY)
+    if text is None:
+        return GpuProbe(None, (), GPU_NO_DRIVER, "nvidia-smi is missing or failed")
+    devices = acc.parse_nvidia_smi_csv(text)
+    if not devices:
+        return GpuProbe(None, (), GPU_NONE_FOUND, "nvidia-smi reports no device")
+    return GpuProbe(BACKEND_CUDA, tuple(_gpu(d) for d in devices), GPU_FOUND)
+
+
+def probe_metal(system: str, machine: str, total_memory_mb: int, run: Runner | None = None) -> GpuProbe:
+    """Apple silicon: the Metal GPU sharing the machine's unified memory (system_profiler and
+    sysctl when `run` is given and answers; else one GPU named generically)."""
     if system != "Darwin" or machine != "arm64":
         return GpuProbe(None, (), GPU_NOT_APPLE_SILICON)
-    return GpuProbe(BACKEND_METAL, (Gpu(0, "Apple silicon GPU", total_memory_mb, BACKEND_METAL),), GPU_FOUND)
+    if run is not None:
+        profiler = run(("system_profiler", "SPDisplaysDataType", "-json"))
+        memsize = run(("sysctl", "-n", "hw.memsize"))
+        if profiler is not None and memsize is not None:
+            devices = acc.parse_apple_displays(profiler, memsize)
+            if devices:
+                return GpuProbe(BACKEND_METAL, tuple(_gpu(d) for d in devices), GPU_FOUND)
+    return GpuProbe(BACKEND_METAL, (Gpu(0, "Apple silicon GPU", total_memory_mb, BACKEND_METAL, None, True),),
+                    GPU_FOUND)
 
 
 def probe_gpus(total_memory_mb: int, *, system: str | None = None, machine: str | None = None,
-               load_nvml: Callable[[], Any] = _load_nvml) -> GpuProbe:
+               load_nvml: Callable[[], Any] = _load_nvml, run: Runner = run_tool) -> GpuProbe:
     system = platform.system() if system is None else system
     machine = platform.machine() if machine is None else machine
     if system == "Darwin":
-        return probe_metal(system, machine, total_memory_mb)
-    return probe_nvidia(load_nvml)
+        return probe_metal(system, machine, total_memory_mb, run)
+    probe = probe_nvidia(load_nvml)
+    if probe.reason == GPU_NO_LIBRARY:
+        return probe_nvidia_smi(run)
+    return probe
+
+
+def probe_runtime_build(command: Sequence[str] | None, run: Runner = run_tool) -> RuntimeBuild | None:
+    """The llama.cpp build behind `command` (llama-server, or the xllamacpp module which
+    answers the same `--list-devices`) and the backends it can use."""
+    if not command:
+        return None
+    text = run((*command, "--list-devices"))
+    devices = acc.parse_llama_list_devices(text) if text is not None else ()
+    return RuntimeBuild(runtime=LLAMA_RUNTIME, backends=acc.build_backends(devices))
+
+
+def cpu_max_mhz() -> float | None:
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, RuntimeError, NotImplementedError):
+        return None
+    if freq is None:
+        return None
+    return float(freq.max or freq.current or 0.0) or None
 
 
 # --- the whole inventory -------------------------------------------------------------------------
 
 
-def detect(*, llama_server: Path | None, disk_path: Path, gpu_probe: GpuProbe | None = None) -> Inventory:
-    """Everything at once (blocking: call it in a thread from async code)."""
+def detect(*, llama_server: Path | None, disk_path: Path, gpu_probe: GpuProbe | None = None,
+           runtime_command: Sequence[str] | None = None, run: Runner = run_tool) -> Inventory:
+    """Everything at once (blocking: call it in a thread from async code). `runtime_command`
+    is the runtime's argv prefix, asked for the devices its build can use."""
     vm = psutil.virtual_memory()
     total_mb = int(vm.total // MIB)
-    probe = gpu_probe if gpu_probe is not None else probe_gpus(total_mb)
+    probe = gpu_probe if gpu_probe is not None else probe_gpus(total_mb, run=run)
     backends = ((probe.backend,) if probe.backend else ()) + (BACKEND_CPU,)
     # Only what this agent can actually spawn (grid.agent.engines.llama_cpp needs the binary).
-    runtimes = ("llama.cpp",) if llama_server is not None and os.access(llama_server, os.X_OK) else ()
+    runtimes = (LLAMA_RUNTIME,) if llama_server is not None and os.access(llama_server, os.X_OK) else ()
+    build = probe_runtime_build(runtime_command, run) if runtimes else None
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 0
+    bandwidth, gflops = acc.host_estimates(tuple(g.device() for g in probe.gpus), cores, cpu_max_mhz())
     disk_total = disk_free = None
     probe_path = disk_path
     while not probe_path.exists() and probe_path != probe_path.parent:
@@ -168,6 +272,7 @@ def detect(*, llama_server: Path | None, disk_path: Path, gpu_probe: GpuProbe | 
         total_memory_mb=total_mb, free_memory_mb=int(vm.available // MIB), cpu_count=psutil.cpu_count() or 0,
         gpus=probe.gpus, gpu_reason=probe.reason, backends=backends, runtimes=runtimes,
         disk_total_bytes=disk_total, disk_free_bytes=disk_free,
+        runtime_builds=(build,) if build is not None else (), memory_bandwidth_gbps=bandwidth, compute_gflops=gflops,
     )
 
 

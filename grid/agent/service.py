@@ -51,6 +51,7 @@ from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
 from grid.agent.inventory import detect as detect_inventory
+from grid.agent.inventory import probe_gpus
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import MSG_INTERNAL_ERROR, MSG_WITHDRAWN, Outcome
@@ -214,7 +215,8 @@ class HostAgent:
         # Either runtime serves Grid's "llama.cpp" runtime; the inventory checks its executable.
         runtime_exe = Path(self.runtime.command[0]) if self.runtime is not None else None
         self.inventory = await asyncio.to_thread(detect_inventory, llama_server=runtime_exe,
-                                                 disk_path=self.config.artifacts_dir)
+                                                 disk_path=self.config.artifacts_dir,
+                                                 runtime_command=self.binary)
         try:
             # This agent's share of the machine, beside the other agents on it (never more).
             share = await asyncio.to_thread(self._ledger.claim, self.host_id, self.options.capacity_mb,
@@ -231,6 +233,8 @@ class HostAgent:
             http=self._http, key=key, binary=self.binary, save=self._save, poke=self._poke,
             heartbeat_now=self._heartbeat_now, warn=self._warn, protection_state=lambda: self._protection.state,
             owner=EngineOwner(token=token, host_id=self.host_id),
+            engine_backend=self.inventory.engine_backend,
+            devices=lambda: self.inventory.devices if self.inventory is not None else (),
         )
         self._actuators = Actuators(self._ctx, self.metrics.actions)
         self._protection = ProtectionStatus(
@@ -497,6 +501,16 @@ class HostAgent:
         )
         return {r.model_id: a for r, a in zip(live, results)}
 
+    async def _refresh_devices(self) -> None:
+        """Free VRAM moves with every engine (ours and others'): re-read discrete GPUs before
+        each heartbeat. Hosts without one (and Apple's unified memory) have nothing to re-read."""
+        inv = self.inventory
+        if inv is None or not any(not g.unified for g in inv.gpus):
+            return
+        probe = await asyncio.to_thread(probe_gpus, inv.total_memory_mb)
+        if probe.gpus:
+            self.inventory = dataclasses.replace(inv, gpus=probe.gpus)
+
     async def _send_heartbeat(self) -> int | None:
         activity = await self._probe_activity()
         now = self.clock.now()
@@ -511,6 +525,7 @@ class HostAgent:
         unmanaged = share_of_unmanaged_mb(int((vm.total - vm.available) // MIB) - managed_rss,
                                           self.options.capacity_mb, vm.total // MIB)
         free, total = self.cache.disk_usage()
+        await self._refresh_devices()
         external, external_warnings = external_reports(self.external, now)
         hb = build_heartbeat(
             event_id=new_event_id(),

@@ -62,6 +62,8 @@ class ResidencyRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # persisted when the agent died (exact argv + born after the spawn began).
     spawn_argv: tuple[str, ...] | None = None
     spawn_started_at: float | None = None
+    # Accelerator device indexes the engine was started on (empty: CPU or unified memory).
+    devices: tuple[int, ...] = ()
 
 
 class Receipt(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

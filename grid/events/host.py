@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from msgspec import UNSET, UnsetType
+
 from grid.events.base import Event, Record
 
 HostState = Literal["accepting", "throttled", "draining", "paused", "unhealthy", "quarantined"]
@@ -13,6 +15,28 @@ ResidencyState = Literal["cached", "loading", "warming", "ready", "draining", "u
 RESIDENCY_STATES: tuple[str, ...] = ("cached", "loading", "warming", "ready", "draining", "unloading", "failed")
 
 ACTUATOR_CAPABILITIES: tuple[str, ...] = ("load", "warm", "drain", "unload")
+
+
+class AcceleratorDevice(Record, frozen=True, kw_only=True):
+    """One accelerator as the agent read it (NVML/nvidia-smi, llama.cpp's device list, Apple)."""
+
+    kind: str  # vendor family: "nvidia", "apple", ...
+    index: int
+    backend: str  # the compute backend engines use on it: "cuda", "metal", ...
+    total_memory_mb: int
+    # None: the reading has no free figure (Apple reports no per-GPU free memory).
+    free_memory_mb: int | None = None
+    name: str = ""
+    # True when the device shares the host's RAM (Apple silicon): its memory is the RAM ledger.
+    unified: bool = False
+
+
+class RuntimeBuild(Record, frozen=True, kw_only=True):
+    """A runtime this host can run and the backends its build can use."""
+
+    runtime: str
+    backends: tuple[str, ...] = ("cpu",)
+    version: str = ""
 
 
 class HostResources(Record, frozen=True, kw_only=True):
@@ -35,6 +59,11 @@ class HostResources(Record, frozen=True, kw_only=True):
     thermal_derating: float = 1.0
     # Maximum number of serving models on this host; 0 means unlimited.
     model_limit: int = 0
+    # Hardware detail. UNSET (left out of the encoding) on hosts that report none, so a
+    # GPU-less host's events, planner inputs and plans keep their bytes.
+    devices: tuple[AcceleratorDevice, ...] | UnsetType = UNSET
+    unified_memory: bool | UnsetType = UNSET
+    runtime_builds: tuple[RuntimeBuild, ...] | UnsetType = UNSET
 
 
 class Residency(Record, frozen=True, kw_only=True):
@@ -53,6 +82,8 @@ class Residency(Record, frozen=True, kw_only=True):
     # Private loopback/LAN URL of the engine; the engine key is never carried in events.
     endpoint: str | None = None
     pinned: bool = False
+    # Accelerator device indexes holding this engine's weights (UNSET: none, or not known).
+    devices: tuple[int, ...] | UnsetType = UNSET
 
 
 class CachedArtifact(Record, frozen=True, kw_only=True):
@@ -138,3 +169,16 @@ class QualificationRecorded(Event, frozen=True, kw_only=True, tag="host.qualific
     reason: str = ""
     steps: tuple[QualificationStep, ...] = ()
     endpoint: str | None = None
+
+
+def devices_of(res: HostResources) -> tuple[AcceleratorDevice, ...]:
+    return () if res.devices is UNSET else res.devices  # type: ignore[return-value]
+
+
+def runtime_builds_of(res: HostResources) -> tuple[RuntimeBuild, ...]:
+    return () if res.runtime_builds is UNSET else res.runtime_builds  # type: ignore[return-value]
+
+
+def residency_devices(r: object) -> tuple[int, ...]:
+    d = getattr(r, "devices", UNSET)
+    return () if d is UNSET else d  # type: ignore[return-value]

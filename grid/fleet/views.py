@@ -8,6 +8,7 @@ the reconciler acts on it, the router and `gridctl status` read it.
 from __future__ import annotations
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from grid.events.host import CachedArtifact, HostLoad, HostResources
 
@@ -31,6 +32,9 @@ class ResidencyView(Value, frozen=True, kw_only=True):
     max_concurrency: int | None = None
     pinned: bool = False
     endpoint: str | None = None
+    # Accelerator device indexes holding the weights (UNSET: none or not known; left out of
+    # the encoding so inputs without devices keep their bytes).
+    devices: tuple[int, ...] | UnsetType = UNSET
 
 
 class QualificationView(Value, frozen=True, kw_only=True):

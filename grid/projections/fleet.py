@@ -173,6 +173,7 @@ def _residency_view(hb_at: float, r: object) -> ResidencyView:
         max_concurrency=r.max_concurrency,
         pinned=r.pinned,
         endpoint=r.endpoint,
+        devices=r.devices,
     )
 
 

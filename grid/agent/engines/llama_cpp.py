@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from grid.agent.accelerators import GPU_BACKENDS
 from grid.agent.state import ProcessProof
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only
@@ -70,6 +71,9 @@ def find_llama_server(explicit: str | os.PathLike[str] | None = None,
     return None
 
 
+ALL_LAYERS = 999
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     model_id: str
@@ -81,6 +85,10 @@ class EngineSpec:
     threads: int = DEFAULT_THREADS
     host: str = "127.0.0.1"
     embeddings: bool = False
+    # The backend the engine runs on (grid.agent.accelerators); a GPU backend offloads every layer.
+    backend: str = "cpu"
+    # llama.cpp device names ("CUDA0") the engine may use; empty: whatever the backend picks.
+    devices: tuple[str, ...] = ()
 
     @property
     def endpoint(self) -> str:
@@ -110,6 +118,13 @@ def build_argv(binary: Path | Sequence[str], spec: EngineSpec) -> list[str]:
         # Mean pooling: chat GGUFs declare no pooling, and llama-server then refuses the
         # OpenAI embeddings shape; chat keeps working with the flag on.
         ["--embeddings", "--pooling", "mean"] if spec.embeddings else []
+    ) + (
+        # Full offload: the planner fitted the whole model in the device's free memory, so no
+        # layer stays on the CPU (a number above any model's layer count means "all").
+        ["--n-gpu-layers", str(ALL_LAYERS)] if spec.backend in GPU_BACKENDS else []
+    ) + (
+        # Only the devices the agent chose, so the weights land where the memory was counted.
+        ["--device", ",".join(spec.devices)] if spec.backend in GPU_BACKENDS and spec.devices else []
     )
 
 
