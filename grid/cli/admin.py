@@ -21,6 +21,7 @@ from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
 from grid.events.control import MODEL_ID_GRAMMAR, ModelProfile, model_id_error, profile_values_error
+from grid.fleet.hardware import HARDWARE_COLUMNS, hardware_cells
 from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
@@ -210,6 +211,14 @@ def render_status(s: dict[str, Any]) -> None:
                       str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
     console.print(hosts)
     _render_qualifications(s)
+    hardware = Table(title="Hardware", title_justify="left")
+    for col in ("host", *HARDWARE_COLUMNS):
+        hardware.add_column(col)
+    for h in s["hosts"]:
+        if h.get("hardware"):  # a controller older than the hardware columns sends none
+            hardware.add_row(h["host_id"], *hardware_cells(h["hardware"]))
+    if hardware.row_count:
+        console.print(hardware)
 
     models = Table(title="Models", title_justify="left")
     for col in ("model", "wanted", "placed", "ready", "evidence", "shortfall"):

@@ -242,13 +242,37 @@ def _load_state_readonly(paths: AgentPaths) -> tuple[AgentState | None, str | No
         return None, f"state file unreadable ({str(exc)[:120]}); the agent will quarantine it at start"
 
 
+def _local_hardware(cfg: GridConfig) -> dict[str, Any]:
+    """This machine's hardware, read now the way the agent reads it at start."""
+    from grid.agent.engines.runtime import RuntimeChoiceError, find_runtime
+    from grid.agent.heartbeat import host_resources
+    from grid.agent.inventory import detect
+    from grid.agent.options import AgentOptions
+    from grid.fleet.hardware import hardware_row
+
+    try:
+        runtime = find_runtime(None)
+    except RuntimeChoiceError:
+        runtime = None
+    inv = detect(llama_server=Path(runtime.command[0]) if runtime is not None else None,
+                 disk_path=cfg.artifacts_dir, runtime_command=runtime.command if runtime is not None else None)
+    res = host_resources(AgentOptions(), capacity_mb=inv.total_memory_mb, has_runtime=runtime is not None,
+                         cpu_count=inv.cpu_count, inventory=inv)
+    row = hardware_row(res, inv.disk_free_bytes, inv.disk_total_bytes)
+    row["gpu_reason"] = inv.gpu_reason
+    row["engine_backend"] = inv.engine_backend
+    return row
+
+
 @node_app.command("status")
 def status(
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     state_dir: Optional[Path] = StateDirOption,
+    hardware: bool = typer.Option(True, "--hardware/--no-hardware",
+                                  help="Read this machine's hardware (GPUs, runtimes, disk) now and show it."),
 ) -> None:
-    """Show this machine's agent: process, protection state, override, residencies, fence."""
-    _, paths = _paths(state_dir)
+    """Show this machine's agent: process, protection state, override, residencies, fence, hardware."""
+    cfg, paths = _paths(state_dir)
     state, warning = _load_state_readonly(paths)
     record = read_pid_record(paths)
     running = record is not None and verify_pid(record) == "running"
@@ -301,6 +325,7 @@ def status(
         "in_flight": None if state is None or state.in_flight is None else state.in_flight.action_id,
         "residencies": residencies,
         "metrics_url": read_metrics_url(paths.root) if running else None,
+        "hardware": _local_hardware(cfg) if hardware else None,
         "warnings": [w for w in (warning, override_warning) if w],
     }
     if json_out:
@@ -327,6 +352,14 @@ def status(
             table.add_row(r["model_id"], r["state"], str(r["port"] or "-"), str(r["pid"] or "-"),
                           str(r["memory_mb"]), r["note"])
         console.print(table)
+    if report["hardware"] is not None:
+        from grid.fleet.hardware import HARDWARE_COLUMNS, hardware_cells
+
+        hw_table = Table(*HARDWARE_COLUMNS, title="Hardware", title_justify="left")
+        hw_table.add_row(*hardware_cells(report["hardware"]))
+        console.print(hw_table)
+        console.print(f"engines run on: {report['hardware']['engine_backend']} "
+                      f"(GPU probe: {report['hardware']['gpu_reason']})")
     for w in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {w}")
 

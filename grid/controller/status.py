@@ -70,6 +70,7 @@ from grid.events.authorship import Rejection, describe_rejected
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
 from grid.fleet import reasons as R
+from grid.fleet.hardware import hardware_row
 from grid.fleet.placeability import plan_saw_profile, unplaceable
 from grid.fleet.qualification import host_qualifies, why_not
 from grid.fleet.planning import Plan, PlannerInput, decode_plan
@@ -184,6 +185,7 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list
                 for r in h.residencies
             ],
             "cached": len(h.cached),
+            "hardware": hardware_row(res, h.disk_free_bytes, h.disk_total_bytes),
             "actuator_capabilities": list(h.actuator_capabilities),
             "protection_reason": rec.protection_reason if rec is not None else "",
             "override": _b(rec.override) if rec is not None and rec.override is not None else None,

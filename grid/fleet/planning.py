@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from grid.events.codec import encode_value
 from grid.events.control import ModelProfile
@@ -97,6 +98,9 @@ class Placement(Value, frozen=True, kw_only=True):
     reason: str = ""
     # False for external (unmanaged) residencies that satisfy demand but are never actuated.
     managed: bool = True
+    # Device indexes the replica's memory was counted on (VRAM hosts only; UNSET elsewhere,
+    # which keeps a RAM host's plan bytes unchanged).
+    devices: tuple[int, ...] | UnsetType = UNSET
 
 
 class Preemption(Value, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from grid.events.host import CachedArtifact, HostLoad, HostResources
+from grid.fleet.devices import vram_capacity_mb
 
 
 class Value(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -71,6 +72,11 @@ class HostView(Value, frozen=True, kw_only=True):
 
 
 def raw_allocatable_mb(res: HostResources) -> int:
-    """(capacity - reserved) * thermal derating, never negative."""
+    """(capacity - reserved) * thermal derating, never negative. On a host whose placements
+    live in discrete GPU memory (grid.fleet.devices) the capacity is that memory (the RAM
+    reserve does not apply to it)."""
     derating = min(1.0, max(0.0, float(res.thermal_derating)))
+    vram = vram_capacity_mb(res)
+    if vram:
+        return max(0, int(vram * derating))
     return max(0, int((res.capacity_mb - res.reserved_mb) * derating))

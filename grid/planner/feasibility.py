@@ -69,6 +69,11 @@ class ModelReq:
     # Hosts with a passing qualification (grid.fleet.qualification); None: none required.
     qualified: frozenset[str] | None = None
 
+    @property
+    def tensor_parallel(self) -> int:
+        """Devices one replica spans on a VRAM host: the profile's declared GPU count, else one."""
+        return max(1, int(self.profile.min_gpu_count))
+
     @staticmethod
     def compile(profile: ModelProfile, excludes: frozenset[str],
                 qualified: frozenset[str] | None = None) -> ModelReq:
@@ -427,6 +432,21 @@ def check_live_memory(
     return None
 
 
+def check_device_memory(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
+    """On a VRAM host the weights must fit one device (or the declared tensor-parallel set),
+    not only the host's sum of device memory."""
+    dev = hs.dev
+    if dev is None or dev.fits(mem, req.tensor_parallel, headroom):
+        return None
+    return (
+        R.INSUFFICIENT_MEMORY,
+        f"no {req.tensor_parallel} device(s) with {math.ceil(mem / req.tensor_parallel)} MB free each "
+        f"(largest free: {dev.max_free()} MB)",
+    )
+
+
 def check_disk(
     hs, req: ModelReq, mem: int, disk: int, headroom: float
 ) -> Rejection | None:
@@ -500,6 +520,7 @@ class FeasibilityChain:
             check_colocation_excluded,
             check_desired_memory,
             check_live_memory,
+            check_device_memory,
             check_disk,
         )
 

@@ -22,6 +22,7 @@ from grid.fleet import reasons as R
 from grid.fleet.planning import Policy, Preemption, TimingSample
 from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
+from grid.planner.devices import residency_devices, share_mb
 from grid.planner.eligibility import StaticEligibility
 from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
 from grid.planner.scoring import Scores
@@ -393,6 +394,11 @@ class Ledger(StaticEligibility):
             round_class=round_class,
             pinned_phase=pinned_phase,
         )
+        dev = self.hosts[c.hidx].dev
+        if dev is not None:
+            picked = dev.pick(c.memory_mb, ms.req.tensor_parallel, self.headroom)
+            assert picked is not None, "a feasible candidate fits its devices"
+            slot.devices = picked
         e = Entry(c.hidx, slot, "new", reason, True, c.values, c.score)
         self.recommit_new(ms, e)
         return e
@@ -403,6 +409,8 @@ class Ledger(StaticEligibility):
         slot = e.slot
         hs.free_a -= slot.memory_mb
         hs.free_b -= slot.memory_mb
+        if hs.dev is not None:
+            hs.dev.take(slot.devices, slot.memory_mb, live=True)
         hs.disk_used += slot.disk_bytes
         hs.add_desired(slot, ms.req)
         self.fleet.reindex(hs)
@@ -423,6 +431,8 @@ class Ledger(StaticEligibility):
         assert slot is e.slot and slot.kind == "new"
         hs.free_a += slot.memory_mb
         hs.free_b += slot.memory_mb
+        if hs.dev is not None:
+            hs.dev.give(slot.devices, slot.memory_mb, live=True)
         hs.disk_used -= slot.disk_bytes
         self.fleet.reindex(hs)
         ms.entries.remove(e)
@@ -462,6 +472,8 @@ class Ledger(StaticEligibility):
         slot = hs.remove_desired(ms.req.model_id, ms.req)
         assert slot is e.slot and slot.kind == "kept"
         hs.free_b += slot.memory_mb
+        if hs.dev is not None:
+            hs.dev.give(slot.devices, slot.memory_mb, live=False)
         self.fleet.reindex(hs)
         ms.entries.remove(e)
         ms.used_domains[hs.domain] -= 1
@@ -472,6 +484,8 @@ class Ledger(StaticEligibility):
         """Undo ``remove_kept`` exactly (the entry returns at the end of the model's list)."""
         hs = self.hosts[e.hidx]
         hs.free_b -= e.slot.memory_mb
+        if hs.dev is not None:
+            hs.dev.take(e.slot.devices, e.slot.memory_mb, live=False)
         hs.add_desired(e.slot, ms.req)
         self.fleet.reindex(hs)
         ms.entries.append(e)
@@ -499,10 +513,17 @@ class Ledger(StaticEligibility):
                 or sum(1 for x in hs.snap.residencies if x.model_id == mid and x.managed) != 1
             ):
                 continue
+            on: tuple[int, ...] = ()
+            if hs.dev is not None:
+                on = residency_devices(r, frozenset(hs.dev.indexes))
+                if any(hs.dev.free_b[d] < share_mb(mem, len(on)) for d in on):
+                    continue
             del pool[i]
-            slot = Slot(mid, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r)
+            slot = Slot(mid, "kept", mem, r.runtime, 0, ms.priority, reason=R.INCUMBENT, residency=r, devices=on)
             self.keep(hs, r, ms, slot, R.INCUMBENT)
             hs.free_b -= mem
+            if hs.dev is not None:
+                hs.dev.take(on, mem, live=False)
             hs.add_desired(slot, ms.req)
             hs.leaving_mb -= mem
             leaving = self.leaving_models.get(hidx)
@@ -521,6 +542,14 @@ class Ledger(StaticEligibility):
         need = math.ceil(mem * (1.0 + self.headroom))
         slot = Slot(ms.req.model_id, "reserved", need, runtime, disk, ms.priority)
         hs.free_b -= need
+        if hs.dev is not None:
+            # The victims are still live: only the desired ledger is reserved. A set that no
+            # longer fits (fits_after checked it) takes the roomiest devices, going negative
+            # rather than offering memory that is not there.
+            n = ms.req.tensor_parallel
+            slot.devices = hs.dev.pick(need, n, None) or tuple(
+                sorted(sorted(hs.dev.indexes, key=lambda i: (-hs.dev.free_b[i], i))[:n]))
+            hs.dev.take(slot.devices, need, live=False)
         hs.disk_used += disk
         hs.add_desired(slot, ms.req)
         self.fleet.reindex(hs)

@@ -17,6 +17,7 @@ from grid.fleet.planning import PlannerInput, Policy, Preemption
 from grid.fleet.views import ResidencyView
 from grid.planner import preemption, relocation, repair
 from grid.planner.compile import compile_input
+from grid.planner.devices import DeviceLedger, residency_devices
 from grid.planner.feasibility import (
     DEFAULT_RUNTIMES,
     check_heartbeat_future,
@@ -101,6 +102,11 @@ class Placer:
                     immovable_mb += mem
                     self.immovable.append((hs.idx, r))
             unmanaged = max(0, int(snap.unmanaged_memory_mb))
+            hs.dev = DeviceLedger.for_host(snap, PROCESS_STATES)
+            if hs.dev is not None:
+                # Device memory in use by processes Grid does not own (the RAM figure says
+                # nothing about device memory).
+                unmanaged = hs.dev.foreign_mb
             hs.live_models = frozenset(live)
             hs.free_a = hs.cap_new - unmanaged - live_mb
             hs.free_b = hs.cap_new - unmanaged - immovable_mb
@@ -296,6 +302,9 @@ class Placer:
         # Scored before the ledger takes the memory (the fit is of the host as found).
         self.ledger.keep(hs, r, ms, slot, R.INCUMBENT)
         hs.free_b -= mem
+        if hs.dev is not None:
+            slot.devices = residency_devices(r, frozenset(hs.dev.indexes))
+            hs.dev.take(slot.devices, mem, live=False)
         hs.add_desired(slot, ms.req)
         kept_on[hs.idx].append((ms.req.model_id, ms.req))
 

@@ -13,6 +13,7 @@ with reason RETAINED_UNTIL_REPLACED); ``status="new"`` entries are replicas to l
 from __future__ import annotations
 
 import msgspec
+from msgspec import UNSET
 
 from grid.fleet import reasons as R
 from grid.fleet.planning import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
@@ -71,6 +72,7 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
                     scores=S.as_dict(e.values),
                     reason=e.reason,
                     managed=e.managed,
+                    devices=e.slot.devices or UNSET,
                 )
             )
         for mm in ms.retained:

@@ -42,6 +42,7 @@ from grid.fleet import reasons as R
 from grid.fleet.planning import Preemption
 from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
+from grid.planner.devices import residency_devices, share_mb
 from grid.planner.feasibility import ModelReq
 from grid.planner.ledger import Ledger
 from grid.planner.state import Entry, HostState, ModelState, MustMove
@@ -159,6 +160,8 @@ def fits_after(
     free_a = hs.free_a + hs.leaving_mb + sum(v.memory_mb for v in victims)
     if free_a < need:
         return False
+    if hs.dev is not None and not _devices_fit_after(hs, req, mem, victims, led.headroom):
+        return False
     gone = {v.model_id for v in victims}
     leaving = led.leaving_models.get(hs.idx, ())
     present = set(hs.desired)
@@ -187,6 +190,23 @@ def fits_after(
         ):
             return False
     return _disk_ok(hs, disk)
+
+
+def _devices_fit_after(hs: HostState, req: ModelReq, mem: int, victims: list[Victim], headroom: float) -> bool:
+    """The device ledgers once the victims are gone: a kept victim returns its charged
+    devices to both ledgers; a must-move one (never in the desired ledger) returns the devices
+    it reports to the physical ledger only (unknown devices: nothing, conservatively)."""
+    assert hs.dev is not None
+    dev = hs.dev.copy()
+    known = frozenset(dev.indexes)
+    for v in victims:
+        if isinstance(v.ref, Entry):
+            dev.give(v.ref.slot.devices, v.memory_mb, live=True)
+        else:
+            on = residency_devices(v.ref.residency, known)
+            for i in on:
+                dev.free_a[i] += share_mb(v.memory_mb, len(on))
+    return dev.fits(mem, req.tensor_parallel, headroom)
 
 
 def _still_live_elsewhere(led: Ledger, hs: HostState, model_id: str) -> bool:

@@ -30,6 +30,7 @@ from grid.events.control import ModelProfile
 from grid.fleet import reasons as R
 from grid.fleet.planning import DemandTarget
 from grid.fleet.views import HostView, ResidencyView
+from grid.planner.devices import DeviceLedger
 from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
 from grid.planner.scoring import Scores
 
@@ -52,6 +53,8 @@ class Slot:
     residency: ResidencyView | None = None
     round_class: int = 0  # priority class that created a new placement (repair scope)
     pinned_phase: bool = False
+    # Device indexes charged for it on a VRAM host (devices.DeviceLedger); empty elsewhere.
+    devices: tuple[int, ...] = ()
 
 
 class HostState:
@@ -60,6 +63,7 @@ class HostState:
         "cap_new",
         "cls",
         "col_counts",
+        "dev",
         "col_min",
         "desired",
         "disk_budget",
@@ -124,6 +128,8 @@ class HostState:
         self.residencies: dict[str, ResidencyView] = {}
         # Memory of obsolete live residencies (released by the reconciler on its own).
         self.leaving_mb = 0
+        # Per-device ledgers when this host's placements live in discrete GPU memory.
+        self.dev: DeviceLedger | None = None
 
     # -- presence (live models plus desired models) -------------------------------------
     def _add_presence(self, max_colocated: int, excludes: frozenset[str]) -> None:
