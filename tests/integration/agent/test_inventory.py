@@ -105,3 +105,18 @@ def test_gridctl_node_start_refuses_bad_capacity_options(tmp_path: Path) -> None
         out = subprocess.run([sys.executable, "-m", "grid.cli.main", "node", "start", "--nats", "nats://127.0.0.1:1",
                               *args], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and needle in out.stderr + out.stdout
+
+
+def test_this_machines_runtimes_list_no_gpu_device(tmp_path: Path) -> None:
+    # The real --list-devices of both runtimes on this CPU machine: a CPU-only build.
+    from grid.agent.engines.runtime import xllamacpp_runtime
+
+    cpu_only = inv.RuntimeBuild(runtime="llama.cpp", backends=("cpu",))
+    assert inv.probe_runtime_build(xllamacpp_runtime().command) == cpu_only
+    native = find_llama_server()
+    if native is not None:
+        assert inv.probe_runtime_build((str(native),)) == cpu_only
+    found = inv.detect(llama_server=native or Path(sys.executable), disk_path=tmp_path,
+                       runtime_command=xllamacpp_runtime().command)
+    assert found.runtime_builds == (cpu_only,) and found.engine_backend == "cpu"
+    assert found.compute_gflops is None or found.compute_gflops > 0
