@@ -88,6 +88,14 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
     token = Path(status["operator_token_file"]).read_text().strip()
     seen = httpx.get(f"{admin}/allocator/status", headers={"X-Grid-Allocator-Token": token}, timeout=5).json()
     assert sorted(h["capacity_mb"] for h in seen["hosts"]) == [1024, 1536]
+    # Hardware per host, from the agents' own signed heartbeats (this machine has no GPU).
+    for h in seen["hosts"]:
+        hw = h["hardware"]
+        assert (hw["accelerator"], hw["placement_memory"], hw["devices"], hw["vram_total_mb"]) == ("cpu", "ram", [], None)
+        assert hw["cpu_count"] > 0 and hw["ram_mb"] == h["capacity_mb"] and hw["disk_total_bytes"] > 0
+        assert [(r["runtime"], r["backends"]) for r in hw["runtimes"]] == [("llama.cpp", ["cpu"])]
+    table = gridctl(home, "status", "--admin", admin, "--token-file", status["operator_token_file"])
+    assert table.returncode == 0 and "Hardware" in table.stdout and "accelerator" in table.stdout, table.stderr
 
     # The same start again is a no-op; other settings are refused and touch nothing.
     again = gridctl(home, "test", "start", *settings)
@@ -131,16 +139,6 @@ def test_start_status_watch_idempotent_start_and_stop(home: Path) -> None:
     out = "".join(lines)
     assert "-> ready" in out, out
     assert "succeeded" in out, out
-
-    # Hardware per host, from the agents' own signed heartbeats (this machine has no GPU).
-    seen = httpx.get(f"{admin}/allocator/status", headers={"X-Grid-Allocator-Token": token}, timeout=5).json()
-    for h in seen["hosts"]:
-        hw = h["hardware"]
-        assert (hw["accelerator"], hw["placement_memory"], hw["devices"], hw["vram_total_mb"]) == ("cpu", "ram", [], None)
-        assert hw["cpu_count"] > 0 and hw["ram_mb"] == h["capacity_mb"] and hw["disk_total_bytes"] > 0
-        assert [(r["runtime"], r["backends"]) for r in hw["runtimes"]] == [("llama.cpp", ["cpu"])]
-    table = gridctl(home, "status", "--admin", admin, "--token-file", status["operator_token_file"])
-    assert table.returncode == 0 and "Hardware" in table.stdout and "accelerator" in table.stdout, table.stderr
 
     procs = _pids(_status(home))
     engines = [c for p in procs.values() for c in psutil.Process(p).children(recursive=True) if is_engine(c)]
