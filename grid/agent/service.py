@@ -26,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 import psutil
 import structlog
 
@@ -77,6 +79,7 @@ from grid.events.host import (
 from grid.events.log import EventLog, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
 from grid.fleet import SERVING_STATES
+from grid.fleet.hardware import hardware_row
 from grid.identity.permissions import Role
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
@@ -159,6 +162,7 @@ class HostAgent:
         self._http: httpx.AsyncClient | None = None
         self.responder: InferenceResponder | None = None
         self.inventory: Inventory | None = None
+        self._hardware_written = b""
         self._ledger = CapacityLedger.under(config.home)
         # Engines Grid did not start, registered on this host: probed and served, never actuated.
         self.external = ExternalEngines(self.paths.root)
@@ -511,6 +515,26 @@ class HostAgent:
         if probe.gpus:
             self.inventory = dataclasses.replace(inv, gpus=probe.gpus)
 
+    def _record_hardware(self, resources: HostResources, disk_free: int | None, disk_total: int | None) -> None:
+        """What this heartbeat says about the machine, for `gridctl node status` (best effort:
+        status without it reads the machine itself)."""
+        # Free disk at GiB resolution (what status shows), so the file is rewritten only when
+        # something it shows changed, not on every heartbeat.
+        rounded = None if disk_free is None else disk_free // (1 << 30) * (1 << 30)
+        row = hardware_row(resources, rounded, disk_total)
+        row["engine_backend"] = self.inventory.engine_backend if self.inventory is not None else "cpu"
+        row["gpu_reason"] = self.inventory.gpu_reason if self.inventory is not None else ""
+        data = msgspec.json.encode(row)
+        if data == self._hardware_written:
+            return
+        tmp = self.paths.hardware.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self.paths.hardware)
+            self._hardware_written = data
+        except OSError:
+            pass
+
     async def _send_heartbeat(self) -> int | None:
         activity = await self._probe_activity()
         now = self.clock.now()
@@ -527,12 +551,14 @@ class HostAgent:
         free, total = self.cache.disk_usage()
         await self._refresh_devices()
         external, external_warnings = external_reports(self.external, now)
+        resources = self._resources()
+        self._record_hardware(resources, free, total)
         hb = build_heartbeat(
             event_id=new_event_id(),
             now=now,
             host_id=self.host_id,
             protection_state=self._protection.state,
-            resources=self._resources(),
+            resources=resources,
             residencies=residencies,
             activity=activity,
             managed_rss_mb=managed_rss,

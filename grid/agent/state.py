@@ -157,6 +157,11 @@ class AgentPaths:
         return self.root / "override.json"
 
     @property
+    def hardware(self) -> Path:
+        """The hardware the agent last reported (grid.fleet.hardware row), for `node status`."""
+        return self.root / "hardware.json"
+
+    @property
     def pid_file(self) -> Path:
         return self.root / "agent.pid"
 

@@ -261,15 +261,29 @@ def _local_hardware(cfg: GridConfig) -> dict[str, Any]:
     row = hardware_row(res, inv.disk_free_bytes, inv.disk_total_bytes)
     row["gpu_reason"] = inv.gpu_reason
     row["engine_backend"] = inv.engine_backend
+    row["source"] = "read now"
     return row
+
+
+def _recorded_hardware(paths: AgentPaths) -> dict[str, Any] | None:
+    try:
+        row = msgspec.json.decode(paths.hardware.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    if isinstance(row, dict):
+        row["source"] = "agent"
+        return row
+    return None
 
 
 @node_app.command("status")
 def status(
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     state_dir: Optional[Path] = StateDirOption,
-    hardware: bool = typer.Option(True, "--hardware/--no-hardware",
-                                  help="Read this machine's hardware (GPUs, runtimes, disk) now and show it."),
+    read_hardware: bool = typer.Option(
+        False, "--read-hardware",
+        help="Read this machine's hardware (GPUs, runtimes, disk) now instead of showing what the agent last "
+             "reported (the default; read now anyway when the agent has reported none)."),
 ) -> None:
     """Show this machine's agent: process, protection state, override, residencies, fence, hardware."""
     cfg, paths = _paths(state_dir)
@@ -325,9 +339,11 @@ def status(
         "in_flight": None if state is None or state.in_flight is None else state.in_flight.action_id,
         "residencies": residencies,
         "metrics_url": read_metrics_url(paths.root) if running else None,
-        "hardware": _local_hardware(cfg) if hardware else None,
+        "hardware": _recorded_hardware(paths) if not read_hardware else None,
         "warnings": [w for w in (warning, override_warning) if w],
     }
+    if report["hardware"] is None:
+        report["hardware"] = _local_hardware(cfg)
     if json_out:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n")
         return
@@ -358,8 +374,9 @@ def status(
         hw_table = Table(*HARDWARE_COLUMNS, title="Hardware", title_justify="left")
         hw_table.add_row(*hardware_cells(report["hardware"]))
         console.print(hw_table)
-        console.print(f"engines run on: {report['hardware']['engine_backend']} "
-                      f"(GPU probe: {report['hardware']['gpu_reason']})")
+        hw = report["hardware"]
+        console.print(f"engines run on: {hw.get('engine_backend', '?')} (GPU probe: {hw.get('gpu_reason') or '-'}; "
+                      f"{'as the agent last reported' if hw.get('source') == 'agent' else 'read now'})")
     for w in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {w}")
 

@@ -87,7 +87,18 @@ class DeviceLedger:
         return tuple(sorted(fit[:n]))
 
     def fits(self, memory_mb: int, n: int, headroom: float) -> bool:
-        return self.pick(memory_mb, n, headroom) is not None
+        # The feasibility check runs for every candidate host: count, do not sort.
+        n = max(1, n)
+        share = share_mb(memory_mb, n)
+        need_a = math.ceil(share * (1.0 + headroom))
+        free_a, free_b = self.free_a, self.free_b
+        found = 0
+        for i in self.indexes:
+            if free_b[i] >= share and free_a[i] >= need_a:
+                found += 1
+                if found >= n:
+                    return True
+        return False
 
     def max_free(self) -> int:
         return max((min(self.free_a[i], self.free_b[i]) for i in self.indexes), default=0)

@@ -42,3 +42,15 @@ def test_same_readings_same_bytes_and_what_each_residency_reports():
     assert hb.load.active_tasks == 2 and hb.unmanaged_memory_mb == 1300
     assert (hb.state, hb.highest_term, hb.warnings, hb.at) == ("throttled", 4, ("w",), 1000.0)
     assert build_heartbeat(**_readings(managed_rss_mb=5000)).unmanaged_memory_mb == 0
+
+
+def test_a_gpu_engine_reports_its_devices_and_a_cpu_engine_adds_no_bytes():
+    from msgspec import UNSET
+
+    gpu = ResidencyRecord(model_id="g", state="ready", memory_mb=9000, port=39003, slots=1,
+                          process=ProcessProof(pid=13, port=39003), loaded_at=900.0, devices=(1,))
+    hb = build_heartbeat(**_readings(residencies={"g": gpu}, activity={}))
+    assert [(r.model_id, r.devices) for r in hb.residencies] == [("g", (1,))]
+    cpu = build_heartbeat(**_readings())
+    assert all(r.devices is UNSET for r in cpu.residencies)
+    assert b'"devices"' not in codec.encode(cpu)

@@ -37,6 +37,11 @@ async def test_overrides_are_durable_picked_up_and_expire(js_log: JetStreamLog, 
     report = json.loads(status.output)
     assert report["override"]["state"] == "draining" and report["override"]["active"]
     assert report["protection_state"] == "draining" and report["host_id"] == agent.host_id
+    # Hardware as the running agent reported it in its heartbeat (this machine: CPU only).
+    hw = report["hardware"]
+    assert (hw["source"], hw["accelerator"], hw["engine_backend"], hw["placement_memory"]) == (
+        "agent", "cpu", "cpu", "ram")
+    assert hw["ram_mb"] == agent.options.capacity_mb and hw["cpu_count"] > 0
 
     # Survives a restart of the agent.
     await agent.stop(drain=True)
