@@ -68,11 +68,8 @@ class ModelReq:
     compat_key: tuple
     # Hosts with a passing qualification (grid.fleet.qualification); None: none required.
     qualified: frozenset[str] | None = None
-
-    @property
-    def tensor_parallel(self) -> int:
-        """Devices one replica spans on a VRAM host: the profile's declared GPU count, else one."""
-        return max(1, int(self.profile.min_gpu_count))
+    # Devices one replica spans on a VRAM host: the profile's declared GPU count, else one.
+    tensor_parallel: int = 1
 
     @staticmethod
     def compile(profile: ModelProfile, excludes: frozenset[str],
@@ -114,6 +111,7 @@ class ModelReq:
             disk_bytes=disk,
             compat_key=compat_key,
             qualified=qualified,
+            tensor_parallel=max(1, int(profile.min_gpu_count)),
         )
 
 
@@ -440,11 +438,8 @@ def check_device_memory(
     dev = hs.dev
     if dev is None or dev.fits(mem, req.tensor_parallel, headroom):
         return None
-    return (
-        R.INSUFFICIENT_MEMORY,
-        f"no {req.tensor_parallel} device(s) with {math.ceil(mem / req.tensor_parallel)} MB free each "
-        f"(largest free: {dev.max_free()} MB)",
-    )
+    # Cheap to build: candidate scans reject many hosts this way and never read the detail.
+    return (R.INSUFFICIENT_MEMORY, f"no {req.tensor_parallel} device(s) with {mem} MB / {req.tensor_parallel} free")
 
 
 def check_disk(
