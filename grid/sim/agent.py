@@ -1,10 +1,12 @@
-"""A simulated host agent without an engine (pure): the real agent's admission chain
+"""The one simulated host agent, without an engine (pure): the real agent's admission chain
 (grid.agent.fencing) in front of the lifecycle transitions, applied to an in-memory inventory.
 
 The controller integration tests drive it over a real log (tests/integration/controller/simhost.py)
-and the stateful reconciler test drives it directly, delivering its acks and heartbeats late,
-twice or never. It has no clock: `now` is always the caller's. (The lab's machines,
-grid.sim.world, keep their own executor: they model transfer and start-up time and incidents.)
+and the stateful reconciler test drives it directly (`execute`), delivering its acks and
+heartbeats late, twice or never; its transitions then take no time. The lab's machines
+(grid.sim.world) give it a `Timing` and start queued commands themselves (`start`): a warm is
+`warming` and an unload `unloading` until `settle` reaches the time the step ends. It has no
+clock: `now` is always the caller's.
 """
 
 from __future__ import annotations
@@ -13,18 +15,36 @@ from dataclasses import dataclass, field
 
 from grid.agent import fencing
 from grid.events.commands import CommandIssued
+from grid.fleet import HOLDS_MEMORY_STATES
 
 # (ack status, message), in the order the agent would append them.
 Ack = tuple[str, str]
 
+ACCEPTED = "accepted"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 CANCELLED = "cancelled"
 # Failure messages (the agent's own words for them).
 FETCH_FAILED = "fetch_failed"
+DISK_FULL = "disk_full"
 NOT_CACHED = "not_cached"
+RESIDENCY_BUSY = "residency_busy"
 INSUFFICIENT_MEMORY = "insufficient_memory"
+NOT_DRAINING = "not_draining"
 REQUESTS_IN_FLIGHT = "requests_in_flight"
+ALREADY_READY = "already_ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Seconds the steps that do not depend on the model take. A fetch and an engine start
+    depend on the model and the machine: the caller passes those with the command (`start`)."""
+
+    verify: float = 0.0
+    drain: float = 0.0
+    unload: float = 0.0
+    # A step that ends at once: a failure found before any work, or nothing to do.
+    brief: float = 0.0
 
 
 @dataclass(slots=True)
@@ -37,6 +57,28 @@ class SimResidency:
     active_requests: int = 0
     # False: an engine the host runs itself (Grid must never actuate it).
     managed: bool = True
+    max_concurrency: int = 1
+    last_used_at: float = 0.0
+    # When a timed step in progress (warming, unloading) ends.
+    settles_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One started command: its terminal outcome and how long the host was busy with it."""
+
+    status: str
+    message: str
+    seconds: float = 0.0
+    # The artifact was transferred (not only verified on disk).
+    fetched: bool = False
+    # False: the command never started (withdrawn before it could), so nothing was accepted.
+    started: bool = True
+
+    @property
+    def acks(self) -> tuple[Ack, ...]:
+        terminal = (self.status, self.message)
+        return ((ACCEPTED, "started"), terminal) if self.started else (terminal,)
 
 
 @dataclass(slots=True)
@@ -46,8 +88,12 @@ class SimAgent:
     # The host's protection state (admission is refused outside the admitting states).
     state: str = "accepting"
     residencies: dict[str, SimResidency] = field(default_factory=dict)
-    # Model id -> artifact sha256 of the weights on disk.
-    cached: dict[str, str | None] = field(default_factory=dict)
+    # Model id -> artifact MB of the weights on disk.
+    cached: dict[str, int] = field(default_factory=dict)
+    # Disk for artifacts in MB (None: unbounded).
+    disk_mb: int | None = None
+    # None: every transition is instantaneous.
+    timing: Timing | None = None
     fence: fencing.Authority = field(default_factory=fencing.Authority)
     # Action id -> terminal status (the agent's receipts: dependencies are judged on them).
     receipts: dict[str, str] = field(default_factory=dict)
@@ -56,60 +102,109 @@ class SimAgent:
     refused: list[tuple[CommandIssued, str]] = field(default_factory=list)
 
     def used_mb(self) -> int:
-        return sum(r.memory_mb for r in self.residencies.values() if r.state != "cached")
+        return sum(r.memory_mb for r in self.residencies.values() if r.state in HOLDS_MEMORY_STATES)
+
+    def disk_used_mb(self) -> int:
+        return sum(self.cached.values())
 
     def withdraw(self, action_id: str) -> None:
         self.withdrawn.add(action_id)
 
     def execute(self, cmd: CommandIssued, now: float, *, lease_remaining: float, fail: bool = False) -> tuple[Ack, ...]:
-        """The acks for `cmd` (none for a redelivery of a finished action). `fail` injects a
-        failure of the transition itself (a fetch or an engine start that did not work)."""
+        """The acks for `cmd` (none for a redelivery of a finished action), after the admission
+        chain. `fail` injects a failure of the transition itself (a fetch or an engine start
+        that did not work)."""
         if cmd.action_id in self.receipts:
             return ()
-        if cmd.action_id in self.withdrawn:
-            self.receipts[cmd.action_id] = CANCELLED
-            return ((CANCELLED, "withdrawn"),)
-        verdict = fencing.check_command(
-            cmd, host_id=self.host_id, authority=self.fence, lease_remaining_seconds=lease_remaining,
-            dependency_status=self.receipts, protection_state=self.state,
-        )
-        if not verdict.ok:
-            self.refused.append((cmd, verdict.reason))
-            self.receipts[cmd.action_id] = verdict.status
-            return ((verdict.status, verdict.message),)
-        self.fence = fencing.advance_authority(self.fence, cmd)
-        self.executed.append(cmd)
-        status, message = self._transition(cmd, now, fail)
-        self.receipts[cmd.action_id] = status
-        return (("accepted", "started"), (status, message))
+        if cmd.action_id not in self.withdrawn:
+            verdict = fencing.check_command(
+                cmd, host_id=self.host_id, authority=self.fence, lease_remaining_seconds=lease_remaining,
+                dependency_status=self.receipts, protection_state=self.state,
+            )
+            if not verdict.ok:
+                self.refused.append((cmd, verdict.reason))
+                self.receipts[cmd.action_id] = verdict.status
+                return ((verdict.status, verdict.message),)
+            self.fence = fencing.advance_authority(self.fence, cmd)
+        return self.start(cmd, now, fail=fail).acks
 
-    def _transition(self, cmd: CommandIssued, now: float, fail: bool) -> Ack:
+    def start(self, cmd: CommandIssued, at: float, *, fail: bool = False, fetch_seconds: float = 0.0,
+              warm_seconds: float = 0.0, max_concurrency: int = 1) -> Step:
+        """Run `cmd`'s transition from `at` (a withdrawn command is cancelled instead). With a
+        `Timing`, `fetch_seconds` and `warm_seconds` are how long this model's transfer and
+        engine start take here; `max_concurrency` is what its engine will report."""
+        if cmd.action_id in self.withdrawn:
+            step = Step(CANCELLED, "withdrawn", started=False)
+        else:
+            self.executed.append(cmd)
+            step = self._transition(cmd, at, fail, fetch_seconds, warm_seconds, max_concurrency)
+        self.receipts[cmd.action_id] = step.status
+        return step
+
+    def settle(self, until: float) -> None:
+        """End the timed steps due by `until`: a warming engine is ready, an unloading one gone."""
+        for model_id in sorted(self.residencies):
+            r = self.residencies[model_id]
+            if r.settles_at is None or r.settles_at > until:
+                continue
+            if r.state == "warming":
+                r.state = "ready"
+                r.loaded_at = r.last_used_at = r.settles_at
+            elif r.state == "unloading":
+                del self.residencies[model_id]
+                continue
+            r.settles_at = None
+
+    def stop_engines(self) -> None:
+        """Every engine dies with the machine (an outage)."""
+        self.residencies.clear()
+
+    def _transition(self, cmd: CommandIssued, at: float, fail: bool, fetch_seconds: float, warm_seconds: float,
+                    max_concurrency: int) -> Step:
+        t = self.timing or Timing()
         m = cmd.model_id
         r = self.residencies.get(m)
         if cmd.kind == "load":
             if fail:
-                return FAILED, FETCH_FAILED
-            self.cached[m] = cmd.artifact_sha256
-            return SUCCEEDED, "ok"
+                return Step(FAILED, FETCH_FAILED, t.brief)
+            if m in self.cached:
+                return Step(SUCCEEDED, "ok", t.verify)
+            size = int(cmd.artifact_size_mb or 0)
+            if self.disk_mb is not None and size > self.disk_mb - self.disk_used_mb():
+                return Step(FAILED, DISK_FULL, t.brief)
+            self.cached[m] = size
+            return Step(SUCCEEDED, "ok", fetch_seconds if self.timing else 0.0, fetched=True)
         if cmd.kind == "warm":
+            if r is not None and r.state == "ready":
+                return Step(SUCCEEDED, ALREADY_READY, t.brief)
+            if r is not None and r.state in HOLDS_MEMORY_STATES and r.state != "failed":
+                return Step(FAILED, RESIDENCY_BUSY, t.brief)
             if fail or m not in self.cached:
-                return FAILED, NOT_CACHED
+                return Step(FAILED, NOT_CACHED, t.brief)
             if self.used_mb() + cmd.memory_mb > self.capacity_mb:
-                return FAILED, INSUFFICIENT_MEMORY
-            if r is None or r.state in ("cached", "failed"):
-                self.residencies[m] = SimResidency("ready", cmd.memory_mb, now, sha=cmd.artifact_sha256,
-                                                   runtime=cmd.runtime)
-            return SUCCEEDED, "ok"
+                return Step(FAILED, INSUFFICIENT_MEMORY, t.brief)
+            timed = self.timing is not None
+            self.residencies[m] = SimResidency(
+                "warming" if timed else "ready", cmd.memory_mb, at, sha=cmd.artifact_sha256, runtime=cmd.runtime,
+                max_concurrency=max_concurrency, last_used_at=at, settles_at=at + warm_seconds if timed else None)
+            return Step(SUCCEEDED, "ok", warm_seconds if timed else 0.0)
         if cmd.kind == "drain":
-            if r is not None and r.state in ("ready", "failed"):
+            if r is not None and r.state in ("ready", "failed", "warming"):
                 r.state = "draining"
-            return SUCCEEDED, "ok"
+            return Step(SUCCEEDED, "ok", t.drain)
         # unload: only a drained, idle engine stops (fail safe with requests in flight)
-        if r is not None and r.state == "draining":
-            if r.active_requests > 0:
-                return FAILED, REQUESTS_IN_FLIGHT
+        if r is None:
+            return Step(SUCCEEDED, "ok", t.brief)
+        if r.state != "draining":
+            return Step(FAILED, NOT_DRAINING, t.brief)
+        if r.active_requests > 0:
+            return Step(FAILED, REQUESTS_IN_FLIGHT, t.brief)
+        if self.timing is None:
             del self.residencies[m]
-        return SUCCEEDED, "ok"
+        else:
+            r.state = "unloading"
+            r.settles_at = at + t.unload
+        return Step(SUCCEEDED, "ok", t.unload)
 
 
-__all__ = ["Ack", "SimAgent", "SimResidency"]
+__all__ = ["Ack", "SimAgent", "SimResidency", "Step", "Timing"]
