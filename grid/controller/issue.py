@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from grid.controller.reconcile import Action, Withdrawal
+from grid.controller.reconcile import Action, ReconcileResult, Withdrawal
 from grid.events.commands import CommandIssued, CommandWithdrawn
 
 
@@ -50,4 +50,15 @@ def command_withdrawn(withdrawal: Withdrawal, issuer: Issuer, *, at: float) -> C
     )
 
 
-__all__ = ["Issuer", "command_issued", "command_withdrawn"]
+def decision_events(result: ReconcileResult, issuer: Issuer, *, at: float,
+                    lease_remaining: float) -> tuple[CommandWithdrawn | CommandIssued, ...]:
+    """A whole decision as log events in append order: the withdrawals first (an agent drops
+    them before the commands that replace them arrive), then the commands in the reconciler's
+    order. For callers whose lease cannot run out mid-decision (the controller service checks
+    its lease per command)."""
+    return (tuple(command_withdrawn(w, issuer, at=at) for w in result.withdrawals)
+            + tuple(command_issued(a, issuer, issued_at=at, lease_remaining=lease_remaining)
+                    for a in result.actions))
+
+
+__all__ = ["Issuer", "command_issued", "command_withdrawn", "decision_events"]

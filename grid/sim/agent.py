@@ -37,9 +37,12 @@ ALREADY_READY = "already_ready"
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Seconds the steps that do not depend on the model take. A fetch and an engine start
-    depend on the model and the machine: the caller passes those with the command (`start`)."""
+    """Seconds each step takes. A fetch and an engine start depend on the model and the machine:
+    a caller that knows them passes them with the command (`start`); `fetch` and `warm` are
+    for the callers that do not."""
 
+    fetch: float = 0.0
+    warm: float = 0.0
     verify: float = 0.0
     drain: float = 0.0
     unload: float = 0.0
@@ -128,8 +131,8 @@ class SimAgent:
             self.fence = fencing.advance_authority(self.fence, cmd)
         return self.start(cmd, now, fail=fail).acks
 
-    def start(self, cmd: CommandIssued, at: float, *, fail: bool = False, fetch_seconds: float = 0.0,
-              warm_seconds: float = 0.0, max_concurrency: int = 1) -> Step:
+    def start(self, cmd: CommandIssued, at: float, *, fail: bool = False, fetch_seconds: float | None = None,
+              warm_seconds: float | None = None, max_concurrency: int = 1) -> Step:
         """Run `cmd`'s transition from `at` (a withdrawn command is cancelled instead). With a
         `Timing`, `fetch_seconds` and `warm_seconds` are how long this model's transfer and
         engine start take here; `max_concurrency` is what its engine will report."""
@@ -137,7 +140,9 @@ class SimAgent:
             step = Step(CANCELLED, "withdrawn", started=False)
         else:
             self.executed.append(cmd)
-            step = self._transition(cmd, at, fail, fetch_seconds, warm_seconds, max_concurrency)
+            t = self.timing or Timing()
+            step = self._transition(cmd, at, t, fail, t.fetch if fetch_seconds is None else fetch_seconds,
+                                    t.warm if warm_seconds is None else warm_seconds, max_concurrency)
         self.receipts[cmd.action_id] = step.status
         return step
 
@@ -159,9 +164,8 @@ class SimAgent:
         """Every engine dies with the machine (an outage)."""
         self.residencies.clear()
 
-    def _transition(self, cmd: CommandIssued, at: float, fail: bool, fetch_seconds: float, warm_seconds: float,
-                    max_concurrency: int) -> Step:
-        t = self.timing or Timing()
+    def _transition(self, cmd: CommandIssued, at: float, t: Timing, fail: bool, fetch_seconds: float,
+                    warm_seconds: float, max_concurrency: int) -> Step:
         m = cmd.model_id
         r = self.residencies.get(m)
         if cmd.kind == "load":
@@ -173,7 +177,7 @@ class SimAgent:
             if self.disk_mb is not None and size > self.disk_mb - self.disk_used_mb():
                 return Step(FAILED, DISK_FULL, t.brief)
             self.cached[m] = size
-            return Step(SUCCEEDED, "ok", fetch_seconds if self.timing else 0.0, fetched=True)
+            return Step(SUCCEEDED, "ok", fetch_seconds, fetched=True)
         if cmd.kind == "warm":
             if r is not None and r.state == "ready":
                 return Step(SUCCEEDED, ALREADY_READY, t.brief)
@@ -187,7 +191,7 @@ class SimAgent:
             self.residencies[m] = SimResidency(
                 "warming" if timed else "ready", cmd.memory_mb, at, sha=cmd.artifact_sha256, runtime=cmd.runtime,
                 max_concurrency=max_concurrency, last_used_at=at, settles_at=at + warm_seconds if timed else None)
-            return Step(SUCCEEDED, "ok", warm_seconds if timed else 0.0)
+            return Step(SUCCEEDED, "ok", warm_seconds)
         if cmd.kind == "drain":
             if r is not None and r.state in ("ready", "failed", "warming"):
                 r.state = "draining"

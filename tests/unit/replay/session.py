@@ -1,24 +1,28 @@
-"""A recorded session for replay tests: real events on a real log, plans recorded the controller's way.
+"""A recorded session for replay tests: real events on a real log, ticks the controller's way.
 
-Agents are modelled at the event level (they follow each plan: a new placement is commanded,
-reported as loading, then ready; a managed residency no longer planned drains, then
-disappears), and the
-controller tick is the controller's own composition (grid.controller.tick.compose_tick) and
-appends PlanCreated with based_on = the positions its runner had folded.
+Each controller pass is the production tick (grid.controller.tick.run_tick, automatic mode): it
+appends PlanCreated with based_on = the positions its runner had folded, then the commands
+grid.controller.issue makes of the reconciler's decision. The hosts are simulated agents
+(grid.sim.agent.SimAgent) that execute those commands at once and ack them, and converge one
+step per heartbeat round (the session may run on the wall clock): a new engine is reported
+warming once, then ready; an unloading one once, then gone.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import msgspec
 
 from grid.clock import Clock, SimulatedClock
-from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
-from grid.events.commands import CommandIssued
+from grid.controller.issue import Issuer, decision_events
+from grid.controller.tick import PROJECTIONS, Controls, encode_policy, run_tick
+from grid.events.acks import ActionAck
+from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
-from grid.events.host import HostHeartbeat, HostRegistered, HostResources, Residency
+from grid.events.host import CachedArtifact, HostHeartbeat, HostRegistered, HostResources, Residency
 from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
@@ -26,6 +30,13 @@ from grid.events.subjects import PLAN_SUBJECT
 from grid.fleet.planning import Policy, encode_plan
 from grid.planner.digest import inputs_digest
 from grid.projections.runner import ProjectionRunner
+from grid.sim.agent import SimAgent, Timing
+
+CONTROLLER_ID = "controller-1"
+EPOCH = "epoch-1"
+LEASE_SECONDS = 30.0
+# Timed, so that warming and unloading are states a heartbeat reports; a round settles them.
+TIMING = Timing()
 
 
 class Session:
@@ -45,8 +56,8 @@ class Session:
         self.record_policy = record_policy
         self.served = served
         self.runner = ProjectionRunner(PROJECTIONS)
-        self.residencies: dict[str, dict[str, str]] = {h: {} for h in self.hosts}
-        self.paused: set[str] = set()
+        self.agents = {h: SimAgent(h, capacity_mb=self._resources(h).capacity_mb, timing=TIMING) for h in self.hosts}
+        self.controls = Controls(policy=policy, mode="automatic")
         self.sequence = 0
         self.plans: list[PlanCreated] = []
         self._n = 0
@@ -76,28 +87,31 @@ class Session:
         profile = ModelProfile(model_id=model, max_replicas=3, **kw)
         await self.log.append(ProfileSet(event_id=self._eid("profile"), at=self.clock.now(), profile=profile))
 
+    def pause(self, host: str, paused: bool = True) -> None:
+        self.agents[host].state = "paused" if paused else "accepting"
+
     async def heartbeats(self) -> None:
+        now = self.clock.now()
         for h in self.hosts:
+            agent = self.agents[h]
             res = tuple(
-                Residency(model_id=m, memory_mb=2000, state=state, loaded_age_seconds=30.0,
-                          last_used_age_seconds=5.0, endpoint=f"http://127.0.0.1:9{self.hosts.index(h):03d}")
-                for m, state in sorted(self.residencies[h].items())
+                Residency(model_id=m, memory_mb=r.memory_mb, state=r.state,  # type: ignore[arg-type]
+                          artifact_sha256=r.sha, loaded_age_seconds=now - r.loaded_at,
+                          last_used_age_seconds=now - r.last_used_at,
+                          endpoint=f"http://127.0.0.1:9{self.hosts.index(h):03d}")
+                for m, r in sorted(agent.residencies.items())
             )
             await self.log.append(HostHeartbeat(
-                event_id=self._eid("hb"), at=self.clock.now(), host_id=h, resources=self._resources(h),
-                state="paused" if h in self.paused else "accepting", residencies=res,
-                disk_free_bytes=100 << 30, disk_total_bytes=200 << 30,
+                event_id=self._eid("hb"), at=now, host_id=h, resources=self._resources(h),
+                state=agent.state, residencies=res,  # type: ignore[arg-type]
+                cached=tuple(CachedArtifact(model_id=m, sha256="", size_bytes=1) for m in sorted(agent.cached)),
+                disk_free_bytes=100 << 30, disk_total_bytes=200 << 30, highest_term=agent.fence.highest_term,
             ))
-        # The agents converge one step per heartbeat round.
-        for h in self.hosts:
-            for m, state in list(self.residencies[h].items()):
-                if state == "loading":
-                    self.residencies[h][m] = "ready"
-                elif state == "draining":
-                    del self.residencies[h][m]
+        for agent in self.agents.values():
+            agent.settle(math.inf)
 
     def _route(self, model: str) -> str | None:
-        ready = [h for h in self.hosts if self.residencies[h].get(model) == "ready"]
+        ready = [h for h in self.hosts if (r := self.agents[h].residencies.get(model)) and r.state == "ready"]
         return self.rng.choice(ready) if (self.served and ready) else None
 
     async def requests(self, n: int = 20) -> None:
@@ -117,14 +131,15 @@ class Session:
         await self.log.append(RequestBatch(event_id=self._eid("rb"), at=self.clock.now(), source="gw-1", records=records))
 
     async def tick(self, *, drift: bool = False) -> PlanCreated:
-        """One controller pass: catch up, build the input, plan, append PlanCreated.
+        """One controller pass: catch up, run the tick, append PlanCreated, then its commands
+        (which the agents execute and ack at once).
 
         ``drift`` reproduces a recorder bug: more events are folded between building the input
         and reading the positions recorded as based_on.
         """
         await self.runner.catch_up(self.log)
         now = self.clock.now()
-        tick = compose_tick(self.runner.states, now, self.policy)
+        tick = run_tick(self.runner.states, now, self.controls)
         pin, plan = tick.planner_input, tick.plan
         digest = inputs_digest(pin)
         if drift:
@@ -134,28 +149,28 @@ class Session:
         self.sequence += 1
         event = PlanCreated(
             event_id=self._eid("plan"), at=now, planner_version=plan.planner_version,
-            generation=make_generation("epoch-1", self.sequence, digest), epoch="epoch-1", sequence=self.sequence,
+            generation=make_generation(EPOCH, self.sequence, digest), epoch=EPOCH, sequence=self.sequence,
             inputs_digest=digest, based_on=dict(sorted(self.runner.positions.items())), now=now,
-            controller_id="controller-1", controller_term=1, plan=msgspec.Raw(encode_plan(plan)),
+            controller_id=CONTROLLER_ID, controller_term=1, plan=msgspec.Raw(encode_plan(plan)),
             policy=encode_policy(self.policy) if self.record_policy else msgspec.Raw(b"null"),
         )
         await self.log.append(event, expected_last_subject_seq=await self.log.last_subject_sequence(PLAN_SUBJECT))
         self.plans.append(event)
-        # Agents act on the plan.
-        wanted = {(p.host_id, p.model_id) for p in plan.placements}
-        for p in plan.placements:
-            if p.model_id not in self.residencies[p.host_id]:
-                self.residencies[p.host_id][p.model_id] = "loading"
-                # The controller's command: a residency nobody commanded is no replica.
-                await self.log.append(CommandIssued(
-                    event_id=self._eid("cmd"), at=now, action_id=self._eid("load"), kind="load", host_id=p.host_id,
-                    model_id=p.model_id, memory_mb=p.memory_mb, generation=event.generation, controller_term=1,
-                    controller_id="controller-1", lease_expires_at=now + 30.0, lease_ttl_seconds=30.0))
-        for h in self.hosts:
-            for m, state in list(self.residencies[h].items()):
-                if (h, m) not in wanted and state in ("ready", "loading"):
-                    self.residencies[h][m] = "draining"
+        issuer = Issuer(controller_id=CONTROLLER_ID, controller_term=1, generation=event.generation)
+        for ev in decision_events(tick.result, issuer, at=now, lease_remaining=LEASE_SECONDS):
+            await self.log.append(ev)
+            if isinstance(ev, CommandWithdrawn):
+                self.agents[ev.host_id].withdraw(ev.action_id)
+            else:
+                await self._execute(ev, now)
         return event
+
+    async def _execute(self, cmd: CommandIssued, now: float) -> None:
+        for status, message in self.agents[cmd.host_id].execute(cmd, now, lease_remaining=LEASE_SECONDS):
+            await self.log.append(ActionAck(
+                event_id=self._eid("ack"), at=now, host_id=cmd.host_id, action_id=cmd.action_id, status=status,  # type: ignore[arg-type]
+                message=message, kind=cmd.kind, model_id=cmd.model_id, generation=cmd.generation,
+                controller_term=cmd.controller_term))
 
     async def run(self, rounds: int = 6) -> list[PlanCreated]:
         """A scripted session: heartbeats every 10 s, requests, a plan every round, a few changes."""
@@ -167,9 +182,9 @@ class Session:
             if r == 2:
                 await self.set_profile(self.models[-1], min_replicas=2, memory_mb=3000)
             if r == 3:
-                self.paused.add(self.hosts[0])
+                self.pause(self.hosts[0])
             if r == 4:
-                self.paused.discard(self.hosts[0])
+                self.pause(self.hosts[0], paused=False)
             await self.heartbeats()
             self._advance(10.0)
             await self.tick()
