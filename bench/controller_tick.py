@@ -9,10 +9,18 @@ a Controller catches up from the log, then its tick is timed:
                 reconcile, and every admitted command published (governor raised so the whole
                 first wave goes out) and folded back;
 * steady tick - the same fleet a moment later: plan unchanged (not re-appended), open commands
-                suppressed, nothing published (median of 5).
+                suppressed, nothing published (median of 5; the most commands a steady
+                tick still published or withdrew is printed as "re-issued").
+
+* pure tick   - the production tick without I/O on the caught-up projection states
+                (grid.controller.tick.run_tick: observe, forecast, plan, reconcile) and its
+                decision made into commands (grid.controller.issue.decision_events), median of
+                3: once before the cold tick (the whole first wave) and once after the steady
+                ticks (open commands suppressed).
 
 Baseline measured in the same run: the planner alone on the same PlannerInput (median of 3).
-The ratio column is tick / plan-only: what the controller adds around the planner.
+The ratio columns are tick / plan-only: what the tick, and the controller around it, add to
+the planner.
 
     python bench/controller_tick.py [--hosts 64,512,4096]
 """
@@ -32,15 +40,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import embedded_server  # noqa: E402
 from grid.controller.governor import Limits  # noqa: E402
 from grid.controller.service import Controller, ControllerSettings  # noqa: E402
-from grid.controller.tick import compose_tick  # noqa: E402
+from grid.controller.issue import Issuer, decision_events  # noqa: E402
+from grid.controller.tick import Controls, run_tick  # noqa: E402
 from grid.events.base import new_event_id  # noqa: E402
 from grid.events.control import ModelProfile, ModeSet, ProfileSet  # noqa: E402
 from grid.events.host import HostHeartbeat, HostResources, Residency  # noqa: E402
+from grid.events.plan import make_generation  # noqa: E402
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET  # noqa: E402
 from grid.planner.plan import plan  # noqa: E402
 from grid.transport.jetstream import JetStreamLog  # noqa: E402
 
 MODELS = 32
+ISSUER = Issuer(controller_id="bench", controller_term=1, generation=make_generation("bench", 1, "bench"))
+
+
+def pure_tick(states, controls: Controls, runs: int = 3) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Median seconds of the whole pure tick through its commands, and how many commands it made."""
+    seconds = []
+    for _ in range(runs):
+        now = time.time()
+        t0 = time.perf_counter()
+        tick = run_tick(states, now, controls)
+        events = decision_events(tick.result, ISSUER, at=now, lease_remaining=60.0)
+        seconds.append(time.perf_counter() - t0)
+    return statistics.median(seconds), len(events)
 
 
 def heartbeat(i: int, now: float) -> HostHeartbeat:
@@ -106,18 +129,23 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
         await ctl.start()
         catch_up = time.perf_counter() - t0
         try:
+            controls = Controls(policy=settings.policy, mode="automatic", limits=settings.limits)
             # Warm the planner and forecast (first-call costs) on this very input, untimed.
-            compose_tick(ctl.runner.states, time.time(), settings.policy)
+            run_tick(ctl.runner.states, time.time(), controls)
+            pure_cold, pure_cold_n = pure_tick(ctl.runner.states, controls)
             t0 = time.perf_counter()
             cold = await ctl.tick("bench-cold")
             cold_s = time.perf_counter() - t0
             assert cold.error is None, cold.error
             steady = []
+            steady_churn = 0
             for _ in range(5):
                 t0 = time.perf_counter()
                 report = await ctl.tick("bench-steady")
                 steady.append(time.perf_counter() - t0)
-                assert report.published == 0, "a steady tick must not re-publish"
+                # Expected 0: a steady tick re-publishing is a finding, printed with the figures.
+                steady_churn = max(steady_churn, report.published + report.withdrawn)
+            pure_steady, _ = pure_tick(ctl.runner.states, controls)
             pin = ctl.last_input
             assert pin is not None
             plan_only = []
@@ -132,7 +160,8 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
         "hosts": hosts, "ingest_s": ingest, "catch_up_s": catch_up, "cold_s": cold_s,
         "published": cold.published, "cold_plan_ms": cold.plan_ms, "cold_reconcile_ms": cold.reconcile_ms,
         "cold_publish_ms": cold.publish_ms, "steady_s": statistics.median(steady),
-        "plan_only_s": statistics.median(plan_only),
+        "plan_only_s": statistics.median(plan_only), "pure_cold_s": pure_cold, "pure_cold_commands": pure_cold_n,
+        "pure_steady_s": pure_steady, "steady_churn": steady_churn,
     }
 
 
@@ -141,15 +170,19 @@ async def main(host_counts: list[int]) -> None:
     with embedded_server() as server:
         for n in host_counts:
             rows.append(await cell(server.url, n))
-    print("controller tick vs plan-only (same PlannerInput, same run); real nats-server, sync_interval always")
+    print("controller tick and pure tick vs plan-only (same PlannerInput, same run); real nats-server, "
+          "sync_interval always")
     head = (f"{'hosts':>6} {'catch-up':>9} {'cold tick':>10} {'published':>9} {'publish':>9} "
-            f"{'reconcile':>9} {'steady':>9} {'plan-only':>10} {'cold/plan':>9} {'steady/plan':>11}")
+            f"{'reconcile':>9} {'steady':>9} {'re-issued':>9} {'pure cold':>10} {'commands':>8} {'pure steady':>11} "
+            f"{'plan-only':>10} {'cold/plan':>9} {'steady/plan':>11} {'pure cold/plan':>14} {'pure steady/plan':>16}")
     print(head)
     for r in rows:
+        base = r["plan_only_s"]
         print(f"{r['hosts']:>6} {r['catch_up_s'] * 1000:>7.0f}ms {r['cold_s'] * 1000:>8.1f}ms {r['published']:>9} "
               f"{r['cold_publish_ms']:>7.0f}ms {r['cold_reconcile_ms']:>7.1f}ms {r['steady_s'] * 1000:>7.1f}ms "
-              f"{r['plan_only_s'] * 1000:>8.1f}ms {r['cold_s'] / r['plan_only_s']:>8.2f}x "
-              f"{r['steady_s'] / r['plan_only_s']:>10.2f}x")
+              f"{r['steady_churn']:>9} {r['pure_cold_s'] * 1000:>8.1f}ms {r['pure_cold_commands']:>8} {r['pure_steady_s'] * 1000:>9.1f}ms "
+              f"{base * 1000:>8.1f}ms {r['cold_s'] / base:>8.2f}x {r['steady_s'] / base:>10.2f}x "
+              f"{r['pure_cold_s'] / base:>13.2f}x {r['pure_steady_s'] / base:>15.2f}x")
 
 
 if __name__ == "__main__":
