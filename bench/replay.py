@@ -4,8 +4,12 @@ The day is written to a real embedded nats-server (file store, sync_interval: al
 heartbeats from every host every 10 s (residencies follow the latest plan, as agents would),
 one RequestBatch per second of realistic bounded request features (diurnal rate, Zipf model
 popularity, workloads, lognormal service times, a few errors, hashed affinity keys), and a
-plan per minute recorded the controller's way (its projections, input builder, forecast and
-planner; based_on = the positions folded). Then, in the same run:
+tick per minute the controller's way: the production tick (grid.controller.tick.run_tick:
+observe, forecast, plan, reconcile in automatic mode) on its folded projections, the plan
+recorded (based_on = the positions folded), the decision's commands
+(grid.controller.issue.decision_events) appended and acked by their hosts. The generator
+prints the whole tick's time (fold through commands) against the planner's share of it, both
+measured in this run. Then, in the same run:
 
 1. raw: a nats-py ordered consumer reads every message of the folded streams, no decoding;
 2. replay from JetStream: ``replay_window(LogSource)`` folds everything and re-runs every plan;
@@ -37,13 +41,17 @@ from nats.js import api
 
 from bench._common import Timer, embedded_server
 from grid.analytics.sink import AnalyticsSink, open_store
-from grid.controller.tick import PROJECTIONS, compose_tick, encode_policy
+from grid.controller.issue import Issuer, decision_events
+from grid.controller.tick import PROJECTIONS, Controls, encode_policy, run_tick
 from grid.events import codec
+from grid.events.acks import ActionAck
+from grid.events.commands import CommandIssued
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostLoad, HostResources, Residency
 from grid.events.plan import PlanCreated, make_generation
 from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import (
+    COMMANDS_STREAM,
     HOSTS_STREAM,
     PLANS_STREAM,
     REQUESTS_STREAM,
@@ -142,13 +150,16 @@ async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rat
     nc = log.client
     runner = ProjectionRunner(PROJECTIONS)
     policy = Policy()
+    controls = Controls(policy=policy, mode="automatic")
     await log.append(ModeSet(event_id="mode", at=T0, mode="automatic"))
     for p in fleet.profiles():
         await log.append(ProfileSet(event_id=f"profile-{p.model_id}", at=T0, profile=p))
-    published = {HOSTS_STREAM: 0, REQUESTS_STREAM: 0}
+    published = {HOSTS_STREAM: 0, REQUESTS_STREAM: 0, COMMANDS_STREAM: 0}
     seconds = int(hours * 3600)
     n = 0
-    plan_seconds = 0.0
+    # Seconds of the whole tick (fold, forecast, plan, reconcile, commands) and of its parts.
+    timed = {"tick": 0.0, "fold": 0.0, "forecast": 0.0, "plan": 0.0, "reconcile": 0.0, "issue": 0.0}
+    commands = 0
     plans = 0
     for second in range(seconds):
         if second % 10 == 0:
@@ -164,13 +175,25 @@ async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rat
             published[REQUESTS_STREAM] += 1
         if second % 60 == 59:
             await wait_ingested(log, published)
+            t_fold = time.perf_counter()
             await runner.catch_up(log)
+            t_tick = time.perf_counter()
             now = time.time()
-            tick = compose_tick(runner.states, now, policy, stopwatch=time.perf_counter)
+            tick = run_tick(runner.states, now, controls, stopwatch=time.perf_counter)
             pin, plan = tick.planner_input, tick.plan
-            plan_seconds += tick.plan_seconds
             digest = inputs_digest(pin)
             plans += 1
+            t_issue = time.perf_counter()
+            decision = decision_events(tick.result, Issuer(
+                controller_id="bench-controller", controller_term=1,
+                generation=make_generation("bench", plans, digest)), at=now, lease_remaining=30.0)
+            t_end = time.perf_counter()
+            timed["fold"] += t_tick - t_fold
+            timed["forecast"] += tick.planned.forecast_seconds
+            timed["plan"] += tick.planned.plan_seconds
+            timed["reconcile"] += tick.reconcile_seconds
+            timed["issue"] += t_end - t_issue
+            timed["tick"] += t_end - t_fold
             event = PlanCreated(
                 event_id=f"plan-{plans}", at=now, planner_version=plan.planner_version,
                 generation=make_generation("bench", plans, digest), epoch="bench", sequence=plans,
@@ -179,12 +202,23 @@ async def generate(log: JetStreamLog, hours: float, hosts: int, models: int, rat
                 policy=encode_policy(policy),
             )
             await log.append(event, expected_last_subject_seq=runner.positions.get(PLANS_STREAM, 0))
-            # The agents converge to the plan before their next heartbeat.
+            for ev in decision:
+                await nc.publish(subject_for(ev), codec.encode(ev))
+                published[COMMANDS_STREAM] += 1
+                if isinstance(ev, CommandIssued):
+                    commands += 1
+                    n += 1
+                    ack = ActionAck(event_id=f"ack-{n}", at=now, host_id=ev.host_id, action_id=ev.action_id,
+                                    status="succeeded", kind=ev.kind, model_id=ev.model_id,
+                                    generation=ev.generation, controller_term=ev.controller_term)
+                    await nc.publish(subject_for(ack), codec.encode(ack))
+                    published[HOSTS_STREAM] += 1
+            # The agents converge to the plan (and ack its commands) before their next heartbeat.
             fleet.residencies = {h: {} for h in fleet.hosts}
             for p in plan.placements:
                 fleet.residencies[p.host_id][p.model_id] = p.memory_mb
     await wait_ingested(log, published)
-    return {"plans": plans, "plan_seconds": plan_seconds, "heartbeats": published[HOSTS_STREAM],
+    return {"plans": plans, "timed": timed, "commands": commands, "heartbeats": published[HOSTS_STREAM] - commands,
             "batches": published[REQUESTS_STREAM]}
 
 
@@ -258,7 +292,12 @@ async def main(args: argparse.Namespace) -> None:
         with Timer() as t:
             gen = await generate(log, args.hours, args.hosts, args.models, args.rate, args.seed)
         print(f"generated {args.hours:g} h of a {args.hosts}-host fleet in {t.seconds:.1f}s: {gen['heartbeats']:,} heartbeats, "
-              f"{gen['batches']:,} request batches, {gen['plans']} plans (planner {gen['plan_seconds']:.1f}s)")
+              f"{gen['batches']:,} request batches, {gen['plans']} ticks, {gen['commands']:,} commands")
+        tm = gen["timed"]
+        per = 1000.0 / max(1, gen["plans"])
+        print(f"whole tick (fold through commands): {tm['tick'] * per:.1f} ms/tick = fold {tm['fold'] * per:.1f} + "
+              f"forecast {tm['forecast'] * per:.1f} + plan {tm['plan'] * per:.1f} + reconcile {tm['reconcile'] * per:.1f} "
+              f"+ commands {tm['issue'] * per:.1f} (+ digest); ratio to plan-only = {tm['tick'] / max(tm['plan'], 1e-9):.2f}")
         streams = ProjectionRunner(PROJECTIONS).streams
         stream_sizes = {s: await log.last_sequence(s) for s in streams}
         print("stream sizes: " + ", ".join(f"{s}={n:,}" for s, n in stream_sizes.items()))
