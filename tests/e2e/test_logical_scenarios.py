@@ -31,6 +31,7 @@ from grid.agent.outcomes import NOTE_ADOPTED
 from grid.agent.state import AgentPaths, decode_state
 from grid.config import GridConfig
 from grid.fleet import ADMITTING_HOST_STATES
+from grid.fleet.states import PROCESS_STATES
 from grid.localgrid import BUNDLED_MEMORY_MB
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.netns import PREFIX, existing_namespaces
@@ -50,7 +51,6 @@ BASELINE = BUNDLED_MODEL_ID
 ONE_PER_HOST = {"max_colocated_models": 1}
 BATCH = "scenario-batch"
 CRITICAL = "scenario-critical"
-# Every scenario judges transitions as they happen: no residency fence, no cooldown hold.
 PROMPT = [{"role": "user", "content": "Reply with OK"}]
 
 
@@ -199,8 +199,25 @@ async def _stream(client: openai.AsyncOpenAI, model: str) -> tuple[str, str]:
     return host, text
 
 
-def _reported(fleet: Fleet, t: float) -> None:
-    print(f"scenario wall time: {t:.1f}s")
+def _wall_time(scenario: str, began: float) -> None:
+    """Printed (run with -s to see it): how long the scenario took on this machine."""
+    print(f"\n{scenario} scenario wall time: {time.monotonic() - began:.1f}s")
+
+
+def _colocated(transitions: list[Transition], models: set[str]) -> list[tuple[float, str, set[str]]]:
+    """Moments a host reported processes of two or more of `models` at once (replaying each
+    host's reported residency states in log order)."""
+    live: dict[str, dict[str, str]] = {}
+    out = []
+    for t in transitions:
+        if t.model_id not in models:
+            continue
+        states = live.setdefault(t.host_id, {})
+        states[t.model_id] = t.after
+        running = {m for m, st in states.items() if st in PROCESS_STATES}
+        if len(running) > 1:
+            out.append((t.at, t.host_id, running))
+    return out
 
 
 def _first(transitions: list[Transition], host: str, model: str, after: set[str]) -> Transition | None:
@@ -213,6 +230,7 @@ def _first(transitions: list[Transition], host: str, model: str, after: set[str]
 def test_activity_a_user_active_host_evacuates_make_before_break_without_a_failed_request(fleet: Fleet) -> None:
     began = time.monotonic()
     fleet.profile(BASELINE, min_replicas=3, max_replicas=3, min_failure_domains=3)
+
     def three_ready() -> set[str] | None:
         ready = fleet.ready(BASELINE)
         return ready if len(ready) == 3 else None
@@ -220,6 +238,7 @@ def test_activity_a_user_active_host_evacuates_make_before_break_without_a_faile
     three = wait_until("three ready replicas and a spare", three_ready, 180)
     (spare,) = set(HOSTS) - three
     victim = sorted(three)[0]
+    victim_engine = fleet.agent_residency(victim, BASELINE).process.pid
     state = load_state(fleet.root)
     assert state is not None
 
@@ -266,11 +285,13 @@ def test_activity_a_user_active_host_evacuates_make_before_break_without_a_faile
     # Make before break: the spare reported the replacement ready before the victim's replica
     # left ready.
     assert replacement_ready.at <= old_draining.at, (replacement_ready, old_draining)
+    # ... and the user-active host's engine was stopped, not just fenced.
+    wait_until(f"{victim}'s engine (pid {victim_engine}) stopped", lambda: not psutil.pid_exists(victim_engine), 30)
     resumed = fleetlib.host_cli(state, victim, "node", "resume")
     assert resumed.returncode == 0, resumed.stderr
     wait_until(f"{victim} admitting again",
                lambda: fleet.hosts()[victim]["state"] in ADMITTING_HOST_STATES and fleet.hosts()[victim]["fresh"], 60)
-    _reported(fleet, time.monotonic() - began)
+    _wall_time("activity", began)
 
 
 # --- restart -----------------------------------------------------------------------------------
@@ -313,7 +334,7 @@ def test_restart_every_agent_rebuilt_from_durable_state_adopts_its_engine_which_
         assert _first(seen, host, BASELINE, {"draining"}) is not None, (host, seen)
         rec = fleet.agent_residency(host, BASELINE)
         assert rec is None or (rec.state == "cached" and rec.process is None), (host, rec)
-    _reported(fleet, time.monotonic() - began)
+    _wall_time("restart", began)
 
 
 async def _once(fleet: Fleet, model: str) -> str:
@@ -350,7 +371,8 @@ def test_contention_two_models_under_a_one_model_per_host_budget(fleet: Fleet) -
     placed = fleet.placed()
     assert all(len(placed[h] & {BATCH, CRITICAL}) <= 1 for h in HOSTS), placed
     assert fleet.ready(CRITICAL) == ready[CRITICAL]
-    _reported(fleet, time.monotonic() - began)
+    assert not _colocated(fleet.watcher.since(0.0), {BATCH, CRITICAL})
+    _wall_time("contention", began)
 
 
 # --- preemption --------------------------------------------------------------------------------
@@ -410,7 +432,9 @@ def test_preemption_a_critical_burst_drains_batch_incumbents_before_warming_and_
         assert back, host
     host, text = asyncio.run(_stream_once(fleet, BATCH))
     assert host in HOSTS and text
-    _reported(fleet, time.monotonic() - began)
+    # Under the one-model-per-host budget no host ever ran both, not even for a moment.
+    assert not _colocated(fleet.watcher.since(0.0), {BATCH, CRITICAL})
+    _wall_time("preemption", began)
 
 
 async def _stream_once(fleet: Fleet, model: str) -> tuple[str, str]:
