@@ -4,8 +4,8 @@ agents that joined by invitation and real llama.cpp engines running the bundled 
 
 The scenarios share one fleet and run in file order; each sets the profiles it needs and leaves
 the fleet for the next. Profiles with different names share the one GGUF: the allocator sees
-distinct models (identity, priority, memory declaration) while every answer is real. Demand is
-real requests through the gateway. Residency transitions are read from the hosts' signed
+distinct models (identity, priority, placement budget) while every answer is real. Baselines
+are profile settings; demand beyond them is real requests through the gateway. Residency transitions are read from the hosts' signed
 heartbeats in the event log (grid.testfleet.watch), so orderings are judged on what the hosts
 reported, in the order the log stored it.
 """
@@ -61,6 +61,9 @@ class Transition:
     model_id: str
     before: str
     after: str
+
+    def __repr__(self) -> str:
+        return f"{self.at:.1f} {self.host_id} {self.model_id[:12]} {self.before}->{self.after}"
 
 
 @dataclass
@@ -232,8 +235,11 @@ def test_activity_a_user_active_host_evacuates_make_before_break_without_a_faile
     fleet.profile(BASELINE, min_replicas=3, max_replicas=3, min_failure_domains=3)
 
     def three_ready() -> set[str] | None:
+        # Settled: three ready replicas and no process of the model anywhere else (the initial
+        # replica may be moving), so the fourth host is a true spare.
         ready = fleet.ready(BASELINE)
-        return ready if len(ready) == 3 else None
+        placed = {h for h, models in fleet.placed().items() if BASELINE in models}
+        return ready if len(ready) == 3 and placed == ready else None
 
     three = wait_until("three ready replicas and a spare", three_ready, 180)
     (spare,) = set(HOSTS) - three
@@ -398,15 +404,18 @@ def test_preemption_a_critical_burst_drains_batch_incumbents_before_warming_and_
                 got = await asyncio.gather(*(_ask(client, CRITICAL, f"critical-{i}") for i in range(4)),
                                            return_exceptions=True)
                 hosts = [g for g in got if isinstance(g, str)]
+                retry_after = 0.0
                 for g in got:
                     if isinstance(g, openai.APIStatusError):
                         assert g.status_code == 503, g
                         refused += 1
+                        retry_after = max(retry_after, float(g.response.headers["retry-after"]))
                     elif isinstance(g, BaseException):
                         raise g
                 if hosts:
                     return hosts[0], refused
-                await asyncio.sleep(1.0)  # the client's retry pacing, as Retry-After asks
+                # Paced as a client honouring Retry-After, at most a second apart (a burst).
+                await asyncio.sleep(min(retry_after, 1.0))
         raise AssertionError(f"{CRITICAL} never answered")
 
     served_by, refused = asyncio.run(burst())
