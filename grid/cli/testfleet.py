@@ -9,18 +9,39 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
 from grid.cli.common import JsonOption, console, err_console, fail, print_json
 
+if TYPE_CHECKING:
+    from grid.testfleet.state import FleetManifest
+
 
 def _root() -> Path:
     from grid.testfleet.fleet import fleet_root
 
     return fleet_root()
+
+
+def _recorded_fleet() -> FleetManifest:
+    """The fleet recorded under this home; a clear error, exit 1, when there is
+    none or its state file is damaged."""
+    from grid.testfleet.fleet import FleetStateError
+    from grid.testfleet.state import load_state
+
+    root = _root()
+    try:
+        state = load_state(root)
+    except FleetStateError as exc:
+        fail(str(exc))
+        raise AssertionError from exc
+    if state is None:
+        fail(f"no test fleet in {root} (`gridctl test start`)")
+        raise AssertionError
+    return state
 
 
 def _capacities(value: str | None) -> tuple[float, ...] | None:
@@ -126,19 +147,9 @@ def status(json_out: bool = JsonOption) -> None:
 def watch() -> None:
     """Follow residency transitions and command outcomes until Ctrl-C (the fleet keeps running)."""
     from grid.events.log import LogError
-    from grid.testfleet.fleet import FleetStateError
-    from grid.testfleet.state import load_state
     from grid.testfleet.watch import Line, follow
 
-    root = _root()
-    try:
-        state = load_state(root)
-    except FleetStateError as exc:
-        fail(str(exc))
-        raise AssertionError from exc
-    if state is None:
-        fail(f"no test fleet in {root} (`gridctl test start`)")
-        raise AssertionError
+    state = _recorded_fleet()
 
     def emit(line: Line) -> None:
         when = dt.datetime.fromtimestamp(line.at, dt.timezone.utc).strftime("%H:%M:%S")
@@ -198,18 +209,9 @@ def demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from grid.testfleet.demo import DemoSpec, run_demo
-    from grid.testfleet.fleet import FleetError, FleetStateError
-    from grid.testfleet.state import load_state
+    from grid.testfleet.fleet import FleetError
 
-    root = _root()
-    try:
-        state = load_state(root)
-    except FleetStateError as exc:
-        fail(str(exc))
-        raise AssertionError from exc
-    if state is None:
-        fail(f"no test fleet in {root} (`gridctl test start`)")
-        raise AssertionError
+    state = _recorded_fleet()
     out = err_console if json_out else console
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out, transient=True)
     tasks: dict[str, object] = {}
