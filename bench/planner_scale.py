@@ -17,6 +17,7 @@ column is baseline time / indexed time (identical plan bytes are asserted).
 
     python bench/planner_scale.py            # full grid
     python bench/planner_scale.py --quick    # smallest cells only
+    python bench/planner_scale.py --hosts 16384 --models 2048   # one cell
 """
 
 from __future__ import annotations
@@ -364,9 +365,15 @@ def main(argv: list[str] | None = None) -> int:
         default=512 * 128,
         help="max hosts*models for the full-scan baseline",
     )
+    ap.add_argument("--hosts", default=None, help="host counts, comma-separated (overrides the grid's)")
+    ap.add_argument("--models", default=None, help="model counts, comma-separated (overrides the grid's)")
     args = ap.parse_args(argv)
     hosts_axis = [64] if args.quick else [64, 512, 4096]
     models_axis = [32, 128] if args.quick else [32, 128, 512]
+    if args.hosts:
+        hosts_axis = [int(x) for x in args.hosts.split(",")]
+    if args.models:
+        models_axis = [int(x) for x in args.models.split(",")]
     print(
         f"{'hosts':>6} {'models':>6} {'phase':>6} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
         f"{'seconds':>8} {'placements/s':>12} {'plan KB':>8} {'full-scan s':>11} {'ratio':>6}"

@@ -279,6 +279,11 @@ class AnalyticsService:
             await asyncio.sleep(0.05)
         return False
 
+    def stored_positions(self) -> dict[str, int]:
+        """The last sequence the store holds, by stream, as of the sink's last commit (no query)."""
+        sink = self.sink
+        return {} if sink is None else dict(sink.committed)
+
     def _positions(self) -> dict[str, int]:
         con = self.con
         if con is None:

@@ -112,6 +112,9 @@ class AnalyticsSink:
         self._first_pending: dict[str, int] = {}
         # Last sequence per stream stored or buffered: anything at or before it is a duplicate.
         self._last: dict[str, int] = self.positions()
+        # The last sequence stored per stream, as of this sink's last commit (kept in memory so
+        # that metrics read it without a query).
+        self.committed: dict[str, int] = dict(self._last)
         self.rows_written = 0
         self.malformed = 0
         self.skipped = 0
@@ -285,6 +288,8 @@ class AnalyticsSink:
         tighten_store(self._files)  # the commit may have made a new WAL
         for stream, seq in stale.items():
             self._last[stream] = max(self._last.get(stream, 0), seq)
+        for stream, seq in self._pending_positions.items():
+            self.committed[stream] = max(self.committed.get(stream, 0), seq)
         self._pending_positions.clear()
         self._first_pending.clear()
         self.rows_written += written

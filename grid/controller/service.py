@@ -287,7 +287,31 @@ class Controller:
         def active() -> list[Sample]:
             return [((), 1.0 if self.lease is not None and self.lease.held else 0.0)]
 
+        def positions() -> list[Sample]:
+            return [((stream,), float(seq)) for stream, seq in sorted(self.runner.positions.items())]
+
+        def last_tick() -> list[Sample]:
+            report = self.last_tick
+            return [] if report is None else [((), report.duration_ms / 1000)]
+
+        def sink_positions() -> list[Sample]:
+            # The DuckDB sink's stored positions, when it runs in this process.
+            service = self.analytics
+            if service is None or service.sink is None:
+                return []
+            try:
+                stored = service.stored_positions()
+            except Exception:  # the store is being replaced: no reading this scrape
+                return []
+            return [((stream,), float(seq)) for stream, seq in sorted(stored.items())]
+
         return [
+            GaugeSource("grid_controller_log_position", "The last log sequence folded, by stream.", ("stream",),
+                        positions),
+            GaugeSource("grid_controller_last_tick_seconds", "Duration of the latest reconciliation pass.", (),
+                        last_tick),
+            GaugeSource("grid_analytics_log_position", "The last log sequence the analytics store holds, by stream.",
+                        ("stream",), sink_positions),
             GaugeSource("grid_controller_plan_age_seconds", "Seconds since the last plan was recorded.", (), plan_age),
             GaugeSource("grid_controller_pending_commands", "Commands issued and not yet terminal (withdrawn excluded).",
                         (), pending),

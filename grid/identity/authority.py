@@ -18,6 +18,7 @@ once. That is how `revoke_host` disconnects a host within seconds, embedded serv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,38 @@ class Authority:
             if self.host_revoked(principal.host_id):
                 raise AuthorityError(f"host {principal.host_id} is revoked")
             principal = self.host_principal(principal.host_id)
+        token = self._user_token(principal, user_public_key, now=now, ttl_seconds=ttl_seconds)
+        if principal.host_id is not None:
+            record = self.registry.hosts[principal.host_id]
+            if user_public_key not in record.keys:
+                record.keys.append(user_public_key)
+                self._save()
+        return token
+
+    def issue_host_creds(self, host_ids: Sequence[str], *, now: float,
+                         ttl_seconds: float | None) -> dict[str, tuple[str, bytes]]:
+        """A fresh user key and JWT (token, seed) for each of many hosts, with one registry read
+        and one write: `issue` reads and writes the registry per host, which is quadratic in
+        the number of hosts when a fleet is enrolled at once."""
+        self.reload()
+        revoked = [host_id for host_id in host_ids if self.host_revoked(host_id)]
+        if revoked:  # refused before anything is issued
+            raise AuthorityError(f"host {revoked[0]} is revoked")
+        issued: dict[str, tuple[str, bytes]] = {}
+        for host_id in host_ids:
+            record = self.registry.hosts.get(host_id)
+            if record is None:
+                record = self.registry.hosts[host_id] = HostIdentityRecord(command_consumer=new_host_consumer(host_id))
+            pair = create_user_pair()
+            public = pair.public_key.decode()
+            principal = Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
+            issued[host_id] = (self._user_token(principal, public, now=now, ttl_seconds=ttl_seconds), pair.seed)
+            record.keys.append(public)
+        self._save()
+        return issued
+
+    def _user_token(self, principal: Principal, user_public_key: str, *, now: float,
+                    ttl_seconds: float | None) -> str:
         grant = grant_for(principal, user_public_key)
         tags = principal_tags(principal)
         claims = jwt.user_claims(
@@ -148,13 +181,7 @@ class Authority:
         # itself, with its permission lists, would add kilobytes to every message.
         claims[signing.CERT_CLAIM] = signing.certify(self._account, user_public_key, principal,
                                                      issued_at=int(now), expires_at=claims.get("exp"))
-        token = jwt.encode(claims, self._account, issued_at=int(now))
-        if principal.host_id is not None:
-            record = self.registry.hosts[principal.host_id]
-            if user_public_key not in record.keys:
-                record.keys.append(user_public_key)
-                self._save()
-        return token
+        return jwt.encode(claims, self._account, issued_at=int(now))
 
     def issue_creds(self, principal: Principal, path: Path, *, now: float,
                     ttl_seconds: float | None) -> Path:
@@ -171,6 +198,13 @@ class Authority:
             record = self.registry.hosts[host_id] = HostIdentityRecord(command_consumer=new_host_consumer(host_id))
             self._save()
         return Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
+
+    def admitted_hosts(self) -> list[Principal]:
+        """Every admitted, unrevoked host's principal, sorted by host id, from one registry read
+        (`host_principal` reads the registry per call)."""
+        self.reload()
+        return [Principal(Role.HOST, host_id=host_id, command_consumer=self.registry.hosts[host_id].command_consumer)
+                for host_id in sorted(self.registry.hosts) if not self.host_revoked(host_id)]
 
     def verify_user(self, user_jwt: str) -> dict[str, Any]:
         """Claims of a user JWT this authority signed (signature checked, expiry not)."""

@@ -7,6 +7,7 @@ running; and it answers join/renew requests (enrolment.py) on its own connection
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,8 @@ from grid.identity.provision import provision_host_consumer
 log = structlog.get_logger(__name__)
 
 INVITATIONS_FILE = "invitations.json"
+# Host command consumers created at once when the controller starts.
+PROVISION_CONCURRENCY = 32
 
 
 def invitation_store(authority: Authority) -> InvitationStore:
@@ -50,14 +53,19 @@ class ControllerIdentity:
         authorship = getattr(event_log, "authorship", None)
         if authorship is not None:
             self.enrolment.sign = authorship.sign
-        self.authority.reload()
-        for host_id in sorted(self.authority.registry.hosts):
-            if self.authority.host_revoked(host_id):
-                continue
-            try:
-                await self._provision(self.authority.host_principal(host_id))
-            except Exception as exc:  # one bad record must not keep the controller down
-                log.warning("identity.provision_failed", host_id=host_id, error=str(exc))
+        # Consumer creations run PROVISION_CONCURRENCY at a time: each is a JetStream API round
+        # trip (a Raft proposal on a replicated stream), so one at a time kept a controller of
+        # thousands of hosts from starting for minutes.
+        gate = asyncio.Semaphore(PROVISION_CONCURRENCY)
+
+        async def one(host: Principal) -> None:
+            async with gate:
+                try:
+                    await self._provision(host)
+                except Exception as exc:  # one bad record must not keep the controller down
+                    log.warning("identity.provision_failed", host_id=host.host_id, error=str(exc))
+
+        await asyncio.gather(*(one(host) for host in self.authority.admitted_hosts()))
         await self.enrolment.serve(nc)
 
     async def stop(self) -> None:

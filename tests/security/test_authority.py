@@ -11,7 +11,7 @@ from nats_jwt.v2.decoder import decode as reference_decode
 
 from grid.identity import jwt
 from grid.identity.authority import Authority, AuthorityError, principal_from_claims
-from grid.identity.creds import credential_principal, read_creds
+from grid.identity.creds import credential_principal, read_creds, write_creds
 from grid.identity.enrolment import renewal_due
 from grid.identity.invitations import (
     REFUSED_INVITATION_EXPIRED,
@@ -153,3 +153,28 @@ def test_renewal_is_due_after_two_thirds_of_the_lifetime(tmp_path: Path) -> None
     assert not renewal_due(host, 2999.0) and renewal_due(host, 3000.0)
     forever = authority.issue_creds(Principal(Role.GATEWAY), tmp_path / "g.creds", now=1000.0, ttl_seconds=None)
     assert not renewal_due(forever, 10**10)
+
+
+def test_bulk_issued_host_credentials_equal_one_by_one_issuing_and_one_registry_write(tmp_path: Path) -> None:
+    authority = Authority(tmp_path / "identity")
+    authority.issue(Principal(Role.HOST, host_id="gone"), create_user_pair().public_key.decode(), now=1000.0,
+                    ttl_seconds=60.0)
+    authority.revoke_host("gone", now=1000.0)
+    registry = authority.directory / "registry.json"
+    before = registry.stat().st_mtime_ns
+    issued = authority.issue_host_creds(["node-1", "node-2"], now=1000.0, ttl_seconds=3600.0)
+    assert set(issued) == {"node-1", "node-2"}
+    assert registry.stat().st_mtime_ns != before
+    again = Authority(tmp_path / "identity")
+    for host_id, (token, seed) in issued.items():
+        claims = jwt.verify(token, authority.account_public)
+        assert claims["exp"] == 1000 + 3600 and seed.startswith(b"SU")
+        # The same principal (and so the same grant and command consumer) one-by-one issuing gives.
+        assert principal_from_claims(claims) == again.host_principal(host_id)
+        assert claims["sub"] in again.registry.hosts[host_id].keys
+        path = write_creds(tmp_path / f"{host_id}.creds", token, seed)
+        assert credential_principal(path) == again.host_principal(host_id)
+    assert [p.host_id for p in again.admitted_hosts()] == ["node-1", "node-2"]  # the revoked host is left out
+    with pytest.raises(AuthorityError, match="revoked"):
+        authority.issue_host_creds(["node-3", "gone"], now=1000.0, ttl_seconds=60.0)
+    assert "node-3" not in Authority(tmp_path / "identity").registry.hosts

@@ -68,6 +68,11 @@ def test_metrics_exposes_plan_age_tick_duration_pending_commands_lease(controlle
     assert families["grid_controller_lease_term"].samples[0].value >= 1
     tick_count = [s for s in families["grid_controller_tick_seconds"].samples if s.name.endswith("_count")]
     assert tick_count and tick_count[0].value >= 1
+    # The latest tick's duration, and how far the controller has folded each stream.
+    last_tick = families["grid_controller_last_tick_seconds"].samples
+    assert len(last_tick) == 1 and 0.0 < last_tick[0].value < 60.0
+    folded = {s.labels["stream"]: s.value for s in families["grid_controller_log_position"].samples}
+    assert folded.get("GRID_PLANS", 0) >= 1, folded  # its first plan, folded back before the tick ended
 
 
 def test_openapi_document_and_schemathesis_finds_no_500_and_no_schema_violation(

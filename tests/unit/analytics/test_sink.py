@@ -96,6 +96,9 @@ def test_a_sink_that_was_overtaken_inserts_only_what_is_new(tmp_path: Path) -> N
     one.flush()
     assert _counts(con) == _counts(ref) and _dupes(con) == 0
     assert slow.positions() == one.positions()
+    # What each sink committed, kept in memory for metrics: no further than what it stored itself.
+    assert one.committed == one.positions() and fast.committed == {
+        s: max(m.seq for m in msgs[:180] if m.stream == s) for s in {m.stream for m in msgs[:180]}}
     # A position never moves back: a sink that flushes older messages last leaves the newer one.
     late = AnalyticsSink(open_store(tmp_path / "f.duckdb"))
     for m in msgs[:100]:
@@ -164,8 +167,10 @@ def test_a_failed_flush_stores_nothing_and_the_sink_resumes_from_the_store(tmp_p
     con.execute("INSERT INTO request_features (stream, seq, idx) VALUES (?, ?, 0)", [victim.stream, victim.seq])
     for m in msgs[40:]:
         sink.add(m)
+    committed = dict(sink.committed)
     with pytest.raises(duckdb.ConstraintException):
         sink.flush()
+    assert sink.committed == committed == sink.positions()  # a failed flush commits no position
     after = _counts(con)
     assert after["events"] == stored["events"] and after["residencies"] == stored["residencies"]
     assert sink.pending_rows() == 0
