@@ -180,6 +180,10 @@ class _VarzReply(msgspec.Struct):
 _varz_decoder = msgspec.json.Decoder(_VarzReply)
 
 
+# The consumers one grid stream may have: a host's command consumer each, plus the readers.
+MAX_CONSUMERS_PER_STREAM = 1_000_000
+
+
 def _stream_config(name: str, replicas: int = 1, max_bytes: int | None = None) -> api.StreamConfig:
     return api.StreamConfig(name=name, subjects=list(STREAM_SUBJECTS[name]),
                             duplicate_window=DUPLICATE_WINDOW_SECONDS,
@@ -199,6 +203,10 @@ def _retention(policy: StreamPolicy, replicas: int, max_bytes: int | None) -> di
         # responder at all, should a permission ever let one through.
         allow_direct=False,
         num_replicas=replicas,
+        # Stated, not left to the server: since nats-server 2.15 a stream that sets no limit gets
+        # the server's default_max_consumers (1,000), and GRID_CMDS holds a durable consumer per
+        # host, so the 1,000th host's consumer (and then the controller's own) was refused.
+        max_consumers=MAX_CONSUMERS_PER_STREAM,
     )
 
 
