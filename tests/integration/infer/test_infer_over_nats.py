@@ -109,7 +109,8 @@ async def test_non_streaming_and_streaming_answers(pair) -> None:
 
 async def test_client_disconnect_frees_the_engine_slot(pair, engine: EngineRoute) -> None:
     upstream, responder, _log = pair
-    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True, max_tokens=4000), JSON)
+    # A short answer could end before the slot is read: this one runs until it is closed.
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _long(True), JSON)
     it = resp.aiter_raw()
     first = await it.__anext__()
     assert first
