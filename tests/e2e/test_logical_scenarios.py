@@ -38,6 +38,7 @@ from grid.testfleet.netns import PREFIX, existing_namespaces
 from grid.testfleet.state import load_state
 from grid.testfleet.watch import ABSENT, Line, follow
 from tests import machine_lock
+from tests.e2e.test_fleet import Fleet as BaseFleet
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 
 pytestmark = pytest.mark.e2e
@@ -89,23 +90,10 @@ class Watcher:
 
 
 @dataclass
-class Fleet:
-    home: Path
-    status: dict[str, Any]
+class Fleet(BaseFleet):
+    """test_fleet's fleet handle, with the follower of residency transitions."""
+
     watcher: Watcher
-
-    @property
-    def root(self) -> Path:
-        return self.home / "testfleet"
-
-    @property
-    def gateway(self) -> str:
-        return str(self.status["gateway_url"])
-
-    def admin(self, method: str, path: str, body: Any = None) -> Any:
-        state = load_state(self.root)
-        assert state is not None
-        return fleetlib.admin_request(state, method, path, body)
 
     def profile(self, model_id: str, **fields: Any) -> None:
         """Put (or replace) a profile on the shared artifact: no residency fence, no cooldown."""

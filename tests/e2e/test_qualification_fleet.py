@@ -10,8 +10,7 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,11 @@ from grid.agent.engines.runtime import Runtime
 from grid.fleet.reasons import NOT_QUALIFIED
 from grid.testfleet import fleet as fleetlib
 from grid.testfleet.state import FleetManifest, load_state
+from tests.e2e.test_external_engine import wait_until
 from tests.integration.testfleet.test_fleet_cli import gridctl, seed_fleet_models
 from tests.ports import engine_ports, fleet_engine_port_base
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture
