@@ -208,7 +208,7 @@ class NatsResponse:
             if wire.H_END in headers:
                 self._ended = True
                 if wire.H_ERROR in headers:
-                    raise httpx.ReadError(f"{self._target}: {headers[wire.H_ERROR]}")
+                    raise _read_error(self._target, headers[wire.H_ERROR])
             if msg.data:
                 yield msg.data
 
@@ -224,6 +224,13 @@ class NatsResponse:
             await _cancel(self._nc, self._port, self._target, self._reply)
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
+
+
+def _read_error(target: InferTarget, error: str) -> httpx.ReadError:
+    """The agent ended an answer with `error` after the request may have reached its engine."""
+    if error == wire.ERR_CONNECTION_LOST:
+        return UpstreamConnectionLost(f"{target}: {error}")
+    return httpx.ReadError(f"{target}: {error}")
 
 
 async def _cancel(nc: NATS, port: LocalPort | None, target: InferTarget, reply: str) -> None:
@@ -287,7 +294,7 @@ class NatsUpstream:
             if wire.H_ERROR in headers_in:
                 if headers_in.get(wire.H_PHASE) == wire.PHASE_CONNECT:
                     raise httpx.ConnectError(f"{target}: {headers_in[wire.H_ERROR]}")
-                raise httpx.ReadError(f"{target}: {headers_in[wire.H_ERROR]}")
+                raise _read_error(target, headers_in[wire.H_ERROR])
             if headers_in.get(wire.H_SEQ) != "0" or wire.H_STATUS not in headers_in:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),

@@ -282,7 +282,7 @@ class InferenceResponder:
     async def _end_lost(self, reply: str, seq: int) -> None:
         """Best effort (buffered until reconnected): the answer ends, and why."""
         with contextlib.suppress(Exception):
-            await self._send(reply, seq, **{wire.H_END: "1", wire.H_ERROR: "the agent lost its NATS connection",
+            await self._send(reply, seq, **{wire.H_END: "1", wire.H_ERROR: wire.ERR_CONNECTION_LOST,
                                             **({} if seq else {wire.H_PHASE: wire.PHASE_READ})})
 
     async def _refuse(self, reply: str, status: int, message: str, code: str) -> None:

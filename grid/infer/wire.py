@@ -53,6 +53,10 @@ CHUNK_BYTES = 256 * 1024
 # Refusals before the engine (a status the gateway passes on, never a transport error).
 ERR_NO_ENGINE = "no_engine_for_model"
 ERR_PATH = "path_not_allowed"
+# The `Grid-Error` of an answer the agent stopped because its own NATS connection was lost. The
+# gateway reports it exactly as it reports losing its own connection (`upstream_connection_lost`):
+# which of the two notices first is a race, and the client must see the same error either way.
+ERR_CONNECTION_LOST = "the agent lost its NATS connection"
 
 _headers_encoder = msgspec.json.Encoder()
 _headers_decoder = msgspec.json.Decoder(list[tuple[str, str]])
