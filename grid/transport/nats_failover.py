@@ -8,14 +8,21 @@ Every client of a silent node stalled for about 40 s although the other nodes se
 picks the next server at random, so one time in N it is the silent node again, and waits a
 whole connect timeout there.
 
-`FailoverClient` is nats-py's client with both mended:
+`FailoverClient` is nats-py's client with both mended, and two flaws of its ping bookkeeping
+that turn a reconnect or a slow answer into a stall:
 - the transport of a connection being left to reconnect is aborted, not shut down cleanly: the
   connection has already failed, and what was not yet written stays in the client's own buffer,
   which nats-py sends again on the next server; an ordinary `close()` still shuts down cleanly,
   for at most CLEAN_CLOSE_SECONDS;
 - a reconnect tries the server tried least recently, never the one it just left or just failed
   on while another is known, and waits `reconnect_time_wait` only when it comes back to a server
-  it tried that recently.
+  it tried that recently;
+- a `flush()` in flight when the connection is left is sent again on the new one: nats-py forgets
+  the PINGs it was waiting for when it reconnects, so the flush waited out its whole timeout
+  (10 s) although the new connection answered at once (seen as a 10 s FlushTimeoutError in a
+  controller whose starved connection had missed two 1 s pings);
+- a PONG for a flush that already timed out is taken as that flush's answer and dropped:
+  nats-py set the result of the timed-out (cancelled) future, which raised in its read loop.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 
 from nats.aio.client import DEFAULT_BUFFER_SIZE, Client, Server, Srv
 from nats.aio.transport import TcpTransport
+from nats.errors import ConnectionClosedError
 
 # A clean close of a healthy connection (TLS close_notify both ways) takes milliseconds; one
 # that takes longer is to a peer that will not answer.
@@ -90,6 +98,40 @@ class FailoverClient(Client):
             self._transport = PromptCloseTransport(self)
         await self._transport.connect(s.uri, buffer_size=DEFAULT_BUFFER_SIZE,
                                       connect_timeout=self.options["connect_timeout"])
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Futures of PINGs sent on a connection that was left, waiting to be sent again.
+        self._orphaned_pongs: list[asyncio.Future[Any]] = []
+
+    async def _process_connect_init(self) -> None:
+        # nats-py empties `_pongs` here, forgetting flushes that wait for an answer.
+        self._orphaned_pongs += [pong for pong in self._pongs if not pong.done()]
+        self._pongs = []
+        await super()._process_connect_init()
+
+    async def _attempt_reconnect(self) -> None:
+        await super()._attempt_reconnect()
+        orphans, self._orphaned_pongs = self._orphaned_pongs, []
+        for pong in orphans:
+            if pong.done():
+                continue
+            if self.is_connected:
+                # After the subscriptions and the buffered data nats-py sent again, so the flush
+                # still means "everything before it reached the server".
+                await self._send_ping(pong)
+            else:
+                pong.set_exception(ConnectionClosedError())
+
+    async def _process_pong(self) -> None:
+        # PONGs answer PINGs in order: the first waiting future is this PONG's, even if its
+        # flush gave up (then nobody waits for it any more).
+        if self._pongs and self._pongs[0].done():
+            self._pongs.pop(0)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+            return
+        await super()._process_pong()
 
     def _least_recently_tried(self, servers: list[Server], info: dict[str, Any]) -> tuple[Server | None, float]:
         if not servers:
