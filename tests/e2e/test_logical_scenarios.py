@@ -375,6 +375,9 @@ def test_contention_two_models_under_a_one_model_per_host_budget(fleet: Fleet) -
 def test_preemption_a_critical_burst_drains_batch_incumbents_before_warming_and_batch_warms_back(
         fleet: Fleet) -> None:
     began = time.monotonic()
+    # Every host's one model slot is batch's: the bundled baseline (retired by the restart
+    # scenario when the module runs whole) goes first, so this scenario also runs on its own.
+    fleet.profile(BASELINE, min_replicas=0, max_replicas=0)
     # Batch service wants every host; the critical model has no baseline, only the burst's demand.
     fleet.profile(CRITICAL, min_replicas=0, max_replicas=len(HOSTS), priority=100, **ONE_PER_HOST)
     fleet.profile(BATCH, min_replicas=len(HOSTS), max_replicas=len(HOSTS), priority=0, **ONE_PER_HOST)
