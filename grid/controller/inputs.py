@@ -17,10 +17,12 @@ import msgspec
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
-from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
+from grid.fleet.planning import DemandTarget, PlannerInput, Policy, Quarantine, TimingSample
 from grid.fleet.views import HostView
 from grid.projections import catalog as catalog_proj
+from grid.fleet import quarantine as quarantine_mod
 from grid.projections import fleet as fleet_proj
+from grid.projections import lifecycle as lifecycle_proj
 from grid.projections import placed as placed_proj
 from grid.projections import throughput as throughput_proj
 from grid.projections.actions import ActionsState
@@ -90,6 +92,8 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
     demand: DemandState | None = None
     # The gateway's measured tokens/s per host and model.
     throughput: throughput_proj.ThroughputState | None = None
+    # When hosts' and models' lifecycles changed (flap quarantine); None: nothing is quarantined.
+    lifecycle: lifecycle_proj.LifecycleState | None = None
 
 
 def observe(states: Mapping[str, Any] | Observation) -> Observation:
@@ -99,6 +103,7 @@ def observe(states: Mapping[str, Any] | Observation) -> Observation:
     return Observation(
         catalog=states["catalog"], fleet=states["fleet"], actions=states["actions"],
         placed=states.get("placed"), demand=states.get("demand"), throughput=states.get("throughput"),
+        lifecycle=states.get("lifecycle"),
     )
 
 
@@ -126,7 +131,18 @@ def build_planner_input(
         policy=policy,
         timings=timing_samples(obs.actions),
         retired=tuple(sorted(obs.catalog.retired)),
+        quarantines=flap_quarantines(obs.lifecycle, now, policy),
     )
+
+
+def flap_quarantines(
+    lifecycle: lifecycle_proj.LifecycleState | None, now: float, policy: Policy
+) -> tuple[Quarantine, ...]:
+    """Hosts and models whose flapping lifecycle holds them out of new placement at `now`."""
+    if lifecycle is None:
+        return ()
+    return quarantine_mod.quarantines(lifecycle_proj.host_transitions(lifecycle),
+                                      lifecycle_proj.model_transitions(lifecycle), now, policy)
 
 
 def ready_replicas(hosts: Sequence[HostView], now: float, policy: FreshnessPolicy) -> dict[str, int]:

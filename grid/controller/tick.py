@@ -28,13 +28,14 @@ from grid.demand.forecast import Forecast, forecast
 from grid.events.base import Event
 from grid.events.codec import encode_value
 from grid.events.plan import PlanCreated
-from grid.events.subjects import CONTROL_STREAM, REQUESTS_STREAM
+from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
 from grid.fleet import heartbeat_fresh
 from grid.fleet.planning import Plan, PlannerInput, Policy
 from grid.fleet.views import HostView
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
 from grid.projections import catalog as catalog_proj
+from grid.projections import lifecycle as lifecycle_proj
 from grid.projections import throughput as throughput_proj
 from grid.projections.actions import ActionsState
 from grid.projections.position import Position
@@ -60,11 +61,14 @@ DEMAND = ProjectionSpec("demand", (REQUESTS_STREAM, CONTROL_STREAM), demand_fold
                         _fold_demand)
 THROUGHPUT = ProjectionSpec("throughput", (REQUESTS_STREAM,), throughput_proj.ThroughputState,
                             throughput_proj.initial, _fold_throughput)
+# When hosts' and models' lifecycles changed: the evidence flap quarantine decides from.
+LIFECYCLE = ProjectionSpec("lifecycle", (HOSTS_STREAM,), lifecycle_proj.LifecycleState, lifecycle_proj.initial,
+                           lambda s, e, p, _states: lifecycle_proj.apply(s, e, p))
 # The projections a tick reads: the core ones plus request demand (for the forecast) and the
 # measured per-engine throughput (for placement).
 # PLACED_CONTROL: which replicas the controller commanded and its hosts confirmed (a claim
 # nobody commanded is not supply; a plan lists the corroborated ones for the gateway).
-PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND, THROUGHPUT, PLACED_CONTROL)
+PROJECTIONS: tuple[ProjectionSpec, ...] = CORE_PROJECTIONS + (DEMAND, THROUGHPUT, PLACED_CONTROL, LIFECYCLE)
 
 
 class TickInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -238,6 +242,7 @@ def recorded_policy(event: PlanCreated) -> Policy:
 
 __all__ = [
     "DEMAND",
+    "LIFECYCLE",
     "PROJECTIONS",
     "THROUGHPUT",
     "Controls",

@@ -71,6 +71,36 @@ class Policy(Value, frozen=True, kw_only=True):
     # rejections); counts per reason stay complete. grid.planner.plan.explain_model gives
     # the unbounded per-host breakdown for one model on demand.
     explain_host_limit: int = 8
+    # Flap quarantine (grid.fleet.quarantine): a host with at least `flap_host_transitions`
+    # lifecycle transitions (state changes, going silent, coming back), or a model with at least
+    # `flap_model_transitions` residency failures, within `flap_window_seconds` takes no new
+    # placement for `flap_backoff_seconds`, doubled for each quarantine that follows the last
+    # release within `flap_backoff_max_seconds` and capped there. Incumbents stay. 0: never.
+    # Defaults from the lab (grid.sim.flapping): an ordinary day's outage and throttle give a
+    # host at most 4 transitions in 30 minutes; a host down 2 of every 6 minutes gives 10.
+    flap_window_seconds: float = 1800.0
+    flap_host_transitions: int = 6
+    flap_model_transitions: int = 3
+    flap_backoff_seconds: float = 900.0
+    flap_backoff_max_seconds: float = 7200.0
+
+
+QuarantineKind = Literal["host", "model"]
+
+
+class Quarantine(Value, frozen=True, kw_only=True):
+    """A host or model held out of new placement because its lifecycle flaps (its incumbents
+    stay). Computed from the log by grid.fleet.quarantine; `until` is the automatic release."""
+
+    kind: QuarantineKind
+    subject: str  # host id or model id
+    reason: str
+    since: float
+    until: float
+    # Transitions inside the window when the quarantine began, and how many quarantines in a row
+    # (0: the first; the backoff doubles with each).
+    transitions: int = 0
+    level: int = 0
 
 
 class PlannerInput(Value, frozen=True, kw_only=True):
@@ -82,6 +112,8 @@ class PlannerInput(Value, frozen=True, kw_only=True):
     timings: tuple[TimingSample, ...] = ()
     # Model ids with a retirement tombstone: target zero, drain managed copies.
     retired: tuple[str, ...] = ()
+    # Hosts and models held out of new placement at `now` (flap quarantine), by kind and subject.
+    quarantines: tuple[Quarantine, ...] = ()
 
 
 PlacementStatus = Literal["existing", "new"]

@@ -47,6 +47,9 @@ COLOCATION_EXCLUDED = "colocation_excluded"
 ALREADY_PRESENT = "already_present"
 FAILURE_DOMAIN = "failure_domain"
 UNKNOWN_HOST = "unknown_host"  # a pin names a host with no snapshot
+# The host or the model flaps (grid.fleet.quarantine): no new placement until the backoff ends;
+# incumbents stay. Also a shortfall reason.
+FLAP_QUARANTINE = "flap_quarantine"
 
 FEASIBILITY_REASONS: tuple[str, ...] = (
     HEARTBEAT_MISSING,
@@ -72,6 +75,7 @@ FEASIBILITY_REASONS: tuple[str, ...] = (
     ALREADY_PRESENT,
     FAILURE_DOMAIN,
     UNKNOWN_HOST,
+    FLAP_QUARANTINE,
 )
 
 # --- shortfall reasons (a model has fewer compliant replicas than wanted) --------------------

@@ -15,6 +15,7 @@ import math
 from grid.events.control import ModelProfile
 from grid.fleet.planning import DemandTarget, PlannerInput, Policy, TimingSample
 from grid.fleet.qualification import qualified_hosts
+from grid.fleet.quarantine import quarantined
 from grid.fleet.views import HostView
 from grid.planner import scoring as S
 from grid.planner.feasibility import (
@@ -62,6 +63,7 @@ def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
         default=0.0,
     )
     hosts, classes = _hosts(snaps, now, policy, max_bw, max_gf)
+    held_models = _quarantine(hosts, inp)
     led = Ledger(
         now=now,
         policy=policy,
@@ -74,6 +76,7 @@ def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
         max_bw=max_bw,
         max_gf=max_gf,
         reference_scan=reference_scan,
+        held_models=held_models,
     )
     _special_hosts(led, ids)
     led.count_eligible()
@@ -238,6 +241,19 @@ def _hosts(
         cls.caps.sort()
         cls.buckets.sort(key=lambda b: (b.load_level, b.throttled))
     return hosts, class_list
+
+
+def _quarantine(hosts: list[HostState], inp: PlannerInput) -> frozenset[str]:
+    """Mark flap-quarantined hosts and models before the placement index is built (a quarantined
+    host is never open for new work); returns the quarantined models."""
+    if not inp.quarantines:
+        return frozenset()
+    held_hosts = quarantined(inp.quarantines, "host")
+    held_models = quarantined(inp.quarantines, "model")
+    for hs in hosts:
+        hs.quarantined = hs.host_id in held_hosts
+        hs.held_models = held_models
+    return held_models
 
 
 def _special_hosts(led: Ledger, ids: list[str]) -> None:

@@ -369,6 +369,16 @@ def check_disk_telemetry(
 # ------------------------------------------------------------------------------------------
 
 
+def check_flap_quarantine(
+    hs, req: ModelReq, mem: int, disk: int, headroom: float
+) -> Rejection | None:
+    if hs.quarantined:
+        return (R.FLAP_QUARANTINE, "host lifecycle flaps")
+    if req.model_id in hs.held_models:
+        return (R.FLAP_QUARANTINE, "model lifecycle flaps")
+    return None
+
+
 def check_present(
     hs, req: ModelReq, mem: int, disk: int, headroom: float
 ) -> Rejection | None:
@@ -508,8 +518,11 @@ class FeasibilityChain:
         #    host) first because it is exact, then model slots and co-location (the host's
         #    shape), then the desired-footprint ledger, the live make-before-break ledger with
         #    admission headroom, and finally the cumulative artifact-disk ledger.
+        #    Flap quarantine comes right after presence: it holds back every new replica,
+        #    whatever fits.
         self.dynamic: tuple[DynamicCheck, ...] = (
             check_present,
+            check_flap_quarantine,
             check_model_limit,
             check_colocation_limit,
             check_colocation_excluded,

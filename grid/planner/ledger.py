@@ -55,8 +55,11 @@ class Ledger(StaticEligibility):
         max_bw: float,
         max_gf: float,
         reference_scan: bool = False,
+        held_models: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(hosts, classes, fleet, models)
+        # Flap-quarantined models (grid.fleet.quarantine): no new replica this plan.
+        self.held_models = held_models
         self.now = now
         self.policy = policy
         self.headroom = max(0.0, float(policy.admission_headroom_fraction))

@@ -418,6 +418,9 @@ class Placer:
             key=lambda ms: (-ms.priority, ms.req.model_id),
         )
         for ms in pinned:
+            if ms.req.model_id in led.held_models:
+                ms.shortfalls.append((R.FLAP_QUARANTINE, "model lifecycle flaps"))
+                continue
             for hid in ms.req.pins:
                 hs = led.fleet.by_id.get(hid)
                 if hs is None:
@@ -426,6 +429,9 @@ class Placer:
                     )
                     continue
                 if any(e.hidx == hs.idx for e in ms.entries):
+                    continue
+                if hs.quarantined:
+                    ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {R.FLAP_QUARANTINE}"))
                     continue
                 rej = led.host_static(hs, ms)
                 if rej is not None:
@@ -492,6 +498,10 @@ class Placer:
 
     def _place_one(self, ms: ModelState, tier: str, prio: int) -> bool:
         led = self.ledger
+        if ms.req.model_id in led.held_models:
+            # Flap quarantine: no new replica, no preemption or relocation on its behalf (the
+            # shortfall's dynamic rejections name the quarantine).
+            return False
         if led.new_count >= led.policy.max_new_placements:
             ms.placement_budget = True
             return False

@@ -332,6 +332,8 @@ def stage(
     """Try to stage a preemption (or a wait for leaving capacity) for one replica of ms."""
     budget = max(0, led.policy.max_evictions - led.evictions)
     hosts = [only_host] if only_host is not None else list(_candidate_hosts(led, ms))
+    # A flap-quarantined host takes no new placement, so nothing is released for one there.
+    hosts = [hs for hs in hosts if not hs.quarantined]
     passes = (
         [True, False] if (only_host is None and led.needs_new_domain(ms)) else [False]
     )

@@ -73,6 +73,7 @@ class HostState:
         "excl_counts",
         "free_a",
         "free_b",
+        "held_models",
         "host_id",
         "idx",
         "leaving_mb",
@@ -82,6 +83,7 @@ class HostState:
         "load_level",
         "okey",
         "present_n",
+        "quarantined",
         "residencies",
         "snap",
         "throttled",
@@ -106,6 +108,10 @@ class HostState:
         self.domain = snap.resources.failure_domain
         self.lifecycle = lifecycle
         self.eligible = lifecycle is None
+        # Flap quarantine (grid.fleet.quarantine): the host takes no new placement but keeps its
+        # incumbents; `held_models` (one set shared by every host) take no new replica anywhere.
+        self.quarantined = False
+        self.held_models: frozenset[str] = frozenset()
         self.cap_new = cap_new
         self.load_level = load_level
         self.throttled = snap.state == "throttled"
@@ -168,7 +174,7 @@ class HostState:
 
     def is_open(self) -> bool:
         """Can this host take any new work at all?"""
-        if not self.eligible or self.free_a <= 0 or self.free_b <= 0:
+        if not self.eligible or self.quarantined or self.free_a <= 0 or self.free_b <= 0:
             return False
         if self.limit and self.present_n >= self.limit:
             return False

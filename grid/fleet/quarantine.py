@@ -1,0 +1,92 @@
+"""Flap quarantine (pure): which hosts and models are held out of new placement at `now`.
+
+A host whose lifecycle flaps (it goes silent and comes back, or its state changes, again and
+again) or a model whose residencies keep failing attracts new replicas that are lost soon after:
+every return looks like free capacity, so the planner fills it, and the next flap takes that
+work away again. Quarantine holds such a subject out of NEW placement for a backoff; what it
+already runs stays (the planner keeps incumbents, so a model's only ready replica is never
+taken away by a quarantine), and the release is automatic.
+
+The rule, over one subject's transition times (oldest first, as the lifecycle projection
+records them from the log):
+
+* at a transition at time t that is not inside an earlier quarantine, count the transitions in
+  (t - window, t]; with at least `threshold` of them the subject is quarantined from t;
+* the backoff is `base * 2**level`, capped at `cap`; the level is one more than the previous
+  quarantine's when this one begins within `cap` of that one's release, else 0;
+* at `now` a subject is quarantined when its last quarantine began at or before `now` and ends
+  after it.
+
+Only transitions at or before `now` count, so the answer depends on the log prefix and `now`
+alone: same input, same quarantines.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+
+from grid.fleet import reasons as R
+from grid.fleet.planning import Policy, Quarantine, QuarantineKind
+
+
+def episodes(
+    times: Sequence[float], *, window: float, threshold: int, base: float, cap: float
+) -> list[tuple[float, float, int, int]]:
+    """Every quarantine the transition times give: (since, until, level, transitions)."""
+    if threshold <= 0 or window <= 0 or base <= 0:
+        return []
+    ordered = sorted(times)
+    out: list[tuple[float, float, int, int]] = []
+    for i, t in enumerate(ordered):
+        if out and t < out[-1][1]:
+            continue  # already held: a flap during the backoff does not start another
+        first = bisect_right(ordered, t - window, 0, i + 1)
+        count = i + 1 - first
+        if count < threshold:
+            continue
+        level = out[-1][2] + 1 if out and t - out[-1][1] <= cap else 0
+        backoff = min(base * (2.0 ** min(level, 62)), max(cap, base))
+        out.append((t, t + backoff, level, count))
+    return out
+
+
+def active(
+    kind: QuarantineKind, subject: str, times: Sequence[float], now: float, *, window: float, threshold: int,
+    base: float, cap: float,
+) -> Quarantine | None:
+    """The quarantine in force for one subject at `now`, or None."""
+    seen = [t for t in times if t <= now]
+    eps = episodes(seen, window=window, threshold=threshold, base=base, cap=cap)
+    if not eps:
+        return None
+    since, until, level, count = eps[-1]
+    if not since <= now < until:
+        return None
+    return Quarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=since, until=until,
+                      transitions=count, level=level)
+
+
+def quarantines(
+    host_transitions: Mapping[str, Sequence[float]],
+    model_transitions: Mapping[str, Sequence[float]],
+    now: float,
+    policy: Policy,
+) -> tuple[Quarantine, ...]:
+    """Hosts and models quarantined at `now`, hosts first, each by subject id."""
+    out: list[Quarantine] = []
+    window = policy.flap_window_seconds
+    base, cap = policy.flap_backoff_seconds, policy.flap_backoff_max_seconds
+    for kind, tracks, threshold in (("host", host_transitions, policy.flap_host_transitions),
+                                    ("model", model_transitions, policy.flap_model_transitions)):
+        for subject in sorted(tracks):
+            q = active(kind, subject, tracks[subject], now,  # type: ignore[arg-type]
+                       window=window, threshold=threshold, base=base, cap=cap)
+            if q is not None:
+                out.append(q)
+    return tuple(out)
+
+
+def quarantined(qs: Sequence[Quarantine], kind: QuarantineKind) -> frozenset[str]:
+    """The subjects of one kind."""
+    return frozenset(q.subject for q in qs if q.kind == kind)
