@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -121,6 +122,20 @@ def _render_unplaceable(rows: Any) -> None:
                       markup=False, highlight=False)
 
 
+def _render_quarantines(rows: Any) -> None:
+    """Hosts and models held out of new placement because their lifecycle flaps, until when."""
+    if not rows:
+        return
+    table = Table(title="Flap quarantine (no new placement; incumbents stay)", title_justify="left")
+    for col in ("kind", "subject", "reason", "transitions", "backoff level", "until", "remaining"):
+        table.add_column(col)
+    for q in rows:
+        until = datetime.fromtimestamp(q["until"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        table.add_row(q["kind"], q["subject"], q["reason"], str(q["transitions"]), str(q["level"]), until,
+                      _age(q["remaining_seconds"]))
+    console.print(table)
+
+
 def _render_workloads(rows: Any) -> None:
     """Each active workload's `auto` traffic: which model, and whether it serves, starts or waits."""
     if not rows:
@@ -230,6 +245,7 @@ def render_status(s: dict[str, Any]) -> None:
                        f"{short['placed']}/{short['wanted']} {short['reason']}" if short else "-")
     console.print(models)
     _render_unplaceable(s.get("unplaceable") or ())
+    _render_quarantines(s.get("quarantines") or ())
     _render_workloads(s.get("workloads") or ())
 
     rec = s.get("reconciliation") or {}

@@ -523,12 +523,34 @@ class Placer:
             return True
         if repair.try_repair(led, ms, tier, prio):
             return True
+        if self.place_last_resort(ms, tier, prio):
+            return True
         outcome = preemption.stage(
             led, ms, only_host=None, destructive=tier != "inferred"
         )
         if outcome is not None:
             return True
         return relocation.stage(led, ms, prio)
+
+    def place_last_resort(self, ms: ModelState, tier: str, prio: int) -> bool:
+        """A replica no other host can take may go to a flap-quarantined host: its uptime is
+        better than no replica, and quarantine must never cost service. Nothing is preempted or
+        relocated on a quarantined host (preemption.py, relocation.py skip it)."""
+        led = self.ledger
+        held = [hs for hs in led.hosts if hs.quarantined]
+        if not held:
+            return False
+        for hs in held:
+            hs.quarantined = False
+        try:
+            c = led.choose(ms)
+        finally:
+            for hs in held:
+                hs.quarantined = True
+        if c is None:
+            return False
+        led.commit_new(ms, c, TIER_REASON[tier], prio)
+        return True
 
     def retain_until_replaced(self) -> None:
         """Make-before-break: a ready must-move incumbent stays in the desired set while the

@@ -108,8 +108,9 @@ class HostState:
         self.domain = snap.resources.failure_domain
         self.lifecycle = lifecycle
         self.eligible = lifecycle is None
-        # Flap quarantine (grid.fleet.quarantine): the host takes no new placement but keeps its
-        # incumbents; `held_models` (one set shared by every host) take no new replica anywhere.
+        # Flap quarantine (grid.fleet.quarantine): the host takes a new replica only as the last
+        # resort (Placer.place_last_resort) and keeps its incumbents; `held_models` (one set
+        # shared by every host) take no new replica anywhere.
         self.quarantined = False
         self.held_models: frozenset[str] = frozenset()
         self.cap_new = cap_new
@@ -174,7 +175,7 @@ class HostState:
 
     def is_open(self) -> bool:
         """Can this host take any new work at all?"""
-        if not self.eligible or self.quarantined or self.free_a <= 0 or self.free_b <= 0:
+        if not self.eligible or self.free_a <= 0 or self.free_b <= 0:
             return False
         if self.limit and self.present_n >= self.limit:
             return False

@@ -85,8 +85,9 @@ class _Log:
 
 
 def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None,
-        on_event: Callable[[str, Event], None] | None = None) -> Metrics:
-    policy = Policy()
+        on_event: Callable[[str, Event], None] | None = None, policy: Policy | None = None) -> Metrics:
+    """`policy`: the planner policy (default: the controller's); the lab's comparisons vary it."""
+    policy = Policy() if policy is None else policy
     limits = Limits()
     runner = ProjectionRunner(PROJECTIONS)
     log = _Log(runner, on_event)

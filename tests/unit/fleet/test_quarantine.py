@@ -1,0 +1,218 @@
+"""Flap quarantine: the rule over transition times, the lifecycle fold that records them, and the
+planner obeying it (new placement only; a last ready replica is never taken away)."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grid.controller.inputs import Observation, build_planner_input
+from grid.events.host import HostHeartbeat, HostResources, Residency
+from grid.fleet import quarantine as Q
+from grid.fleet import reasons as R
+from grid.fleet.planning import Policy, Quarantine, encode_plan
+from grid.planner.plan import plan
+from grid.projections import catalog as catalog_proj
+from grid.projections import fleet as fleet_proj
+from grid.projections import lifecycle as lifecycle_proj
+from grid.projections.actions import ActionsState
+from grid.projections.position import Position
+from tests.unit.planner.builders import NOW, host, mk, on, prof, res, shortfall_reasons, want
+from tests.unit.planner.test_properties import any_inputs
+
+POLICY = Policy()
+W, N, BASE, CAP = POLICY.flap_window_seconds, POLICY.flap_host_transitions, POLICY.flap_backoff_seconds, \
+    POLICY.flap_backoff_max_seconds
+
+
+def active(times, now, **kw):
+    args = dict(window=W, threshold=N, base=BASE, cap=CAP) | kw
+    return Q.active("host", "h1", times, now, **args)
+
+
+# --- the rule -------------------------------------------------------------------------------------
+
+
+def test_n_transitions_within_the_window_quarantine_from_the_nth():
+    times = [1000.0 + 120 * i for i in range(N)]
+    assert active(times[:-1], times[-2] + 1) is None  # one short of the threshold
+    q = active(times, times[-1])
+    assert q is not None and q.since == times[-1] and q.until == times[-1] + BASE
+    assert q.reason == R.FLAP_QUARANTINE and q.transitions == N and q.level == 0
+    assert active(times, times[-1] + BASE) is None  # released automatically
+
+
+def test_transitions_spread_wider_than_the_window_never_quarantine():
+    times = [1000.0 + (W / (N - 1)) * 1.01 * i for i in range(3 * N)]
+    assert all(active(times, t) is None for t in times)
+
+
+def test_the_backoff_doubles_while_flapping_goes_on_and_is_capped():
+    # A flap every 2 minutes for 6 hours: each quarantine starts at the first flap after a release.
+    times = [1000.0 + 120 * i for i in range(180)]
+    eps = Q.episodes(times, window=W, threshold=N, base=BASE, cap=CAP)
+    backoffs = [until - since for since, until, _, _ in eps]
+    assert backoffs[:4] == [BASE, 2 * BASE, 4 * BASE, CAP][: len(backoffs[:4])]
+    assert max(backoffs) == CAP
+    assert [lvl for _, _, lvl, _ in eps] == list(range(len(eps)))
+
+
+def test_a_quiet_spell_longer_than_the_cap_resets_the_level():
+    first = [1000.0 + 120 * i for i in range(N)]
+    later = [first[-1] + BASE + CAP + 1 + 120 * i for i in range(N)]
+    eps = Q.episodes(first + later, window=W, threshold=N, base=BASE, cap=CAP)
+    assert [lvl for _, _, lvl, _ in eps] == [0, 0]
+
+
+def test_zero_threshold_turns_quarantine_off():
+    times = [1000.0 + 10 * i for i in range(50)]
+    assert active(times, times[-1], threshold=0) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=50_000, allow_nan=False), max_size=60),
+       st.floats(min_value=0, max_value=60_000, allow_nan=False))
+def test_always_released_after_its_backoff(times, now):
+    q = active(times, now)
+    if q is None:
+        return
+    assert q.since <= now < q.until <= q.since + max(CAP, BASE)
+    # With nothing new after it, the quarantine is over at its release time and stays over.
+    quiet = [t for t in times if t <= now]
+    assert active(quiet, q.until) is None
+    assert active(quiet, max(quiet) + max(CAP, BASE)) is None
+
+
+# --- the fold -------------------------------------------------------------------------------------
+
+RES = HostResources(capacity_mb=16_000)
+
+
+def hb(host_id: str, state: str = "accepting", residencies=()) -> HostHeartbeat:
+    return HostHeartbeat(event_id="e", at=0.0, host_id=host_id, state=state, resources=RES,
+                         residencies=tuple(residencies))
+
+
+def fold(events):
+    state = lifecycle_proj.initial()
+    for seq, (at, ev) in enumerate(events, start=1):
+        state = lifecycle_proj.apply(state, ev, Position("GRID_HOSTS", seq, at))
+    return state
+
+
+def test_silence_and_return_are_two_transitions_a_state_change_one():
+    s = fold([(0.0, hb("h1")), (10.0, hb("h1")), (300.0, hb("h1")), (310.0, hb("h1", "throttled")),
+              (320.0, hb("h1", "throttled"))])
+    assert lifecycle_proj.host_transitions(s) == {"h1": (10.0 + lifecycle_proj.SILENCE_SECONDS, 300.0, 310.0)}
+
+
+def test_a_residency_failing_counts_for_its_model_once_per_failure():
+    ready = Residency(model_id="m", memory_mb=100, state="ready")
+    failed = Residency(model_id="m", memory_mb=100, state="failed")
+    s = fold([(0.0, hb("h1", residencies=[ready])), (10.0, hb("h1", residencies=[failed])),
+              (20.0, hb("h1", residencies=[failed])), (30.0, hb("h1", residencies=[ready])),
+              (40.0, hb("h1", residencies=[failed]))])
+    assert lifecycle_proj.model_transitions(s) == {"m": (10.0, 40.0)}
+    assert lifecycle_proj.host_transitions(s) == {}
+
+
+def test_an_older_heartbeat_is_ignored_and_history_is_bounded():
+    s = fold([(0.0, hb("h1"))] + [(100.0 * i, hb("h1", "throttled" if i % 2 else "accepting"))
+                                  for i in range(1, 200)])
+    assert len(s.hosts["h1"].transitions) == lifecycle_proj.MAX_TRANSITIONS
+    again = lifecycle_proj.apply(s, hb("h1", "paused"), Position("GRID_HOSTS", 5, 99_999.0))
+    assert again is s
+
+
+# --- planner input, plan and status ---------------------------------------------------------------
+
+
+def _states(events):
+    fleet = fleet_proj.initial()
+    for seq, (at, ev) in enumerate(events, start=1):
+        fleet = fleet_proj.apply(fleet, ev, Position("GRID_HOSTS", seq, at))
+    return Observation(catalog=catalog_proj.initial(), fleet=fleet, actions=ActionsState(), lifecycle=fold(events))
+
+
+def test_the_planner_input_carries_the_quarantine_deterministically():
+    # Down 2 of every 6 minutes: heartbeats every 10 s while up.
+    events = []
+    t = 0.0
+    for _ in range(4):
+        for _ in range(24):
+            events.append((t, hb("h1")))
+            t += 10.0
+        t += 120.0
+    now = events[-1][0]
+    a = build_planner_input(_states(events), now, policy=POLICY)
+    b = build_planner_input(_states(events), now, policy=POLICY)
+    assert [(q.kind, q.subject) for q in a.quarantines] == [("host", "h1")]
+    assert msgspec.json.encode(a) == msgspec.json.encode(b)
+    off = build_planner_input(_states(events), now, policy=Policy(flap_host_transitions=0))
+    assert off.quarantines == ()
+
+
+def quarantine(kind, subject):
+    return Quarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=NOW - 60, until=NOW + 600)
+
+
+def test_a_quarantined_host_keeps_its_incumbent_and_takes_new_work_only_as_last_resort():
+    hosts = [host("h1", residencies=(res("a"),)), host("h2")]
+    inp = mk([prof("a"), prof("b")], hosts, [want("a", 1), want("b", 1)],
+             quarantines=(quarantine("host", "h1"),))
+    p = plan(inp)
+    assert on(p, "a", "existing") == ["h1"]
+    assert on(p, "b", "new") == ["h2"]  # h1 has room too, but it flaps
+    # With no other host, the flapping one still takes the replica: quarantine never costs service.
+    p = plan(mk([prof("b")], [host("h1")], [want("b", 1)], quarantines=(quarantine("host", "h1"),)))
+    assert on(p, "b", "new") == ["h1"]
+
+
+def test_a_quarantined_model_keeps_its_ready_replica_and_gets_no_new_one():
+    hosts = [host("h1", residencies=(res("a"),)), host("h2")]
+    p = plan(mk([prof("a", max_replicas=3)], hosts, [want("a", 2)], quarantines=(quarantine("model", "a"),)))
+    assert on(p, "a") == ["h1"]
+    assert R.FLAP_QUARANTINE in shortfall_reasons(p, "a")
+    assert not p.preemptions
+
+
+@st.composite
+def with_quarantines(draw):
+    inp = draw(any_inputs())
+    hosts = sorted({h.host_id for h in inp.hosts})
+    models = sorted({p.model_id for p in inp.profiles})
+    qs = [quarantine("host", h) for h in hosts if draw(st.booleans())]
+    qs += [quarantine("model", m) for m in models if draw(st.booleans())]
+    return inp, tuple(qs)
+
+
+def _last_ready(inp):
+    """(model, host) of every model with exactly one ready managed unpinned residency."""
+    seen: dict[str, list[str]] = {}
+    for h in inp.hosts:
+        for r in h.residencies:
+            if r.state == "ready" and r.managed and not r.pinned:
+                seen.setdefault(r.model_id, []).append(h.host_id)
+    return {(m, hs[0]) for m, hs in seen.items() if len(hs) == 1}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(with_quarantines())
+def test_quarantine_never_removes_a_last_ready_replica(case):
+    inp, qs = case
+    free = plan(inp)
+    held = plan(msgspec.structs.replace(inp, quarantines=qs))
+
+    def kept(p, m, h):
+        placed = any(x.model_id == m and x.host_id == h and x.status == "existing" for x in p.placements)
+        drained = any(x.victim_model == m and x.host_id == h for x in p.preemptions)
+        return placed and not drained
+
+    for m, h in _last_ready(inp):
+        if kept(free, m, h):
+            assert kept(held, m, h), (m, h, qs)
+    # No new replica of a quarantined model; a quarantined host only when nothing else could.
+    held_models = Q.quarantined(qs, "model")
+    assert not [x for x in held.placements if x.status == "new" and x.model_id in held_models]
+    assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, quarantines=qs)))

@@ -1,0 +1,38 @@
+"""The lab's flapping-host scenario: with flap quarantine the flapping machine is given fewer
+replicas to lose, and the day serves as much as without it, with no safety violation."""
+
+from __future__ import annotations
+
+from grid.sim import flapping
+from grid.sim.scenario import ScenarioConfig, prepare
+from grid.sim.workday import OUTAGE
+
+
+def test_the_flapping_day_replaces_the_machines_outage_with_a_series():
+    sc = prepare(ScenarioConfig(machines=8, minutes=120, seed=1))
+    fsc, host = flapping.flapping_scenario(sc)
+    assert host == min(sc.fleet, key=lambda m: (-m.memory_mb, m.host_id)).host_id  # the largest
+    series = [i for i in fsc.day.incidents if i.kind == OUTAGE and i.host_id == host]
+    assert [(i.start, i.end) for i in series] == [(m, m + 2) for m in range(30, 90, 6)]
+    assert fsc.requests == sc.requests  # the same trace: only the machine's incidents differ
+
+
+def test_ordinary_days_stay_below_the_host_threshold_and_the_flapping_host_exceeds_it():
+    sc = prepare(ScenarioConfig(machines=4, minutes=120, seed=1))
+    fsc, host = flapping.flapping_scenario(sc)
+    policy = flapping.Policy()
+    ordinary = flapping.transition_peaks(sc, policy.flap_window_seconds)
+    flapped = flapping.transition_peaks(fsc, policy.flap_window_seconds)
+    assert max(ordinary.values()) < policy.flap_host_transitions <= flapped[host]
+
+
+def test_quarantine_gives_the_flapping_host_fewer_replicas_to_lose_without_losing_service():
+    sc = prepare(ScenarioConfig(machines=8, minutes=120, seed=1))
+    on, off = flapping.compare(sc)
+    assert on.quarantined_minutes > 0 and off.quarantined_minutes == 0
+    assert on.starts_on_flapping_host < off.starts_on_flapping_host
+    assert on.replicas_lost < off.replicas_lost
+    assert on.churn <= off.churn
+    assert on.served_demand >= off.served_demand
+    assert on.least_workload_service >= off.least_workload_service
+    assert on.safety_violations == 0 and off.safety_violations == 0
