@@ -93,6 +93,7 @@ from grid.events.subjects import (
     PLANS_STREAM,
     REQUESTS_STREAM,
 )
+from grid.controller.quarantine_metrics import quarantine_gauge
 from grid.controller.store_metrics import store_sources
 from grid.fleet.planning import Plan, PlannerInput, Policy, decode_plan, encode_plan
 from grid.metrics import ControllerMetrics, GaugeCollector, GaugeSource, Sample, rejected_events
@@ -305,12 +306,6 @@ class Controller:
                 return []
             return [((stream,), float(seq)) for stream, seq in sorted(stored.items())]
 
-        def quarantined() -> list[Sample]:
-            # The last tick's flap quarantines (its plan obeyed them), seconds until each releases.
-            now = self.clock.now()
-            qs = self.last_input.quarantines if self.last_input is not None else ()
-            return [((q.kind, q.subject), max(0.0, q.until - now)) for q in qs]
-
         return [
             GaugeSource("grid_controller_log_position", "The last log sequence folded, by stream.", ("stream",),
                         positions),
@@ -325,9 +320,7 @@ class Controller:
                         (), term),
             GaugeSource("grid_controller_active", "1 when this controller holds the lease (active), 0 on standby.",
                         (), active),
-            GaugeSource("grid_controller_flap_quarantine_remaining_seconds",
-                        "Seconds until a flap-quarantined host or model takes new placement again, by kind "
-                        "(host|model) and subject.", ("kind", "subject"), quarantined),
+            quarantine_gauge(lambda: self.last_input, self.clock.now),
             rejected_events(lambda: self.runner.rejected),
         ]
 

@@ -216,3 +216,35 @@ def test_quarantine_never_removes_a_last_ready_replica(case):
     held_models = Q.quarantined(qs, "model")
     assert not [x for x in held.placements if x.status == "new" and x.model_id in held_models]
     assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, quarantines=qs)))
+
+
+def test_status_and_the_status_table_show_which_subject_why_and_until_when():
+    from grid.cli.admin import _render_quarantines
+    from grid.cli.common import console
+    from grid.controller.status import quarantine_rows
+
+    pin = mk([prof("a")], [host("h1")], quarantines=(quarantine("host", "h1"),))
+    rows = quarantine_rows(pin, NOW)
+    assert rows == [{"kind": "host", "subject": "h1", "reason": R.FLAP_QUARANTINE, "since": NOW - 60,
+                     "until": NOW + 600, "transitions": 0, "level": 0, "remaining_seconds": 600.0}]
+    assert quarantine_rows(None, NOW) == []
+    msgspec.json.encode(rows)  # the --json document encodes as is
+    with console.capture() as cap:
+        _render_quarantines(rows)
+    text = cap.get()
+    assert "h1" in text and R.FLAP_QUARANTINE in text and "UTC" in text and "10m" in text
+
+
+def test_the_controller_gauge_reads_the_last_ticks_quarantines_at_scrape_time():
+    from grid.controller.quarantine_metrics import NAME, quarantine_gauge
+    from grid.metrics import ControllerMetrics, exposition
+    from tests.unit.test_metrics import parse
+
+    state = {"pin": None, "now": NOW}
+    m = ControllerMetrics([quarantine_gauge(lambda: state["pin"], lambda: state["now"])])
+    assert NAME not in parse(exposition(m.registry))
+    state["pin"] = mk([prof("a")], [host("h1")], quarantines=(quarantine("host", "h1"), quarantine("model", "a")))
+    state["now"] = NOW + 100
+    got = parse(exposition(m.registry))[NAME]
+    assert sorted(got, key=str) == [({"kind": "host", "subject": "h1"}, 500.0),
+                                    ({"kind": "model", "subject": "a"}, 500.0)]
