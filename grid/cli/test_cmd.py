@@ -11,7 +11,8 @@ import typer
 from grid.cli import scenario, testfleet
 
 test_app = typer.Typer(help="Test harnesses on this machine: a logical multi-machine fleet (start, status, "
-                            "watch, stop) and the scenario lab (scenario, graduate).", no_args_is_help=True)
+                            "watch, stop) and the scenario lab (scenario, graduate, flapping).", no_args_is_help=True)
 testfleet.register(test_app)
 test_app.command("scenario")(scenario.scenario)
 test_app.command("graduate")(scenario.graduate)
+test_app.command("flapping")(scenario.flapping)

@@ -92,7 +92,6 @@ def measure(sc: Scenario, host: str, policy: Policy, *, strategy: str = strategi
     up: set[str] = set()
 
     def on_event(stream: str, event: Event) -> None:
-        nonlocal lost
         if isinstance(event, CommandIssued) and event.host_id == host and event.kind == "warm":
             watch.starts += 1
         if isinstance(event, HostHeartbeat) and event.host_id == host:

@@ -3,6 +3,8 @@ replicas to lose, and the day serves as much as without it, with no safety viola
 
 from __future__ import annotations
 
+import json
+
 from grid.sim import flapping
 from grid.sim.scenario import ScenarioConfig, prepare
 from grid.sim.workday import OUTAGE
@@ -36,3 +38,21 @@ def test_quarantine_gives_the_flapping_host_fewer_replicas_to_lose_without_losin
     assert on.served_demand >= off.served_demand
     assert on.least_workload_service >= off.least_workload_service
     assert on.safety_violations == 0 and off.safety_violations == 0
+
+
+def test_gridctl_test_flapping_prints_both_runs_and_refuses_a_zero_cycle():
+    from typer.testing import CliRunner
+
+    from grid.cli.main import app
+
+    runner = CliRunner()
+    base = ["test", "flapping", "--machines", "4", "--users", "15", "--hours", "0.5", "--seed", "5"]
+    out = runner.invoke(app, base + ["--json"])
+    assert out.exit_code == 0, out.output
+    body = json.loads(out.stdout)
+    assert body["quarantine_on"]["quarantine"] is True and body["quarantine_off"]["quarantine"] is False
+    assert body["quarantine_off"]["quarantined_minutes"] == 0
+    table = runner.invoke(app, base)
+    assert table.exit_code == 0 and "quarantine on" in table.output and "replicas it lost" in table.output
+    bad = runner.invoke(app, base + ["--down", "0"])
+    assert bad.exit_code == 2
