@@ -245,7 +245,7 @@ def render_status(s: dict[str, Any]) -> None:
                        f"{short['placed']}/{short['wanted']} {short['reason']}" if short else "-")
     console.print(models)
     _render_unplaceable(s.get("unplaceable") or ())
-    _render_quarantines(s.get("quarantines") or ())
+    _render_quarantines(s.get("flap_quarantines") or ())
     _render_workloads(s.get("workloads") or ())
 
     rec = s.get("reconciliation") or {}

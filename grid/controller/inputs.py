@@ -17,7 +17,7 @@ import msgspec
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
-from grid.fleet.planning import DemandTarget, PlannerInput, Policy, Quarantine, TimingSample
+from grid.fleet.planning import DemandTarget, FlapQuarantine, PlannerInput, Policy, TimingSample
 from grid.fleet.views import HostView
 from grid.projections import catalog as catalog_proj
 from grid.fleet import quarantine as quarantine_mod
@@ -131,13 +131,13 @@ def build_planner_input(
         policy=policy,
         timings=timing_samples(obs.actions),
         retired=tuple(sorted(obs.catalog.retired)),
-        quarantines=flap_quarantines(obs.lifecycle, now, policy),
+        flap_quarantines=flap_quarantines(obs.lifecycle, now, policy),
     )
 
 
 def flap_quarantines(
     lifecycle: lifecycle_proj.LifecycleState | None, now: float, policy: Policy
-) -> tuple[Quarantine, ...]:
+) -> tuple[FlapQuarantine, ...]:
     """Hosts and models whose flapping lifecycle holds them out of new placement at `now`."""
     if lifecycle is None:
         return ()

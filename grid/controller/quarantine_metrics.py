@@ -19,7 +19,7 @@ def quarantine_gauge(last_input: Callable[[], PlannerInput | None], now: Callabl
         if pin is None:
             return []
         t = now()
-        return [((q.kind, q.subject), max(0.0, q.until - t)) for q in pin.quarantines]
+        return [((q.kind, q.subject), max(0.0, q.until - t)) for q in pin.flap_quarantines]
 
     return GaugeSource(NAME, "Seconds until a flap-quarantined host or model takes new placement again, by kind "
                              "(host|model) and subject.", ("kind", "subject"), read)

@@ -16,7 +16,7 @@ Shape (every key always present; lists bounded):
     load_failures  [{host_id, model_id, reason, detail, action_id, artifact_sha256, at}]: the last
                  failed load per (host, model) until a later success there; a model short of
                  ready replicas with no planning shortfall shows the newest as its shortfall
-    quarantines  [{kind (host|model), subject, reason, since, until, remaining_seconds, transitions,
+    flap_quarantines  [{kind (host|model), subject, reason, since, until, remaining_seconds, transitions,
                    level}] hosts and models the last tick held out of new placement because their
                  lifecycle flaps (grid.fleet.quarantine); each releases itself at `until`
     unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
@@ -330,7 +330,7 @@ def quarantine_rows(pin: PlannerInput | None, now: float) -> list[dict[str, Any]
     """The flap quarantines the last tick planned with (its input is what the plan obeyed)."""
     if pin is None:
         return []
-    return [{**_b(q), "remaining_seconds": max(0.0, q.until - now)} for q in pin.quarantines]
+    return [{**_b(q), "remaining_seconds": max(0.0, q.until - now)} for q in pin.flap_quarantines]
 
 
 def _rejected(ctl: ControllerView) -> dict[str, Any]:
@@ -423,7 +423,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
         "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
-        "quarantines": quarantine_rows(ctl.last_input, now),
+        "flap_quarantines": quarantine_rows(ctl.last_input, now),
         "unplaceable": _unplaceable(ctl, now, snaps, ready),
         "unplaced_claims": [_b(c) for c in unplaced],
         "qualification_exclusions": _qualification_exclusions(ctl, snaps),

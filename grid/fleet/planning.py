@@ -76,8 +76,13 @@ class Policy(Value, frozen=True, kw_only=True):
     # `flap_model_transitions` residency failures, within `flap_window_seconds` takes no new
     # placement for `flap_backoff_seconds`, doubled for each quarantine that follows the last
     # release within `flap_backoff_max_seconds` and capped there. Incumbents stay. 0: never.
-    # Defaults from the lab (grid.sim.flapping): an ordinary day's outage and throttle give a
-    # host at most 4 transitions in 30 minutes; a host down 2 of every 6 minutes gives 10.
+    # Host defaults from the lab (grid.sim.flapping.transition_peaks): on ordinary days (the
+    # classic day on 4, 8 and 16 machines; the full day on 4) no host had more than 2 transitions
+    # in any 30 minutes (one outage: silent and back; one throttle: in and out), while a machine
+    # down 2 of every 6 minutes has 10; 6 (three outages in half an hour) sits between with room
+    # on both sides. The backoff outlasts two such cycles and doubles up to 2 hours. The model
+    # threshold is not from the lab (its machines never report a failed residency): 3 failures
+    # in 30 minutes is a crash loop, beyond the reconciler's own per-host retry backoff.
     flap_window_seconds: float = 1800.0
     flap_host_transitions: int = 6
     flap_model_transitions: int = 3
@@ -85,14 +90,14 @@ class Policy(Value, frozen=True, kw_only=True):
     flap_backoff_max_seconds: float = 7200.0
 
 
-QuarantineKind = Literal["host", "model"]
+FlapQuarantineKind = Literal["host", "model"]
 
 
-class Quarantine(Value, frozen=True, kw_only=True):
+class FlapQuarantine(Value, frozen=True, kw_only=True):
     """A host or model held out of new placement because its lifecycle flaps (its incumbents
     stay). Computed from the log by grid.fleet.quarantine; `until` is the automatic release."""
 
-    kind: QuarantineKind
+    kind: FlapQuarantineKind
     subject: str  # host id or model id
     reason: str
     since: float
@@ -113,7 +118,7 @@ class PlannerInput(Value, frozen=True, kw_only=True):
     # Model ids with a retirement tombstone: target zero, drain managed copies.
     retired: tuple[str, ...] = ()
     # Hosts and models held out of new placement at `now` (flap quarantine), by kind and subject.
-    quarantines: tuple[Quarantine, ...] = ()
+    flap_quarantines: tuple[FlapQuarantine, ...] = ()
 
 
 PlacementStatus = Literal["existing", "new"]

@@ -3,7 +3,7 @@
 A host whose lifecycle flaps (it goes silent and comes back, or its state changes, again and
 again) or a model whose residencies keep failing attracts new replicas that are lost soon after:
 every return looks like free capacity, so the planner fills it, and the next flap takes that
-work away again. Quarantine holds such a subject out of NEW placement for a backoff; what it
+work away again. Flap quarantine holds such a subject out of NEW placement for a backoff; what it
 already runs stays (the planner keeps incumbents, so a model's only ready replica is never
 taken away by a quarantine), and the release is automatic.
 
@@ -27,7 +27,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 
 from grid.fleet import reasons as R
-from grid.fleet.planning import Policy, Quarantine, QuarantineKind
+from grid.fleet.planning import FlapQuarantine, FlapQuarantineKind, Policy
 
 
 def episodes(
@@ -52,9 +52,9 @@ def episodes(
 
 
 def active(
-    kind: QuarantineKind, subject: str, times: Sequence[float], now: float, *, window: float, threshold: int,
+    kind: FlapQuarantineKind, subject: str, times: Sequence[float], now: float, *, window: float, threshold: int,
     base: float, cap: float,
-) -> Quarantine | None:
+) -> FlapQuarantine | None:
     """The quarantine in force for one subject at `now`, or None."""
     seen = [t for t in times if t <= now]
     eps = episodes(seen, window=window, threshold=threshold, base=base, cap=cap)
@@ -63,7 +63,7 @@ def active(
     since, until, level, count = eps[-1]
     if not since <= now < until:
         return None
-    return Quarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=since, until=until,
+    return FlapQuarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=since, until=until,
                       transitions=count, level=level)
 
 
@@ -72,9 +72,9 @@ def quarantines(
     model_transitions: Mapping[str, Sequence[float]],
     now: float,
     policy: Policy,
-) -> tuple[Quarantine, ...]:
+) -> tuple[FlapQuarantine, ...]:
     """Hosts and models quarantined at `now`, hosts first, each by subject id."""
-    out: list[Quarantine] = []
+    out: list[FlapQuarantine] = []
     window = policy.flap_window_seconds
     base, cap = policy.flap_backoff_seconds, policy.flap_backoff_max_seconds
     for kind, tracks, threshold in (("host", host_transitions, policy.flap_host_transitions),
@@ -87,6 +87,6 @@ def quarantines(
     return tuple(out)
 
 
-def quarantined(qs: Sequence[Quarantine], kind: QuarantineKind) -> frozenset[str]:
+def quarantined(qs: Sequence[FlapQuarantine], kind: FlapQuarantineKind) -> frozenset[str]:
     """The subjects of one kind."""
     return frozenset(q.subject for q in qs if q.kind == kind)

@@ -246,12 +246,12 @@ def _hosts(
 def _quarantine(hosts: list[HostState], inp: PlannerInput) -> frozenset[str]:
     """Mark flap-quarantined hosts and models before the placement index is built (a quarantined
     host is never open for new work); returns the quarantined models."""
-    if not inp.quarantines:
+    if not inp.flap_quarantines:
         return frozenset()
-    held_hosts = quarantined(inp.quarantines, "host")
-    held_models = quarantined(inp.quarantines, "model")
+    held_hosts = quarantined(inp.flap_quarantines, "host")
+    held_models = quarantined(inp.flap_quarantines, "model")
     for hs in hosts:
-        hs.quarantined = hs.host_id in held_hosts
+        hs.flap_quarantined = hs.host_id in held_hosts
         hs.held_models = held_models
     return held_models
 

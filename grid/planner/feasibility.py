@@ -372,7 +372,7 @@ def check_disk_telemetry(
 def check_flap_quarantine(
     hs, req: ModelReq, mem: int, disk: int, headroom: float
 ) -> Rejection | None:
-    if hs.quarantined:
+    if hs.flap_quarantined:
         return (R.FLAP_QUARANTINE, "host lifecycle flaps")
     if req.model_id in hs.held_models:
         return (R.FLAP_QUARANTINE, "model lifecycle flaps")

@@ -430,7 +430,7 @@ class Placer:
                     continue
                 if any(e.hidx == hs.idx for e in ms.entries):
                     continue
-                if hs.quarantined:
+                if hs.flap_quarantined:
                     ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {R.FLAP_QUARANTINE}"))
                     continue
                 rej = led.host_static(hs, ms)
@@ -537,16 +537,16 @@ class Placer:
         better than no replica, and quarantine must never cost service. Nothing is preempted or
         relocated on a quarantined host (preemption.py, relocation.py skip it)."""
         led = self.ledger
-        held = [hs for hs in led.hosts if hs.quarantined]
+        held = [hs for hs in led.hosts if hs.flap_quarantined]
         if not held:
             return False
         for hs in held:
-            hs.quarantined = False
+            hs.flap_quarantined = False
         try:
             c = led.choose(ms)
         finally:
             for hs in held:
-                hs.quarantined = True
+                hs.flap_quarantined = True
         if c is None:
             return False
         led.commit_new(ms, c, TIER_REASON[tier], prio)

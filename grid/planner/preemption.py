@@ -121,10 +121,12 @@ def _victims_on(
         vms = led.by_model[slot.model_id]
         if hs.host_id in vms.req.pins or protected(led, vms, r) or sole_ready_while_short(led, vms, r):
             continue
+        if vms.req.model_id in led.held_models:
+            continue  # a flap-quarantined model could not be placed again elsewhere
         entry = next(e for e in vms.entries if e.hidx == hs.idx and e.slot is slot)
         out.append(make_victim(led, hs, vms, r, slot.memory_mb, True, entry))
     for vms, mm in led.mustmove_on.get(hs.idx, ()):
-        if mm.preempted or vms.priority >= ms.priority:
+        if mm.preempted or vms.priority >= ms.priority or vms.req.model_id in led.held_models:
             continue
         r = mm.residency
         if hs.host_id in vms.req.pins or protected(led, vms, r) or sole_ready_while_short(led, vms, r):
@@ -333,7 +335,7 @@ def stage(
     budget = max(0, led.policy.max_evictions - led.evictions)
     hosts = [only_host] if only_host is not None else list(_candidate_hosts(led, ms))
     # A flap-quarantined host takes no new placement, so nothing is released for one there.
-    hosts = [hs for hs in hosts if not hs.quarantined]
+    hosts = [hs for hs in hosts if not hs.flap_quarantined]
     passes = (
         [True, False] if (only_host is None and led.needs_new_domain(ms)) else [False]
     )

@@ -127,7 +127,7 @@ def _options(led: Ledger, ms: ModelState, starts_left: bool) -> list[_Option]:
     for hs in led.hosts:
         if not _spend(led):
             return out
-        if not hs.eligible or hs.quarantined or hs.present(mid) or led.host_static(hs, ms) is not None:
+        if not hs.eligible or hs.flap_quarantined or hs.present(mid) or led.host_static(hs, ms) is not None:
             continue
         rt, mem = led.runtime_for(hs.cls, ms)
         disk = led.disk_need(hs, ms)

@@ -83,7 +83,7 @@ class HostState:
         "load_level",
         "okey",
         "present_n",
-        "quarantined",
+        "flap_quarantined",
         "residencies",
         "snap",
         "throttled",
@@ -111,7 +111,7 @@ class HostState:
         # Flap quarantine (grid.fleet.quarantine): the host takes a new replica only as the last
         # resort (Placer.place_last_resort) and keeps its incumbents; `held_models` (one set
         # shared by every host) take no new replica anywhere.
-        self.quarantined = False
+        self.flap_quarantined = False
         self.held_models: frozenset[str] = frozenset()
         self.cap_new = cap_new
         self.load_level = load_level

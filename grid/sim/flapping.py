@@ -32,7 +32,7 @@ from grid.sim.workday import OUTAGE, Incident, Workday
 
 DOWN_MINUTES = 2
 UP_MINUTES = 4
-# Quarantine off: the same policy with both thresholds at 0 (grid.fleet.quarantine: never).
+# FlapQuarantine off: the same policy with both thresholds at 0 (grid.fleet.quarantine: never).
 QUARANTINE_OFF = Policy(flap_host_transitions=0, flap_model_transitions=0)
 
 
@@ -100,7 +100,7 @@ def measure(sc: Scenario, host: str, policy: Policy, *, strategy: str = strategi
 
     def observe(minute, pin, plan, result) -> None:
         nonlocal lost
-        if any(q.kind == "host" and q.subject == host for q in pin.quarantines):
+        if any(q.kind == "host" and q.subject == host for q in pin.flap_quarantines):
             watch.quarantined_minutes += 1
         fresh = any(h.host_id == host and h.heartbeat_at == pin.now for h in pin.hosts)
         if not fresh and up:

@@ -4,14 +4,14 @@ planner obeying it (new placement only; a last ready replica is never taken away
 from __future__ import annotations
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from grid.controller.inputs import Observation, build_planner_input
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.fleet import quarantine as Q
 from grid.fleet import reasons as R
-from grid.fleet.planning import Policy, Quarantine, encode_plan
+from grid.fleet.planning import FlapQuarantine, Policy, encode_plan
 from grid.planner.plan import plan
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
@@ -147,31 +147,31 @@ def test_the_planner_input_carries_the_quarantine_deterministically():
     now = events[-1][0]
     a = build_planner_input(_states(events), now, policy=POLICY)
     b = build_planner_input(_states(events), now, policy=POLICY)
-    assert [(q.kind, q.subject) for q in a.quarantines] == [("host", "h1")]
+    assert [(q.kind, q.subject) for q in a.flap_quarantines] == [("host", "h1")]
     assert msgspec.json.encode(a) == msgspec.json.encode(b)
     off = build_planner_input(_states(events), now, policy=Policy(flap_host_transitions=0))
-    assert off.quarantines == ()
+    assert off.flap_quarantines == ()
 
 
 def quarantine(kind, subject):
-    return Quarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=NOW - 60, until=NOW + 600)
+    return FlapQuarantine(kind=kind, subject=subject, reason=R.FLAP_QUARANTINE, since=NOW - 60, until=NOW + 600)
 
 
 def test_a_quarantined_host_keeps_its_incumbent_and_takes_new_work_only_as_last_resort():
     hosts = [host("h1", residencies=(res("a"),)), host("h2")]
     inp = mk([prof("a"), prof("b")], hosts, [want("a", 1), want("b", 1)],
-             quarantines=(quarantine("host", "h1"),))
+             flap_quarantines=(quarantine("host", "h1"),))
     p = plan(inp)
     assert on(p, "a", "existing") == ["h1"]
     assert on(p, "b", "new") == ["h2"]  # h1 has room too, but it flaps
     # With no other host, the flapping one still takes the replica: quarantine never costs service.
-    p = plan(mk([prof("b")], [host("h1")], [want("b", 1)], quarantines=(quarantine("host", "h1"),)))
+    p = plan(mk([prof("b")], [host("h1")], [want("b", 1)], flap_quarantines=(quarantine("host", "h1"),)))
     assert on(p, "b", "new") == ["h1"]
 
 
 def test_a_quarantined_model_keeps_its_ready_replica_and_gets_no_new_one():
     hosts = [host("h1", residencies=(res("a"),)), host("h2")]
-    p = plan(mk([prof("a", max_replicas=3)], hosts, [want("a", 2)], quarantines=(quarantine("model", "a"),)))
+    p = plan(mk([prof("a", max_replicas=3)], hosts, [want("a", 2)], flap_quarantines=(quarantine("model", "a"),)))
     assert on(p, "a") == ["h1"]
     assert R.FLAP_QUARANTINE in shortfall_reasons(p, "a")
     assert not p.preemptions
@@ -197,25 +197,33 @@ def _last_ready(inp):
     return {(m, hs[0]) for m, hs in seen.items() if len(hs) == 1}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
 @given(with_quarantines())
 def test_quarantine_never_removes_a_last_ready_replica(case):
     inp, qs = case
     free = plan(inp)
-    held = plan(msgspec.structs.replace(inp, quarantines=qs))
+    held = plan(msgspec.structs.replace(inp, flap_quarantines=qs))
 
     def kept(p, m, h):
         placed = any(x.model_id == m and x.host_id == h and x.status == "existing" for x in p.placements)
         drained = any(x.victim_model == m and x.host_id == h for x in p.preemptions)
         return placed and not drained
 
-    for m, h in _last_ready(inp):
-        if kept(free, m, h):
-            assert kept(held, m, h), (m, h, qs)
-    # No new replica of a quarantined model; a quarantined host only when nothing else could.
+    held_hosts = Q.quarantined(qs, "host")
     held_models = Q.quarantined(qs, "model")
+    for m, h in _last_ready(inp):
+        # What quarantine holds keeps what it has: a last ready replica on a quarantined host, or
+        # of a quarantined model, stays wherever the plan without quarantine keeps it.
+        if kept(free, m, h) and (h in held_hosts or m in held_models):
+            assert kept(held, m, h), (m, h, [(q.kind, q.subject) for q in qs], held.preemptions,
+                                      [x for x in held.placements if x.model_id == m], inp)
+    # Nothing is preempted on a quarantined host nor of a quarantined model; no new replica of a
+    # quarantined model.
+    assert not [x for x in held.preemptions if x.reason == R.PRIORITY_PREEMPTION
+                and (x.host_id in held_hosts or x.victim_model in held_models)]
     assert not [x for x in held.placements if x.status == "new" and x.model_id in held_models]
-    assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, quarantines=qs)))
+    assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, flap_quarantines=qs)))
 
 
 def test_status_and_the_status_table_show_which_subject_why_and_until_when():
@@ -223,7 +231,7 @@ def test_status_and_the_status_table_show_which_subject_why_and_until_when():
     from grid.cli.common import console
     from grid.controller.status import quarantine_rows
 
-    pin = mk([prof("a")], [host("h1")], quarantines=(quarantine("host", "h1"),))
+    pin = mk([prof("a")], [host("h1")], flap_quarantines=(quarantine("host", "h1"),))
     rows = quarantine_rows(pin, NOW)
     assert rows == [{"kind": "host", "subject": "h1", "reason": R.FLAP_QUARANTINE, "since": NOW - 60,
                      "until": NOW + 600, "transitions": 0, "level": 0, "remaining_seconds": 600.0}]
@@ -243,7 +251,7 @@ def test_the_controller_gauge_reads_the_last_ticks_quarantines_at_scrape_time():
     state = {"pin": None, "now": NOW}
     m = ControllerMetrics([quarantine_gauge(lambda: state["pin"], lambda: state["now"])])
     assert NAME not in parse(exposition(m.registry))
-    state["pin"] = mk([prof("a")], [host("h1")], quarantines=(quarantine("host", "h1"), quarantine("model", "a")))
+    state["pin"] = mk([prof("a")], [host("h1")], flap_quarantines=(quarantine("host", "h1"), quarantine("model", "a")))
     state["now"] = NOW + 100
     got = parse(exposition(m.registry))[NAME]
     assert sorted(got, key=str) == [({"kind": "host", "subject": "h1"}, 500.0),
