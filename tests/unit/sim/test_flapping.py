@@ -22,7 +22,7 @@ def test_the_flapping_day_replaces_the_machines_outage_with_a_series():
 def test_ordinary_days_stay_below_the_host_threshold_and_the_flapping_host_exceeds_it():
     sc = prepare(ScenarioConfig(machines=4, minutes=120, seed=1))
     fsc, host = flapping.flapping_scenario(sc)
-    policy = flapping.Policy()
+    policy = flapping.FLAP_ON
     ordinary = flapping.transition_peaks(sc, policy.flap_window_seconds)
     flapped = flapping.transition_peaks(fsc, policy.flap_window_seconds)
     assert max(ordinary.values()) < policy.flap_host_transitions <= flapped[host]
