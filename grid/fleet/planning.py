@@ -75,7 +75,9 @@ class Policy(Value, frozen=True, kw_only=True):
     # lifecycle transitions (state changes, going silent, coming back), or a model with at least
     # `flap_model_transitions` residency failures, within `flap_window_seconds` takes no new
     # placement for `flap_backoff_seconds`, doubled for each quarantine that follows the last
-    # release within `flap_backoff_max_seconds` and capped there. Incumbents stay. 0: never.
+    # release within `flap_backoff_max_seconds` and capped there. Incumbents stay, a model with
+    # no replica still gets one, and a plan that a host quarantine would cost a replica is made
+    # without it (grid.planner.plan.build_plan). 0: never.
     # Host defaults from the lab (grid.sim.flapping.transition_peaks): on ordinary days (the
     # classic day on 4, 8 and 16 machines; the full day on 4) no host had more than 2 transitions
     # in any 30 minutes (one outage: silent and back; one throttle: in and out), while a machine
@@ -83,12 +85,9 @@ class Policy(Value, frozen=True, kw_only=True):
     # on both sides. The backoff outlasts two such cycles and doubles up to 2 hours. The model
     # threshold is not from the lab (its machines never report a failed residency): 3 failures
     # in 30 minutes is a crash loop, beyond the reconciler's own per-host retry backoff.
-    # The thresholds default to 0 (off) for now: with them on, a recorded controller session
-    # whose agents' states flip under load no longer replays to its recorded input digest
-    # (tests/integration/replay/test_controller_session.py); FLAP_ON turns it on.
     flap_window_seconds: float = 1800.0
-    flap_host_transitions: int = 0
-    flap_model_transitions: int = 0
+    flap_host_transitions: int = 6
+    flap_model_transitions: int = 3
     flap_backoff_seconds: float = 900.0
     flap_backoff_max_seconds: float = 7200.0
 
@@ -109,11 +108,6 @@ class FlapQuarantine(Value, frozen=True, kw_only=True):
     # (0: the first; the backoff doubles with each).
     transitions: int = 0
     level: int = 0
-
-
-# The lab-chosen flap quarantine thresholds (see Policy): six host transitions or three model
-# failures within the window.
-FLAP_ON = Policy(flap_host_transitions=6, flap_model_transitions=3)
 
 
 class PlannerInput(Value, frozen=True, kw_only=True):

@@ -17,8 +17,14 @@ records them from the log):
 * at `now` a subject is quarantined when its last quarantine began at or before `now` and ends
   after it.
 
-Only transitions at or before `now` count, so the answer depends on the log prefix and `now`
-alone: same input, same quarantines.
+Only transitions inside the lookback `(now - lookback(...), now]` count. The answer is then a
+function of the last few hours of the log and `now` alone, never of where a fold of the log
+began: a controller that has followed the log since before its retention trimmed the stream, a
+replay of what the stream still holds, and a replay of an export window that starts a lookback
+or more before a plan all rebuild the same quarantines. (Counting every transition since the
+fold began, the answer depended on that start, and on which old transitions a count cap had
+pushed out: two folds of the same recent log could disagree.) The lifecycle projection keeps at
+least `HISTORY_SECONDS` of transitions, the longest lookback a policy can ask for.
 """
 
 from __future__ import annotations
@@ -28,6 +34,17 @@ from collections.abc import Mapping, Sequence
 
 from grid.fleet import reasons as R
 from grid.fleet.planning import FlapQuarantine, FlapQuarantineKind, Policy
+
+# The longest lookback the rule uses, whatever the policy (the lifecycle projection keeps this
+# much history): twelve hours, well beyond the defaults' 4.5.
+HISTORY_SECONDS = 12 * 3600.0
+
+
+def lookback(*, window: float, base: float, cap: float) -> float:
+    """How far before `now` transitions count: the window that starts a quarantine plus two of
+    the longest backoffs (enough for the backoff to double up to its cap), at most
+    HISTORY_SECONDS."""
+    return min(HISTORY_SECONDS, max(0.0, window) + 2 * max(cap, base, 0.0))
 
 
 def episodes(
@@ -56,7 +73,8 @@ def active(
     base: float, cap: float,
 ) -> FlapQuarantine | None:
     """The quarantine in force for one subject at `now`, or None."""
-    seen = [t for t in times if t <= now]
+    start = now - lookback(window=window, base=base, cap=cap)
+    seen = [t for t in times if start < t <= now]
     eps = episodes(seen, window=window, threshold=threshold, base=base, cap=cap)
     if not eps:
         return None

@@ -243,13 +243,12 @@ def _hosts(
     return hosts, class_list
 
 
-def _quarantine(hosts: list[HostState], inp: PlannerInput) -> frozenset[str]:
+def _quarantine(hosts: list[HostState], inp: PlannerInput) -> set[str]:
     """Mark flap-quarantined hosts and models before the placement index is built (a quarantined
-    host is never open for new work); returns the quarantined models."""
-    if not inp.flap_quarantines:
-        return frozenset()
+    host is never open for new work); returns the quarantined models, one set every host shares
+    (Placer lifts a model's hold while it places the model's only replica)."""
+    held_models = set(quarantined(inp.flap_quarantines, "model"))
     held_hosts = quarantined(inp.flap_quarantines, "host")
-    held_models = quarantined(inp.flap_quarantines, "model")
     for hs in hosts:
         hs.flap_quarantined = hs.host_id in held_hosts
         hs.held_models = held_models

@@ -55,11 +55,12 @@ class Ledger(StaticEligibility):
         max_bw: float,
         max_gf: float,
         reference_scan: bool = False,
-        held_models: frozenset[str] = frozenset(),
+        held_models: set[str] | None = None,
     ) -> None:
         super().__init__(hosts, classes, fleet, models)
-        # Flap-quarantined models (grid.fleet.quarantine): no new replica this plan.
-        self.held_models = held_models
+        # Flap-quarantined models (grid.fleet.quarantine): no new replica this plan, except a
+        # model's only one. The hosts share this set (their feasibility check reads it).
+        self.held_models = held_models if held_models is not None else set()
         self.now = now
         self.policy = policy
         self.headroom = max(0.0, float(policy.admission_headroom_fraction))

@@ -418,38 +418,54 @@ class Placer:
             key=lambda ms: (-ms.priority, ms.req.model_id),
         )
         for ms in pinned:
-            if ms.req.model_id in led.held_models:
-                ms.shortfalls.append((R.FLAP_QUARANTINE, "model lifecycle flaps"))
+            mid = ms.req.model_id
+            if mid in led.held_models:
+                if ms.progress or ms.retained:
+                    ms.shortfalls.append((R.FLAP_QUARANTINE, "model lifecycle flaps"))
+                    continue
+                # Its only replica, as in _place_one: on the first pin that takes it.
+                led.held_models.discard(mid)
+                try:
+                    self._reserve_pins_of(ms, first_only=True)
+                finally:
+                    led.held_models.add(mid)
                 continue
-            for hid in ms.req.pins:
-                hs = led.fleet.by_id.get(hid)
-                if hs is None:
-                    ms.shortfalls.append(
-                        (R.PIN_UNSATISFIED, f"{hid}: {R.UNKNOWN_HOST}")
-                    )
-                    continue
-                if any(e.hidx == hs.idx for e in ms.entries):
-                    continue
-                if hs.flap_quarantined:
-                    ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {R.FLAP_QUARANTINE}"))
-                    continue
-                rej = led.host_static(hs, ms)
-                if rej is not None:
-                    ms.shortfalls.append(
-                        (R.PIN_UNSATISFIED, f"{hid}: {rej[0]} {rej[1]}".strip())
-                    )
-                    continue
-                c = led.eval_host(hs, ms, False)
-                if c is not None:
-                    led.commit_new(ms, c, R.PIN, ms.priority, pinned_phase=True)
-                    continue
-                outcome = preemption.stage(led, ms, only_host=hs, destructive=True)
-                if outcome is None:
-                    r, _, _, _ = led.feasible(hs, ms)
-                    why = f"{r[0]} {r[1]}" if r else ""
-                    if led.evictions >= led.policy.max_evictions:
-                        why = f"{R.EVICTION_BUDGET} ({why})"
-                    ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {why}".strip()))
+            self._reserve_pins_of(ms)
+
+    def _reserve_pins_of(self, ms: ModelState, *, first_only: bool = False) -> None:
+        """One model's pins; `first_only`: stop once one replica is reserved."""
+        led = self.ledger
+        for hid in ms.req.pins:
+            if first_only and ms.progress:
+                return
+            hs = led.fleet.by_id.get(hid)
+            if hs is None:
+                ms.shortfalls.append(
+                    (R.PIN_UNSATISFIED, f"{hid}: {R.UNKNOWN_HOST}")
+                )
+                continue
+            if any(e.hidx == hs.idx for e in ms.entries):
+                continue
+            if hs.flap_quarantined:
+                ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {R.FLAP_QUARANTINE}"))
+                continue
+            rej = led.host_static(hs, ms)
+            if rej is not None:
+                ms.shortfalls.append(
+                    (R.PIN_UNSATISFIED, f"{hid}: {rej[0]} {rej[1]}".strip())
+                )
+                continue
+            c = led.eval_host(hs, ms, False)
+            if c is not None:
+                led.commit_new(ms, c, R.PIN, ms.priority, pinned_phase=True)
+                continue
+            outcome = preemption.stage(led, ms, only_host=hs, destructive=True)
+            if outcome is None:
+                r, _, _, _ = led.feasible(hs, ms)
+                why = f"{r[0]} {r[1]}" if r else ""
+                if led.evictions >= led.policy.max_evictions:
+                    why = f"{R.EVICTION_BUDGET} ({why})"
+                ms.shortfalls.append((R.PIN_UNSATISFIED, f"{hid}: {why}".strip()))
 
     def fill_priority_classes(self) -> None:
         """Priority classes fill from high to low.
@@ -498,12 +514,21 @@ class Placer:
 
     def _place_one(self, ms: ModelState, tier: str, prio: int) -> bool:
         led = self.ledger
-        if ms.req.model_id in led.held_models:
-            # Flap quarantine: no new replica, no preemption or relocation on its behalf (the
-            # shortfall's dynamic rejections name the quarantine).
-            return False
+        mid = ms.req.model_id
+        lifted = False
+        if mid in led.held_models:
+            if ms.progress or ms.retained:
+                # Flap quarantine: no further replica, no preemption or relocation on its behalf
+                # (the shortfall's dynamic rejections name the quarantine).
+                return False
+            # A held model with no replica at all still gets one: quarantine slows a crash loop
+            # down to one replica at a time, it never leaves demand with nothing to serve it.
+            led.held_models.discard(mid)
+            lifted = True
         if led.new_count >= led.policy.max_new_placements:
             ms.placement_budget = True
+            if lifted:
+                led.held_models.add(mid)
             return False
         # A predictive (inferred-only) transfer must leave the larger predictive disk reserve.
         led.disk_extra = led.predictive_extra if tier == "inferred" else 0
@@ -511,6 +536,8 @@ class Placer:
             return self._place_one_inner(ms, tier, prio)
         finally:
             led.disk_extra = 0
+            if lifted:
+                led.held_models.add(mid)
 
     def _place_one_inner(self, ms: ModelState, tier: str, prio: int) -> bool:
         """The best free host; else bounded repair (repair.py); else staged preemption

@@ -28,7 +28,7 @@ from grid.planner.state import HostState, ModelState
 # of a model's only ready replica while that model itself wants more replicas than it has ready.
 # 1.4.0: hosts carry their runtime qualifications and a profile may require one (no decision
 # changes for profiles that do not); every input digest changes with the new fields.
-PLANNER_VERSION = "grid-planner/1.4.0"
+PLANNER_VERSION = "grid-planner/1.5.0"
 
 __all__ = [
     "PLANNER_VERSION",
@@ -46,8 +46,36 @@ def plan(inp: PlannerInput) -> Plan:
 
 def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
     """``plan`` with a switch for the reference full-scan candidate search (tests and the
-    planner benchmark: both searches must give byte-identical plans)."""
+    planner benchmark: both searches must give byte-identical plans).
+
+    Flap quarantine of hosts is a preference, never a cost: when the plan that holds the
+    quarantined hosts out of new placement keeps fewer replicas of some model than the plan
+    that does not (the quarantined host was the only room left, or the room elsewhere went to
+    another model first), the plan without host quarantine is the plan. Model quarantine stays
+    in both (it already gives a model with no replica its one)."""
     digest = inputs_digest(inp)
+    held = _build(inp, digest, reference_scan)
+    if not any(q.kind == "host" for q in inp.flap_quarantines):
+        return held
+    models_only = tuple(q for q in inp.flap_quarantines if q.kind != "host")
+    free = _build(msgspec.structs.replace(inp, flap_quarantines=models_only), digest, reference_scan)
+    return held if _keeps_as_many(held, free) else free
+
+
+def _replicas(p: Plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in p.placements:
+        out[x.model_id] = out.get(x.model_id, 0) + 1
+    return out
+
+
+def _keeps_as_many(held: Plan, free: Plan) -> bool:
+    """Every model has at least as many replicas in `held` as in `free`."""
+    mine = _replicas(held)
+    return all(mine.get(m, 0) >= n for m, n in _replicas(free).items())
+
+
+def _build(inp: PlannerInput, digest: str, reference_scan: bool) -> Plan:
     placer = Placer(inp, reference_scan=reference_scan)
     placer.run()
     led = placer.ledger

@@ -110,9 +110,10 @@ class HostState:
         self.eligible = lifecycle is None
         # Flap quarantine (grid.fleet.quarantine): the host takes a new replica only as the last
         # resort (Placer.place_last_resort) and keeps its incumbents; `held_models` (one set
-        # shared by every host) take no new replica anywhere.
+        # shared by every host and the ledger) take no new replica anywhere, except a model's
+        # only one (Placer._place_one).
         self.flap_quarantined = False
-        self.held_models: frozenset[str] = frozenset()
+        self.held_models: set[str] = set()
         self.cap_new = cap_new
         self.load_level = load_level
         self.throttled = snap.state == "throttled"

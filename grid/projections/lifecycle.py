@@ -9,8 +9,10 @@ Model transitions: a heartbeat reports a residency of the model `failed` where t
 previous heartbeat did not (a crash or a failed start; drains and unloads are planned exits
 and never count).
 
-Each track keeps only its newest `MAX_TRANSITIONS` times (bounded state).
-grid.fleet.quarantine decides from these, with the policy and an explicit `now`.
+Each track keeps the transitions of the last `HISTORY_SECONDS` before its newest one (the longest
+lookback grid.fleet.quarantine uses, so what is dropped never counts), and at most
+`MAX_TRANSITIONS` of them (a memory bound, far above what a window can hold at any threshold
+worth having). grid.fleet.quarantine decides from these, with the policy and an explicit `now`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import msgspec
 from grid.events.base import Event
 from grid.events.host import HostHeartbeat
 from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS
+from grid.fleet.quarantine import HISTORY_SECONDS
 from grid.projections.position import Position
 
 # A silence of two freshness timeouts is an absence (the host was stale for a whole timeout),
 # not a late heartbeat.
 SILENCE_SECONDS = 2 * HEARTBEAT_TIMEOUT_SECONDS
-MAX_TRANSITIONS = 64
+MAX_TRANSITIONS = 512
 
 
 class HostTrack(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,8 +48,11 @@ def initial() -> LifecycleState:
     return LifecycleState()
 
 
-def _bounded(times: tuple[float, ...]) -> tuple[float, ...]:
-    return times[-MAX_TRANSITIONS:]
+def _bounded(times: tuple[float, ...], at: float) -> tuple[float, ...]:
+    """The transitions a quarantine decision at or after `at` can still count."""
+    start = at - HISTORY_SECONDS
+    first = next((i for i, t in enumerate(times) if t > start), len(times))
+    return times[max(first, len(times) - MAX_TRANSITIONS):]
 
 
 def apply(state: LifecycleState, event: Event, position: Position) -> LifecycleState:
@@ -68,11 +74,13 @@ def apply(state: LifecycleState, event: Event, position: Position) -> LifecycleS
     if newly_failed:
         models = dict(models)
         for m in newly_failed:
-            models[m] = _bounded(models.get(m, ()) + (at,))
+            models[m] = _bounded(models.get(m, ()) + (at,), at)
+    transitions = old.transitions if old is not None else ()
+    if changes or (transitions and transitions[0] <= at - HISTORY_SECONDS):
+        transitions = _bounded(transitions + changes, at)
     hosts = dict(state.hosts)
     hosts[event.host_id] = HostTrack(
-        last_at=at, last_seq=position.seq, state=event.state, failed=failed,
-        transitions=_bounded((old.transitions if old is not None else ()) + changes),
+        last_at=at, last_seq=position.seq, state=event.state, failed=failed, transitions=transitions,
     )
     return LifecycleState(hosts=hosts, models=models)
 

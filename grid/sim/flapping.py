@@ -3,7 +3,7 @@
 The day's single node outage is replaced by a series on the same machine: down for
 `down_minutes`, up for `up_minutes`, over the middle half of the day. Every return looks like
 free capacity; without flap quarantine the planner fills it and the next outage kills what it
-started. `compare` runs smart with the lab-chosen thresholds (FLAP_ON) and with quarantine
+started. `compare` runs smart with the controller's policy (quarantine on) and with quarantine
 off over the same trace and reports, for each: starts on the flapping machine, replicas it
 lost to its outages, the run's flaps and churn, served demand and safety violations.
 
@@ -21,7 +21,7 @@ import msgspec
 from grid.events.base import Event
 from grid.events.commands import CommandIssued
 from grid.events.host import HostHeartbeat
-from grid.fleet.planning import FLAP_ON, Policy
+from grid.fleet.planning import Policy
 from grid.projections import lifecycle as lifecycle_proj
 from grid.projections.position import Position
 from grid.sim import strategies
@@ -120,7 +120,7 @@ def measure(sc: Scenario, host: str, policy: Policy, *, strategy: str = strategi
 def compare(sc: Scenario, **kw: int) -> tuple[Figures, Figures]:
     """The flapping-host variant of `sc` with quarantine on (the default policy) and off."""
     flapping, host = flapping_scenario(sc, **kw)
-    return measure(flapping, host, FLAP_ON), measure(flapping, host, QUARANTINE_OFF)
+    return measure(flapping, host, Policy()), measure(flapping, host, QUARANTINE_OFF)
 
 
 def transition_peaks(sc: Scenario, window_seconds: float) -> dict[str, int]:

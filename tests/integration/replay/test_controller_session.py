@@ -2,14 +2,18 @@
 
 Two host agents run real llama-server children (the bundled SmolLM2 GGUF); the real Controller
 follows the log, forecasts, plans and commands them in automatic mode while a gateway-like
-writer appends request batches and an operator changes profiles mid-traffic. Afterwards every
-plan the controller recorded is replayed from JetStream, from an export file and from the
-DuckDB store, and must reproduce byte for byte from inputs with the recorded digest.
+writer appends request batches and an operator changes profiles mid-traffic. One host's
+protection flips between accepting and throttled every sample (its CPU reading alternates and
+its protection policy has no debounce), so the controller plans with that host flap-quarantined
+for most of the session. Afterwards every plan the controller recorded is replayed from
+JetStream, from an export file and from the DuckDB store, and must reproduce byte for byte from
+inputs with the recorded digest (the quarantines included).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.agent.engines.runtime import Runtime
+from grid.agent.protection import ProtectionPolicy, SensorSample
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.analytics.sink import AnalyticsSink, open_store
@@ -38,6 +43,9 @@ from tests.ports import engine_ports
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 SECOND_MODEL = "smol-second.Q4_1.gguf"
+FLAPPING_HOST = "host-1"
+# Every sample that asks for another state gets it at once.
+NO_DEBOUNCE = ProtectionPolicy(debounce_samples=1, recovery_samples=1, recovery_cooldown_seconds=0.0)
 SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0,
                               lease_renew_seconds=0.5, restart_grace_seconds=0.0, plan_refresh_seconds=1.0)
 
@@ -82,9 +90,30 @@ async def gateway(log: JetStreamLog, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.2)
 
 
+async def flap(sensors: FixedSensors, stop: asyncio.Event, every: float) -> None:
+    """Alternate the CPU reading between busy and idle until stopped."""
+    busy = False
+    while not stop.is_set():
+        busy = not busy
+        sensors.set(SensorSample(cpu_percent=99.0 if busy else 10.0))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+
+
+async def wait_quarantined(controller: Controller, host_id: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pin = controller.last_input
+        if pin is not None and any(q.kind == "host" and q.subject == host_id for q in pin.flap_quarantines):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{host_id} was never flap-quarantined")
+
+
 async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tmp_path: Path,
                                                          engine_runtime: Runtime, bundled_gguf: Path) -> None:
     agents: list[HostAgent] = []
+    flapping = FixedSensors()
     for i in range(2):
         config = GridConfig(home=tmp_path / f"agent-{i}", nats_url=None)
         config.ensure_home()
@@ -92,12 +121,14 @@ async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tm
         agent = HostAgent(js_log, config, AgentOptions(
             host_id=f"host-{i}", capacity_mb=4000, failure_domain=f"rack-{i}", heartbeat_interval=0.5,
             sample_interval=0.5, port_range=engine_ports(),
-        ), sensor_source=FixedSensors())
+            **({"policy": NO_DEBOUNCE} if f"host-{i}" == FLAPPING_HOST else {}),
+        ), sensor_source=flapping if f"host-{i}" == FLAPPING_HOST else FixedSensors())
         await agent.start()
         agents.append(agent)
     controller = Controller(js_log, tmp_path / "controller-home", settings=SETTINGS, controller_id="ctl-replay")
     stop = asyncio.Event()
     traffic = asyncio.create_task(gateway(js_log, stop))
+    flapper = asyncio.create_task(flap(flapping, stop, 0.6))
     try:
         await controller.start()
         await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=profile(BUNDLED_MODEL_ID, 1)))
@@ -108,10 +139,12 @@ async def test_controller_session_replays_byte_for_byte(js_log: JetStreamLog, tm
         await wait_ready(js_log, SECOND_MODEL, 1)
         await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=profile(BUNDLED_MODEL_ID, 2)))
         await wait_ready(js_log, BUNDLED_MODEL_ID, 2)
+        await wait_quarantined(controller, FLAPPING_HOST)
         await asyncio.sleep(2.5)  # a few unchanged plans, refreshed once a second
     finally:
         stop.set()
         await traffic
+        await flapper
         await controller.stop()
         for agent in agents:
             await agent.stop(drain=True)

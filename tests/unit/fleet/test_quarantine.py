@@ -11,7 +11,7 @@ from grid.controller.inputs import Observation, build_planner_input
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.fleet import quarantine as Q
 from grid.fleet import reasons as R
-from grid.fleet.planning import FLAP_ON, FlapQuarantine, Policy, encode_plan
+from grid.fleet.planning import FlapQuarantine, Policy, encode_plan
 from grid.planner.plan import plan
 from grid.projections import catalog as catalog_proj
 from grid.projections import fleet as fleet_proj
@@ -21,7 +21,7 @@ from grid.projections.position import Position
 from tests.unit.planner.builders import NOW, host, mk, on, prof, res, shortfall_reasons, want
 from tests.unit.planner.test_properties import any_inputs
 
-POLICY = FLAP_ON
+POLICY = Policy()
 W, N, BASE, CAP = POLICY.flap_window_seconds, POLICY.flap_host_transitions, POLICY.flap_backoff_seconds, \
     POLICY.flap_backoff_max_seconds
 
@@ -70,7 +70,7 @@ def test_zero_threshold_turns_quarantine_off():
     assert active(times, times[-1], threshold=0) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(min_value=0, max_value=50_000, allow_nan=False), max_size=60),
        st.floats(min_value=0, max_value=60_000, allow_nan=False))
 def test_always_released_after_its_backoff(times, now):
@@ -117,12 +117,44 @@ def test_a_residency_failing_counts_for_its_model_once_per_failure():
     assert lifecycle_proj.host_transitions(s) == {}
 
 
-def test_an_older_heartbeat_is_ignored_and_history_is_bounded():
-    s = fold([(0.0, hb("h1"))] + [(100.0 * i, hb("h1", "throttled" if i % 2 else "accepting"))
-                                  for i in range(1, 200)])
+def _alternating(start: float, every: float, n: int, flip_every: int = 1):
+    """Heartbeats every `every` seconds whose state flips every `flip_every` heartbeats."""
+    return [(start + every * i, hb("h1", "throttled" if (i // flip_every) % 2 else "accepting")) for i in range(n)]
+
+
+def test_an_older_heartbeat_is_ignored_and_history_is_bounded_by_time_and_count():
+    # A flip every 200 s for 14 hours: only the last HISTORY_SECONDS are kept.
+    s = fold(_alternating(0.0, 50.0, 14 * 72, flip_every=4))
+    kept = s.hosts["h1"].transitions
+    assert kept[0] > s.hosts["h1"].last_at - Q.HISTORY_SECONDS >= kept[0] - 200.0
+    # A flip every 10 s: the count bound holds.
+    s = fold(_alternating(0.0, 10.0, 2 * lifecycle_proj.MAX_TRANSITIONS))
     assert len(s.hosts["h1"].transitions) == lifecycle_proj.MAX_TRANSITIONS
     again = lifecycle_proj.apply(s, hb("h1", "paused"), Position("GRID_HOSTS", 5, 99_999.0))
     assert again is s
+
+
+def test_quarantines_depend_on_the_recent_log_not_on_where_the_fold_began():
+    # Nine hours of a host flapping in bursts (a throttle storm every 40 minutes). A fold of the
+    # whole log and one that began three quarters of the way in (more than a lookback before the
+    # plans below) plan with the same quarantines: a controller that followed the log since
+    # before retention trimmed it agrees with a replay of what is left, or of an export window.
+    events = []
+    for burst in range(14):
+        events += _alternating(burst * 2400.0, 20.0, 30 if burst % 3 else 8)
+    whole = fold(events)
+    cut = [e for e in events if e[0] >= 3 * 3600.0]
+    late = fold(cut)
+    horizon = Q.lookback(window=W, base=BASE, cap=CAP)
+    nows = [t for t, _ in events if t >= cut[0][0] + horizon]
+    assert nows
+    seen = set()
+    for now in nows[::5]:
+        a = Q.quarantines(lifecycle_proj.host_transitions(whole), {}, now, POLICY)
+        b = Q.quarantines(lifecycle_proj.host_transitions(late), {}, now, POLICY)
+        assert a == b, now
+        seen.update(q.level for q in a)
+    assert seen and max(seen) > 0  # quarantines were in force, and their backoff had doubled
 
 
 # --- planner input, plan and status ---------------------------------------------------------------
@@ -177,6 +209,31 @@ def test_a_quarantined_model_keeps_its_ready_replica_and_gets_no_new_one():
     assert not p.preemptions
 
 
+def test_a_quarantined_model_with_no_replica_still_gets_one():
+    # A crash loop is slowed to one replica at a time; demand is never left with nothing.
+    p = plan(mk([prof("a", max_replicas=3)], [host("h1"), host("h2")], [want("a", 2)],
+                flap_quarantines=(quarantine("model", "a"),)))
+    assert len(on(p, "a", "new")) == 1
+    assert R.FLAP_QUARANTINE in shortfall_reasons(p, "a")
+
+
+def test_host_quarantine_never_costs_a_replica():
+    # Held out of h1, the greedy order fills the throttled h0 (half of it offered) with a and b,
+    # and c's second replica has nowhere to go; without the hold every replica fits. The plan
+    # is then the one without host quarantine.
+    hosts = [host("h0", 8_000, state="throttled"), host("h1", 8_000)]
+    profiles = [prof("a", 2_000), prof("b", 2_000), prof("c", 2_000, max_replicas=2)]
+    demand = [want("a", 1), want("b", 1), want("c", 2)]
+    free = plan(mk(profiles, hosts, demand))
+    held = plan(mk(profiles, hosts, demand, flap_quarantines=(quarantine("host", "h1"),)))
+    assert sorted(on(free, "c")) == ["h0", "h1"]
+    assert [(x.model_id, x.host_id) for x in held.placements] == [(x.model_id, x.host_id) for x in free.placements]
+    # Where the hold costs nothing, it holds: the flapping host gets no new replica.
+    light = plan(mk(profiles[:2], [host("h0"), host("h1")], demand[:2],
+                    flap_quarantines=(quarantine("host", "h1"),)))
+    assert on(light, "a") == on(light, "b") == ["h0"]
+
+
 @st.composite
 def with_quarantines(draw):
     inp = draw(any_inputs())
@@ -197,18 +254,22 @@ def _last_ready(inp):
     return {(m, hs[0]) for m, hs in seen.items() if len(hs) == 1}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
 @given(with_quarantines())
-def test_quarantine_never_removes_a_last_ready_replica(case):
+def test_quarantine_keeps_what_it_holds_and_never_costs_a_replica(case):
     inp, qs = case
     free = plan(inp)
     held = plan(msgspec.structs.replace(inp, flap_quarantines=qs))
+    models_only = plan(msgspec.structs.replace(inp, flap_quarantines=tuple(q for q in qs if q.kind == "model")))
 
     def kept(p, m, h):
         placed = any(x.model_id == m and x.host_id == h and x.status == "existing" for x in p.placements)
         drained = any(x.victim_model == m and x.host_id == h for x in p.preemptions)
         return placed and not drained
+
+    def replicas(p, m):
+        return sum(1 for x in p.placements if x.model_id == m)
 
     held_hosts = Q.quarantined(qs, "host")
     held_models = Q.quarantined(qs, "model")
@@ -218,11 +279,15 @@ def test_quarantine_never_removes_a_last_ready_replica(case):
         if kept(free, m, h) and (h in held_hosts or m in held_models):
             assert kept(held, m, h), (m, h, [(q.kind, q.subject) for q in qs], held.preemptions,
                                       [x for x in held.placements if x.model_id == m], inp)
-    # Nothing is preempted on a quarantined host nor of a quarantined model; no new replica of a
-    # quarantined model.
-    assert not [x for x in held.preemptions if x.reason == R.PRIORITY_PREEMPTION
-                and (x.host_id in held_hosts or x.victim_model in held_models)]
-    assert not [x for x in held.placements if x.status == "new" and x.model_id in held_models]
+    for m in {p.model_id for p in inp.profiles}:
+        # Host quarantine never costs a replica.
+        assert replicas(held, m) >= replicas(models_only, m), m
+        # A quarantined model gets a new replica only when it has no other one.
+        if m in held_models:
+            new = [x for x in held.placements if x.model_id == m and x.status == "new"]
+            assert len(new) <= 1 and (not new or replicas(held, m) == 1), (m, held.placements)
+    # A quarantined model's replica is never a preemption victim (it could not come back).
+    assert not [x for x in held.preemptions if x.reason == R.PRIORITY_PREEMPTION and x.victim_model in held_models]
     assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, flap_quarantines=qs)))
 
 
