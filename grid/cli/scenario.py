@@ -89,6 +89,9 @@ def graduate(
     hours: float = typer.Option(2.0, "--hours", help="Length of the classic day in hours."),
     models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
     users_per_machine: float = typer.Option(12.5, "--users-per-machine", help="Users per machine (4 machines: 50)."),
+    flap_quarantine: bool = typer.Option(True, "--flap-quarantine/--no-flap-quarantine",
+                                         help="Run the strategies with flap quarantine (the controller's "
+                                              "default) or with it off, to compare the two."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run every strategy over fleet sizes and seeds; print the gates and exit non-zero if one fails."""
@@ -113,6 +116,7 @@ def graduate(
                     machines, seed_values, users=users, models=models,
                     minutes=graduate_mod.day_minutes(day, minutes), day=day,
                     progress=None if json_out else (lambda msg: err_console.print(f"  {msg}", style="dim")),
+                    policy=None if flap_quarantine else flapping_mod.QUARANTINE_OFF,
                 ))
             except ValueError as exc:
                 _fail(str(exc))

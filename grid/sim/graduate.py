@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from grid.fleet.planning import Policy
 from grid.sim import oracle as oracle_mod
 from grid.sim.metrics import Report
 from grid.sim.run import run
@@ -98,7 +99,9 @@ def _median(xs: list[float]) -> float:
 
 
 def run_fleet(machines: int, seeds: tuple[int, ...], *, users: int, models: int, minutes: int,
-              day: str = CLASSIC_DAY, progress: Callable[[str], None] | None = None) -> FleetResult:
+              day: str = CLASSIC_DAY, progress: Callable[[str], None] | None = None,
+              policy: Policy | None = None) -> FleetResult:
+    """Every strategy on every seed under `policy` (default: the controller's)."""
     reports: dict[str, list[Report]] = {s: [] for s in STRATEGIES}
     oracles: list[dict] = []
     identical = True
@@ -109,7 +112,7 @@ def run_fleet(machines: int, seeds: tuple[int, ...], *, users: int, models: int,
         for strategy in STRATEGIES:
             if progress is not None:
                 progress(f"{machines} machines, {day} day, seed {seed}, {strategy}")
-            rep = run(sc, strategy).report()
+            rep = run(sc, strategy, policy=policy).report()
             reports[strategy].append(rep)
             digests.add((rep.trace_digest, rep.requests))
         identical = identical and len(digests) == 1

@@ -83,3 +83,12 @@ def test_graduate_json_is_byte_stable_and_a_count_equals_its_explicit_seeds() ->
     b = runner.invoke(app, base + ["--seeds", "1,2"])
     assert a.exit_code in (0, 1), a.output
     assert a.stdout_bytes == b.stdout_bytes
+
+
+def test_graduate_runs_with_flap_quarantine_on_or_off_and_an_ordinary_day_never_trips_it() -> None:
+    base = ["test", "graduate", "--fleets", "2", "--seeds", "1", "--hours", "0.1", "--days", "classic", "--json"]
+    on = runner.invoke(app, base)
+    off = runner.invoke(app, base + ["--no-flap-quarantine"])
+    assert on.exit_code in (0, 1) and off.exit_code in (0, 1), (on.output, off.output)
+    assert on.stdout_bytes == off.stdout_bytes
+    assert json.loads(on.stdout)["fleets"][0]["minutes"] == 6
