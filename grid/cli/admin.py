@@ -126,7 +126,7 @@ def _render_quarantines(rows: Any) -> None:
     """Hosts and models held out of new placement because their lifecycle flaps, until when."""
     if not rows:
         return
-    table = Table(title="Flap quarantine (no new placement; incumbents stay)", title_justify="left")
+    table = Table(title="Flap quarantine (new replicas only where nothing else can serve; incumbents stay)", title_justify="left")
     for col in ("kind", "subject", "reason", "transitions", "backoff level", "until", "remaining"):
         table.add_column(col)
     for q in rows:

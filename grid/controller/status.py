@@ -18,7 +18,8 @@ Shape (every key always present; lists bounded):
                  ready replicas with no planning shortfall shows the newest as its shortfall
     flap_quarantines  [{kind (host|model), subject, reason, since, until, remaining_seconds, transitions,
                    level}] hosts and models the last tick held out of new placement because their
-                 lifecycle flaps (grid.fleet.quarantine); each releases itself at `until`
+                 lifecycle flaps (grid.fleet.quarantine), except where that would cost a replica
+                 (grid.planner.plan.build_plan); each releases itself at `until`
     unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
                  placed as things stand (the gateway's 503 verdict; absent ones are loading)
     unplaced_claims  [{host_id, model_id, state, reason, artifact_sha256}] heartbeat claims of managed

@@ -5,7 +5,9 @@ again) or a model whose residencies keep failing attracts new replicas that are 
 every return looks like free capacity, so the planner fills it, and the next flap takes that
 work away again. Flap quarantine holds such a subject out of NEW placement for a backoff; what it
 already runs stays (the planner keeps incumbents, so a model's only ready replica is never
-taken away by a quarantine), and the release is automatic.
+taken away by a quarantine), and the release is automatic. It never costs service: a held model
+with no replica still gets one, and a plan that holding hosts out would cost a replica of any
+model is made without host quarantine (grid.planner.plan.build_plan).
 
 The rule, over one subject's transition times (oldest first, as the lifecycle projection
 records them from the log):
