@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from nats.errors import FlushTimeoutError
 
@@ -23,6 +24,16 @@ from grid.transport.embedded import EmbeddedNats
 from grid.transport.nats_failover import connect_client
 
 pytestmark = pytest.mark.slow
+
+
+async def stop_server(server: EmbeddedNats) -> None:
+    """SIGSTOP the server and wait until it is stopped (signal delivery is not synchronous)."""
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    proc = psutil.Process(server.process.pid)
+    async with asyncio.timeout(10):
+        while proc.status() != psutil.STATUS_STOPPED:
+            await asyncio.sleep(0.01)
 
 FLUSH_TIMEOUT = 20.0
 
@@ -52,7 +63,7 @@ async def test_a_flush_waiting_when_the_connection_is_left_is_answered_by_the_ne
                               reconnected_cb=on_reconnect)
     try:
         assert private_nats.process is not None
-        private_nats.process.send_signal(signal.SIGSTOP)  # silent: no PONG, no close
+        await stop_server(private_nats)  # silent: no PONG, no close
         flush = asyncio.create_task(nc.flush(timeout=FLUSH_TIMEOUT))
         await asyncio.sleep(0.2)
         assert not flush.done()
@@ -81,7 +92,7 @@ async def test_a_pong_after_its_flush_gave_up_keeps_the_connection(private_nats:
                               error_cb=on_error)
     try:
         assert private_nats.process is not None
-        private_nats.process.send_signal(signal.SIGSTOP)
+        await stop_server(private_nats)
         with pytest.raises(FlushTimeoutError):
             await nc.flush(timeout=0.5)
         private_nats.process.send_signal(signal.SIGCONT)  # the late PONG arrives now
