@@ -28,7 +28,11 @@ from grid.planner.state import HostState, ModelState
 # of a model's only ready replica while that model itself wants more replicas than it has ready.
 # 1.4.0: hosts carry their runtime qualifications and a profile may require one (no decision
 # changes for profiles that do not); every input digest changes with the new fields.
-PLANNER_VERSION = "grid-planner/1.5.0"
+# 1.5.0: flap quarantine (hosts and models whose lifecycle flaps take no new placement for a
+# backoff, never at the cost of a replica); every input digest changes with the new field.
+# 1.5.1: a short model's other ready copy counts as a survivor only when it keeps serving (on an
+# eligible host, not a victim of the same plan).
+PLANNER_VERSION = "grid-planner/1.5.1"
 
 __all__ = [
     "PLANNER_VERSION",

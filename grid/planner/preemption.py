@@ -19,7 +19,9 @@ evict steady work that then returns and is evicted again (ping-pong).
 Never a victim: external (managed=False) or operator-pinned residencies, a model's own pinned
 host, incumbents inside their minimum residency, anything of equal or higher priority, and a
 model's only ready replica while that model itself wants more replicas than it has ready (it
-would lose all service while short, and such a victim did not come back the same day).
+would lose all service while short, and such a victim did not come back the same day). Only a
+copy that keeps serving counts as another: ready on an eligible host and not already a victim
+of this plan.
 Inferred-only demand never preempts; it may only wait for capacity that obsolete residencies
 are already releasing (``AWAITING_RELEASE``, no eviction). Each plan stages at most
 ``policy.max_evictions`` evictions.
@@ -92,17 +94,22 @@ def protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
 
 
 def sole_ready_while_short(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
-    """The residency is its model's only ready replica and the model's target is more than one."""
+    """The residency is its model's only ready replica that keeps serving, and the model's
+    target is more than one.
+
+    A copy that keeps serving is ready on an eligible host (a stale or draining host's copy is
+    not coming back) and is not already a victim of this plan: two victim sets staged in one
+    plan must not take a short model's last two copies, each counting the other as a survivor."""
     if residency.state != "ready" or vms.wanted <= 1:
         return False
     model_id = vms.req.model_id
-    ready = 0
+    taken = {p.host_id for p in led.preemptions if p.victim_model == model_id}
     for other in led.hosts:
+        if not other.eligible or other.host_id in taken:
+            continue
         r = other.residencies.get(model_id)
-        if r is not None and r.state == "ready":
-            ready += 1
-            if ready > 1:
-                return False
+        if r is not None and r is not residency and r.state == "ready":
+            return False
     return True
 
 

@@ -57,3 +57,31 @@ def test_no_preemption_of_a_models_only_ready_replica_while_that_model_is_short(
     # Without a target of its own it is not short: the higher-priority model may take its place.
     p = planner_plan(pb.mk(profiles, hosts, [pb.want("image", 1)]))
     assert [x.victim_model for x in p.preemptions] == ["research"]
+
+
+def _research_and_image(h2_state: str = "accepting", h2_heartbeat: float = pb.NOW - 1.0):  # type: ignore[no-untyped-def]
+    """Two one-model hosts, each with a ready `research` copy; `research` wants 3 replicas and
+    the higher-priority `image` has direct demand for 2."""
+    old = pb.NOW - 10_000
+    hosts = [pb.host("h1", 10_000, residencies=(pb.res("research", 8000, loaded_at=old),)),
+             pb.host("h2", 10_000, state=h2_state, hb=h2_heartbeat,
+                     residencies=(pb.res("research", 8000, loaded_at=old),))]
+    profiles = [pb.prof("research", 8000, priority=0, max_replicas=3),
+                pb.prof("image", 8000, priority=5, min_replicas=2, max_replicas=2)]
+    return planner_plan(pb.mk(profiles, hosts, [pb.want("research", 3), pb.want("image", 2)]))
+
+
+def test_one_plan_never_stages_both_of_a_short_models_last_two_ready_replicas() -> None:
+    # Before, each victim set counted the other copy as a survivor: one plan staged the drain
+    # of both `research` copies and left a model that wants 3 replicas with none.
+    p = _research_and_image()
+    assert [(x.host_id, x.victim_model) for x in p.preemptions] == [("h1", "research")]
+    assert pb.on(p, "research") == ["h2"]
+
+
+def test_a_copy_on_a_stale_or_draining_host_does_not_make_another_copy_a_victim() -> None:
+    # The h2 copy is not coming back (an operator drain, or a heartbeat an hour old), so the h1
+    # copy is the only one that keeps serving: before, both plans staged its preemption.
+    for p in (_research_and_image(h2_state="draining"), _research_and_image(h2_heartbeat=pb.NOW - 3600)):
+        assert [x.victim_model for x in p.preemptions] == []
+        assert "h1" in pb.on(p, "research")
