@@ -17,7 +17,14 @@ import msgspec
 from grid.demand.fold import DemandState
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES, FreshnessPolicy, heartbeat_fresh
-from grid.fleet.planning import DemandTarget, FlapQuarantine, PlannerInput, Policy, TimingSample
+from grid.fleet.planning import (
+    DemandTarget,
+    FlapQuarantine,
+    PendingPlacement,
+    PlannerInput,
+    Policy,
+    TimingSample,
+)
 from grid.fleet.views import HostView
 from grid.projections import catalog as catalog_proj
 from grid.fleet import quarantine as quarantine_mod
@@ -58,6 +65,17 @@ def timing_samples(actions: ActionsState) -> tuple[TimingSample, ...]:
         for (h, m, sha), v in sorted(merged.items())
         if v["samples"] >= 1
     )
+
+
+def pending_placements(actions: ActionsState) -> tuple[PendingPlacement, ...]:
+    """Replicas already commanded: an open (not finished, not withdrawn) load or warm per host and
+    model. A plan that moved them to an equal host would withdraw them and start over there."""
+    pairs = {
+        (r.command.host_id, r.command.model_id)
+        for r in actions.actions.values()
+        if r.command.kind in ("load", "warm") and r.terminal_at is None and not r.withdrawn
+    }
+    return tuple(PendingPlacement(host_id=h, model_id=m) for h, m in sorted(pairs))
 
 
 def authoritative(sample: TimingSample) -> bool:
@@ -132,6 +150,7 @@ def build_planner_input(
         timings=timing_samples(obs.actions),
         retired=tuple(sorted(obs.catalog.retired)),
         flap_quarantines=flap_quarantines(obs.lifecycle, now, policy),
+        pending=pending_placements(obs.actions),
     )
 
 

@@ -55,6 +55,14 @@ class TimingSample(Value, frozen=True, kw_only=True):
     samples: int = 0
 
 
+class PendingPlacement(Value, frozen=True, kw_only=True):
+    """A replica the controller already commanded (an open load or warm) and the host has not
+    yet reported: the planner keeps it over an equal alternative while it is still feasible."""
+
+    host_id: str
+    model_id: str
+
+
 class Policy(Value, frozen=True, kw_only=True):
     max_evictions: int = 64
     # Bytes that must stay free on an artifact disk after a demanded download.
@@ -121,6 +129,8 @@ class PlannerInput(Value, frozen=True, kw_only=True):
     retired: tuple[str, ...] = ()
     # Hosts and models held out of new placement at `now` (flap quarantine), by kind and subject.
     flap_quarantines: tuple[FlapQuarantine, ...] = ()
+    # Open load/warm commands, sorted by host and model.
+    pending: tuple[PendingPlacement, ...] = ()
 
 
 PlacementStatus = Literal["existing", "new"]

@@ -4,7 +4,7 @@ Profiles become ``ModelState``s (wanted replicas, tiers, harm order, concurrency
 are grouped into ``HostClass``es (hosts indistinguishable to every compatibility check and
 class-level scorer) and, within a class, buckets of equal load level and throttling. Each
 model's "special" hosts (anything model-specific: residency, cached weights, measurements,
-learned timings, explicit host lists) are scored one by one; every other host is scored
+learned timings, pending commands, explicit host lists) are scored one by one; every other host is scored
 through its class. Static eligibility is computed once per (class, requirement signature).
 """
 
@@ -78,6 +78,7 @@ def compile_input(inp: PlannerInput, *, reference_scan: bool = False) -> Ledger:
         reference_scan=reference_scan,
         held_models=held_models,
     )
+    led.pending = frozenset((p.host_id, p.model_id) for p in inp.pending)
     _special_hosts(led, ids)
     led.count_eligible()
     return led
@@ -281,7 +282,7 @@ def _special_hosts(led: Ledger, ids: list[str]) -> None:
         for m, tps in snap.measured_tokens_per_second.items():
             if m in special and S.valid_tps(tps) is not None:
                 special[m].add(hs.idx)
-    for hid, m in led.timings:
+    for hid, m in (*led.timings, *led.pending):
         if m in special and hid in by_id:
             special[m].add(by_id[hid].idx)
     for ms in led.models:

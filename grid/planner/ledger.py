@@ -69,6 +69,8 @@ class Ledger(StaticEligibility):
         self.excl = excl
         # (host id, model id) -> learned load/warm timing
         self.timings = timings
+        # (host id, model id) of open load/warm commands (PlannerInput.pending)
+        self.pending: frozenset[tuple[str, str]] = frozenset()
         # Fleet-wide hardware maxima for the hardware prior.
         self.max_bw = max_bw
         self.max_gf = max_gf
@@ -214,6 +216,7 @@ class Ledger(StaticEligibility):
             load=load,
             throttled=thr,
             failed=S.score_failed(failed),
+            pending=S.score_pending(incumbent is None and (hs.host_id, mid) in self.pending),
         )
 
     # ==================================================================================

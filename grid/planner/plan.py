@@ -32,7 +32,9 @@ from grid.planner.state import HostState, ModelState
 # backoff, never at the cost of a replica); every input digest changes with the new field.
 # 1.5.1: a short model's other ready copy counts as a survivor only when it keeps serving (on an
 # eligible host, not a victim of the same plan).
-PLANNER_VERSION = "grid-planner/1.5.1"
+# 1.6.0: the input carries the open load/warm commands (pending placements), and a still-feasible
+# pending placement scores above an equal alternative (every input digest changes).
+PLANNER_VERSION = "grid-planner/1.6.0"
 
 __all__ = [
     "PLANNER_VERSION",

@@ -31,6 +31,10 @@ WEIGHTS: dict[str, float] = {
     "load": -30.0,  # current host load
     "throttled": -50.0,  # host is throttled
     "failed": -200.0,  # a failed residency of this model sits on this host
+    # An open load/warm of this model already commanded here: the next plan keeps it over an
+    # equal host instead of withdrawing it and starting over elsewhere (a tick is then a fixed
+    # point of its own commands). Below a new failure domain and cached weights elsewhere.
+    "pending": 100.0,
 }
 SCORERS: tuple[str, ...] = tuple(WEIGHTS)
 
@@ -53,6 +57,7 @@ class Scores(NamedTuple):
     load: float = 0.0
     throttled: float = 0.0
     failed: float = 0.0
+    pending: float = 0.0
 
 
 # The vector's positions are the weight table's order (and so the summation order).
@@ -153,6 +158,10 @@ def score_failed(failed: bool) -> float:
     return 100.0 if failed else 0.0
 
 
+def score_pending(pending: bool) -> float:
+    return 100.0 if pending else 0.0
+
+
 def concurrency_boost(profile: ModelProfile, demand: DemandTarget | None) -> float:
     """1..8: how far offered concurrency exceeds one replica's target capacity."""
     if demand is None or not math.isfinite(demand.offered_concurrency):
@@ -203,7 +212,7 @@ def with_host_terms(
     Called for every bucket and candidate of the indexed search, hence the unpacking and the
     direct tuple construction (a NamedTuple's keyword constructor costs about three times as
     much)."""
-    (resident, cached, _, throughput, hardware, _, startup, sticky, scarcity, _, _, failed) = base
+    (resident, cached, _, throughput, hardware, _, startup, sticky, scarcity, _, _, failed, pending) = base
     return _new_scores(
         Scores,
         (
@@ -219,6 +228,7 @@ def with_host_terms(
             load,
             throttled,
             failed,
+            pending,
         ),
     )
 

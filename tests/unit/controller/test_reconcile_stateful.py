@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from grid.controller import reconcile as rc
 from grid.controller.governor import Limits
+from grid.controller.inputs import pending_placements
 from grid.controller.issue import Issuer, command_issued, command_withdrawn
 from grid.controller.reconcile import Guards, withdraw_all
 from grid.controller.tick import Controls, TickInput, decide, plan_prepared
@@ -149,6 +150,7 @@ class ControllerMachine(RuleBasedStateMachine):
             demand=tuple(DemandTarget(model_id=m, replicas=p.min_replicas, evidence="baseline")
                          for m, p in sorted(profiles.items()) if p.min_replicas > 0),
             retired=tuple(sorted(self.retired)),
+            pending=pending_placements(self.history),
         )
         controls = Controls(mode=self.mode, limits=LIMITS, guards=Guards(cleared_withdrawals=frozenset(self.cleared)))
         planned = plan_prepared(TickInput(planner_input=pin), planner=self.plan_fn)

@@ -7,7 +7,7 @@ import hashlib
 from grid.events.codec import encode_value
 from grid.events.host import CachedArtifact
 from grid.fleet import reasons as R
-from grid.fleet.planning import Policy, TimingSample, decode_plan, encode_plan
+from grid.fleet.planning import PendingPlacement, Policy, TimingSample, decode_plan, encode_plan
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import render_explanation
 from grid.planner.plan import PLANNER_VERSION, build_plan, explain_model, plan
@@ -892,3 +892,19 @@ def test_scale_up_preemption_weighs_the_victims_displaced_demand():
         [want("A", 1, offered_concurrency=5.0), want("B", 1, offered_concurrency=0.1)],
     )
     assert [(x.host_id, x.victim_model) for x in plan(first).preemptions] == [("h1", "A")]
+
+
+def test_a_pending_placement_is_kept_over_an_equal_host_while_it_still_fits():
+    hosts = [host("h1"), host("h2")]
+    demand = [want("m", 1)]
+    assert on(plan(mk([prof("m")], hosts, demand)), "m") == ["h1"]
+    pending = (PendingPlacement(host_id="h2", model_id="m"),)
+    p = plan(mk([prof("m")], hosts, demand, pending=pending))
+    assert on(p, "m", "new") == ["h2"]
+    assert explanation(p, "m") is not None
+    # Both placers agree (the pending host is scored one by one, like a cached one).
+    assert encode_plan(build_plan(mk([prof("m")], hosts, demand, pending=pending), reference_scan=True)) == \
+        encode_plan(p)
+    # No longer feasible there: the replica goes to the host that fits.
+    full = [host("h1"), host("h2", unmanaged=14_000)]
+    assert on(plan(mk([prof("m")], full, demand, pending=pending)), "m") == ["h1"]
