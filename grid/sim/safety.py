@@ -34,6 +34,8 @@ SLOT_ORDER = "3_routine_destructive_before_availability"
 ROUTING = "4_routed_not_ready"
 LAST_REPLICA = "5_last_ready_replica_drained"
 SHORTFALL_DRAINED = "5_drained_with_shortfall"
+# A staged preemption takes a model's last ready replica while that model wants more than one.
+PREEMPTED_WHILE_SHORT = "5_preempted_last_ready_while_short"
 DRAIN_BEFORE_UNLOAD = "6_unload_before_drain"
 DRAIN_STATE = "6_drain_of_a_residency_not_serving"
 UNMANAGED = "7_unmanaged_actuated"
@@ -176,7 +178,8 @@ def _actuation(plan: Plan, by_host: Mapping[str, HostView], result: ReconcileRes
 
 def _last_replica(plan: Plan, hosts: Sequence[HostView], result: ReconcileResult, demanded: frozenset[str],
                   now: float, limits: Limits) -> list[Violation]:
-    """[5] No drain of a demanded model's last ready replica (a relocation keeps a copy)."""
+    """[5] No drain of a demanded model's last ready replica (a relocation keeps a copy), and no
+    staged preemption of a model's last ready replica while that model wants more than one."""
     out: list[Violation] = []
     ready: dict[str, set[str]] = {}
     for h in hosts:
@@ -185,15 +188,33 @@ def _last_replica(plan: Plan, hosts: Sequence[HostView], result: ReconcileResult
         for r in h.residencies:
             if r.state == "ready":
                 ready.setdefault(r.model_id, set()).add(h.host_id)
+    wanted = _wanted(plan)
     drained: dict[str, int] = {}
     relocations = {(p.host_id, p.victim_model) for p in plan.preemptions if p.reason == RELOCATION}
     for a in result.actions:
-        moves = a.kind == "drain" and (a.host_id, a.model_id) in relocations
-        if a.kind == "drain" and (a.preemption_for is None or moves) and a.model_id in demanded:
-            if a.host_id in ready.get(a.model_id, set()):
-                drained[a.model_id] = drained.get(a.model_id, 0) + 1
-                if drained[a.model_id] >= len(ready[a.model_id]):
-                    out.append((LAST_REPLICA, f"drain of the last ready {a.model_id} ({a.host_id}) with demand"))
+        if a.kind != "drain" or a.host_id not in ready.get(a.model_id, set()):
+            continue
+        drained[a.model_id] = drained.get(a.model_id, 0) + 1
+        if drained[a.model_id] < len(ready[a.model_id]):
+            continue
+        moves = (a.host_id, a.model_id) in relocations
+        if (a.preemption_for is None or moves) and a.model_id in demanded:
+            out.append((LAST_REPLICA, f"drain of the last ready {a.model_id} ({a.host_id}) with demand"))
+        elif a.preemption_for is not None and not moves and wanted.get(a.model_id, 0) > 1:
+            # A higher priority may take a model's only replica, but not while the model itself
+            # wants more than one: it would lose all service while short.
+            out.append((PREEMPTED_WHILE_SHORT, f"preemption of the last ready {a.model_id} ({a.host_id}) for "
+                                               f"{a.preemption_for} while it wants {wanted[a.model_id]}"))
+    return out
+
+
+def _wanted(plan: Plan) -> dict[str, int]:
+    """Replicas each model wants, as the plan shows it: its shortfall's target, else what it placed."""
+    out: dict[str, int] = {}
+    for p in plan.placements:
+        out[p.model_id] = out.get(p.model_id, 0) + 1
+    for s in plan.shortfalls:
+        out[s.model_id] = max(out.get(s.model_id, 0), s.wanted)
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grid.controller.governor import Limits
 from grid.controller.reconcile import Action, ReconcileResult
+from grid.fleet.planning import Preemption, Shortfall
 from grid.sim import safety
 
 from tests.unit.controller.ctlkit import NOW, SHA_A, History, host, mkplan, placement, profile, profiles, res
@@ -56,3 +57,19 @@ def test_mutation_limits_and_fanout_are_charged_like_the_governor() -> None:
         safety.MUTATION_LIMIT]
     three = (act("warm", "h1"), act("warm", "h2"), act("warm", "h3"))
     assert check(mkplan(), hosts, *three, limits=limits) == [safety.GLOBAL_MUTATION_LIMIT]
+
+
+def test_a_preemption_of_the_last_ready_replica_of_a_model_that_wants_more_is_flagged() -> None:
+    hosts = [host("h1", res("m", sha=SHA_A)), host("h2", res("m", sha=SHA_A))]
+    staged = [Preemption(host_id=h, victim_model="m", beneficiary_model="image", reason="priority_preemption")
+              for h in ("h1", "h2")]
+    wants_three = Shortfall(model_id="m", wanted=3, placed=0, reason="already_present")
+    plan = mkplan(preemptions=staged, shortfalls=[wants_three])
+    # One plan taking both ready copies leaves a model that wants three with none.
+    both = (act("drain", "h1", preemption_for="image"), act("drain", "h2", preemption_for="image"))
+    assert check(plan, hosts, *both) == [safety.PREEMPTED_WHILE_SHORT]
+    assert check(plan, hosts, both[0]) == []
+    # A model that wants one replica may give its only one to a higher priority.
+    wants_one = mkplan(preemptions=staged[:1], shortfalls=[Shortfall(model_id="m", wanted=1, placed=0,
+                                                                     reason="already_present")])
+    assert check(wants_one, hosts[:1], both[0]) == []
