@@ -1,9 +1,11 @@
 """The planner gate: the recorded corpus must keep producing its expected plans.
 
-tests/golden/planner_corpus/ holds a window of a real test fleet's log (`gridctl test start
---machines 3`, real engines, real requests through the gateway: a surge that scaled the baseline
-out, then a model named for the first time that was loaded from zero, then quiet) exported with
-`gridctl events export`, and the plans the planner is expected to make from it. Replaying it with
+tests/golden/planner_corpus/ holds the log of a real namespace test fleet (`gridctl test start
+--machines 3 --netns`, real engines) running `gridctl test demo` (real requests through the
+gateway: the baseline placed, `auto` coding demand refused and recorded, the coding model loaded
+before anything named it, then both models serving personas), exported with `gridctl events
+export`, and the plans the planner is expected to make from it (recorded with
+`python -m replay.record`). Replaying it with
 the current planner must give exactly those plans. When it does not, the failure lists the models
 whose placements changed and each side's explanation.
 
