@@ -1,4 +1,4 @@
-"""gridctl status | model set/rm | mode | tick: the allocator's admin API from the terminal.
+"""gridctl status | model set/rm | mode | tick | forecast-window: the allocator's admin API from the terminal.
 
 The admin URL comes from --admin, GRID_ADMIN_URL, or GRID_HOME/admin.url (written by the running
 controller). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
@@ -557,6 +557,24 @@ def mode(
         console.print(f"mode {value}")
 
 
+def forecast_window(
+    bucket_seconds: float = typer.Argument(
+        ..., metavar="SECONDS", min=1.0, max=3600.0,
+        help="Length of one demand bucket, 1-3600 s (default 60). The forecast counts its windows in buckets "
+             "(an evidence gate of 15), so 4 makes that gate one minute; demand already bucketed starts afresh."),
+    json_out: bool = JsonOption,
+    admin: Optional[str] = AdminOption,
+    token_file: Optional[Path] = TokenFileOption,
+) -> None:
+    """Set the forecast's demand bucket on the log (shorter buckets compress every forecast window alike)."""
+    data = request("PUT", admin_url(admin), "/allocator/forecast-window", token=operator_token(token_file),
+                   body={"bucket_seconds": bucket_seconds})
+    if json_out:
+        print_json(data)
+    else:
+        console.print(f"demand buckets of {bucket_seconds:g} s")
+
+
 def tick(
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
@@ -580,3 +598,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")
     app.command("mode")(mode)
     app.command("tick")(tick)
+    app.command("forecast-window")(forecast_window)

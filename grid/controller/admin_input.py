@@ -76,6 +76,11 @@ class TickBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reason: str = ""
 
 
+class ForecastWindowBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # The length of one demand bucket, seconds (grid.events.control.ForecastWindowSet).
+    bucket_seconds: float
+
+
 class BodyError(Exception):
     def __init__(self, status: int, error: str, detail: str, field: str | None = None) -> None:
         super().__init__(detail)

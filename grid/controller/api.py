@@ -6,6 +6,7 @@
     DELETE /allocator/models/{model_id} -> ProfileRemoved (durable retirement tombstone)
     PUT    /allocator/mode              {"mode": "observe"|"recommend"|"automatic"} -> ModeSet
     POST   /allocator/tick              -> TickRequested, then one reconciliation pass
+    PUT    /allocator/forecast-window   {"bucket_seconds": 1..3600} -> ForecastWindowSet
     GET    /openapi.json                the OpenAPI document (grid.controller.openapi)
     GET    /metrics                     Prometheus exposition (as status: open on loopback only)
     GET    /allocator/history/{view}    a history view of the analytics store (operator or reader token);
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,7 @@ from grid.controller.admin_input import (
     MAX_INCOMPLETE_BODIES,
     BodyError,
     BodyIntake,
+    ForecastWindowBody,
     ModeBody,
     ProfileBody,
     ProfilePatch,
@@ -70,6 +73,7 @@ from grid.controller.admin_input import (
 from grid.controller.evaluations import EvaluationBody, evaluation_decoder, to_event, validate_body
 from grid.controller.openapi import (
     EvaluationResponse,
+    ForecastWindowResponse,
     HistoryResponse,
     ModeResponse,
     ProfileRetiredResponse,
@@ -81,7 +85,10 @@ from grid.controller.reconcile import ReconcileResult
 from grid.controller.status import ControllerView, TickReport, build_status
 from grid.events.base import Event, new_event_id
 from grid.events.control import (
+    MAX_FORECAST_BUCKET_SECONDS,
+    MIN_FORECAST_BUCKET_SECONDS,
     MODES,
+    ForecastWindowSet,
     ModelProfile,
     ModeSet,
     ProfileRemoved,
@@ -411,6 +418,22 @@ async def put_mode(request: Request, ctx: AdminContext) -> Response:
 
 
 @operator_only
+async def put_forecast_window(request: Request, ctx: AdminContext) -> Response:
+    try:
+        body = decode_body(_forecast_window_decoder, await ctx.body(request))
+    except BodyError as exc:
+        return _refused(exc)
+    seconds = body.bucket_seconds
+    if not (math.isfinite(seconds) and MIN_FORECAST_BUCKET_SECONDS <= seconds <= MAX_FORECAST_BUCKET_SECONDS):
+        return _error(422, "validation_error", f"bucket_seconds must be between {MIN_FORECAST_BUCKET_SECONDS:g} "
+                      f"and {MAX_FORECAST_BUCKET_SECONDS:g}", "bucket_seconds")
+    res = await _append(ctx, ForecastWindowSet(event_id=new_event_id(), at=ctx.now(), bucket_seconds=float(seconds)))
+    if isinstance(res, Response):
+        return res
+    return _json(ForecastWindowResponse(bucket_seconds=float(seconds), seq=res.seq))
+
+
+@operator_only
 async def post_tick(request: Request, ctx: AdminContext) -> Response:
     try:
         raw = await ctx.body(request)
@@ -456,6 +479,7 @@ async def not_found(_request: Request, _exc: Exception) -> Response:
 
 _mode_decoder = msgspec.json.Decoder(ModeBody)
 _tick_decoder = msgspec.json.Decoder(TickBody)
+_forecast_window_decoder = msgspec.json.Decoder(ForecastWindowBody)
 
 ROUTES: tuple[Route, ...] = (
     Route("/allocator/status", status, methods=["GET"]),
@@ -464,6 +488,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
     Route("/allocator/mode", put_mode, methods=["PUT"]),
     Route("/allocator/tick", post_tick, methods=["POST"]),
+    Route("/allocator/forecast-window", put_forecast_window, methods=["PUT"]),
     Route("/allocator/history/{view}", history, methods=["GET"]),
     Route("/allocator/evaluations", post_evaluation, methods=["POST"]),
     Route("/openapi.json", openapi, methods=["GET"]),
@@ -506,7 +531,7 @@ def create_admin_app(
         intake=BodyIntake(timeout_seconds=body_timeout_seconds, max_incomplete=max_incomplete_bodies),
         openapi=msgspec.json.encode(
             build_openapi(ProfileBody, ModeBody, TickBody, tuple(sorted(HISTORY_VIEWS)), ProfilePatch,
-                          evaluation_body=EvaluationBody)),
+                          evaluation_body=EvaluationBody, forecast_window_body=ForecastWindowBody)),
     )
     return app
 

@@ -44,6 +44,11 @@ class ModeResponse(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
 
 
+class ForecastWindowResponse(msgspec.Struct, frozen=True, kw_only=True):
+    bucket_seconds: float
+    seq: int
+
+
 class TickResponse(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
     tick: TickReport
@@ -72,11 +77,15 @@ def _content(ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_views: tuple[str, ...],
-                  profile_patch: type, evaluation_body: type | None = None) -> dict[str, Any]:
+                  profile_patch: type, evaluation_body: type | None = None,
+                  forecast_window_body: type | None = None) -> dict[str, Any]:
     types = [ErrorBody, ProfileSetResponse, ProfileRetiredResponse, ModeResponse, TickResponse, HistoryResponse,
              profile_body, mode_body, tick_body, profile_patch]
     if evaluation_body is not None:
         types += [EvaluationResponse, evaluation_body]
+    window_at = len(types)
+    if forecast_window_body is not None:
+        types += [ForecastWindowResponse, forecast_window_body]
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
     error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b, patch_b = refs[:10]
 
@@ -143,6 +152,13 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
             "security": token,
             "requestBody": {"required": True, "content": _content(refs[11])},
             "responses": responses(refs[10], 400, 401, 404, 408, 409, 413, 422, 503),
+        }}}),
+        **({} if forecast_window_body is None else {"/allocator/forecast-window": {"put": {
+            "summary": "Set the length of one demand bucket, seconds (appends ForecastWindowSet; the forecast's "
+                       "windows are counts of buckets, and the bucketed demand starts afresh at a new length).",
+            "security": token,
+            "requestBody": {"required": True, "content": _content(refs[window_at + 1])},
+            "responses": responses(refs[window_at], 400, 401, 403, 408, 413, 422, 503),
         }}}),
         "/metrics": {"get": {
             "summary": "Prometheus exposition (open on loopback; elsewhere the operator or reader token).",

@@ -76,7 +76,7 @@ from grid.demand.forecast import Forecast
 from grid.events import codec
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
-from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import ForecastWindowSet, ModeSet, ProfileRemoved, ProfileSet, TickRequested
 from grid.events.evaluations import EvaluationRecorded
 from grid.events.log import (
     AppendResult,
@@ -532,7 +532,8 @@ class Controller:
     # --- control events (admin API) -----------------------------------------------------------
 
     async def append_control(self, event: Event) -> AppendResult:
-        if not isinstance(event, (ProfileSet, ProfileRemoved, ModeSet, TickRequested, EvaluationRecorded)):
+        if not isinstance(event, (ProfileSet, ProfileRemoved, ModeSet, TickRequested, EvaluationRecorded,
+                                  ForecastWindowSet)):
             raise TypeError(f"not a control event: {type(event).__name__}")
         result = await self.log.append(event)
         await self._await_position(result.stream, result.seq)

@@ -354,6 +354,8 @@ def _forecasts(ctl: ControllerView) -> dict[str, Any]:
         "version": fc.version, "now": fc.now, "targets": _b(fc.targets), "models": _b(fc.models),
         "workloads": _b(fc.workloads), "evidence_observations": fc.evidence_observations,
         "evidence_concurrency": fc.evidence_concurrency,
+        # The demand bucket (grid.events.control.ForecastWindowSet) and the buckets kept.
+        "bucket_seconds": fc.bucket_seconds, "window_buckets": fc.window_buckets,
     }
 
 

@@ -17,6 +17,8 @@ buckets of ``bucket_seconds`` (default 60 s) keyed by the log receipt time, keep
   gateway) are skipped: evaluating a model must not manufacture demand for it.
 * Quality evidence: the owner's ``EvaluationRecorded`` events (control stream) of configured
   models are folded into the same outcomes, keyed by the revision they name.
+* The bucket length: a ``ForecastWindowSet`` (control stream) that changes it starts the bucketed
+  series afresh at the new length (see ``_rewindow``); outcomes and affinity are kept.
 
 Each bucket holds counts, errors, capacity-class errors, summed service and queue seconds,
 reported queue depth, and a bounded logarithmic latency histogram (4 bins per doubling of
@@ -36,6 +38,7 @@ from functools import lru_cache
 import msgspec
 
 from grid.events.base import Event
+from grid.events.control import DEFAULT_FORECAST_BUCKET_SECONDS, ForecastWindowSet
 from grid.events.evaluations import EvaluationRecorded
 from grid.events.requests import WORKLOADS, RequestBatch, RequestCompleted, RequestFailed
 from grid.demand import affinity as affinity_mod
@@ -43,7 +46,7 @@ from grid.demand import outcomes as outcomes_mod
 from grid.demand.affinity import AffinityState
 from grid.demand.outcomes import Outcomes
 
-DEFAULT_BUCKET_SECONDS = 60.0
+DEFAULT_BUCKET_SECONDS = DEFAULT_FORECAST_BUCKET_SECONDS
 DEFAULT_MAX_BUCKETS = 60
 HIST_BINS_PER_DOUBLING = 4
 HIST_BINS = 80  # 1 ms .. 2**20 ms (about 17 minutes); longer requests land in the last bin
@@ -265,6 +268,8 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
         records = (event.features,)  # type: ignore[attr-defined]
     elif kind is EvaluationRecorded:
         return _evaluation(state, event, position_time, configured)  # type: ignore[arg-type]
+    elif kind is ForecastWindowSet:
+        return _rewindow(state, event.bucket_seconds)  # type: ignore[attr-defined]
     else:
         return state
     t = position_time
@@ -318,6 +323,20 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
             affinity_mod.observe(aff, r.affinity, wl, r.finished_at, t)
     if ignored:
         state.ignored += ignored
+    return state
+
+
+def _rewindow(state: DemandState, bucket_seconds: float) -> DemandState:
+    """Buckets of ``bucket_seconds`` from now on. A bucket's counts cannot be split into shorter
+    buckets (nor merged into longer ones without inventing when they arrived), so the bucketed
+    series start empty: the forecast sees only demand observed at the new length, never demand
+    it was not shown. Outcomes and affinity sequences are timestamped, not bucketed, and stay."""
+    if not (math.isfinite(bucket_seconds) and bucket_seconds > 0) or bucket_seconds == state.bucket_seconds:
+        return state
+    state.bucket_seconds = float(bucket_seconds)
+    state.newest = None
+    state.models = {}
+    state.workloads = {}
     return state
 
 

@@ -18,6 +18,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import (
     CredentialRevoked,
+    ForecastWindowSet,
     HostOverride,
     ModeSet,
     ProfileRemoved,
@@ -43,6 +44,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ModeSet,
     HostOverride,
     TickRequested,
+    ForecastWindowSet,
     CredentialRevoked,
     EvaluationRecorded,
     PlanCreated,

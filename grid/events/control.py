@@ -1,4 +1,4 @@
-"""Operator control events: model profiles, mode, host overrides and tick requests."""
+"""Operator control events: model profiles, mode, host overrides, tick requests and the forecast window."""
 
 from __future__ import annotations
 
@@ -142,3 +142,20 @@ class CredentialRevoked(Event, frozen=True, kw_only=True, tag="control.credentia
 
 class TickRequested(Event, frozen=True, kw_only=True, tag="control.tick_requested.v1"):
     reason: str = ""
+
+
+# The demand projection's default bucket: the forecast counts its windows in buckets (evidence
+# gate 15, trend 6, retained history 60), so by default they are minutes.
+DEFAULT_FORECAST_BUCKET_SECONDS = 60.0
+MIN_FORECAST_BUCKET_SECONDS = 1.0
+MAX_FORECAST_BUCKET_SECONDS = 3600.0
+BucketSeconds = Annotated[float, Meta(ge=MIN_FORECAST_BUCKET_SECONDS, le=MAX_FORECAST_BUCKET_SECONDS)]
+
+
+class ForecastWindowSet(Event, frozen=True, kw_only=True, tag="control.forecast_window_set.v1"):
+    """The length of one demand bucket from this point of the log on. Every forecast window is a
+    count of buckets, so a shorter bucket compresses them all alike (15 buckets of 4 s: an
+    evidence gate of one minute), which lets a test workday run in minutes. On the log rather
+    than in a process's settings so that replay folds the same buckets the live controller did."""
+
+    bucket_seconds: BucketSeconds = DEFAULT_FORECAST_BUCKET_SECONDS

@@ -18,6 +18,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import (
     CredentialRevoked,
+    ForecastWindowSet,
     HostOverride,
     ModeSet,
     ProfileRemoved,
@@ -55,6 +56,7 @@ LEASE_BUCKET = "grid_lease"
 PLAN_SUBJECT = "grid.plan"
 MODE_SUBJECT = "grid.ctl.mode"
 TICK_SUBJECT = "grid.ctl.tick"
+FORECAST_WINDOW_SUBJECT = "grid.ctl.forecast-window"
 
 # An object store chunk subject token (a NATS nuid), as read from an object's metadata.
 _NUID = re.compile(r"^[A-Za-z0-9]{1,64}$")
@@ -237,6 +239,8 @@ def subject_for(event: Event) -> str:
             return override_subject(event.host_id)
         case TickRequested():
             return TICK_SUBJECT
+        case ForecastWindowSet():
+            return FORECAST_WINDOW_SUBJECT
         case CredentialRevoked():
             return revocation_subject(event.host_id)
         case EvaluationRecorded():

@@ -16,6 +16,7 @@ from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import (
     CredentialRevoked,
+    ForecastWindowSet,
     HostOverride,
     ModelProfile,
     ModeSet,
@@ -72,6 +73,7 @@ EXAMPLES: list[Event] = [
     ModeSet(event_id="g-mode", at=1_800_000_009.0, mode="automatic"),
     HostOverride(event_id="g-ovr", at=1_800_000_010.0, host_id="host-1", state="draining", reason="taking laptop home", expires_at=1_800_003_610.0),
     TickRequested(event_id="g-tick", at=1_800_000_011.0, reason="operator"),
+    ForecastWindowSet(event_id="g-window", at=1_800_000_011.2, bucket_seconds=4.0),
     CredentialRevoked(event_id="g-revoke", at=1_800_000_011.5, host_id="host-1",
                       keys=("UCRB3TUTBKH5SNSLY7BSMYVMUCHJ6DPAJQKCGG2RWHXDKQLIZQJGIMYM",), reason="laptop lost"),
     PlanCreated(event_id="g-plan", at=1_800_000_012.0, planner_version="1", generation="e:00000000000000000001:d", epoch="e",

@@ -69,6 +69,7 @@ async def test_reader_token_reads_admin_api_but_cannot_mutate(js_log: JetStreamL
                 ("DELETE", "/allocator/models/evil.gguf", None),
                 ("PUT", "/allocator/mode", {"mode": "observe"}),
                 ("POST", "/allocator/tick", {"reason": "reader"}),
+                ("PUT", "/allocator/forecast-window", {"bucket_seconds": 4}),
                 ("POST", "/allocator/evaluations", {"model_id": "evil.gguf", "workload": "coding", "passed": 1, "total": 1}),
             ]
             for method, url, body in attempts:

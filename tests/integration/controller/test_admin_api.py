@@ -13,7 +13,7 @@ import pytest
 from grid.controller.api import create_admin_app
 from grid.controller.service import Controller, ControllerSettings
 from grid.events import codec
-from grid.events.control import ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import ForecastWindowSet, ModeSet, ProfileRemoved, ProfileSet, TickRequested
 from grid.events.log import InMemoryLog
 from grid.events.subjects import CONTROL_STREAM
 from grid.transport.jetstream import JetStreamLog
@@ -161,3 +161,21 @@ async def test_automatic_mode_is_refused_on_a_non_durable_log(tmp_path: Path) ->
         assert report.mode == "automatic" and report.effective_mode == "recommend"
     finally:
         await c.stop()
+
+
+async def test_the_forecast_window_is_set_on_the_log_and_shown_by_status(ctl: Controller) -> None:
+    async with client(ctl, token=ctl.token) as c:
+        for body, field in (({"bucket_seconds": 0.5}, "bucket_seconds"), ({"bucket_seconds": 7200}, "bucket_seconds"),
+                            ({"bucket_seconds": "4"}, "bucket_seconds"), ({"seconds": 4}, "seconds")):
+            r = await c.put("/allocator/forecast-window", json=body)
+            assert r.status_code == 422 and r.json()["field"] == field, r.text
+        r = await c.put("/allocator/forecast-window", json={"bucket_seconds": 4})
+        assert r.status_code == 200 and r.json()["bucket_seconds"] == 4.0, r.text
+        await c.post("/allocator/tick", json={"reason": "operator"})
+        status = (await c.get("/allocator/status")).json()
+        assert status["forecasts"]["bucket_seconds"] == 4.0
+        assert "/allocator/forecast-window" in (await c.get("/openapi.json")).json()["paths"]
+    async with client(ctl, token=None) as c:
+        assert (await c.put("/allocator/forecast-window", json={"bucket_seconds": 4})).status_code == 401
+    events = [e for e in await control_events(ctl.log) if isinstance(e, ForecastWindowSet)]
+    assert [e.bucket_seconds for e in events] == [4.0]
