@@ -199,17 +199,29 @@ def demo(
         None, "--model",
         help="A GGUF to serve as the coding model (stored in the grid's artifact store; the hosts fetch it). "
              "Default: a second profile of the fleet's own model standing in for a coding model."),
+    workload_models: Optional[list[str]] = typer.Option(
+        None, "--workload-model",
+        help="WORKLOAD=MODEL, repeatable: run the adaptive workday instead of the coding flow, with coding, "
+             "research, marketing and sales bound (coding to a specialist, the other three to one shared model). "
+             "MODEL is a GGUF file (stored in the grid's artifact store) or a name for another profile of the "
+             "fleet's own model. Needs two hosts larger than the rest (start with --capacities-gib 1,2,2)."),
+    bucket_seconds: float = typer.Option(
+        4.0, "--bucket-seconds", min=1.0, max=3600.0,
+        help="Workday only: the demand bucket it sets (gridctl forecast-window); the forecast's evidence gate "
+             "is 15 buckets, so 4 s makes a workday of a few minutes."),
     converge_timeout: float = typer.Option(
         1200.0, "--converge-timeout", min=1.0,
         help="Seconds to wait for the fleet to be idle first (one baseline replica, no coding model); a "
              "previous run's demand keeps the coding model for up to the forecast window, about 16 minutes."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Run the focused coding flow on the running fleet with real requests only; exit 1 on any failed requirement."""
+    """Run the focused coding flow (or, with --workload-model, the adaptive workday) on the running fleet with
+    real requests only; exit 1 on any failed requirement."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from grid.testfleet.demo import DemoSpec, run_demo
     from grid.testfleet.fleet import FleetError
+    from grid.testfleet.workday import WorkdaySpec, parse_bindings, run_workday
 
     state = _recorded_fleet()
     out = err_console if json_out else console
@@ -228,12 +240,21 @@ def demo(
         style = {"residency": "cyan", "command": None, "outcome": "green", "withdrawn": "yellow"}[line.kind]  # type: ignore[attr-defined]
         out.print(f"{when} {line.text}", style=style, highlight=False)  # type: ignore[attr-defined]
 
-    spec = DemoSpec(users=users, requests=requests, max_tokens=max_tokens, coding_model=coding_model,
-                    converge_timeout=converge_timeout)
+    say = lambda text: out.print(text, style="bold", highlight=False)  # noqa: E731
     try:
-        with bar:
-            report = run_demo(state, spec, say=lambda text: out.print(text, style="bold", highlight=False),
-                              progress=progress, on_line=on_line)
+        if workload_models:
+            if coding_model is not None:
+                raise FleetError("--model names the focused flow's coding model; the workday binds its models with "
+                                 "--workload-model coding=MODEL")
+            wspec = WorkdaySpec(bindings=parse_bindings(workload_models), max_tokens=max_tokens, users=users,
+                                bucket_seconds=bucket_seconds, converge_timeout=converge_timeout)
+            with bar:
+                report = run_workday(state, wspec, say=say, progress=progress, on_line=on_line)
+        else:
+            spec = DemoSpec(users=users, requests=requests, max_tokens=max_tokens, coding_model=coding_model,
+                            converge_timeout=converge_timeout)
+            with bar:
+                report = run_demo(state, spec, say=say, progress=progress, on_line=on_line)
     except FleetError as exc:
         fail(str(exc))
         raise AssertionError from exc
@@ -261,6 +282,10 @@ def _print_demo(report: object) -> None:
             perf.add_row(host, model, str(v["samples"]), str(v["p50_latency_ms"]), str(v["max_latency_ms"]),
                          str(v["tokens_per_second"]))
     console.print(perf)
+    for phase in report.phases:
+        console.print(f"  phase {phase['name']}: {phase['answered']} of {phase['sent']} answered "
+                      f"({phase['retried']} retried), {phase['finished_at'] - phase['started_at']:.0f} s",
+                      highlight=False)
     console.print("[bold]lifecycle per residency[/bold]")
     for key, steps in report.lifecycles().items():
         path = " -> ".join([steps[0]["from"], *(s["to"] for s in steps)])

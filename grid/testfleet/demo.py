@@ -149,6 +149,10 @@ class DemoReport:
     # Every line the fleet's log produced while the demo ran, in order (transitions, commands, outcomes).
     timeline: list[dict[str, Any]] = field(default_factory=list)
     coding_workload: dict[str, Any] | None = None
+    # "coding": the focused coding flow; "workday": the adaptive workday (grid.testfleet.workday),
+    # whose steps are listed in `phases` with their request counts.
+    mode: str = "coding"
+    phases: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = 0.0
     finished_at: float = 0.0
 
@@ -197,7 +201,8 @@ class DemoReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "passed": self.passed, "baseline_model": self.baseline_model, "coding_model": self.coding_model,
+            "passed": self.passed, "mode": self.mode, "phases": self.phases,
+            "baseline_model": self.baseline_model, "coding_model": self.coding_model,
             "started_at": self.started_at, "finished_at": self.finished_at,
             "requirements": self.requirements, "counts": self.counts(),
             "answers": [{**msgspec.to_builtins(_answer_struct(a)), "ok": a.ok} for a in self.answers],
