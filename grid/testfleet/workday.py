@@ -10,8 +10,8 @@ the gateway, each judged by the fleet's own status and log:
 2. four workload classes (coding, research, marketing, sales) send `auto` requests; the allocator
    loads the coding specialist and the shared research/marketing/sales model on the two larger
    hosts, and both answer named calls;
-3. a general surge (requests naming the baseline) offloads both specialists and scales the
-   baseline to three replicas;
+3. a general surge (requests naming the baseline), while the four classes go on at a trickle,
+   displaces both specialists and scales the baseline to three replicas;
 4. the surge expires while research and marketing go on: the fleet returns to one baseline plus
    the shared model, with the coding specialist off;
 5. cooldown: no requests; every optional model drains and unloads.
@@ -97,16 +97,18 @@ BASELINE_WORKDAY_SCORES = {"general": 0.8}
 SPECIALIST_SCORE = 0.9
 # A specialist is declared this much larger than the largest smaller host.
 SPECIALIST_MARGIN_MB = 1
-# What the workday declares for one baseline replica (SmolLM2-135M's engine stays well below it).
-BASELINE_WORKDAY_MEMORY_MB = 256
-# Memory the sizing leaves for processes that are not Grid's on each host.
-UNMANAGED_ALLOWANCE_MB = 256
+# What the workday declares for one baseline replica (SmolLM2-135M's engine stays below it).
+BASELINE_WORKDAY_MEMORY_MB = 200
+# The share of each host's memory the sizing leaves to processes that are not Grid's: a logical
+# host reports its share of the machine's other processes (about a fifth on a busy machine).
+UNMANAGED_ALLOWANCE_FRACTION = 0.25
 # One model per host (each profile's max_colocated_models): a surge's baseline replica can only
 # take a larger host by displacing its specialist.
 MODELS_PER_HOST = 1
 
 SURGE_CLIENTS = 4
 MIX_PAUSE_SECONDS = 0.5
+TRICKLE_PAUSE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,9 @@ def size_specialists(capacities: dict[str, int], baseline_mb: int = BASELINE_WOR
                      headroom_fraction: float = 0.05, throttle_fraction: float = 0.5) -> Sizing:
     """The two largest hosts hold a specialist each. A specialist is declared one MB larger than
     any smaller host, so it never fits there, and must still fit a larger host that is throttled
-    (a busy machine offers only `throttle_fraction` of its memory to new work, with the planner's
-    admission headroom, beside what other processes use); the baseline must fit a throttled
-    smaller host. That one model runs per host is the profiles' `max_colocated_models`, not
+    (a busy machine offers new work only `throttle_fraction` of its capacity less what other
+    processes use, and the planner keeps its admission headroom); the baseline must fit a
+    throttled smaller host. That one model runs per host is the profiles' `max_colocated_models`, not
     memory. FleetError when the fleet's capacities cannot tell the hosts apart that way."""
     if len(capacities) < 3:
         raise FleetError("the workday needs three machines or more (a baseline host and two larger ones)")
@@ -172,11 +174,11 @@ def size_specialists(capacities: dict[str, int], baseline_mb: int = BASELINE_WOR
     specialist = small + SPECIALIST_MARGIN_MB
 
     def fits_throttled(mb: int, capacity: int) -> bool:
-        return mb * (1 + headroom_fraction) <= throttle_fraction * (capacity - UNMANAGED_ALLOWANCE_MB)
+        return mb * (1 + headroom_fraction) <= (throttle_fraction - UNMANAGED_ALLOWANCE_FRACTION) * capacity
 
     if small >= big or not fits_throttled(specialist, big) or not fits_throttled(baseline_mb, least):
         raise FleetError(
-            f"the workday needs two hosts larger than the rest: start the fleet with e.g. --capacities-gib 1,3,3 "
+            f"the workday needs two hosts larger than the rest: start the fleet with e.g. --capacities-gib 1,5,5 "
             f"(capacities now {', '.join(f'{h}={capacities[h]} MB' for h in sorted(capacities))}; a specialist "
             f"of {specialist} MB, larger than any smaller host, must fit a throttled larger host, and the "
             f"{baseline_mb} MB baseline a throttled smaller host)")
@@ -200,9 +202,11 @@ class Phase:
 class Pump:
     """Clients sending a mix of requests until stopped, each after the previous answer."""
 
-    def __init__(self, send: Callable[[str, str, str], Answer], jobs: Sequence[tuple[str, str, str]]) -> None:
+    def __init__(self, send: Callable[[str, str, str], Answer], jobs: Sequence[tuple[str, str, tuple[str, ...]]],
+                 pause: float = MIX_PAUSE_SECONDS) -> None:
         self.send = send
-        self.jobs = tuple(jobs)  # (persona, model, workload of the prompts)
+        self.jobs = tuple(jobs)  # (persona, model, the workloads whose prompts it cycles through)
+        self.pause = pause
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -217,15 +221,15 @@ class Pump:
         self._stop.set()
         self._pool.shutdown(wait=True)
 
-    def _client(self, persona: str, model: str, workload: str) -> None:
+    def _client(self, persona: str, model: str, workloads: tuple[str, ...]) -> None:
         n = 0
         while not self._stop.is_set():
-            prompts = PROMPTS[workload]
-            answer = self.send(persona, model, prompts[n % len(prompts)])
+            prompts = PROMPTS[workloads[n % len(workloads)]]
+            answer = self.send(persona, model, prompts[(n // len(workloads)) % len(prompts)])
             n += 1
             with self._lock:
                 self.answers.append(answer)
-            self._stop.wait(MIX_PAUSE_SECONDS)
+            self._stop.wait(self.pause)
 
     def snapshot(self) -> list[Answer]:
         with self._lock:
@@ -248,7 +252,6 @@ class Workday(Demo):
         self.optional = (self.specialist, self.shared)
         self.phases: list[Phase] = []
         self.sizing: Sizing | None = None
-        self._mix_seen = 0  # the mix's answers counted by the four-class phase
 
     # --- requests ---
 
@@ -310,13 +313,15 @@ class Workday(Demo):
         if not r.require(REQ_BASELINE_ON_SMALL_HOST, not base_hosts & set(self.sizing.larger_hosts),
                          f"baseline on {sorted(base_hosts)}; larger hosts {list(self.sizing.larger_hosts)}"):
             return
-        # The four classes keep asking through the surge: it is the surge, not their demand
-        # expiring, that must offload the specialists.
-        jobs = [(f"{w}-user-{i + 1}", "auto", w) for i, w in enumerate(WORKDAY_WORKLOADS)]
+        jobs = [(f"{w}-user-{i + 1}", "auto", (w,)) for i, w in enumerate(WORKDAY_WORKLOADS)]
         with Pump(self._send, jobs) as mix:
             if not self._four_classes(mix):
                 return
-            if not self._surge(mix):
+        # The four classes keep asking through the surge, at a trickle: it is the surge, not their
+        # demand expiring, that must displace the specialists. (The planner preempts for a
+        # scale-up only when the replica would serve more than its victims serve now.)
+        with Pump(self._send, [("quiet-user", "auto", WORKDAY_WORKLOADS)], pause=TRICKLE_PAUSE_SECONDS) as trickle:
+            if not self._surge(trickle):
                 return
         if not self._return():
             return
@@ -409,7 +414,6 @@ class Workday(Demo):
         ok = self._until(f"{self.specialist} and {self.shared} READY on the larger hosts", placed)
         named = [self._send("coding-user-1", self.specialist, PROMPTS["coding"][0]),
                  self._send("research-user-2", self.shared, PROMPTS["research"][0])] if ok else []
-        self._mix_seen = len(mix.snapshot())
         self._end(phase, *named, pumps=[(mix, 0)])
         r.require(REQ_SPECIALISTS_PLACED, ok, self._last_seen)
         return r.require(REQ_SPECIALISTS_ANSWER, ok and all(a.ok for a in named),
@@ -418,7 +422,7 @@ class Workday(Demo):
     def _surge(self, mix: Pump) -> bool:
         r = self.report
         phase = self._phase(f"general surge: {SURGE_CLIENTS} clients name {self.baseline}")
-        jobs = [(f"ops-{i + 1}", self.baseline, "general") for i in range(SURGE_CLIENTS)]
+        jobs = [(f"ops-{i + 1}", self.baseline, ("general",)) for i in range(SURGE_CLIENTS)]
 
         def scaled(status: dict[str, Any]) -> bool:
             return (len(self._ready(status, self.baseline)) >= 3
@@ -426,7 +430,7 @@ class Workday(Demo):
 
         with Pump(self._send, jobs) as pump:
             ok = self._until(f"{self.baseline} on three hosts, both specialists offloaded", scaled)
-        self._end(phase, pumps=[(pump, 0), (mix, self._mix_seen)])
+        self._end(phase, pumps=[(pump, 0), (mix, 0)])
         r.require(REQ_SURGE, ok, self._last_seen)
         answers = pump.snapshot()
         answered = [a for a in answers if a.ok]
@@ -436,7 +440,7 @@ class Workday(Demo):
     def _return(self) -> bool:
         r = self.report
         phase = self._phase(f"the surge expires; {', '.join(RETURN_WORKLOADS)} go on")
-        jobs = [(f"{w}-user-{i + 1}", "auto", w) for i, w in enumerate(RETURN_WORKLOADS)]
+        jobs = [(f"{w}-user-{i + 1}", "auto", (w,)) for i, w in enumerate(RETURN_WORKLOADS)]
 
         def returned(status: dict[str, Any]) -> bool:
             return (len(self._ready(status, self.baseline)) == 1 and bool(self._ready(status, self.shared))

@@ -36,20 +36,20 @@ def test_a_gguf_path_names_its_profile_by_file_name() -> None:
 
 
 def test_a_specialist_fits_a_throttled_larger_host_and_never_a_smaller_one() -> None:
-    sizing = size_specialists({"h1": 1024, "h2": 3072, "h3": 3072})
+    sizing = size_specialists({"h1": 1024, "h2": 5120, "h3": 5120})
     assert (sizing.larger_hosts, sizing.smaller_hosts) == (("h2", "h3"), ("h1",))
     mb = sizing.specialist_mb
     assert mb > 1024  # never on the smaller host
-    assert mb * 1.05 <= 0.5 * (3072 - 256)  # half a larger host, less what other processes use
+    assert mb * 1.05 <= (0.5 - 0.25) * 5120  # half a larger host, less a quarter for other processes
     # Uneven larger hosts: sized against the smaller of the two.
-    assert size_specialists({"a": 4096, "b": 3072, "c": 1024}).larger_hosts == ("a", "b")
+    assert size_specialists({"a": 6144, "b": 5120, "c": 1024}).larger_hosts == ("a", "b")
 
 
 @pytest.mark.parametrize("capacities", [
     {"h1": 2048, "h2": 2048, "h3": 2048},  # no host is smaller
     {"h1": 2048, "h2": 2048},  # no third host
-    {"h1": 1024, "h2": 2048, "h3": 2048},  # a throttled larger host cannot hold a specialist
-    {"h1": 512, "h2": 3072, "h3": 3072},  # a throttled smaller host cannot hold the baseline
+    {"h1": 1024, "h2": 3072, "h3": 3072},  # a throttled larger host cannot hold a specialist
+    {"h1": 512, "h2": 5120, "h3": 5120},  # a throttled smaller host cannot hold the baseline
 ])
 def test_capacities_that_cannot_tell_the_hosts_apart_are_refused(capacities: dict[str, int]) -> None:
     with pytest.raises(FleetError):
