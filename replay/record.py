@@ -5,8 +5,8 @@ six steps.
 
 1. start a `gridctl test start --machines N --netns` fleet in a scratch grid home, holding the
    machine's namespace-fleet lock for the whole recording (one bridge per machine);
-2. run `gridctl test demo` on it (the focused coding flow: real requests, real engines) and
-   refuse to record a demo that failed;
+2. run `gridctl test demo` on it (the focused coding flow, or with ``--workload-model`` the
+   adaptive workday: real requests, real engines) and refuse to record a demo that failed;
 3. export the fleet's whole log (`gridctl events export` with the fleet's control home);
 4. store it gzip-compressed without a timestamp (`events.ndjson.gz`, byte-stable);
 5. regenerate the expected plans from the current planner (`replay.gate.regenerate`) and print
@@ -65,20 +65,24 @@ def _step(home: Path, what: str, *args: str, timeout: float) -> str:
 
 
 def record(corpus: Path, home: Path, *, machines: int, users: int, requests: int, max_tokens: int,
+           capacities_gib: str | None = None, workload_models: Sequence[str] = (),
            say=print) -> list[str]:  # type: ignore[no-untyped-def]
-    """Steps 1-6 above; returns the regeneration's summary lines."""
+    """Steps 1-6 above; returns the regeneration's summary lines. `workload_models` (W=MODEL)
+    make the demo the adaptive workday, which needs `capacities_gib` with two larger hosts."""
     from tests import machine_lock
 
     corpus.mkdir(parents=True, exist_ok=True)
     with machine_lock.turn(machine_lock.NETNS_FLEET):
         try:
             say(f"starting a {machines}-machine namespace fleet in {home}")
+            sizes = ("--capacities-gib", capacities_gib) if capacities_gib else ()
             fleet = json.loads(_step(home, "gridctl test start", "test", "start", "--machines", str(machines),
-                                     "--netns", "--json", timeout=START_TIMEOUT_SECONDS))
+                                     *sizes, "--netns", "--json", timeout=START_TIMEOUT_SECONDS))
             say("running gridctl test demo")
             started = time.monotonic()
+            bindings = [a for b in workload_models for a in ("--workload-model", b)]
             demo = _gridctl(home, "test", "demo", "--users", str(users), "--requests", str(requests),
-                            "--max-tokens", str(max_tokens), "--json", timeout=DEMO_TIMEOUT_SECONDS)
+                            "--max-tokens", str(max_tokens), *bindings, "--json", timeout=DEMO_TIMEOUT_SECONDS)
             try:
                 report = json.loads(demo.stdout)
             except ValueError as exc:
@@ -118,13 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=3, help="The demo's --users (default 3).")
     parser.add_argument("--requests", type=int, default=12, help="The demo's --requests (default 12).")
     parser.add_argument("--max-tokens", type=int, default=16, help="The demo's --max-tokens (default 16).")
+    parser.add_argument("--capacities-gib", default=None,
+                        help="The fleet's --capacities-gib (one per machine, e.g. 1,5,5 for the workday).")
+    parser.add_argument("--workload-model", action="append", default=[], metavar="W=MODEL",
+                        help="The demo's --workload-model, repeatable: record the adaptive workday instead of the "
+                             "focused coding flow.")
     parser.add_argument("--home", type=Path, default=None,
                         help="Grid home for the fleet (default a scratch directory removed afterwards).")
     args = parser.parse_args(argv)
 
     def go(home: Path) -> list[str]:
         return record(args.corpus, home, machines=args.machines, users=args.users, requests=args.requests,
-                      max_tokens=args.max_tokens, say=lambda text: print(text, file=sys.stderr, flush=True))
+                      max_tokens=args.max_tokens, capacities_gib=args.capacities_gib,
+                      workload_models=args.workload_model, say=lambda text: print(text, file=sys.stderr, flush=True))
 
     try:
         if args.home is not None:
