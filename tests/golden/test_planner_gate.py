@@ -1,13 +1,13 @@
 """The planner gate: the recorded corpus must keep producing its expected plans.
 
 tests/golden/planner_corpus/ holds the log of a real namespace test fleet (`gridctl test start
---machines 3 --netns`, real engines) running `gridctl test demo` (real requests through the
-gateway: the baseline placed, `auto` coding demand refused and recorded, the coding model loaded
-before anything named it, then both models serving personas), exported with `gridctl events
-export`, and the plans the planner is expected to make from it (recorded with
-`python -m replay.record`). Replaying it with
-the current planner must give exactly those plans. When it does not, the failure lists the models
-whose placements changed and each side's explanation.
+--machines 3 --netns --capacities-gib 1,5,5`, real engines) running the adaptive workday of
+`gridctl test demo --workload-model ...` (real requests through the gateway: a coding specialist
+and a shared model loaded for four workload classes, a surge that preempted both and scaled the
+baseline to three, the return after it, the cooldown), exported with `gridctl events export`,
+and the plans the planner is expected to make from it (recorded with `python -m replay.record`).
+Replaying it with the current planner must give exactly those plans. When it does not, the
+failure lists the models whose placements changed and each side's explanation.
 
 A planner change that is meant to change decisions raises PLANNER_VERSION (grid/planner/plan.py)
 and regenerates the expected plans with
@@ -173,8 +173,8 @@ async def test_an_edited_export_is_caught(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     shutil.copytree(DEFAULT_CORPUS, corpus)
     lines = gzip.decompress((corpus / EVENTS_FILE).read_bytes()).splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if b'"host.heartbeat.v1"' in line and b'"capacity_mb":2048' in line)
-    lines[at] = lines[at].replace(b'"capacity_mb":2048', b'"capacity_mb":8192', 1)
+    at = next(i for i, line in enumerate(lines) if b'"host.heartbeat.v1"' in line and b'"capacity_mb":1024' in line)
+    lines[at] = lines[at].replace(b'"capacity_mb":1024', b'"capacity_mb":8192', 1)
     (corpus / EVENTS_FILE).write_bytes(gzip.compress(b"".join(lines), mtime=0))
     edited = await rerun_corpus(corpus)
     assert [r.seq for r in edited.replay.rejections] == [json.loads(lines[at])["seq"]]
