@@ -95,3 +95,23 @@ async def test_status_shows_the_throttled_reason_and_watches(js_log: JetStreamLo
     finally:
         await admin.stop()
         await ctl.stop()
+
+
+async def test_forecast_window_sets_the_demand_bucket_through_the_admin_api(js_log: JetStreamLog,
+                                                                            tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    settings = ControllerSettings(tick_interval_seconds=0.5, coalesce_seconds=0.02, lease_ttl_seconds=3.0,
+                                  lease_renew_seconds=0.5, restart_grace_seconds=0.0)
+    ctl = Controller(js_log, home, settings=settings, controller_id="ctl-window")
+    await ctl.start()
+    admin = await serve_admin(ctl, "127.0.0.1", 0)
+    try:
+        refused = await asyncio.to_thread(gridctl, home, "forecast-window", "0.5")
+        assert refused.returncode == 2 and "greater than or equal to 1" in refused.stderr, refused.stderr
+        done = await asyncio.to_thread(gridctl, home, "forecast-window", "4", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["bucket_seconds"] == 4.0
+        assert ctl.runner["demand"].bucket_seconds == 4.0
+    finally:
+        await admin.stop()
+        await ctl.stop()
