@@ -48,6 +48,7 @@ from grid.testfleet.demo import (
     DemoSpec,
     Progress,
     Say,
+    Transition,
     _describe,
     _hosts_in,
     send_chat,
@@ -465,8 +466,6 @@ class Workday(Demo):
     def _collect(self) -> None:
         r = self.report
         lines = self.follower.snapshot()
-        from grid.testfleet.demo import Transition
-
         r.transitions = [Transition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
                          if x.kind == "residency"]
         r.commands = self._commands()
