@@ -526,7 +526,8 @@ class Demo:
                             "reason": reason})
         return out
 
-    def _collect(self) -> None:
+    def _collect_log(self) -> None:
+        """Transitions, commands and the timeline from the fleet's log, and whether it was followed."""
         r = self.report
         lines = self.follower.snapshot()
         r.transitions = [Transition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
@@ -535,6 +536,10 @@ class Demo:
         r.timeline = [{"at": x.at, "kind": x.kind, "host_id": x.host_id, "text": x.text} for x in lines]
         if self.follower.error is not None:
             r.require("fleet_log_followed", False, f"following the fleet's log failed: {self.follower.error!r}")
+
+    def _collect(self) -> None:
+        self._collect_log()
+        r = self.report
         if not any(q["name"] == REQ_CODING_ANSWERS and q["ok"] for q in r.requirements):
             return
         perf = r.performance()

@@ -48,7 +48,6 @@ from grid.testfleet.demo import (
     DemoSpec,
     Progress,
     Say,
-    Transition,
     _describe,
     _hosts_in,
     send_chat,
@@ -237,7 +236,7 @@ class Pump:
             return list(self.answers)
 
 
-class Workday(Demo):
+class WorkdayDemo(Demo):
     """The adaptive workday; the focused flow's observation, answers and report are reused."""
 
     def __init__(self, state: FleetManifest, spec: WorkdaySpec, *, say: Say, progress: Progress,
@@ -464,16 +463,10 @@ class Workday(Demo):
         r.require(REQ_COOLDOWN, ok, self._last_seen)
 
     def _collect(self) -> None:
+        self._collect_log()
         r = self.report
-        lines = self.follower.snapshot()
-        r.transitions = [Transition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
-                         if x.kind == "residency"]
-        r.commands = self._commands()
-        r.timeline = [{"at": x.at, "kind": x.kind, "host_id": x.host_id, "text": x.text} for x in lines]
         r.phases = [{"name": p.name, "started_at": p.started_at, "finished_at": p.finished_at, **p.counts()}
                     for p in self.phases]
-        if self.follower.error is not None:
-            r.require("fleet_log_followed", False, f"following the fleet's log failed: {self.follower.error!r}")
         if not any(q["name"] == REQ_COOLDOWN for q in r.requirements):
             return
         # Each optional model was loaded and became ready, and ended unloaded, on some host.
@@ -497,4 +490,4 @@ def run_workday(state: FleetManifest, spec: WorkdaySpec, *, say: Say = lambda _:
     names = {model_id_of(m) for m in spec.bindings.values()}
     if state.settings.model_id in names:
         raise FleetError(f"{state.settings.model_id} is the fleet's baseline; bind the workloads to other models")
-    return Workday(state, spec, say=say, progress=progress, on_line=on_line).run()
+    return WorkdayDemo(state, spec, say=say, progress=progress, on_line=on_line).run()

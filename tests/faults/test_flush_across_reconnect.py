@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -22,8 +20,11 @@ from nats.errors import FlushTimeoutError
 
 from grid.transport.embedded import EmbeddedNats
 from grid.transport.nats_failover import connect_client
+from tests.faults.test_nats_restart_log import private_nats  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow
+
+FLUSH_TIMEOUT = 20.0
 
 
 async def stop_server(server: EmbeddedNats) -> None:
@@ -34,21 +35,6 @@ async def stop_server(server: EmbeddedNats) -> None:
     async with asyncio.timeout(10):
         while proc.status() != psutil.STATUS_STOPPED:
             await asyncio.sleep(0.01)
-
-FLUSH_TIMEOUT = 20.0
-
-
-@pytest.fixture
-def private_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    """A server of our own: stopping the session's server would stall every other test."""
-    server = EmbeddedNats(tmp_path / "nats")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.process is not None and server.alive:
-            server.process.send_signal(signal.SIGCONT)
-        server.stop()
 
 
 async def test_a_flush_waiting_when_the_connection_is_left_is_answered_by_the_next_one(
