@@ -191,9 +191,17 @@ def test_a_machine_in_another_namespace_joins_over_tls_and_serves(two_machines: 
             break
         assert time.monotonic() < deadline, f"no ready replica on {JOINER}: {states}\n{m.agent_log.read_text()[-3000:]}"
         time.sleep(2.0)
-    served = _chat_hosts(m, 16)
-    assert all(code == 200 for code, _ in served), served
-    assert JOINER in {host for _, host in served}, served
+    # The gateway routes to B once its own view of the log has B's replica ready, which may
+    # follow the controller's status by a heartbeat: ask again (every chat must succeed) until
+    # one of the affinity keys lands on B.
+    deadline = time.monotonic() + 60
+    while True:
+        served = _chat_hosts(m, 16)
+        assert all(code == 200 for code, _ in served), served
+        if JOINER in {host for _, host in served}:
+            break
+        assert time.monotonic() < deadline, f"no chat routed to {JOINER}: {served}"
+        time.sleep(1.0)
 
     # The listener speaks TLS only: a plain client is refused before it can say anything.
     plain = subprocess.run([*_in(NS_B), sys.executable, "-c",

@@ -294,7 +294,7 @@ def test_quarantine_keeps_what_it_holds_and_never_costs_a_replica(case):
     assert encode_plan(held) == encode_plan(plan(msgspec.structs.replace(inp, flap_quarantines=qs)))
 
 
-def test_status_and_the_status_table_show_which_subject_why_and_until_when():
+def test_status_and_the_status_table_show_which_subject_why_and_until_when(monkeypatch):
     from grid.cli.admin import _render_quarantines
     from grid.cli.common import console
     from grid.controller.status import quarantine_rows
@@ -305,6 +305,8 @@ def test_status_and_the_status_table_show_which_subject_why_and_until_when():
                      "until": NOW + 600, "transitions": 0, "level": 0, "remaining_seconds": 600.0}]
     assert quarantine_rows(None, NOW) == []
     msgspec.json.encode(rows)  # the --json document encodes as is
+    # Whole values, whatever width the test process's terminal (or COLUMNS) gives the console.
+    monkeypatch.setattr(console, "width", 400)
     with console.capture() as cap:
         _render_quarantines(rows)
     text = cap.get()
