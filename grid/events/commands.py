@@ -6,9 +6,15 @@ from typing import Literal
 
 from grid.events.base import Event
 
-ActionKind = Literal["load", "warm", "drain", "unload"]
-ACTION_KINDS: tuple[str, ...] = ("load", "warm", "drain", "unload")
-DESTRUCTIVE_KINDS: frozenset[str] = frozenset({"drain", "unload"})
+ActionKind = Literal["load", "warm", "drain", "unload", "evict"]
+ACTION_KINDS: tuple[str, ...] = ("load", "warm", "drain", "unload", "evict")
+# evict deletes a cached artifact from disk: it takes something away, so it is fenced like a drain.
+DESTRUCTIVE_KINDS: frozenset[str] = frozenset({"drain", "unload", "evict"})
+
+# The reason a load carries when it is a predictive prefetch (a cache-only advisory: fetch and
+# verify, never warm). The agent records the download's provenance from it, and only artifacts
+# downloaded this way, never used since, may later be evicted.
+PREDICTIVE_PREFETCH = "predictive_prefetch"
 
 
 class CommandIssued(Event, frozen=True, kw_only=True, tag="command.issued.v1"):

@@ -14,7 +14,9 @@ HOST_STATES: tuple[str, ...] = ("accepting", "throttled", "draining", "paused", 
 ResidencyState = Literal["cached", "loading", "warming", "ready", "draining", "unloading", "failed"]
 RESIDENCY_STATES: tuple[str, ...] = ("cached", "loading", "warming", "ready", "draining", "unloading", "failed")
 
-ACTUATOR_CAPABILITIES: tuple[str, ...] = ("load", "warm", "drain", "unload")
+# What this agent version can actuate. A host that does not list "evict" (an older agent) is
+# never sent one: its predictive cache, if any, is left alone.
+ACTUATOR_CAPABILITIES: tuple[str, ...] = ("load", "warm", "drain", "unload", "evict")
 
 
 class AcceleratorDevice(Record, frozen=True, kw_only=True):
@@ -90,7 +92,13 @@ class CachedArtifact(Record, frozen=True, kw_only=True):
     model_id: str
     sha256: str
     size_bytes: int
+    # Downloaded by a predictive prefetch (PREDICTIVE_PREFETCH) and never warmed since: the
+    # only kind of cache entry an evict may remove.
     predictive: bool = False
+    # Seconds since the artifact entered the cache (an age, not a timestamp: node clock skew
+    # cannot age an entry into eviction). UNSET (left out of the encoding) from agents that do
+    # not report it, so their heartbeats keep their bytes.
+    cached_age_seconds: float | UnsetType = UNSET
 
 
 class HostLoad(Record, frozen=True, kw_only=True):
