@@ -46,7 +46,7 @@ from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
 from grid.events import codec
 from grid.events.base import new_event_id
-from grid.events.control import CredentialRevoked, HostOverride, ModelProfile, ModeSet, ProfileSet
+from grid.events.control import CredentialRevoked, ForecastWindowSet, HostOverride, ModelProfile, ModeSet, ProfileSet
 from grid.events.host import HostHeartbeat, HostResources, Residency
 from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
 from grid.events.subjects import (
@@ -55,6 +55,7 @@ from grid.events.subjects import (
     COMMANDS_STREAM,
     COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
+    FORECAST_WINDOW_SUBJECT,
     HOSTS_STREAM,
     LEASE_BUCKET,
     MODE_SUBJECT,
@@ -65,6 +66,7 @@ from grid.events.subjects import (
     override_subject,
     subject_for,
 )
+from grid.controller.tick import DEMAND
 from grid.gateway import routing, state as gateway_state
 from grid.identity import jwt
 from grid.identity.authority import Authority
@@ -186,6 +188,32 @@ async def test_forged_control_events_that_land_are_rejected_by_reason(
     assert runner.rejected == {BAD_SIGNATURE: 1, NOT_PERMITTED: 2, UNSIGNED: 1}
     assert {r.subject for r in runner.gate.rejections} == {MODE_SUBJECT, subject_for(quarantine)}
     assert all(r.role in ("host", "") for r in runner.gate.rejections)
+
+
+async def test_a_host_cannot_change_the_forecast_window(
+    controller_log: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory, evil: Identity
+) -> None:
+    """The forecast window decides how fast demand moves models (a 1 s bucket turns one request
+    into a minute of evidence), so it is an operator decision: a host can neither publish it nor
+    get a copy that landed on the control stream past the fold."""
+    await controller_log.append(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=30.0))
+    nc = await raw_client(secured_server, creds(Role.HOST, host_id=EVIL))
+    before = await stream_sequences(controller_log)
+    forged = codec.encode(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=1.0))
+    try:
+        await nc.publish(FORECAST_WINDOW_SUBJECT, forged, headers=evil.sign(FORECAST_WINDOW_SUBJECT, forged))
+        await permission_error(nc, FORECAST_WINDOW_SUBJECT)
+    finally:
+        await nc.close()
+    assert await stream_sequences(controller_log) == before
+    # However the bytes got there: signed by the host for its own subject, for the target, unsigned.
+    await landed(controller_log, FORECAST_WINDOW_SUBJECT, forged, evil.sign(host_subject(EVIL, "x"), forged))
+    await landed(controller_log, FORECAST_WINDOW_SUBJECT, forged, evil.sign(FORECAST_WINDOW_SUBJECT, forged))
+    await landed(controller_log, FORECAST_WINDOW_SUBJECT, forged, None)
+    runner = ProjectionRunner((*CORE_PROJECTIONS, DEMAND))
+    await runner.catch_up(controller_log)
+    assert runner["demand"].bucket_seconds == 30.0
+    assert runner.rejected == {BAD_SIGNATURE: 1, NOT_PERMITTED: 1, UNSIGNED: 1}
 
 
 async def test_a_heartbeat_naming_another_host_never_becomes_that_hosts_state(
