@@ -22,6 +22,12 @@ from grid.sim.strategies import STRATEGIES
 from grid.sim.trace import TraceError, parse_option, read_trace
 
 
+# Options the lab commands share (one default and one help text each).
+ModelsOption = typer.Option(8, "--models", help="Models from the lab catalog (1-9).")
+UsersOption = typer.Option(50, "--users", help="Simulated users (personas in fixed proportions).")
+HoursOption = typer.Option(2.0, "--hours", help="Length of the simulated workday in hours (at most 24).")
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(2)
@@ -35,9 +41,9 @@ def _minutes(hours: float) -> int:
 
 def scenario(
     machines: int = typer.Option(4, "--machines", help="Logical machines (4 is the seed's scarce fleet: 8/16/24/48 GiB)."),
-    models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
-    users: int = typer.Option(50, "--users", help="Simulated users (personas in fixed proportions)."),
-    hours: float = typer.Option(2.0, "--hours", help="Length of the simulated workday in hours (at most 24)."),
+    models: int = ModelsOption,
+    users: int = UsersOption,
+    hours: float = HoursOption,
     seed: int = typer.Option(42, "--seed", help="Seed for the day, incidents and requests (same seed, same bytes)."),
     strategy: str = typer.Option("smart", "--strategy", help="smart (production), reactive, greedy or static."),
     oracle: bool = typer.Option(False, "--oracle", help="Also run the bounded hindsight oracle (<= 4 machines, 9 models, 240 min)."),
@@ -87,7 +93,7 @@ def graduate(
     days: str = typer.Option("classic,full", "--days", help="Comma-separated day shapes: classic (--hours long) "
                              "and full (8 hours with lunch, evening and long-tail named models)."),
     hours: float = typer.Option(2.0, "--hours", help="Length of the classic day in hours."),
-    models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
+    models: int = ModelsOption,
     users_per_machine: float = typer.Option(12.5, "--users-per-machine", help="Users per machine (4 machines: 50)."),
     flap_quarantine: bool = typer.Option(True, "--flap-quarantine/--no-flap-quarantine",
                                          help="Run the strategies with flap quarantine (the controller's "
@@ -132,9 +138,9 @@ def graduate(
 
 def flapping(
     machines: int = typer.Option(8, "--machines", help="Logical machines (the largest one flaps)."),
-    models: int = typer.Option(8, "--models", help="Models from the lab catalog (1-9)."),
-    users: int = typer.Option(50, "--users", help="Simulated users (personas in fixed proportions)."),
-    hours: float = typer.Option(2.0, "--hours", help="Length of the simulated workday in hours (at most 24)."),
+    models: int = ModelsOption,
+    users: int = UsersOption,
+    hours: float = HoursOption,
     seed: int = typer.Option(1, "--seed", help="Seed for the day, incidents and requests (same seed, same bytes)."),
     down: int = typer.Option(flapping_mod.DOWN_MINUTES, "--down", help="Minutes the machine is down in each cycle."),
     up: int = typer.Option(flapping_mod.UP_MINUTES, "--up", help="Minutes the machine is up in each cycle."),
