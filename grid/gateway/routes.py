@@ -17,6 +17,7 @@ itself does) and is dropped as soon as the class is known. No text is ever store
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 import httpx
@@ -45,15 +46,17 @@ from grid.gateway.responses import (
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
-from grid.infer.client import NoResponders, UpstreamConnectionLost
+from grid.infer.client import NoResponders, NotServedThere, UpstreamConnectionLost
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
 MAX_UPSTREAM_ERROR_BYTES = 1 << 20
-# Routings of one request: each "no responders" (never delivered) marks its host unroutable and
-# routes the request again, so this bounds the hosts one request may find gone.
+# Routings of one request: each "no responders" or agent refusal (never delivered to an engine)
+# routes the request again, so this bounds the hosts one request may find gone or not serving.
 MAX_ROUTE_ATTEMPTS = 4
 _UNDELIVERED = object()
+# The agent refused the request before any engine saw it: route it again without that route.
+_NOT_SERVED_THERE = object()
 
 # llama-server closes a connection right after a streamed response without saying so; a pooled
 # reuse would then fail a POST that must not be replayed. Streams therefore use their own
@@ -306,34 +309,43 @@ async def _proxy(request: Request, kind: str) -> Any:
         return errors.embeddings_not_supported(target)
     prior = profile.expected_service_seconds if profile is not None else None
 
-    # Choose a route and send the request; on "no responders" (proof it was never delivered)
-    # choose again without that host, which is now unroutable until it heartbeats again.
+    # Choose a route and send the request. When it provably reached no engine, choose again:
+    # on "no responders" without that host (unroutable until it heartbeats again), on the
+    # agent's "no ready engine here" refusal without that route, for this request only.
     attempts = 0
+    refused: set[Any] = set()
     while True:
         attempts += 1
-        decision, now = await _choose_route(gw, ctx, target, table, now, affinity, parsed.max_tokens, prior)
+        decision, now = await _choose_route(gw, ctx, target, table, now, affinity, parsed.max_tokens, prior,
+                                            refused)
         if decision.route is None:
             return _no_route(gw, ctx, decision, target, profile, now)
         answer = await _forward(gw, ctx, decision.route, kind, body, accept, parsed.stream, now,
                                 may_retry=attempts < MAX_ROUTE_ATTEMPTS)
-        if answer is not _UNDELIVERED:
+        if answer is _NOT_SERVED_THERE:
+            gw.counters["not_served_there_retried"] += 1
+            refused.add(decision.route.key)
+        elif answer is _UNDELIVERED:
+            gw.counters["no_responders_retried"] += 1
+        else:
             return answer
-        gw.counters["no_responders_retried"] += 1
         now = gw.clock.now()
         table = gw.table(now)
 
 
 async def _choose_route(gw: Gateway, ctx: _Ctx, target: str, table: Any, now: float, affinity: Any,
-                        max_tokens: int | None, prior: float | None) -> tuple[routing.Decision, float]:
+                        max_tokens: int | None, prior: float | None,
+                        refused: Collection[Any] = ()) -> tuple[routing.Decision, float]:
     """The route choice, and the time it was made at: while every ready route is at its
-    concurrency limit, wait (bounded by the queue timeout and the waiter limit) and choose again."""
+    concurrency limit, wait (bounded by the queue timeout and the waiter limit) and choose again.
+    `refused`: routes whose agent already refused this request (never chosen for it again)."""
     started_wait: float | None = None
     while True:
         decision = routing.choose(
             table.get(target, ()),
             now=now,
             measurements=gw.measurements.view(),  # type: ignore[arg-type]
-            blocked=gw.breakers.blocked(now),
+            blocked=gw.breakers.blocked(now).union(refused),
             proxy_active=gw.active,
             affinity=affinity,
             max_tokens=max_tokens,
@@ -379,8 +391,9 @@ def _no_route(gw: Gateway, ctx: _Ctx, decision: routing.Decision, target: str, p
 
 async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: str, body: bytes,
                    accept: bytes | None, stream: bool, now: float, *, may_retry: bool = False) -> Any:
-    """Send the request on `route` and answer the client; `_UNDELIVERED` (only with
-    `may_retry`) when NATS proved nobody received it: the caller routes it again."""
+    """Send the request on `route` and answer the client; with `may_retry`, `_UNDELIVERED` when
+    NATS proved nobody received it and `_NOT_SERVED_THERE` when the host's agent refused it
+    before any engine saw it: the caller routes it again."""
     ctx.route = route
     key = route.key
     model = route.model_id
@@ -419,6 +432,19 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
             return _UNDELIVERED
         done("unavailable", 503, time.perf_counter() - t0)
         return errors.error_response(503, "The host serving this model went away; retry shortly.",
+                                     errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
+    except NotServedThere:
+        # The agent has no ready engine for the model (its copy is draining, or this gateway's
+        # view is a heartbeat behind): refused before any engine saw it, so another replica may
+        # take it. Not a failure of the route (the breaker stays as it was).
+        end = gw.clock.now()
+        breakers.record(key, OUTCOME_NEUTRAL, end)
+        if may_retry:
+            released = True
+            gw.release(key, model, end)
+            return _NOT_SERVED_THERE
+        done("unavailable", 503, time.perf_counter() - t0)
+        return errors.error_response(503, f"No host could serve '{model}' just now; retry shortly.",
                                      errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
     except UpstreamConnectionLost:
         # The gateway's own NATS connection broke (a server restart): not the engine's fault, so

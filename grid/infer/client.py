@@ -44,6 +44,18 @@ class NoResponders(httpx.ConnectError):
         self.host_id = host_id
 
 
+class NotServedThere(httpx.ConnectError):
+    """The host's agent refused the request before any engine saw it: it has no ready engine for
+    the model (the copy there is draining, or the gateway's view of the host is a heartbeat
+    behind). Like "no responders", proof the request was never executed, so the gateway may send
+    it to another replica."""
+
+    def __init__(self, message: str, host_id: str, model_id: str) -> None:
+        super().__init__(message)
+        self.host_id = host_id
+        self.model_id = model_id
+
+
 class UpstreamConnectionLost(httpx.ReadError):
     """The gateway's NATS connection was lost while this request was in flight. Its reply
     cannot arrive any more: a restarted server never delivered the request, so it refuses the
@@ -297,6 +309,9 @@ class NatsUpstream:
                 raise _read_error(target, headers_in[wire.H_ERROR])
             if headers_in.get(wire.H_SEQ) != "0" or wire.H_STATUS not in headers_in:
                 raise httpx.RemoteProtocolError(f"{target}: malformed first answer")
+            if headers_in.get(wire.H_REFUSED) == wire.ERR_NO_ENGINE and wire.H_END in headers_in:
+                raise NotServedThere(f"{target}: the host has no ready engine for {target.model_id!r}",
+                                     target.host_id, target.model_id)
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
                                 first=first.data or b"", ended=wire.H_END in headers_in, port=port)

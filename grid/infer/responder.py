@@ -288,7 +288,7 @@ class InferenceResponder:
     async def _refuse(self, reply: str, status: int, message: str, code: str) -> None:
         headers = wire.encode_headers([(b"content-type", b"application/json")])
         await self._send(reply, 0, _error_body(message, code), **{wire.H_STATUS: str(status), wire.H_HEADERS: headers,
-                                                                 wire.H_END: "1"})
+                                                                 wire.H_END: "1", wire.H_REFUSED: code})
 
     async def _serve(self, msg: Msg) -> None:
         reply = msg.reply

@@ -52,6 +52,9 @@ CHUNK_BYTES = 256 * 1024
 
 # Refusals before the engine (a status the gateway passes on, never a transport error).
 ERR_NO_ENGINE = "no_engine_for_model"
+# Set on a refusal answered before any engine saw the request (its value is the refusal's code):
+# proof, like NATS's "no responders", that sending the request elsewhere replays nothing.
+H_REFUSED = "Grid-Refused"
 ERR_PATH = "path_not_allowed"
 # The `Grid-Error` of an answer the agent stopped because its own NATS connection was lost. The
 # gateway reports it exactly as it reports losing its own connection (`upstream_connection_lost`):

@@ -22,10 +22,16 @@ from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
 from grid.agent.engines.runtime import Runtime
 from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
-from grid.infer.client import InferTarget, NatsUpstream, UpstreamConnectionLost
+from grid.gateway.breaker import CLOSED
+from grid.gateway.routes import build_routes, exception_handlers
+from grid.gateway.upstream import Upstream
+from grid.infer.client import InferTarget, NatsUpstream, NotServedThere, UpstreamConnectionLost
 from grid.infer.responder import EngineRoute, InferenceResponder
 from grid.transport.embedded import EmbeddedNats, free_port
 from grid.transport.jetstream import JetStreamLog
+from starlette.applications import Starlette
+
+from tests.unit.gateway.test_placed_routing import Fleet, fleet, ready  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.engine
 
@@ -130,10 +136,11 @@ async def test_refusals_and_failures_map_like_http(pair, nats_server: EmbeddedNa
     # No agent for the host: a connect error (the breaker counts it), fast, nothing replayed.
     with pytest.raises(httpx.ConnectError, match="no agent"):
         await upstream.post(InferTarget("host-absent", MODEL, CHAT), _chat(False), JSON)
-    # A model this host does not serve, a path Grid does not forward: OpenAI-shaped answers.
-    resp = await upstream.post(InferTarget("host-a", "other-model", CHAT), _chat(False), JSON)
-    assert resp.status_code == 503 and json.loads(await resp.aread())["error"]["code"] == "no_engine_for_model"
-    await resp.aclose()
+    # A model this host has no ready engine for: refused before any engine saw it (the gateway
+    # may ask another replica); a path Grid does not forward: an OpenAI-shaped answer.
+    with pytest.raises(NotServedThere, match="no ready engine for 'other-model'") as refused:
+        await upstream.post(InferTarget("host-a", "other-model", CHAT), _chat(False), JSON)
+    assert (refused.value.host_id, refused.value.model_id) == ("host-a", "other-model")
     resp = await upstream.post(InferTarget("host-a", MODEL, "/slots"), b"", JSON)
     assert resp.status_code == 404 and json.loads(await resp.aread())["error"]["code"] == "path_not_allowed"
     await resp.aclose()
@@ -362,3 +369,52 @@ async def test_a_lost_agent_connection_stops_the_engine_and_ends_the_answer(pair
     await streamed.aclose()
     assert await _engine_idle(responder, engine)
     assert responder.lost == 1
+
+
+async def test_a_host_with_no_ready_engine_refuses_and_the_gateway_asks_another_replica(
+    fleet: Fleet, nats_server: EmbeddedNats, engine: EngineRoute,  # noqa: F811
+) -> None:
+    """A copy that is draining, or a gateway a heartbeat behind its host: the agent answers "no
+    ready engine for this model here" before any engine saw the request. That is proof, like NATS's
+    "no responders", that sending it elsewhere replays nothing: the gateway asks another replica
+    instead of passing the refusal on, and neither marks the host unroutable nor counts a failure
+    against it (its other models and its next heartbeat decide)."""
+    agents = [await JetStreamLog.connect(nats_server.url, name=f"agent-{h}") for h in ("h1", "h2")]
+    gateway_log = await JetStreamLog.connect(nats_server.url, name="gateway")
+    serving = InferenceResponder(agents[0].client, "h1", lambda m: engine if m == "m" else None)
+    draining = InferenceResponder(agents[1].client, "h2", lambda m: None)
+    await serving.start()
+    await draining.start()
+    app = Starlette(routes=build_routes(), exception_handlers=exception_handlers())
+    app.state.gateway = fleet.gw
+    try:
+        await fleet.heartbeat("h1", ready(managed=False, sha=None, port=1))
+        await fleet.heartbeat("h2", ready(managed=False, sha=None, port=2))
+        fleet.gw.upstream = Upstream(backend="nats", nc=gateway_log.client, read_timeout=120.0)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw",
+                                     timeout=120) as http:
+            for i in range(8):  # affinity spreads these over both replicas
+                body = {"model": "m", "max_tokens": 2, "stream": i % 2 == 1,
+                        "messages": [{"role": "user", "content": "Say hello"}]}
+                r = await http.post(CHAT, json=body, headers={"X-Grid-Affinity-Key": f"user-{i}"})
+                assert r.status_code == 200, r.text
+                assert r.headers["x-grid-host"] == "h1"
+            stats = (await http.get("/gateway/stats")).json()
+            assert stats["requests"]["not_served_there_retried"] >= 1, stats["requests"]
+            assert stats["unroutable_hosts"] == []
+            assert fleet.gw.breakers.state(("h2", "http://127.0.0.1:2", "m"), time.time()) == CLOSED
+
+            # With no replica that serves, the client is told to retry (503), never a 502.
+            await serving.stop()
+            serving = InferenceResponder(agents[0].client, "h1", lambda m: None)
+            await serving.start()
+            r = await http.post(CHAT, json={"model": "m", "max_tokens": 2,
+                                            "messages": [{"role": "user", "content": "Say hello"}]})
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] != "upstream_error"
+    finally:
+        await serving.stop()
+        await draining.stop()
+        await fleet.gw.upstream.aclose()
+        for log in (*agents, gateway_log):
+            await log.close()
