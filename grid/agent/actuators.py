@@ -1,9 +1,14 @@
-"""The four actuators (load, warm, drain, unload) and the graceful drain of every child at stop.
+"""The actuators (load, warm, drain, unload, evict) and the graceful drain of every child at stop.
 
 Each actuator runs inside the agent's single worker, after fencing admitted its command; it
 persists every state change before the next side effect and returns an Outcome (never raises
 for an expected failure). A child is only ever signalled through llama_cpp.stop_process, which
 re-proves ownership right before each signal.
+
+A load whose reason is PREDICTIVE_PREFETCH is a cache-only advisory: it fetches and verifies like
+any load and leaves the artifact cached, and when it really downloaded the blob (it was not on
+disk before) the cache index marks the entry predictive. A real load or a warm of the model marks
+it used for good. evict deletes only such an unused predictive download (grid.agent.eviction).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import structlog
 from prometheus_client import Histogram
 
 from grid.agent.accelerators import DISCRETE_BACKENDS, choose_devices, llama_device_name
+from grid.agent import eviction
+from grid.agent.artifacts import IndexEntry, SourceError, normalize_sha256
 from grid.agent.context import MIB, AgentContext, endpoint
 from grid.agent.engines import llama_cpp
 from grid.agent.outcomes import (
@@ -28,6 +35,8 @@ from grid.agent.outcomes import (
     MSG_DRAIN_DEADLINE,
     MSG_DRAINED,
     MSG_ENGINE_EXITED,
+    MSG_EVICT_FAILED,
+    MSG_EVICTED,
     MSG_FENCED,
     MSG_INSUFFICIENT_MEMORY,
     MSG_NO_FREE_PORT,
@@ -46,7 +55,7 @@ from grid.agent.outcomes import (
     Outcome,
 )
 from grid.agent.state import ProcessProof, ResidencyRecord
-from grid.events.commands import CommandIssued
+from grid.events.commands import PREDICTIVE_PREFETCH, CommandIssued
 from grid.events.host import AcceleratorDevice
 from grid.events.subjects import escape_token
 from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
@@ -61,7 +70,8 @@ class Actuators:
         self.durations = durations
 
     async def run(self, cmd: CommandIssued) -> Outcome:
-        handler = {"load": self.load, "warm": self.warm, "drain": self.drain, "unload": self.unload}[cmd.kind]
+        handler = {"load": self.load, "warm": self.warm, "drain": self.drain, "unload": self.unload,
+                   "evict": self.evict}[cmd.kind]
         started = time.monotonic()
         outcome = await handler(cmd)
         if self.durations is not None:
@@ -81,9 +91,17 @@ class Actuators:
             rec.state = "loading"
         ctx.save()
         ctx.poke()
+        had_blob = await asyncio.to_thread(self._blob_present, cmd)
         outcome = await ctx.cache.ensure_artifact(
             cmd.model_id, sha256=cmd.artifact_sha256, source=cmd.artifact_source, size_mb=cmd.artifact_size_mb
         )
+        if outcome.ok and outcome.sha256 is not None:
+            if cmd.reason != PREDICTIVE_PREFETCH:
+                # Real demand placed it here: whatever brought the blob, it is in use now.
+                await asyncio.to_thread(ctx.cache.set_predictive, cmd.model_id, outcome.sha256, False)
+            elif outcome.fetched and not had_blob:
+                # Only what this prefetch really downloaded is its to take back.
+                await asyncio.to_thread(ctx.cache.set_predictive, cmd.model_id, outcome.sha256, True)
         if outcome.ok:
             if rec.state == "loading":
                 rec.state = "cached"
@@ -101,6 +119,18 @@ class Actuators:
         if outcome.ok:
             return Outcome("succeeded", outcome.reason, fetched=outcome.fetched)
         return Outcome("failed", outcome.message)
+
+    def _blob_present(self, cmd: CommandIssued) -> bool:
+        """Whether the blob this load asks for is already on disk (a prefetch that finds it did
+        not download it). An unreadable digest counts as present: nothing gets marked."""
+        try:
+            digest = normalize_sha256(cmd.artifact_sha256)
+        except SourceError:
+            return True
+        if digest is None:
+            entry: IndexEntry | None = self.ctx.cache.lookup(cmd.model_id)
+            return entry is None or self.ctx.cache.has_blob(entry.sha256)
+        return self.ctx.cache.has_blob(digest)
 
     # ------------------------------------------------------------------ warm
     def allocate_port(self) -> int | None:
@@ -150,6 +180,9 @@ class Actuators:
         artifact = await asyncio.to_thread(ctx.cache.verify_cached, cmd.model_id, cmd.artifact_sha256)
         if not artifact.ok:
             return Outcome("failed", artifact.message)
+        if artifact.sha256 is not None:
+            # Warming uses the download: from here on it is never a predictive cache entry again.
+            await asyncio.to_thread(ctx.cache.set_predictive, cmd.model_id, artifact.sha256, False)
         chosen: tuple[AcceleratorDevice, ...] = ()
         if ctx.engine_backend in DISCRETE_BACKENDS:
             # A discrete GPU holds the weights: its free memory decides, not RAM.
@@ -283,6 +316,37 @@ class Actuators:
         outcome = await self.wait_idle(rec, ctx.clock.monotonic() + ctx.options.drain_deadline)
         ctx.save()
         return outcome
+
+    # ------------------------------------------------------------------ evict
+    async def evict(self, cmd: CommandIssued) -> Outcome:
+        """Delete exactly the unused predictive download the command names, or refuse."""
+        ctx = self.ctx
+        digest, why = eviction.exact_sha256(cmd.artifact_sha256)
+        if digest is None:
+            return Outcome("failed", why)
+        external = await asyncio.to_thread(ctx.external_models)
+        why = eviction.residency_refusal(cmd.model_id, digest, ctx.state.residencies, external)
+        if why:
+            return Outcome("failed", why)
+        try:
+            result = await asyncio.to_thread(
+                ctx.cache.evict, cmd.model_id, digest,
+                lambda entry, index: eviction.index_refusal(cmd.model_id, digest, entry, index),
+            )
+        except OSError as exc:
+            return Outcome("failed", f"{MSG_EVICT_FAILED}: {exc.strerror}")
+        if result.refusal:
+            return Outcome("failed", result.refusal)
+        rec = ctx.state.residencies.get(cmd.model_id)
+        if (rec is not None and rec.state == "cached" and rec.process is None
+                and (rec.artifact_sha256 in (None, digest) or not ctx.cache.has_blob(rec.artifact_sha256))):
+            # The cached-artifact residency had only the blob: it goes with it.
+            ctx.state.residencies.pop(cmd.model_id, None)
+            ctx.save()
+        if result.absent and not result.reclaimed_bytes:
+            return Outcome("succeeded", f"{MSG_ALREADY_ABSENT}: 0 bytes reclaimed")
+        await ctx.heartbeat_now()  # the freed disk and the missing entry show at once
+        return Outcome("succeeded", f"{MSG_EVICTED}: {result.reclaimed_bytes} bytes reclaimed")
 
     # ------------------------------------------------------------------ unload
     async def unload(self, cmd: CommandIssued) -> Outcome:

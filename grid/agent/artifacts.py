@@ -4,16 +4,24 @@ Layout under GRID_HOME/artifacts:
 
     sha256/<hex>.gguf          published blobs, named by their verified digest
     staging/<hex>.gguf.partial artifact-addressed staging for resumable transfers
-    index.json                 model_id -> {sha256, size_bytes, source}
+    index.json                 model_id -> {sha256, size_bytes, source, predictive, added_at, pinned}
+    index.lock                 serialises the index's read-modify-write (agents may share a cache)
 
 A blob is only ever published by hashing the complete staged file and renaming it into place,
 so a wrong digest never replaces the cache. Sources are operator configuration: ``file://``,
 ``http(s)://`` and ``hf://owner/repo[@revision]/path.gguf``. A hub fetch needs an explicit
 opt-in (GRID_ALLOW_HUB_FETCH=1): offline hosts and tests never reach a hub.
+
+The index also keeps each entry's provenance: `predictive` marks an artifact a predictive
+prefetch downloaded that nothing has used since, the only kind an evict may delete. A damaged
+index reads as empty, so a lost mark can only make an artifact look like the operator's (never
+evictable), never the other way round.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -23,7 +31,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
@@ -76,8 +84,21 @@ class IndexEntry(msgspec.Struct, kw_only=True):
     sha256: str
     size_bytes: int
     source: str | None = None
+    # Downloaded by a predictive prefetch and not used (warmed, or loaded for real demand) since.
     predictive: bool = False
+    # When the blob entered the cache, on the clock of whoever wrote the entry (0.0: unknown).
     added_at: float = 0.0
+    # The operator's keep mark: no eviction deletes a pinned entry, predictive or not.
+    pinned: bool = False
+
+
+class Eviction(msgspec.Struct, frozen=True, kw_only=True):
+    """What ArtifactCache.evict did: deleted (reclaimed bytes), found nothing, or refused."""
+
+    deleted: bool = False
+    absent: bool = False
+    refusal: str = ""
+    reclaimed_bytes: int = 0
 
 
 class ArtifactOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,6 +232,8 @@ class ArtifactCache:
         self.any_file = any_file
         # Set by the agent when it is connected to a grid (None: no store to fall back on).
         self.grid_source: GridSource | None = None
+        # The clock an entry's added_at is read from (the agent sets its own).
+        self.now: Callable[[], float] = time.time
         self.allow_hub_fetch = (
             allow_hub_fetch if allow_hub_fetch is not None else env.get("GRID_ALLOW_HUB_FETCH", "") in ("1", "true", "yes")
         )
@@ -248,16 +271,71 @@ class ArtifactCache:
             # The index is a convenience: blobs are self-describing by digest. Rebuild lazily.
             return {}
 
-    def register(self, model_id: str, sha256: str, size_bytes: int, source: str | None = None) -> None:
-        index = self.read_index()
-        current = index.get(model_id)
-        if current is not None and current.sha256 == sha256 and current.size_bytes == size_bytes:
-            return
-        index[model_id] = IndexEntry(
-            model_id=model_id, sha256=sha256, size_bytes=size_bytes, source=source, added_at=time.time()
-        )
+    @contextlib.contextmanager
+    def _index_locked(self) -> Iterator[None]:
+        """Hold the index lock: agents sharing one cache (one GRID_HOME, several state
+        directories) must not lose each other's entries or provenance marks."""
         self.ensure()
-        atomic_write(self.index_path, _index_encoder.encode(index))
+        fd = os.open(self.root / "index.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _write_index(self, index: Mapping[str, IndexEntry]) -> None:
+        atomic_write(self.index_path, _index_encoder.encode(dict(index)))
+
+    def register(self, model_id: str, sha256: str, size_bytes: int, source: str | None = None) -> None:
+        with self._index_locked():
+            index = self.read_index()
+            current = index.get(model_id)
+            if current is not None and current.sha256 == sha256 and current.size_bytes == size_bytes:
+                return
+            index[model_id] = IndexEntry(
+                model_id=model_id, sha256=sha256, size_bytes=size_bytes, source=source, added_at=self.now()
+            )
+            self._write_index(index)
+
+    def set_predictive(self, model_id: str, sha256: str, predictive: bool) -> bool:
+        """Mark the entry for exactly (model_id, sha256) as a predictive download (added now) or
+        as used. False when the index holds no such entry or it already says so."""
+        with self._index_locked():
+            index = self.read_index()
+            entry = index.get(model_id)
+            if entry is None or entry.sha256 != sha256 or entry.predictive == predictive:
+                return False
+            entry.predictive = predictive
+            if predictive:
+                entry.added_at = self.now()  # the download just finished: its age starts here
+            self._write_index(index)
+            return True
+
+    def evict(self, model_id: str, sha256: str,
+              refuse: Callable[[IndexEntry | None, Mapping[str, IndexEntry]], str]) -> Eviction:
+        """Delete the blob of exactly (model_id, sha256) and its index entry, unless
+        `refuse(entry, index)`, asked under the index lock, gives a reason not to. Nothing
+        indexed and no blob is `absent`; a blob nobody indexed is refused by the caller's rule."""
+        with self._index_locked():
+            index = self.read_index()
+            entry = index.get(model_id)
+            blob = self.blob_path(sha256)
+            if entry is None and not blob.exists():
+                return Eviction(absent=True)
+            why = refuse(entry, index)
+            if why:
+                return Eviction(refusal=why)
+            try:
+                size = blob.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            # The blob goes first: a crash before the index is rewritten leaves an entry whose
+            # blob is missing, which heartbeats skip and a later load fetches again.
+            blob.unlink(missing_ok=True)
+            fsync_dir(blob.parent)
+            del index[model_id]
+            self._write_index(index)
+            return Eviction(deleted=True, absent=size == 0, reclaimed_bytes=size)
 
     def lookup(self, model_id: str) -> IndexEntry | None:
         return self.read_index().get(model_id)

@@ -45,6 +45,8 @@ class AgentContext:
     engine_backend: str = "cpu"
     # The host's accelerator devices as last read (free memory refreshed before each heartbeat).
     devices: Callable[[], tuple[AcceleratorDevice, ...]] = lambda: ()
+    # Model ids of engines Grid does not own that are registered on this host (grid.agent.external).
+    external_models: Callable[[], tuple[str, ...]] = lambda: ()
     popens: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def release(self, rec: ResidencyRecord, note: str) -> None:

@@ -13,6 +13,7 @@ from msgspec import UNSET
 
 from grid.agent.context import endpoint
 from grid.agent.engines import llama_cpp
+from grid.agent.artifacts import IndexEntry
 from grid.agent.inventory import Inventory
 from grid.agent.options import AgentOptions
 from grid.agent.state import ResidencyRecord
@@ -73,6 +74,19 @@ def residency_report(rec: ResidencyRecord, active: int | None, now: float) -> Re
         max_concurrency=rec.slots if routed else None,
         endpoint=endpoint(rec) if routed else None,
         devices=rec.devices if rec.devices and rec.state in HOLDS_MEMORY_STATES else UNSET,
+    )
+
+
+def cached_reports(entries: Sequence[IndexEntry], now: float) -> tuple[CachedArtifact, ...]:
+    """The cache as the heartbeat reports it: each artifact's provenance, and its age on the
+    agent's clock (clamped at zero, so a clock stepped back never reports a negative age; left
+    out when the entry does not say when it was added)."""
+    return tuple(
+        CachedArtifact(
+            model_id=e.model_id, sha256=e.sha256, size_bytes=e.size_bytes, predictive=e.predictive,
+            cached_age_seconds=max(0.0, now - e.added_at) if e.added_at > 0 else UNSET,
+        )
+        for e in entries
     )
 
 

@@ -33,6 +33,17 @@ MSG_DRAIN_DEADLINE = "drain_deadline_exceeded"
 MSG_STOP_TIMED_OUT = "stop_timed_out"
 MSG_INTERNAL_ERROR = "internal_error"
 
+# evict: "evicted" carries the bytes reclaimed; every refusal deletes nothing.
+MSG_EVICTED = "evicted"
+MSG_EVICT_NEEDS_SHA256 = "evict_needs_exact_sha256"
+MSG_EVICT_SHA256_DIFFERS = "cached_sha256_differs"
+MSG_EVICT_NOT_PREDICTIVE = "not_predictive_cache"  # an operator's cache, or a download since used
+MSG_EVICT_UNKNOWN_PROVENANCE = "provenance_unknown"  # a blob the index does not describe
+MSG_EVICT_PINNED = "artifact_pinned"
+MSG_EVICT_MODEL_ACTIVE = "model_active"
+MSG_EVICT_ARTIFACT_IN_USE = "artifact_in_use"  # another model on this host or in the index uses the blob
+MSG_EVICT_FAILED = "evict_failed"
+
 # Residency notes (heartbeat-visible through residency state; kept in the state file).
 NOTE_ADOPTED = "adopted"
 NOTE_FENCED = "fenced: ownership unproven, never signalled"

@@ -48,7 +48,7 @@ from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines, WatchedEngineClient
 from grid.agent.external import reports as external_reports
-from grid.agent.heartbeat import build_heartbeat, host_resources
+from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
@@ -70,7 +70,6 @@ from grid.events.base import new_event_id
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.host import (
     ACTUATOR_CAPABILITIES,
-    CachedArtifact,
     HostHeartbeat,
     HostRegistered,
     HostResources,
@@ -134,6 +133,7 @@ class HostAgent:
         self.paths = AgentPaths.for_config(config, self.options.state_dir)
         self.store = StateStore(self.paths.state)
         self.cache = ArtifactCache(config.artifacts_dir)
+        self.cache.now = self.clock.now  # an entry's age is reported on the agent's own clock
         client = getattr(log, "client", None)  # a JetStream log: the grid's artifact store is readable
         if client is not None:
             self.cache.grid_source = GridArtifactSource(client.jetstream())
@@ -239,6 +239,7 @@ class HostAgent:
             owner=EngineOwner(token=token, host_id=self.host_id),
             engine_backend=self.inventory.engine_backend,
             devices=lambda: self.inventory.devices if self.inventory is not None else (),
+            external_models=lambda: tuple(r.model_id for r in self.external.registrations()),
         )
         self._actuators = Actuators(self._ctx, self.metrics.actions)
         self._protection = ProtectionStatus(
@@ -563,10 +564,7 @@ class HostAgent:
             activity=activity,
             managed_rss_mb=managed_rss,
             memory_used_mb=managed_rss + unmanaged,
-            cached=[
-                CachedArtifact(model_id=e.model_id, sha256=e.sha256, size_bytes=e.size_bytes, predictive=e.predictive)
-                for e in self.cache.entries()
-            ],
+            cached=cached_reports(self.cache.entries(), now),
             disk_free_bytes=free,
             disk_total_bytes=total,
             cpu_percent=self._last_sample.cpu_percent,
