@@ -20,6 +20,7 @@ import msgspec
 import typer
 from rich.table import Table
 
+from grid.agent.artifacts import ArtifactCache
 from grid.agent.http import read_metrics_url
 from grid.agent.launch import (
     IDENTITY_DIR,
@@ -311,6 +312,9 @@ def status(
     except FileNotFoundError:
         pass
     residencies = []
+    # Which cached artifacts a predictive prefetch downloaded and nothing used since (the only
+    # ones an evict may remove), from the cache index the agent keeps.
+    predictive = {e.model_id: e.sha256 for e in ArtifactCache(cfg.artifacts_dir).entries() if e.predictive}
     if state is not None:
         for model_id in sorted(state.residencies):
             r = state.residencies[model_id]
@@ -319,6 +323,8 @@ def status(
                 "pid": r.process.pid if r.process else None, "memory_mb": r.memory_mb,
                 "artifact_sha256": r.artifact_sha256, "note": r.note,
                 "endpoint": f"http://127.0.0.1:{r.port}" if r.port and r.state in SERVING_STATES else None,
+                "predictive": r.state == "cached" and r.artifact_sha256 is not None
+                and predictive.get(model_id) == r.artifact_sha256,
             })
     report: dict[str, Any] = {
         "host_id": host_id,
@@ -365,7 +371,8 @@ def status(
     if residencies:
         table = Table("model", "state", "port", "pid", "memory MiB", "note")
         for r in residencies:
-            table.add_row(r["model_id"], r["state"], str(r["port"] or "-"), str(r["pid"] or "-"),
+            table.add_row(r["model_id"], r["state"] + (" (predictive)" if r["predictive"] else ""),
+                          str(r["port"] or "-"), str(r["pid"] or "-"),
                           str(r["memory_mb"]), r["note"])
         console.print(table)
     if report["hardware"] is not None:

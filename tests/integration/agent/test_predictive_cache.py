@@ -6,6 +6,7 @@ fetches it again normally on a later real load."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import nats.js.errors
 import pytest
+from typer.testing import CliRunner
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, BUNDLED_SIZE_BYTES, ArtifactCache
 from grid.agent.engines.runtime import Runtime
@@ -23,6 +25,7 @@ from grid.agent.outcomes import (
     MSG_EVICT_SHA256_DIFFERS,
     MSG_EVICTED,
 )
+from grid.cli.node import node_app
 from grid.config import GridConfig
 from grid.events.commands import PREDICTIVE_PREFETCH
 from grid.events.host import CachedArtifact, HostHeartbeat
@@ -31,6 +34,7 @@ from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact
 from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import heartbeats, make_command, wait_ack, wait_for
 
+runner = CliRunner()
 OPERATOR_MODEL = "operator-model"
 SMOL = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, artifact_size_mb=100, memory_mb=400)
 
@@ -89,6 +93,12 @@ async def test_prefetch_is_reported_predictive_then_evicted_and_fetched_again(
     operator = cached(hb, OPERATOR_MODEL)
     assert operator is not None and not operator.predictive
     assert all(r.state == "cached" for r in hb.residencies if r.model_id == BUNDLED_MODEL_ID)
+    # `gridctl node status` says which cached artifact is a prediction.
+    shown = runner.invoke(node_app, ["status", "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = {r["model_id"]: r for r in json.loads(shown.output)["residencies"]}
+    assert (rows[BUNDLED_MODEL_ID]["state"], rows[BUNDLED_MODEL_ID]["predictive"]) == ("cached", True)
+    assert "cached (predictive)" in runner.invoke(node_app, ["status"], terminal_width=200).output
 
     # Refusals: an inexact SHA, no SHA at all, the operator's own cache. Nothing is deleted.
     await js_log.append(make_command("wrong-sha", "evict", model_id=BUNDLED_MODEL_ID, artifact_sha256=op_sha))
