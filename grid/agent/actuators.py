@@ -23,8 +23,8 @@ import psutil
 import structlog
 from prometheus_client import Histogram
 
-from grid.agent.accelerators import DISCRETE_BACKENDS, choose_devices, llama_device_name
 from grid.agent import eviction
+from grid.agent.accelerators import DISCRETE_BACKENDS, choose_devices, llama_device_name
 from grid.agent.artifacts import IndexEntry, SourceError, normalize_sha256
 from grid.agent.context import MIB, AgentContext, endpoint
 from grid.agent.engines import llama_cpp

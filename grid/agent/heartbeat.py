@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from msgspec import UNSET
 
+from grid.agent.artifacts import IndexEntry
 from grid.agent.context import endpoint
 from grid.agent.engines import llama_cpp
-from grid.agent.artifacts import IndexEntry
 from grid.agent.inventory import Inventory
 from grid.agent.options import AgentOptions
 from grid.agent.state import ResidencyRecord
