@@ -63,6 +63,12 @@ from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
 log = structlog.get_logger("grid.agent")
 
 
+# One /slots reading of a draining engine, and how long a drain goes without any reading before it
+# reports the engine's activity unknown (a failure the controller retries with backoff).
+ACTIVITY_PROBE_TIMEOUT = 2.0
+ACTIVITY_UNKNOWN_SECONDS = 10.0
+
+
 class Actuators:
     def __init__(self, ctx: AgentContext, durations: Histogram | None = None) -> None:
         self.ctx = ctx
@@ -277,24 +283,27 @@ class Actuators:
 
     # ------------------------------------------------------------------ drain
     async def wait_idle(self, rec: ResidencyRecord, deadline_mono: float) -> Outcome:
-        """Poll authenticated /slots until no work (two consecutive idle readings)."""
+        """Poll authenticated /slots until no work (two consecutive idle readings). An engine
+        busy generating on a loaded machine can miss a probe or two: activity is only called
+        unknown after ACTIVITY_UNKNOWN_SECONDS without one reading (never taken as idle)."""
         ctx = self.ctx
         idle_streak = 0
-        unknown_streak = 0
+        unknown_since: float | None = None
         while True:
-            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=1.0)
+            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=ACTIVITY_PROBE_TIMEOUT)
             if active is None:
-                unknown_streak += 1
                 idle_streak = 0
-                if unknown_streak >= 3:
+                if unknown_since is None:
+                    unknown_since = ctx.clock.monotonic()
+                elif ctx.clock.monotonic() - unknown_since >= ACTIVITY_UNKNOWN_SECONDS:
                     return Outcome("failed", MSG_ACTIVITY_UNKNOWN)
             elif active == 0:
-                unknown_streak = 0
+                unknown_since = None
                 idle_streak += 1
                 if idle_streak >= 2:
                     return Outcome("succeeded", MSG_DRAINED)
             else:
-                unknown_streak = 0
+                unknown_since = None
                 idle_streak = 0
                 rec.last_used_at = ctx.clock.now()
             if ctx.clock.monotonic() >= deadline_mono:
@@ -378,7 +387,7 @@ class Actuators:
         if rec.state == "draining":
             # Final activity check at the unload boundary (drain before unload): a drain that
             # timed out leaves the child draining with work still in flight.
-            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=1.0)
+            active = await llama_cpp.probe_active(ctx.http, endpoint(rec), ctx.key, timeout=ACTIVITY_PROBE_TIMEOUT)
             if active is None:
                 return Outcome("failed", MSG_ACTIVITY_UNKNOWN)
             if active > 0:

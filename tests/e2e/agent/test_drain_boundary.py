@@ -4,6 +4,7 @@ graceful agent stop (what `gridctl node stop` and `gridctl down` do) while a req
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import psutil
@@ -97,3 +98,28 @@ async def test_graceful_stop_waits_for_the_request_in_flight(js_log: JetStreamLo
 def _kill(proc: psutil.Process) -> None:
     if _alive(proc):
         proc.kill()
+
+
+async def test_a_drain_rides_out_an_engine_too_busy_to_answer_its_activity_probe(js_log: JetStreamLog, start_agent):
+    """An engine that misses a few /slots readings (stopped for 6 s here: as slow as a busy engine
+    on a loaded machine gets) is still drained: activity is unknown only after
+    ACTIVITY_UNKNOWN_SECONDS without a reading, never taken as idle meanwhile. Three missed 1 s
+    probes used to fail the drain at once."""
+    agent = await start_agent(drain_poll=0.1)
+    _endpoint, _auth, child = await _warm(js_log, agent, "p")
+    try:
+        child.suspend()
+        await js_log.append(make_command("drain", "drain", **ART))
+        await wait_for(lambda: _state_is(agent, "draining"), timeout=10, interval=0.05)
+        await asyncio.sleep(6.0)
+        child.resume()
+        drain = await wait_ack(js_log, "drain", timeout=30)
+        assert (drain.status, drain.message) == ("succeeded", "drained"), drain
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.resume()
+        _kill(child)
+
+
+async def _state_is(agent, state: str) -> bool:
+    return agent.state.residencies[BUNDLED_MODEL_ID].state == state

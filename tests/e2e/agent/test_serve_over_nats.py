@@ -10,7 +10,7 @@ import pytest
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256
 from grid.config import GridConfig
-from grid.infer.client import InferTarget, NatsUpstream
+from grid.infer.client import InferTarget, NatsUpstream, NotServedThere
 from grid.secrets import ENGINE_SECRET_FILE, engine_key, load_or_create_secret
 from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, make_command, wait_ack, wait_for
@@ -34,10 +34,9 @@ async def test_agent_serves_ready_models_over_nats_with_its_own_key(js_log: JetS
     body = json.dumps({"model": BUNDLED_MODEL_ID, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hi"}]}).encode()
     try:
-        # Nothing ready yet: the agent refuses before any engine, as an HTTP status.
-        resp = await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), body, JSON)
-        assert resp.status_code == 503 and b"no_engine_for_model" in await resp.aread()
-        await resp.aclose()
+        # Nothing ready yet: the agent refuses before any engine (the gateway may ask another host).
+        with pytest.raises(NotServedThere):
+            await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), body, JSON)
 
         art = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, memory_mb=400)
         await js_log.append(make_command("load", "load", **art))
@@ -68,14 +67,14 @@ async def test_agent_serves_ready_models_over_nats_with_its_own_key(js_log: JetS
         await js_log.append(make_command("drain", "drain", **art))
         await wait_for(lambda: _async(agent.state.residencies[BUNDLED_MODEL_ID].state == "draining"),
                        timeout=10, interval=0.02)
-        late = await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), body, JSON)
-        assert late.status_code == 503
-        await late.aclose()
+        with pytest.raises(NotServedThere):
+            await upstream.post(InferTarget(HOST, BUNDLED_MODEL_ID, CHAT), body, JSON)
         for answer in await asyncio.gather(*streams):
             # Whole: the engine stopped at max_tokens (not cut off) and the stream closed properly.
             # Chunks are not tokens (a multi-byte character may wait for the next token).
             assert answer.rstrip().endswith(b"data: [DONE]") and _finish_reasons(answer) == ["length"]
-        assert (await wait_ack(js_log, "drain", timeout=90)).status == "succeeded"
+        drained = await wait_ack(js_log, "drain", timeout=90)
+        assert drained.status == "succeeded", drained.message
         assert agent.responder.cancelled == 0
     finally:
         await gateway_log.close()
