@@ -23,7 +23,8 @@ JSON = [(b"content-type", b"application/json")]
 
 async def test_agent_serves_ready_models_over_nats_with_its_own_key(js_log: JetStreamLog, start_agent,
                                                                      grid_config: GridConfig, nats_server) -> None:
-    agent = await start_agent()
+    # The drain below waits for three streams: as long as a loaded CI machine needs.
+    agent = await start_agent(drain_deadline=240.0)
     key = agent.paths.engine_key.read_text().strip()
     # Not derived from anything another machine could hold: a random key made by this agent.
     assert key != engine_key(load_or_create_secret(grid_config.home / ENGINE_SECRET_FILE), HOST)
@@ -73,7 +74,7 @@ async def test_agent_serves_ready_models_over_nats_with_its_own_key(js_log: JetS
             # Whole: the engine stopped at max_tokens (not cut off) and the stream closed properly.
             # Chunks are not tokens (a multi-byte character may wait for the next token).
             assert answer.rstrip().endswith(b"data: [DONE]") and _finish_reasons(answer) == ["length"]
-        drained = await wait_ack(js_log, "drain", timeout=90)
+        drained = await wait_ack(js_log, "drain", timeout=270)
         assert drained.status == "succeeded", drained.message
         assert agent.responder.cancelled == 0
     finally:
