@@ -38,7 +38,8 @@ Shape (every key always present; lists bounded):
                  artifact_sha256, result, failed_step, reason, age_seconds}] (the latest per runtime
                  and model, aged by the log's receipt time)
     plan         {generation, recorded, planner_version, inputs_digest, placements, preemptions,
-                  shortfalls, explanations, explanation_text}
+                  shortfalls, prefetch (cache-only advisories), evictions (predictive cache expiries),
+                  explanations, explanation_text}
     reconciliation  the ReconcileResult (actions, deferred, ignored, blocked, withdrawals, ...)
     pending_commands, delivered_pending_action_ids, withdrawn_commands, withdrawn_destructive
     history      recent terminal actions, newest first
@@ -371,6 +372,7 @@ def _plan(ctl: ControllerView) -> dict[str, Any] | None:
         "generation": ctl.last_generation, "recorded": bool(ctl.last_tick and ctl.last_tick.plan_recorded),
         "planner_version": plan.planner_version, "inputs_digest": plan.inputs_digest, "now": plan.now,
         "placements": _b(plan.placements), "preemptions": _b(plan.preemptions), "shortfalls": _b(plan.shortfalls),
+        "prefetch": _b(plan.prefetch), "evictions": _b(plan.evictions),
         "explanations": _b(plan.explanations), "explanation_text": text,
     }
 

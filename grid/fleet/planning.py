@@ -98,6 +98,12 @@ class Policy(Value, frozen=True, kw_only=True):
     flap_model_transitions: int = 3
     flap_backoff_seconds: float = 900.0
     flap_backoff_max_seconds: float = 7200.0
+    # Cache-only advisories (grid.planner.prefetch) one plan may stage for correlation-only
+    # predictions that got no serving slot: each is a whole artifact transfer, so few. 0: none.
+    max_prefetch_per_plan: int = 2
+    # An unused predictive cache entry at least this old whose model has no demand left may be
+    # evicted (exact SHA, hosts that advertise the evict actuator only).
+    predictive_cache_ttl_seconds: float = 6 * 3600.0
 
 
 FlapQuarantineKind = Literal["host", "model"]
@@ -215,6 +221,35 @@ class ModelBasis(Value, frozen=True, kw_only=True):
     eligible_holders: tuple[str, ...] = ()
 
 
+class PrefetchAdvisory(Value, frozen=True, kw_only=True):
+    """A cache-only advisory: fetch and verify `artifact_sha256` on `host_id` for a correlation-only
+    prediction that got no serving slot. No model slot, no memory, never a warm."""
+
+    host_id: str
+    model_id: str
+    artifact_sha256: str
+    size_bytes: int
+    reason: str
+    # Confidence- and pressure-weighted cold-start seconds the transfer would save, per artifact
+    # MB (the rank), and the seconds and concurrency it was computed from.
+    value_per_mb: float = 0.0
+    load_seconds: float = 0.0
+    concurrency: float = 0.0
+    # Free artifact disk on the host after this plan's placements and this transfer.
+    disk_free_after_bytes: int = 0
+
+
+class CacheEviction(Value, frozen=True, kw_only=True):
+    """Delete one unused predictive cache entry (exactly this SHA) from `host_id`."""
+
+    host_id: str
+    model_id: str
+    artifact_sha256: str
+    size_bytes: int
+    reason: str
+    age_seconds: float = 0.0
+
+
 class Plan(Value, frozen=True, kw_only=True):
     planner_version: str
     inputs_digest: str
@@ -226,6 +261,9 @@ class Plan(Value, frozen=True, kw_only=True):
     explanations: tuple[ModelExplanation, ...] = ()
     # One entry per planned model: the reconciler decides from these, never from `explanations`.
     basis: tuple[ModelBasis, ...] = ()
+    # Cache-only advisories (in the order they were chosen) and predictive cache expiries.
+    prefetch: tuple[PrefetchAdvisory, ...] = ()
+    evictions: tuple[CacheEviction, ...] = ()
 
 
 _plan_decoder = msgspec.json.Decoder(Plan)

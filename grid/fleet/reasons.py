@@ -139,3 +139,9 @@ MODEL_LIMIT_CONVERGENCE = (
 COLOCATION_CONVERGENCE = (
     "colocation_convergence"  # tightened co-location policy already violated
 )
+
+# --- predictive cache reasons (grid.planner.prefetch) -------------------------------------
+# A cache-only advisory: fetch and verify a correlation-only prediction's artifact, never warm.
+PREDICTIVE_PREFETCH = "predictive_prefetch"
+# An unused predictive cache entry past the predictive cache TTL whose demand has gone.
+PREDICTIVE_CACHE_EXPIRED = "predictive_cache_expired"

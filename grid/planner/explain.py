@@ -434,4 +434,15 @@ def render_explanation(plan: Plan) -> list[str]:
         lines.append(
             f"preempt {pe.victim_model} on {pe.host_id}{who}: {pe.reason} ({pe.memory_mb} MB){when}"
         )
+    for a in plan.prefetch:
+        lines.append(
+            f"prefetch {a.model_id} on {a.host_id}: {a.reason} (cache only, no slot; "
+            f"{a.size_bytes >> 20} MB, value {a.value_per_mb:g}/MB = concurrency {a.concurrency:g}"
+            f" x load {a.load_seconds:g}s; {a.disk_free_after_bytes >> 20} MB free after)"
+        )
+    for ev in plan.evictions:
+        lines.append(
+            f"evict {ev.model_id} on {ev.host_id}: {ev.reason} (sha {ev.artifact_sha256[:12]}, "
+            f"{ev.size_bytes >> 20} MB, unused {ev.age_seconds:g}s)"
+        )
     return lines

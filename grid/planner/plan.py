@@ -22,6 +22,7 @@ from grid.planner.digest import inputs_digest
 from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.ledger import Ledger
 from grid.planner.placement import Placer
+from grid.planner.prefetch import advisories, expiries
 from grid.planner.state import HostState, ModelState
 
 # 1.3.0: plans carry the per-model basis the reconciler decides from, and never stage a preemption
@@ -34,7 +35,9 @@ from grid.planner.state import HostState, ModelState
 # eligible host, not a victim of the same plan).
 # 1.6.0: the input carries the open load/warm commands (pending placements), and a still-feasible
 # pending placement scores above an equal alternative (every input digest changes).
-PLANNER_VERSION = "grid-planner/1.6.0"
+# 1.7.0: predictive cache: cache-only advisories for correlation-only predictions without a
+# serving slot, and expiry of unused predictive downloads (new plan and policy fields).
+PLANNER_VERSION = "grid-planner/1.7.0"
 
 __all__ = [
     "PLANNER_VERSION",
@@ -136,6 +139,8 @@ def _build(inp: PlannerInput, digest: str, reference_scan: bool) -> Plan:
     preemptions = sorted(
         led.preemptions, key=lambda p: (p.host_id, p.victim_model, p.beneficiary_model)
     )
+    # Last: speculative transfers see the disk every demanded placement already took.
+    prefetch = advisories(led)
     return Plan(
         planner_version=PLANNER_VERSION,
         inputs_digest=digest,
@@ -145,6 +150,8 @@ def _build(inp: PlannerInput, digest: str, reference_scan: bool) -> Plan:
         shortfalls=tuple(shortfalls),
         explanations=tuple(explanations),
         basis=tuple(basis),
+        prefetch=prefetch,
+        evictions=expiries(led, prefetch),
     )
 
 
