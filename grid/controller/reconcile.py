@@ -38,6 +38,10 @@ Rules, in the order they are applied:
   ``Guards.evacuating_since``) its placements are no longer desired and its replicas drain even
   without a ready replacement; minimum residency no longer holds them.
 * A draining residency is unloaded only when it reports zero requests in flight (invariant 6).
+* The plan's cache-only advisories become loads with reason PREDICTIVE_PREFETCH (fetch and
+  verify, never a warm), slotted after all demanded and routine work; its predictive cache
+  expiries become evicts of the exact SHA, revalidated against the latest heartbeat (still
+  cached, still predictive, nothing wants the model there) before issue and while open.
 * Observation-time fencing: a heartbeat not newer than a successful ack of the same kind for the
   same host/model cannot trigger a duplicate.
 * Slots: availability and preemption work first (by priority, evidence, replica round,
@@ -61,8 +65,9 @@ from collections.abc import Mapping
 import msgspec
 
 from grid.controller.governor import Governor, Limits, artifact_key, backoff_index
-from grid.events.commands import DESTRUCTIVE_KINDS
+from grid.events.commands import DESTRUCTIVE_KINDS, PREDICTIVE_PREFETCH
 from grid.events.control import ModelProfile
+from grid.events.host import CachedArtifact
 from grid.fleet import (
     ADMITTING_HOST_STATES,
     EVACUATING_HOST_STATES,
@@ -70,7 +75,15 @@ from grid.fleet import (
     RESIDENCY_STATE_RANK,
     heartbeat_live,
 )
-from grid.fleet.planning import EVIDENCE_ORDER, Placement, Plan, PlannerInput, Preemption
+from grid.fleet.planning import (
+    EVIDENCE_ORDER,
+    CacheEviction,
+    Placement,
+    Plan,
+    PlannerInput,
+    Preemption,
+    PrefetchAdvisory,
+)
 from grid.fleet.reasons import RELOCATION
 from grid.fleet.views import HostView, ResidencyView
 from grid.projections.actions import ActionRecord, ActionsState
@@ -86,6 +99,9 @@ DRAIN_UNCONFIGURED = "drain_unconfigured"
 DRAIN_PREEMPTION = "drain_preemption"
 DRAIN_FAILED = "drain_failed_residency"
 UNLOAD_DRAINED = "unload_drained"
+# A predictive cache entry the plan expired (exact SHA; the agent deletes it only if unused).
+EVICT_PREDICTIVE_EXPIRED = "evict_predictive_expired"
+# (A cache-only advisory's load carries grid.events.commands.PREDICTIVE_PREFETCH.)
 
 # --- deferral reasons -------------------------------------------------------------------------
 OBSERVE_ONLY = "observe_only"
@@ -110,6 +126,10 @@ TRANSITION_IN_PROGRESS = "transition_in_progress"
 INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
 ARTIFACT_MISMATCH = "artifact_mismatch"
 UNKNOWN_PROFILE = "unknown_profile"
+# The latest heartbeat no longer shows the exact unused predictive entry an eviction names.
+CACHE_ENTRY_CHANGED = "cache_entry_changed"
+# A cache-only advisory the profile no longer matches (source or SHA changed since the plan).
+ADVISORY_STALE = "advisory_stale"
 # GLOBAL_LIMIT / HOST_LIMIT / ARTIFACT_FANOUT come from the governor.
 
 # --- ignored (never actuated) -----------------------------------------------------------------
@@ -275,6 +295,15 @@ def _cached(host: HostView, model_id: str, profile: ModelProfile, hm: _HostModel
     return r is not None and r.state == "cached" and _sha_ok(r, profile)
 
 
+def _cache_entry(host: HostView, model_id: str, sha: str | None) -> CachedArtifact | None:
+    """The host's cache entry of exactly this model and SHA, if its latest heartbeat shows one."""
+    want = (sha or "").lower()
+    for c in host.cached:
+        if c.model_id == model_id and want and c.sha256.lower() == want:
+            return c
+    return None
+
+
 def _memory_for(profile: ModelProfile, runtime: str) -> int:
     return int(profile.runtime_memory_mb.get(runtime, profile.memory_mb))
 
@@ -382,7 +411,9 @@ class Reconciler:
         self.charge_open_commands()
         self.place_missing_replicas()
         self.prefetch_for_preemptions()
+        self.prefetch_predictions()
         self.release_obsolete()
+        self.expire_predictive_cache()
         self.slot_candidates()
         return self.result()
 
@@ -406,6 +437,12 @@ class Reconciler:
         for pre in sorted(plan.preemptions, key=lambda x: (x.host_id, x.victim_model, x.beneficiary_model)):
             self.victims.setdefault((pre.host_id, pre.victim_model), pre)
             self.beneficiaries.setdefault((pre.host_id, pre.beneficiary_model), pre)
+        # Cache-only advisories (in the plan's order) and predictive cache expiries.
+        self.prefetch: dict[tuple[str, str], tuple[int, PrefetchAdvisory]] = {}
+        for i, adv in enumerate(plan.prefetch):
+            self.prefetch.setdefault((adv.host_id, adv.model_id), (i, adv))
+        self.evictions: tuple[CacheEviction, ...] = tuple(
+            sorted(plan.evictions, key=lambda e: (e.host_id, e.model_id, e.artifact_sha256)))
         self.shortfall_models = frozenset(s.model_id for s in plan.shortfalls if s.wanted > s.placed)
         self.evidence_rank = {b.model_id: EVIDENCE_ORDER.get(b.evidence, 1) for b in plan.basis}
         # Models with direct demand the plan could not place in full: a scale-down the cooldown
@@ -473,20 +510,34 @@ class Reconciler:
                 continue
             if cmd.action_id in self.guards.cleared_withdrawals:
                 continue
-            if self._observed_after(cmd.host_id, r.issued_at) and _postcondition(
-                cmd.kind, self._hm_of(cmd.host_id, cmd.model_id)
-            ):
+            if self._observed_after(cmd.host_id, r.issued_at) and self._done(cmd):
                 self.cleared.append(cmd.action_id)
                 continue
             self.blocked.setdefault(cmd.model_id, []).append(cmd.action_id)
 
     # --- 2. re-validate open commands -------------------------------------------------------------
 
+    def _done(self, cmd) -> bool:
+        """The destructive command's postcondition holds in the latest heartbeat."""
+        if cmd.kind == "evict":
+            # Gone, or warmed since (no longer predictive): the agent evicts only an unused
+            # predictive entry, so nothing of it can still run.
+            host = self.hosts_by_id.get(cmd.host_id)
+            entry = _cache_entry(host, cmd.model_id, cmd.artifact_sha256) if host is not None else None
+            return host is not None and (entry is None or not entry.predictive)
+        return _postcondition(cmd.kind, self._hm_of(cmd.host_id, cmd.model_id))
+
     def _destructive_unsafe(self, r: ActionRecord) -> bool:
         cmd = r.command
+        if cmd.kind == "evict":
+            # Revalidated against the latest heartbeat: the exact entry still unused, nothing wants it.
+            host = self.hosts_by_id.get(cmd.host_id)
+            if host is None or _cache_entry(host, cmd.model_id, cmd.artifact_sha256) is None:
+                return False  # gone: nothing left to make unsafe
+            return self._eviction_blocked(cmd.host_id, cmd.model_id, cmd.artifact_sha256) is not None
         hm = self._hm_of(cmd.host_id, cmd.model_id)
         observed_after = self._observed_after(cmd.host_id, r.issued_at)
-        if observed_after and _postcondition(cmd.kind, hm):
+        if observed_after and self._done(cmd):
             return False  # already done: nothing left to make unsafe
         m = cmd.model_id
         if cmd.kind == "drain":
@@ -540,7 +591,7 @@ class Reconciler:
                     reason = WITHDRAW_ARTIFACT_CHANGED
                 elif (cmd.host_id, cmd.model_id) not in self.desired and not (
                     cmd.kind == "load" and (cmd.host_id, cmd.model_id) in self.beneficiaries
-                ):
+                ) and not (cmd.kind == "load" and (cmd.host_id, cmd.model_id) in self.prefetch):
                     reason = WITHDRAW_NOT_DESIRED
             if reason is not None:
                 self._withdraw(r, reason)
@@ -607,8 +658,11 @@ class Reconciler:
 
     def _make_action(self, kind: str, host_id: str, model_id: str, profile: ModelProfile | None, memory_mb: int,
                      reason: str, runtime: str, *, deps: tuple[str, ...] = (), preemption_for: str | None = None,
-                     priority: int = 0, detail: str = "") -> Action:
-        sha = profile.artifact_sha256.lower() if profile is not None and profile.artifact_sha256 else None
+                     priority: int = 0, detail: str = "", sha: str | None = None) -> Action:
+        if sha is not None:
+            sha = sha.lower()  # an evict names the exact cached SHA, whatever the profile says now
+        elif profile is not None and profile.artifact_sha256:
+            sha = profile.artifact_sha256.lower()
         return Action(
             action_id=self._new_id(kind, host_id, model_id, sha), kind=kind, host_id=host_id, model_id=model_id,
             memory_mb=memory_mb, reason=reason, runtime=runtime, artifact_sha256=sha,
@@ -727,6 +781,70 @@ class Reconciler:
             evidence = self.evidence_rank.get(model_id, 1)
             key = (0, -profile.priority, evidence, 0, profile.load_seconds, model_id, host_id)
             self.candidates.append(_Proposal(key, [(load, self._common_checks("load", host_id, model_id))]))
+
+    def prefetch_predictions(self) -> None:
+        """The plan's cache-only advisories become loads (PREDICTIVE_PREFETCH): fetch and verify,
+        never a warm. They slot after every demanded and routine action (the mutation budget
+        serves real work first); an advisory the profile no longer matches is not acted on."""
+        for (host_id, model_id), (order, adv) in sorted(self.prefetch.items(), key=lambda kv: kv[1][0]):
+            profile = self.profiles.get(model_id)
+            host = self.hosts_by_id.get(host_id)
+            if host is None or (host_id, model_id) in self.desired or (host_id, model_id) in self.beneficiaries:
+                continue  # a placement's own load (or a preemption prefetch) fetches it
+            if (
+                profile is None or not profile.artifact_source or not profile.artifact_sha256
+                or profile.artifact_sha256.lower() != adv.artifact_sha256.lower()
+            ):
+                self.deferred.append(Deferral(kind="load", host_id=host_id, model_id=model_id, reason=ADVISORY_STALE,
+                                              detail=PREDICTIVE_PREFETCH))
+                continue
+            if _cached(host, model_id, profile, self._hm_of(host_id, model_id)):
+                continue
+            if self._defer_in_flight("load", host_id, model_id):
+                continue
+            load = self._make_action("load", host_id, model_id, profile, _memory_for(profile, "llama.cpp"),
+                                     PREDICTIVE_PREFETCH, "llama.cpp", priority=profile.priority,
+                                     detail=f"value {adv.value_per_mb:g}/MB")
+            key = (2, -profile.priority, 2, order, adv.load_seconds, model_id, host_id)
+            self.candidates.append(_Proposal(key, [(load, self._common_checks("load", host_id, model_id))]))
+
+    def _eviction_blocked(self, host_id: str, model_id: str, sha: str | None) -> str | None:
+        """Why the exact unused predictive entry may not be evicted now (None: it may)."""
+        host = self.hosts_by_id.get(host_id)
+        if host is None:
+            return HOST_UNKNOWN
+        entry = _cache_entry(host, model_id, sha)
+        if entry is None or not entry.predictive:
+            return CACHE_ENTRY_CHANGED
+        if (host_id, model_id) in self.desired or (host_id, model_id) in self.prefetch or (
+            (host_id, model_id) in self.beneficiaries
+        ):
+            return CACHE_ENTRY_CHANGED
+        if any(r.model_id == model_id and r.state != "cached" for r in host.residencies):
+            return CACHE_ENTRY_CHANGED
+        if ("load", host_id, model_id) in self.open_by_intent or ("warm", host_id, model_id) in self.open_by_intent:
+            return CACHE_ENTRY_CHANGED
+        return None
+
+    def expire_predictive_cache(self) -> None:
+        """The plan's predictive cache expiries become evicts of the exact SHA, each revalidated
+        against the latest heartbeat first: still cached, still predictive (never warmed), same
+        SHA, and nothing wants the model on that host."""
+        for ev in self.evictions:
+            host_id, model_id = ev.host_id, ev.model_id
+            if self._defer_in_flight("evict", host_id, model_id):
+                continue
+            why = self._eviction_blocked(host_id, model_id, ev.artifact_sha256)
+            if why is not None:
+                self.deferred.append(Deferral(kind="evict", host_id=host_id, model_id=model_id, reason=why,
+                                              detail=ev.artifact_sha256))
+                continue
+            profile = self.profiles.get(model_id)
+            act = self._make_action("evict", host_id, model_id, profile, 0, EVICT_PREDICTIVE_EXPIRED, "llama.cpp",
+                                    priority=profile.priority if profile is not None else 0,
+                                    detail=f"unused {ev.age_seconds:g}s", sha=ev.artifact_sha256)
+            key = (1, -act.priority, 1, 2, 0.0, model_id, host_id)
+            self.candidates.append(_Proposal(key, [(act, self._common_checks("evict", host_id, model_id))]))
 
     # --- 5. destructive: obsolete and draining managed residencies --------------------------------
 
