@@ -4,9 +4,10 @@ Run once at the end of planning, over the finished ledger (the plan's placements
 reservations have already charged their disk), so a speculative transfer can never take disk a
 demanded placement needed.
 
-Advisories. A model whose only demand is correlation-only (evidence ``inferred``) and that got
-no serving slot at all in this plan may have its exact artifact fetched and verified on a
-future-compatible host: no model slot, no memory, never a warm, never an eviction of anything.
+Advisories. A model whose demand is correlation-only (evidence ``inferred``) and whose next
+predicted replica got no serving slot in this plan may have its exact artifact fetched and
+verified on a future-compatible host that holds no replica of it: no model slot, no memory,
+never a warm, never an eviction of anything.
 A host qualifies when it is eligible now, statically compatible with the model, advertises the
 ``load`` actuator, reports authenticated free disk (missing disk telemetry never authorizes a
 transfer), does not already hold the artifact, and keeps at least
@@ -82,9 +83,9 @@ def _wants_prefetch(led: Ledger, ms: ModelState) -> bool:
         d is not None
         and d.evidence == "inferred"
         and d.replicas > 0
-        and ms.wanted > 0
-        and ms.progress == 0
-        and not ms.retained
+        and 0 < ms.wanted
+        and ms.progress < ms.wanted
+        and ms.tier_of(ms.progress) == "inferred"
         and ms.req.model_id not in led.held_models
         and bool(p.artifact_source)
         and ms.req.sha is not None

@@ -194,3 +194,14 @@ def test_never_evicted_operator_cache_unknown_age_no_actuator_demand_or_residenc
     based = predicted("b", SHA_B, 3_000, mem=2_000)
     based = msgspec.structs.replace(based, min_replicas=1)
     assert plan(mk([based], [cap(host("h1", 1_000, cached=(art("b", SHA_B),)))], ())).evictions == ()
+
+
+def test_a_prediction_short_of_its_next_replica_is_advised_on_a_host_without_one() -> None:
+    b = predicted("b", SHA_B, 5_000, mem=6_000)
+    b = msgspec.structs.replace(b, max_replicas=3)
+    # Room for one 6 GB replica on h1 only; h2 and h3 are full.
+    h1 = cap(host("h1", residencies=(res("a", 8_000),), disk_free=30 * GB))
+    hosts = [h1, full("h2", cap=14_000), full("h3", cap=14_000)]
+    p = plan(mk([A, b], hosts, [want("a", 3), want("b", 2, "inferred", offered_concurrency=2.0)]))
+    assert [x.host_id for x in p.placements if x.model_id == "b"] == ["h1"]
+    assert [(x.model_id, x.host_id) for x in p.prefetch] == [("b", "h2")]
