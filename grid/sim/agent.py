@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from grid.agent import fencing
-from grid.events.commands import CommandIssued
+from grid.events.commands import PREDICTIVE_PREFETCH, CommandIssued
 from grid.fleet import HOLDS_MEMORY_STATES
 
 # (ack status, message), in the order the agent would append them.
@@ -33,6 +33,8 @@ INSUFFICIENT_MEMORY = "insufficient_memory"
 NOT_DRAINING = "not_draining"
 REQUESTS_IN_FLIGHT = "requests_in_flight"
 ALREADY_READY = "already_ready"
+# An evict refused: the entry is not an unused predictive download of exactly that SHA.
+NOT_EVICTABLE = "not_evictable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,12 @@ class SimAgent:
     residencies: dict[str, SimResidency] = field(default_factory=dict)
     # Model id -> artifact MB of the weights on disk.
     cached: dict[str, int] = field(default_factory=dict)
+    # Model id -> when its artifact entered the cache (entries from before the day have none).
+    cached_at: dict[str, float] = field(default_factory=dict)
+    # Model ids downloaded by a predictive prefetch and never warmed since (provenance: only
+    # these may be evicted).
+    # Model id -> the SHA it was fetched as.
+    predictive: dict[str, str] = field(default_factory=dict)
     # Disk for artifacts in MB (None: unbounded).
     disk_mb: int | None = None
     # None: every transition is instantaneous.
@@ -146,6 +154,20 @@ class SimAgent:
         self.receipts[cmd.action_id] = step.status
         return step
 
+    def _evict(self, cmd: CommandIssued, t: Timing) -> Step:
+        """Delete an unused predictive download of exactly the named SHA; anything else stays."""
+        m = cmd.model_id
+        if m not in self.cached:
+            return Step(SUCCEEDED, "ok", t.brief)
+        r = self.residencies.get(m)
+        sha = (cmd.artifact_sha256 or "").lower()
+        if not sha or self.predictive.get(m) != sha or r is not None:
+            return Step(FAILED, NOT_EVICTABLE, t.brief)
+        del self.cached[m]
+        self.cached_at.pop(m, None)
+        del self.predictive[m]
+        return Step(SUCCEEDED, "ok", t.brief)
+
     def settle(self, until: float) -> None:
         """End the timed steps due by `until`: a warming engine is ready, an unloading one gone."""
         for model_id in sorted(self.residencies):
@@ -177,6 +199,9 @@ class SimAgent:
             if self.disk_mb is not None and size > self.disk_mb - self.disk_used_mb():
                 return Step(FAILED, DISK_FULL, t.brief)
             self.cached[m] = size
+            self.cached_at[m] = at + fetch_seconds
+            if cmd.reason == PREDICTIVE_PREFETCH:
+                self.predictive[m] = (cmd.artifact_sha256 or "").lower()
             return Step(SUCCEEDED, "ok", fetch_seconds, fetched=True)
         if cmd.kind == "warm":
             if r is not None and r.state == "ready":
@@ -188,10 +213,14 @@ class SimAgent:
             if self.used_mb() + cmd.memory_mb > self.capacity_mb:
                 return Step(FAILED, INSUFFICIENT_MEMORY, t.brief)
             timed = self.timing is not None
+            # Warmed: a predictive download is used now and no longer evictable.
+            self.predictive.pop(m, None)
             self.residencies[m] = SimResidency(
                 "warming" if timed else "ready", cmd.memory_mb, at, sha=cmd.artifact_sha256, runtime=cmd.runtime,
                 max_concurrency=max_concurrency, last_used_at=at, settles_at=at + warm_seconds if timed else None)
             return Step(SUCCEEDED, "ok", warm_seconds)
+        if cmd.kind == "evict":
+            return self._evict(cmd, t)
         if cmd.kind == "drain":
             if r is not None and r.state in ("ready", "failed", "warming"):
                 r.state = "draining"

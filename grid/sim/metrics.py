@@ -9,6 +9,7 @@ room; SLO attainment is the share of requests that finished within twice their c
 from __future__ import annotations
 
 import math
+import statistics
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -17,7 +18,7 @@ from grid.events.requests import WORKLOADS
 from grid.fleet.planning import Plan
 from grid.sim.safety import DRAIN_BEFORE_UNLOAD, MEMORY
 from grid.sim.strategies import best_model, feasible
-from grid.sim.world import WARM_WITHOUT_MEMORY
+from grid.sim.world import WARM_WITHOUT_MEMORY, PrefetchScore
 
 if TYPE_CHECKING:
     from grid.sim.scenario import Scenario
@@ -93,6 +94,17 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     workloads: tuple[WorkloadRow, ...]
     recommendations: tuple[str, ...]
     timeline: tuple[str, ...] = ()
+    # Predictive prefetch scorecard: downloads, the ones a later placement used (hits), downloads
+    # never used (still on disk unwarmed, or expired), expirations and the disk they reclaimed,
+    # the median lead from a download finishing to its use, and the transfer seconds hits avoided.
+    prefetch_downloads: int = 0
+    prefetch_download_gib: float = 0.0
+    prefetch_hits: int = 0
+    prefetch_unused: int = 0
+    prefetch_expired: int = 0
+    prefetch_reclaimed_gib: float = 0.0
+    prefetch_lead_seconds: float = 0.0
+    avoided_load_seconds: float = 0.0
 
 
 def feasible_workloads(sc: Scenario) -> list[str]:
@@ -129,6 +141,8 @@ class Metrics:
         self.checks = 0
         self.disk_mb = 0
         self.cold_starts = 0
+        self.prefetch: PrefetchScore = PrefetchScore()
+        self.prefetch_unused = 0
 
     def _line(self, minute: int, text: str) -> None:
         if self.keep_timeline:
@@ -188,6 +202,8 @@ class Metrics:
     def finish(self, world: World) -> None:
         self.disk_mb = sum(m.disk_used_mb() for m in world.machines.values())
         self.cold_starts = world.cold_fetches
+        self.prefetch = world.prefetch
+        self.prefetch_unused = world.unused_predictions() + world.prefetch.expired
         for at, host, model, problem in world.problems:
             minute = int((at - world.start) // 60)
             invariant = MEMORY if problem == WARM_WITHOUT_MEMORY else DRAIN_BEFORE_UNLOAD
@@ -238,6 +254,13 @@ class Metrics:
             violations_by_invariant=dict(sorted(self.violation_counts.items())),
             violation_samples=tuple(self.violations), workloads=tuple(rows),
             recommendations=self._recommendations(rows), timeline=tuple(self.timeline),
+            prefetch_downloads=self.prefetch.downloads,
+            prefetch_download_gib=_r(self.prefetch.download_mb / GIB),
+            prefetch_hits=self.prefetch.hits, prefetch_unused=self.prefetch_unused,
+            prefetch_expired=self.prefetch.expired,
+            prefetch_reclaimed_gib=_r(self.prefetch.reclaimed_mb / GIB),
+            prefetch_lead_seconds=_r(statistics.median(self.prefetch.lead_seconds)) if self.prefetch.lead_seconds else 0.0,
+            avoided_load_seconds=_r(self.prefetch.avoided_load_seconds),
         )
 
     def _recommendations(self, rows: list[WorkloadRow]) -> tuple[str, ...]:

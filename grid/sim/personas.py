@@ -79,6 +79,11 @@ class Persona:
     named_model: str | None = None
     # Active only in this span of the day (fractions of the scenario); None: all day.
     window: tuple[float, float] | None = None
+    # A workflow persona works in projects of ordered stages instead of a random mix: each
+    # (workload, minute) is one request that many minutes into a project, under the project's own
+    # affinity key; a new project starts every `rate`-th of an hour (staggered per user). Its
+    # `mix` is the stages' share, for the population's average.
+    workflow: tuple[tuple[str, int], ...] = ()
 
     def active(self, minute: int, minutes: int) -> bool:
         if self.window is None:
@@ -111,10 +116,20 @@ LONG_TAIL: tuple[Persona, ...] = (
 # Long-tail users per 50 users of the full day (each persona).
 LONG_TAIL_PER_50 = 2
 
+# The full day's campaign teams: every project makes a still image, then two minutes later
+# animates it (image -> video), about twice an hour each. The sequence is what the forecaster's
+# affinity learning can see coming: the video model it predicts after an image is the lab's
+# predictive prefetch case.
+CAMPAIGN = Persona("campaign", (("image", 0.5), ("video", 0.5)), 2.0,
+                   workflow=(("image", 0), ("video", 2)), window=(0.1, 0.8))
+# Campaign users per 50 users of the full day.
+CAMPAIGN_PER_50 = 3
+
 
 def full_day_population(users: int) -> tuple[Persona, ...]:
     """The classic proportions plus the long tail, `users` personas in all (the tail last)."""
     tail = [p for p in LONG_TAIL for _ in range(max(1, round(users * LONG_TAIL_PER_50 / 50)))]
+    tail += [CAMPAIGN] * max(1, round(users * CAMPAIGN_PER_50 / 50))
     if users <= len(tail):
         raise ValueError(f"--users must exceed the full day's {len(tail)} long-tail users, got {users}")
     return population(users - len(tail)) + tuple(tail)

@@ -41,6 +41,10 @@ def render(report: Report, oracle: dict | None = None) -> str:
         f"{'resident memory':<26}{r.memory_mean_gib:>9.1f}G  peak {r.memory_peak_gib:.1f}G, "
         f"evening {r.evening_memory_gib:.1f}G",
         f"{'artifact disk':<26}{r.disk_used_gib:>9.1f}G",
+        f"{'predictive prefetch':<26}{r.prefetch_downloads:>10}  downloads ({r.prefetch_download_gib:.1f}G), "
+        f"hits {r.prefetch_hits}, unused {r.prefetch_unused}, expired {r.prefetch_expired} "
+        f"({r.prefetch_reclaimed_gib:.1f}G reclaimed), median lead {r.prefetch_lead_seconds:.0f}s, "
+        f"avoided load {r.avoided_load_seconds:.0f}s",
         f"{'safety':<26}{r.safety_violations:>10}  violations in {r.safety_checks} checked ticks",
         "",
         f"{'workload':<12}{'requests':>9}{'served':>9}{'service':>9}{'SLO':>8}",

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from grid.controller.governor import GLOBAL_LIMIT, Limits, artifact_key, backoff_index
 from grid.controller.reconcile import Guards, ReconcileResult
+from grid.events.commands import PREDICTIVE_PREFETCH
 from grid.events.control import ModelProfile
 from grid.fleet import ADMITTING_HOST_STATES, EVACUATING_HOST_STATES, heartbeat_fresh
 from grid.fleet.planning import Plan
@@ -169,7 +170,9 @@ def _actuation(plan: Plan, by_host: Mapping[str, HostView], result: ReconcileRes
         ):
             # a relocation moves a replica: another ready copy serves before the old one drains
             out.append((LAST_REPLICA, f"relocation drained the last ready {a.model_id} ({a.host_id})"))
-    if any(d.reason == GLOBAL_LIMIT and d.kind in ("load", "warm") for d in result.deferred):
+    # Availability work means demanded work: a predictive prefetch waits behind routine work too.
+    if any(d.reason == GLOBAL_LIMIT and d.kind in ("load", "warm") and d.detail != PREDICTIVE_PREFETCH
+           for d in result.deferred):
         for a in result.actions:
             if a.destructive and a.preemption_for is None:
                 out.append((SLOT_ORDER, f"{a.kind} {a.model_id} on {a.host_id} took a slot availability waits for"))

@@ -1,8 +1,9 @@
 """The four controls the lab compares, each a function of the projection states and `now`.
 
 * smart: the production tick composition (grid.controller.tick.tick_input and the planner), unchanged.
-* reactive: the same forecast without lookahead or correlation: no trend horizon, and
-  targets only correlation or sequence evidence asked for dropped (workload demand kept).
+* reactive: the same forecast without lookahead or correlation: no trend horizon, targets
+  only correlation or sequence evidence asked for dropped (workload demand kept), and no
+  predictive prefetch (the planner stages no cache-only advisory).
 * greedy: each minute, the latest complete minute's visible demand only: named requests to
   their model, each `auto` workload to its highest-suitability feasible model, replicas for the
   offered concurrency; placed by the production planner.
@@ -90,7 +91,7 @@ def targets_from_offered(
 
 
 def reactive_input(obs: Observation, now: float, policy: Policy) -> TickInput:
-    base = build_planner_input(obs, now, demand=(), policy=policy)
+    base = build_planner_input(obs, now, demand=(), policy=msgspec.structs.replace(policy, max_prefetch_per_plan=0))
     if obs.demand is None:
         raise ValueError("the reactive control needs the demand projection")
     fc = forecast(

@@ -53,6 +53,38 @@ def _affinity(user: int, seed: int) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def _workflow_affinity(user: int, seed: int, project: int) -> str:
+    raw = hashlib.sha256(f"sim-workflow:{seed}:{user}:{project}".encode()).digest()
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _workflow_requests(persona: Persona, u: int, day: Workday, seed: int) -> list[Request]:
+    """One workflow user's projects over the day: each stage one request, in order, under the
+    project's own key. Its own random stream, so the other users' traffic is unchanged."""
+    rng = random.Random(f"workflow:{seed}:{u}")
+    period = max(1, int(round(60.0 / persona.rate)))
+    out: list[Request] = []
+    start = rng.randrange(period)
+    project = 0
+    while start < day.minutes:
+        if persona.active(start, day.minutes):
+            key = _workflow_affinity(u, seed, project)
+            for w, after in persona.workflow:
+                m = start + after
+                if m >= day.minutes:
+                    break
+                template = rng.randrange(len(TEMPLATES[w][2]))
+                endpoint, modality, cls, units = classified(w, template)
+                out.append(Request(
+                    minute=m, offset=round(rng.uniform(0.0, 20.0), 3), user=u, endpoint=endpoint, modality=modality,
+                    workload=cls, input_units=units, model=AUTO,
+                    service_seconds=round(SERVICE_SECONDS[w] * rng.uniform(0.5, 1.5), 3), affinity=key,
+                ))
+            project += 1
+        start += period + rng.randrange(-2, 3)
+    return out
+
+
 def generate(users: tuple[Persona, ...], day: Workday, seed: int, models: frozenset[str]) -> tuple[tuple[Request, ...], ...]:
     """Requests per minute (each minute's tuple sorted by offset, then user)."""
     rng = random.Random(f"traffic:{seed}")
@@ -61,7 +93,7 @@ def generate(users: tuple[Persona, ...], day: Workday, seed: int, models: frozen
     for m in range(day.minutes):
         bucket = minutes[m]
         for u, persona in enumerate(users):
-            if not persona.active(m, day.minutes):
+            if persona.workflow or not persona.active(m, day.minutes):
                 continue
             for w, weight in persona.mix:
                 n = _poisson(rng, persona.rate * weight * day.curves[w][m])
@@ -77,6 +109,11 @@ def generate(users: tuple[Persona, ...], day: Workday, seed: int, models: frozen
                         model=persona.named_model if named else AUTO,  # type: ignore[arg-type]
                         service_seconds=round(service, 3), affinity=keys[u],
                     ))
+    for u, persona in enumerate(users):
+        if persona.workflow:
+            for r in _workflow_requests(persona, u, day, seed):
+                minutes[r.minute].append(r)
+    for bucket in minutes:
         bucket.sort(key=lambda r: (r.offset, r.user))
     return tuple(tuple(b) for b in minutes)
 

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 from grid.events.acks import ActionAck
 from grid.events.base import Event
-from grid.events.commands import CommandIssued
+from grid.events.commands import PREDICTIVE_PREFETCH, CommandIssued
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostHeartbeat, HostLoad, Residency
 from grid.events.subjects import HOSTS_STREAM
-from grid.sim.agent import ACCEPTED, FAILED, INSUFFICIENT_MEMORY, NOT_DRAINING, SimAgent, Timing
+from msgspec import UNSET
+
+from grid.sim.agent import ACCEPTED, FAILED, INSUFFICIENT_MEMORY, NOT_DRAINING, SUCCEEDED, SimAgent, Timing
 from grid.sim.fleet import MachineSpec
 
 Emit = Callable[[float, str, Event], None]
@@ -39,6 +41,22 @@ UNLOAD_NOT_DRAINED = "unload_not_drained"
 # The agent's failure message -> the problem it is evidence of.
 _PROBLEMS = {("warm", INSUFFICIENT_MEMORY): WARM_WITHOUT_MEMORY, ("unload", NOT_DRAINING): UNLOAD_NOT_DRAINED}
 AGENT_RESTARTED = "agent_restarted"
+
+
+@dataclass(slots=True)
+class PrefetchScore:
+    """What predictive prefetch did on the machines: what was downloaded, what a later placement
+    actually used (the load phase it skipped), and what expired unused."""
+
+    downloads: int = 0
+    download_mb: int = 0
+    hits: int = 0
+    # Seconds from a prefetch finishing to the warm that used it, per hit.
+    lead_seconds: list[float] = field(default_factory=list)
+    # Transfer seconds the hits did not spend (the fetch the placement would have waited for).
+    avoided_load_seconds: float = 0.0
+    expired: int = 0
+    reclaimed_mb: int = 0
 
 
 @dataclass(slots=True)
@@ -71,6 +89,7 @@ class World:
         self.start = start
         self.problems: list[tuple[float, str, str, str]] = []
         self.cold_fetches = 0
+        self.prefetch = PrefetchScore()
         self._ack_seq = 0
 
     # --- commands ---------------------------------------------------------------------------
@@ -105,9 +124,15 @@ class World:
         """Start `cmd` at `at`; returns how long the machine is busy with it."""
         p = self.profiles.get(cmd.model_id)
         spec = m.spec
-        step = m.agent.start(
+        agent = m.agent
+        fetch_seconds = (p.load_seconds if p is not None else 60.0) * REFERENCE_BANDWIDTH / spec.bandwidth_mb_s
+        # Before the step: a warm of a predictive download is a cache hit, an evict frees its size.
+        hit_from = agent.cached_at.get(cmd.model_id) if (
+            cmd.kind == "warm" and cmd.model_id in agent.predictive) else None
+        evicting_mb = agent.cached.get(cmd.model_id, 0) if cmd.kind == "evict" else 0
+        step = agent.start(
             cmd, at,
-            fetch_seconds=(p.load_seconds if p is not None else 60.0) * REFERENCE_BANDWIDTH / spec.bandwidth_mb_s,
+            fetch_seconds=fetch_seconds,
             warm_seconds=(p.warm_seconds if p is not None else 30.0) / spec.speed,
             max_concurrency=max(1, int((p.replica_concurrency if p else 1) * spec.concurrency_factor)),
         )
@@ -118,10 +143,31 @@ class World:
         if problem is not None:
             self.problems.append((at, spec.host_id, cmd.model_id, problem))
         self.cold_fetches += int(step.fetched)
+        self._score_prefetch(m, cmd, at, step.status, step.fetched, fetch_seconds, hit_from, evicting_mb)
         self._ack(emit, at, m, cmd, ACCEPTED)
         self._ack(emit, at + step.seconds, m, cmd, step.status, duration=step.seconds, message=step.message,
                   fetched=step.fetched)
         return step.seconds
+
+    def _score_prefetch(self, m: Machine, cmd: CommandIssued, at: float, status: str, fetched: bool,
+                        fetch_seconds: float, hit_from: float | None, evicting_mb: int) -> None:
+        sc = self.prefetch
+        if status != SUCCEEDED:
+            return
+        if cmd.kind == "load" and fetched and cmd.reason == PREDICTIVE_PREFETCH:
+            sc.downloads += 1
+            sc.download_mb += int(cmd.artifact_size_mb or 0)
+        elif cmd.kind == "warm" and hit_from is not None:
+            sc.hits += 1
+            sc.lead_seconds.append(max(0.0, at - hit_from))
+            sc.avoided_load_seconds += fetch_seconds
+        elif cmd.kind == "evict" and evicting_mb and cmd.model_id not in m.agent.cached:
+            sc.expired += 1
+            sc.reclaimed_mb += evicting_mb
+
+    def unused_predictions(self) -> int:
+        """Predictive downloads still on disk that nothing has warmed."""
+        return sum(len(m.agent.predictive) for m in self.machines.values())
 
     # --- incidents --------------------------------------------------------------------------
 
@@ -159,9 +205,14 @@ class World:
             )
             for i, (model_id, e) in enumerate(sorted(engines.items()))
         )
+        agent = m.agent
         cached = tuple(
-            CachedArtifact(model_id=mid, sha256=self.profiles[mid].artifact_sha256 or "", size_bytes=size << 20)
-            for mid, size in sorted(m.agent.cached.items()) if mid in self.profiles
+            CachedArtifact(
+                model_id=mid, sha256=self.profiles[mid].artifact_sha256 or "", size_bytes=size << 20,
+                predictive=mid in agent.predictive,
+                cached_age_seconds=max(0.0, at - agent.cached_at[mid]) if mid in agent.cached_at else UNSET,
+            )
+            for mid, size in sorted(agent.cached.items()) if mid in self.profiles
         )
         total = spec.disk_gb << 30
         return HostHeartbeat(
