@@ -12,13 +12,18 @@ A host qualifies when it is eligible now, statically compatible with the model, 
 ``load`` actuator, reports authenticated free disk (missing disk telemetry never authorizes a
 transfer), does not already hold the artifact, and keeps at least
 ``policy.predictive_disk_reserve_bytes`` free after this plan's placements and the transfer.
-The profile must name the exact source, SHA-256 and declared size. Candidates are ranked by
+The profile must name the exact source, SHA-256 and declared size. A prediction whose missing
+replicas already have as many spare cached hosts (eligible, compatible, holding the artifact but
+no replica) gets no further transfer: a persistent prediction must not copy its artifact onto
+every host one plan at a time. Candidates are ranked by
 cold-start value per artifact MB: the predicted concurrency (the forecaster's correlation rate
 is already confidence-weighted; a canary counts half) times the load seconds the transfer would
 save on that host (learned, else the profile's). After each choice the disk ledger changed, so
 every value is recomputed before the next; at most ``policy.max_prefetch_per_plan`` per plan and
-one host per model. A host that already has the same transfer open (pending) is kept first for
-that model, so a long download is not re-aimed while it runs.
+one host per model. A model's host is the one nearest to taking its replica (the largest share
+of its memory free in this plan's desired footprint), then the most valuable; a host that
+already has the same transfer open (pending) is kept first, so a long download is not re-aimed
+while it runs.
 
 Expiry. An artifact a predictive prefetch downloaded and nothing has warmed since
 (``CachedArtifact.predictive``), at least ``policy.predictive_cache_ttl_seconds`` old, on a host
@@ -51,6 +56,8 @@ def advisories(led: Ledger) -> tuple[PrefetchAdvisory, ...]:
     if budget == 0:
         return ()
     models = [ms for ms in led.models if _wants_prefetch(led, ms)]
+    # A prediction already staged on as many spare hosts as it lacks replicas needs no more.
+    models = [ms for ms in models if _spare_caches(led, ms) < ms.wanted - ms.progress]
     if not models:
         return ()
     hosts = [hs for hs in led.hosts if _host_can_fetch(hs)]
@@ -90,6 +97,20 @@ def _wants_prefetch(led: Ledger, ms: ModelState) -> bool:
         and bool(p.artifact_source)
         and ms.req.sha is not None
         and ms.req.disk_bytes is not None
+    )
+
+
+def _spare_caches(led: Ledger, ms: ModelState) -> int:
+    """Eligible, compatible hosts holding the exact artifact but no replica of the model: where
+    its next replica could start without a transfer."""
+    mid = ms.req.model_id
+    return sum(
+        1
+        for hs in led.hosts
+        if hs.eligible
+        and mid not in hs.desired
+        and artifact_cached(hs.snap, ms.req)
+        and led.host_static(hs, ms) is None
     )
 
 
@@ -138,7 +159,10 @@ def _best_for(
         load = _load_seconds(led, hs, ms)
         value = round(weight * load / (size / MB), 9)
         pending = (hs.host_id, mid) in led.pending
-        key = (0 if pending else 1, -value, mid, hs.host_id)
+        # The host nearest to taking the replica (the most of its memory free in this plan's
+        # desired footprint) is where a later placement is likeliest to use the cache.
+        near = round(min(1.0, max(0, hs.free_b) / max(1, int(ms.profile.memory_mb))), 6)
+        key = (0 if pending else 1, -near, -value, mid, hs.host_id)
         if best is None or key < best[0]:
             best = (
                 key,
@@ -156,9 +180,9 @@ def _best_for(
             )
     if best is None:
         return None
-    # Across models the pending preference does not apply: rank by value only.
+    # Across models only the value ranks (the host preferences are the model's own).
     key, adv = best
-    return (key[1:], adv)
+    return (key[2:], adv)
 
 
 def expiries(led: Ledger, advised: tuple[PrefetchAdvisory, ...]) -> tuple[CacheEviction, ...]:

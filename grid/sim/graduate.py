@@ -206,18 +206,15 @@ def gates(f: FleetResult) -> list[Gate]:
 def startup_savings_gate(f: FleetResult) -> Gate:
     """Predictive startup savings over reactive-only control: the transfer seconds smart's
     prefetch cache hits avoided, less reactive's (which stages none), summed over seeds. It
-    applies where the day has workflow sequences to learn (the full day's campaign projects) and
-    some prediction found no serving slot, so smart downloaded something: where every prediction
-    was warmed in a slot of its own there is nothing for a cache to save. Downloads that no
-    placement used then fail it (a predictor that only fills disk does not pass)."""
+    applies wherever some prediction found no serving slot, so smart downloaded something: where
+    every prediction was warmed in a slot of its own there is nothing for a cache to save.
+    Downloads that no placement used then fail it (a predictor that only fills disk does not
+    pass)."""
     name = "predictive startup savings over reactive > 0"
     smart = sum(r.avoided_load_seconds for r in f.reports[SMART])
     reactive = sum(r.avoided_load_seconds for r in f.reports[REACTIVE])
     hits = sum(r.prefetch_hits for r in f.reports[SMART])
     downloads = sum(r.prefetch_downloads for r in f.reports[SMART])
-    if f.day != FULL_DAY:
-        return Gate(name, f.machines, f.day, f"no workflow sequences on the {f.day} day (smart {smart:.0f}s)",
-                    True, applies=False)
     if downloads == 0:
         return Gate(name, f.machines, f.day, "no prefetch: every prediction had a serving slot", True,
                     applies=False)

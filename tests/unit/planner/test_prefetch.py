@@ -205,3 +205,11 @@ def test_a_prediction_short_of_its_next_replica_is_advised_on_a_host_without_one
     p = plan(mk([A, b], hosts, [want("a", 3), want("b", 2, "inferred", offered_concurrency=2.0)]))
     assert [x.host_id for x in p.placements if x.model_id == "b"] == ["h1"]
     assert [(x.model_id, x.host_id) for x in p.prefetch] == [("b", "h2")]
+
+
+def test_a_prediction_with_a_spare_cached_host_gets_no_further_transfer() -> None:
+    b = predicted("b", SHA_B, 5_000)
+    spare = full("h2", cached=(CachedArtifact(model_id="b", sha256=SHA_B, size_bytes=5_000 << 20, predictive=True,
+                                              cached_age_seconds=60.0),))
+    p = plan(mk([A, b], [full("h1"), spare, full("h3")], demand(("b", 0.5), direct_hosts=3)))
+    assert p.prefetch == () and p.evictions == ()

@@ -12,7 +12,7 @@ from grid.sim.run import run
 from grid.sim.scenario import ScenarioConfig, prepare
 from grid.sim.strategies import REACTIVE, SMART
 from grid.sim.traffic import AUTO
-from grid.sim.workday import CLASSIC_DAY, FULL_DAY, FULL_DAY_MINUTES
+from grid.sim.workday import FULL_DAY, FULL_DAY_MINUTES
 
 FULL = ScenarioConfig(machines=4, models=8, users=50, minutes=FULL_DAY_MINUTES, seed=3, day=FULL_DAY)
 
@@ -72,14 +72,13 @@ def _fleet(day: str, smart, reactive) -> graduate.FleetResult:  # type: ignore[n
     return graduate.FleetResult(4, day, FULL_DAY_MINUTES, (3,), {SMART: (smart,), REACTIVE: (reactive,)}, None, True)
 
 
-def test_the_startup_savings_gate_measures_the_full_day(days) -> None:
+def test_the_startup_savings_gate_measures_savings_where_smart_prefetched(days) -> None:
     smart, reactive, _, _ = days
     gate = graduate.startup_savings_gate(_fleet(FULL_DAY, smart, reactive))
     assert gate.applies and gate.passed, gate.measured
     # Downloads nothing used: the gate fails (a predictor that only fills disk does not pass).
     unused = msgspec.structs.replace(smart, prefetch_hits=0, avoided_load_seconds=0.0)
     assert not graduate.startup_savings_gate(_fleet(FULL_DAY, unused, reactive)).passed
-    # No sequences to learn (classic day), or no prediction without a slot: not applicable.
-    assert not graduate.startup_savings_gate(_fleet(CLASSIC_DAY, smart, reactive)).applies
+    # No prediction without a serving slot, so nothing downloaded: not applicable.
     none = msgspec.structs.replace(smart, prefetch_downloads=0, prefetch_hits=0, avoided_load_seconds=0.0)
     assert not graduate.startup_savings_gate(_fleet(FULL_DAY, none, reactive)).applies
