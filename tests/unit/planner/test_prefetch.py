@@ -213,3 +213,13 @@ def test_a_prediction_with_a_spare_cached_host_gets_no_further_transfer() -> Non
                                               cached_age_seconds=60.0),))
     p = plan(mk([A, b], [full("h1"), spare, full("h3")], demand(("b", 0.5), direct_hosts=3)))
     assert p.prefetch == () and p.evictions == ()
+
+
+def test_a_host_claiming_provenance_can_expire_only_its_own_entry() -> None:
+    """A hostile enrolled host may report anything about its own disk: its claim of a predictive
+    entry never plans an eviction on another host, whose own heartbeat shows an operator cache."""
+    b = predicted("b", SHA_B, 3_000)
+    liar = cap(host("h1", cached=(art("b", SHA_B),)))
+    honest = cap(host("h2", cached=(art("b", SHA_B, predictive=False),)))
+    p = plan(mk([b], [liar, honest], ()))
+    assert [(e.host_id, e.artifact_sha256) for e in p.evictions] == [("h1", SHA_B)]
