@@ -33,8 +33,9 @@ from grid.agent.artifacts import (
 )
 from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_meta_subject
 from grid.identity.permissions import Role
-from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact, stored_artifact
+from grid.transport.artifact_store import put_artifact, stored_artifact
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.security.conftest import CredsFactory, SecuredNats, raw_client
 
 HOST = "node-1"
@@ -44,12 +45,7 @@ HOST = "node-1"
 async def stored_model(controller_log: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory,
                        bundled_gguf: Path) -> AsyncIterator[JetStreamLog]:
     """A fresh bucket holding the bundled GGUF, put by the operator."""
-    js = controller_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except nats.js.errors.NotFoundError:
-        pass
-    await ensure_artifact_bucket(js)
+    await fresh_artifact_bucket(controller_log)
     operator = await raw_client(secured_server, creds(Role.OPERATOR))
     try:
         await put_artifact(operator.jetstream(), bundled_gguf, BUNDLED_SHA256)

@@ -29,6 +29,7 @@ from grid.transport.artifact_store import (
     stored_artifact,
 )
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.security.conftest import CredsFactory, SecuredNats, raw_client
 
 HOST = "node-1"
@@ -37,12 +38,7 @@ REFUSAL_WAIT_SECONDS = 2.0
 
 @pytest.fixture
 async def bucket(controller_log: JetStreamLog) -> AsyncIterator[JetStreamLog]:
-    js = controller_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except nats.js.errors.NotFoundError:
-        pass
-    await ensure_artifact_bucket(js)
+    js = await fresh_artifact_bucket(controller_log)
     await ensure_artifact_bucket(js)  # idempotent
     yield controller_log
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,29 +20,28 @@ import pytest
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.fencing import REASON_NOT_LEASE_SIGNER
 from grid.agent.outcomes import MSG_EVICTED
-from grid.agent.sensors import FixedSensors
-from grid.agent.service import AgentOptions, HostAgent
-from grid.config import GridConfig
+from grid.agent.service import HostAgent
 from grid.events import codec
 from grid.events.commands import PREDICTIVE_PREFETCH
-from grid.events.lease import LEASE_KEY, LeaseRecord, encode_record
-from grid.events.subjects import ARTIFACT_BUCKET, LEASE_BUCKET, command_subject
-from grid.identity.authority import Authority
+from grid.events.subjects import command_subject
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
-from grid.identity.provision import provision_host_consumer
 from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, UNSIGNED, Identity
-from grid.transport.artifact_store import ARTIFACT_CHUNK_SIZE, ensure_artifact_bucket, put_artifact
+from grid.transport.artifact_store import ARTIFACT_CHUNK_SIZE, put_artifact
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
-from tests.ports import engine_ports
 from tests.security.conftest import CredsFactory, SecuredNats, raw_client
-from tests.security.test_hostile_host import landed, permission_error
+from tests.security.test_hostile_host import (  # noqa: F401 - victim_agent is a fixture
+    CONTROLLER,
+    EVIL,
+    TERM,
+    VICTIM,
+    landed,
+    permission_error,
+    victim_agent,
+)
 
-EVIL = "evil-host"
-VICTIM = "victim-host"
-CONTROLLER = "ctl-real"
-TERM = 3
 MODEL = "predicted-model"
 
 
@@ -51,12 +49,7 @@ MODEL = "predicted-model"
 async def stored(controller_log: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory,
                  tmp_path: Path) -> AsyncIterator[str]:
     """An artifact in the grid's store, put by the operator; yields its sha256."""
-    js = controller_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except Exception:  # absent already
-        pass
-    await ensure_artifact_bucket(js)
+    await fresh_artifact_bucket(controller_log)
     data = os.urandom(2 * ARTIFACT_CHUNK_SIZE + 321)
     path = tmp_path / "predicted.gguf"
     path.write_bytes(data)
@@ -70,30 +63,16 @@ async def stored(controller_log: JetStreamLog, secured_server: SecuredNats, cred
 
 
 @pytest.fixture
-async def victim(tmp_path: Path, secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
-                 authority: Authority, stored: str) -> AsyncIterator[tuple[HostAgent, str]]:
+async def victim(victim_agent: HostAgent, controller_log: JetStreamLog,  # noqa: F811
+                 stored: str) -> AsyncIterator[tuple[HostAgent, str]]:
     """The victim agent with its own credential, holding a predictive download the lease
     holder's prefetch put there."""
-    record = LeaseRecord(controller_id=CONTROLLER, term=TERM, ttl_seconds=60.0, renewed_at=time.time())
-    await controller_log.kv_put(LEASE_BUCKET, LEASE_KEY, encode_record(record, controller_log.authorship))
-    host_creds = creds(Role.HOST, host_id=VICTIM)
-    await provision_host_consumer(controller_log, authority.host_principal(VICTIM))
-    agent_log = await connect_log(secured_server.url, credentials=host_creds, name="grid-agent", ensure_streams=False)
-    agent = HostAgent(agent_log, GridConfig(home=tmp_path / "home", nats_url=None),
-                      AgentOptions(host_id=VICTIM, credentials=host_creds, heartbeat_interval=0.3,
-                                   sample_interval=0.1, port_range=engine_ports()),
-                      sensor_source=FixedSensors())
-    await agent.start()
-    try:
-        prefetch = make_command(kind="load", host_id=VICTIM, term=TERM, controller_id=CONTROLLER, model_id=MODEL,
-                                reason=PREDICTIVE_PREFETCH, artifact_sha256=stored, artifact_size_mb=2)
-        await controller_log.append(prefetch)
-        ack = await wait_ack(controller_log, prefetch.action_id, timeout=60)
-        assert (ack.status, ack.artifact_fetched) == ("succeeded", True), ack
-        yield agent, stored
-    finally:
-        await agent.stop(drain=True)
-        await agent_log.close()
+    prefetch = make_command(kind="load", host_id=VICTIM, term=TERM, controller_id=CONTROLLER, model_id=MODEL,
+                            reason=PREDICTIVE_PREFETCH, artifact_sha256=stored, artifact_size_mb=2)
+    await controller_log.append(prefetch)
+    ack = await wait_ack(controller_log, prefetch.action_id, timeout=60)
+    assert (ack.status, ack.artifact_fetched) == ("succeeded", True), ack
+    yield victim_agent, stored
 
 
 def _still_predictive(agent: HostAgent, sha: str) -> bool:

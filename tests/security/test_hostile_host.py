@@ -85,11 +85,11 @@ from grid.metrics import exposition
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from grid.transport.artifact_store import (
     ARTIFACT_CHUNK_SIZE,
-    ensure_artifact_bucket,
     put_artifact,
     stored_artifact,
 )
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.integration.agent.agentkit import make_command, terminal_acks, wait_ack, wait_for
 from tests.integration.controller.statuskit import serving_controller, status_until
 from tests.placement import warm_ack
@@ -510,12 +510,7 @@ async def test_a_reflected_message_get_lands_only_as_an_unsigned_api_envelope(
 
 @pytest.fixture
 async def artifact(controller_log: JetStreamLog, tmp_path: Path) -> AsyncIterator[tuple[Path, str]]:
-    js = controller_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except Exception:  # absent already
-        pass
-    await ensure_artifact_bucket(js)
+    await fresh_artifact_bucket(controller_log)
     data = os.urandom(2 * ARTIFACT_CHUNK_SIZE + 777)
     path = tmp_path / "blob.gguf"
     path.write_bytes(data)

@@ -6,24 +6,17 @@ import hashlib
 import os
 from pathlib import Path
 
-import nats.js.errors
-
 from grid.agent.artifacts import REASON_NOT_CACHED, ArtifactCache
 from grid.config import GridConfig
-from grid.events.subjects import ARTIFACT_BUCKET
-from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact
+from grid.transport.artifact_store import put_artifact
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.integration.agent.agentkit import make_command, wait_ack
 
 
 async def test_load_fetches_from_the_grid_when_no_source_is_named(js_log: JetStreamLog, start_agent,
                                                                   grid_config: GridConfig, tmp_path: Path) -> None:
-    js = js_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except nats.js.errors.NotFoundError:
-        pass
-    await ensure_artifact_bucket(js)
+    js = await fresh_artifact_bucket(js_log)
     data = os.urandom(1_300_000)
     sha = hashlib.sha256(data).hexdigest()
     blob = tmp_path / "pushed.gguf"

@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import nats.js.errors
 import pytest
 from typer.testing import CliRunner
 
@@ -29,9 +28,9 @@ from grid.cli.node import node_app
 from grid.config import GridConfig
 from grid.events.commands import PREDICTIVE_PREFETCH
 from grid.events.host import CachedArtifact, HostHeartbeat
-from grid.events.subjects import ARTIFACT_BUCKET
-from grid.transport.artifact_store import ensure_artifact_bucket, put_artifact
+from grid.transport.artifact_store import put_artifact
 from grid.transport.jetstream import JetStreamLog
+from tests.artifact_store import fresh_artifact_bucket
 from tests.integration.agent.agentkit import heartbeats, make_command, wait_ack, wait_for
 
 runner = CliRunner()
@@ -42,12 +41,7 @@ SMOL = dict(model_id=BUNDLED_MODEL_ID, artifact_sha256=BUNDLED_SHA256, artifact_
 @pytest.fixture
 async def stored_smollm2(js_log: JetStreamLog, bundled_gguf: Path) -> AsyncIterator[None]:
     """The real GGUF in the grid's artifact store (what `gridctl model push` leaves)."""
-    js = js_log.client.jetstream()
-    try:
-        await js.delete_object_store(ARTIFACT_BUCKET)
-    except nats.js.errors.NotFoundError:
-        pass
-    await ensure_artifact_bucket(js)
+    js = await fresh_artifact_bucket(js_log)
     await put_artifact(js, bundled_gguf, BUNDLED_SHA256)
     yield
 
