@@ -252,6 +252,8 @@ class WorkdayDemo(Demo):
         self.optional = (self.specialist, self.shared)
         self.phases: list[Phase] = []
         self.sizing: Sizing | None = None
+        # model -> (replicas, evidence, reason) of its last forecast target printed
+        self._targets_seen: dict[str, tuple[Any, Any, Any]] = {}
 
     # --- requests ---
 
@@ -283,14 +285,40 @@ class WorkdayDemo(Demo):
         return _hosts_in(status, model, {"ready"})
 
     def _shape(self, status: dict[str, Any]) -> str:
-        rows = [f"{m} ready on {sorted(self._ready(status, m)) or '-'}, live on {sorted(self._live(status, m)) or '-'}"
-                for m in (self.baseline, *self.optional)]
+        """Where each model is, and for a model short of its replicas the plan's reason (so a
+        requirement that failed says why the allocator did not get there)."""
+        shortfalls = (status.get("plan") or {}).get("shortfalls") or []
+        targets = {t.get("model_id"): t for t in (status.get("forecasts") or {}).get("targets") or []}
+        rows = []
+        for m in (self.baseline, *self.optional):
+            row = f"{m} ready on {sorted(self._ready(status, m)) or '-'}, live on {sorted(self._live(status, m)) or '-'}"
+            if m in targets:
+                t = targets[m]
+                row += f", wants {t.get('replicas')} ({t.get('evidence')}: {t.get('reason')})"
+            short = [s for s in shortfalls if s.get("model_id") == m]
+            if short:
+                why = "; ".join(f"{s.get('reason')}: {s.get('detail')}" if s.get("detail") else str(s.get("reason"))
+                                for s in short)
+                row += f" (placed {short[0].get('placed')} of {short[0].get('wanted')}: {why})"
+            rows.append(row)
         return "; ".join(rows)
+
+    def _say_forecast_changes(self, status: dict[str, Any]) -> None:
+        """Print each change of a model's forecast target: why the allocator wants what it wants."""
+        for t in (status.get("forecasts") or {}).get("targets") or []:
+            m = t.get("model_id")
+            if m not in (self.baseline, *self.optional):
+                continue
+            now = (t.get("replicas"), t.get("evidence"), t.get("reason"))
+            if self._targets_seen.get(m) != now:
+                self._targets_seen[m] = now
+                self.say(f"forecast {m}: {now[0]} replica(s), {now[1]} ({now[2]})")
 
     def _until(self, what: str, probe: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         def check() -> bool:
             status = self._status()
             self._last_seen = self._shape(status)
+            self._say_forecast_changes(status)
             return probe(status)
 
         return bool(self._wait(what, check, self.wspec.phase_timeout if timeout is None else timeout))
