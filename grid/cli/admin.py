@@ -205,7 +205,8 @@ def render_status(s: dict[str, Any]) -> None:
         console.print("[bold]controllers[/bold] " + ", ".join(
             f"{c['controller_id']} {c['state']}" + (f" term {c['term']}" if c["state"] == "active" else "")
             for c in controllers), highlight=False)
-    console.print(f"last tick {tick.get('duration_ms', 0):.1f} ms ({tick.get('reason', '-')})   revisions "
+    console.print(f"last tick {tick.get('duration_ms', 0):.1f} ms, {tick.get('cpu_ms', 0):.1f} ms CPU "
+                  f"({tick.get('reason', '-')})   revisions "
                   f"dirty {rev['dirty']} processed {rev['processed']} success {rev['success']}   "
                   f"log durable: {mode['log_durable']}", style="dim")
     _render_store(s.get("store"))

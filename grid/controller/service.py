@@ -5,6 +5,9 @@ Side effects live here and nowhere else in grid.controller:
 * projections follow every stream (ordered consumers); a snapshot under GRID_HOME/snapshots
   makes restarts cheap, a corrupt one is quarantined with a visible warning;
 * a tick runs promptly when hosts, control or requests changed (coalesced) and periodically;
+  its pure part (forecast, plan, reconcile) runs on a worker thread over the projection states
+  held at its start (`ProjectionRunner.hold`), so the fold goes on meanwhile; recording and
+  publishing stay on the loop;
 * a plan is appended only by the lease holder, only when it changed (or periodically), with
   ``Nats-Expected-Last-Subject-Sequence`` = the last plan sequence this controller folded, so a
   stale writer's append fails;
@@ -39,7 +42,7 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +74,7 @@ from grid.controller.reconcile import (
     withdraw_all,
 )
 from grid.controller.status import LATEST_REJECTIONS, ControllerView, TickReport, build_status
-from grid.controller.tick import PROJECTIONS, Controls, encode_policy, run_tick
+from grid.controller.tick import PROJECTIONS, Controls, Tick, encode_policy, run_tick
 from grid.demand.forecast import Forecast
 from grid.events import codec
 from grid.events.base import Event
@@ -119,6 +122,14 @@ TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
 
 class ControllerError(RuntimeError):
     pass
+
+
+def pure_tick(states: Mapping[str, Any], now: float, controls: Controls) -> tuple[Tick, float]:
+    """The pure tick on held states, and the CPU seconds it took on its own thread (the rest of a
+    tick's duration is waiting: for the GIL, the log, the lease)."""
+    cpu0 = time.thread_time()
+    tick = run_tick(states, now, controls, stopwatch=time.perf_counter)
+    return tick, time.thread_time() - cpu0
 
 
 class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -551,13 +562,13 @@ class Controller:
 
     # --- the tick -------------------------------------------------------------------------------
 
-    def _guards(self) -> Guards:
+    def _guards(self, states: Mapping[str, Any]) -> Guards:
         grace_until = (self.first_tick_at or self.clock.now()) + self.settings.restart_grace_seconds
         return Guards(
             destructive_not_before=grace_until,
             fresh_after=self.started_at,
             cleared_withdrawals=frozenset(self._cleared),
-            evacuating_since=fleet_proj.evacuating_since(self.runner.states["fleet"], self.clock.now()),
+            evacuating_since=fleet_proj.evacuating_since(states["fleet"], self.clock.now()),
         )
 
     def _warn(self, message: str) -> None:
@@ -576,7 +587,12 @@ class Controller:
             self.first_tick_at = now
         self._tick_no += 1
         self._processed_revision = self._dirty_revision
-        states = self.runner.states
+        # The states this tick reads and the positions they were folded to, held at one instant
+        # (no await in between): the fold goes on on this loop while the tick runs on a worker
+        # thread, and a plan's based_on must name exactly what its planner saw, or replay cannot
+        # rebuild it.
+        held = self.runner.hold()
+        states = held.states
         catalog: catalog_proj.CatalogState = states["catalog"]
         mode = catalog.mode
         durable = bool(getattr(self.log, "durable", False))
@@ -586,13 +602,12 @@ class Controller:
         report = TickReport(number=self._tick_no, at=now, reason=reason, mode=mode, effective_mode=effective,
                             leader=leader, dirty_revision=self._processed_revision)
         try:
-            # observe, forecast, plan, reconcile (pure)
-            # The positions the input is built from, read with it (no await in between): a
-            # plan's based_on must name exactly what its planner saw, or replay cannot rebuild it.
-            based_on = dict(sorted(self.runner.positions.items()))
+            based_on = dict(sorted(held.positions.items()))
             controls = Controls(policy=self.settings.policy, mode=effective, limits=self.settings.limits,
-                                guards=self._guards())
-            tick = run_tick(states, now, controls, stopwatch=time.perf_counter)
+                                guards=self._guards(states))
+            # observe, forecast, plan, reconcile (pure) off the loop, so heartbeats, the gateway's
+            # requests and the analytics sink are not queued behind the plan.
+            tick, cpu_seconds = await asyncio.to_thread(pure_tick, states, now, controls)
             planned, result = tick.planned, tick.result
             if planned.forecast_error is not None:
                 log.warning("forecast failed; using baseline demand", error=planned.forecast_error)
@@ -601,10 +616,11 @@ class Controller:
             report.forecast_ms = planned.forecast_seconds * 1000
             report.plan_ms = planned.plan_seconds * 1000
             report.reconcile_ms = tick.reconcile_seconds * 1000
+            report.cpu_ms = cpu_seconds * 1000
             self.last_input, self.last_plan, self.last_forecast = pin, plan, planned.forecast
             # record the plan (lease holder only, CAS on the plan subject)
             if leader:
-                await self._record_plan(plan, pin, now, report, based_on)
+                await self._record_plan(plan, pin, now, report, based_on, states["placed"])
             report.generation = self.last_generation
             self._cleared.update(result.cleared_withdrawals)
             self.last_result = result
@@ -630,8 +646,9 @@ class Controller:
         return report
 
     async def _record_plan(self, plan: Plan, pin: PlannerInput, now: float, report: TickReport,
-                           based_on: dict[str, int]) -> None:
-        corroborated = placed_proj.corroborated(self.runner["placed"])
+                           based_on: dict[str, int], placed: placed_proj.PlacedState) -> None:
+        # Corroborated as of the plan's own positions (`placed` held with its input).
+        corroborated = placed_proj.corroborated(placed)
         # A newly corroborated residency is a change worth recording: the gateway routes to it
         # only once a plan lists it.
         key = plan_key(plan) + hashlib.sha256(codec.encode_value(corroborated)).hexdigest()

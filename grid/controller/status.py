@@ -100,6 +100,9 @@ class TickReport(msgspec.Struct, kw_only=True):
     forecast_ms: float = 0.0
     reconcile_ms: float = 0.0
     publish_ms: float = 0.0
+    # CPU time of the pure tick (forecast, plan, reconcile) on its worker thread: what the tick
+    # computed, as against duration_ms, which also counts waiting (the GIL, the log, the lease).
+    cpu_ms: float = 0.0
     generation: str = ""
     plan_recorded: bool = False
     actions: int = 0

@@ -98,6 +98,11 @@ class ProjectionSpec:
 
     ``apply(state, event, position, states)`` receives the other projections' current states
     read-only, for folds that depend on them (demand only counts configured models).
+
+    ``in_place``: the fold mutates the state it is given (demand and throughput update their
+    buckets in place: copying them per request would cost more than the fold). Such a state is
+    copied when it is held (`ProjectionRunner.hold`); every other fold returns a new state and
+    never changes one it returned before, so holding it is holding a reference.
     """
 
     name: str
@@ -105,6 +110,21 @@ class ProjectionSpec:
     state_type: type
     initial: Callable[[], Any]
     apply: Callable[[Any, Event, Position, dict[str, Any]], Any]
+    in_place: bool = False
+
+
+class Held(msgspec.Struct, frozen=True):
+    """Projection states and the stream positions they were folded to, as of one instant: what a
+    worker thread may read while the loop goes on folding (`ProjectionRunner.hold`)."""
+
+    states: Mapping[str, Any]
+    positions: Mapping[str, int]
+
+
+def copy_state(state: Any) -> Any:
+    """An independent copy of a projection state (typed msgpack round trip: exact for the
+    structs, dicts, lists, tuples and floats projection states are made of, and keeps dict order)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=type(state))
 
 
 def _simple(name: str, streams: tuple[str, ...], module: Any, state_type: type) -> ProjectionSpec:
@@ -163,6 +183,14 @@ class ProjectionRunner:
 
     def __getitem__(self, name: str) -> Any:
         return self.states[name]
+
+    def hold(self) -> Held:
+        """The states and positions as of now, safe to read on another thread while this one
+        keeps folding: states whose fold mutates in place are copied, the others are immutable.
+        Synchronous, so no fold can land between the states and the positions."""
+        states = {s.name: copy_state(self.states[s.name]) if s.in_place else self.states[s.name]
+                  for s in self.specs}
+        return Held(states=states, positions=dict(self.positions))
 
     def fold(self, msg: StoredMessage, *, signature_ok: bool | None = None) -> bool:
         """Fold one stored message. Returns False when it was skipped as malformed or rejected.
