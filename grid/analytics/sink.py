@@ -32,7 +32,7 @@ from grid.analytics.columns import Columns
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
 from grid.events.acks import ActionAck
-from grid.events.authorship import Authorship, AuthorshipGate, Rejection, Signed
+from grid.events.authorship import Authorship, AuthorshipGate, Rejection, Signed, check_signatures
 from grid.events.codec import EventDecodeError
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import CredentialRevoked, HostOverride, ProfileRemoved, ProfileSet
@@ -42,7 +42,7 @@ from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
 from grid.events.subjects import ALL_STREAMS
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
-from grid.projections.runner import merge_by_receipt_time
+from grid.projections.runner import SIGNATURE_BATCH, merge_by_receipt_time
 from grid.secrets import tighten_owner_only
 
 # Rows per flush when catching up (live, a flush also happens every `flush_seconds`). Each
@@ -158,7 +158,8 @@ class AnalyticsSink:
 
     # --- row extraction ------------------------------------------------------------------
 
-    def add(self, msg: StoredMessage) -> None:
+    def add(self, msg: StoredMessage, *, signature_ok: bool | None = None) -> None:
+        """Take one message (`signature_ok`: its signature, when already checked in a batch)."""
         rows = self._rows
         s, q, t, data = msg.stream, msg.seq, msg.time, msg.data
         if q <= self._last.get(s, 0):
@@ -169,7 +170,7 @@ class AnalyticsSink:
             self._first_pending[s] = q
         self._pending_positions[s] = q
         gate = self.gate
-        verdict = gate.check(s, q, msg.subject, data, msg.headers, t)
+        verdict = gate.check(s, q, msg.subject, data, msg.headers, t, signature_ok=signature_ok)
         if not verdict.ok:
             return  # not provably its author's: no row, the position moves on
         try:
@@ -344,17 +345,30 @@ class AnalyticsSink:
         iterators = {stream: log.replay(stream, start_seq=positions.get(stream, 0) + 1).__aiter__()
                      for stream in streams}
         merged = merge_by_receipt_time(iterators)
+        batch: list[StoredMessage] = []
+
+        async def add_batch() -> None:
+            # Signatures checked in one call on a worker thread, then added in order.
+            nonlocal read
+            signatures = await check_signatures(self.gate.authorship, batch)
+            for m, signature_ok in zip(batch, signatures):
+                self.add(m, signature_ok=signature_ok)
+            read += len(batch)
+            batch.clear()
+            if self.pending_rows() >= self.batch_rows:
+                if offload:
+                    await asyncio.to_thread(self.flush)
+                else:
+                    self.flush()
+                if progress is not None:
+                    progress(read)
+
         try:
             async for msg in merged:
-                self.add(msg)
-                read += 1
-                if self.pending_rows() >= self.batch_rows:
-                    if offload:
-                        await asyncio.to_thread(self.flush)
-                    else:
-                        self.flush()
-                    if progress is not None:
-                        progress(read)
+                batch.append(msg)
+                if len(batch) >= SIGNATURE_BATCH:
+                    await add_batch()
+            await add_batch()
         finally:
             await merged.aclose()
             for it in iterators.values():
@@ -395,7 +409,14 @@ class AnalyticsSink:
             while True:
                 try:
                     msg = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
-                    self.add(msg)
+                    # With what has queued meanwhile: their signatures are checked in one call on
+                    # a worker thread, then added in order, as one by one.
+                    batch = [msg]
+                    while len(batch) < SIGNATURE_BATCH and not queue.empty():
+                        batch.append(queue.get_nowait())
+                    signatures = await check_signatures(self.gate.authorship, batch)
+                    for m, signature_ok in zip(batch, signatures):
+                        self.add(m, signature_ok=signature_ok)
                     if self.pending_rows() >= self.batch_rows:
                         await flush()
                         deadline = time.monotonic() + flush_seconds

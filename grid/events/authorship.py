@@ -8,10 +8,14 @@ identities, the scenario lab) neither signs nor verifies.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
 
 SIGNER_HEADER = "Grid-Signer"
 SIG_HEADER = "Grid-Sig"
@@ -44,6 +48,32 @@ class Authorship(Protocol):
     def prime(self, headers: Iterable[Mapping[str, str] | None]) -> None: ...
 
     def signatures(self, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]]) -> list[bool | None]: ...
+
+
+class _Message(Protocol):
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None
+
+
+async def check_signatures(authorship: Authorship | None, messages: Sequence[_Message]) -> list[bool | None]:
+    """Whether each message's signature holds, checked in one call on a worker thread, in the
+    messages' order: what a reader passes as `signature_ok` when it folds them (on its own
+    thread, in order, where revocations and permissions are judged).
+
+    None for a message the batch could not judge (no authorship, unknown signer, no signature):
+    `verify` then checks it itself and rejects it with its reason. A batch that fails as a whole
+    is judged message by message the same way, so one bad message never costs the others."""
+    if authorship is None or not messages:
+        return [None] * len(messages)
+    try:
+        authorship.prime(m.headers for m in messages)
+        return await asyncio.to_thread(authorship.signatures, [(m.subject, m.data, m.headers) for m in messages])
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - each message is verified on its own instead
+        log.warning("batch signature check failed; verifying one by one", error=f"{type(exc).__name__}: {exc}")
+        return [None] * len(messages)
 
 
 class Rejection(msgspec.Struct, frozen=True):

@@ -35,7 +35,7 @@ import msgspec
 import structlog
 
 from grid.events import codec
-from grid.events.authorship import Authorship, AuthorshipGate, Signed
+from grid.events.authorship import Authorship, AuthorshipGate, Signed, check_signatures
 from grid.events.base import Event
 from grid.events.codec import EventDecodeError
 from grid.events.control import CredentialRevoked
@@ -56,6 +56,9 @@ log = structlog.get_logger(__name__)
 SNAPSHOT_VERSION = 1
 # Messages whose signatures a catch-up checks at once on a worker thread.
 SIGNATURE_BATCH = 256
+# The most messages a live follower takes from one stream at once (what has arrived), whose
+# signatures a worker thread checks in one call.
+FOLLOW_BATCH = 256
 # Catch-up order: commands before host acks, control before everything that depends on it.
 STREAM_ORDER: tuple[str, ...] = (CONTROL_STREAM, COMMANDS_STREAM, PLANS_STREAM, HOSTS_STREAM, REQUESTS_STREAM)
 
@@ -350,10 +353,21 @@ class ProjectionRunner:
                 msg = await sub.next(timeout=None)
                 if msg is None:
                     return
-                self.fold(msg)
+                # What has arrived meanwhile, up to a batch: its signatures are checked in one
+                # call on a worker thread (libsodium releases the GIL), and the loop serves
+                # everything else while they are. Folded here, in order, as one by one.
+                batch = [msg]
+                while len(batch) < FOLLOW_BATCH:
+                    more = await sub.next(timeout=0)
+                    if more is None:
+                        break
+                    batch.append(more)
+                signatures = await check_signatures(self.gate.authorship, batch)
+                for m, signature_ok in zip(batch, signatures):
+                    self.fold(m, signature_ok=signature_ok)
+                    if on_fold is not None:
+                        on_fold(m.stream, m)
                 self.changed.set()
-                if on_fold is not None:
-                    on_fold(msg.stream, msg)
 
         try:
             # Subscribing inside the try: a cancellation half way still closes what was opened.

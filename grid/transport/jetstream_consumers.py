@@ -135,9 +135,16 @@ class OrderedSubscription:
         return False
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
+        """The next message; None when `timeout` passed first (or the subscription ended).
+
+        `timeout=0` takes only what has already arrived and never waits: an expired wait on
+        nats-py's message iterator can lose a message it took from the queue in the same loop
+        iteration, which a follower draining its queue after every message would risk each time."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while True:
             sub = self._sub
+            if timeout is not None and timeout <= 0 and (sub is None or sub._pending_queue.empty()):
+                return None
             if sub is None:
                 if not self._renewing or not await self._resubscribe(deadline):
                     return None

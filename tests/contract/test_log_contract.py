@@ -111,6 +111,34 @@ async def test_live_ordered_subscription_sees_new_events(event_log) -> None:
     await sub.close()
 
 
+async def test_next_without_waiting_takes_only_what_has_arrived_and_loses_nothing(event_log) -> None:
+    # A follower drains what has arrived after every message it waited for (a batch whose
+    # signatures one worker-thread call checks): next(timeout=0) must return at once when
+    # nothing is there, and never drop a message arriving meanwhile.
+    sub = await event_log.subscribe(HOSTS_STREAM, start_seq=1)
+    started = time.monotonic()
+    assert await sub.next(timeout=0) is None
+    assert time.monotonic() - started < 0.1
+    seen: list[int] = []
+
+    async def write() -> None:
+        for i in range(200):
+            await event_log.append(heartbeat(i))
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+
+    writer = asyncio.create_task(write())
+    while len(seen) < 200:
+        msg = await sub.next(timeout=5)
+        assert msg is not None
+        seen.append(msg.seq)
+        while (more := await sub.next(timeout=0)) is not None:
+            seen.append(more.seq)
+    await writer
+    assert seen == list(range(1, 201))
+    await sub.close()
+
+
 async def test_closing_the_log_does_not_wait_for_messages_nobody_reads(event_log) -> None:
     # A reader that stopped (a cancelled task, Ctrl-C on `gridctl test watch`) leaves delivered
     # messages queued; closing must not wait for them (nats-py's drain would, up to 30 s).

@@ -8,6 +8,7 @@ counted by reason.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import duckdb
@@ -189,3 +190,40 @@ async def test_a_failed_flush_does_not_count_its_rejections_twice(ids: Identitie
     with pytest.raises(duckdb.Error):
         sink.flush()
     assert sink.rejected == {} and sink.gate.rejections == []
+
+
+async def test_the_live_follow_judges_each_message_of_a_batch_as_a_sync_does(ids: Identities, tmp_path: Path) -> None:
+    """Messages that queued while the sink was busy are checked in one worker-thread call: the
+    forged ones are refused with their reasons and cost the honest ones around them nothing."""
+    import asyncio
+
+    w = Writer(ids)
+    live_con = open_store(":memory:")
+    live = AnalyticsSink(live_con)
+    w.log.authorship = ids.operator  # the readers' own identity: the trust anchor
+    follower = asyncio.create_task(live.follow(w.log, flush_seconds=0.05))
+    await asyncio.sleep(0.1)
+    w.log.authorship = None
+    other_grid = Identities(tmp_path / "other").host("node-1")
+    for n in range(60):
+        author = (ids.host("node-1"), None, other_grid, ids.host("node-2"), ids.host("node-1"))[n % 5]
+        await w.put(heartbeat("node-1", n), author)  # node-2 signing node-1's subject: not permitted
+        await w.put(completed(n), ids.gateway if n % 2 else ids.host("node-1"))
+    end = {HOSTS_STREAM: await w.log.last_sequence(HOSTS_STREAM),
+           REQUESTS_STREAM: await w.log.last_sequence(REQUESTS_STREAM)}
+    for _ in range(300):
+        if all(live.committed.get(s, 0) >= q for s, q in end.items()):
+            break
+        await asyncio.sleep(0.02)
+    follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
+
+    synced_con = open_store(":memory:")
+    synced = AnalyticsSink(synced_con)
+    w.log.authorship = ids.operator
+    await synced.sync(w.log)
+    assert live.positions() == synced.positions() == end
+    assert stored(live_con) == stored(synced_con)
+    assert counts(live_con) == counts(synced_con)
+    assert live.rejected == synced.rejected == {UNSIGNED: 12, UNKNOWN_SIGNER: 12, NOT_PERMITTED: 42}

@@ -252,3 +252,96 @@ async def test_a_catch_up_checks_signatures_in_batches_with_the_per_message_answ
     assert batched.rejected == one_by_one.rejected
     assert set(batched.rejected) == {BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER}
     assert batched.snapshot_bytes() == one_by_one.snapshot_bytes()
+
+
+async def _ctl_log_with_forgeries(controller: Identity, operator: Identity, host: Identity) -> InMemoryLog:
+    """700 mode changes, honest and forged interleaved (signed for another subject, by a host,
+    unsigned, a signature that is not base64), the operator's key revoked half way."""
+    log = InMemoryLog()
+    for i in range(700):
+        event = ModeSet(event_id=new_event_id(), at=float(i), mode="observe" if i % 2 else "automatic")
+        data = codec.encode(event)
+        writer = (operator, host, controller)[i % 3]
+        headers: dict[str, str] | None = writer.sign("grid.ctl.mode", data)
+        if i % 7 == 0:
+            headers = writer.sign("grid.ctl.other", data)  # signed for another subject
+        elif i % 11 == 0:
+            headers = None
+        elif i % 13 == 0:
+            headers = {**headers, SIG_HEADER: "not base64 at all!"}
+        await log.append_raw("grid.ctl.mode", data, headers=headers)
+        if i == 350:
+            revoke = codec.encode(CredentialRevoked(event_id=new_event_id(), at=float(i), host_id="ops",
+                                                    keys=(operator.public_key,)))
+            await log.append_raw("grid.ctl.revocation.ops", revoke,
+                                 headers=controller.sign("grid.ctl.revocation.ops", revoke))
+    return log
+
+
+async def test_a_live_follow_checks_what_arrived_in_batches_with_the_per_message_answer(grid) -> None:
+    """The live follower takes what has arrived (up to a batch), checks its signatures in one
+    worker-thread call and folds in order: the verdicts, the state and the positions of folding one
+    by one, every forgery rejected with its reason and nothing else lost."""
+    import asyncio
+
+    _, identities = grid
+    controller, operator, host = identities["controller"], identities["operator"], identities["host:h1"]
+    log = await _ctl_log_with_forgeries(controller, operator, host)
+    last = await log.last_sequence("GRID_CTL")
+    followed = ProjectionRunner((CATALOG,), authorship=controller)
+    batches: list[int] = []
+    original = controller.signatures
+
+    def counting(messages):  # type: ignore[no-untyped-def]
+        batches.append(len(messages))
+        return original(messages)
+
+    controller.signatures = counting  # type: ignore[method-assign]
+    try:
+        follower = asyncio.create_task(followed.follow(log))
+        for _ in range(500):
+            if followed.positions.get("GRID_CTL", 0) >= last:
+                break
+            await asyncio.sleep(0.01)
+        follower.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await follower
+    finally:
+        del controller.signatures
+    one_by_one = ProjectionRunner((CATALOG,), authorship=controller)
+    async for msg in log.replay("GRID_CTL"):
+        one_by_one.fold(msg)
+    assert followed.positions == one_by_one.positions == {"GRID_CTL": last}
+    assert followed.rejected == one_by_one.rejected
+    assert set(followed.rejected) == {BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER, UNSIGNED}
+    assert [(r.seq, r.reason) for r in followed.gate.rejections] == [(r.seq, r.reason)
+                                                                   for r in one_by_one.gate.rejections]
+    assert followed.snapshot_bytes() == one_by_one.snapshot_bytes()
+    # What had arrived was checked in a few calls, not one per message.
+    assert sum(batches) == last and max(batches) > 1 and len(batches) < last // 10
+
+
+async def test_a_batch_check_that_fails_as_a_whole_costs_no_message(grid) -> None:
+    """A worker-thread check that raises for the batch: every message is judged on its own
+    instead, with the same verdicts (the honest ones folded, the forged ones rejected)."""
+    from grid.events.authorship import check_signatures
+
+    _, identities = grid
+    controller, operator, host = identities["controller"], identities["operator"], identities["host:h1"]
+    log = await _ctl_log_with_forgeries(controller, operator, host)
+    messages = [m async for m in log.replay("GRID_CTL")]
+
+    class Broken(Identity):
+        def signatures(self, messages):  # type: ignore[no-untyped-def, override]
+            raise RuntimeError("the batch check broke")
+
+    broken = Broken(controller.signer, controller.verifier)
+    assert await check_signatures(broken, messages) == [None] * len(messages)
+    judged = ProjectionRunner((CATALOG,), authorship=broken)
+    for msg, ok in zip(messages, await check_signatures(broken, messages)):
+        judged.fold(msg, signature_ok=ok)
+    expected_runner = ProjectionRunner((CATALOG,), authorship=controller)
+    for msg, ok in zip(messages, await check_signatures(controller, messages)):
+        expected_runner.fold(msg, signature_ok=ok)
+    assert judged.snapshot_bytes() == expected_runner.snapshot_bytes()
+    assert judged.rejected == expected_runner.rejected and judged.rejected
