@@ -114,8 +114,10 @@ from grid.transport.store_pressure import StorePressure, as_status
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_NAME = "controller.snapshot"
-# Concurrent appends while publishing a batch (ordered within each host's subject).
-PUBLISH_CONCURRENCY = 8
+# Hosts whose commands are appended concurrently while publishing a batch (each host's in the
+# reconciler's order, one after another): a wave of a thousand commands one round trip at a time
+# would hold the tick for seconds.
+PUBLISH_CONCURRENCY = 64
 # Streams whose changes make a prompt tick worthwhile (our own plans/commands do not).
 TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
 

@@ -104,3 +104,57 @@ async def test_a_fold_during_a_tick_does_not_change_that_ticks_input(
     moved_on = compose_tick(ctl.runner.states, report.at, SETTINGS.policy)
     assert encode_value(moved_on.planner_input) != encode_value(expected.planner_input)
 
+
+async def test_a_wave_of_commands_goes_out_many_hosts_at_a_time_each_hosts_in_order(
+        js_log: JetStreamLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first wave (100 hosts x 3 loads) is appended up to PUBLISH_CONCURRENCY hosts at a time,
+    and each host's commands reach its subject in the reconciler's order."""
+    from grid.controller.governor import Limits
+    from grid.events.commands import CommandIssued
+    from grid.events.control import ModeSet
+    from tests.integration.controller.simhost import commands_in_log
+
+    hosts = [f"h{i:03d}" for i in range(100)]
+    models = ("m-a.gguf", "m-b.gguf", "m-c.gguf")
+    for h in hosts:
+        await js_log.append(heartbeat(h))
+    for m in models:
+        await js_log.append(ProfileSet(event_id=new_event_id(), at=0, profile=ModelProfile(
+            model_id=m, memory_mb=1000, min_replicas=len(hosts), max_replicas=len(hosts))))
+    await js_log.append(ModeSet(event_id=new_event_id(), at=0, mode="automatic"))
+    settings = ControllerSettings(
+        background_ticks=False, lease_ttl_seconds=30.0, lease_renew_seconds=5.0, restart_grace_seconds=0.0,
+        limits=Limits(max_global_mutations=1000, max_host_mutations=3, artifact_fanout=1000))
+    ctl = Controller(js_log, tmp_path / "home", settings=settings, controller_id="ctl-wave")
+    in_flight = peak = 0
+    append = js_log.append
+
+    async def counting(event, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, peak
+        if not isinstance(event, CommandIssued):
+            return await append(event, **kwargs)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await append(event, **kwargs)
+        finally:
+            in_flight -= 1
+
+    await ctl.start()
+    try:
+        await wait_for(lambda: ctl.lease is not None and ctl.lease.held)
+        monkeypatch.setattr(js_log, "append", counting)
+        report = await ctl.tick("test")
+        monkeypatch.undo()
+    finally:
+        await ctl.stop()
+    assert report.error is None and report.published == len(hosts) * len(models)
+    assert 8 < peak <= service.PUBLISH_CONCURRENCY
+    assert ctl.last_result is not None
+    decided: dict[str, list[str]] = {}
+    for a in ctl.last_result.actions:
+        decided.setdefault(a.host_id, []).append(a.action_id)
+    logged: dict[str, list[str]] = {}
+    for c in await commands_in_log(js_log):
+        logged.setdefault(c.host_id, []).append(c.action_id)
+    assert logged == decided and all(len(v) == len(models) for v in logged.values())
