@@ -44,11 +44,14 @@ FINAL_STATE = {"load": "ready", "warm": "ready", "drain": "draining", "unload": 
 # The long-poll on the command consumer: a real agent polls every 0.2 s, which at thousands of
 # hosts per process is thousands of pull requests a second; the simulated host waits longer.
 COMMAND_POLL_SECONDS = 5.0
+# The longest pause between a host's connection attempts.
+CONNECT_RETRY_MAX_SECONDS = 15.0
 
 
 class Stats:
     def __init__(self) -> None:
         self.connected = 0
+        self.connect_retries = 0
         self.heartbeats = 0
         self.heartbeat_errors = 0
         self.commands = 0
@@ -59,7 +62,8 @@ class Stats:
     def doc(self) -> dict[str, object]:
         xs = sorted(self.append_seconds)
         self.append_seconds.clear()
-        return {"at": time.time(), "connected": self.connected, "heartbeats": self.heartbeats,
+        return {"at": time.time(), "connected": self.connected, "connect_retries": self.connect_retries,
+                "heartbeats": self.heartbeats,
                 "heartbeat_errors": self.heartbeat_errors, "commands": self.commands, "acks": self.acks,
                 "ack_errors": self.ack_errors,
                 "append_p50_ms": xs[len(xs) // 2] * 1000 if xs else None,
@@ -184,15 +188,19 @@ async def run(url: str, hosts_file: Path, stats_file: Path, interval: float) -> 
     sem = asyncio.Semaphore(32)
 
     async def start(h: SimHost) -> None:
-        async with sem:
-            for attempt in range(5):
+        # Until it is in: under load (2,500+ hosts connecting) the servers time connections out,
+        # and a host that gave up would be missing from the whole window.
+        attempt = 0
+        while True:
+            async with sem:
                 try:
                     await h.connect(url)
                     break
                 except Exception:  # noqa: BLE001 - a busy server: try again
-                    await asyncio.sleep(1.0 + attempt)
-            else:
-                return
+                    stats.connect_retries += 1
+            attempt += 1
+            # Outside the semaphore, so waiting hosts do not hold back the others; spread out.
+            await asyncio.sleep(min(CONNECT_RETRY_MAX_SECONDS, 0.5 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
         asyncio.get_running_loop().create_task(h.heartbeats(interval))
         asyncio.get_running_loop().create_task(h.commands())
 

@@ -19,6 +19,9 @@ a Controller catches up from the log, then its tick is timed:
                 ticks (open commands suppressed).
 
 Baseline measured in the same run: the planner alone on the same PlannerInput (median of 3).
+The CPU columns are the controller tick's own CPU time (`TickReport.cpu_ms`: the thread CPU of
+its pure part, which runs on a worker thread) for the cold tick and the median steady tick: the
+tick's duration less this is waiting (the GIL, the log, the lease).
 The ratio columns are tick / plan-only: what the tick, and the controller around it, add to
 the planner.
 
@@ -138,11 +141,13 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
             cold_s = time.perf_counter() - t0
             assert cold.error is None, cold.error
             steady = []
+            steady_cpu = []
             steady_churn = 0
             for _ in range(5):
                 t0 = time.perf_counter()
                 report = await ctl.tick("bench-steady")
                 steady.append(time.perf_counter() - t0)
+                steady_cpu.append(report.cpu_ms)
                 # Expected 0: a steady tick re-publishing is a finding, printed with the figures.
                 steady_churn = max(steady_churn, report.published + report.withdrawn)
             pure_steady, _ = pure_tick(ctl.runner.states, controls)
@@ -158,7 +163,8 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
     await log.close()
     return {
         "hosts": hosts, "ingest_s": ingest, "catch_up_s": catch_up, "cold_s": cold_s,
-        "published": cold.published, "cold_plan_ms": cold.plan_ms, "cold_reconcile_ms": cold.reconcile_ms,
+        "published": cold.published, "cold_cpu_ms": cold.cpu_ms, "steady_cpu_ms": statistics.median(steady_cpu),
+        "cold_plan_ms": cold.plan_ms, "cold_reconcile_ms": cold.reconcile_ms,
         "cold_publish_ms": cold.publish_ms, "steady_s": statistics.median(steady),
         "plan_only_s": statistics.median(plan_only), "pure_cold_s": pure_cold, "pure_cold_commands": pure_cold_n,
         "pure_steady_s": pure_steady, "steady_churn": steady_churn,
@@ -174,7 +180,8 @@ async def main(host_counts: list[int]) -> None:
           "sync_interval always")
     head = (f"{'hosts':>6} {'catch-up':>9} {'cold tick':>10} {'published':>9} {'publish':>9} "
             f"{'reconcile':>9} {'steady':>9} {'re-issued':>9} {'pure cold':>10} {'commands':>8} {'pure steady':>11} "
-            f"{'plan-only':>10} {'cold/plan':>9} {'steady/plan':>11} {'pure cold/plan':>14} {'pure steady/plan':>16}")
+            f"{'plan-only':>10} {'cold/plan':>9} {'steady/plan':>11} {'pure cold/plan':>14} {'pure steady/plan':>16} "
+            f"{'cold CPU':>9} {'steady CPU':>10}")
     print(head)
     for r in rows:
         base = r["plan_only_s"]
@@ -182,7 +189,8 @@ async def main(host_counts: list[int]) -> None:
               f"{r['cold_publish_ms']:>7.0f}ms {r['cold_reconcile_ms']:>7.1f}ms {r['steady_s'] * 1000:>7.1f}ms "
               f"{r['steady_churn']:>9} {r['pure_cold_s'] * 1000:>8.1f}ms {r['pure_cold_commands']:>8} {r['pure_steady_s'] * 1000:>9.1f}ms "
               f"{base * 1000:>8.1f}ms {r['cold_s'] / base:>8.2f}x {r['steady_s'] / base:>10.2f}x "
-              f"{r['pure_cold_s'] / base:>13.2f}x {r['pure_steady_s'] / base:>15.2f}x")
+              f"{r['pure_cold_s'] / base:>13.2f}x {r['pure_steady_s'] / base:>15.2f}x "
+              f"{r['cold_cpu_ms']:>7.0f}ms {r['steady_cpu_ms']:>8.0f}ms")
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ async def one_size(hosts: int, duration: float, base: Path, profile: Path | None
             status = (await http.get(f"http://127.0.0.1:{admin_port}/allocator/status", timeout=60.0)).json()
             recent = status.get("ticks") or []
             phases = {k: pct([float(t.get(k) or 0.0) for t in recent], 0.5)
-                      for k in ("forecast_ms", "plan_ms", "reconcile_ms", "publish_ms", "duration_ms")}
+                      for k in ("forecast_ms", "plan_ms", "reconcile_ms", "publish_ms", "cpu_ms", "duration_ms")}
             recorded = sum(1 for t in recent if t.get("plan_recorded"))
             end = {s: await operator.last_sequence(s) for s in (HOSTS_STREAM, PLANS_STREAM, COMMANDS_STREAM)}
             folded1 = metric(ctl_text, "grid_controller_log_position", HOSTS_STREAM) or 0.0
