@@ -50,6 +50,7 @@ from grid.events.control import ModelProfile, ModeSet, ProfileSet  # noqa: E402
 from grid.events.host import HostHeartbeat, HostResources, Residency  # noqa: E402
 from grid.events.plan import make_generation  # noqa: E402
 from grid.events.subjects import ALL_STREAMS, LEASE_BUCKET  # noqa: E402
+from grid.fleet.planning import Policy  # noqa: E402
 from grid.planner.plan import plan  # noqa: E402
 from grid.transport.jetstream import JetStreamLog  # noqa: E402
 
@@ -121,10 +122,14 @@ async def cell(url: str, hosts: int) -> dict[str, float]:
     await log.append(ModeSet(event_id=new_event_id(), at=now, mode="automatic"))
     ingest = time.perf_counter() - t0
 
+    # The heartbeats are appended once, before the controller starts: they must stay fresh for
+    # the planner (Policy) and the reconciler (Limits) through every timed tick, or a slow cell
+    # (10,000 hosts on a loaded machine) plans the fleet away half way and "re-issues" all of it.
     settings = ControllerSettings(
         background_ticks=False, restart_grace_seconds=0.0, lease_ttl_seconds=60.0, lease_renew_seconds=20.0,
         limits=Limits(max_global_mutations=hosts, max_host_mutations=8, artifact_fanout=hosts,
                       heartbeat_timeout_seconds=600.0),
+        policy=Policy(heartbeat_timeout_seconds=600.0),
     )
     with tempfile.TemporaryDirectory(prefix="grid-bench-ctl-") as home:
         ctl = Controller(log, Path(home), settings=settings, controller_id="bench")
