@@ -52,6 +52,7 @@ class Stats:
     def __init__(self) -> None:
         self.connected = 0
         self.connect_retries = 0
+        self.connect_error = ""  # the latest failed attempt's reason
         self.heartbeats = 0
         self.heartbeat_errors = 0
         self.commands = 0
@@ -63,6 +64,7 @@ class Stats:
         xs = sorted(self.append_seconds)
         self.append_seconds.clear()
         return {"at": time.time(), "connected": self.connected, "connect_retries": self.connect_retries,
+                "connect_error": self.connect_error,
                 "heartbeats": self.heartbeats,
                 "heartbeat_errors": self.heartbeat_errors, "commands": self.commands, "acks": self.acks,
                 "ack_errors": self.ack_errors,
@@ -137,7 +139,10 @@ class SimHost:
             else:
                 if isinstance(event, CommandWithdrawn):
                     self.stats.commands += 1
-                await self.sub.ack(msg)
+                try:
+                    await self.sub.ack(msg)
+                except Exception:  # noqa: BLE001 - counted; unacknowledged, it is delivered again
+                    self.stats.ack_errors += 1
 
     async def execute(self, cmd: CommandIssued, msg: object) -> None:
         assert self.log is not None and self.sub is not None
@@ -196,8 +201,9 @@ async def run(url: str, hosts_file: Path, stats_file: Path, interval: float) -> 
                 try:
                     await h.connect(url)
                     break
-                except Exception:  # noqa: BLE001 - a busy server: try again
+                except Exception as exc:  # noqa: BLE001 - a busy server: try again
                     stats.connect_retries += 1
+                    stats.connect_error = f"{type(exc).__name__}: {exc}"[:200]
             attempt += 1
             # Outside the semaphore, so waiting hosts do not hold back the others; spread out.
             await asyncio.sleep(min(CONNECT_RETRY_MAX_SECONDS, 0.5 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
