@@ -166,12 +166,17 @@ def plan_key(plan: Plan) -> str:
     Scores drift with every heartbeat (free memory moves the fit score) and explanations quote
     them; keyed on those, an idle one-host grid recorded a plan every tick (~2 s, ~100 MB a day).
     What agents and replay act on is which model goes where, with what memory and status, what
-    is preempted, and what cannot be placed and why.
+    is preempted, and what cannot be placed and why. The predictive cache decisions are commands
+    too (a prefetch load, an exact-SHA evict): a plan that adds or drops one is recorded, so every
+    such command names a recorded plan that carries it. Their drifting figures (value, free disk
+    after, an entry's age) are left out, like scores.
     """
     body = (
         tuple((p.model_id, p.host_id, p.runtime, p.memory_mb, p.status, p.managed) for p in plan.placements),
         plan.preemptions,
         tuple((s.model_id, s.wanted, s.placed, s.reason) for s in plan.shortfalls),
+        tuple((a.host_id, a.model_id, a.artifact_sha256, a.size_bytes) for a in plan.prefetch),
+        tuple((e.host_id, e.model_id, e.artifact_sha256, e.size_bytes) for e in plan.evictions),
     )
     return hashlib.sha256(codec.encode_value(body)).hexdigest()
 
