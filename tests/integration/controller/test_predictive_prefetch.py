@@ -1,0 +1,245 @@
+"""Predictive prefetch end to end: a real controller, a real host agent and the real SmolLM2 GGUF.
+
+Request telemetry (as the gateway appends it, in one-second forecast buckets) first shows a chat
+model and SmolLM2 busy in the same buckets, then only the chat model: SmolLM2's demand becomes
+correlation-only. Its profile asks for all of the host's new-work memory, which the machine's
+other processes already use part of, so the prediction gets no serving slot; the host's disk is
+large. The controller's plan then carries a cache-only advisory (visible in `gridctl status`),
+and in automatic mode the agent receives a PREDICTIVE_PREFETCH load: it copies and verifies the
+exact artifact, never starts an engine, and reports the download as predictive. When the
+prediction goes away and the entry is older than the (shortened) predictive cache TTL, the plan
+expires it and the agent evicts exactly that SHA: the heartbeat no longer lists it and the disk
+is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, BUNDLED_SIZE_BYTES, FILE_ROOTS_ENV
+from grid.agent.outcomes import MSG_EVICTED
+from grid.config import GridConfig
+from grid.controller.api import serve_admin
+from grid.controller.service import Controller, ControllerSettings
+from grid.events.base import new_event_id
+from grid.events.commands import PREDICTIVE_PREFETCH, CommandIssued
+from grid.events.control import ForecastWindowSet, ModelProfile, ModeSet, ProfileSet
+from grid.events.host import CachedArtifact, HostHeartbeat
+from grid.events.requests import RequestBatch, RequestFeatures
+from grid.fleet import reasons as R
+from grid.events import codec
+from grid.events.plan import PlanCreated
+from grid.events.subjects import PLANS_STREAM
+from grid.fleet.planning import Plan, Policy, decode_plan
+from grid.fleet.views import raw_allocatable_mb
+from grid.transport.jetstream import JetStreamLog
+from tests.integration.agent.agentkit import HOST, agent_factory, heartbeats, wait_ack
+from tests.integration.controller.simhost import commands_in_log, wait_for
+from tests.integration.controller.test_cli_admin import gridctl
+from tests.ports import engine_ports
+
+SOURCE = "chat-model"  # the model the traffic names throughout: the correlation's source
+PREDICTED = BUNDLED_MODEL_ID
+TTL_SECONDS = 20.0
+SETTINGS = ControllerSettings(
+    tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0, lease_renew_seconds=0.5,
+    restart_grace_seconds=0.0,
+    policy=Policy(predictive_cache_ttl_seconds=TTL_SECONDS, predictive_disk_reserve_bytes=1 << 30),
+)
+# Complete one-second buckets in which both models are busy before the predicted one goes quiet.
+# A group edge holds while >= 70 % of the source's busy buckets also saw the target, so this many
+# shared buckets keep the prediction alive for about 0.43 x as many source-only seconds.
+SHARED_BUCKETS = 26
+CAPACITY_MB = 2000
+
+
+class Gateway:
+    """Request telemetry as the gateway writes it (a batch every 0.25 s) for the models of the
+    current phase; counts the distinct one-second buckets that saw both models."""
+
+    def __init__(self, log: JetStreamLog) -> None:
+        self.log = log
+        self.models: tuple[str, ...] = (SOURCE, PREDICTED)
+        self.shared_buckets: set[int] = set()
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            now = time.time()
+            models = self.models
+            if models:
+                records = tuple(
+                    RequestFeatures(endpoint="chat", requested_model=m, served_model=m, workload="chat",
+                                    input_units=40, output_units=12, service_seconds=0.5, finished_at=now)
+                    for m in models for _ in range(3)
+                )
+                await self.log.append(RequestBatch(event_id=new_event_id(), at=now, source="gw-1", records=records))
+                # The server (on this machine's clock) stamped it between `now` and the reply.
+                if len(models) == 2 and int(now) == int(time.time()):
+                    self.shared_buckets.add(int(now))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.25)
+
+
+def cached(hb: HostHeartbeat, model_id: str) -> CachedArtifact | None:
+    return next((c for c in hb.cached if c.model_id == model_id), None)
+
+
+async def latest_heartbeat(log: JetStreamLog) -> HostHeartbeat:
+    return (await heartbeats(log))[-1]
+
+
+async def recorded_plans(log: JetStreamLog) -> dict[str, Plan]:
+    """Every plan the controller recorded, by generation, oldest first."""
+    out = {}
+    async for msg in log.replay(PLANS_STREAM):
+        event = codec.decode(msg.data)
+        assert isinstance(event, PlanCreated)
+        out[event.generation] = decode_plan(bytes(event.plan))
+    return out
+
+
+async def status_json(home: Path) -> dict[str, Any]:
+    rc, out, err = await gridctl(home, "status", "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+@contextlib.asynccontextmanager
+async def controller(log: JetStreamLog, home: Path) -> AsyncIterator[Controller]:
+    ctl = Controller(log, home, settings=SETTINGS, controller_id="ctl-prefetch")
+    await ctl.start()
+    admin = await serve_admin(ctl, "127.0.0.1", 0)
+    try:
+        yield ctl
+    finally:
+        await admin.stop()
+        await ctl.stop()
+
+
+async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicted(
+        js_log: JetStreamLog, tmp_path: Path, bundled_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator's share the profile names as the exact source (a copy: the cache copies it in).
+    share = tmp_path / "share"
+    share.mkdir()
+    artifact = share / "smollm2.gguf"
+    shutil.copyfile(bundled_gguf, artifact)
+    monkeypatch.setenv(FILE_ROOTS_ENV, str(share))
+    config = GridConfig(home=tmp_path / "agent-home", nats_url=None)
+    config.ensure_home()
+    home = tmp_path / "controller-home"
+
+    async with agent_factory(js_log, config, heartbeat_interval=0.3, sample_interval=0.1,
+                             port_range=engine_ports()) as start_agent:
+        agent = await start_agent(capacity_mb=CAPACITY_MB)
+        first = await wait_for(lambda: agent.last_heartbeat, timeout=20)
+        # All the new-work memory the host offers: it passes the static check, but the machine's
+        # other processes (reported as unmanaged memory) always hold some of it.
+        memory_mb = raw_allocatable_mb(first.resources)
+        assert first.unmanaged_memory_mb > 0
+        await js_log.append(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=1.0))
+        await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+            model_id=SOURCE, memory_mb=300, min_replicas=0, max_replicas=0)))
+        await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+            model_id=PREDICTED, memory_mb=memory_mb, max_replicas=1, artifact_sha256=BUNDLED_SHA256,
+            artifact_source=artifact.as_uri(), artifact_size_mb=100, expected_service_seconds=0.5,
+            min_residency_seconds=0.0, scale_down_cooldown_seconds=0.0)))
+
+        gateway = Gateway(js_log)
+        traffic = asyncio.create_task(gateway.run())
+        try:
+            async with controller(js_log, home):
+                await wait_for(lambda: len(gateway.shared_buckets) >= SHARED_BUCKETS + 1, timeout=60, interval=0.2)
+                gateway.models = (SOURCE,)
+
+                # 1. Correlation-only demand without a slot: the plan (recommend mode: nothing is
+                # issued yet) carries the advisory, and `gridctl status` shows it.
+                async def advised() -> dict[str, Any] | None:
+                    doc = await status_json(home)
+                    plan = doc["plan"] or {}
+                    return doc if any(a["model_id"] == PREDICTED for a in plan.get("prefetch", [])) else None
+
+                doc = await wait_for(advised, timeout=30, interval=0.2)
+                [advisory] = doc["plan"]["prefetch"]
+                assert (advisory["host_id"], advisory["artifact_sha256"], advisory["size_bytes"]) == (
+                    HOST, BUNDLED_SHA256, 100 << 20)
+                assert advisory["reason"] == R.PREDICTIVE_PREFETCH
+                target = next(t for t in doc["forecasts"]["targets"] if t["model_id"] == PREDICTED)
+                assert target["evidence"] == "inferred" and "correlation" in target["reason"], target
+                assert not [p for p in doc["plan"]["placements"] if p["model_id"] == PREDICTED]
+                assert await commands_in_log(js_log) == []
+
+                await js_log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode="automatic"))
+
+                async def prefetch_load() -> CommandIssued | None:
+                    return next((c for c in await commands_in_log(js_log)
+                                 if c.kind == "load" and c.model_id == PREDICTED), None)
+
+                load = await wait_for(prefetch_load, timeout=30, interval=0.2)
+                assert (load.host_id, load.reason, load.artifact_sha256) == (HOST, PREDICTIVE_PREFETCH, BUNDLED_SHA256)
+                ack = await wait_ack(js_log, load.action_id, timeout=120)
+                assert (ack.status, ack.artifact_fetched) == ("succeeded", True), ack
+                rec = agent.state.residencies[PREDICTED]
+                assert rec.state == "cached" and rec.process is None  # downloaded, never warmed
+
+                async def reported_predictive() -> HostHeartbeat | None:
+                    hb = await latest_heartbeat(js_log)
+                    entry = cached(hb, PREDICTED)
+                    return hb if hb.at > ack.at and entry is not None and entry.predictive else None
+
+                hb = await wait_for(reported_predictive, timeout=30, interval=0.2)
+                assert cached(hb, PREDICTED).sha256 == BUNDLED_SHA256  # type: ignore[union-attr]
+                assert all(r.state == "cached" for r in hb.residencies if r.model_id == PREDICTED)
+
+                # 2. The prediction goes away: after the TTL the plan expires the download and the
+                # agent evicts exactly that SHA.
+                gateway.models = ()
+
+                async def evict_command() -> CommandIssued | None:
+                    return next((c for c in await commands_in_log(js_log) if c.kind == "evict"), None)
+
+                evict = await wait_for(evict_command, timeout=TTL_SECONDS + 40, interval=0.3)
+                assert (evict.host_id, evict.model_id, evict.artifact_sha256) == (HOST, PREDICTED, BUNDLED_SHA256)
+                evicted = await wait_ack(js_log, evict.action_id, timeout=30)
+                assert evicted.status == "succeeded", evicted
+                assert evicted.message == f"{MSG_EVICTED}: {BUNDLED_SIZE_BYTES} bytes reclaimed"
+
+                async def reported_gone() -> HostHeartbeat | None:
+                    hb = await latest_heartbeat(js_log)
+                    return hb if hb.at > evicted.at and cached(hb, PREDICTED) is None else None
+
+                await wait_for(reported_gone, timeout=30, interval=0.2)
+                # The last report that listed the download against the next one (0.3 s apart:
+                # other writers share this disk, so most of the file back, not the exact count).
+                reports = await heartbeats(js_log)
+                last = max(i for i, hb in enumerate(reports) if cached(hb, PREDICTED) is not None)
+                before, after = reports[last], reports[last + 1]
+                assert all(r.model_id != PREDICTED for r in after.residencies)
+                assert before.disk_free_bytes is not None and after.disk_free_bytes is not None
+                assert after.disk_free_bytes - before.disk_free_bytes > BUNDLED_SIZE_BYTES // 2
+
+                # Each command names a recorded plan that carries its decision: the advisory, and
+                # the expiry of the download once its prediction had gone and it was past the TTL.
+                plans = await recorded_plans(js_log)
+                advised_by = plans[load.generation]
+                assert [(a.host_id, a.model_id, a.artifact_sha256) for a in advised_by.prefetch] == [
+                    (HOST, PREDICTED, BUNDLED_SHA256)]
+                assert not [p for p in advised_by.placements if p.model_id == PREDICTED]
+                [expiry] = plans[evict.generation].evictions
+                assert (expiry.host_id, expiry.model_id, expiry.artifact_sha256) == (HOST, PREDICTED, BUNDLED_SHA256)
+                assert expiry.reason == R.PREDICTIVE_CACHE_EXPIRED and expiry.age_seconds >= TTL_SECONDS
+                assert not plans[evict.generation].prefetch
+                kinds = sorted({c.kind for c in await commands_in_log(js_log)})
+                assert kinds == ["evict", "load"], kinds  # never a warm, never a drain
+        finally:
+            gateway.stop.set()
+            await traffic
