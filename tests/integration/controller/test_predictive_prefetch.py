@@ -10,6 +10,11 @@ exact artifact, never starts an engine, and reports the download as predictive. 
 prediction goes away and the entry is older than the (shortened) predictive cache TTL, the plan
 expires it and the agent evicts exactly that SHA: the heartbeat no longer lists it and the disk
 is back.
+
+Every process speaks with its own credential on a nats-server in operator mode: the controller,
+the host agent (its own command consumer), the gateway that appends the telemetry and the
+operator who sets the profiles, the forecast window and the mode. Each event is signed by its
+writer and the controller's folds accept it only as that writer's.
 """
 
 from __future__ import annotations
@@ -30,22 +35,32 @@ from grid.agent.outcomes import MSG_EVICTED
 from grid.config import GridConfig
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
+from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.commands import PREDICTIVE_PREFETCH, CommandIssued
 from grid.events.control import ForecastWindowSet, ModelProfile, ModeSet, ProfileSet
 from grid.events.host import CachedArtifact, HostHeartbeat
-from grid.events.requests import RequestBatch, RequestFeatures
-from grid.fleet import reasons as R
-from grid.events import codec
 from grid.events.plan import PlanCreated
+from grid.events.requests import RequestBatch, RequestFeatures
 from grid.events.subjects import PLANS_STREAM
+from grid.fleet import reasons as R
 from grid.fleet.planning import Plan, Policy, decode_plan
 from grid.fleet.views import raw_allocatable_mb
+from grid.identity.authority import Authority
+from grid.identity.connect import connect_log
+from grid.identity.permissions import Role
+from grid.identity.provision import provision_host_consumer
 from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import HOST, agent_factory, heartbeats, wait_ack
 from tests.integration.controller.simhost import commands_in_log, wait_for
 from tests.integration.controller.test_cli_admin import gridctl
 from tests.ports import engine_ports
+from tests.security.conftest import CredsFactory, SecuredNats, authority, controller_log, creds, secured_server
+
+# The operator-mode server and credentials of the security tests (fixtures used by name).
+__all__ = ["authority", "controller_log", "creds", "secured_server"]
+
+pytestmark = pytest.mark.slow
 
 SOURCE = "chat-model"  # the model the traffic names throughout: the correlation's source
 PREDICTED = BUNDLED_MODEL_ID
@@ -115,6 +130,16 @@ async def status_json(home: Path) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
+async def connected(server: SecuredNats, credentials: Path, name: str) -> AsyncIterator[JetStreamLog]:
+    """A log connection as the identity of `credentials` (not the controller: no stream management)."""
+    log = await connect_log(server.url, credentials=credentials, name=name, ensure_streams=False)
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+@contextlib.asynccontextmanager
 async def controller(log: JetStreamLog, home: Path) -> AsyncIterator[Controller]:
     ctl = Controller(log, home, settings=SETTINGS, controller_id="ctl-prefetch")
     await ctl.start()
@@ -127,7 +152,8 @@ async def controller(log: JetStreamLog, home: Path) -> AsyncIterator[Controller]
 
 
 async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicted(
-        js_log: JetStreamLog, tmp_path: Path, bundled_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        controller_log: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory, authority: Authority,
+        tmp_path: Path, bundled_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The operator's share the profile names as the exact source (a copy: the cache copies it in).
     share = tmp_path / "share"
     share.mkdir()
@@ -138,26 +164,31 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
     config.ensure_home()
     home = tmp_path / "controller-home"
 
-    async with agent_factory(js_log, config, heartbeat_interval=0.3, sample_interval=0.1,
-                             port_range=engine_ports()) as start_agent:
+    host_creds = creds(Role.HOST, host_id=HOST)
+    await provision_host_consumer(controller_log, authority.host_principal(HOST))
+    async with (connected(secured_server, host_creds, "grid-agent") as agent_log,
+                connected(secured_server, creds(Role.GATEWAY), "grid-gateway") as gateway_log,
+                connected(secured_server, creds(Role.OPERATOR), "gridctl") as operator_log,
+                agent_factory(agent_log, config, credentials=host_creds, heartbeat_interval=0.3,
+                              sample_interval=0.1, port_range=engine_ports()) as start_agent):
         agent = await start_agent(capacity_mb=CAPACITY_MB)
         first = await wait_for(lambda: agent.last_heartbeat, timeout=20)
         # All the new-work memory the host offers: it passes the static check, but the machine's
         # other processes (reported as unmanaged memory) always hold some of it.
         memory_mb = raw_allocatable_mb(first.resources)
         assert first.unmanaged_memory_mb > 0
-        await js_log.append(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=1.0))
-        await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+        await operator_log.append(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=1.0))
+        await operator_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
             model_id=SOURCE, memory_mb=300, min_replicas=0, max_replicas=0)))
-        await js_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+        await operator_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
             model_id=PREDICTED, memory_mb=memory_mb, max_replicas=1, artifact_sha256=BUNDLED_SHA256,
             artifact_source=artifact.as_uri(), artifact_size_mb=100, expected_service_seconds=0.5,
             min_residency_seconds=0.0, scale_down_cooldown_seconds=0.0)))
 
-        gateway = Gateway(js_log)
+        gateway = Gateway(gateway_log)
         traffic = asyncio.create_task(gateway.run())
         try:
-            async with controller(js_log, home):
+            async with controller(controller_log, home):
                 await wait_for(lambda: len(gateway.shared_buckets) >= SHARED_BUCKETS + 1, timeout=60, interval=0.2)
                 gateway.models = (SOURCE,)
 
@@ -176,23 +207,23 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                 target = next(t for t in doc["forecasts"]["targets"] if t["model_id"] == PREDICTED)
                 assert target["evidence"] == "inferred" and "correlation" in target["reason"], target
                 assert not [p for p in doc["plan"]["placements"] if p["model_id"] == PREDICTED]
-                assert await commands_in_log(js_log) == []
+                assert await commands_in_log(controller_log) == []
 
-                await js_log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode="automatic"))
+                await operator_log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode="automatic"))
 
                 async def prefetch_load() -> CommandIssued | None:
-                    return next((c for c in await commands_in_log(js_log)
+                    return next((c for c in await commands_in_log(controller_log)
                                  if c.kind == "load" and c.model_id == PREDICTED), None)
 
                 load = await wait_for(prefetch_load, timeout=30, interval=0.2)
                 assert (load.host_id, load.reason, load.artifact_sha256) == (HOST, PREDICTIVE_PREFETCH, BUNDLED_SHA256)
-                ack = await wait_ack(js_log, load.action_id, timeout=120)
+                ack = await wait_ack(controller_log, load.action_id, timeout=120)
                 assert (ack.status, ack.artifact_fetched) == ("succeeded", True), ack
                 rec = agent.state.residencies[PREDICTED]
                 assert rec.state == "cached" and rec.process is None  # downloaded, never warmed
 
                 async def reported_predictive() -> HostHeartbeat | None:
-                    hb = await latest_heartbeat(js_log)
+                    hb = await latest_heartbeat(controller_log)
                     entry = cached(hb, PREDICTED)
                     return hb if hb.at > ack.at and entry is not None and entry.predictive else None
 
@@ -205,22 +236,22 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                 gateway.models = ()
 
                 async def evict_command() -> CommandIssued | None:
-                    return next((c for c in await commands_in_log(js_log) if c.kind == "evict"), None)
+                    return next((c for c in await commands_in_log(controller_log) if c.kind == "evict"), None)
 
                 evict = await wait_for(evict_command, timeout=TTL_SECONDS + 40, interval=0.3)
                 assert (evict.host_id, evict.model_id, evict.artifact_sha256) == (HOST, PREDICTED, BUNDLED_SHA256)
-                evicted = await wait_ack(js_log, evict.action_id, timeout=30)
+                evicted = await wait_ack(controller_log, evict.action_id, timeout=30)
                 assert evicted.status == "succeeded", evicted
                 assert evicted.message == f"{MSG_EVICTED}: {BUNDLED_SIZE_BYTES} bytes reclaimed"
 
                 async def reported_gone() -> HostHeartbeat | None:
-                    hb = await latest_heartbeat(js_log)
+                    hb = await latest_heartbeat(controller_log)
                     return hb if hb.at > evicted.at and cached(hb, PREDICTED) is None else None
 
                 await wait_for(reported_gone, timeout=30, interval=0.2)
                 # The last report that listed the download against the next one (0.3 s apart:
                 # other writers share this disk, so most of the file back, not the exact count).
-                reports = await heartbeats(js_log)
+                reports = await heartbeats(controller_log)
                 last = max(i for i, hb in enumerate(reports) if cached(hb, PREDICTED) is not None)
                 before, after = reports[last], reports[last + 1]
                 assert all(r.model_id != PREDICTED for r in after.residencies)
@@ -229,17 +260,21 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
 
                 # Each command names a recorded plan that carries its decision: the advisory, and
                 # the expiry of the download once its prediction had gone and it was past the TTL.
-                plans = await recorded_plans(js_log)
+                plans = await recorded_plans(controller_log)
                 advised_by = plans[load.generation]
                 assert [(a.host_id, a.model_id, a.artifact_sha256) for a in advised_by.prefetch] == [
                     (HOST, PREDICTED, BUNDLED_SHA256)]
                 assert not [p for p in advised_by.placements if p.model_id == PREDICTED]
-                [expiry] = plans[evict.generation].evictions
+                expiries = plans[evict.generation].evictions
+                assert len(expiries) == 1, f"the evict names plan {evict.generation}, which carries {expiries}"
+                expiry = expiries[0]
                 assert (expiry.host_id, expiry.model_id, expiry.artifact_sha256) == (HOST, PREDICTED, BUNDLED_SHA256)
                 assert expiry.reason == R.PREDICTIVE_CACHE_EXPIRED and expiry.age_seconds >= TTL_SECONDS
                 assert not plans[evict.generation].prefetch
-                kinds = sorted({c.kind for c in await commands_in_log(js_log)})
+                kinds = sorted({c.kind for c in await commands_in_log(controller_log)})
                 assert kinds == ["evict", "load"], kinds  # never a warm, never a drain
+                # Every event above was accepted as its signer's: nothing was folded unproven.
+                assert (await status_json(home))["rejected_events"]["total"] == 0
         finally:
             gateway.stop.set()
             await traffic
