@@ -1,8 +1,8 @@
 """Predictive prefetch end to end: a real controller, a real host agent and the real SmolLM2 GGUF.
 
-Request telemetry (as the gateway appends it, in one-second forecast buckets) first shows a chat
-model and SmolLM2 busy in the same buckets, then only the chat model: SmolLM2's demand becomes
-correlation-only. Its profile asks for all of the host's new-work memory, which the machine's
+Request telemetry (as the gateway appends it, in one-second forecast buckets) first shows chat
+models and SmolLM2 busy in the same buckets, then only the chat models, one at a time: SmolLM2's
+demand becomes correlation-only. Its profile asks for all of the host's new-work memory, which the machine's
 other processes already use part of, so the prediction gets no serving slot; the host's disk is
 large. The controller's plan then carries a cache-only advisory (visible in `gridctl status`),
 and in automatic mode the agent receives a PREDICTIVE_PREFETCH load: it copies and verifies the
@@ -51,9 +51,12 @@ from grid.identity.connect import connect_log
 from grid.identity.permissions import Role
 from grid.identity.provision import provision_host_consumer
 from grid.transport.jetstream import JetStreamLog
+from replay import LogSource, replay_window
 from tests.integration.agent.agentkit import HOST, agent_factory, heartbeats, wait_ack
-from tests.integration.controller.simhost import commands_in_log, wait_for
+from tests.integration.controller.simhost import commands_in_log
+from tests.integration.controller.simhost import wait_for as _wait_for
 from tests.integration.controller.test_cli_admin import gridctl
+from tests.integration.replay.test_controller_session import assert_reproduced
 from tests.ports import engine_ports
 from tests.security.conftest import CredsFactory, SecuredNats, authority, controller_log, creds, secured_server
 
@@ -62,35 +65,47 @@ __all__ = ["authority", "controller_log", "creds", "secured_server"]
 
 pytestmark = pytest.mark.slow
 
-SOURCE = "chat-model"  # the model the traffic names throughout: the correlation's source
+# The models the traffic names with SmolLM2 first, then in turn without it: the correlation's
+# sources. A group edge holds while >= 70 % of its source's busy buckets also saw SmolLM2, so
+# one source keeps the prediction alive for about 0.43 x SHARED_BUCKETS source-only buckets; each
+# takes RELAY_BUCKETS at a time and the next one starts with its edge intact, so the prediction
+# lasts about len(SOURCES) x that: long enough for `gridctl status` (a process start each) and
+# the operator's mode change on a loaded two-core machine, without a longer first phase.
+SOURCES = tuple(f"chat-model-{i}" for i in range(6))
 PREDICTED = BUNDLED_MODEL_ID
-TTL_SECONDS = 20.0
+TTL_SECONDS = 15.0
 SETTINGS = ControllerSettings(
     tick_interval_seconds=0.3, coalesce_seconds=0.05, lease_ttl_seconds=3.0, lease_renew_seconds=0.5,
     restart_grace_seconds=0.0,
     policy=Policy(predictive_cache_ttl_seconds=TTL_SECONDS, predictive_disk_reserve_bytes=1 << 30),
 )
-# Complete one-second buckets in which both models are busy before the predicted one goes quiet.
-# A group edge holds while >= 70 % of the source's busy buckets also saw the target, so this many
-# shared buckets keep the prediction alive for about 0.43 x as many source-only seconds.
-SHARED_BUCKETS = 26
+# Complete one-second buckets in which every model is busy before SmolLM2 goes quiet.
+SHARED_BUCKETS = 20
+RELAY_BUCKETS = 4
 CAPACITY_MB = 2000
 
 
 class Gateway:
-    """Request telemetry as the gateway writes it (a batch every 0.25 s) for the models of the
-    current phase; counts the distinct one-second buckets that saw both models."""
+    """Request telemetry as the gateway writes it (a batch every 0.25 s): every model (`shared`),
+    then one source at a time (`relay`), then none; counts the one-second buckets all saw."""
 
     def __init__(self, log: JetStreamLog) -> None:
         self.log = log
-        self.models: tuple[str, ...] = (SOURCE, PREDICTED)
+        self.phase = "shared"
         self.shared_buckets: set[int] = set()
         self.stop = asyncio.Event()
+
+    def models(self, now: float) -> tuple[str, ...]:
+        if self.phase == "shared":
+            return (*SOURCES, PREDICTED)
+        if self.phase == "relay":
+            return (SOURCES[int(now) // RELAY_BUCKETS % len(SOURCES)],)
+        return ()
 
     async def run(self) -> None:
         while not self.stop.is_set():
             now = time.time()
-            models = self.models
+            phase, models = self.phase, self.models(now)
             if models:
                 records = tuple(
                     RequestFeatures(endpoint="chat", requested_model=m, served_model=m, workload="chat",
@@ -99,10 +114,27 @@ class Gateway:
                 )
                 await self.log.append(RequestBatch(event_id=new_event_id(), at=now, source="gw-1", records=records))
                 # The server (on this machine's clock) stamped it between `now` and the reply.
-                if len(models) == 2 and int(now) == int(time.time()):
+                if phase == "shared" and int(now) == int(time.time()):
                     self.shared_buckets.add(int(now))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), 0.25)
+
+
+async def wait_for(predicate, what: str, timeout: float, interval: float = 0.2):  # type: ignore[no-untyped-def]
+    """simhost.wait_for, whose failure says what did not happen."""
+    try:
+        return await _wait_for(predicate, timeout=timeout, interval=interval)
+    except AssertionError:
+        raise AssertionError(f"{what}: not within {timeout:g} s") from None
+
+
+def forecast_of(ctl: Controller, model_id: str) -> str:
+    """The controller's latest forecast row for `model_id` and its correlations (for a failure)."""
+    fc = ctl.last_forecast
+    if fc is None:
+        return "none yet"
+    row = next((r for r in fc.models if r.model_id == model_id), None)
+    return f"now={fc.now} row={row} correlations={fc.correlations}"
 
 
 def cached(hb: HostHeartbeat, model_id: str) -> CachedArtifact | None:
@@ -172,14 +204,15 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                 agent_factory(agent_log, config, credentials=host_creds, heartbeat_interval=0.3,
                               sample_interval=0.1, port_range=engine_ports()) as start_agent):
         agent = await start_agent(capacity_mb=CAPACITY_MB)
-        first = await wait_for(lambda: agent.last_heartbeat, timeout=20)
+        first = await wait_for(lambda: agent.last_heartbeat, "the agent's first heartbeat", timeout=20)
         # All the new-work memory the host offers: it passes the static check, but the machine's
         # other processes (reported as unmanaged memory) always hold some of it.
         memory_mb = raw_allocatable_mb(first.resources)
         assert first.unmanaged_memory_mb > 0
         await operator_log.append(ForecastWindowSet(event_id=new_event_id(), at=time.time(), bucket_seconds=1.0))
-        await operator_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
-            model_id=SOURCE, memory_mb=300, min_replicas=0, max_replicas=0)))
+        for source in SOURCES:  # telemetry only: never placed
+            await operator_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
+                model_id=source, memory_mb=300, min_replicas=0, max_replicas=0)))
         await operator_log.append(ProfileSet(event_id=new_event_id(), at=time.time(), profile=ModelProfile(
             model_id=PREDICTED, memory_mb=memory_mb, max_replicas=1, artifact_sha256=BUNDLED_SHA256,
             artifact_source=artifact.as_uri(), artifact_size_mb=100, expected_service_seconds=0.5,
@@ -188,18 +221,26 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
         gateway = Gateway(gateway_log)
         traffic = asyncio.create_task(gateway.run())
         try:
-            async with controller(controller_log, home):
-                await wait_for(lambda: len(gateway.shared_buckets) >= SHARED_BUCKETS + 1, timeout=60, interval=0.2)
-                gateway.models = (SOURCE,)
+            async with controller(controller_log, home) as ctl:
+                await wait_for(lambda: len(gateway.shared_buckets) >= SHARED_BUCKETS + 1, "the shared buckets", timeout=60)
+                gateway.phase = "relay"
 
                 # 1. Correlation-only demand without a slot: the plan (recommend mode: nothing is
                 # issued yet) carries the advisory, and `gridctl status` shows it.
+                def advising() -> bool:
+                    plan = ctl.last_plan
+                    return plan is not None and any(a.model_id == PREDICTED for a in plan.prefetch)
+
+                try:
+                    await wait_for(advising, "an advisory in the controller's plan", timeout=30, interval=0.1)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; forecast: {forecast_of(ctl, PREDICTED)}") from None
                 async def advised() -> dict[str, Any] | None:
                     doc = await status_json(home)
                     plan = doc["plan"] or {}
                     return doc if any(a["model_id"] == PREDICTED for a in plan.get("prefetch", [])) else None
 
-                doc = await wait_for(advised, timeout=30, interval=0.2)
+                doc = await wait_for(advised, "the advisory in gridctl status", timeout=20)
                 [advisory] = doc["plan"]["prefetch"]
                 assert (advisory["host_id"], advisory["artifact_sha256"], advisory["size_bytes"]) == (
                     HOST, BUNDLED_SHA256, 100 << 20)
@@ -215,7 +256,11 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                     return next((c for c in await commands_in_log(controller_log)
                                  if c.kind == "load" and c.model_id == PREDICTED), None)
 
-                load = await wait_for(prefetch_load, timeout=30, interval=0.2)
+                try:
+                    load = await wait_for(prefetch_load, "the prefetch load", timeout=30)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; forecast: {forecast_of(ctl, PREDICTED)}; "
+                                         f"plan: {ctl.last_plan}") from None
                 assert (load.host_id, load.reason, load.artifact_sha256) == (HOST, PREDICTIVE_PREFETCH, BUNDLED_SHA256)
                 ack = await wait_ack(controller_log, load.action_id, timeout=120)
                 assert (ack.status, ack.artifact_fetched) == ("succeeded", True), ack
@@ -227,18 +272,18 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                     entry = cached(hb, PREDICTED)
                     return hb if hb.at > ack.at and entry is not None and entry.predictive else None
 
-                hb = await wait_for(reported_predictive, timeout=30, interval=0.2)
+                hb = await wait_for(reported_predictive, "a heartbeat with the predictive download", timeout=30)
                 assert cached(hb, PREDICTED).sha256 == BUNDLED_SHA256  # type: ignore[union-attr]
                 assert all(r.state == "cached" for r in hb.residencies if r.model_id == PREDICTED)
 
                 # 2. The prediction goes away: after the TTL the plan expires the download and the
                 # agent evicts exactly that SHA.
-                gateway.models = ()
+                gateway.phase = "stopped"
 
                 async def evict_command() -> CommandIssued | None:
                     return next((c for c in await commands_in_log(controller_log) if c.kind == "evict"), None)
 
-                evict = await wait_for(evict_command, timeout=TTL_SECONDS + 40, interval=0.3)
+                evict = await wait_for(evict_command, "the evict", timeout=TTL_SECONDS + 40, interval=0.3)
                 assert (evict.host_id, evict.model_id, evict.artifact_sha256) == (HOST, PREDICTED, BUNDLED_SHA256)
                 evicted = await wait_ack(controller_log, evict.action_id, timeout=30)
                 assert evicted.status == "succeeded", evicted
@@ -248,7 +293,7 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
                     hb = await latest_heartbeat(controller_log)
                     return hb if hb.at > evicted.at and cached(hb, PREDICTED) is None else None
 
-                await wait_for(reported_gone, timeout=30, interval=0.2)
+                await wait_for(reported_gone, "a heartbeat without the download", timeout=30)
                 # The last report that listed the download against the next one (0.3 s apart:
                 # other writers share this disk, so most of the file back, not the exact count).
                 reports = await heartbeats(controller_log)
@@ -278,3 +323,6 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
         finally:
             gateway.stop.set()
             await traffic
+    # Every recorded plan, the advisories and the expiry included, rebuilds byte for byte from
+    # the log.
+    assert_reproduced(await replay_window(LogSource(controller_log)), len(plans))
