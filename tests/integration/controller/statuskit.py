@@ -21,8 +21,10 @@ SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.02, 
 
 
 @contextlib.asynccontextmanager
-async def serving_controller(log: JetStreamLog, home: Path, controller_id: str) -> AsyncIterator[Controller]:
-    ctl = Controller(log, home, settings=SETTINGS, controller_id=controller_id)
+async def serving_controller(log: JetStreamLog, home: Path, controller_id: str,
+                             settings: ControllerSettings = SETTINGS) -> AsyncIterator[Controller]:
+    """A controller with its admin API (what `gridctl status` reads), stopped on exit."""
+    ctl = Controller(log, home, settings=settings, controller_id=controller_id)
     await ctl.start()
     admin = await serve_admin(ctl, "127.0.0.1", 0)
     try:

@@ -33,7 +33,6 @@ import pytest
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, BUNDLED_SIZE_BYTES, FILE_ROOTS_ENV
 from grid.agent.outcomes import MSG_EVICTED
 from grid.config import GridConfig
-from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
 from grid.events import codec
 from grid.events.base import new_event_id
@@ -55,6 +54,7 @@ from replay import LogSource, replay_window
 from tests.integration.agent.agentkit import HOST, agent_factory, heartbeats, wait_ack
 from tests.integration.controller.simhost import commands_in_log
 from tests.integration.controller.simhost import wait_for as _wait_for
+from tests.integration.controller.statuskit import serving_controller
 from tests.integration.controller.test_cli_admin import gridctl
 from tests.integration.replay.test_controller_session import assert_reproduced
 from tests.ports import engine_ports
@@ -171,18 +171,6 @@ async def connected(server: SecuredNats, credentials: Path, name: str) -> AsyncI
         await log.close()
 
 
-@contextlib.asynccontextmanager
-async def controller(log: JetStreamLog, home: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(log, home, settings=SETTINGS, controller_id="ctl-prefetch")
-    await ctl.start()
-    admin = await serve_admin(ctl, "127.0.0.1", 0)
-    try:
-        yield ctl
-    finally:
-        await admin.stop()
-        await ctl.stop()
-
-
 async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicted(
         controller_log: JetStreamLog, secured_server: SecuredNats, creds: CredsFactory, authority: Authority,
         tmp_path: Path, bundled_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +209,7 @@ async def test_a_prediction_without_a_slot_is_prefetched_then_expired_and_evicte
         gateway = Gateway(gateway_log)
         traffic = asyncio.create_task(gateway.run())
         try:
-            async with controller(controller_log, home) as ctl:
+            async with serving_controller(controller_log, home, "ctl-prefetch", SETTINGS) as ctl:
                 await wait_for(lambda: len(gateway.shared_buckets) >= SHARED_BUCKETS + 1, "the shared buckets", timeout=60)
                 gateway.phase = "relay"
 
