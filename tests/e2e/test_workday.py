@@ -6,7 +6,6 @@ synthetic inference). Loopback machines: the day is about placement, not the net
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,27 +36,14 @@ def fleet_home(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Pat
         assert stopped.returncode == 0, stopped.stderr
 
 
-# A day that fails is run once more on the same fleet (each day starts by converging it to idle),
-# and the failure is reported as a warning. Known, not yet explained: on a loaded machine the
-# baseline sometimes takes a second replica during the four-class phase and, outranking the
-# specialists, preempts one (about 1 run in 4 under heavy load, none on a quiet machine). The day
-# prints each forecast target change, so a failed attempt shows why.
-DAY_ATTEMPTS = 2
-
-
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(900)
 def test_the_fleet_follows_the_workday_and_every_mix_is_answered(fleet_home: Path) -> None:
     args = [a for b in BINDINGS for a in ("--workload-model", b)]
-    for attempt in range(1, DAY_ATTEMPTS + 1):
-        # 2 s buckets: a 30 s evidence gate keeps the day (and the suite) short.
-        done = gridctl(fleet_home, "test", "demo", *args, "--max-tokens", "8", "--bucket-seconds", "2", "--json",
-                       timeout=700)
-        report = json.loads(done.stdout)
-        failed = [r for r in report["requirements"] if not r["ok"]]
-        if done.returncode == 0 and report["passed"]:
-            break
-        if attempt < DAY_ATTEMPTS:
-            warnings.warn(f"workday attempt {attempt} failed: {failed}\n{done.stderr[-4000:]}", stacklevel=1)
+    # 2 s buckets: a 30 s evidence gate keeps the day (and the suite) short.
+    done = gridctl(fleet_home, "test", "demo", *args, "--max-tokens", "8", "--bucket-seconds", "2", "--json",
+                   timeout=840)
+    report = json.loads(done.stdout)
+    failed = [r for r in report["requirements"] if not r["ok"]]
     assert done.returncode == 0 and report["passed"], f"{failed}\n{done.stderr[-4000:]}"
     assert report["mode"] == "workday"
     assert {r["name"] for r in report["requirements"]} >= {
