@@ -254,6 +254,9 @@ class WorkdayDemo(Demo):
         self.sizing: Sizing | None = None
         # model -> (replicas, evidence, reason) of its last forecast target printed
         self._targets_seen: dict[str, tuple[Any, Any, Any]] = {}
+        # model -> its last desired placements printed; host -> its last protection state printed
+        self._placements_seen: dict[str, str] = {}
+        self._host_states_seen: dict[str, str] = {}
 
     # --- requests ---
 
@@ -314,11 +317,36 @@ class WorkdayDemo(Demo):
                 self._targets_seen[m] = now
                 self.say(f"forecast {m}: {now[0]} replica(s), {now[1]} ({now[2]})")
 
+    def _say_plan_changes(self, status: dict[str, Any]) -> None:
+        """Print each change of a model's desired placements with the plan's reasons, and each
+        change of a host's protection state: a model that moves says why it moved."""
+        for h in status.get("hosts") or []:
+            now = f"{h.get('state')} ({h.get('protection_reason') or '-'})"
+            if not h.get("fresh"):
+                now += f", heartbeat {h.get('heartbeat_age_seconds')} s old"
+            if self._host_states_seen.get(h["host_id"], "accepting (-)") != now:
+                self.say(f"host {h['host_id']}: {now}, unmanaged {h.get('unmanaged_mb')} MB, "
+                         f"free {h.get('free_mb')} MB")
+            self._host_states_seen[h["host_id"]] = now
+        plan = status.get("plan") or {}
+        explained = {e.get("model_id"): e for e in plan.get("explanations") or []}
+        for m in (self.baseline, *self.optional):
+            placed = sorted(f"{p.get('host_id')} {p.get('status')} ({p.get('reason')})"
+                            for p in plan.get("placements") or [] if p.get("model_id") == m)
+            now = ", ".join(placed) or "-"
+            if self._placements_seen.get(m, "-") == now:
+                continue
+            self._placements_seen[m] = now
+            rejected = [f"{v.get('host_id')} {v.get('reason')}" + (f" ({v.get('detail')})" if v.get("detail") else "")
+                        for v in (explained.get(m) or {}).get("rejected") or []]
+            self.say(f"plan {m}: {now}" + (f"; not on {'; '.join(rejected)}" if rejected else ""))
+
     def _until(self, what: str, probe: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         def check() -> bool:
             status = self._status()
             self._last_seen = self._shape(status)
             self._say_forecast_changes(status)
+            self._say_plan_changes(status)
             return probe(status)
 
         return bool(self._wait(what, check, self.wspec.phase_timeout if timeout is None else timeout))
