@@ -87,6 +87,14 @@ class StaticEligibility:
         self._static_memo[key] = r
         return r
 
+    def incumbent_charge(self, hs: HostState, ms: ModelState) -> int:
+        """What a kept residency of ms is charged in the host's desired ledger: the memory its
+        profile declares now, as a new replica there would be charged. The residency's own
+        figure is what it was declared when it loaded; an operator who has since lowered (or
+        raised) the declaration meant the new one, while ledger (a) goes on counting what the
+        process was admitted with."""
+        return self.runtime_for(hs.cls, ms)[1]
+
     def runtime_for(self, cls: HostClass, ms: ModelState) -> tuple[str, int]:
         rm = ms.class_mem.get(cls.idx)
         if rm is None:

@@ -509,7 +509,7 @@ class Ledger(StaticEligibility):
         pool = self.surplus.get(mid, [])
         for i, (hidx, r) in enumerate(pool):
             hs = self.hosts[hidx]
-            mem = max(0, int(r.memory_mb))
+            mem = self.incumbent_charge(hs, ms)
             if (
                 mid in hs.desired
                 or not hs.eligible

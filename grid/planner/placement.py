@@ -288,7 +288,7 @@ class Placer:
             led.fleet.reindex(hs)
 
     def _keep(self, hs: HostState, r: ResidencyView, ms: ModelState, kept_on: KeptOn) -> None:
-        mem = max(0, int(r.memory_mb))
+        mem = self.ledger.incumbent_charge(hs, ms)
         slot = Slot(
             ms.req.model_id,
             "kept",
@@ -360,7 +360,7 @@ class Placer:
                     f"{mid} allows {k.max_colocated} co-located",
                     mid,
                 )
-        mem = max(0, int(r.memory_mb))
+        mem = led.incumbent_charge(hs, ms)
         if mem > hs.free_b:
             return (
                 "mustmove",

@@ -37,7 +37,10 @@ from grid.planner.state import HostState, ModelState
 # pending placement scores above an equal alternative (every input digest changes).
 # 1.7.0: predictive cache: cache-only advisories for correlation-only predictions without a
 # serving slot, and expiry of unused predictive downloads (new plan and policy fields).
-PLANNER_VERSION = "grid-planner/1.7.0"
+# 1.8.0: a kept incumbent is charged what its profile declares now in the desired ledger (the
+# declaration it loaded with still counts as live memory); a lowered declaration no longer
+# moves copies off a host that can hold them.
+PLANNER_VERSION = "grid-planner/1.8.0"
 
 __all__ = [
     "PLANNER_VERSION",

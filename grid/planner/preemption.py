@@ -54,12 +54,14 @@ from grid.planner.state import Entry, HostState, ModelState, MustMove
 class Victim:
     model_id: str
     ms: ModelState  # the victim's model
-    memory_mb: int
+    memory_mb: int  # what it is charged in the desired ledger (b)
     kept: bool  # a kept incumbent (in the desired ledger) rather than a must-move residency
     busy: bool
     warmback: float
     priority: int
     ref: Entry | MustMove  # Entry (kept) or MustMove
+    # What its process holds (the residency's report): what leaving frees in ledger (a).
+    live_mb: int = 0
 
     def key(self) -> tuple:
         return (
@@ -155,7 +157,7 @@ def make_victim(
     sample = led.timings.get((hs.host_id, vms.req.model_id))
     warm = S.startup_seconds(vms.profile, sample, False, vms.req.sha)
     busy = r.state == "ready" and r.active_requests > 0
-    return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref)
+    return Victim(vms.req.model_id, vms, mem, kept, busy, warm, vms.priority, ref, max(0, int(r.memory_mb)))
 
 
 def fits_after(
@@ -166,7 +168,7 @@ def fits_after(
     free_b = hs.free_b + sum(v.memory_mb for v in victims if v.kept)
     if free_b < math.ceil(need):
         return False
-    free_a = hs.free_a + hs.leaving_mb + sum(v.memory_mb for v in victims)
+    free_a = hs.free_a + hs.leaving_mb + sum(v.live_mb for v in victims)
     if free_a < need:
         return False
     if hs.dev is not None and not _devices_fit_after(hs, req, mem, victims, led.headroom):
@@ -202,19 +204,22 @@ def fits_after(
 
 
 def _devices_fit_after(hs: HostState, req: ModelReq, mem: int, victims: list[Victim], headroom: float) -> bool:
-    """The device ledgers once the victims are gone: a kept victim returns its charged
-    devices to both ledgers; a must-move one (never in the desired ledger) returns the devices
+    """The device ledgers once the victims are gone: a kept victim returns its charge on its
+    devices to the desired ledger and its process's memory to the physical one; a must-move one (never in the desired ledger) returns the devices
     it reports to the physical ledger only (unknown devices: nothing, conservatively)."""
     assert hs.dev is not None
     dev = hs.dev.copy()
     known = frozenset(dev.indexes)
     for v in victims:
         if isinstance(v.ref, Entry):
-            dev.give(v.ref.slot.devices, v.memory_mb, live=True)
+            devices = v.ref.slot.devices
+            dev.give(devices, v.memory_mb, live=False)
+            for i in devices:
+                dev.free_a[i] += share_mb(v.live_mb, len(devices))
         else:
             on = residency_devices(v.ref.residency, known)
             for i in on:
-                dev.free_a[i] += share_mb(v.memory_mb, len(on))
+                dev.free_a[i] += share_mb(v.live_mb, len(on))
     return dev.fits(mem, req.tensor_parallel, headroom)
 
 
@@ -382,7 +387,7 @@ def _apply(led: Ledger, ms: ModelState, staged: StagedSet) -> None:
             led.readopt_surplus(vms)
         else:
             v.ref.preempted = True
-        led.note_leaving(hs.idx, v.model_id, v.memory_mb)
+        led.note_leaving(hs.idx, v.model_id, v.live_mb)
         led.evictions += 1
         led.preemptions.append(
             Preemption(
@@ -390,7 +395,7 @@ def _apply(led: Ledger, ms: ModelState, staged: StagedSet) -> None:
                 victim_model=v.model_id,
                 beneficiary_model=ms.req.model_id,
                 reason=R.PRIORITY_PREEMPTION,
-                memory_mb=v.memory_mb,
+                memory_mb=v.live_mb,
                 priority=ms.priority,
             )
         )

@@ -178,7 +178,7 @@ def _apply(led: Ledger, ms: ModelState, o: _Option, prio: int) -> bool:
     hs, vms = o.hs, o.vms
     r = o.entry.slot.residency
     assert r is not None
-    mem = o.entry.slot.memory_mb
+    mem = max(0, int(r.memory_mb))  # what the old copy's process frees when it drains
     led.remove_kept(vms, o.entry)
     adopted = o.destination is None and led.readopt_surplus(vms)
     if not adopted:

@@ -397,6 +397,30 @@ def test_throttled_over_capacity_incumbent_moves_make_before_break():
     assert on(p, "m") == ["h2"]
 
 
+def test_an_incumbent_is_charged_what_its_profile_declares_now():
+    # The copy on h1 loaded when the model was declared 512 MB; the operator has since declared
+    # it 200 MB. A busy (throttled) h1 offers 512 MB, 472 after other processes: the copy fits
+    # the declaration in force and stays (charged at that declaration, it once moved to h2).
+    hosts = [
+        host("h1", 1_024, state="throttled", unmanaged=40, residencies=(res("m", 512),)),
+        host("h2", 5_120),
+    ]
+    p = plan(mk([prof("m", 200)], hosts))
+    assert [(x.host_id, x.status, x.reason, x.memory_mb) for x in p.placements] == [
+        ("h1", "existing", R.INCUMBENT, 200)
+    ]
+    # Raised beyond what h1 offers, the declaration moves it (make-before-break).
+    p = plan(mk([prof("m", 600)], hosts))
+    assert {(x.host_id, x.status, x.reason) for x in p.placements} == {
+        ("h1", "existing", R.RETAINED_UNTIL_REPLACED),
+        ("h2", "new", R.BASELINE),
+    }
+    # What the process was admitted with still counts as live memory: nothing new fits beside
+    # it on h1 (472 - 512 < 0), whatever the declaration.
+    p = plan(mk([prof("m", 200), prof("n", 100)], hosts[:1]))
+    assert on(p, "m") == ["h1"] and on(p, "n") == []
+
+
 def test_incumbent_kept_in_residency_rank_order():
     # Three live copies of a one-replica model: the most useful copy (ready, then warming,
     # then loading: grid.fleet.RESIDENCY_STATE_RANK) is kept whatever its host id.
