@@ -8,7 +8,7 @@ replay stops with the sequence number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 import msgspec
@@ -58,7 +58,17 @@ TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_TYPES}
 # old tag -> (pure function old dict -> next version dict). Empty while everything is v1.
 UPCASTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
-_encoder = msgspec.json.Encoder(order="deterministic")
+
+def builtin_value(value: Any) -> Any:
+    """What msgspec cannot encode by itself, as a value it can (its `enc_hook`): a read-only
+    Mapping that is not a dict (a projection's SharedMap) is encoded as the dict it reads as."""
+    if isinstance(value, Mapping):
+        return dict(value.items())
+    # The error msgspec raises itself for a type it cannot encode.
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+_encoder = msgspec.json.Encoder(order="deterministic", enc_hook=builtin_value)
 _decoder = msgspec.json.Decoder(AnyEvent)
 
 

@@ -6,6 +6,9 @@ Freshness is judged by receipt time (the log's timestamp), never by the sender's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import msgspec
 
 from grid.events.base import Event
@@ -20,6 +23,7 @@ from grid.events.host import (
 )
 from grid.fleet.views import HostView, QualificationView, ResidencyView
 from grid.projections.position import Position
+from grid.projections.sharedmap import SharedMap
 
 # Operator override states outrank an accepting/throttled host but never relax a local fence.
 _FENCE_RANK = {"accepting": 0, "throttled": 1, "draining": 2, "paused": 3, "unhealthy": 4, "quarantined": 5}
@@ -50,7 +54,14 @@ class HostRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FleetState(msgspec.Struct, frozen=True, kw_only=True):
-    hosts: dict[str, HostRecord] = {}
+    # A SharedMap, sorted when iterated: a heartbeat's fold copies one bucket of it, not the
+    # fleet, and the state it replaces stays as it was (a tick may hold it). Encoded as a plain
+    # dict; given one (decoded from a snapshot, or built by hand), it is converted here.
+    hosts: Mapping[str, HostRecord] = {}
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hosts, SharedMap):
+            msgspec.structs.force_setattr(self, "hosts", SharedMap(self.hosts))
 
 
 def initial() -> FleetState:
@@ -58,9 +69,7 @@ def initial() -> FleetState:
 
 
 def _put(state: FleetState, record: HostRecord) -> FleetState:
-    hosts = dict(state.hosts)
-    hosts[record.host_id] = record
-    return FleetState(hosts=hosts)
+    return FleetState(hosts=cast(SharedMap[HostRecord], state.hosts).set(record.host_id, record))
 
 
 def apply(state: FleetState, event: Event, position: Position) -> FleetState:

@@ -17,6 +17,9 @@ worth having). grid.fleet.quarantine decides from these, with the policy and an 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import msgspec
 
 from grid.events.base import Event
@@ -24,6 +27,7 @@ from grid.events.host import HostHeartbeat
 from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS
 from grid.fleet.quarantine import HISTORY_SECONDS
 from grid.projections.position import Position
+from grid.projections.sharedmap import SharedMap
 
 # A silence of two freshness timeouts is an absence (the host was stale for a whole timeout),
 # not a late heartbeat.
@@ -40,8 +44,14 @@ class HostTrack(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LifecycleState(msgspec.Struct, frozen=True, kw_only=True):
-    hosts: dict[str, HostTrack] = {}
+    # A SharedMap, as FleetState.hosts and for the same reason: a heartbeat copies one bucket.
+    hosts: Mapping[str, HostTrack] = {}
+    # Copied when a model newly fails, which is rare and bounded by the catalog, not the fleet.
     models: dict[str, tuple[float, ...]] = {}
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hosts, SharedMap):
+            msgspec.structs.force_setattr(self, "hosts", SharedMap(self.hosts))
 
 
 def initial() -> LifecycleState:
@@ -78,10 +88,9 @@ def apply(state: LifecycleState, event: Event, position: Position) -> LifecycleS
     transitions = old.transitions if old is not None else ()
     if changes or (transitions and transitions[0] <= at - HISTORY_SECONDS):
         transitions = _bounded(transitions + changes, at)
-    hosts = dict(state.hosts)
-    hosts[event.host_id] = HostTrack(
+    hosts = cast(SharedMap[HostTrack], state.hosts).set(event.host_id, HostTrack(
         last_at=at, last_seq=position.seq, state=event.state, failed=failed, transitions=transitions,
-    )
+    ))
     return LifecycleState(hosts=hosts, models=models)
 
 

@@ -126,8 +126,9 @@ class Held(msgspec.Struct, frozen=True):
 
 def copy_state(state: Any) -> Any:
     """An independent copy of a projection state (typed msgpack round trip: exact for the
-    structs, dicts, lists, tuples and floats projection states are made of, and keeps dict order)."""
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=type(state))
+    structs, dicts, lists, tuples and floats projection states are made of, and keeps dict order;
+    a SharedMap goes through as a dict and its state converts it back)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(state, enc_hook=codec.builtin_value), type=type(state))
 
 
 def _simple(name: str, streams: tuple[str, ...], module: Any, state_type: type) -> ProjectionSpec:

@@ -1,0 +1,109 @@
+"""A heartbeat's fold by fleet size: this tree against a baseline revision, in the same run.
+
+Folds a heartbeat into every projection a controller tick reads (grid.controller.tick.PROJECTIONS:
+fleet, lifecycle, and those that ignore heartbeats), in memory: no log, no decoding, no signature,
+only `ProjectionRunner.fold_event`. A fleet of N hosts is folded in once, then heartbeats go round
+the fleet, each host's every 5 s of log time (a steady fleet), and the best of `--rounds` timings
+is reported per heartbeat.
+
+The baseline is the `grid` package at `--baseline` (a git revision, `main` by default), taken with
+`git archive` into a temporary directory; both trees are measured in their own interpreter, one
+after the other at each size, with this file's measuring code.
+
+    python -m bench.fold_scale [--hosts 1000,10000] [--heartbeats 1000] [--rounds 11] [--baseline main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1_800_000_000.0
+HEARTBEAT_SECONDS = 5.0  # an agent's heartbeat interval
+
+
+def measure(hosts: int, heartbeats: int, rounds: int) -> dict[str, float]:
+    """Microseconds per heartbeat folded into the tick's projections, with `hosts` hosts known."""
+    from bench._common import heartbeat
+    from grid.controller.tick import PROJECTIONS
+    from grid.events.subjects import HOSTS_STREAM
+    from grid.projections.position import Position
+    from grid.projections.runner import ProjectionRunner
+
+    runner = ProjectionRunner(PROJECTIONS)
+    seq = 0
+
+    def fold(count: int) -> float:
+        nonlocal seq
+        events = [heartbeat(seq + i, hosts) for i in range(count)]
+        # Received as a fleet heartbeating every HEARTBEAT_SECONDS would be: a steady fleet, not
+        # hosts coming back from a silence (which the lifecycle fold counts as transitions).
+        positions = [Position(HOSTS_STREAM, seq + i + 1, T0 + (seq + i) * HEARTBEAT_SECONDS / hosts)
+                     for i in range(count)]
+        t0 = time.perf_counter()
+        for event, position in zip(events, positions):
+            runner.fold_event(event, position)
+        seconds = time.perf_counter() - t0
+        seq += count
+        return seconds
+
+    fold(hosts)  # the fleet, each host once
+    assert len(runner.states["fleet"].hosts) == hosts
+    best = min(fold(heartbeats) for _ in range(rounds))
+    import grid
+
+    return {"hosts": hosts, "us_per_heartbeat": best / heartbeats * 1e6, "grid": str(Path(grid.__file__).parent)}
+
+
+def _baseline_tree(revision: str, into: Path) -> Path:
+    """The `grid` package as of `revision`, extracted under `into`."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", revision, "grid"],
+                             check=True, capture_output=True).stdout
+    tar = into / "grid.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(into, filter="data")
+    return into
+
+
+def _child(tree: Path, hosts: int, heartbeats: int, rounds: int) -> float:
+    """Runs `measure` in a fresh interpreter importing `grid` from `tree` (and bench from here)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(tree), str(REPO))))
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, sys; from bench.fold_scale import measure; "
+                               f"print(json.dumps(measure({hosts}, {heartbeats}, {rounds})))"],
+        cwd=tree, env=env, check=True, capture_output=True, text=True,
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    if Path(result["grid"]).resolve() != (tree / "grid").resolve():
+        raise RuntimeError(f"measured the grid package at {result['grid']}, not the one in {tree}")
+    return float(result["us_per_heartbeat"])
+
+
+def main(sizes: list[int], heartbeats: int, rounds: int, revision: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="grid-fold-baseline-") as d:
+        base = _baseline_tree(revision, Path(d))
+        print(f"fold per heartbeat into the tick's projections (best of {rounds} x {heartbeats:,} heartbeats)")
+        for hosts in sizes:
+            before = _child(base, hosts, heartbeats, rounds)
+            after = _child(REPO, hosts, heartbeats, rounds)
+            print(f"{hosts:>7,} hosts  baseline ({revision}) {before:8.1f} us  this tree {after:6.1f} us  "
+                  f"ratio {before / after:6.1f}x")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--hosts", default="1000,10000", help="comma-separated fleet sizes")
+    p.add_argument("--heartbeats", type=int, default=1000, help="heartbeats timed per round")
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--baseline", default="main", help="git revision whose grid package is the baseline")
+    a = p.parse_args()
+    main([int(h) for h in a.hosts.split(",")], a.heartbeats, a.rounds, a.baseline)
