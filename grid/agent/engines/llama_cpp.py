@@ -157,17 +157,39 @@ def spawn(
         log.close()
 
 
-def capture_proof(pid: int, port: int) -> ProcessProof:
+# How long a just-spawned child may take to show its command line (see capture_proof).
+PROOF_SETTLE_SECONDS = 2.0
+
+
+class ProofUnavailable(RuntimeError):
+    """The process never showed a command line to prove it by."""
+
+
+def capture_proof(pid: int, port: int, *, settle_seconds: float = PROOF_SETTLE_SECONDS) -> ProcessProof:
+    """The birth proof of a process we just started.
+
+    `Popen` returns once the child's exec has replaced its memory, which can be before the new
+    image has its arguments: /proc then shows an empty command line for a moment. A proof taken
+    then never matches the running engine again, so every later stop is refused as unproven and
+    the engine is left running. Wait (bounded) for the command line; a process that never shows
+    one is refused (ProofUnavailable), not recorded."""
+    deadline = time.monotonic() + settle_seconds
     proc = psutil.Process(pid)
-    with proc.oneshot():
-        return ProcessProof(
-            pid=pid,
-            port=port,
-            exe=proc.exe(),
-            cmdline=tuple(proc.cmdline()),
-            create_time=proc.create_time(),
-            start_stamp=start_stamp(pid),
-        )
+    while True:
+        with proc.oneshot():
+            cmdline = tuple(proc.cmdline())
+            if cmdline:
+                return ProcessProof(
+                    pid=pid,
+                    port=port,
+                    exe=proc.exe(),
+                    cmdline=cmdline,
+                    create_time=proc.create_time(),
+                    start_stamp=start_stamp(pid),
+                )
+        if time.monotonic() >= deadline:
+            raise ProofUnavailable(f"pid {pid} showed no command line within {settle_seconds:g}s")
+        time.sleep(0.005)
 
 
 def prove(proof: ProcessProof) -> str:

@@ -94,3 +94,21 @@ def test_a_child_that_ignores_sigterm_is_killed_and_reaped() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_proof_taken_as_soon_as_the_child_is_spawned_proves_it() -> None:
+    # Popen returns once the child's exec has replaced its memory, sometimes before the new
+    # image shows its arguments (an empty /proc command line: read at once, about 1 spawn in 5;
+    # by the old proof, which read the executable first, about 1 in 200). A proof taken then
+    # never matched the engine again, so its unload was refused as unproven and the engine was
+    # left running. 300 spawns (a few seconds) catch the old proof most of the time.
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    for _ in range(300):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        try:
+            proof = llama_cpp.capture_proof(proc.pid, port=1)
+            assert proof.cmdline == tuple(argv)
+            assert llama_cpp.prove(proof) == llama_cpp.PROOF_MATCH
+        finally:
+            proc.kill()
+            proc.wait()
