@@ -4,6 +4,8 @@ one-host grid as a user gets it by default (`one_host_grid`).
 `python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE` is the host agent's side of
 inference that `one_host_grid` runs as its own process, on the agent's event loop
 (grid.eventloop; GRID_EVENT_LOOP=asyncio runs every process of a bench on the standard loop).
+`python -m bench._common serve-floor-gateway NATS_URL KEY_FILE MODEL` is the floor gateway of
+bench.gateway_floor and bench.remote_overhead (`serve_floor_gateway`).
 """
 
 from __future__ import annotations
@@ -242,6 +244,94 @@ async def serve_agent(nats_url: str, endpoint: str, key_file: Path) -> None:
     await log.close()
 
 
+class KeyedEngineHop:
+    """The floor gateway's upstream client: grid.transport.h1 straight to the engine's URL, with
+    the engine's key added to every request as the host's agent adds it on its own host
+    (grid.infer.responder.engine_request_headers; the gateway forwards no Authorization).
+
+    Bench only. A user's gateway never holds an engine key (grid.gateway.upstream), and every
+    engine an agent starts takes one; the floor keeps that engine as it is and hands its key to
+    this one bench gateway instead, so the floor is the least a gateway in front of such an
+    engine can add."""
+
+    __slots__ = ("_authorization", "_pool")
+
+    def __init__(self, pool: Any, key: str) -> None:
+        self._pool = pool
+        self._authorization = (b"authorization", f"Bearer {key}".encode("latin-1"))
+
+    async def post(self, target: Any, body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
+        return await self._pool.post(target, body, [self._authorization, *headers])
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+async def serve_floor_gateway(nats_url: str, key_file: Path, model: str) -> None:
+    """A gateway process as `gridctl serve gateway` runs it (same app, listener, logging and NATS
+    connection: GRID_HOME's gateway credential and CA when it has them), except that its upstream
+    is the h1 backend with the engine's key (`KeyedEngineHop`): no agent, no NATS on the request
+    path. Prints its URL once it lists `model`, serves until SIGTERM."""
+    import dataclasses
+
+    from grid.config import GridConfig
+    from grid.gateway.app import create_gateway_app, start_gateway
+    from grid.gateway.settings import GatewaySettings
+    from grid.identity.connect import connect_log
+    from grid.identity.local import local_credential, local_tls_ca
+    from grid.logs import configure_logging
+    from grid.secrets import read_secret
+
+    configure_logging("auto")
+    cfg = GridConfig.from_environ()
+    creds = local_credential(cfg.home, "gateway")
+    log = await connect_log(nats_url, credentials=creds, tls_ca=local_tls_ca(cfg.home) if creds else None,
+                            name="grid-floor-gateway", ensure_streams=creds is None)
+    try:
+        settings = dataclasses.replace(GatewaySettings.from_environ(), upstream_backend="h1")
+        app = create_gateway_app(log, cfg, settings=settings)
+        running = await start_gateway(app, "127.0.0.1", 0, write_url_file=False)
+        try:
+            upstream = app.state.gateway.upstream  # made by the app's startup, before any request
+            upstream.client = KeyedEngineHop(upstream.client, read_secret(key_file))
+            stop = asyncio.Event()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+            await wait_listed(running.url, model)  # asked here: the caller may be in another namespace
+            print(running.url, flush=True)
+            await stop.wait()
+        finally:
+            await running.stop()
+    finally:
+        await log.close()
+
+
+def start_floor_gateway(nats_url: str, key_file: Path, env: dict[str, str], log_path: Path, *,
+                        model: str = MODEL_ID, prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
+    """`serve_floor_gateway` as its own process (behind `prefix`, e.g. `ip netns exec NS`, which
+    execs it in place: the pid is the gateway's); returns it and its URL once it lists `model`."""
+    gw_env = {k: v for k, v in env.items() if not k.startswith("GRID_GATEWAY_")}  # the defaults
+    gw_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "bench._common", "serve-floor-gateway", nats_url,
+                             str(key_file), model], env=gw_env, stdout=subprocess.PIPE, stderr=open(log_path, "wb"))
+    assert proc.stdout is not None
+    url = proc.stdout.readline().decode().strip()
+    if not url.startswith("http://"):
+        stop_process(proc)
+        raise RuntimeError("the floor gateway did not start: " + log_path.read_text()[-3000:])
+    return proc, url
+
+
+async def wait_listed(url: str, model: str = MODEL_ID, log_path: Path | None = None, timeout: float = 60.0) -> None:
+    """Until the gateway at `url` lists `model` (it has folded the plan and a heartbeat)."""
+    async with httpx.AsyncClient(trust_env=False, timeout=60.0) as c:
+        deadline = time.monotonic() + timeout
+        while model not in (await c.get(f"{url}/v1/models")).text:
+            if time.monotonic() > deadline:
+                tail = log_path.read_text()[-3000:] if log_path is not None else ""
+                raise RuntimeError(f"the gateway at {url} never listed {model}: {tail}")
+            await asyncio.sleep(0.1)
+
+
 def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is None:
         return
@@ -286,12 +376,12 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
     its own NATS connection, live heartbeats describing the engine, and the gateway as its own
     process (`grid.cli.main serve gateway`, default upstream backend, no engine key). Loopback.
 
-    `floor=True` measures what the gateway costs by itself: the engine takes no key (an engine
-    no agent would ever start), and a second gateway process calls it straight over HTTP
-    (upstream backend h1: no agent, no NATS, no TLS). The default path keeps working beside it
-    (llama-server without a key ignores the agent's Authorization header)."""
+    `floor=True` measures what the gateway costs by itself: a second gateway process
+    (`serve_floor_gateway`) calls the same engine straight over HTTP with its key (upstream
+    backend h1 and `KeyedEngineHop`: no agent, no NATS, no TLS). The engine is the one an agent
+    starts, key and all, so the three paths (direct, floor, gateway) reach it alike."""
     from grid.agent.artifacts import ensure_bundled_model
-    from grid.agent.engines.llama_cpp import EngineSpec, build_argv, child_env, spawn
+    from grid.agent.engines.llama_cpp import EngineSpec, spawn
     from grid.agent.engines.runtime import find_runtime
     from grid.config import GridConfig
     from grid.secrets import write_owner_only
@@ -321,13 +411,7 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
             write_owner_only(key_file, (key + "\n").encode())
             spec = EngineSpec(model_id=MODEL_ID, model_path=model_path, port=free_port(), key_file=key_file,
                               slots=slots, context_size=context_size, threads=threads)
-            if floor:
-                argv = build_argv(binary, spec)
-                at = argv.index("--api-key-file")
-                engine = subprocess.Popen(argv[:at] + argv[at + 2:], env=child_env(), stdout=subprocess.DEVNULL,
-                                          stderr=open(Path(tmp) / "llama.log", "wb"))
-            else:
-                engine = spawn(binary, spec, Path(tmp) / "llama.log")
+            engine = spawn(binary, spec, Path(tmp) / "llama.log")
             await wait_http(f"{spec.endpoint}/health")
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             agent = subprocess.Popen(
@@ -342,8 +426,9 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
             if floor:
                 floor_home = Path(tmp) / "floor-home"
                 floor_home.mkdir(mode=0o700)
-                floor_gateway, floor_url = await _gateway(env, floor_home, nats.url, Path(tmp) / "floor-gateway.log",
-                                                          upstream="h1")
+                floor_log = Path(tmp) / "floor-gateway.log"
+                floor_gateway, floor_url = await asyncio.to_thread(
+                    start_floor_gateway, nats.url, key_file, dict(env, GRID_HOME=str(floor_home)), floor_log)
             procs = {"gateway": psutil.Process(gateway.pid), "nats-server": psutil.Process(nats.process.pid),
                      "host agent": psutil.Process(agent.pid), "engine": psutil.Process(engine.pid)}
             if floor_gateway is not None:
@@ -361,25 +446,18 @@ async def one_host_grid(*, threads: int, slots: int = 1, context_size: int = 102
             nats.stop()
 
 
-async def _gateway(env: dict[str, str], home: Path, nats_url: str, log_path: Path,
-                   upstream: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """A gateway process (default settings, or the given upstream backend), once it lists the model."""
+async def _gateway(env: dict[str, str], home: Path, nats_url: str,
+                   log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A gateway process with default settings, once it lists the model."""
     port = free_port()
     gw_env = {k: v for k, v in env.items() if not k.startswith("GRID_GATEWAY_")}  # the defaults
     gw_env.update(GRID_HOME=str(home), GRID_NATS_URL=nats_url)
-    if upstream is not None:
-        gw_env["GRID_GATEWAY_UPSTREAM"] = upstream
     gateway = subprocess.Popen([sys.executable, "-m", "grid.cli.main", "serve", "gateway", "--port", str(port)],
                                env=gw_env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_http(f"{url}/gateway/health")
-        async with httpx.AsyncClient(trust_env=False, timeout=60.0) as c:
-            deadline = time.monotonic() + 30
-            while MODEL_ID not in (await c.get(f"{url}/v1/models")).text:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the gateway never listed the model: " + log_path.read_text()[-3000:])
-                await asyncio.sleep(0.1)
+        await wait_listed(url, log_path=log_path, timeout=30.0)
     except BaseException:
         stop_process(gateway)
         raise
@@ -447,12 +525,15 @@ def print_latency_table(results: dict[str, dict[str, list[float]]], base: str, o
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "serve-agent":
-        from grid import eventloop
+    from grid import eventloop
 
+    if len(sys.argv) == 5 and sys.argv[1] == "serve-agent":
         eventloop.run(serve_agent(sys.argv[2], sys.argv[3], Path(sys.argv[4])))  # the agent's own loop
+    elif len(sys.argv) == 5 and sys.argv[1] == "serve-floor-gateway":
+        eventloop.run(serve_floor_gateway(sys.argv[2], Path(sys.argv[3]), sys.argv[4]))  # the gateway's own loop
     else:
-        sys.exit("usage: python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE")
+        sys.exit("usage: python -m bench._common serve-agent NATS_URL ENDPOINT KEY_FILE\n"
+                 "       python -m bench._common serve-floor-gateway NATS_URL KEY_FILE MODEL")
 
 
 class ChatLoad:

@@ -2,20 +2,21 @@
 hop to the engine's host (agent + NATS) adds on top.
 
 One run (bench._common.one_host_grid(floor=True)) starts a real nats-server, one llama-server
-child (SmolLM2-135M Q4_1) that takes no key, the host agent's side of inference as its own
-process, and two gateway processes beside each other:
+child (SmolLM2-135M Q4_1, the runtime an agent would use) with its host's key, the host agent's
+side of inference as its own process, and two gateway processes beside each other:
 
   * gateway: the default path a user gets, gateway -> NATS -> host agent -> engine;
   * floor: a gateway calling the same engine straight over HTTP (upstream backend h1: no agent,
-    no NATS, no TLS). No user's request takes it: every engine an agent starts takes its
-    host's key, which a gateway never holds. It is the least a gateway in front of an engine
-    can add on this machine, whatever carries the hop behind it.
+    no NATS, no TLS), adding the engine's key itself as the agent would
+    (bench._common.KeyedEngineHop). No user's request takes it: a user's gateway never holds
+    an engine key. It is the least a gateway in front of an engine can add on this machine,
+    whatever carries the hop behind it.
 
 Rounds are interleaved over the three paths (the order turns each round), one keep-alive client
 per path, as bench.gateway_overhead: sequential non-streaming chat (max_tokens=1) and a
 stream's time to first token. It prints both paths against the direct call, then the hop's own
-share (gateway - floor). Goal of the remote path (issue: serving across machines): median added
-<= 2 ms; a floor near it leaves no room for any hop to another host.
+share (gateway - floor). Goal of the hop to another machine (issue "The data path"): <= 1.2 ms
+beyond this floor, measured in the same run (bench.remote_overhead measures both).
 
     python -m bench.gateway_floor [--rounds 200] [--threads 1]
 """
@@ -34,8 +35,8 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
         results, cpu_ms = await interleaved({"direct": grid.direct, "floor": grid.floor, "gateway": grid.via},
                                             rounds=rounds, warmup=warmup, procs=procs)
     print(f"gateway floor: {rounds} interleaved rounds over 3 paths, llama-server threads={threads}, "
-          f"SmolLM2-135M Q4_1 (no key), loopback, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
-    print("floor = a gateway calling the engine straight over HTTP (no agent, no NATS)")
+          f"SmolLM2-135M Q4_1, loopback, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    print("floor = a gateway calling the engine straight over HTTP with its key (no agent, no NATS)")
     floor_added = print_latency_table(results, "direct", "floor")
     print("gateway = the default path (gateway -> NATS -> host agent -> engine)")
     added = print_latency_table(results, "direct", "gateway")
@@ -45,8 +46,9 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
     print(f"CPU per request: floor gateway {cpu_ms['floor gateway']:.3f} ms, gateway {cpu_ms['gateway']:.3f} ms, "
           f"host agent {cpu_ms['host agent']:.3f} ms, nats-server {cpu_ms['nats-server']:.3f} ms "
           f"(each over its measured rounds, background work included)")
-    print(f"median added: floor {floor_added:.2f} ms, gateway {added:.2f} ms; the remote goal (<= 2 ms) leaves "
-          f"{2.0 - floor_added:.2f} ms for a hop to another host beyond the floor")
+    print(f"median added: floor {floor_added:.2f} ms, gateway {added:.2f} ms; the hop beyond the floor "
+          f"{added - floor_added:.2f} ms here (goal for a hop to another machine: <= 1.2 ms beyond the floor, "
+          f"bench.remote_overhead)")
 
 
 def main() -> None:

@@ -6,7 +6,9 @@ gateway holds no engine key and needs no route to the engine: a host behind NAT 
 
 Backends "h1" and "httpx" are HTTP pools to an engine's advertised URL, kept for the pools' own
 tests and benchmarks against engines that take no key: the gateway never holds engine keys, so
-they cannot reach an engine an agent spawned (those accept only their host's key).
+they cannot reach an engine an agent spawned (those accept only their host's key). The one
+exception is a bench's, not a user's: the floor gateway of bench.gateway_floor and
+bench.remote_overhead wraps the h1 client in one that adds the engine's key, as the agent does.
 
 Client headers are never copied wholesale: only content negotiation goes upstream (any client
 Authorization and the X-Grid-Affinity-Key are dropped).
