@@ -145,6 +145,47 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
+class CpuMeter:
+    """Each process's CPU time per request over measured rounds: gross (everything it did
+    meanwhile) and net of its idle rate (the same process's CPU per second while nothing was
+    asked of it, measured just before: heartbeats, log follow, a fleet's controller ticks).
+
+    The gross figure charges a process's background work to the requests in proportion to how
+    long they take (an engine answer of 60 ms carries 60 ms of heartbeats and log follow); the
+    net one is what the requests themselves cost, an estimate: the background does not stop
+    for them. Process CPU times tick at 10 ms, so short rounds round coarsely."""
+
+    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+        self.procs = procs
+        self.idle_ms_per_s: dict[str, float] = {n: 0.0 for n in procs}
+        self.gross: dict[str, float] = {}
+        self.net: dict[str, float] = {}
+        self._before: dict[str, float] = {}
+        self._t0 = 0.0
+
+    async def idle(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        before = {n: cpu_seconds(p) for n, p in self.procs.items()}
+        t0 = time.perf_counter()
+        await asyncio.sleep(seconds)
+        elapsed = time.perf_counter() - t0
+        self.idle_ms_per_s = {n: (cpu_seconds(p) - before[n]) * 1e3 / elapsed for n, p in self.procs.items()}
+
+    def start(self) -> None:
+        self._before = {n: cpu_seconds(p) for n, p in self.procs.items()}
+        self._t0 = time.perf_counter()
+
+    def stop(self, requests: int) -> None:
+        elapsed = time.perf_counter() - self._t0
+        self.gross = {n: (cpu_seconds(p) - self._before[n]) * 1e3 / requests for n, p in self.procs.items()}
+        self.net = {n: self.gross[n] - self.idle_ms_per_s[n] * elapsed / requests for n in self.procs}
+
+    def line(self, names: list[str] | tuple[str, ...]) -> str:
+        """"name net ms (gross ms)" for each of `names`."""
+        return ", ".join(f"{n} {self.net[n]:.3f} ms ({self.gross[n]:.3f})" for n in names if n in self.net)
+
+
 async def wait_http(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(trust_env=False) as c:
@@ -465,11 +506,13 @@ async def _gateway(env: dict[str, str], home: Path, nats_url: str,
 
 
 async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: int, warmup: int,
-                      procs: dict[str, psutil.Process]) -> tuple[dict[str, dict[str, list[float]]], dict[str, float]]:
+                      procs: dict[str, psutil.Process], meter: CpuMeter | None = None,
+                      ) -> tuple[dict[str, dict[str, list[float]]], dict[str, float]]:
     """`rounds` interleaved rounds over two paths (order alternates each round), one keep-alive
     client per path: a non-streaming max_tokens=1 chat ("plain") and a stream's time to first
     token ("ttft") each. Returns the latencies and each process's CPU ms per request of one
-    path (user + system over the measured rounds / (2 * rounds))."""
+    path (user + system over the measured rounds / (2 * rounds)); `meter`, when given, holds
+    the same rounds' figures gross and net of idle (its `idle` is measured before, by the caller)."""
     names = list(paths)
     results: dict[str, dict[str, list[float]]] = {"plain": {n: [] for n in names}, "ttft": {n: [] for n in names}}
     async with contextlib.AsyncExitStack() as stack:
@@ -480,12 +523,16 @@ async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: i
                 await one_plain(c, url, h)
                 await one_ttft(c, url, h)
         before = {n: cpu_seconds(p) for n, p in procs.items()}
+        if meter is not None:
+            meter.start()
         for i in range(rounds):
             order = names if i % 2 == 0 else names[::-1]
             for name in order:
                 results["plain"][name].append(await one_plain(*clients[name]))
             for name in order:
                 results["ttft"][name].append(await one_ttft(*clients[name]))
+        if meter is not None:
+            meter.stop(2 * rounds)
         cpu_ms = {n: (cpu_seconds(p) - before[n]) * 1e3 / (2 * rounds) for n, p in procs.items()}
     return results, cpu_ms
 
@@ -508,6 +555,9 @@ def overhead_args(doc: str | None) -> Any:
     parser.add_argument("--rounds", type=int, default=200, help="interleaved measured rounds")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured rounds first")
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads (2 cores here)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0,
+                        help="how long each process's idle CPU rate is measured first (benches that report CPU "
+                             "net of it; 0: not measured)")
     args = parser.parse_args()
     args.rounds, args.warmup = max(1, args.rounds), max(0, args.warmup)
     return args

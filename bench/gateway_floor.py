@@ -26,14 +26,16 @@ from __future__ import annotations
 import asyncio
 import os
 
-from bench._common import interleaved, one_host_grid, overhead_args, pct, print_latency_table
+from bench._common import CpuMeter, interleaved, one_host_grid, overhead_args, pct, print_latency_table
 
 
-async def run(rounds: int, threads: int, warmup: int) -> None:
+async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> None:
     async with one_host_grid(threads=threads, floor=True) as grid:
         procs = {n: p for n, p in grid.procs.items() if n != "engine"}
-        results, cpu_ms = await interleaved({"direct": grid.direct, "floor": grid.floor, "gateway": grid.via},
-                                            rounds=rounds, warmup=warmup, procs=procs)
+        meter = CpuMeter(procs)
+        await meter.idle(idle_seconds)
+        results, _ = await interleaved({"direct": grid.direct, "floor": grid.floor, "gateway": grid.via},
+                                       rounds=rounds, warmup=warmup, procs=procs, meter=meter)
     print(f"gateway floor: {rounds} interleaved rounds over 3 paths, llama-server threads={threads}, "
           f"SmolLM2-135M Q4_1, loopback, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
     print("floor = a gateway calling the engine straight over HTTP with its key (no agent, no NATS)")
@@ -43,9 +45,8 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
     for name, label in (("plain", "max_tokens=1 latency"), ("ttft", "stream first token")):
         hop = (pct(results[name]["gateway"], 0.5) - pct(results[name]["floor"], 0.5)) * 1e3
         print(f"{label}: the hop through NATS and the host agent adds {hop:.2f} ms (median gateway - floor)")
-    print(f"CPU per request: floor gateway {cpu_ms['floor gateway']:.3f} ms, gateway {cpu_ms['gateway']:.3f} ms, "
-          f"host agent {cpu_ms['host agent']:.3f} ms, nats-server {cpu_ms['nats-server']:.3f} ms "
-          f"(each over its measured rounds, background work included)")
+    print(f"CPU per request, net of each process's idle rate (gross, background included): gateway path "
+          f"{meter.line(('gateway', 'nats-server', 'host agent'))}; floor path {meter.line(('floor gateway',))}")
     print(f"median added: floor {floor_added:.2f} ms, gateway {added:.2f} ms; the hop beyond the floor "
           f"{added - floor_added:.2f} ms here (goal for a hop to another machine: <= 1.2 ms beyond the floor, "
           f"bench.remote_overhead)")
@@ -53,7 +54,7 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
 
 def main() -> None:
     args = overhead_args(__doc__)
-    asyncio.run(run(args.rounds, args.threads, args.warmup))
+    asyncio.run(run(args.rounds, args.threads, args.warmup, args.idle_seconds))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import psutil
 
 from bench._common import (
     MESSAGES,
-    cpu_seconds,
+    CpuMeter,
     one_plain,
     one_ttft,
     overhead_args,
@@ -128,7 +128,7 @@ def _seed(root: Path) -> None:
     cache.register(BUNDLED_MODEL_ID, BUNDLED_SHA256, target.stat().st_size)
 
 
-async def run(rounds: int, threads: int, warmup: int) -> None:
+async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> None:
     from grid.agent.state import AgentPaths, decode_state
     from grid.config import GridConfig
     from grid.testfleet.fleet import FleetSpec, fleet_root, start_fleet, stop_fleet
@@ -176,14 +176,15 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
                     for fn in measure.values():
                         await fn("plain")
                         await fn("ttft")
-                before = {n: cpu_seconds(p) for n, p in procs.items() if p is not None}
+                meter = CpuMeter({n: p for n, p in procs.items() if p is not None})
+                await meter.idle(idle_seconds)
+                meter.start()
                 for i in range(rounds):
                     order = PATHS if i % 2 == 0 else PATHS[::-1]
                     for kind in ("plain", "ttft"):
                         for name in order:
                             results[kind][name].append(await measure[name](kind))
-                cpu_ms = {n: (cpu_seconds(p) - before[n]) * 1e3 / (2 * rounds) for n, p in procs.items()
-                          if p is not None}
+                meter.stop(2 * rounds)
                 r = await client.post(remote_url, json={"model": model, "max_tokens": 1, "messages": MESSAGES})
                 served_by = r.headers.get("x-grid-host")
         finally:
@@ -217,10 +218,12 @@ async def run(rounds: int, threads: int, warmup: int) -> None:
         diffs = _diffs(results[kind], "remote", "floor")
         print(f"  {label}: median {beyond:.2f} ms; per-round p50 {pct(diffs, 0.5) * 1e3:.2f} ms, "
               f"p90 {pct(diffs, 0.9) * 1e3:.2f} ms")
-    print("CPU per request: remote path " + ", ".join(f"{n} {cpu_ms[n]:.3f} ms" for n in REMOTE_PROCS if n in cpu_ms)
-          + f" (total {sum(cpu_ms[n] for n in REMOTE_PROCS if n in cpu_ms):.3f} ms); floor gateway "
-          f"{cpu_ms.get('floor gateway', float('nan')):.3f} ms (each over its measured rounds, background work "
-          f"included)")
+    remote_net = sum(meter.net[n] for n in REMOTE_PROCS if n in meter.net)
+    remote_gross = sum(meter.gross[n] for n in REMOTE_PROCS if n in meter.gross)
+    print(f"CPU per request, net of each process's idle rate (gross, background included), over {idle_seconds:.0f} s "
+          f"idle then the measured rounds: remote path {meter.line(REMOTE_PROCS)}, total {remote_net:.3f} ms "
+          f"({remote_gross:.3f}); floor path {meter.line(('floor gateway',))}")
+    print("idle CPU ms per second: " + ", ".join(f"{n} {v:.1f}" for n, v in meter.idle_ms_per_s.items()))
     beyond = (pct(results["plain"]["remote"], 0.5) - pct(results["plain"]["floor"], 0.5)) * 1e3
     print(f"goal: the remote hop adds <= {GOAL_BEYOND_FLOOR_MS} ms beyond the floor (median max_tokens=1, "
           f"remote - floor): {'met' if beyond <= GOAL_BEYOND_FLOOR_MS else 'NOT met'} ({beyond:.2f} ms)")
@@ -236,7 +239,7 @@ def main() -> None:
         asyncio.run(direct_client(sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5])))
         return
     args = overhead_args(__doc__)
-    asyncio.run(run(args.rounds, args.threads, args.warmup))
+    asyncio.run(run(args.rounds, args.threads, args.warmup, args.idle_seconds))
 
 
 if __name__ == "__main__":
