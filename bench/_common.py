@@ -155,20 +155,22 @@ class CpuMeter:
     net one is what the requests themselves cost, an estimate: the background does not stop
     for them. Process CPU times tick at 10 ms, so short rounds round coarsely."""
 
-    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+    def __init__(self, procs: dict[str, psutil.Process], idle_seconds: float) -> None:
         self.procs = procs
+        self.idle_seconds = idle_seconds
         self.idle_ms_per_s: dict[str, float] = {n: 0.0 for n in procs}
         self.gross: dict[str, float] = {}
         self.net: dict[str, float] = {}
         self._before: dict[str, float] = {}
         self._t0 = 0.0
 
-    async def idle(self, seconds: float) -> None:
-        if seconds <= 0:
+    async def idle(self) -> None:
+        """Measure the idle rates (after the warmup: startup work is over by then)."""
+        if self.idle_seconds <= 0:
             return
         before = {n: cpu_seconds(p) for n, p in self.procs.items()}
         t0 = time.perf_counter()
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(self.idle_seconds)
         elapsed = time.perf_counter() - t0
         self.idle_ms_per_s = {n: (cpu_seconds(p) - before[n]) * 1e3 / elapsed for n, p in self.procs.items()}
 
@@ -184,6 +186,10 @@ class CpuMeter:
     def line(self, names: list[str] | tuple[str, ...]) -> str:
         """"name net ms (gross ms)" for each of `names`."""
         return ", ".join(f"{n} {self.net[n]:.3f} ms ({self.gross[n]:.3f})" for n in names if n in self.net)
+
+    def idle_line(self) -> str:
+        return (f"idle CPU ms per second over {self.idle_seconds:.0f} s after the warmup: "
+                + ", ".join(f"{n} {v:.1f}" for n, v in self.idle_ms_per_s.items()))
 
 
 async def wait_http(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> None:
@@ -511,8 +517,8 @@ async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: i
     """`rounds` interleaved rounds over two paths (order alternates each round), one keep-alive
     client per path: a non-streaming max_tokens=1 chat ("plain") and a stream's time to first
     token ("ttft") each. Returns the latencies and each process's CPU ms per request of one
-    path (user + system over the measured rounds / (2 * rounds)); `meter`, when given, holds
-    the same rounds' figures gross and net of idle (its `idle` is measured before, by the caller)."""
+    path (user + system over the measured rounds / (2 * rounds)); `meter`, when given, measures
+    the idle rates after the warmup and holds the rounds' figures gross and net of them."""
     names = list(paths)
     results: dict[str, dict[str, list[float]]] = {"plain": {n: [] for n in names}, "ttft": {n: [] for n in names}}
     async with contextlib.AsyncExitStack() as stack:
@@ -522,9 +528,10 @@ async def interleaved(paths: dict[str, tuple[str, dict[str, str]]], *, rounds: i
             for c, url, h in clients.values():
                 await one_plain(c, url, h)
                 await one_ttft(c, url, h)
-        before = {n: cpu_seconds(p) for n, p in procs.items()}
         if meter is not None:
+            await meter.idle()
             meter.start()
+        before = {n: cpu_seconds(p) for n, p in procs.items()}
         for i in range(rounds):
             order = names if i % 2 == 0 else names[::-1]
             for name in order:

@@ -32,8 +32,7 @@ from bench._common import CpuMeter, interleaved, one_host_grid, overhead_args, p
 async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> None:
     async with one_host_grid(threads=threads, floor=True) as grid:
         procs = {n: p for n, p in grid.procs.items() if n != "engine"}
-        meter = CpuMeter(procs)
-        await meter.idle(idle_seconds)
+        meter = CpuMeter(procs, idle_seconds)
         results, _ = await interleaved({"direct": grid.direct, "floor": grid.floor, "gateway": grid.via},
                                        rounds=rounds, warmup=warmup, procs=procs, meter=meter)
     print(f"gateway floor: {rounds} interleaved rounds over 3 paths, llama-server threads={threads}, "
@@ -47,6 +46,7 @@ async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> No
         print(f"{label}: the hop through NATS and the host agent adds {hop:.2f} ms (median gateway - floor)")
     print(f"CPU per request, net of each process's idle rate (gross, background included): gateway path "
           f"{meter.line(('gateway', 'nats-server', 'host agent'))}; floor path {meter.line(('floor gateway',))}")
+    print(meter.idle_line())
     print(f"median added: floor {floor_added:.2f} ms, gateway {added:.2f} ms; the hop beyond the floor "
           f"{added - floor_added:.2f} ms here (goal for a hop to another machine: <= 1.2 ms beyond the floor, "
           f"bench.remote_overhead)")

@@ -176,8 +176,8 @@ async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> No
                     for fn in measure.values():
                         await fn("plain")
                         await fn("ttft")
-                meter = CpuMeter({n: p for n, p in procs.items() if p is not None})
-                await meter.idle(idle_seconds)
+                meter = CpuMeter({n: p for n, p in procs.items() if p is not None}, idle_seconds)
+                await meter.idle()
                 meter.start()
                 for i in range(rounds):
                     order = PATHS if i % 2 == 0 else PATHS[::-1]
@@ -220,10 +220,9 @@ async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> No
               f"p90 {pct(diffs, 0.9) * 1e3:.2f} ms")
     remote_net = sum(meter.net[n] for n in REMOTE_PROCS if n in meter.net)
     remote_gross = sum(meter.gross[n] for n in REMOTE_PROCS if n in meter.gross)
-    print(f"CPU per request, net of each process's idle rate (gross, background included), over {idle_seconds:.0f} s "
-          f"idle then the measured rounds: remote path {meter.line(REMOTE_PROCS)}, total {remote_net:.3f} ms "
+    print(f"CPU per request, net of each process's idle rate (gross, background included): remote path {meter.line(REMOTE_PROCS)}, total {remote_net:.3f} ms "
           f"({remote_gross:.3f}); floor path {meter.line(('floor gateway',))}")
-    print("idle CPU ms per second: " + ", ".join(f"{n} {v:.1f}" for n, v in meter.idle_ms_per_s.items()))
+    print(meter.idle_line())
     beyond = (pct(results["plain"]["remote"], 0.5) - pct(results["plain"]["floor"], 0.5)) * 1e3
     print(f"goal: the remote hop adds <= {GOAL_BEYOND_FLOOR_MS} ms beyond the floor (median max_tokens=1, "
           f"remote - floor): {'met' if beyond <= GOAL_BEYOND_FLOOR_MS else 'NOT met'} ({beyond:.2f} ms)")
