@@ -153,7 +153,9 @@ class CpuMeter:
     The gross figure charges a process's background work to the requests in proportion to how
     long they take (an engine answer of 60 ms carries 60 ms of heartbeats and log follow); the
     net one is what the requests themselves cost, an estimate: the background does not stop
-    for them. Process CPU times tick at 10 ms, so short rounds round coarsely."""
+    for them. Process CPU times tick at 10 ms, so short rounds round coarsely; a negative net
+    figure says the background varied by more than the requests cost (a machine loaded by other
+    work, where even an idle process's CPU time swells): read the gross one then."""
 
     def __init__(self, procs: dict[str, psutil.Process], idle_seconds: float) -> None:
         self.procs = procs
