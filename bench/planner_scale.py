@@ -8,7 +8,10 @@ tiers, failure domains, lifecycle states and load; seeded generator). Two plans 
            some warming), their weights cached, throughput measured on some of them;
 * full   - a saturated homogeneous fleet (8 GB hosts, 6 GB models, demand far above
            capacity, four priority classes): every model ends with a shortfall, exercising the
-           repair lower bound, preemption search and shortfall explanations.
+           repair lower bound, preemption search and shortfall explanations;
+* pending - the cold fleet a moment later with the cold plan's new placements commanded and
+           not yet loaded (``PlannerInput.pending``): the controller's steady tick while its
+           first wave is in flight (every pending host is special for its model).
 
 Prints wall time, placements/s, plan size and the log-log slope of time in hosts per model
 count. The baseline measured in the same run is the planner's reference full-scan candidate
@@ -18,19 +21,32 @@ column is baseline time / indexed time (identical plan bytes are asserted).
     python bench/planner_scale.py            # full grid
     python bench/planner_scale.py --quick    # smallest cells only
     python bench/planner_scale.py --hosts 16384 --models 2048   # one cell
+    python -m bench.planner_scale --hosts 10000 --models 64 --against ../main   # vs another tree
+
+``--against TREE`` also times TREE's planner (another checkout, e.g. the main branch) on the very
+same inputs in a child process right after this tree's, asserts identical plan bytes and prints
+its time and the speed-up (its time / this tree's).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import msgspec
 
 from grid.events.control import ModelProfile
 from grid.events.host import CachedArtifact, HostLoad, HostResources
-from grid.fleet.planning import DemandTarget, Harm, PlannerInput, encode_plan
+from grid.fleet.planning import DemandTarget, Harm, PendingPlacement, PlannerInput, encode_plan
 from grid.fleet.views import HostView, ResidencyView
 from grid.planner.plan import build_plan, plan
 
@@ -303,6 +319,32 @@ def steady_input(inp: PlannerInput, cold_plan, seed: int) -> PlannerInput:
     )
 
 
+def pending_input(inp: PlannerInput, cold_plan) -> PlannerInput:
+    """A moment after the cold plan: its new placements are commanded, none loaded yet."""
+    pairs = sorted({(p.host_id, p.model_id) for p in cold_plan.placements if p.status == "new"})
+    return msgspec.structs.replace(
+        inp, now=inp.now + 5.0, pending=tuple(PendingPlacement(host_id=h, model_id=m) for h, m in pairs)
+    )
+
+
+def against_times(tree: str, inputs: list[PlannerInput], repeat: int) -> list[tuple[float, str]]:
+    """(best seconds, plan sha256) per input, planned by the planner of source tree `tree`."""
+    timer = Path(__file__).resolve().parent / "_plan_timer.py"
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        f.write(msgspec.json.encode(inputs))
+        path = f.name
+    try:
+        env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+        out = subprocess.run(
+            [sys.executable, str(timer), path, "--repeat", str(repeat)],
+            env=env, check=True, capture_output=True, text=True,
+        ).stdout
+    finally:
+        os.unlink(path)
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [(r["seconds"], r["sha256"]) for r in rows]
+
+
 def saturated_input(n_hosts: int, n_models: int) -> PlannerInput:
     hosts = tuple(
         HostView(
@@ -367,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--hosts", default=None, help="host counts, comma-separated (overrides the grid's)")
     ap.add_argument("--models", default=None, help="model counts, comma-separated (overrides the grid's)")
+    ap.add_argument("--against", default=None, help="another source tree whose planner to time on the same inputs")
     args = ap.parse_args(argv)
     hosts_axis = [64] if args.quick else [64, 512, 4096]
     models_axis = [32, 128] if args.quick else [32, 128, 512]
@@ -375,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.models:
         models_axis = [int(x) for x in args.models.split(",")]
     print(
-        f"{'hosts':>6} {'models':>6} {'phase':>6} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
+        f"{'hosts':>6} {'models':>6} {'phase':>7} {'wanted':>7} {'placed':>7} {'short':>6} {'preempt':>7} "
         f"{'seconds':>8} {'placements/s':>12} {'plan KB':>8} {'full-scan s':>11} {'ratio':>6}"
+        + (f" {'against s':>9} {'speed-up':>8}" if args.against else "")
     )
     times: dict[tuple[int, int, str], float] = {}
     for n_models in models_axis:
@@ -387,11 +431,16 @@ def main(argv: list[str] | None = None) -> int:
             steady_t, st = timed(plan, steady, repeat=args.repeat)
             full = saturated_input(n_hosts, n_models)
             full_t, fp = timed(plan, full, repeat=args.repeat)
-            for phase, t, p, i in (
+            pend = pending_input(inp, cold)
+            pend_t, pp = timed(plan, pend, repeat=args.repeat)
+            phases = (
                 ("cold", cold_t, cold, inp),
                 ("steady", steady_t, st, steady),
                 ("full", full_t, fp, full),
-            ):
+                ("pending", pend_t, pp, pend),
+            )
+            other = against_times(args.against, [x[3] for x in phases], args.repeat) if args.against else None
+            for k, (phase, t, p, i) in enumerate(phases):
                 times[(n_models, n_hosts, phase)] = t
                 wanted = sum(e.wanted for e in p.explanations)
                 placed = sum(e.placed for e in p.explanations)
@@ -401,15 +450,20 @@ def main(argv: list[str] | None = None) -> int:
                     bt, bp = timed(lambda x: build_plan(x, reference_scan=True), i)
                     assert encode_plan(bp) == data, "full scan and indexed plan differ"
                     base_s, ratio = f"{bt:.3f}", f"{bt / t:.1f}x"
+                vs = ""
+                if other is not None:
+                    ot, osha = other[k]
+                    assert osha == hashlib.sha256(data).hexdigest(), f"{phase}: the two trees' plans differ"
+                    vs = f" {ot:>9.3f} {ot / t:>7.2f}x"
                 print(
-                    f"{n_hosts:>6} {n_models:>6} {phase:>6} {wanted:>7} {placed:>7} {len(p.shortfalls):>6} "
+                    f"{n_hosts:>6} {n_models:>6} {phase:>7} {wanted:>7} {placed:>7} {len(p.shortfalls):>6} "
                     f"{len(p.preemptions):>7} {t:>8.3f} {len(p.placements) / t:>12.0f} {len(data) / 1024:>8.0f} "
-                    f"{base_s:>11} {ratio:>6}",
+                    f"{base_s:>11} {ratio:>6}{vs}",
                     flush=True,
                 )
     if len(hosts_axis) > 1:
         print()
-        for phase in ("cold", "steady", "full"):
+        for phase in ("cold", "steady", "full", "pending"):
             for n_models in models_axis:
                 ys = [times[(n_models, h, phase)] for h in hosts_axis]
                 print(

@@ -24,7 +24,7 @@ from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
 from grid.planner.devices import residency_devices, share_mb
 from grid.planner.eligibility import StaticEligibility
-from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
+from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, Bucket, HostClass, Rejection
 from grid.planner.scoring import Scores
 from grid.planner.state import (
     ScoredHost,
@@ -102,6 +102,10 @@ class Ledger(StaticEligibility):
         self._class_values: dict[tuple[int, int], Scores] = {}
         self._release: tuple[list[tuple[int, int]], set[int]] | None = None
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
+        # (class idx, model idx) -> per bucket (bucket, load, throttled, score upper bound)
+        self._bucket_memo: dict[tuple[int, int], list[tuple[Bucket, float, float, float]]] = {}
+        # (host idx, model idx) -> (what the verdict read, verdict) for special hosts
+        self._special_memo: dict[tuple[int, int], tuple[tuple, ScoredHost | None]] = {}
 
     # ==================================================================================
     # Scoring
@@ -255,6 +259,47 @@ class Ledger(StaticEligibility):
             S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
         )
 
+    def _special_candidate(
+        self, hs: HostState, ms: ModelState, need_new_domain: bool
+    ) -> ScoredHost | None:
+        """``eval_host`` for one of the model's special hosts, remembered between searches.
+
+        A model's special hosts (pending, cached, resident, measured) are evaluated one by one
+        on every search for it, and most of them did not change since the last one. The key is
+        every mutable value ``eval_host`` reads for this (host, model); everything else it reads
+        (static verdicts, runtime and memory, timings, pending, scarcity, class values) is fixed
+        for the plan. Equal key, equal verdict and scores."""
+        mid = ms.req.model_id
+        # One replica per model per host: whatever else holds, a present model is no candidate
+        # (the static verdict, if any, would also give None).
+        if mid in hs.desired or mid in hs.live_models:
+            return None
+        is_new = hs.domain not in ms.used_domains
+        if need_new_domain and not is_new:
+            return None
+        dev = hs.dev
+        key = (
+            is_new,
+            hs.free_a,
+            hs.free_b,
+            hs.present_n,
+            hs.col_min,
+            hs.disk_used,
+            self.disk_extra,
+            hs.excl_counts.get(mid, 0),
+            hs.flap_quarantined,
+            mid in hs.held_models,
+            hs.residencies.get(mid),
+            None if dev is None else (tuple(dev.free_a.values()), tuple(dev.free_b.values())),
+        )
+        mkey = (hs.idx, ms.idx)
+        hit = self._special_memo.get(mkey)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        c = self.eval_host(hs, ms, need_new_domain)
+        self._special_memo[mkey] = (key, c)
+        return c
+
     def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
         """Eligible classes by an upper bound on any member's score (new domain, perfect
         fit, no load or throttling penalty), best first. Computed once per model."""
@@ -268,6 +313,25 @@ class Ledger(StaticEligibility):
             ms.class_order = order
         return ms.class_order
 
+    def _bucket_bounds(
+        self, ci: int, ms: ModelState
+    ) -> list[tuple[Bucket, float, float, float]]:
+        """Per bucket of a class: its load and throttling values and the upper bound on any
+        member's score for ms (new domain, perfect fit). Static for the plan, so computed once
+        per (class, model) instead of on every search."""
+        key = (ci, ms.idx)
+        out = self._bucket_memo.get(key)
+        if out is None:
+            base = self.class_values(self.classes[ci], ms)
+            out = []
+            for b in self.classes[ci].buckets:
+                load = S.score_load(b.load_level)
+                thr = S.score_throttled(b.throttled)
+                ub = S.combine(S.with_host_terms(base, True, 100.0, load, thr), ms.boost)
+                out.append((b, load, thr, ub))
+            self._bucket_memo[key] = out
+        return out
+
     def best_host(self, ms: ModelState, need_new_domain: bool) -> ScoredHost | None:
         """The feasible host with the highest score (ties: smaller host id), exactly as a full
         scan would find it: special hosts one by one, every other host through its bucket."""
@@ -276,7 +340,7 @@ class Ledger(StaticEligibility):
         best: ScoredHost | None = None
         hosts = self.hosts
         for hi in ms.special:
-            c = self.eval_host(hosts[hi], ms, need_new_domain)
+            c = self._special_candidate(hosts[hi], ms, need_new_domain)
             if c is not None and c.beats(best):
                 best = c
         if ms.explicit:
@@ -299,17 +363,11 @@ class Ledger(StaticEligibility):
             cls = self.classes[ci]
             rt, mem = ms.class_mem[ci]
             base = self.class_values(cls, ms)
-            for b in cls.buckets:
+            for b, load, thr, b_ub in self._bucket_bounds(ci, ms):
                 lst = b.open
                 if not lst:
                     continue
-                load = S.score_load(b.load_level)
-                thr = S.score_throttled(b.throttled)
-                if (
-                    best is not None
-                    and combine(host_terms(base, True, 100.0, load, thr), boost)
-                    < best.score
-                ):
+                if best is not None and b_ub < best.score:
                     continue
                 # With no domain used yet every host is in a new domain (a first replica that
                 # needs one must still search the buckets, not only the special hosts).
