@@ -21,7 +21,12 @@ def discrete_devices(res: HostResources) -> tuple[AcceleratorDevice, ...]:
 
 def vram_backend(res: HostResources) -> str | None:
     """The discrete backend this host's placements use, or None (RAM)."""
-    devices = discrete_devices(res)
+    return backend_of(res, discrete_devices(res))
+
+
+def backend_of(res: HostResources, devices: tuple[AcceleratorDevice, ...]) -> str | None:
+    """``vram_backend`` given the host's ``discrete_devices`` (callers that need both list the
+    devices once: the planner asks for every host)."""
     if not devices or not res.runtimes:
         return None
     backend = devices[0].backend
@@ -37,6 +42,7 @@ def vram_backend(res: HostResources) -> str | None:
 
 def vram_capacity_mb(res: HostResources) -> int:
     """Total memory of the discrete devices placements use (0 on a RAM host)."""
-    if vram_backend(res) is None:
+    devices = discrete_devices(res)
+    if backend_of(res, devices) is None:
         return 0
-    return sum(max(0, d.total_memory_mb) for d in discrete_devices(res))
+    return sum(max(0, d.total_memory_mb) for d in devices)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from grid.events.host import AcceleratorDevice, HostResources
-from grid.fleet.devices import discrete_devices, vram_backend
+from grid.fleet.devices import backend_of, discrete_devices
 from grid.fleet.views import HostView, ResidencyView
 
 
@@ -46,9 +46,9 @@ class DeviceLedger:
     def for_host(cls, snap: HostView, live_states: frozenset[str]) -> DeviceLedger | None:
         """The ledger of a VRAM host before any incumbent is kept (None on a RAM host)."""
         res: HostResources = snap.resources
-        if vram_backend(res) is None:
-            return None
         devices: tuple[AcceleratorDevice, ...] = discrete_devices(res)
+        if backend_of(res, devices) is None:
+            return None
         known = frozenset(d.index for d in devices)
         derating = min(1.0, max(0.0, float(res.thermal_derating)))
         grid_on: dict[int, int] = {d.index: 0 for d in devices}

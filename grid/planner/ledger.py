@@ -259,46 +259,61 @@ class Ledger(StaticEligibility):
             S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
         )
 
-    def _special_candidate(
-        self, hs: HostState, ms: ModelState, need_new_domain: bool
-    ) -> ScoredHost | None:
-        """``eval_host`` for one of the model's special hosts, remembered between searches.
+    def _best_special(self, ms: ModelState, need_new_domain: bool) -> ScoredHost | None:
+        """The best of the model's special hosts, as ``eval_host`` on each would find it.
 
         A model's special hosts (pending, cached, resident, measured) are evaluated one by one
-        on every search for it, and most of them did not change since the last one. The key is
-        every mutable value ``eval_host`` reads for this (host, model); everything else it reads
-        (static verdicts, runtime and memory, timings, pending, scarcity, class values) is fixed
-        for the plan. Equal key, equal verdict and scores."""
+        on every search for it, and most of them did not change since the last one: with a
+        first wave in flight a model has about one pending host per replica. Each verdict is
+        remembered under a key of every mutable value ``eval_host`` reads for that (host,
+        model); everything else it reads (static verdicts, runtime and memory, timings,
+        pending, scarcity, class values) is fixed for the plan. Equal key, equal verdict and
+        scores. The loop is written out (no call per host): it runs for every special host of
+        every search."""
+        best: ScoredHost | None = None
+        hosts = self.hosts
+        memo = self._special_memo
         mid = ms.req.model_id
-        # One replica per model per host: whatever else holds, a present model is no candidate
-        # (the static verdict, if any, would also give None).
-        if mid in hs.desired or mid in hs.live_models:
-            return None
-        is_new = hs.domain not in ms.used_domains
-        if need_new_domain and not is_new:
-            return None
-        dev = hs.dev
-        key = (
-            is_new,
-            hs.free_a,
-            hs.free_b,
-            hs.present_n,
-            hs.col_min,
-            hs.disk_used,
-            self.disk_extra,
-            hs.excl_counts.get(mid, 0),
-            hs.flap_quarantined,
-            mid in hs.held_models,
-            hs.residencies.get(mid),
-            None if dev is None else (tuple(dev.free_a.values()), tuple(dev.free_b.values())),
-        )
-        mkey = (hs.idx, ms.idx)
-        hit = self._special_memo.get(mkey)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        c = self.eval_host(hs, ms, need_new_domain)
-        self._special_memo[mkey] = (key, c)
-        return c
+        midx = ms.idx
+        used = ms.used_domains
+        disk_extra = self.disk_extra
+        for hi in ms.special:
+            hs = hosts[hi]
+            # One replica per model per host: whatever else holds, a present model is no
+            # candidate (a static rejection would give None as well).
+            if mid in hs.desired or mid in hs.live_models:
+                continue
+            is_new = hs.domain not in used
+            if need_new_domain and not is_new:
+                continue
+            dev = hs.dev
+            key = (
+                is_new,
+                hs.free_a,
+                hs.free_b,
+                hs.present_n,
+                hs.col_min,
+                hs.disk_used,
+                disk_extra,
+                hs.excl_counts.get(mid, 0),
+                hs.flap_quarantined,
+                mid in hs.held_models,
+                hs.residencies.get(mid),
+                None if dev is None else (tuple(dev.free_a.values()), tuple(dev.free_b.values())),
+            )
+            hit = memo.get((hi, midx))
+            if hit is not None and hit[0] == key:
+                c = hit[1]
+            else:
+                c = self.eval_host(hs, ms, need_new_domain)
+                memo[(hi, midx)] = (key, c)
+            if c is not None and (
+                best is None
+                or c.score > best.score
+                or (c.score == best.score and c.host_id < best.host_id)
+            ):
+                best = c
+        return best
 
     def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
         """Eligible classes by an upper bound on any member's score (new domain, perfect
@@ -337,12 +352,8 @@ class Ledger(StaticEligibility):
         scan would find it: special hosts one by one, every other host through its bucket."""
         if self.reference_scan:
             return self._best_host_reference(ms, need_new_domain)
-        best: ScoredHost | None = None
+        best = self._best_special(ms, need_new_domain)
         hosts = self.hosts
-        for hi in ms.special:
-            c = self._special_candidate(hosts[hi], ms, need_new_domain)
-            if c is not None and c.beats(best):
-                best = c
         if ms.explicit:
             return best
         used = ms.used_domains
