@@ -24,7 +24,7 @@ from grid.fleet.views import ResidencyView
 from grid.planner import scoring as S
 from grid.planner.devices import residency_devices, share_mb
 from grid.planner.eligibility import StaticEligibility
-from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, Bucket, HostClass, Rejection
+from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
 from grid.planner.scoring import Scores
 from grid.planner.state import (
     ScoredHost,
@@ -102,8 +102,8 @@ class Ledger(StaticEligibility):
         self._class_values: dict[tuple[int, int], Scores] = {}
         self._release: tuple[list[tuple[int, int]], set[int]] | None = None
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
-        # (class idx, model idx) -> per bucket (bucket, load, throttled, score upper bound)
-        self._bucket_memo: dict[tuple[int, int], list[tuple[Bucket, float, float, float]]] = {}
+        # (class idx, model idx) -> per bucket [bucket, load, throttled, score upper bound or None]
+        self._bucket_memo: dict[tuple[int, int], list[list]] = {}
         # (host idx, model idx) -> (what the verdict read, verdict) for special hosts
         self._special_memo: dict[tuple[int, int], tuple[tuple, ScoredHost | None]] = {}
 
@@ -328,22 +328,18 @@ class Ledger(StaticEligibility):
             ms.class_order = order
         return ms.class_order
 
-    def _bucket_bounds(
-        self, ci: int, ms: ModelState
-    ) -> list[tuple[Bucket, float, float, float]]:
-        """Per bucket of a class: its load and throttling values and the upper bound on any
-        member's score for ms (new domain, perfect fit). Static for the plan, so computed once
-        per (class, model) instead of on every search."""
+    def _bucket_bounds(self, ci: int, ms: ModelState) -> list[list]:
+        """Per bucket of a class: ``[bucket, load value, throttled value, score upper bound]``
+        for ms, the bound (new domain, perfect fit) None until a search first needs it. All
+        of it is static for the plan, so a model's later searches reuse it; the bound stays
+        lazy because a model with one or two replicas rarely reads most of them."""
         key = (ci, ms.idx)
         out = self._bucket_memo.get(key)
         if out is None:
-            base = self.class_values(self.classes[ci], ms)
-            out = []
-            for b in self.classes[ci].buckets:
-                load = S.score_load(b.load_level)
-                thr = S.score_throttled(b.throttled)
-                ub = S.combine(S.with_host_terms(base, True, 100.0, load, thr), ms.boost)
-                out.append((b, load, thr, ub))
+            out = [
+                [b, S.score_load(b.load_level), S.score_throttled(b.throttled), None]
+                for b in self.classes[ci].buckets
+            ]
             self._bucket_memo[key] = out
         return out
 
@@ -374,12 +370,16 @@ class Ledger(StaticEligibility):
             cls = self.classes[ci]
             rt, mem = ms.class_mem[ci]
             base = self.class_values(cls, ms)
-            for b, load, thr, b_ub in self._bucket_bounds(ci, ms):
+            for bb in self._bucket_bounds(ci, ms):
+                b, load, thr, b_ub = bb
                 lst = b.open
                 if not lst:
                     continue
-                if best is not None and b_ub < best.score:
-                    continue
+                if best is not None:
+                    if b_ub is None:
+                        b_ub = bb[3] = combine(host_terms(base, True, 100.0, load, thr), boost)
+                    if b_ub < best.score:
+                        continue
                 # With no domain used yet every host is in a new domain (a first replica that
                 # needs one must still search the buckets, not only the special hosts).
                 look_new = not used or any(d not in used for d in b.domains)
