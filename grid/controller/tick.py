@@ -32,6 +32,7 @@ from grid.events.subjects import CONTROL_STREAM, HOSTS_STREAM, REQUESTS_STREAM
 from grid.fleet import heartbeat_fresh
 from grid.fleet.planning import Plan, PlannerInput, Policy
 from grid.fleet.views import HostView
+from grid.gcpause import collector_paused
 from grid.planner import plan as planner_plan
 from grid.planner.fleet_scan import placeable_models
 from grid.projections import catalog as catalog_proj
@@ -196,9 +197,14 @@ def compose_tick(
     stopwatch: Stopwatch | None = None,
 ) -> Planned:
     """The tick up to its plan: observe, forecast, plan from the projection states at `now`."""
-    t0 = _clock(stopwatch)
-    prepared = prepare(observe(states), now, policy)
-    return plan_prepared(prepared, planner=planner, stopwatch=stopwatch, forecast_seconds=_clock(stopwatch) - t0)
+    # The cyclic collector is paused for the whole tick, not only the plan: building the input
+    # and the forecast allocate per host too, and each collection traversed the fleet's held
+    # states to free nothing (grid.gcpause).
+    with collector_paused():
+        t0 = _clock(stopwatch)
+        prepared = prepare(observe(states), now, policy)
+        return plan_prepared(prepared, planner=planner, stopwatch=stopwatch,
+                             forecast_seconds=_clock(stopwatch) - t0)
 
 
 def decide(planned: Planned, history: ActionsState, now: float, controls: Controls, *,
@@ -221,9 +227,11 @@ def run_tick(
 ) -> Tick:
     """One whole tick at `now`: observe -> forecast -> plan -> reconcile (pure). The commands are
     `grid.controller.issue.command_issued` of `result.actions`, stamped by the caller."""
-    obs = observe(states)
-    planned = compose_tick(obs, now, controls.policy, planner=planner, prepare=prepare, stopwatch=stopwatch)
-    return decide(planned, obs.actions, now, controls, stopwatch=stopwatch)
+    # Paused through the reconciler as well (see compose_tick).
+    with collector_paused():
+        obs = observe(states)
+        planned = compose_tick(obs, now, controls.policy, planner=planner, prepare=prepare, stopwatch=stopwatch)
+        return decide(planned, obs.actions, now, controls, stopwatch=stopwatch)
 
 
 # --- the policy a recorded plan ran under -----------------------------------------------------------

@@ -12,14 +12,11 @@ with reason RETAINED_UNTIL_REPLACED); ``status="new"`` entries are replicas to l
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import msgspec
 from msgspec import UNSET
 
 from grid.fleet import reasons as R
+from grid.gcpause import collector_paused
 from grid.fleet.planning import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
 from grid.planner import scoring as S
 from grid.planner.digest import inputs_digest
@@ -69,7 +66,9 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
     that does not (the quarantined host was the only room left, or the room elsewhere went to
     another model first), the plan without host quarantine is the plan. Model quarantine stays
     in both (it already gives a model with no replica its one)."""
-    with _collector_paused():
+    # The cyclic collector is paused while a plan is built (grid.gcpause: a quarter of a
+    # 10,000-host plan's CPU went to traversals that freed nothing).
+    with collector_paused():
         digest = inputs_digest(inp)
         held = _build(inp, digest, reference_scan)
         if not any(q.kind == "host" for q in inp.flap_quarantines):
@@ -77,25 +76,6 @@ def build_plan(inp: PlannerInput, *, reference_scan: bool = False) -> Plan:
         models_only = tuple(q for q in inp.flap_quarantines if q.kind != "host")
         free = _build(msgspec.structs.replace(inp, flap_quarantines=models_only), digest, reference_scan)
         return held if _keeps_as_many(held, free) else free
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a plan is built.
-
-    A plan allocates per host and per candidate; every so many allocations the collector
-    traverses every tracked object of the process (in a controller, also the whole fleet's
-    projections) and finds nothing to free, since the plan's objects are alive until it returns:
-    in bench.planner_scale at 10,000 hosts x 64 models about a quarter of the plan's CPU. Reference counting still frees what the
-    plan drops; the next collection after the plan takes the rest. Turned back on only if it
-    was on (a plan inside a plan, another thread's plan, or a caller that turned it off)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _replicas(p: Plan) -> dict[str, int]:

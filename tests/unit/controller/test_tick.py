@@ -3,6 +3,7 @@ reconciler decision."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from grid.events.log import InMemoryLog
 from grid.events.plan import PlanCreated
 from grid.fleet.planning import Policy, encode_plan
 from grid.planner.digest import inputs_digest
+from grid.planner.plan import plan
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner
 from tests.unit.replay.session import Session
 
@@ -100,3 +102,28 @@ async def test_the_reconciler_decides_from_the_plan_basis_never_from_explanation
     assert {b.model_id for b in tick.plan.basis} == {e.model_id for e in tick.plan.explanations}
     bare = msgspec.structs.replace(tick.plan, explanations=())
     assert reconcile(bare, tick.planner_input, states["actions"], now, mode="automatic") == tick.result
+
+
+async def test_the_collector_is_paused_for_the_whole_tick_and_restored_as_it_was(folded) -> None:
+    states, now = folded
+    controls = Controls(policy=POLICY, mode="automatic")
+    seen: list[tuple[str, bool]] = []
+
+    def prepare(obs, at, policy):  # type: ignore[no-untyped-def]
+        seen.append(("prepare", gc.isenabled()))
+        return tick_input(obs, at, policy)
+
+    def planner(inp):  # type: ignore[no-untyped-def]
+        seen.append(("plan", gc.isenabled()))
+        return plan(inp)
+
+    assert gc.isenabled()
+    tick = run_tick(states, now, controls, prepare=prepare, planner=planner)
+    assert seen == [("prepare", False), ("plan", False)] and gc.isenabled()
+    assert msgspec.json.encode(tick) == msgspec.json.encode(run_tick(states, now, controls))
+    gc.disable()  # a caller that turned it off keeps it off
+    try:
+        run_tick(states, now, controls)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
