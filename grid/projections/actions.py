@@ -8,6 +8,8 @@ terminal ack, because the node may already have been running it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import cast
 
 import msgspec
 
@@ -15,6 +17,7 @@ from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.projections.position import Position
+from grid.projections.sharedmap import SharedMap
 
 # Bounded history: terminal actions beyond this many are forgotten oldest-first.
 MAX_TERMINAL_ACTIONS = 4096
@@ -68,14 +71,24 @@ class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ActionsState(msgspec.Struct, frozen=True, kw_only=True):
-    actions: dict[str, ActionRecord] = {}
+    # `actions` and `timings` are SharedMaps (as FleetState.hosts): a command or an ack copies one
+    # bucket of them, not every record (about 5,000 open commands in a 10,000-host wave), and
+    # the state it replaces stays as it was (a tick may hold it). Sorted when iterated (every
+    # reader sorts the records by issue sequence or sorts the keys); encoded as plain dicts;
+    # given dicts (decoded from a snapshot, or built by hand), they are converted here.
+    actions: Mapping[str, ActionRecord] = {}
     terminal_order: tuple[str, ...] = ()
-    timings: dict[str, TimingRecord] = {}
+    timings: Mapping[str, TimingRecord] = {}
     # Acks that arrived before their command (streams are followed independently): applied
     # when the command arrives, so the fold does not depend on cross-stream interleaving.
     early_acks: dict[str, tuple[tuple[ActionAck, float], ...]] = {}
     # timing_key-like "<host>\x1f<model>" -> the last failed load there (see LoadFailure).
     load_failures: dict[str, LoadFailure] = {}
+
+    def __post_init__(self) -> None:
+        for name in ("actions", "timings"):
+            if not isinstance(getattr(self, name), SharedMap):
+                msgspec.structs.force_setattr(self, name, SharedMap(getattr(self, name)))
 
 
 def initial() -> ActionsState:
@@ -86,7 +99,8 @@ def timing_key(host_id: str, model_id: str, sha: str | None, kind: str) -> str:
     return f"{host_id}\x1f{model_id}\x1f{sha or ''}\x1f{kind}"
 
 
-def _learn(state: ActionsState, record: ActionRecord, duration: float | None, fetched: bool, at: float) -> dict[str, TimingRecord]:
+def _learn(state: ActionsState, record: ActionRecord, duration: float | None, fetched: bool,
+           at: float) -> Mapping[str, TimingRecord]:
     cmd = record.command
     if duration is None or not math.isfinite(duration) or duration < 0 or duration > TIMING_MAX_SECONDS:
         return state.timings  # invalid reports never poison scheduling
@@ -110,7 +124,7 @@ def _learn(state: ActionsState, record: ActionRecord, duration: float | None, fe
             samples=min(old.samples + 1, 1_000_000),
             updated_at=at,
         )
-    return {**state.timings, key: new}
+    return cast(SharedMap[TimingRecord], state.timings).set(key, new)
 
 
 def failure_key(host_id: str, model_id: str) -> str:
@@ -141,10 +155,10 @@ def _load_failures(state: ActionsState, record: ActionRecord, status: str, messa
     return failures
 
 
-def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = False, timings=None,
+def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = False,
+                 timings: Mapping[str, TimingRecord] | None = None,
                  load_failures: dict[str, LoadFailure] | None = None) -> ActionsState:
-    actions = dict(state.actions)
-    actions[record.command.action_id] = record
+    actions = cast(SharedMap[ActionRecord], state.actions).set(record.command.action_id, record)
     order = state.terminal_order
     if terminal:
         order = order + (record.command.action_id,)
@@ -152,7 +166,7 @@ def _with_action(state: ActionsState, record: ActionRecord, *, terminal: bool = 
             drop = order[: len(order) - MAX_TERMINAL_ACTIONS]
             order = order[len(drop):]
             for action_id in drop:
-                actions.pop(action_id, None)
+                actions = actions.without(action_id)
     return ActionsState(
         actions=actions,
         terminal_order=order,

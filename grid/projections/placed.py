@@ -33,7 +33,7 @@ registration.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -44,6 +44,7 @@ from grid.events.plan import PlanCreated
 from grid.fleet import CLAIM_STATES, REPLICA_STATES, FreshnessPolicy, heartbeat_fresh
 from grid.fleet.views import HostView, ResidencyView
 from grid.projections.position import Position
+from grid.projections.sharedmap import SharedMap
 
 MAX_PAIRS = 65_536
 # grid.agent.outcomes.MSG_INTERRUPTED (the receipt of an action a restart interrupted); the
@@ -87,12 +88,21 @@ class PlacedState(msgspec.Struct, frozen=True, kw_only=True):
     plan_readable: bool = True
     assigned: dict[str, str] = {}
     # pair_key -> the latest relevant ack.
-    acks: dict[str, AckRecord] = {}
+    acks: Mapping[str, AckRecord] = {}
     # The latest plan's corroborated pairs (pair keys), as the controller recorded them.
     plan_corroborated: frozenset[str] = frozenset()
     # pair_key -> the last WARMS_KEPT load and warm commands the controller issued there (only a
     # fold that reads GRID_CMDS, the controller's, sees them).
-    warms: dict[str, tuple[str, ...]] = {}
+    warms: Mapping[str, tuple[str, ...]] = {}
+
+    # `acks` and `warms` are SharedMaps (as FleetState.hosts): an ack or a command copies one
+    # bucket of them, not every pair (thousands in a 10,000-host wave), and the state it replaces
+    # stays as it was (a tick may hold it). Sorted when iterated; encoded as plain dicts; given
+    # dicts (decoded from a snapshot, or built by hand), they are converted here.
+    def __post_init__(self) -> None:
+        for name in ("acks", "warms"):
+            if not isinstance(getattr(self, name), SharedMap):
+                msgspec.structs.force_setattr(self, name, SharedMap(getattr(self, name)))
 
 
 def initial() -> PlacedState:
@@ -156,10 +166,9 @@ def apply(state: PlacedState, event: Event, position: Position) -> PlacedState:
             kept = state.warms.get(key, ())
             if event.action_id in kept:
                 return state
-            warms = dict(state.warms)
-            warms[key] = (*kept, event.action_id)[-WARMS_KEPT:]
+            warms = cast(SharedMap[tuple[str, ...]], state.warms).set(key, (*kept, event.action_id)[-WARMS_KEPT:])
             if len(warms) > MAX_PAIRS:
-                warms.pop(min(warms))  # a bound, not a policy
+                warms = warms.without(min(warms))  # a bound, not a policy
             return msgspec.structs.replace(state, warms=warms)
         case ActionAck():
             if not event.model_id:
@@ -171,16 +180,15 @@ def apply(state: PlacedState, event: Event, position: Position) -> PlacedState:
             old = state.acks.get(key)
             if old is not None and old.seq >= position.seq:
                 return state  # folded out of order: the later ack already decided
-            acks = dict(state.acks)
-            acks[key] = AckRecord(
+            acks = cast(SharedMap[AckRecord], state.acks).set(key, AckRecord(
                 seq=position.seq, at=position.time, confirmed=confirmed, kind=event.kind, status=event.status,
                 action_id=event.action_id, message=event.message, generation=event.generation,
                 controller_term=event.controller_term,
-            )
+            ))
             if len(acks) > MAX_PAIRS:
                 # Withdrawn confirmations first, then the oldest: a bound, not a policy.
-                drop = min(acks, key=lambda k: (acks[k].confirmed, acks[k].seq))
-                acks.pop(drop)
+                drop = min(acks.items(), key=lambda kv: (kv[1].confirmed, kv[1].seq))[0]
+                acks = acks.without(drop)
             return msgspec.structs.replace(state, acks=acks)
     return state
 

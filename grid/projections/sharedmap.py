@@ -1,10 +1,10 @@
 """A read-only string-keyed map whose versions share what they did not change.
 
-`set` returns a new map and leaves the one it was called on as it was, copying one bucket and two
-32-slot index tuples rather than every entry. Projections are pure folds whose earlier states a
-tick holds by reference on a worker thread (`ProjectionRunner.hold`); with a plain dict, keeping
-an old state unchanged meant copying the whole per-host map on every heartbeat, a cost that grew
-with the fleet.
+`set` (and `without`) returns a new map and leaves the one it was called on as it was, copying one
+bucket and two 32-slot index tuples rather than every entry. Projections are pure folds whose
+earlier states a tick holds by reference on a worker thread (`ProjectionRunner.hold`); with a
+plain dict, keeping an old state unchanged meant copying the whole per-host map on every
+heartbeat (or command, or ack), a cost that grew with the fleet.
 
 Layout: 1,024 buckets (32 pages of 32), a key's bucket chosen by the CRC-32 of its UTF-8 bytes
 (stable across processes, unlike Python's salted `hash`). Up to tens of thousands of keys a bucket
@@ -78,6 +78,20 @@ class SharedMap(Mapping[str, V]):
         changed[key] = value
         page = (*page[:s], changed, *page[s + 1:])
         return SharedMap._of((*self._pages[:p], page, *self._pages[p + 1:]), length)
+
+    def without(self, key: str) -> SharedMap[V]:
+        """This map with `key` unbound (this map itself when it has no `key`); this map itself
+        does not change."""
+        h = _bucket_of(key)
+        p, s = h >> _SLOT_BITS, h & (_SLOTS - 1)
+        page = self._pages[p]
+        bucket = page[s]
+        if key not in bucket:
+            return self
+        changed = dict(bucket)
+        del changed[key]
+        page = (*page[:s], changed if changed else _EMPTY_BUCKET, *page[s + 1:])
+        return SharedMap._of((*self._pages[:p], page, *self._pages[p + 1:]), self._len - 1)
 
     def _bucket(self, key: object) -> dict[str, V] | None:
         if not isinstance(key, str):

@@ -44,6 +44,24 @@ def test_a_map_reads_as_the_dict_of_its_sets_and_earlier_versions_do_not_move(op
                 m[absent]
 
 
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(KEYS, st.one_of(st.none(), st.integers(-(2**31), 2**31))), max_size=120))
+def test_removals_read_as_the_dict_of_its_sets_and_removals_and_earlier_versions_do_not_move(
+        ops: list[tuple[str, int | None]]) -> None:
+    versions: list[tuple[SharedMap[int], dict[str, int]]] = [(SharedMap(), {})]
+    for key, value in ops:
+        m, model = versions[-1]
+        if value is None:  # a removal (of a key that may not be there: then the map is itself)
+            removed = m.without(key)
+            assert (removed is m) == (key not in model)
+            versions.append((removed, {k: v for k, v in model.items() if k != key}))
+        else:
+            versions.append((m.set(key, value), {**model, key: value}))
+    for m, model in versions:
+        reads_as(m, model)
+        assert encode_value(m) == encode_value(model)
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=OPS)
 def test_the_order_of_sets_is_not_visible(ops: list[tuple[str, int]]) -> None:
