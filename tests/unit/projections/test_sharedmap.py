@@ -135,3 +135,50 @@ def test_fleet_and_lifecycle_snapshots_keep_their_bytes_and_come_back_shared() -
         assert isinstance(restored.states[name].hosts, SharedMap)
         assert restored.states[name] == live.states[name]
     assert restored.snapshot_bytes() == live.snapshot_bytes()
+
+
+def test_actions_and_placed_snapshots_keep_their_bytes_and_come_back_shared() -> None:
+    """The command and ack folds' maps (actions, timings; placed acks, warms) are SharedMaps:
+    written as the dicts they were, restored as SharedMaps that fold on exactly as the live ones."""
+    from grid.controller.tick import PROJECTIONS
+    from grid.events.acks import ActionAck
+    from grid.events.commands import CommandIssued
+    from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM
+    from grid.projections.position import Position
+    from grid.projections.runner import ProjectionRunner
+
+    def command(n: int, kind: str, host: str) -> CommandIssued:
+        return CommandIssued(event_id=f"c{n}", at=1000.0, action_id=f"a{n}", kind=kind, host_id=host, model_id="m",  # type: ignore[arg-type]
+                             memory_mb=100, generation="g", controller_term=1, controller_id="ctl",
+                             lease_expires_at=1060.0, lease_ttl_seconds=60.0)
+
+    def ack(n: int, kind: str, host: str, status: str) -> ActionAck:
+        return ActionAck(event_id=f"k{n}-{status}", at=1001.0, host_id=host, action_id=f"a{n}", status=status,  # type: ignore[arg-type]
+                         kind=kind, model_id="m", duration_seconds=2.0)
+
+    live = ProjectionRunner(PROJECTIONS)
+    events = [(COMMANDS_STREAM, command(n, kind, host)) for n, (kind, host) in
+              enumerate((("load", "h-2"), ("warm", "h-2"), ("load", "h-1"), ("warm", "h-1")))]
+    events += [(HOSTS_STREAM, ack(n, kind, host, status)) for n, (kind, host) in
+               enumerate((("load", "h-2"), ("warm", "h-2"), ("load", "h-1"))) for status in ("accepted", "succeeded")]
+    for seq, (stream, event) in enumerate(events, start=1):
+        live.fold_event(event, Position(stream, seq, 1000.0 + seq))
+    maps = {"actions": ("actions", "timings"), "placed": ("acks", "warms")}
+    for name, fields in maps.items():
+        state = live.states[name]
+        plain = msgspec.structs.asdict(state)
+        for field in fields:
+            assert isinstance(getattr(state, field), SharedMap) and len(getattr(state, field)) > 0
+            plain[field] = dict(getattr(state, field))
+            # Each map is written as the dict it reads as, byte for byte.
+            assert encode_value(getattr(state, field)) == encode_value(plain[field])
+        assert msgspec.json.decode(encode_value(state)) == msgspec.json.decode(encode_value(plain))
+    restored = ProjectionRunner(PROJECTIONS)
+    restored.restore_bytes(live.snapshot_bytes())
+    assert restored.snapshot_bytes() == live.snapshot_bytes()
+    for runner in (live, restored):
+        runner.fold_event(ack(3, "warm", "h-1", "succeeded"), Position(HOSTS_STREAM, 99, 1099.0))
+    for name, fields in maps.items():
+        assert all(isinstance(getattr(restored.states[name], f), SharedMap) for f in fields)
+        assert restored.states[name] == live.states[name]
+    assert restored.snapshot_bytes() == live.snapshot_bytes()
