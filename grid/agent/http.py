@@ -63,22 +63,8 @@ def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], Prot
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.exit_requested = asyncio.Event()
-
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()  # the agent's process owns signal handling
-
-    async def main_loop(self) -> None:
-        # uvicorn's own loop wakes ten times a second, for ever, to refresh the date header once a
-        # second and to see whether it should exit: 7% of an idle agent's profile
-        # (bench/agent_idle.py). This listener sends no date header, has no request limit and no notify
-        # callback, and only AgentHttp.stop asks it to exit (setting the event as well), so one
-        # tick to set its default headers and a wait for that event do all the loop did.
-        if await self.on_tick(0):
-            return
-        await self.exit_requested.wait()
 
 
 class AgentHttp:
@@ -130,7 +116,6 @@ class AgentHttp:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        self._server.exit_requested.set()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5.0)
         except TimeoutError:

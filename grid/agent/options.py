@@ -20,12 +20,9 @@ class AgentOptions:
     port_range: tuple[int, int] = (38000, 38999)
     heartbeat_interval: float = 2.0
     sample_interval: float = 2.0
-    # How long one pull for the next command lasts. Not a bound on pickup latency: a pull for one
-    # message returns as soon as a command arrives, and a reconnect ends the pull at once
-    # (grid.transport.jetstream_consumers). Each pull costs the idle agent a round trip to the
-    # server (at 0.2 s, five a second were the largest part of its idle CPU); its length bounds
-    # only how long a pull the server dropped without answering goes unnoticed.
-    command_poll_seconds: float = 5.0
+    # Bound on command pickup latency: the JetStream pull fetch lingers until its timeout once
+    # a batch has started, so the consumer polls with a short timeout.
+    command_poll_seconds: float = 0.2
     state_dir: Path | None = None
     # --runtime-binary: a llama-server path or "xllamacpp" (grid.agent.engines.runtime); None: auto.
     llama_server: Path | str | None = None

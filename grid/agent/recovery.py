@@ -248,12 +248,7 @@ async def check_children(ctx: AgentContext, busy_model: str | None) -> None:
         if rec.state not in SERVING_STATES:
             continue
         popen = ctx.popens.get(model_id)
-        if popen is not None:
-            # Our own child: it is gone once it can be reaped. Until then its pid cannot name
-            # another process, so the proof (a thread hop and four /proc reads every heartbeat)
-            # could only say what poll() just said.
-            if popen.poll() is None:
-                continue
+        if popen is not None and popen.poll() is not None:
             verdict = llama_cpp.PROOF_GONE
         else:
             verdict = await asyncio.to_thread(llama_cpp.prove, rec.process)

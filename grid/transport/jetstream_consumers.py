@@ -215,13 +215,6 @@ class DurableSubscription:
 
     def renew(self) -> None:
         self._verify = True
-        # A pull made before the reconnect may never be answered (the server restarted, or this
-        # is another node): end it now, so the next one is made at once rather than when it
-        # expires. A message it had already received stays in the subscription's queue, where
-        # the next pull takes it first (one handed to it in the very instant of the cancel is
-        # redelivered after the consumer's ack wait, like any message not acknowledged).
-        if self._fetch is not None and not self._fetch.done():
-            self._fetch.cancel()
 
     async def _ensure_consumer(self) -> None:
         js = self._log._js

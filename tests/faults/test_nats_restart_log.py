@@ -137,24 +137,3 @@ async def test_a_lost_durable_consumer_is_recreated(private_nats: EmbeddedNats) 
         await durable.close()
     finally:
         await log.close()
-
-
-async def test_a_pull_waiting_across_a_restart_ends_with_the_reconnect(private_nats: EmbeddedNats) -> None:
-    """A durable pull the server forgot (it restarted) is ended by the reconnect, not left to
-    run to its expiry: the agent's command consumer pulls for seconds at a time, and a command
-    appended after the restart must not wait for the forgotten pull to expire."""
-    log = await JetStreamLog.connect(private_nats.url, name="faults-test")
-    try:
-        durable = await log.subscribe(CONTROL_STREAM, durable="faults-pull")
-        pull = asyncio.create_task(durable.next(120))
-        await asyncio.sleep(0.5)  # the pull is waiting at the server
-        await asyncio.to_thread(kill_and_restart, private_nats)
-        # Ended by the reconnect (well before its 120 s), with nothing to hand out.
-        assert await asyncio.wait_for(pull, 30) is None
-        await log.append(mode_event(1))
-        msg = await durable.next(120)
-        assert msg is not None and msg.seq == 1
-        await durable.ack(msg)
-        await durable.close()
-    finally:
-        await log.close()
