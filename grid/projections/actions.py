@@ -17,7 +17,7 @@ from grid.events.acks import TERMINAL_ACK_STATUSES, ActionAck
 from grid.events.base import Event
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.projections.position import Position
-from grid.projections.sharedmap import SharedMap
+from grid.projections.sharedmap import SharedMap, share_fields
 
 # Bounded history: terminal actions beyond this many are forgotten oldest-first.
 MAX_TERMINAL_ACTIONS = 4096
@@ -86,9 +86,7 @@ class ActionsState(msgspec.Struct, frozen=True, kw_only=True):
     load_failures: dict[str, LoadFailure] = {}
 
     def __post_init__(self) -> None:
-        for name in ("actions", "timings"):
-            if not isinstance(getattr(self, name), SharedMap):
-                msgspec.structs.force_setattr(self, name, SharedMap(getattr(self, name)))
+        share_fields(self, "actions", "timings")
 
 
 def initial() -> ActionsState:

@@ -23,7 +23,7 @@ from grid.events.host import (
 )
 from grid.fleet.views import HostView, QualificationView, ResidencyView
 from grid.projections.position import Position
-from grid.projections.sharedmap import SharedMap
+from grid.projections.sharedmap import SharedMap, share_fields
 
 # Operator override states outrank an accepting/throttled host but never relax a local fence.
 _FENCE_RANK = {"accepting": 0, "throttled": 1, "draining": 2, "paused": 3, "unhealthy": 4, "quarantined": 5}
@@ -60,8 +60,7 @@ class FleetState(msgspec.Struct, frozen=True, kw_only=True):
     hosts: Mapping[str, HostRecord] = {}
 
     def __post_init__(self) -> None:
-        if not isinstance(self.hosts, SharedMap):
-            msgspec.structs.force_setattr(self, "hosts", SharedMap(self.hosts))
+        share_fields(self, "hosts")
 
 
 def initial() -> FleetState:

@@ -27,7 +27,7 @@ from grid.events.host import HostHeartbeat
 from grid.fleet.freshness import HEARTBEAT_TIMEOUT_SECONDS
 from grid.fleet.quarantine import HISTORY_SECONDS
 from grid.projections.position import Position
-from grid.projections.sharedmap import SharedMap
+from grid.projections.sharedmap import SharedMap, share_fields
 
 # A silence of two freshness timeouts is an absence (the host was stale for a whole timeout),
 # not a late heartbeat.
@@ -50,8 +50,7 @@ class LifecycleState(msgspec.Struct, frozen=True, kw_only=True):
     models: dict[str, tuple[float, ...]] = {}
 
     def __post_init__(self) -> None:
-        if not isinstance(self.hosts, SharedMap):
-            msgspec.structs.force_setattr(self, "hosts", SharedMap(self.hosts))
+        share_fields(self, "hosts")
 
 
 def initial() -> LifecycleState:

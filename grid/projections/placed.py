@@ -44,7 +44,7 @@ from grid.events.plan import PlanCreated
 from grid.fleet import CLAIM_STATES, REPLICA_STATES, FreshnessPolicy, heartbeat_fresh
 from grid.fleet.views import HostView, ResidencyView
 from grid.projections.position import Position
-from grid.projections.sharedmap import SharedMap
+from grid.projections.sharedmap import SharedMap, share_fields
 
 MAX_PAIRS = 65_536
 # grid.agent.outcomes.MSG_INTERRUPTED (the receipt of an action a restart interrupted); the
@@ -100,9 +100,7 @@ class PlacedState(msgspec.Struct, frozen=True, kw_only=True):
     # stays as it was (a tick may hold it). Sorted when iterated; encoded as plain dicts; given
     # dicts (decoded from a snapshot, or built by hand), they are converted here.
     def __post_init__(self) -> None:
-        for name in ("acks", "warms"):
-            if not isinstance(getattr(self, name), SharedMap):
-                msgspec.structs.force_setattr(self, name, SharedMap(getattr(self, name)))
+        share_fields(self, "acks", "warms")
 
 
 def initial() -> PlacedState:

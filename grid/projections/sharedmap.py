@@ -23,6 +23,8 @@ from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 from operator import itemgetter
 from typing import Any, TypeVar
 
+import msgspec
+
 V = TypeVar("V")
 
 _SLOT_BITS = 5
@@ -156,3 +158,12 @@ class _Values(ValuesView[V]):
 
     def __iter__(self) -> Iterator[V]:
         return iter([v for _, v in self._mapping._sorted_items()])
+
+
+def share_fields(state: object, *names: str) -> None:
+    """In a frozen state's `__post_init__`: each named field that holds a plain mapping (a state
+    decoded from a snapshot, or built by hand) becomes a SharedMap, so every state folds alike."""
+    for name in names:
+        value = getattr(state, name)
+        if not isinstance(value, SharedMap):
+            msgspec.structs.force_setattr(state, name, SharedMap(value))
