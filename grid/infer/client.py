@@ -98,9 +98,10 @@ _LOST_CONNECTION = object()
 
 
 class _Inbox:
-    """The reply messages of one request, fed by the shared subscription (see `_Replies`)."""
+    """The reply messages of one request, fed by the shared subscription (see `_Replies`), or by
+    an in-process responder (`in_process`: then no message of the answer crosses NATS)."""
 
-    __slots__ = ("_queue", "_overflow", "_replies", "failed", "subject")
+    __slots__ = ("_queue", "_overflow", "_replies", "failed", "in_process", "subject")
 
     def __init__(self, replies: _Replies, subject: str) -> None:
         self._replies = replies
@@ -108,6 +109,7 @@ class _Inbox:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._overflow = False
         self.failed = False
+        self.in_process = False
 
     def fail(self) -> None:
         """The connection was lost: once the messages already here are read, reading fails."""
@@ -168,9 +170,13 @@ class _Replies:
         if box is not None:
             box.put(msg)
 
-    def connection_lost(self) -> None:
-        for box in list(self.boxes.values()):
+    def connection_lost(self) -> int:
+        """Fail the answers coming over NATS; an in-process answer does not need the connection,
+        so it goes on. Returns how many failed."""
+        lost = [box for box in self.boxes.values() if not box.in_process]
+        for box in lost:
             box.fail()
+        return len(lost)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -272,13 +278,16 @@ class NatsUpstream:
         self.connections_lost = 0
 
     def connection_lost(self) -> None:
-        """The NATS connection was lost: fail every request in flight at once (their replies
-        cannot arrive any more) instead of leaving each to its read timeout. Registered with the
+        """The NATS connection was lost: fail every request in flight over NATS at once (their
+        replies cannot arrive any more) instead of leaving each to its read timeout. Requests
+        handed to an in-process responder go on: nothing of theirs crosses NATS, and failing them
+        would tie them to an edge they do not depend on (a request taken while the connection
+        was already down sees no further edge when the server dies again before the reconnect,
+        and would then have been the only one left to its read timeout). Registered with the
         log's disconnect listeners; must not block."""
         if self._replies is not None:
             self.connections_lost += 1
-            failed = len(self._replies.boxes)
-            self._replies.connection_lost()
+            failed = self._replies.connection_lost()
             if failed:
                 log.warning("infer.connection_lost", failed=failed)
 
@@ -299,6 +308,7 @@ class NatsUpstream:
             if key in wire.FORWARDED_REQUEST_HEADERS:
                 out[key] = value.decode("latin-1")
         port = self.local.get(target.host_id) if self.local is not None else None
+        sub.in_process = port is not None
         try:
             reply = sub.subject
             first = await self._first_answer(target, body, reply, sub, out, port)

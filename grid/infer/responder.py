@@ -226,14 +226,15 @@ class InferenceResponder:
             self.delivered_in_process += 1
 
     def connection_lost(self) -> None:
-        """This agent's NATS connection was lost: stop every answer in flight (the engine stops
-        generating) instead of generating for nobody. Their replies could not arrive anyway: a
-        restarted server refuses a reply to a request it never delivered, and the gateway fails
-        its requests when its own connection goes. Registered with the log's disconnect
+        """This agent's NATS connection was lost: stop every answer in flight over NATS (the
+        engine stops generating) instead of generating for nobody. Their replies could not
+        arrive anyway: a restarted server refuses a reply to a request it never delivered, and
+        the gateway fails its requests when its own connection goes. In-process answers go on:
+        they reach their requester without NATS. Registered with the log's disconnect
         listeners; must not block."""
         stopped = 0
         for reply, task in list(self._active.items()):
-            if reply not in self._lost_replies:
+            if reply not in self._lost_replies and reply not in self._local:
                 self._lost_replies.add(reply)
                 self.lost += 1
                 stopped += 1

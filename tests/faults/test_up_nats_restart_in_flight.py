@@ -1,17 +1,20 @@
-"""A NATS restart during a request ends it within seconds and frees its slot (issue 25, item 1).
+"""A NATS restart costs `gridctl up`'s requests in flight nothing (issue 25, item 1).
 
 kill -9 the embedded nats-server of a running `gridctl up` (real agent, llama-server, gateway,
-identities) while a long chat is being answered: first a streamed one, then, once everything
-serves again, a non-streamed one (the bundled model answers one request at a time). Everything
-reconnects, but the answers cannot: the restarted server never delivered those requests, so it
-refuses the agent's replies to their inboxes ("permissions violation"). Before, the gateway kept
-each request's slot for its 600 s upstream read timeout (the model at capacity meanwhile) and
-the client got a 504 after 601 s or a stream that stopped without an end. Now the gateway fails
-every request in flight the moment its connection is lost (502 `upstream_connection_lost`, or an
-error event that ends a started stream), releases the slots, and the agent stops generating.
+identities) while a chat is being answered: first a streamed one, then a non-streamed one taken
+right after a restart, usually while the components are still reconnecting, with the server
+killed again while it is generated (the bundled model answers one request at a time).
 
-The test's own waits are bounded, so it fails in seconds on code that would wait 600 s (there the
-stream stayed open until the client's own 15 s read timeout and the slot stayed held).
+`gridctl up`'s gateway hands its own host's requests to the agent's responder in process
+(grid.infer.local): no message of those answers crosses NATS, so both are answered in full and
+their slot frees as usual. Before, the in-process path copied the NATS path's failure on a lost
+connection: a request in flight failed at the disconnect edge, and one taken while the
+connection was already down saw no edge at all when the server died again before the reconnect,
+so it was left to the gateway's 600 s read timeout (the client gave up first; the engine kept
+generating). What a request over NATS gets when its connection is lost (a clear error at once,
+the slot freed, the agent stopping) is tested with a real kill in tests/integration/infer.
+
+The test's own waits are bounded, so it fails in seconds on code that would wait 600 s.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from tests.faults.test_up_nats_restart import MODEL, Up, chat_ok, running_up  # 
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-# What the issue asks: an answer or a clear error, and the slot free again, within this.
-BOUND_SECONDS = 10.0
-# The client's own read timeout: far below the gateway's 600 s, above BOUND_SECONDS.
+# An answer in flight at the kill is complete within this (its remaining tokens on a loaded
+# 2-core machine take a few seconds).
+BOUND_SECONDS = 60.0
 CLIENT_READ_TIMEOUT = BOUND_SECONDS + 5.0
+MAX_TOKENS = 400
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to one thousand."}],
-        "max_tokens": 100_000, "ignore_eos": True}
+        "max_tokens": MAX_TOKENS, "ignore_eos": True}
 
 
 class Outcome:
@@ -114,14 +118,6 @@ def engine_generating(up: Up) -> bool:
     return False
 
 
-def clear_error(body: bytes) -> dict[str, Any] | None:
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        return None
-    return error if isinstance(error, dict) and error.get("code") else None
-
-
 def kill_nats(up: Up) -> float:
     text = up.text()
     restarts = text.count("embedded NATS server restarted")
@@ -130,28 +126,6 @@ def kill_nats(up: Up) -> float:
     # (The issue's timer starts here; the restart itself is up's business and takes ~0.5 s.)
     up.restarts_before = restarts  # type: ignore[attr-defined]
     return killed
-
-
-def wait_released(gateway: str, killed: float) -> float | None:
-    while time.monotonic() < killed + BOUND_SECONDS + 5:
-        if active(gateway) == 0:
-            return time.monotonic() - killed
-        time.sleep(0.2)
-    return None
-
-
-def agent_stops(up: Up, expected: int) -> int:
-    """Answers the agent stopped (its engine request cancelled) because its connection was lost:
-    `expected` as soon as the log says so (within a few seconds), else what it says."""
-    deadline = time.monotonic() + 5
-    while (seen := _agent_stops(up)) != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return seen
-
-
-def _agent_stops(up: Up) -> int:
-    return sum(json.loads(line).get("stopped", 0) for line in up.text().splitlines()
-               if '"infer.connection_lost"' in line and '"stopped"' in line)
 
 
 def serves_again(up: Up, gateway: str) -> None:
@@ -165,7 +139,23 @@ def serves_again(up: Up, gateway: str) -> None:
         time.sleep(0.5)
 
 
-def test_requests_in_flight_end_and_free_their_slots_when_nats_restarts(running_up: Up) -> None:  # noqa: F811
+def wait_idle(gateway: str, up: Up) -> float | None:
+    """Seconds until the gateway holds no slot and the engine generates nothing (None: not
+    within the bound)."""
+    start = time.monotonic()
+    while time.monotonic() < start + BOUND_SECONDS:
+        if active(gateway) == 0 and not engine_generating(up):
+            return time.monotonic() - start
+        time.sleep(0.2)
+    return None
+
+
+def connection_losses(up: Up) -> list[str]:
+    """Log lines saying an answer was failed (gateway) or stopped (agent) for a lost connection."""
+    return [line for line in up.text().splitlines() if '"infer.connection_lost"' in line]
+
+
+def test_requests_in_flight_in_process_are_answered_in_full_across_nats_restarts(running_up: Up) -> None:  # noqa: F811
     text = running_up.text()
     gateway = re.search(r"gateway\s+(http://\S+)/v1", text).group(1)  # type: ignore[union-attr]
     deadline = time.monotonic() + 60
@@ -174,7 +164,7 @@ def test_requests_in_flight_end_and_free_their_slots_when_nats_restarts(running_
         time.sleep(0.5)
     figures: dict[str, Any] = {}
 
-    # 1. A streamed answer that has started (the bundled model serves one request at a time).
+    # 1. A streamed answer that has started.
     streamed = Outcome()
     thread = threading.Thread(target=stream_chat, args=(gateway, streamed), daemon=True)
     thread.start()
@@ -183,49 +173,45 @@ def test_requests_in_flight_end_and_free_their_slots_when_nats_restarts(running_
     assert active(gateway) == 1
     killed = kill_nats(running_up)
     thread.join(BOUND_SECONDS + 10)
-    released = wait_released(gateway, killed)
     figures["streamed"] = {"ended": None if streamed.ended_at is None else round(streamed.ended_at - killed, 2),
-                           "released": None if released is None else round(released, 2),
-                           "last_event": (streamed.last_event or "")[:160]}
+                           "chunks": streamed.chunks, "last_event": (streamed.last_event or "")[:160]}
     print(f"\nstreamed: {figures['streamed']}")
-    assert streamed.ended_at is not None and streamed.ended_at - killed <= BOUND_SECONDS, \
-        f"the streamed answer was still open {BOUND_SECONDS}s after the kill"
-    assert streamed.error is None, f"the stream broke instead of ending: {streamed.error}"
-    assert streamed.status == 200 and streamed.last_event is not None
-    if streamed.last_event != "[DONE]":
-        error = clear_error(streamed.last_event.encode())
-        assert error is not None and error["code"] == "upstream_connection_lost", \
-            f"the stream stopped without an end or an error event: {streamed.last_event[:200]!r}"
-    assert released is not None and released <= BOUND_SECONDS, f"slot still held: active={active(gateway)}"
-    assert agent_stops(running_up, 1) == 1, "the agent kept generating for nobody"
-    serves_again(running_up, gateway)
+    assert streamed.ended_at is not None, f"the streamed answer was still open {BOUND_SECONDS}s after the kill"
+    assert streamed.error is None, f"the stream broke: {streamed.error}"
+    assert streamed.status == 200 and streamed.last_event == "[DONE]", streamed.last_event
+    # Every token came (one event each, then the finish and [DONE]).
+    assert streamed.chunks >= MAX_TOKENS, figures["streamed"]
+    assert wait_idle(gateway, running_up) is not None, f"slot still held: active={active(gateway)}"
 
-    # 2. A non-streamed answer being generated.
+    # 2. The server killed with nothing in flight, a non-streamed answer taken as soon as it is
+    # back (the components are then usually still reconnecting), and the server killed again
+    # while that answer is being generated.
+    kill_nats(running_up)
+    deadline = time.monotonic() + 30
+    while running_up.text().count("embedded NATS server restarted") <= running_up.restarts_before:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "up did not restart its NATS server"
+        time.sleep(0.05)
     plain = Outcome()
     thread = threading.Thread(target=plain_chat, args=(gateway, plain), daemon=True)
     thread.start()
     in_flight = time.monotonic() + 10
-    while active(gateway) != 1:
-        assert time.monotonic() < in_flight, f"the request is not in flight: active={active(gateway)}"
-        time.sleep(0.05)
     while not engine_generating(running_up):
         assert time.monotonic() < in_flight, "the engine never started generating the answer"
+        assert plain.ended_at is None, f"the answer ended before it was generated: {plain.status} {plain.body[:300]!r}"
         time.sleep(0.05)
     assert plain.ended_at is None, "the non-streamed answer ended before the kill (make it longer)"
     killed = kill_nats(running_up)
     thread.join(BOUND_SECONDS + 10)
-    released = wait_released(gateway, killed)
     figures["plain"] = {"ended": None if plain.ended_at is None else round(plain.ended_at - killed, 2),
-                        "released": None if released is None else round(released, 2), "status": plain.status}
+                        "status": plain.status}
     print(f"plain: {figures['plain']}")
-    assert plain.ended_at is not None and plain.ended_at - killed <= BOUND_SECONDS, \
-        f"the non-streamed answer was still open {BOUND_SECONDS}s after the kill"
+    assert plain.ended_at is not None, f"the non-streamed answer was still open {BOUND_SECONDS}s after the kill"
     assert plain.error is None, f"the non-streamed request got no answer: {plain.error}"
-    if plain.status != 200:
-        error = clear_error(plain.body)
-        assert plain.status == 502 and error is not None and error["code"] == "upstream_connection_lost", \
-            (plain.status, plain.body[:300])
-    assert released is not None and released <= BOUND_SECONDS, f"slot still held: active={active(gateway)}"
-    assert agent_stops(running_up, 2) == 2, "the agent kept generating for nobody"
-    # The restarted server serves a new chat right away (the model is not "at capacity").
+    assert plain.status == 200, plain.body[:300]
+    answer = json.loads(plain.body)
+    assert answer["choices"][0]["message"]["content"] and answer["usage"]["completion_tokens"] == MAX_TOKENS
+    assert wait_idle(gateway, running_up) is not None, f"slot still held: active={active(gateway)}"
+
+    # Nothing was failed or stopped for the lost connections, and the grid serves on.
+    assert connection_losses(running_up) == []
     serves_again(running_up, gateway)

@@ -1,14 +1,18 @@
 """The in-process path (grid.infer.local) runs the NATS path's own tests unchanged: streaming,
-cancellation, slot release, refusals, a lost connection on either side, a slow reader (not the
-snooping test: nothing of this path crosses NATS to snoop on). Only the
-fixture differs: the requester finds host-a's responder in its registry, and a tap on host-a's
+cancellation, slot release, refusals, a slow reader (not the snooping test: nothing of this path
+crosses NATS to snoop on). Only the fixture differs: the requester finds host-a's responder in its registry, and a tap on host-a's
 inference subjects and on the requester's reply inboxes proves no message of it crossed NATS.
 A host whose responder is not registered (another process, another machine) is still reached
 over NATS, through the same requester.
+
+Where the paths differ on purpose: a lost NATS connection, on either side, fails or stops only
+the answers that cross NATS. An in-process answer does not need the connection, so it goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -27,9 +31,8 @@ from tests.integration.infer.test_infer_over_nats import (  # noqa: F401 - the e
     JSON,
     MODEL,
     _chat,
+    _long,
     engine,
-    test_a_lost_agent_connection_stops_the_engine_and_ends_the_answer,
-    test_a_lost_gateway_connection_fails_the_requests_in_flight_at_once,
     test_a_post_after_a_stream_never_lands_on_a_dead_engine_connection,
     test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_absent_agent,
     test_an_answer_read_too_slowly_is_cut_off_as_lost_not_buffered_forever,
@@ -132,3 +135,29 @@ async def test_a_stopped_responder_answers_nothing_in_process(pair) -> None:
         await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(False), JSON)
     assert responder.served == 1 and responder.in_flight == 0
     assert upstream.sent_in_process == 2 and responder.delivered_in_process == 1
+
+
+async def test_a_lost_connection_on_either_side_leaves_in_process_answers_whole(pair) -> None:
+    """Both sides' disconnect listeners run (what nats-py's disconnected callbacks run) while a
+    stream and a non-streamed answer are in flight in process: neither is failed nor stopped,
+    both end complete, and each side counts the lost connection."""
+    upstream, responder, _log = pair
+    target = InferTarget("host-a", MODEL, CHAT)
+    streamed = await upstream.post(target, _long(True, max_tokens=200), JSON)
+    chunks = streamed.aiter_raw()
+    first = await chunks.__anext__()
+    plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=200), JSON))
+    async with asyncio.timeout(10):
+        while responder.in_flight < 2:
+            await asyncio.sleep(0.02)
+    upstream.connection_lost()
+    responder.connection_lost()
+    async with asyncio.timeout(60):
+        raw = first + b"".join([chunk async for chunk in chunks])
+        answer = await plain
+        body = await answer.aread()
+    await streamed.aclose()
+    await answer.aclose()
+    assert raw.rstrip().endswith(b"data: [DONE]")
+    assert answer.status_code == 200 and json.loads(body)["usage"]["completion_tokens"] == 200
+    assert responder.lost == 0 and responder.cancelled == 0 and upstream.connections_lost == 1

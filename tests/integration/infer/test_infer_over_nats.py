@@ -353,6 +353,79 @@ async def test_a_lost_gateway_connection_fails_the_requests_in_flight_at_once(pa
         gateway_log.remove_disconnect_listener(upstream.connection_lost)
 
 
+async def test_a_killed_nats_server_fails_requests_in_flight_over_nats_at_once_and_serving_resumes(
+        engine: EngineRoute, tmp_path: Path) -> None:
+    """kill -9 of the nats-server itself (its own here, so the session's stays up), with the
+    gateway and the agent wired as the gateway state and the agent service wire them: a started
+    stream and a non-streamed answer being generated both fail with `upstream_connection_lost`
+    within seconds (never the read timeout), the agent stops both, and once the server is back
+    on the same port a new request is answered."""
+    server = EmbeddedNats(tmp_path / "nats").start()
+    agent_log = gateway_log = None
+    responder = None
+    try:
+        agent_log = await JetStreamLog.connect(server.url, name="agent-host-a")
+        gateway_log = await JetStreamLog.connect(server.url, name="gateway", ensure_streams=False)
+        responder = InferenceResponder(agent_log.client, "host-a", lambda m: engine if m == MODEL else None)
+        await responder.start()
+        upstream = NatsUpstream(gateway_log.client, connect_timeout=3.0, read_timeout=120.0)
+        gateway_log.add_disconnect_listener(upstream.connection_lost)
+        agent_log.add_disconnect_listener(responder.connection_lost)
+        target = InferTarget("host-a", MODEL, CHAT)
+        streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
+        chunks = streamed.aiter_raw()
+        assert await chunks.__anext__()
+        plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=300), JSON))
+        deadline = time.monotonic() + 10
+        while responder.in_flight < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert server.process is not None
+        server.process.kill()
+        t0 = time.monotonic()
+        with pytest.raises(UpstreamConnectionLost):
+            async with asyncio.timeout(5):
+                async for _chunk in chunks:
+                    pass
+        with pytest.raises(UpstreamConnectionLost):
+            async with asyncio.timeout(5):
+                await plain
+        assert time.monotonic() - t0 < 5
+        await streamed.aclose()
+        deadline = time.monotonic() + 5
+        while responder.in_flight:
+            assert time.monotonic() < deadline, "the agent kept answering for nobody"
+            await asyncio.sleep(0.05)
+        assert responder.lost == 2 and upstream.connections_lost == 1
+        server.process.wait()
+        server.respawn()
+        await asyncio.to_thread(server.wait_ready)
+        deadline = time.monotonic() + 20
+        while True:  # both clients reconnect on their own
+            try:
+                response = await upstream.post(target, _chat(False), JSON)
+                body = await response.aread()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "no answer after the server came back"
+                await asyncio.sleep(0.2)
+        assert response.status_code == 200 and json.loads(body)["choices"]
+        # llama-server finishes a non-streamed answer whose connection closed: wait for it so the
+        # next test finds both slots free.
+        async with httpx.AsyncClient() as c:
+            deadline = time.monotonic() + 60
+            while await probe_active(c, engine.endpoint, engine.key):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+    finally:
+        if responder is not None:
+            await responder.stop()
+        for event_log in (agent_log, gateway_log):
+            if event_log is not None:
+                await event_log.close()
+        server.stop()
+
+
 async def test_a_lost_agent_connection_stops_the_engine_and_ends_the_answer(pair, engine: EngineRoute) -> None:
     """The agent's connection is lost: it stops generating for nobody (the engine slot frees) and,
     should the requester still be listening, ends the answer with the error the gateway gives
@@ -388,8 +461,10 @@ async def test_a_host_with_no_ready_engine_refuses_and_the_gateway_asks_another_
     app = Starlette(routes=build_routes(), exception_handlers=exception_handlers())
     app.state.gateway = fleet.gw
     try:
-        await fleet.heartbeat("h1", ready(managed=False, sha=None, port=1))
-        await fleet.heartbeat("h2", ready(managed=False, sha=None, port=2))
+        for host, port in (("h1", 1), ("h2", 2)):
+            claim = ready(managed=False, sha=None, port=port)
+            await fleet.placements.admit(host, [claim])  # the operator admitted both external engines
+            await fleet.heartbeat(host, claim)
         fleet.gw.upstream = Upstream(backend="nats", nc=gateway_log.client, read_timeout=120.0)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw",
                                      timeout=120) as http:
