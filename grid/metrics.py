@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from grid.events.authorship import HEARTBEAT_REJECTION_REASONS
 from grid.events.requests import RequestFeatures
 from grid.identity.provenance import SUBJECT_MISMATCH
 from grid.identity.signing import REJECTION_REASONS
@@ -99,7 +100,7 @@ def counts(values: Iterable[str], vocabulary: Iterable[str] = ()) -> list[Sample
 
 
 # Every reason a reader refuses a log message for (each present in the family, zero included).
-REJECTION_VOCABULARY: tuple[str, ...] = (*REJECTION_REASONS, SUBJECT_MISMATCH)
+REJECTION_VOCABULARY: tuple[str, ...] = (*REJECTION_REASONS, SUBJECT_MISMATCH, *HEARTBEAT_REJECTION_REASONS)
 REJECTED_EVENTS = "grid_events_rejected"
 
 
@@ -114,7 +115,8 @@ def rejected_events(read: Callable[[], Mapping[str, int]]) -> CounterSource:
     return CounterSource(REJECTED_EVENTS,
                          "Log messages this process refused as not provably written by an identity that may write "
                          "their subject (unsigned, forged, revoked or expired signer, not permitted, or not vouched "
-                         "for by their subject), by reason: skipped, never folded or executed.",
+                         "for by their subject), or heartbeats replayed or signed outside the allowed clock skew "
+                         "(stale_replay, signed_ahead), by reason: skipped, never folded or executed.",
                          ("reason",), samples)
 
 

@@ -11,6 +11,10 @@ themselves (no real controller, no real agent) append that corroboration through
     await placements.drained("host-a", "m")                # a succeeded drain ack
 
 `plan_event` and `warm_ack` build the events alone, for pure folds.
+
+An external residency (`managed=False`) is routed only when an operator admitted it
+(grid.projections.routes): `route_admitted(host, residency)` builds that event, and
+`Placements.admit(host, residencies)` appends it for every external ready one.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import msgspec
 
 from grid.events.acks import ActionAck
 from grid.events.base import new_event_id
+from grid.events.control import RouteAdmitted
 from grid.events.host import Residency
 from grid.events.log import EventLog
 from grid.events.plan import PlanCreated, make_generation
 from grid.fleet.planning import Placement, Plan, encode_plan
+from grid.projections.routes import url_fingerprint
 
 EPOCH = "test-epoch"
 
@@ -61,6 +67,13 @@ def warm_ack(host_id: str, model_id: str, *, status: str = "succeeded", kind: st
         kind=kind, model_id=model_id, generation=generation or make_generation(EPOCH, 1, "0" * 64),
         controller_term=1,
     )
+
+
+def route_admitted(host_id: str, model_id: str, *, kind: str, endpoint: str,
+                   at: float | None = None) -> RouteAdmitted:
+    """The operator's admission of `host_id`'s external engine of `kind` at `endpoint` for `model_id`."""
+    return RouteAdmitted(event_id=new_event_id(), at=time.time() if at is None else at, host_id=host_id,
+                         model_id=model_id, kind=kind, url_fingerprint=url_fingerprint(endpoint))
 
 
 class Placements:
@@ -101,3 +114,9 @@ class Placements:
                       if r.managed and r.state in ("ready", "warming") and (host_id, r.model_id) not in self.pairs})
         if new:
             await self.place(host_id, *new)
+
+    async def admit(self, host_id: str, residencies: Iterable[Residency]) -> None:
+        """The operator admits every external residency of `residencies` that has an endpoint."""
+        for r in residencies:
+            if not r.managed and r.endpoint:
+                await self.log.append(route_admitted(host_id, r.model_id, kind=r.runtime, endpoint=r.endpoint))

@@ -34,13 +34,13 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
 
 import httpx
 import msgspec
 
 from grid.agent.state import atomic_write, fsync_dir
 from grid.config import GridConfig
+from grid.events.artifact_source import Source, SourceError, parse_source
 
 MIB = 1024 * 1024
 CHUNK = 1 << 20
@@ -74,7 +74,6 @@ REASON_STORE_UNAVAILABLE = "artifact_store_unavailable"
 FILE_ROOTS_ENV = "GRID_ARTIFACT_FILE_ROOTS"
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-_HF_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 Progress = Callable[[int, int | None], None]
 
@@ -122,27 +121,6 @@ def _fail(reason: str, detail: str = "") -> ArtifactOutcome:
     return ArtifactOutcome(ok=False, reason=reason, detail=detail)
 
 
-class Source(msgspec.Struct, frozen=True, kw_only=True):
-    scheme: str
-    # file: absolute path; http(s): the URL; hf: owner/repo/revision/path
-    location: str
-    owner: str = ""
-    repo: str = ""
-    revision: str = ""
-    path: str = ""
-
-    def http_url(self) -> str:
-        if self.scheme in ("http", "https"):
-            return self.location
-        if self.scheme == "hf":
-            return f"https://huggingface.co/{self.owner}/{self.repo}/resolve/{self.revision}/{self.path}"
-        raise ValueError(f"no URL for a {self.scheme} source")
-
-
-class SourceError(ValueError):
-    pass
-
-
 def normalize_sha256(value: str | None) -> str | None:
     if value is None:
         return None
@@ -150,44 +128,6 @@ def normalize_sha256(value: str | None) -> str | None:
     if not _SHA_RE.match(digest):
         raise SourceError(f"not a sha256 hex digest: {value[:80]!r}")
     return digest
-
-
-def parse_source(source: str) -> Source:
-    """Validate an operator-authorized artifact source (pure)."""
-    parts = urlsplit(source)
-    scheme = parts.scheme.lower()
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise SourceError("file:// sources must be local (file:///absolute/path)")
-        path = unquote(parts.path)
-        if not path.startswith("/"):
-            raise SourceError("file:// sources need an absolute path")
-        return Source(scheme="file", location=path)
-    if scheme in ("http", "https"):
-        if not parts.hostname:
-            raise SourceError("http(s) source without a host")
-        if parts.username or parts.password:
-            raise SourceError("artifact sources must not embed credentials")
-        return Source(scheme=scheme, location=source)
-    if scheme == "hf":
-        if parts.username or parts.password or parts.query or parts.fragment:
-            raise SourceError("hf:// sources are hf://owner/repo[@revision]/path.gguf, nothing else")
-        owner = parts.netloc
-        rest = [p for p in unquote(parts.path).split("/") if p]
-        if len(rest) < 2:
-            raise SourceError("hf:// source needs owner, repo and a file path")
-        repo, revision = rest[0], "main"
-        if "@" in repo:
-            repo, revision = repo.split("@", 1)
-        file_parts = rest[1:]
-        for token in (owner, repo, revision, *file_parts):
-            if not _HF_TOKEN.match(token) or token in (".", ".."):
-                raise SourceError(f"invalid hf:// path component {token!r}")
-        path = "/".join(file_parts)
-        if not path.lower().endswith(".gguf"):
-            raise SourceError("hf:// source must name a .gguf file")
-        return Source(scheme="hf", location=source, owner=owner, repo=repo, revision=revision, path=path)
-    raise SourceError(f"unsupported artifact source scheme {parts.scheme!r}")
 
 
 def hash_file(path: Path, progress: Progress | None = None) -> tuple[str, int]:

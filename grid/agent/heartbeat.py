@@ -90,6 +90,25 @@ def cached_reports(entries: Sequence[IndexEntry], now: float) -> tuple[CachedArt
     )
 
 
+# A host clock further than this from the log server's (learned from our own appends' receipt
+# times) signs heartbeats with the server's time instead: the folds reject a heartbeat whose
+# signed time lies more than grid.events.authorship.SIGNED_TIME_SKEW_SECONDS (10 s) from its
+# receipt, so a borrowed machine with a wrong clock would otherwise vanish from the grid.
+CLOCK_OFF_SECONDS = 2.0
+# The smallest step between two heartbeats' signed times (the folds take only a newer one).
+SIGNED_TIME_STEP_SECONDS = 0.001
+
+
+def signed_time(now: float, server_now: float | None, last_signed: float | None) -> float:
+    """The time to sign a heartbeat with: this host's clock, or the server's estimated time when
+    the two differ by more than CLOCK_OFF_SECONDS; always after the last one signed (a clock
+    stepped back must not make the next heartbeat look like a replay of an older one)."""
+    at = now if server_now is None or abs(now - server_now) <= CLOCK_OFF_SECONDS else server_now
+    if last_signed is not None and at <= last_signed:
+        at = last_signed + SIGNED_TIME_STEP_SECONDS
+    return at
+
+
 def build_heartbeat(
     *,
     event_id: str,

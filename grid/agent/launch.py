@@ -33,6 +33,7 @@ from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, atomic_write
 from grid.config import GridConfig, NatsUrlNotFound, resolve_nats_url
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
+from grid.tasks import cancel_and_wait
 
 # Where `gridctl node join` keeps this host's credential, CA and enrolment (owner-only).
 IDENTITY_DIR = "identity"
@@ -41,6 +42,7 @@ ENROLMENT_FILE = "enrolment.json"
 EXIT_STOPPED = 0
 EXIT_REFUSED = 1  # refused before starting, or the grid could not be reached
 EXIT_START_FAILED = 2
+EXIT_REVOKED = 3  # the operator revoked this host's credential: a new invitation is needed
 
 # Why a launch (or a join) is refused before anything starts.
 ALREADY_RUNNING = "already_running"
@@ -326,6 +328,7 @@ class StderrReporter:
 
 async def run_launch(launch: Launch, reporter: Reporter) -> int:
     """Connect, run the agent until SIGTERM/SIGINT, then drain and stop it; the exit code."""
+    from grid.agent.credential import credential_expired, revoked_message, watch_revocation
     from grid.agent.inventory import CapacityShareError
     from grid.agent.lock import AgentLockedError
     from grid.agent.service import HostAgent, HostIdError
@@ -347,6 +350,10 @@ async def run_launch(launch: Launch, reporter: Reporter) -> int:
         if joined is None and "authorization" in str(exc).lower():
             hint = ("; this grid runs with auth on: join it first (`gridctl invite` on the controller's "
                     "machine, then `gridctl node join TOKEN` here)")
+        elif (joined is not None and "authorization" in str(exc).lower()
+              and not credential_expired(Path(joined.creds_path), time.time())):
+            hint = ("; the servers refuse this host's credential although it has not expired: the operator "
+                    "revoked it (`gridctl node revoke`); ask for a new invitation, then `gridctl node join TOKEN`")
         reporter.error(f"{exc}{hint}")
         return EXIT_REFUSED
     agent = HostAgent(event_log, launch.config, launch.agent_options)
@@ -365,15 +372,35 @@ async def run_launch(launch: Launch, reporter: Reporter) -> int:
         return EXIT_START_FAILED
     atomic_write(paths.pid_file, msgspec.json.encode(msgspec.structs.replace(record, host_id=agent.host_id)))
     reporter.info(f"agent {agent.host_id} running (pid {record.pid}); stop with `gridctl node stop`")
+    # A revoked credential is refused on every reconnect, forever: say so once and stop.
+    revoked: list[float] = []
+    watcher: asyncio.Task[float] | None = None
+    if joined is not None and hasattr(event_log, "add_disconnect_listener"):
+        watcher = asyncio.create_task(watch_revocation(
+            event_log, launch.url, Path(joined.creds_path), Path(joined.ca_path) if joined.ca_path else None),
+            name="agent-revocation-watch")
+
+        def on_revoked(task: asyncio.Task[float]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                return
+            revoked.append(task.result())
+            reporter.error(revoked_message(revoked[0]))
+            agent.request_stop()
+
+        watcher.add_done_callback(on_revoked)
     try:
         await agent.run_until_stopped()
     finally:
+        if watcher is not None:
+            await cancel_and_wait([watcher])
+        if revoked:
+            await event_log.close()  # nothing more reaches the grid: stop without waiting on it
         await agent.stop(drain=True)
         current = read_pid_record(paths)
         if current is not None and current.instance == record.instance:
             paths.pid_file.unlink(missing_ok=True)
         await event_log.close()
-    return EXIT_STOPPED
+    return EXIT_REVOKED if revoked else EXIT_STOPPED
 
 
 def launch(options: LaunchOptions, reporter: Reporter | None = None) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,7 @@ from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines, WatchedEngineClient
 from grid.agent.external import reports as external_reports
-from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources
+from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources, signed_time
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
@@ -81,7 +80,7 @@ from grid.fleet import SERVING_STATES
 from grid.fleet.hardware import hardware_row
 from grid.identity.permissions import Role
 from grid.infer.responder import EngineRoute, InferenceResponder
-from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
+from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger("grid.agent")
@@ -528,10 +527,9 @@ class HostAgent:
         data = msgspec.json.encode(row)
         if data == self._hardware_written:
             return
-        tmp = self.paths.hardware.with_suffix(".tmp")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, self.paths.hardware)
+            # Owner-only like everything under the grid home (it names the machine's hardware).
+            write_owner_only(self.paths.hardware, data)
             self._hardware_written = data
         except OSError:
             pass
@@ -572,6 +570,14 @@ class HostAgent:
             warnings=[*self.warnings, *external_warnings],
             external=external,
         )
+        server_now = None
+        if self._server_clock is not None:
+            server_t, mono = self._server_clock
+            server_now = server_t + (self.clock.monotonic() - mono)
+        last = self.last_heartbeat.at if self.last_heartbeat is not None else None
+        signed_at = signed_time(now, server_now, last)
+        if signed_at != now:
+            hb = msgspec.structs.replace(hb, at=signed_at)
         result = await self.log.append(hb)
         self.last_heartbeat = hb
         if self.on_heartbeat is not None:

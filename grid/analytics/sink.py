@@ -32,7 +32,7 @@ from grid.analytics.columns import Columns
 from grid.analytics.schema import TABLES, create_statements
 from grid.events import codec
 from grid.events.acks import ActionAck
-from grid.events.authorship import Authorship, AuthorshipGate, Rejection, Signed, check_signatures
+from grid.events.authorship import SIG_HEADER, Authorship, AuthorshipGate, Rejection, Signed, check_signatures
 from grid.events.codec import EventDecodeError
 from grid.events.commands import CommandIssued, CommandWithdrawn
 from grid.events.control import CredentialRevoked, HostOverride, ProfileRemoved, ProfileSet
@@ -40,8 +40,9 @@ from grid.events.host import HostHeartbeat, HostRegistered, ProtectionTransition
 from grid.events.log import EventLog, StoredMessage
 from grid.events.plan import PlanCreated
 from grid.events.requests import RequestBatch, RequestCompleted, RequestFailed
-from grid.events.subjects import ALL_STREAMS
+from grid.events.subjects import ALL_STREAMS, HOSTS_STREAM
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
+from grid.projections.budget import HostBudget
 from grid.projections.runner import SIGNATURE_BATCH, merge_by_receipt_time
 from grid.secrets import tighten_owner_only
 
@@ -98,6 +99,11 @@ class AnalyticsSink:
         # Verifies authorship when set (else taken from the log on the first sync or follow).
         self.gate = AuthorshipGate(authorship)
         self.gate.revoked = self._stored_revocations()
+        # Host budgets, as the folds keep them (grid.projections.budget), once authorship is
+        # verified: a host flooding its own subjects is dropped before its signature is checked
+        # and never fills the store (a batch read again after a failed flush is charged again,
+        # which only ever makes a flooder's budget tighter).
+        self.budget: HostBudget | None = None
         # Payloads stay the log's bytes until the Arrow hand-off (no Python str per event).
         self._rows: dict[str, Columns] = {
             name: Columns(columns, bytes_columns=frozenset({"payload"}) if name == "events" else frozenset())
@@ -158,8 +164,19 @@ class AnalyticsSink:
 
     # --- row extraction ------------------------------------------------------------------
 
-    def add(self, msg: StoredMessage, *, signature_ok: bool | None = None) -> None:
-        """Take one message (`signature_ok`: its signature, when already checked in a batch)."""
+    def admit(self, msg: StoredMessage) -> str | None:
+        """Charge a hosts-stream message not taken yet to its host's budget: None when within it,
+        else why it is dropped (pass that to `add` as `over`)."""
+        if msg.stream != HOSTS_STREAM or self.gate.authorship is None or msg.seq <= self._last.get(msg.stream, 0):
+            return None
+        if self.budget is None:
+            self.budget = HostBudget()
+        headers = msg.headers
+        return self.budget.admit(msg.subject, len(msg.data), msg.time, signed=bool(headers) and SIG_HEADER in headers)
+
+    def add(self, msg: StoredMessage, *, signature_ok: bool | None = None, over: str | None = None) -> None:
+        """Take one message (`signature_ok`: its signature, when already checked in a batch;
+        `over`: the reason its host's budget refused it, when `admit` did)."""
         rows = self._rows
         s, q, t, data = msg.stream, msg.seq, msg.time, msg.data
         if q <= self._last.get(s, 0):
@@ -170,6 +187,9 @@ class AnalyticsSink:
             self._first_pending[s] = q
         self._pending_positions[s] = q
         gate = self.gate
+        if over is not None:
+            gate.reject(s, q, msg.subject, Signed(reason=over))
+            return  # over its host's budget: no row, the position moves on
         verdict = gate.check(s, q, msg.subject, data, msg.headers, t, signature_ok=signature_ok)
         if not verdict.ok:
             return  # not provably its author's: no row, the position moves on
@@ -225,6 +245,14 @@ class AnalyticsSink:
         a_host(host_id)
         a_model(model_id)
         a_payload(data)
+
+    async def _add_checked(self, batch: list[StoredMessage]) -> None:
+        """Add a batch in order: budgets first (cheap), then the signatures of what is within them
+        checked in one call on a worker thread."""
+        over = [self.admit(m) for m in batch]
+        checked = iter(await check_signatures(self.gate.authorship, [m for m, o in zip(batch, over) if o is None]))
+        for m, o in zip(batch, over):
+            self.add(m, signature_ok=None if o is not None else next(checked), over=o)
 
     def _feature(self, s: str, q: int, i: int, t: float, f: Any) -> None:
         (a_stream, a_seq, a_idx, a_time, a_finished, a_endpoint, a_requested, a_served, a_host, a_workload,
@@ -350,9 +378,7 @@ class AnalyticsSink:
         async def add_batch() -> None:
             # Signatures checked in one call on a worker thread, then added in order.
             nonlocal read
-            signatures = await check_signatures(self.gate.authorship, batch)
-            for m, signature_ok in zip(batch, signatures):
-                self.add(m, signature_ok=signature_ok)
+            await self._add_checked(batch)
             read += len(batch)
             batch.clear()
             if self.pending_rows() >= self.batch_rows:
@@ -414,9 +440,7 @@ class AnalyticsSink:
                     batch = [msg]
                     while len(batch) < SIGNATURE_BATCH and not queue.empty():
                         batch.append(queue.get_nowait())
-                    signatures = await check_signatures(self.gate.authorship, batch)
-                    for m, signature_ok in zip(batch, signatures):
-                        self.add(m, signature_ok=signature_ok)
+                    await self._add_checked(batch)
                     if self.pending_rows() >= self.batch_rows:
                         await flush()
                         deadline = time.monotonic() + flush_seconds

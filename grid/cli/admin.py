@@ -215,14 +215,17 @@ def render_status(s: dict[str, Any]) -> None:
     for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "domain", "residencies"):
         hosts.add_column(col)
     # Claims the gateway does not route (the warnings below say why).
-    unplaced = {(c["host_id"], c["model_id"]) for c in s.get("unplaced_claims") or ()}
+    unplaced = {(c["host_id"], c["model_id"], c.get("managed", True)) for c in s.get("unplaced_claims") or ()}
     for h in s["hosts"]:
         res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)")
-                        + (" (unplaced claim)" if r["managed"] and (h["host_id"], r["model_id"]) in unplaced else "")
+                        + ("" if (h["host_id"], r["model_id"], r["managed"]) not in unplaced
+                           else " (unplaced claim)" if r["managed"] else " (unadmitted claim)")
                         for r in h["residencies"])
         state = h["state"] if h["fresh"] else f"{h['state']} (stale)"
         if h.get("protection_reason") and h["state"] != "accepting":
             state = f"{state}: {h['protection_reason']}"  # why a host takes no new work (e.g. cpu_high)
+        if h.get("revoked"):  # `gridctl node revoke`: not merely stale
+            state = "revoked " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h["revoked_at"]))
         hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
                       str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
     console.print(hosts)

@@ -168,15 +168,19 @@ def _join(token: str, paths: AgentPaths) -> Joined:
 def revoke(
     host: str = typer.Argument(..., help="Host id whose credentials to revoke."),
     reason: str = typer.Option("", "--reason", help="Why (recorded with the revocation on the log)."),
-    nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="NATS URL of the grid."),
+    nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL",
+                                       help="NATS URL of the grid (a cluster's servers comma-separated)."),
 ) -> None:
-    """Revoke a host (on the controller's machine): its credentials stop working at once, renewal
-    is refused, the log records the revocation (every fold refuses what its keys sign from there
-    on), and the controller moves its models elsewhere when its heartbeats stop."""
+    """Revoke a host: its credentials stop working at once, renewal is refused, the log records
+    the revocation (every fold refuses what its keys sign from there on; status marks the host
+    revoked), its agent stops, and the controller moves its models elsewhere. On the controller's
+    machine it revokes directly; on an operator machine (a grid home with the operator credential)
+    it asks on the log, and the running controller applies it."""
     from grid.cli.common import resolve_nats_url
     from grid.identity.admin import IdentityAdminError, RevocationNotLogged
     from grid.identity.admin import revoke as revoke_host
     from grid.identity.authority import AuthorityError
+    from grid.events.log import LogError
 
     cfg = GridConfig.from_environ()
     url = resolve_nats_url(nats, cfg)
@@ -188,12 +192,16 @@ def revoke(
     except (IdentityAdminError, AuthorityError) as exc:
         _fail(str(exc))
         raise AssertionError from exc
+    except LogError as exc:  # an operator machine that cannot reach the log: nothing was asked
+        _fail(str(exc))
+        raise AssertionError from exc
     except Exception as exc:  # the registry says revoked; the servers have not heard yet
         _fail(f"revoked in the registry, but the servers could not be told ({type(exc).__name__}: {exc}); "
               "run the command again")
         raise AssertionError from exc
+    applied = "" if done.requested_seq is None else f" (asked for at sequence {done.requested_seq}; applied by the controller)"
     typer.echo(f"host {host} revoked: {len(done.keys)} key(s), recorded on the log at {done.stream} "
-               f"sequence {done.seq}")
+               f"sequence {done.seq}{applied}")
 
 
 @node_app.command("stop")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 import msgspec
 from starlette.requests import Request
 
+from grid.events.artifact_source import SourceError, parse_source
 from grid.analytics.history import HistoryParams
 from grid.events.control import DATA_TIERS, MODEL_ID_MAX_LENGTH, ModelProfile, model_id_error
 
@@ -25,21 +26,61 @@ BODY_TIMEOUT_SECONDS = 10.0
 MAX_INCOMPLETE_BODIES = 16
 MAX_MODEL_ID_LENGTH = MODEL_ID_MAX_LENGTH  # the grammar is grid.events.control's MODEL_ID_PATTERN
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SOURCE_SCHEMES = ("hf://", "https://", "http://", "file://")
+
+# --- bounds of what a profile body may hold (beyond the event's own, grid.events.control) ------
+# A list item of a profile names a runtime, a backend, a tag, a host or a model; the longest of
+# these is a host id (grid.events.control.HostId, 256 characters). An operator probing by hand
+# stored 10 KB strings here: each is copied into every plan and status that mentions the model.
+MAX_NAME_LENGTH = 256
+# A workload name keys workload_scores; the same bound as an evaluation's workload
+# (grid.controller.evaluations.EvaluationBody), the other way a workload enters the catalog.
+MAX_WORKLOAD_NAME_LENGTH = 64
+# Items in one list (or entries in one map) of a profile: more than any fleet's hosts the planner
+# would weigh for one model (MAX_REPLICAS is 4096 replicas; pins and allow lists name hosts).
+MAX_PROFILE_ITEMS = 1024
+# The longest artifact_source URI: the common 2 KB URL bound of HTTP servers and proxies.
+MAX_SOURCE_LENGTH = 2048
+# Artifact source schemes the admin API accepts. hf:// and http(s):// name bytes any host may
+# fetch (each is then parsed by the agents' grid.events.artifact_source.parse_source). No source at
+# all, with artifact_sha256, means the grid's artifact store (what `gridctl pull` publishes).
+# file:// is refused: a path names a file on whichever host the command reaches (an agent reads
+# one only from directories its host allows, GRID_ARTIFACT_FILE_ROOTS), so it is a way to probe
+# hosts' disks, never a portable source; anything unlisted is refused too.
+ACCEPTED_SOURCE_SCHEMES: tuple[str, ...] = ("hf", "https", "http")
+
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
+WorkloadName = Annotated[str, msgspec.Meta(max_length=MAX_WORKLOAD_NAME_LENGTH)]
+SourceUri = Annotated[str, msgspec.Meta(max_length=MAX_SOURCE_LENGTH)]
+
+
+def _bounded(name: str, tp: Any) -> Any:
+    """The body's type of profile field `name`: the event's type `tp` with the API's bounds on
+    its strings and collections (the event decoder stays as it is, so old events still fold)."""
+    if name == "artifact_source":
+        return SourceUri | None
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is tuple and len(args) == 2 and args[0] is str and args[1] is Ellipsis:
+        return Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_PROFILE_ITEMS)]
+    if origin is dict and args and args[0] is str:
+        key = WorkloadName if name == "workload_scores" else Name
+        return Annotated[dict[key, args[1]], msgspec.Meta(max_length=MAX_PROFILE_ITEMS)]  # type: ignore[valid-type]
+    return tp
 
 
 def _body_struct() -> type:
-    """ModelProfile's fields minus model_id, strict about unknown fields (kept in sync)."""
+    """ModelProfile's fields minus model_id, strict about unknown fields (kept in sync), with the
+    API's bounds on strings and collections (`_bounded`)."""
     fields = []
     for f in msgspec.structs.fields(ModelProfile):
         if f.name == "model_id":
             continue
+        tp = _bounded(f.name, f.type)
         if f.required:
-            fields.append((f.name, f.type))
+            fields.append((f.name, tp))
         elif f.default_factory is not msgspec.NODEFAULT:
-            fields.append((f.name, f.type, msgspec.field(default_factory=f.default_factory)))
+            fields.append((f.name, tp, msgspec.field(default_factory=f.default_factory)))
         else:
-            fields.append((f.name, f.type, f.default))
+            fields.append((f.name, tp, f.default))
     return msgspec.defstruct("ProfileBody", fields, kw_only=True, forbid_unknown_fields=True, frozen=True)
 
 
@@ -88,6 +129,8 @@ class BodyError(Exception):
 
 
 _FIELD_AT = re.compile(r"at `\$\.?([^`]*)`")
+# A map's key: "Expected `str` of length <= 64 - at `key` in `$.workload_scores`".
+_FIELD_IN = re.compile(r"in `\$\.?([^`]*)`")
 _FIELD_NAMED = re.compile(r"field `([^`]+)`")
 
 
@@ -96,7 +139,7 @@ def _field_from(message: str) -> str | None:
     m = _FIELD_NAMED.search(message)
     if m and "unknown field" in message or m and "missing required" in message:
         return m.group(1)
-    m = _FIELD_AT.search(message)
+    m = _FIELD_AT.search(message) or _FIELD_IN.search(message)
     if m:
         path = m.group(1)
         return re.split(r"[.\[]", path, maxsplit=1)[0] or None
@@ -184,6 +227,28 @@ def _finite(field: str, value: float, *, low: float | None = None, low_open: boo
         raise _invalid(field, f"must be <= {high}")
 
 
+def _check_source(source: str) -> None:
+    """An artifact_source the admin API accepts: an ACCEPTED_SOURCE_SCHEMES URI the agents' own
+    parser (grid.events.artifact_source.parse_source) takes, without credentials."""
+    accepted = ", ".join(f"{scheme}://" for scheme in ACCEPTED_SOURCE_SCHEMES)
+    scheme = source.split("://", 1)[0].lower() if "://" in source else ""
+    if scheme == "file":
+        raise _invalid("artifact_source", f"file:// sources are refused: a path names a file on whichever host "
+                       f"loads the model; use one of {accepted}, or leave artifact_source out to fetch "
+                       "artifact_sha256 from the grid's artifact store (gridctl pull publishes it)")
+    if scheme not in ACCEPTED_SOURCE_SCHEMES:
+        raise _invalid("artifact_source", f"scheme must be one of {accepted}")
+    authority = source.split("://", 1)[1].split("/", 1)[0]
+    if "@" in authority:
+        raise _invalid("artifact_source", "credentials do not belong in the source URI")
+    if not source.isprintable():
+        raise _invalid("artifact_source", "must not contain control characters or whitespace other than spaces")
+    try:
+        parse_source(source)
+    except (SourceError, ValueError) as exc:
+        raise _invalid("artifact_source", str(exc)) from None
+
+
 def validate_profile(model_id: str, body: Any) -> ModelProfile:
     """Semantic checks beyond types; returns the canonical profile (sha256 lowercased)."""
     validate_model_id(model_id)
@@ -212,11 +277,7 @@ def validate_profile(model_id: str, body: Any) -> ModelProfile:
             raise _invalid("artifact_sha256", "artifact_source requires artifact_sha256")
         if body.artifact_size_mb is None:
             raise _invalid("artifact_size_mb", "artifact_source requires artifact_size_mb")
-        if not source.startswith(_SOURCE_SCHEMES):
-            raise _invalid("artifact_source", f"scheme must be one of {', '.join(_SOURCE_SCHEMES)}")
-        authority = source.split("://", 1)[1].split("/", 1)[0]
-        if "@" in authority:
-            raise _invalid("artifact_source", "credentials do not belong in the source URI")
+        _check_source(source)
     if body.min_replicas < 0:
         raise _invalid("min_replicas", "must be >= 0")
     if body.max_replicas < 0:

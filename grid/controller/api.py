@@ -24,7 +24,9 @@ GRID_HOME/admin.url while it runs (that is how gridctl finds it).
 Mutations need the operator token in ``X-Grid-Allocator-Token`` or ``Authorization: Bearer``
 (constant-time compare); a wrong or missing token is 401, the reader token (GRID_HOME/reader.token,
 read-only: status, history, metrics) is 403. Bodies are bounded (413). A malformed
-body is 422 naming the field at fault, and nothing is appended. Automatic mode is refused with
+body is 422 naming the field at fault, and nothing is appended; so is a profile string, list or
+map beyond its bound or an artifact source outside hf/https/http (grid.controller.admin_input).
+No path is redirected: `/allocator/models` without an id is a 404 saying where the id goes. Automatic mode is refused with
 409 while the event log is not durable.
 """
 
@@ -87,6 +89,7 @@ from grid.events.base import Event, new_event_id
 from grid.events.control import (
     MAX_FORECAST_BUCKET_SECONDS,
     MIN_FORECAST_BUCKET_SECONDS,
+    MODEL_ID_GRAMMAR,
     MODES,
     ForecastWindowSet,
     ModelProfile,
@@ -471,6 +474,15 @@ async def post_evaluation(request: Request, ctx: AdminContext) -> Response:
                                     samples=event.samples, artifact_sha256=event.artifact_sha256, seq=res.seq))
 
 
+@operator_only
+async def missing_model_id(request: Request, ctx: AdminContext) -> Response:
+    """`/allocator/models` with no id: what a client makes of `/allocator/models/.` (it removes the
+    dot segment). Starlette would redirect it (307) to `/allocator/models/`, inviting the client to
+    send its body again to a path that names no model; the answer says where the id goes."""
+    return _error(404, "missing_model_id", f"the model id goes in the path: {request.method} "
+                  f"{MODELS_PATH}{{model_id}}, where model_id is {MODEL_ID_GRAMMAR}", "model_id")
+
+
 async def not_found(_request: Request, _exc: Exception) -> Response:
     # A path no route matches (for example a model id with a line break, which the path
     # converter does not cross) gets the same JSON error shape as every other refusal.
@@ -486,6 +498,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/allocator/models/{model_id:path}", put_model, methods=["PUT"]),
     Route("/allocator/models/{model_id:path}", delete_model, methods=["DELETE"]),
     Route("/allocator/models/{model_id:path}", patch_model, methods=["PATCH"]),
+    Route(MODELS_PATH.rstrip("/"), missing_model_id, methods=["PUT", "PATCH", "DELETE"]),
     Route("/allocator/mode", put_mode, methods=["PUT"]),
     Route("/allocator/tick", post_tick, methods=["POST"]),
     Route("/allocator/forecast-window", put_forecast_window, methods=["PUT"]),
@@ -521,6 +534,9 @@ def create_admin_app(
     if tokens_equal(token, reader_token):
         raise ValueError("the reader token must differ from the operator token")
     app = Starlette(routes=list(ROUTES), exception_handlers={404: not_found})
+    # No redirects: a 307 to the path with (or without) a final slash asks a client to send its
+    # mutation again somewhere it did not name. An unmatched path is the JSON 404 instead.
+    app.router.redirect_slashes = False
     app.state.admin = AdminContext(
         controller=controller,
         token=token,

@@ -31,6 +31,7 @@ from grid.fleet import quarantine as quarantine_mod
 from grid.projections import fleet as fleet_proj
 from grid.projections import lifecycle as lifecycle_proj
 from grid.projections import placed as placed_proj
+from grid.projections import routes as routes_proj
 from grid.projections import throughput as throughput_proj
 from grid.projections.actions import ActionsState
 
@@ -139,6 +140,12 @@ def build_planner_input(
         # A heartbeat's claim of a replica nobody commanded there is no incumbent: counted as
         # one, a hostile host could make the plan drop an honest replica for its fake.
         hosts = tuple(placed_proj.without_uncommanded(h, obs.placed) for h in hosts)
+    # An external engine no operator admitted (grid.projections.routes.admission, the gateway's
+    # own rule) is no supply either, and so never the reconciler's proof that a replacement is
+    # ready: the planner input's hosts are what both of them read.
+    routes = obs.catalog.routes
+    by_model = obs.catalog.profiles
+    hosts = tuple(routes_proj.supply_view(h, routes=routes, profiles=by_model) for h in hosts)
     if obs.throughput is not None:
         hosts = with_measured_throughput(hosts, throughput_proj.measured(obs.throughput, profiles, now))
     return PlannerInput(

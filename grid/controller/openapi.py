@@ -14,7 +14,7 @@ import msgspec
 
 from grid import __version__
 from grid.controller.status import TickReport
-from grid.events.control import ModelProfile
+from grid.events.control import MODEL_ID_GRAMMAR, MODEL_ID_MAX_LENGTH, ModelProfile
 
 REF = "#/components/schemas/{name}"
 
@@ -96,7 +96,9 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
         return out
 
     token = [{"operatorToken": []}, {"bearer": []}]
-    model_param = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+    model_param = {"name": "model_id", "in": "path", "required": True,
+                   "schema": {"type": "string", "minLength": 1, "maxLength": MODEL_ID_MAX_LENGTH},
+                   "description": f"The model id: {MODEL_ID_GRAMMAR}."}
     status_obj = {"type": "object", "additionalProperties": True}
     paths = {
         "/allocator/status": {"get": {
@@ -189,6 +191,7 @@ _REASONS = {
     409: "Refused in the current state (automatic mode on a non-durable log, an evaluation naming "
          "another artifact revision)",
     413: "Body too large",
-    422: "Validation error, naming the field",
+    422: "Validation error, naming the field and what it accepts (a string, list or map beyond its "
+         "bound, an artifact_source scheme other than hf://, https:// or http://)",
     503: "The event log or the analytics store is unavailable, or too many bodies are still arriving",
 }

@@ -95,10 +95,13 @@ from grid.events.subjects import (
     HOSTS_STREAM,
     PLANS_STREAM,
     REQUESTS_STREAM,
+    revocation_subject,
 )
 from grid.controller.quarantine_metrics import quarantine_gauge
 from grid.controller.store_metrics import store_sources
 from grid.fleet.planning import Plan, PlannerInput, Policy, decode_plan, encode_plan
+from grid.projections.budget import budget_metric, flagged_rows
+from grid.identity.admin import apply_requested_revocations
 from grid.metrics import ControllerMetrics, GaugeCollector, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
 from grid.projections import catalog as catalog_proj
@@ -108,7 +111,7 @@ from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, write_owner_only
 from grid.tasks import cancel_and_wait
 from grid.transport.artifact_store import ensure_artifact_store
-from grid.transport.jetstream import REPLICAS_MISMATCH, JetStreamLog
+from grid.transport.jetstream import REPLICAS_MISMATCH, JetStreamLog, host_footprint_bytes
 from grid.transport.store_pressure import StorePressure, as_status
 
 log = structlog.get_logger(__name__)
@@ -120,6 +123,10 @@ SNAPSHOT_NAME = "controller.snapshot"
 PUBLISH_CONCURRENCY = 64
 # Streams whose changes make a prompt tick worthwhile (our own plans/commands do not).
 TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
+# Where revocations land (grid.events.subjects.revocation_subject), and how soon one that could
+# not be applied (no lease, servers unreachable) is tried again.
+REVOCATION_SUBJECT_PREFIX = revocation_subject("x")[: -len("x")]
+REVOCATION_RETRY_SECONDS = 1.0
 
 
 class ControllerError(RuntimeError):
@@ -270,6 +277,9 @@ class Controller:
         self.plan_conflicts = 0
         self._cleared: set[str] = set()
         self._dirty = asyncio.Event()
+        # Set when a revocation is folded: one an operator machine asked for is applied here
+        # (`_revocation_loop`), where the authority lives.
+        self._revocations = asyncio.Event()
         self._dirty_revision = 0
         self._processed_revision = 0
         self._success_revision = 0
@@ -340,6 +350,7 @@ class Controller:
                         (), active),
             quarantine_gauge(lambda: self.last_input, self.clock.now),
             rejected_events(lambda: self.runner.rejected),
+            budget_metric(lambda: self.runner.budget),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -401,6 +412,9 @@ class Controller:
             loop.create_task(self._lease_loop(), name="controller-lease"),
             loop.create_task(self._snapshot_loop(), name="controller-snapshot"),
         ]
+        if self.identity is not None:
+            self._revocations.set()  # what the catch-up folded
+            self._tasks.append(loop.create_task(self._revocation_loop(), name="controller-revocations"))
         if s.background_ticks:
             self._tasks.append(loop.create_task(self._tick_loop(), name="controller-tick"))
         self._dirty.set()
@@ -463,6 +477,38 @@ class Controller:
         if stream in TRIGGER_STREAMS:
             self._dirty_revision += 1
             self._dirty.set()
+        if stream == CONTROL_STREAM and msg.subject.startswith(REVOCATION_SUBJECT_PREFIX):
+            self._revocations.set()
+
+    async def _revocation_loop(self) -> None:
+        """Apply the revocations an operator machine asked for on the log (grid.identity.admin:
+        `gridctl node revoke` where the grid home holds the operator credential, not the
+        authority): the lease holder revokes the host where the authority lives, pushes the
+        servers' revocation list, which disconnects the host, and appends the revocation naming its
+        keys. Level-triggered on the fleet's revoked hosts, so a restart applies what is pending."""
+        while True:
+            await self._revocations.wait()
+            if self.lease is None or not self.lease.held:
+                await asyncio.sleep(REVOCATION_RETRY_SECONDS)
+                continue
+            self._revocations.clear()
+            requested = {host_id: (record.revoked_at, record.revoked_reason)
+                         for host_id, record in self.runner["fleet"].hosts.items() if record.revoked_at is not None}
+            if not requested:
+                continue
+            client = getattr(self.log, "client", None)
+            url = ",".join(u.geturl() for u in getattr(client, "servers", ())) or self.config.nats_url or ""
+            try:
+                applied = await apply_requested_revocations(self.identity.authority.directory.parent, url, requested)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the servers or the log unreachable: try again
+                log.warning("revocation not applied; retrying", error=f"{type(exc).__name__}: {exc}")
+                self._revocations.set()
+                await asyncio.sleep(REVOCATION_RETRY_SECONDS)
+                continue
+            for done in applied:
+                log.info("revocation applied", host_id=done.host_id, keys=len(done.keys), seq=done.seq)
 
     async def _follow(self) -> None:
         while not self._stopping:
@@ -781,7 +827,7 @@ class Controller:
             dirty_revision=self._dirty_revision, processed_revision=self._processed_revision,
             success_revision=self._success_revision, states=dict(self.runner.states),
             positions=dict(sorted(self.runner.positions.items())), malformed_events=self.runner.malformed,
-            warnings=tuple(self.runner.warnings) + tuple(self.warnings), limits=s.limits,
+            warnings=tuple(self.runner.warnings) + tuple(self.warnings) + self._footprint_warning(), limits=s.limits,
             store=None if self.store is None else as_status(self.store()),
             history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
             last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,
@@ -791,8 +837,21 @@ class Controller:
                                             holder_term=lease.holder_term if lease is not None else 0)),
             rejected_events=dict(self.runner.rejected),
             rejections=tuple(self.runner.gate.rejections[-LATEST_REJECTIONS:]),
+            over_budget=tuple(flagged_rows(self.runner.budget, self.clock.now())),
         )
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())
+
+    def _footprint_warning(self) -> tuple[str, ...]:
+        """Whether the hosts stream still holds every known host's history beside one host's whole
+        footprint (grid.transport.jetstream.protected_hosts): past that, a host flooding its own
+        subjects can push other hosts' oldest messages out."""
+        capacity = getattr(self.log, "hosts_capacity", None)
+        hosts = len(self.runner["fleet"].hosts) if "fleet" in self.runner.states else 0
+        if capacity is None or hosts <= (limit := capacity()):
+            return ()
+        return (f"{hosts} hosts, but GRID_HOSTS holds the history of only {limit} beside one host's whole "
+                f"footprint ({host_footprint_bytes() >> 20} MiB): a host flooding its own subjects could push other "
+                "hosts' oldest messages out; raise the log budget (gridctl up --log-budget)",)
 

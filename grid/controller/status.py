@@ -9,7 +9,9 @@ Shape (every key always present; lists bounded):
     revisions    dirty, processed, success, positions {stream: seq}, profiles {model: seq}, plans
     hosts        [{host_id, state, fresh, heartbeat_age_seconds, capacity_mb, reserved_mb,
                    unmanaged_mb, used_mb, free_mb, failure_domain, tags, residencies [...],
-                   cached, protection_reason, override}]
+                   cached, protection_reason, override, revoked, revoked_at, revoked_reason}]
+                 revoked: the operator revoked the host's credentials (`gridctl node revoke`) at
+                 revoked_at (log receipt time); also a warning
     profiles     [ModelProfile fields]
     retired      [{model_id, retired_at}]
     models       [{model_id, wanted, placed, ready, evidence, shortfall, retired}]
@@ -22,11 +24,13 @@ Shape (every key always present; lists bounded):
                  (grid.planner.plan.build_plan); each releases itself at `until`
     unplaceable  [{model_id, reason, detail}] configured models with no ready replica that cannot be
                  placed as things stand (the gateway's 503 verdict; absent ones are loading)
-    unplaced_claims  [{host_id, model_id, state, reason, artifact_sha256}] heartbeat claims of managed
-                 ready/warming residencies the gateway does not route: the latest recorded plan does
-                 not assign the model to that host (not_in_plan), no warm ack of that host confirms it
-                 (no_warm_ack), or its artifact is not the profile's (artifact_mismatch); each is also
-                 a warning (grid.projections.placed)
+    unplaced_claims  [{host_id, model_id, state, reason, artifact_sha256, managed}] heartbeat claims of
+                 ready/warming residencies the gateway does not route: a managed one the latest recorded
+                 plan does not assign to that host (not_in_plan), no warm ack of that host confirms
+                 (no_warm_ack), or whose artifact is not the profile's (artifact_mismatch); an external
+                 one (managed false) no operator admitted (route_not_admitted), admitted for another
+                 kind or endpoint, or that a profile constraint refuses there (host_not_allowed, ...);
+                 each is also a warning (grid.projections.routes)
     workloads    [{workload, state (served|starting|deferred|waiting_for_evidence|no_suitable_model),
                    model_id, replicas, ready, placed, offered_concurrency, reason, detail, served_by,
                    joint, exploring}] each active workload's `auto` traffic now
@@ -48,6 +52,9 @@ Shape (every key always present; lists bounded):
                  messages the controller's folds skipped as not provably written by an identity that
                  may write their subject (grid.identity.signing, grid.identity.provenance); latest
                  holds the newest few, newest last; a non-zero total is also a warning
+    over_budget_hosts  [{host, dropped {over_rate|over_bytes: n}, total, first_at, last_at, over_now}]:
+                 hosts whose messages the folds dropped unread over their budget
+                 (grid.projections.budget; also counted in rejected_events); over_now is a warning
     store        {state (ok|low_free_space|write_failed|unknown), detail, path, free_bytes, total_bytes,
                   warn_free_bytes, jetstream_storage_bytes, jetstream_reserved_bytes, jetstream_max_bytes,
                   restart_needs_free_bytes, recoveries} the event log store's disk pressure when the
@@ -60,6 +67,7 @@ controller, so this module knows nothing of the service that produces the view.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +80,7 @@ from grid.controller.reconcile import ReconcileResult
 from grid.controller.workload_status import workload_rows
 from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
+from grid.projections.budget import over_budget_warnings
 from grid.events.commands import DESTRUCTIVE_KINDS
 from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
 from grid.fleet import reasons as R
@@ -83,6 +92,7 @@ from grid.fleet.views import HostView
 from grid.planner.plan import render_explanation
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
+from grid.projections import routes as routes_proj
 from grid.projections.actions import ActionRecord, ActionsState, LoadFailure
 
 
@@ -151,6 +161,8 @@ class ControllerView:
     # latest of them (oldest first).
     rejected_events: Mapping[str, int] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
+    # Hosts over their log budget (grid.projections.budget.flagged_rows): their messages dropped unread.
+    over_budget: tuple[Mapping[str, Any], ...] = ()
     # The event log store's disk pressure (grid.transport.store_pressure) where the controller runs
     # beside the server that writes it (`gridctl up`); None elsewhere.
     store: Mapping[str, Any] | None = None
@@ -198,8 +210,20 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list
             "protection_reason": rec.protection_reason if rec is not None else "",
             "override": _b(rec.override) if rec is not None and rec.override is not None else None,
             "warnings": list(getattr(rec.heartbeat, "warnings", ()) or ()) if rec is not None and rec.heartbeat else [],
+            # Revoked by the operator (`gridctl node revoke`): when (log receipt time) and why.
+            "revoked": rec is not None and rec.revoked_at is not None,
+            "revoked_at": rec.revoked_at if rec is not None else None,
+            "revoked_reason": rec.revoked_reason if rec is not None else "",
         })
     return rows
+
+
+def _revoked_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    return [f"host {h['host_id']}: credential revoked by the operator at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(h['revoked_at']))}"
+            + (f" ({h['revoked_reason']})" if h["revoked_reason"] else "")
+            + "; it can rejoin only with a new invitation"
+            for h in rows if h["revoked"]]
 
 
 def _with_qualifications(rows: list[dict[str, Any]], now: float, snaps: tuple[HostView, ...]) -> list[dict[str, Any]]:
@@ -307,20 +331,25 @@ _UNPLACED_WHY = {
     placed_proj.REASON_NO_WARM_ACK: "no warm ack of that host confirms it",
     placed_proj.REASON_ARTIFACT_MISMATCH: "its artifact is not the profile's",
     placed_proj.REASON_NOT_CORROBORATED: "no warm this controller commanded there was acknowledged",
+    routes_proj.REASON_NOT_ADMITTED: "no operator admitted this external route (gridctl engine admit)",
+    routes_proj.REASON_KIND_MISMATCH: "the operator admitted another kind of engine there",
+    routes_proj.REASON_ENDPOINT_MISMATCH: "the operator admitted another endpoint there",
+    routes_proj.REASON_HOST_NOT_ALLOWED: "the profile does not allow this host",
+    routes_proj.REASON_HOST_DENIED: "the profile denies this host",
 }
 
 
 def _unplaced_claims(ctl: ControllerView, snaps: tuple[HostView, ...]) -> list[placed_proj.UnplacedClaim]:
-    """Heartbeat claims (of fresh hosts) the gateway does not route, judged as the gateway judges them."""
-    state = ctl.states.get("placed")
-    if state is None:  # a view of a runner without the projection (nothing to judge with)
-        return []
-    return placed_proj.unplaced_claims(state, snaps, placed_proj.profile_digests(ctl.states["catalog"].profiles),
-                                       now=ctl.now, policy=ctl.limits)
+    """Heartbeat claims (of fresh hosts) the gateway does not route, judged as the gateway judges them
+    (managed ones only with the placed projection: without it there is nothing to judge them by)."""
+    catalog = ctl.states["catalog"]
+    return routes_proj.unadmitted_claims(snaps, routes=catalog.routes, profiles=catalog.profiles,
+                                         placed=ctl.states.get("placed"), now=ctl.now, policy=ctl.limits)
 
 
 def _unplaced_warnings(claims: list[placed_proj.UnplacedClaim]) -> list[str]:
-    out = [f"unplaced claim: host {c.host_id} reports {c.model_id} {c.state}, routed nowhere: "
+    out = [f"{'unplaced' if c.managed else 'unadmitted external'} claim: host {c.host_id} reports "
+           f"{c.model_id} {c.state}, routed nowhere: "
            f"{_UNPLACED_WHY.get(c.reason, c.reason)} ({c.reason})" for c in claims[:MAX_UNPLACED_WARNINGS]]
     if len(claims) > MAX_UNPLACED_WARNINGS:
         out.append(f"unplaced claim: {len(claims) - MAX_UNPLACED_WARNINGS} more (see unplaced_claims)")
@@ -395,15 +424,21 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
     durable = ctl.log_durable
     warnings = list(ctl.warnings)
     snaps = fleet_proj.snapshots(ctl.states["fleet"], now)
-    ready = ready_replicas(snaps, now, ctl.limits)  # one count for models, unplaceable, workloads
+    # An unadmitted external engine is no ready replica (grid.projections.routes.supply_view).
+    ready = ready_replicas(tuple(routes_proj.supply_view(h, routes=catalog.routes, profiles=catalog.profiles)
+                                 for h in snaps), now, ctl.limits)  # one count for models, unplaceable, workloads
     if ctl.lease_error:
         warnings.append(f"lease: {ctl.lease_error}")
     rejected = _rejected(ctl)
     if rejected["total"]:
         warnings.append(f"{describe_rejected(rejected['by_reason'])} (not provably written by an identity that "
-                        "may write their subject: skipped, never folded; latest in rejected_events)")
+                        "may write their subject, or a heartbeat replayed or signed outside the clock skew: "
+                        "skipped, never folded; latest in rejected_events)")
+    warnings.extend(over_budget_warnings(list(ctl.over_budget)))  # type: ignore[arg-type]
     unplaced = _unplaced_claims(ctl, snaps)
     warnings.extend(_unplaced_warnings(unplaced))
+    host_rows = _hosts(ctl, now, snaps)
+    warnings.extend(_revoked_warnings(host_rows))
     if ctl.store is not None and ctl.store.get("detail"):
         warnings.append(f"event log store: {ctl.store['detail']}")
     return {
@@ -426,7 +461,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
             "positions": dict(sorted(ctl.positions.items())), "profiles": dict(sorted(catalog.revisions.items())),
             "plans": ctl.states["plans"].count, "malformed_events": ctl.malformed_events,
         },
-        "hosts": _with_qualifications(_hosts(ctl, now, snaps), now, snaps),
+        "hosts": _with_qualifications(host_rows, now, snaps),
         "profiles": [_b(catalog.profiles[k]) for k in sorted(catalog.profiles)],
         "retired": [{"model_id": t.model_id, "retired_at": t.retired_at} for _, t in sorted(catalog.retired.items())],
         "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
@@ -447,6 +482,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "last_tick": _b(ctl.last_tick) if ctl.last_tick is not None else None,
         "ticks": [_b(t) for t in list(ctl.ticks)[-10:]],
         "rejected_events": rejected,
+        "over_budget_hosts": [dict(r) for r in ctl.over_budget],
         "store": dict(ctl.store) if ctl.store is not None else None,
         "warnings": warnings,
     }

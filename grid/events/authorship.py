@@ -90,6 +90,41 @@ class Rejection(msgspec.Struct, frozen=True):
 # Rejections a gate keeps for display (status, replay's diff): the latest ones; its counts are complete.
 REJECTIONS_KEPT = 256
 
+# Why a provably authored heartbeat is still not folded: its signed time (the event's own `at`,
+# covered by the signature over subject + payload) is not newer than the host's last folded
+# heartbeat, or older than its receipt time minus the allowed skew (a stored heartbeat published
+# again, by the host itself or by anything that holds a copy); or it is signed further in the
+# future than the skew (a heartbeat dated ahead would otherwise lock out the honest ones after it).
+STALE_REPLAY = "stale_replay"
+SIGNED_AHEAD = "signed_ahead"
+HEARTBEAT_REJECTION_REASONS: tuple[str, ...] = (STALE_REPLAY, SIGNED_AHEAD)
+
+# How far a heartbeat's signed time may lie from its receipt time (the JetStream timestamp).
+# Agents beat every 2 s (grid.agent.options) and a host is stale after 30 s of silence
+# (grid.fleet.HEARTBEAT_TIMEOUT_SECONDS, the seed's heartbeat freshness): 10 s covers five
+# intervals of publish retries plus ordinary NTP-level clock error between host and server, and
+# stays well under the timeout, so a heartbeat accepted can never describe the host as of longer
+# ago than the grid lets a host be silent (a replay can only ever re-say what the host said in
+# the last few seconds, and only if that was never folded: it must also be newer than the last).
+# tests/unit/projections/test_heartbeat_freshness.py holds these relations.
+SIGNED_TIME_SKEW_SECONDS = 10.0
+
+
+def heartbeat_replay(last_signed_at: float | None, signed_at: float, received_at: float,
+                     skew_seconds: float = SIGNED_TIME_SKEW_SECONDS) -> str | None:
+    """Why a heartbeat signed at `signed_at` and received at `received_at` (log clock) must not be
+    folded after one signed at `last_signed_at` (None: none folded yet for the host), or None.
+
+    Pure: it reads the message's own signed time and receipt time only, so a replay of the log
+    judges every heartbeat exactly as the live fold did."""
+    if last_signed_at is not None and not signed_at > last_signed_at:
+        return STALE_REPLAY
+    if signed_at < received_at - skew_seconds:
+        return STALE_REPLAY
+    if signed_at > received_at + skew_seconds:
+        return SIGNED_AHEAD
+    return None
+
 
 def describe_rejected(counts: Mapping[str, int]) -> str:
     """'N events rejected: reason=count, ...': the one wording of status and replay."""
@@ -111,6 +146,8 @@ class AuthorshipGate:
         self.authorship = authorship
         # Revoked signer key -> "<stream>:<seq>" of the revocation.
         self.revoked: dict[str, str] = {}
+        # Host id -> signed time of its last heartbeat this reader folded (`fresh_heartbeat`).
+        self.heartbeats: dict[str, float] = {}
         self.rejected: dict[str, int] = {}
         self.rejections: list[Rejection] = []
 
@@ -130,6 +167,23 @@ class AuthorshipGate:
         if len(self.rejections) > REJECTIONS_KEPT:
             del self.rejections[: len(self.rejections) - REJECTIONS_KEPT]
 
+    def fresh_heartbeat(self, stream: str, seq: int, subject: str, host_id: str, signed_at: float,
+                        received_at: float, verdict: Signed) -> Signed:
+        """`verdict` (the heartbeat's proven author) when the heartbeat is fresh (`heartbeat_replay`),
+        which makes it the host's latest; otherwise the rejection, counted by its reason.
+
+        Call it only for a heartbeat about to be folded (authorship proven, vouched for by its
+        subject). Without an authorship nothing is signed, so `at` proves nothing: admitted."""
+        if self.authorship is None:
+            return verdict
+        reason = heartbeat_replay(self.heartbeats.get(host_id), signed_at, received_at)
+        if reason is not None:
+            rejected = Signed(reason=reason, signer=verdict.signer, role=verdict.role, host_id=verdict.host_id)
+            self.reject(stream, seq, subject, rejected)
+            return rejected
+        self.heartbeats[host_id] = signed_at
+        return verdict
+
     def revoke(self, keys: tuple[str, ...], position: str) -> None:
         for key in keys:
             self.revoked.setdefault(key, position)
@@ -140,5 +194,6 @@ class AuthorshipGate:
 
     def reset(self) -> None:
         self.revoked = {}
+        self.heartbeats = {}
         self.rejected = {}
         self.rejections = []

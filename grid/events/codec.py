@@ -23,6 +23,8 @@ from grid.events.control import (
     ModeSet,
     ProfileRemoved,
     ProfileSet,
+    RouteAdmitted,
+    RouteWithdrawn,
     TickRequested,
 )
 from grid.events.evaluations import EvaluationRecorded
@@ -46,6 +48,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TickRequested,
     ForecastWindowSet,
     CredentialRevoked,
+    RouteAdmitted,
+    RouteWithdrawn,
     EvaluationRecorded,
     PlanCreated,
     CommandIssued,

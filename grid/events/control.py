@@ -140,6 +140,37 @@ class CredentialRevoked(Event, frozen=True, kw_only=True, tag="control.credentia
     reason: str = ""
 
 
+# --- external routes: operator facts ------------------------------------------------------------
+# An engine Grid did not start is routed only when an operator (or the controller) admitted it by
+# a signed event on the control stream naming the host, the model, the engine's kind and a
+# fingerprint of its endpoint (grid.projections.routes.url_fingerprint: sha256 hex of the
+# normalised base URL; never the URL's key, which is in no event). A host may ask for it (`gridctl
+# engine add` prints the operator's command), never grant it: hosts may not write `grid.ctl.>`.
+ROUTE_KIND_MAX_LENGTH = 64
+UrlFingerprint = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+HostId = Annotated[str, Meta(min_length=1, max_length=256)]
+RouteKind = Annotated[str, Meta(min_length=1, max_length=ROUTE_KIND_MAX_LENGTH)]
+
+
+class RouteAdmitted(Event, frozen=True, kw_only=True, tag="control.route_admitted.v1"):
+    """The operator admits host `host_id`'s external engine of `kind` at the endpoint whose
+    fingerprint is `url_fingerprint` as a route for `model_id` (until a RouteWithdrawn)."""
+
+    host_id: HostId
+    model_id: ModelId
+    kind: RouteKind
+    url_fingerprint: UrlFingerprint
+    reason: str = ""
+
+
+class RouteWithdrawn(Event, frozen=True, kw_only=True, tag="control.route_withdrawn.v1"):
+    """The admission of host `host_id`'s external route for `model_id` is withdrawn."""
+
+    host_id: HostId
+    model_id: ModelId
+    reason: str = ""
+
+
 class TickRequested(Event, frozen=True, kw_only=True, tag="control.tick_requested.v1"):
     reason: str = ""
 

@@ -23,6 +23,8 @@ from grid.events.control import (
     ModeSet,
     ProfileRemoved,
     ProfileSet,
+    RouteAdmitted,
+    RouteWithdrawn,
     TickRequested,
 )
 from grid.events.evaluations import EvaluationRecorded
@@ -96,8 +98,18 @@ def unescape_token(token: str) -> str:
     return raw.decode("utf-8")
 
 
+# Every kind of event a host appends under `grid.host.<id>.<kind>` (`subject_for` below): a host's
+# credential may publish exactly these subjects and no other (grid.identity.permissions).
+HOST_EVENT_KINDS: tuple[str, ...] = ("registered", "heartbeat", "protection", "qualification", "ack")
+
+
 def host_subject(host_id: str, kind: str) -> str:
     return f"{PREFIX}.host.{escape_token(host_id)}.{kind}"
+
+
+def host_subjects(host_id: str) -> tuple[str, ...]:
+    """The exact subjects host `host_id` appends on, one per kind of host event."""
+    return tuple(host_subject(host_id, kind) for kind in HOST_EVENT_KINDS)
 
 
 def host_wildcard(host_id: str | None = None) -> str:
@@ -122,6 +134,11 @@ def override_subject(host_id: str) -> str:
 
 def revocation_subject(host_id: str) -> str:
     return f"{PREFIX}.ctl.revocation.{escape_token(host_id)}"
+
+
+def route_subject(host_id: str, model_id: str) -> str:
+    """Where the operator admits or withdraws host `host_id`'s external route for `model_id`."""
+    return f"{PREFIX}.ctl.route.{escape_token(host_id)}.{escape_token(model_id)}"
 
 
 def command_subject(host_id: str) -> str:
@@ -203,6 +220,8 @@ def parse_subject(subject: str) -> ParsedSubject:
         return ParsedSubject(stream, "evaluation", model_id=unescape_token(parts[3]))
     if stream == CONTROL_STREAM and len(parts) == 4 and parts[2] in ("override", "revocation"):
         return ParsedSubject(stream, parts[2], host_id=unescape_token(parts[3]))
+    if stream == CONTROL_STREAM and len(parts) == 5 and parts[2] == "route":
+        return ParsedSubject(stream, "route", host_id=unescape_token(parts[3]), model_id=unescape_token(parts[4]))
     if len(parts) == 3:
         return ParsedSubject(stream, parts[2])
     if stream == PLANS_STREAM and len(parts) == 2:
@@ -243,6 +262,8 @@ def subject_for(event: Event) -> str:
             return FORECAST_WINDOW_SUBJECT
         case CredentialRevoked():
             return revocation_subject(event.host_id)
+        case RouteAdmitted() | RouteWithdrawn():
+            return route_subject(event.host_id, event.model_id)
         case EvaluationRecorded():
             return evaluation_subject(event.model_id)
         case PlanCreated():

@@ -35,6 +35,36 @@ SAMPLING_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+# The chat roles OpenAI's API defines ("function" is its deprecated predecessor of "tool"). An
+# engine given another role either fails the request after routing (a breaker's worth of 400s)
+# or renders it into the prompt template as if it were one; refused here, before any routing.
+CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool", "developer", "function")
+_CHAT_ROLES = frozenset(CHAT_ROLES)
+
+# Media types a request body may declare: JSON (application/json, or a structured syntax suffix
+# such as application/vnd.x+json, RFC 6839), with any parameters (charset). A request with no
+# Content-Type is read as JSON, as engines and OpenAI's SDKs do; any other type (text/plain, a
+# form) is refused with 415 before its body is read, since it says the bytes are not JSON.
+JSON_MEDIA_TYPE = "application/json"
+JSON_SUFFIX = "+json"
+MAX_CONTENT_TYPE_CHARS = 256
+
+
+def content_type_error(value: bytes | None) -> str | None:
+    """Why a request declaring Content-Type `value` cannot carry a JSON body, or None."""
+    if value is None:
+        return None
+    try:
+        media = value.decode("ascii").split(";", 1)[0].strip().lower() if len(value) <= MAX_CONTENT_TYPE_CHARS \
+            else ""
+    except UnicodeDecodeError:
+        media = ""
+    if media == JSON_MEDIA_TYPE or (media.startswith("application/") and media.endswith(JSON_SUFFIX)):
+        return None
+    return (f"Unsupported Content-Type: request bodies are JSON; send 'Content-Type: {JSON_MEDIA_TYPE}' "
+            "(or an application/*+json type).")
+
+
 class _Part(msgspec.Struct):
     type: str = "text"
     text: str | None = None
@@ -98,6 +128,8 @@ class Parsed(msgspec.Struct, frozen=True):
     max_tokens: int | None
     text_head: str  # at most SCAN_CHARS characters, for the classifier only
     input_units: int
+    # The body field max_tokens came from (max_completion_tokens wins when both are given).
+    max_tokens_param: str = "max_tokens"
 
 
 def _text_units(pieces: list[str]) -> tuple[str, int]:
@@ -129,17 +161,25 @@ def parse(kind: str, body: bytes) -> Parsed | BodyError:
     pieces: list[str] = []
     stream = False
     max_tokens: int | None = None
+    max_tokens_param = "max_tokens"
     if isinstance(value, ChatBody):
         if not value.messages:
             return BodyError("'messages' must be a non-empty array.", param="messages")
-        for m in value.messages:
+        for i, m in enumerate(value.messages):
+            if m.role not in _CHAT_ROLES:
+                # Names the place, never the value (a hostile body is not reflected back).
+                return BodyError(f"Invalid 'messages[{i}].role': expected one of {', '.join(CHAT_ROLES)}.",
+                                 param=f"messages[{i}].role")
             c = m.content
             if isinstance(c, str):
                 pieces.append(c)
             elif c:
                 pieces.extend(p.text for p in c if p.text)
         stream = bool(value.stream)
-        max_tokens = value.max_completion_tokens if value.max_completion_tokens is not None else value.max_tokens
+        if value.max_completion_tokens is not None:
+            max_tokens, max_tokens_param = value.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens = value.max_tokens
     elif isinstance(value, CompletionBody):
         p = value.prompt
         if isinstance(p, str):
@@ -159,7 +199,8 @@ def parse(kind: str, body: bytes) -> Parsed | BodyError:
         if out_of_range is not None:
             return out_of_range
     head, units = _text_units(pieces)
-    return Parsed(model=model, stream=stream, max_tokens=max_tokens, text_head=head, input_units=units)
+    return Parsed(model=model, stream=stream, max_tokens=max_tokens, text_head=head, input_units=units,
+                  max_tokens_param=max_tokens_param)
 
 
 def _check_sampling(value: ChatBody | CompletionBody) -> BodyError | None:

@@ -45,6 +45,9 @@ CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
 CODE_INTERNAL = "internal_error"
 CODE_CANNOT_BE_PLACED = "model_cannot_be_placed"
 CODE_EMBEDDINGS_NOT_SUPPORTED = "model_does_not_support_embeddings"
+# OpenAI's own code for a request that cannot fit the model's context window.
+CODE_CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+CODE_UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 # An engine's own refusal, rewritten to the OpenAI shape (its numeric code becomes one of these).
 CODE_UPSTREAM_REJECTED = "upstream_rejected"
 UPSTREAM_CODES = {400: "invalid_request", 404: "not_found", 413: "request_too_large", 501: "unsupported_endpoint"}
@@ -114,6 +117,20 @@ def embeddings_not_supported(model: str) -> Response:
         400, f"The model '{_shown(model)}' does not serve embeddings (its profile sets embeddings: false).",
         INVALID_REQUEST, CODE_EMBEDDINGS_NOT_SUPPORTED, param="model",
     )
+
+
+def context_length_exceeded(model: str, param: str, context_tokens: int) -> Response:
+    return error_response(
+        400, f"'{param}' exceeds the context window of '{_shown(model)}' ({context_tokens} tokens): the "
+        f"answer could never be that long. Ask for at most {context_tokens} tokens, prompt included.",
+        INVALID_REQUEST, CODE_CONTEXT_LENGTH_EXCEEDED, param=param,
+    )
+
+
+def unsupported_media_type(message: str) -> Response:
+    # The body was not read: close, so its bytes are never parsed as the next request.
+    return error_response(415, message, INVALID_REQUEST, CODE_UNSUPPORTED_MEDIA_TYPE,
+                          headers={"Connection": "close"})
 
 
 def from_upstream(status: int, error: dict[str, object]) -> Response:

@@ -240,10 +240,12 @@ async def _proxy(request: Request, kind: str) -> Any:
     started = time.perf_counter()
     gw = _gateway(request)
     gw.counters["requests"] += 1
-    authorization = declared = accept = affinity_raw = evaluation_token = None
+    authorization = declared = accept = affinity_raw = evaluation_token = content_type = None
     for k, v in request.scope["headers"]:
         if k == b"authorization":
             authorization = v
+        elif k == b"content-type":
+            content_type = v
         elif k == EVALUATION_HEADER:
             evaluation_token = v
         elif k == b"content-length":
@@ -263,6 +265,10 @@ async def _proxy(request: Request, kind: str) -> Any:
     if isinstance(affinity, AffinityError):
         gw.counters["bad_request"] += 1
         return errors.bad_request(affinity.message, code=errors.CODE_INVALID_AFFINITY)
+    unsupported = bodies.content_type_error(content_type)
+    if unsupported is not None:
+        gw.counters["bad_request"] += 1
+        return errors.unsupported_media_type(unsupported)
     body = await gw.intake.read(request.receive, declared)
     if not isinstance(body, bytes):
         gw.counters["bad_request"] += 1
@@ -307,6 +313,13 @@ async def _proxy(request: Request, kind: str) -> Any:
         # (A model with no profile has unknown capability: its engine decides.)
         gw.counters["unsupported_endpoint"] += 1
         return errors.embeddings_not_supported(target)
+    if profile is not None and parsed.max_tokens is not None and 0 < profile.context_size < parsed.max_tokens:
+        # The profile's context_size is the window each replica is started with (per slot,
+        # grid.agent.engines.llama_cpp): no answer can be longer. Refused before routing, like
+        # OpenAI's context_length_exceeded; a model with no profile has an unknown window and
+        # its engine decides.
+        gw.counters["context_length_exceeded"] += 1
+        return errors.context_length_exceeded(target, parsed.max_tokens_param, profile.context_size)
     prior = profile.expected_service_seconds if profile is not None else None
 
     # Choose a route and send the request. When it provably reached no engine, choose again:

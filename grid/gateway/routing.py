@@ -7,9 +7,10 @@ The order of the gates is written once, in `choose`:
    reconciler drains it: make-before-break), with a heartbeat that is neither stale nor
    implausibly in the future. Draining residencies and paused, unhealthy or quarantined hosts
    never receive new requests (invariant 4);
-   requests already running on them are not touched by this module. A managed residency must
-   also be one the controller placed and the host confirmed (`RouteCandidate.unplaced` is None,
-   judged by grid.projections.placed when the table is built): a claim alone attracts nothing.
+   requests already running on them are not touched by this module. A residency must also be
+   admitted (`RouteCandidate.unplaced` is None, judged by grid.projections.routes.admission when
+   the table is built): a managed one the controller placed and the host confirmed, an external
+   one an operator admitted by a signed event. A claim alone attracts nothing.
 2. admission (hard): zero advertised capacity is closed; active requests (the proxy-owned
    counter, or the heartbeat's for a route the proxy never used) must stay below the effective
    concurrency
@@ -55,7 +56,8 @@ REASON_CLOSED = "zero_capacity"
 EXCLUDED_NOT_READY = "residency_not_ready"
 EXCLUDED_DRAINING = "residency_draining"
 # A managed claim the latest plan does not assign to its host, or no warm ack of that host
-# confirms, or with another artifact than the profile's (grid.projections.placed says which).
+# confirms, or with another artifact than the profile's (grid.projections.placed says which);
+# or an external one no operator admitted (grid.projections.routes says why).
 EXCLUDED_UNPLACED = "unplaced_claim"
 EXCLUDED_HOST_FENCED = "host_not_accepting"
 EXCLUDED_NO_ENDPOINT = "no_endpoint"
@@ -98,8 +100,8 @@ class RouteCandidate:
     artifact_sha256: str | None = None
     loaded_at: float | None = None
     last_used_at: float | None = None
-    # Why this managed claim is not corroborated (grid.projections.placed), None when it is or
-    # when it needs no corroboration (an external residency).
+    # Why this claim is not admitted (grid.projections.routes.admission: a managed one the plan
+    # does not corroborate, an external one no operator admitted), None when it is.
     unplaced: str | None = None
     # The gateway saw "no responders" for this host since its latest heartbeat.
     no_responders: bool = False
@@ -113,15 +115,18 @@ class RouteCandidate:
 def build_table(
     snapshots: Iterable[HostView], unplaced: Mapping[tuple[str, str], str] | None = None,
     no_responders: Mapping[str, float | None] | None = None,
+    unadmitted: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, tuple[RouteCandidate, ...]]:
     """Every residency of every host, grouped by model (sorted: deterministic).
 
     `unplaced` maps (host id, model id) of the managed claims that are not corroborated to the
-    reason (grid.projections.placed.unplaced_claims); those candidates are never eligible.
+    reason, `unadmitted` the same for external claims no operator admitted (both from
+    grid.projections.routes.unadmitted_claims); those candidates are never eligible.
     `no_responders` maps a host id to the heartbeat time seen when NATS answered "no responders"
     for it: its candidates are not eligible until a newer heartbeat (`still_unresponsive`).
     """
     unplaced = unplaced or {}
+    unadmitted = unadmitted or {}
     no_responders = no_responders or {}
     by_model: dict[str, list[RouteCandidate]] = {}
     for snap in snapshots:
@@ -144,7 +149,7 @@ def build_table(
                 artifact_sha256=r.artifact_sha256,
                 loaded_at=r.loaded_at,
                 last_used_at=r.last_used_at,
-                unplaced=unplaced.get((snap.host_id, r.model_id)) if r.managed else None,
+                unplaced=(unplaced if r.managed else unadmitted).get((snap.host_id, r.model_id)),
                 no_responders=silent,
             )
             by_model.setdefault(r.model_id, []).append(c)

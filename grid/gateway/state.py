@@ -42,8 +42,10 @@ from grid.gateway.settings import API_KEYS_ENV, ApiKeys, GatewaySettings, parse_
 from grid.gateway.telemetry import TelemetryQueue
 from grid.gateway.upstream import Upstream
 from grid.infer.local import LocalResponders
+from grid.projections.budget import budget_metric, flagged_rows
 from grid.metrics import GatewayMetrics, GaugeSource, Sample, counts, rejected_events
 from grid.projections import fleet, placed
+from grid.projections import routes as routes_proj
 from grid.projections.runner import CATALOG, FLEET, PLACED, PLANS, ProjectionRunner
 from grid.tasks import cancel_and_wait
 
@@ -295,16 +297,19 @@ class Gateway:
         if self._table_version != self._version or now - self._table_built_at > TABLE_MAX_AGE_SECONDS \
                 or now < self._table_built_at:
             snaps = fleet.snapshots(self.runner["fleet"], now)
-            self._unplaced = placed.unplaced_claims(self.runner["placed"], snaps, placed.profile_digests(self.profiles),
-                                                    now=now, policy=self.policy)
+            self._unplaced = routes_proj.unadmitted_claims(snaps, routes=self.runner["catalog"].routes,
+                                                           profiles=self.profiles, placed=self.runner["placed"],
+                                                           now=now, policy=self.policy)
             if self.no_responders:
                 heartbeats = {snap.host_id: snap.heartbeat_at for snap in snaps}
                 for host_id, (seen, _at) in list(self.no_responders.items()):
                     if host_id not in heartbeats or not routing.still_unresponsive(seen, heartbeats[host_id]):
                         del self.no_responders[host_id]  # it heartbeated again (or left the fleet)
                         log.info("host routable again after no responders", host_id=host_id)
-            self._table = routing.build_table(snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced},
-                                              {h: seen for h, (seen, _at) in self.no_responders.items()})
+            self._table = routing.build_table(
+                snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced if c.managed},
+                {h: seen for h, (seen, _at) in self.no_responders.items()},
+                {(c.host_id, c.model_id): c.reason for c in self._unplaced if not c.managed})
             self._table_version = self._version
             self._table_built_at = now
             self._prune_routes()
@@ -367,7 +372,8 @@ class Gateway:
         return routing.ready_models(self.table(now), now, self.policy)
 
     def unplaced_claims(self, now: float) -> list[placed.UnplacedClaim]:
-        """Managed ready/warming claims the controller did not place or no warm ack confirms."""
+        """Ready/warming claims that get no route: managed ones the controller did not place or
+        no warm ack confirms, external ones no operator admitted (grid.projections.routes)."""
         self.table(now)
         return self._unplaced
 
@@ -384,7 +390,8 @@ class Gateway:
             return counts((c.state for cs in self.table(self.clock.now()).values() for c in cs), RESIDENCY_STATES)
 
         def unplaced() -> list[Sample]:
-            reasons = (placed.REASON_NOT_IN_PLAN, placed.REASON_NO_WARM_ACK, placed.REASON_ARTIFACT_MISMATCH)
+            reasons = (placed.REASON_NOT_IN_PLAN, placed.REASON_NO_WARM_ACK, placed.REASON_ARTIFACT_MISMATCH,
+                       routes_proj.REASON_NOT_ADMITTED)
             return counts((c.reason for c in self.unplaced_claims(self.clock.now())), reasons)
 
         def unroutable() -> list[Sample]:
@@ -401,8 +408,10 @@ class Gateway:
             GaugeSource("grid_gateway_routes", "Engine routes known from heartbeats, by residency state.",
                         ("state",), routes),
             GaugeSource("grid_gateway_unplaced_claims",
-                        "Managed ready/warming residencies claimed by heartbeats that get no route: the latest plan "
-                        "does not assign them, no warm ack confirms them, or their artifact is not the profile's.",
+                        "Ready/warming residencies claimed by heartbeats that get no route: the latest plan "
+                        "does not assign them, no warm ack confirms them, or their artifact is not the profile's "
+                        "(managed); no operator admitted them (external, route_not_admitted and the other "
+                        "grid.projections.routes reasons).",
                         ("reason",), unplaced),
             GaugeSource("grid_gateway_unroutable_hosts",
                         "Hosts routed nothing until they heartbeat again, by reason (no_responders: NATS said "
@@ -414,6 +423,7 @@ class Gateway:
                         "Request records dropped because their batch could not be appended to the log.", (),
                         lambda: [((), float(self.telemetry.dropped_failed))]),
             rejected_events(lambda: self.runner.rejected),
+            budget_metric(lambda: self.runner.budget),
             *host_gauges(lambda: self.runner["fleet"], self.clock.now),
         ]
 
@@ -473,6 +483,8 @@ class Gateway:
                 "malformed": self.runner.malformed,
                 # Skipped as not provably their author's (or not vouched for by their subject).
                 "rejected": dict(sorted(self.runner.rejected.items())),
+                # Hosts over their log budget: their messages dropped unread (grid.projections.budget).
+                "over_budget_hosts": flagged_rows(self.runner.budget, now),
                 "ack_scan": dict(self.ack_scan),
             },
             "api_keys_required": self.api_keys.required,

@@ -18,6 +18,7 @@ once. That is how `revoke_host` disconnects a host within seconds, embedded serv
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ class HostIdentityRecord(msgspec.Struct):
     revoked_at: int | None = None
     # Every key `revoke_host` revoked (kept: a revocation announced on the log names them).
     revoked_keys: list[str] = msgspec.field(default_factory=list)
+    # When a revoked host was last invited again (`readmit_host`): a revocation asked for on the
+    # log before then is not applied again (grid.identity.admin.apply_requested_revocations).
+    readmitted_at: float | None = None
 
 
 class Registry(msgspec.Struct):
@@ -174,6 +178,7 @@ class Authority:
             allow_responses=grant.allow_responses,
             max_responses=grant.max_responses,
             response_ttl_seconds=grant.response_ttl_seconds,
+            max_payload=grant.max_payload,
             expires_at=None if ttl_seconds is None else int(now + ttl_seconds),
             tags=tags,
         )
@@ -256,13 +261,14 @@ class Authority:
             del self.registry.revocations[key]
         return len(stale)
 
-    def readmit_host(self, host_id: str) -> None:
+    def readmit_host(self, host_id: str, *, now: float | None = None) -> None:
         """A new invitation for a revoked host id: its old keys stay revoked, new ones are valid,
         and it reads its commands through a new consumer (the revoked key knew the old name)."""
         self.reload()
         record = self.registry.hosts.get(host_id)
         if record is not None and record.revoked_at is not None:
             record.revoked_at = None
+            record.readmitted_at = time.time() if now is None else now
             record.command_consumer = new_host_consumer(host_id)
             self._save()
 

@@ -229,7 +229,7 @@ class EnrolmentService:
         if isinstance(outcome, str):
             return Reply(refused=outcome), None
         # The operator invited this host id again after revoking it: its old keys stay revoked.
-        self.authority.readmit_host(outcome.host_id)
+        self.authority.readmit_host(outcome.host_id, now=now)
         try:
             granted = self._grant(outcome.host_id, request.public_key, now, outcome)
         except AuthorityError:

@@ -117,13 +117,15 @@ def user_claims(
     tags: list[str] | None = None,
     max_responses: int = 1,
     response_ttl_seconds: float = 60.0,
+    max_payload: int = NO_LIMIT,
 ) -> dict[str, Any]:
     nats: dict[str, Any] = {
         "type": "user",
         "version": 2,
         "subs": NO_LIMIT,
         "data": NO_LIMIT,
-        "payload": NO_LIMIT,
+        # The largest message the server accepts from this user (-1: the server's max_payload).
+        "payload": int(max_payload),
         "pub": {"allow": pub_allow, **({"deny": pub_deny} if pub_deny else {})},
         "sub": {"allow": sub_allow, **({"deny": sub_deny} if sub_deny else {})},
     }

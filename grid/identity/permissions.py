@@ -49,6 +49,14 @@ GRID_CTL subject often enough (any credential with any JetStream API right can),
 subject's real events out of its bounded history (`max_msgs_per_subject`, discard old). No
 permission here closes that; it is an open problem, not a guarantee.
 
+A host is a tenant, not a peer: it may publish only its exact subjects (`host_subjects`, no
+wildcard under its prefix); no message of it is larger than `HOST_MAX_PAYLOAD` (its JWT's
+`payload` limit, which the server enforces before anything is stored) and GRID_HOSTS stores no
+event larger than `HOST_EVENT_MAX_BYTES` (its max_msg_size); GRID_HOSTS keeps a bounded
+history per subject (grid.transport.jetstream), so a host can overwrite only its own history.
+What it can still do is publish as fast as its connection allows on those subjects: the readers
+drop it over its budget before any signature check (grid.projections.budget).
+
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
 subscribe only there, so nobody reads another identity's PubAcks or consumer deliveries.
 """
@@ -74,8 +82,9 @@ from grid.events.subjects import (
     PLANS_STREAM,
     PREFIX,
     escape_token,
-    host_wildcard,
+    host_subjects,
 )
+from grid.transport.jetstream import HOST_EVENT_MAX_BYTES
 
 JS_API = "$JS.API"
 INBOX_ROOT = "_INBOX"
@@ -163,11 +172,24 @@ class Grant(msgspec.Struct, frozen=True):
     # for how long after the request.
     max_responses: int = 1
     response_ttl_seconds: float = 60.0
+    # The largest message (headers and payload) the server accepts from this identity (the user
+    # JWT's `payload` limit; -1: the server's own max_payload).
+    max_payload: int = -1
 
 
 # A host streams an inference answer as many messages on the requester's reply inbox, for as
 # long as a generation may run (the gateway's own deadline is shorter).
 INFER_RESPONSE_TTL_SECONDS = 30 * 60.0
+
+
+# The largest log event a host may append is GRID_HOSTS's max_msg_size, HOST_EVENT_MAX_BYTES
+# (grid.transport.jetstream): the stream refuses anything bigger and stores nothing. An agent's
+# largest events are its heartbeats: about 1.6 KiB with one residency, plus a few hundred bytes
+# per residency and cached artifact, so 64 KiB leaves room for hundreds of them.
+# The largest message a host may publish at all (its JWT's `payload` limit: the server refuses a
+# bigger one from the host outright, before any stream sees it). Its streamed inference answers
+# are the largest: chunks of grid.infer.wire.CHUNK_BYTES (256 KiB) plus their headers.
+HOST_MAX_PAYLOAD = 320 * 1024
 
 
 def inbox_prefix(user_public_key: str) -> str:
@@ -242,7 +264,11 @@ def _host(p: Principal, inbox: str) -> Grant:
     consumer = p.command_consumer
     return Grant(
         pub_allow=(
-            host_wildcard(p.host_id),
+            # Exactly the subjects its agent appends on, no wildcard under its prefix: a new kind
+            # of host event is a new line in grid.events.subjects.HOST_EVENT_KINDS, and anything
+            # else under `grid.host.<id>.` (new subjects the stream would store, each with its own
+            # per-subject history) is refused by the server.
+            *host_subjects(p.host_id),
             # Its own last events, by subject (clock sync, fence restore). The subject is in the
             # body, so it could read another host's too: nothing there is secret (see above).
             f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
@@ -267,6 +293,7 @@ def _host(p: Principal, inbox: str) -> Grant:
         allow_responses=True,
         max_responses=-1,
         response_ttl_seconds=INFER_RESPONSE_TTL_SECONDS,
+        max_payload=HOST_MAX_PAYLOAD,
     )
 
 
@@ -326,13 +353,16 @@ ROLES: tuple[RoleSpec, ...] = (
              "everything on the grid streams, the lease KV, the plan and command subjects; "
              "creates the artifact store and may put into it; answers enrolment requests", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
-             "publish `grid.host.<id>.>` and read back its own last events (a stream message get, which "
+             "publish exactly `grid.host.<id>.{registered,heartbeat,protection,qualification,ack}` (events of "
+             f"at most {HOST_EVENT_MAX_BYTES // 1024} KiB; no message over {HOST_MAX_PAYLOAD // 1024} KiB at all), "
+             "and read back its own last events (a stream message get, which "
              "could name any GRID_HOSTS message: none is secret); read its operator override (a stream "
              "message get on GRID_CTL, none of whose messages is secret either); fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
              "read the artifact store (stream message gets only); renew its credential",
-             "publish or subscribe to any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
+             "publish any other subject under `grid.host.<id>.` or a larger message; publish or subscribe to "
+             "any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
              "management; direct gets", _host),
     RoleSpec(Role.GATEWAY, "gateway",

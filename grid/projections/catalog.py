@@ -1,11 +1,22 @@
-"""Catalog projection: model profiles, the mode (default recommend) and retirement tombstones."""
+"""Catalog projection: model profiles, the mode (default recommend), retirement tombstones and
+the operator's admitted external routes (grid.projections.routes folds those)."""
 
 from __future__ import annotations
 
 import msgspec
 
 from grid.events.base import Event
-from grid.events.control import DEFAULT_MODE, ModelProfile, ModeSet, ProfileRemoved, ProfileSet, TickRequested
+from grid.events.control import (
+    DEFAULT_MODE,
+    ModelProfile,
+    ModeSet,
+    ProfileRemoved,
+    ProfileSet,
+    RouteAdmitted,
+    RouteWithdrawn,
+    TickRequested,
+)
+from grid.projections import routes as routes_proj
 from grid.projections.position import Position
 
 
@@ -25,6 +36,8 @@ class CatalogState(msgspec.Struct, frozen=True, kw_only=True):
     mode_changed_at: float | None = None
     tick_requests: int = 0
     last_tick_request_at: float | None = None
+    # External routes an operator admitted (signed RouteAdmitted / RouteWithdrawn on GRID_CTL).
+    routes: routes_proj.RoutesState = routes_proj.RoutesState()
 
 
 def initial() -> CatalogState:
@@ -60,6 +73,8 @@ def apply(state: CatalogState, event: Event, position: Position) -> CatalogState
             return msgspec.structs.replace(
                 state, tick_requests=state.tick_requests + 1, last_tick_request_at=position.time
             )
+        case RouteAdmitted() | RouteWithdrawn():
+            return msgspec.structs.replace(state, routes=routes_proj.apply(state.routes, event, position))
     return state
 
 

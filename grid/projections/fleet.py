@@ -12,7 +12,7 @@ from typing import cast
 import msgspec
 
 from grid.events.base import Event
-from grid.events.control import HostOverride
+from grid.events.control import CredentialRevoked, HostOverride
 from grid.events.host import (
     QUALIFICATION_PASSED,
     HostHeartbeat,
@@ -51,6 +51,12 @@ class HostRecord(msgspec.Struct, frozen=True, kw_only=True):
     override: OverrideRecord | None = None
     # The latest qualification per (runtime, model) this host recorded for itself.
     qualifications: tuple[QualificationView, ...] = ()
+    # When (receipt time) the operator revoked this host's credentials (`gridctl node revoke`, a
+    # CredentialRevoked on the log), and why; cleared by a later registration, which only a new
+    # credential can sign (the folds reject what the revoked keys sign). Absent from snapshots
+    # written before: None.
+    revoked_at: float | None = None
+    revoked_reason: str = ""
 
 
 class FleetState(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,8 +104,13 @@ def apply(state: FleetState, event: Event, position: Position) -> FleetState:
                     resources=old.resources if old.heartbeat is not None else event.resources,
                     actuator_capabilities=event.actuator_capabilities,
                     registered_at=position.time,
+                    revoked_at=None,
+                    revoked_reason="",
                 ),
             )
+        case CredentialRevoked():
+            old = state.hosts.get(event.host_id) or HostRecord(host_id=event.host_id)
+            return _put(state, msgspec.structs.replace(old, revoked_at=position.time, revoked_reason=event.reason))
         case ProtectionTransition():
             old = state.hosts.get(event.host_id) or HostRecord(host_id=event.host_id)
             return _put(

@@ -26,8 +26,8 @@ the hosts stream for acks beside its live tail) give the same state as an in-ord
 Bounded: one entry per (host, model) pair, at most MAX_PAIRS (the oldest dropped first), and
 the latest plan's managed assignments.
 
-External residencies (`managed=False`) are outside this rule: they enter by their own
-registration.
+External residencies (`managed=False`) are outside this rule: they enter only by an operator's
+admission (grid.projections.routes, whose `admission` applies this rule to managed ones).
 """
 
 from __future__ import annotations
@@ -261,6 +261,8 @@ class UnplacedClaim(msgspec.Struct, frozen=True, kw_only=True):
     state: str
     reason: str
     artifact_sha256: str | None = None
+    # False: an external engine's claim (grid.projections.routes judges those).
+    managed: bool = True
 
 
 def profile_digests(profiles: Mapping[str, Any]) -> dict[str, str | None]:

@@ -13,6 +13,18 @@ subject (grid.identity.signing). A message that does not is skipped and counted 
 `rejected` (never folded, never fatal, not even in strict replay, which lists it instead).
 A `CredentialRevoked` revokes its keys from its own position in the fold order on, so a replay
 judges every message exactly as the live fold did.
+A heartbeat proven its host's is still rejected (`stale_replay`, `signed_ahead`, counted the
+same way) unless its signed time is newer than the host's last folded heartbeat and within the
+allowed skew of its receipt time (grid.events.authorship.heartbeat_replay): a stored heartbeat
+published again never turns into a plan change. The rule reads only the message's signed time
+and receipt time and the heartbeats folded before it, so replay gives the same verdicts.
+Before any of that, a hosts-stream message must be within its host's budget (grid.projections.
+budget: token buckets over receipt times, on whenever authorship is verified): one over it is
+dropped at the cost of a subject split and a little arithmetic, counted by reason (`over_rate`,
+`over_bytes`) beside the rejections, and its host flagged; its signature is never checked. The
+live follower drops before it hands a batch's signatures to a worker thread, so a flooding host
+costs the fold almost nothing and honest heartbeats behind its flood are folded promptly.
+Rejection and skip log lines are rate-limited per host and reason (`LogThrottle`).
 A corrupt snapshot is quarantined with a warning and the state is rebuilt from the log; so is a
 snapshot that does not describe the log it is restored against (`restore_snapshot`): a position
 past a stream's last sequence, or a folded message the stream no longer holds as recorded (the
@@ -35,10 +47,11 @@ import msgspec
 import structlog
 
 from grid.events import codec
-from grid.events.authorship import Authorship, AuthorshipGate, Signed, check_signatures
+from grid.events.authorship import SIG_HEADER, Authorship, AuthorshipGate, Signed, check_signatures
 from grid.events.base import Event
 from grid.events.codec import EventDecodeError
 from grid.events.control import CredentialRevoked
+from grid.events.host import HostHeartbeat
 from grid.events.log import EventLog, StoredMessage
 from grid.identity.provenance import SUBJECT_MISMATCH, vouched_for
 from grid.events.subjects import (
@@ -49,6 +62,7 @@ from grid.events.subjects import (
     REQUESTS_STREAM,
 )
 from grid.projections import actions, catalog, fleet, placed, plans
+from grid.projections.budget import BudgetState, HostBudget, LogThrottle, host_token
 from grid.projections.position import Position
 
 log = structlog.get_logger(__name__)
@@ -159,15 +173,36 @@ class _Snapshot(msgspec.Struct):
     # Revoked signer keys -> "<stream>:<seq>" of the revocation; rejections by reason.
     revoked: dict[str, str] = {}
     rejected: dict[str, int] = {}
+    # Host id -> signed time of its last folded heartbeat (the freshness rule's memory). Absent
+    # from snapshots written before the rule: taken from the fleet state's heartbeats then.
+    heartbeats: dict[str, float] | None = None
+    # The host budgets' buckets and drops (grid.projections.budget), when budgets were on.
+    budget: BudgetState | None = None
+
+
+def _folded_heartbeats(fleet_state: Any) -> dict[str, float]:
+    """Host id -> signed time of the heartbeat a fleet state holds for it: what an older snapshot
+    (written before the runner kept this itself) knows of each host's last folded heartbeat."""
+    if not isinstance(fleet_state, fleet.FleetState):
+        return {}
+    return {host_id: record.heartbeat.at for host_id, record in sorted(fleet_state.hosts.items())
+            if record.heartbeat is not None}
 
 
 class ProjectionRunner:
     def __init__(self, specs: Sequence[ProjectionSpec] = CORE_PROJECTIONS, *, strict: bool = False,
-                 authorship: Authorship | None = None) -> None:
+                 authorship: Authorship | None = None, budget: HostBudget | bool = True) -> None:
         self.specs = tuple(specs)
         self.strict = strict
         # Verifies authorship when set (taken from the log on the first catch-up or follow).
         self.gate = AuthorshipGate(authorship)
+        # Host budgets on the hosts stream: True: on as soon as authorship is verified (a grid
+        # with identities; without them anyone may write anything and there is nothing to
+        # bound); False: off; a HostBudget: that one, always.
+        self._budget_auto = budget is True
+        self._budget: HostBudget | None = budget if isinstance(budget, HostBudget) else None
+        # Log lines about skipped messages, at most one per host and reason every few seconds.
+        self.log_throttle = LogThrottle()
         self.states: dict[str, Any] = {s.name: s.initial() for s in self.specs}
         self.positions: dict[str, int] = {}
         self.last_time: dict[str, float] = {}
@@ -196,12 +231,40 @@ class ProjectionRunner:
                   for s in self.specs}
         return Held(states=states, positions=dict(self.positions))
 
-    def fold(self, msg: StoredMessage, *, signature_ok: bool | None = None) -> bool:
-        """Fold one stored message. Returns False when it was skipped as malformed or rejected.
+    @property
+    def budget(self) -> HostBudget | None:
+        if self._budget is None and self._budget_auto and self.gate.authorship is not None:
+            self._budget = HostBudget()
+        return self._budget
 
-        `signature_ok`: its signature, when already checked (`catch_up` checks them in batches)."""
+    def admit(self, msg: StoredMessage) -> str | None:
+        """Charge `msg` to its host's budget: None when within it, else the reason it is dropped.
+        Call once per message, in stream order, and only for a message not folded yet."""
+        if msg.stream != HOSTS_STREAM:
+            return None
+        budget = self.budget
+        if budget is None:
+            return None
+        headers = msg.headers
+        return budget.admit(msg.subject, len(msg.data), msg.time, signed=bool(headers) and SIG_HEADER in headers)
+
+    def admit_batch(self, messages: Sequence[StoredMessage]) -> list[str | None]:
+        """`admit` for each message of a batch not yet folded (one stream's, in order)."""
+        positions = self.positions
+        return [self.admit(m) if m.seq > positions.get(m.stream, 0) else None for m in messages]
+
+    def fold(self, msg: StoredMessage, *, signature_ok: bool | None = None, admitted: bool = False) -> bool:
+        """Fold one stored message. Returns False when it was skipped as malformed, rejected or
+        over its host's budget.
+
+        `signature_ok`: its signature, when already checked (`catch_up` checks them in batches).
+        `admitted`: its budget was already charged (`admit`) and it is within it."""
         if msg.seq <= self.positions.get(msg.stream, 0):
             return True  # already folded (snapshot overlap or redelivery)
+        if not admitted:
+            over = self.admit(msg)
+            if over is not None:
+                return self.drop(msg, over)
         verdict = self.gate.check(msg.stream, msg.seq, msg.subject, msg.data, msg.headers, msg.time,
                                   signature_ok=signature_ok)
         if not verdict.ok:
@@ -215,22 +278,45 @@ class ProjectionRunner:
             mismatch = Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role)
             self.gate.reject(msg.stream, msg.seq, msg.subject, mismatch)
             return self._rejected(msg, mismatch)
+        if isinstance(event, HostHeartbeat):
+            fresh = self.gate.fresh_heartbeat(msg.stream, msg.seq, msg.subject, event.host_id, event.at, msg.time,
+                                              verdict)
+            if not fresh.ok:
+                return self._rejected(msg, fresh)
         if isinstance(event, CredentialRevoked):
             self.gate.revoke(event.keys, f"{msg.stream}:{msg.seq}")
         self.fold_event(event, Position(msg.stream, msg.seq, msg.time))
         return True
 
+    def drop(self, msg: StoredMessage, reason: str) -> bool:
+        """Skip a message over its host's budget (`admit` flagged the host). Counted and listed
+        with the rejections, so status, metrics and replay's list of rejected events show it."""
+        self.gate.reject(msg.stream, msg.seq, msg.subject, Signed(reason=reason))
+        self._throttled("dropped event over its host's budget", msg, reason)
+        self.positions[msg.stream] = msg.seq
+        self.last_time[msg.stream] = msg.time
+        return False
+
+    def _throttled(self, what: str, msg: StoredMessage, reason: str, **fields: Any) -> None:
+        """One warning line per host (or stream) and reason every few seconds of receipt time,
+        saying how many were suppressed since the last."""
+        source = host_token(msg.subject) or msg.stream
+        ok, suppressed = self.log_throttle.allow((source, reason), msg.time)
+        if ok:
+            log.warning(what, stream=msg.stream, seq=msg.seq, subject=msg.subject, reason=reason,
+                        suppressed=suppressed or None, **fields)
+
     def _rejected(self, msg: StoredMessage, verdict: Signed) -> bool:
         """Skip a message whose author is not proven (the gate counted it); replay lists it and
         carries on."""
-        log.warning("rejected unproven event", stream=msg.stream, seq=msg.seq, subject=msg.subject,
-                    reason=verdict.reason, signer=verdict.signer or None)
+        self._throttled("rejected unproven event", msg, verdict.reason, signer=verdict.signer or None)
         self.positions[msg.stream] = msg.seq
         self.last_time[msg.stream] = msg.time
         return False
 
     @property
     def rejected(self) -> dict[str, int]:
+        """Messages skipped as not provably their author's, or over their host's budget, by reason."""
         return self.gate.rejected
 
     def _skip(self, msg: StoredMessage, reason: str, cause: Exception | None = None) -> bool:
@@ -238,7 +324,7 @@ class ProjectionRunner:
             raise ReplayError(msg.stream, msg.seq, reason) from cause
         self.malformed += 1
         self.malformed_last = (msg.stream, msg.seq, reason)
-        log.warning("skipped malformed event", stream=msg.stream, seq=msg.seq, reason=reason)
+        self._throttled("skipped malformed event", msg, reason)
         self.positions[msg.stream] = msg.seq
         self.last_time[msg.stream] = msg.time
         return False
@@ -292,28 +378,38 @@ class ProjectionRunner:
         authorship = self.gate.authorship
         loop = asyncio.get_running_loop()
         batch: list[StoredMessage] = []
+        # Budget verdicts of `batch`, charged as each message arrived (in stream order).
+        drops: list[str | None] = []
         # The batch whose signatures a worker thread is checking while the one before is folded.
-        checking: tuple[list[StoredMessage], asyncio.Future[list[bool | None]]] | None = None
+        checking: tuple[list[StoredMessage], list[str | None], asyncio.Future[list[bool | None]]] | None = None
 
-        def fold_all(messages: list[StoredMessage], signatures: list[bool | None]) -> None:
+        def fold_all(messages: list[StoredMessage], signatures: list[bool | None],
+                     over: list[str | None] | None = None) -> None:
             nonlocal folded
-            for msg, signature_ok in zip(messages, signatures):
-                self.fold(msg, signature_ok=signature_ok)
+            checked = iter(signatures)
+            for i, msg in enumerate(messages):
+                reason = over[i] if over is not None else None
+                if reason is not None:
+                    self.drop(msg, reason)
+                else:
+                    self.fold(msg, signature_ok=next(checked), admitted=over is not None)
                 folded += 1
                 if progress is not None:
                     progress(msg.stream, msg.seq)
 
-        async def pipeline(messages: list[StoredMessage]) -> None:
-            """Start checking `messages`' signatures, then fold the batch checked before."""
+        async def pipeline(messages: list[StoredMessage], over: list[str | None]) -> None:
+            """Start checking the signatures of `messages` within budget, then fold the batch
+            checked before."""
             nonlocal checking
             previous, checking = checking, None
             if messages:
                 assert authorship is not None
-                authorship.prime(m.headers for m in messages)
-                items = [(m.subject, m.data, m.headers) for m in messages]
-                checking = (messages, loop.run_in_executor(None, authorship.signatures, items))
+                within = [m for m, reason in zip(messages, over) if reason is None]
+                authorship.prime(m.headers for m in within)
+                items = [(m.subject, m.data, m.headers) for m in within]
+                checking = (messages, over, loop.run_in_executor(None, authorship.signatures, items))
             if previous is not None:
-                fold_all(previous[0], await previous[1])
+                fold_all(previous[0], await previous[2], previous[1])
 
         merged = merge_by_receipt_time(iterators)
         try:
@@ -325,12 +421,14 @@ class ProjectionRunner:
                 # GIL: a worker checks one batch while this thread folds the one before it.
                 # Revocations and permissions are still judged here, in fold order.
                 batch.append(msg)
+                # Charged now, in stream order: an over-budget message never reaches the worker.
+                drops.append(self.admit(msg) if msg.seq > self.positions.get(msg.stream, 0) else None)
                 if len(batch) >= SIGNATURE_BATCH:
-                    await pipeline(batch)
-                    batch = []
+                    await pipeline(batch, drops)
+                    batch, drops = [], []
             if authorship is not None:
-                await pipeline(batch)
-                await pipeline([])
+                await pipeline(batch, drops)
+                await pipeline([], [])
         finally:
             await merged.aclose()
             for it in iterators.values():
@@ -363,9 +461,16 @@ class ProjectionRunner:
                     if more is None:
                         break
                     batch.append(more)
-                signatures = await check_signatures(self.gate.authorship, batch)
-                for m, signature_ok in zip(batch, signatures):
-                    self.fold(m, signature_ok=signature_ok)
+                # Budgets first (cheap, in order): a flooding host's messages are dropped here and
+                # never cost a signature check, a decode or a fold.
+                over = self.admit_batch(batch)
+                within = [m for m, reason in zip(batch, over) if reason is None]
+                checked = iter(await check_signatures(self.gate.authorship, within))
+                for m, reason in zip(batch, over):
+                    if reason is not None:
+                        self.drop(m, reason)
+                        continue
+                    self.fold(m, signature_ok=next(checked), admitted=True)
                     if on_fold is not None:
                         on_fold(m.stream, m)
                 self.changed.set()
@@ -396,6 +501,8 @@ class ProjectionRunner:
             last_time=dict(sorted(self.last_time.items())),
             revoked=dict(sorted(self.gate.revoked.items())),
             rejected=dict(sorted(self.gate.rejected.items())),
+            heartbeats=dict(sorted(self.gate.heartbeats.items())),
+            budget=self._budget.state if self._budget is not None else None,
         )
         return codec.encode_value(snap)
 
@@ -415,6 +522,11 @@ class ProjectionRunner:
         self.malformed = snap.malformed
         self.gate.revoked = dict(snap.revoked)
         self.gate.rejected = dict(snap.rejected)
+        if snap.budget is not None and (self._budget_auto or self._budget is not None):
+            policy = self._budget.policy if self._budget is not None else None
+            self._budget = HostBudget(policy, snap.budget)
+        self.gate.heartbeats = (dict(snap.heartbeats) if snap.heartbeats is not None
+                                else _folded_heartbeats(states.get(FLEET.name)))
 
     def save_snapshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -489,3 +601,5 @@ class ProjectionRunner:
         self.last_time = {}
         self.malformed = 0
         self.gate.reset()
+        if self._budget is not None:
+            self._budget = HostBudget(self._budget.policy)

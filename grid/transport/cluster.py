@@ -21,7 +21,13 @@ from pathlib import Path
 
 import httpx
 
-from grid.transport.embedded import EmbeddedNats, EmbeddedNatsError, free_port, start_on_free_ports
+from grid.transport.embedded import (
+    STREAM_INGEST_QUEUE_MSGS,
+    EmbeddedNats,
+    EmbeddedNatsError,
+    free_port,
+    start_on_free_ports,
+)
 
 ROUTE_USER = "grid-route"
 DEFAULT_CLUSTER_NAME = "grid"
@@ -102,6 +108,7 @@ def node_config(
     are appended by grid.identity. Monitoring stays on loopback: it is for the node's own
     health check, and it shows every connection."""
     sync = "  sync_interval: always\n" if sync_always else ""
+    sync += f"  max_buffered_msgs: {STREAM_INGEST_QUEUE_MSGS}\n"  # (grid.transport.embedded says why)
     return (
         f"server_name: {check_node_name(me.name)}\n"
         f"listen: {listen_host}:{me.client_port}\n"

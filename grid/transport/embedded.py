@@ -33,6 +33,16 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 PORT_TAKEN_ATTEMPTS = 3
 
 
+# The most messages the server queues for one stream ahead of its store (nats-server's default is
+# 100,000). Publishes into a stream get no back-pressure: past what the store takes (here some
+# 5,000 fsync'd writes a second) they queue, and every publisher to that stream waits behind the
+# queue. One host publishing as fast as it can (issue 36) queued 100,000 of its own heartbeats,
+# 25 s of them, in front of every honest host's; at 10,000 a flood past the store's rate is
+# refused at the door after about 2 s of queue, and honest heartbeats are stored again within
+# seconds of the flood ending (bench.hostile_flood --fsync --window 0).
+STREAM_INGEST_QUEUE_MSGS = 10_000
+
+
 class EmbeddedNatsError(RuntimeError):
     pass
 
@@ -158,6 +168,7 @@ class EmbeddedNats:
     def _write_config(self) -> Path:
         ensure_private_dir(self.store_dir)
         sync = "  sync_interval: always\n" if self.sync_always else ""
+        sync += f"  max_buffered_msgs: {STREAM_INGEST_QUEUE_MSGS}\n"
         config = (
             f"server_name: {self.server_name}\n"
             f"listen: {self.host}:{self.port}\n"

@@ -43,6 +43,7 @@ from grid.events.subjects import (
     COMMANDS_STREAM,
     COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
+    HOST_EVENT_KINDS,
     HOSTS_STREAM,
     LEASE_BUCKET,
     PLANS_STREAM,
@@ -86,17 +87,50 @@ VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
 class StreamPolicy(msgspec.Struct, frozen=True):
     max_age_seconds: float | None
     max_bytes: int
-    # Keep at most this many messages per subject (None = unlimited).
+    # Keep at most this many messages per subject (None = unlimited); the oldest of the subject
+    # goes first, so a writer of one subject can only ever push out that subject's own history.
     max_msgs_per_subject: int | None = None
+    # The largest message (headers and payload) the stream stores (None = the server's limit).
+    max_msg_size: int | None = None
 
 
-# Explicit retention: heartbeats and request features are bounded by age and bytes. Control
-# subjects keep a bounded history per subject (the latest profile/mode/override is the truth),
-# so profiles never age out.
+KIB = 1 << 10
+# Host isolation (issue 36: a host is a tenant, not a peer). A host may publish only its exact
+# subjects (grid.identity.permissions), one per kind of host event, so everything it can ever
+# hold in GRID_HOSTS is HOST_SUBJECT_HISTORY messages of at most HOST_EVENT_MAX_BYTES on each of
+# them (`host_footprint_bytes`: 160 MiB). An honest agent's history is far smaller (heartbeats of
+# a couple of KiB, acks of a few hundred bytes: TYPICAL_HOST_BYTES). While the stream's max_bytes
+# holds one host's whole footprint beside every other host's history (`protected_hosts`: some
+# 1,500 hosts at the default 2 GiB), the per-subject limit binds before the stream's byte limit
+# does, and a flooding host pushes out only its own history, never another host's registration
+# or acks (before, one host's 1 MiB messages filled the 2 GiB and the stream discarded everyone's
+# oldest messages). Larger fleets keep working; status says when a fleet outgrows the guarantee.
+# The history: every fold needs a host's latest registration, heartbeat and protection state,
+# and the gateway's placed fold each (host, model)'s latest warm ack (`_scan_acks`); 512 acks are
+# some 150 actions on one host since its oldest residency warmed, and 512 heartbeats some 17
+# minutes of them at the agent's 2 s, enough for `gridctl replay` of the recent past from the log
+# itself (older windows: the analytics store, `gridctl replay --source duckdb`).
+HOST_SUBJECT_HISTORY = 512
+# What an honest host's history takes: a heartbeat (~2 KiB with a few residencies and cached
+# artifacts) and an ack (~0.5 KiB) per history slot; registrations, protection transitions and
+# qualifications are rare and small.
+TYPICAL_HOST_BYTES = HOST_SUBJECT_HISTORY * (2 * KIB + KIB // 2)
+# The largest event a host may append (grid.identity.permissions says why 64 KiB).
+HOST_EVENT_MAX_BYTES = 64 * KIB
+# Control events (profiles, mode, overrides, revocations, route admissions) are small; anything
+# far larger landing there is not one of ours.
+CONTROL_EVENT_MAX_BYTES = 1 << 20
+
+
+# Explicit retention: heartbeats and request features are bounded by age and bytes, host
+# subjects also per subject (above). Control subjects keep a bounded history per subject (the
+# latest profile/mode/override is the truth), so profiles never age out.
 STREAM_POLICIES: dict[str, StreamPolicy] = {
-    HOSTS_STREAM: StreamPolicy(max_age_seconds=7 * DAY, max_bytes=2 * GIB),
+    HOSTS_STREAM: StreamPolicy(max_age_seconds=7 * DAY, max_bytes=2 * GIB, max_msgs_per_subject=HOST_SUBJECT_HISTORY,
+                               max_msg_size=HOST_EVENT_MAX_BYTES),
     REQUESTS_STREAM: StreamPolicy(max_age_seconds=7 * DAY, max_bytes=2 * GIB),
-    CONTROL_STREAM: StreamPolicy(max_age_seconds=None, max_bytes=GIB // 4, max_msgs_per_subject=256),
+    CONTROL_STREAM: StreamPolicy(max_age_seconds=None, max_bytes=GIB // 4, max_msgs_per_subject=256,
+                                 max_msg_size=CONTROL_EVENT_MAX_BYTES),
     PLANS_STREAM: StreamPolicy(max_age_seconds=30 * DAY, max_bytes=2 * GIB),
     COMMANDS_STREAM: StreamPolicy(max_age_seconds=30 * DAY, max_bytes=GIB),
 }
@@ -114,6 +148,21 @@ DEFAULT_LOG_BUDGET = sum(_POLICY_BYTES.values())
 MIN_LOG_BUDGET = 256 * MIB
 # No stream is made smaller than this, whatever its share.
 MIN_STREAM_BYTES = MIB
+
+
+def host_footprint_bytes(policy: StreamPolicy | None = None) -> int:
+    """The most one host can ever hold in GRID_HOSTS: its per-subject history of its largest
+    events, on each of its exact subjects."""
+    policy = policy or STREAM_POLICIES[HOSTS_STREAM]
+    assert policy.max_msgs_per_subject is not None and policy.max_msg_size is not None
+    return len(HOST_EVENT_KINDS) * policy.max_msgs_per_subject * policy.max_msg_size
+
+
+def protected_hosts(hosts_max_bytes: int) -> int:
+    """How many hosts a GRID_HOSTS of `hosts_max_bytes` holds at their full history beside one
+    host at its full footprint: up to this many, the per-subject limits bind first and one host
+    flooding its own subjects cannot push out another host's messages. 0: not even that."""
+    return max(0, (hosts_max_bytes - host_footprint_bytes()) // TYPICAL_HOST_BYTES)
 
 
 def stream_byte_limits(budget: int | None = None) -> dict[str, int]:
@@ -199,6 +248,7 @@ def _retention(policy: StreamPolicy, replicas: int, max_bytes: int | None) -> di
         max_age=policy.max_age_seconds,
         max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
+        max_msg_size=policy.max_msg_size or -1,
         # Nobody reads these streams with direct gets (grid.identity.permissions says why): no
         # responder at all, should a permission ever let one through.
         allow_direct=False,
@@ -386,6 +436,13 @@ class JetStreamLog:
     @property
     def client(self) -> NATS:
         return self._nc
+
+    def hosts_capacity(self) -> int:
+        """How many hosts GRID_HOSTS protects from one flooding host (`protected_hosts` of its
+        max_bytes, as the last ensure_streams set or found it)."""
+        if self.log_budget is None and self._existing_max_bytes.get(HOSTS_STREAM, -1) > 0:
+            return protected_hosts(self._existing_max_bytes[HOSTS_STREAM])
+        return protected_hosts(stream_byte_limits(self.log_budget)[HOSTS_STREAM])
 
     async def server_syncs_always(self, *, timeout: float = 1.0, linger: float = 0.25) -> bool | None:
         """Whether every server that answers fsyncs each write (JetStream `sync_interval: always`).

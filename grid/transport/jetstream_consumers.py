@@ -149,12 +149,17 @@ class OrderedSubscription:
                 if not self._renewing or not await self._resubscribe(deadline):
                     return None
                 continue
+            queue = sub._pending_queue
             try:
-                if sub._pending_queue.empty():
+                if not queue.empty():
+                    # What has arrived, taken directly: nats-py's iterator spends a task and an
+                    # asyncio.wait on every message, most of a follower's cost under a flood.
+                    msg = queue.get_nowait()
+                    queue.task_done()
+                    sub._pending_size -= len(msg.data)
+                else:
                     async with asyncio.timeout_at(deadline):
                         msg = await self._messages.__anext__()
-                else:
-                    msg = await self._messages.__anext__()
             except TimeoutError:
                 return None
             except StopAsyncIteration:
@@ -163,6 +168,7 @@ class OrderedSubscription:
                 if self._closed or not self._renewing:
                     return None
                 continue
+            await _answer_flow_control(self._log.client, sub)
             stored = _stored(self._stream, msg)
             if stored.seq < self._next_seq:
                 continue  # already handed out before a renewal
@@ -184,6 +190,26 @@ class OrderedSubscription:
             if msg is None:
                 return
             yield msg
+
+
+async def _answer_flow_control(nc: Any, sub: Any) -> None:
+    """Answer the server's flow-control request as soon as every message before it has been taken.
+
+    An ordered push consumer stops delivering once it has sent a flow-control request, until the
+    client answers it. nats-py answers only in `next_msg` or from a task that looks every 250 ms,
+    and the message iterator we read with (see `OrderedSubscription`) is neither: a follower that
+    kept up was held to one flow-control window per quarter second, a few thousand messages a
+    second, and under a flood of one host's messages (issue 36) honest heartbeats queued behind
+    the flood on the server for minutes. Answered here, delivery never waits on the poll."""
+    jsi = getattr(sub, "_jsi", None)
+    if jsi is None or not jsi._fcr:
+        return
+    if jsi._fciseq - sub._pending_queue.qsize() >= jsi._fcd:
+        reply, jsi._fcr, jsi._fcd = jsi._fcr, None, 0
+        try:
+            await nc.publish(reply)
+        except nats.errors.Error:
+            pass  # the connection is going; its renewal starts a new consumer
 
 
 async def unsubscribe(sub: Any) -> None:

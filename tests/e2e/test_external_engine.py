@@ -4,7 +4,9 @@ GGUF): two machines in their own network namespaces (`--machines 2 --netns`) wit
 the second, inside its namespace, so the gateway's requests cross to another machine.
 
 The test starts its own llama-server (the session's runtime, outside Grid, with its own API key),
-registers it with `gridctl engine add` on that host, and checks that Grid serves it through the
+registers it with `gridctl engine add` on that host (which holds only a host credential, so it
+prints the operator's command), admits it as the operator (`gridctl engine admit` on the fleet's
+control home), and checks that Grid serves it through the
 gateway (chat and streaming), keeps serving it when the model's profile is retired, the host is
 drained and the agent is killed and restarted, never signals it (same pid, alive), and stops
 routing to it within 5 s of its death, with status saying why.
@@ -90,6 +92,16 @@ class EngineHost:
         state = load_state(self.root)
         assert state is not None
         return fleetlib.admin_request(state, method, path, body)
+
+    def admit(self, request: str) -> subprocess.CompletedProcess[str]:
+        """The operator runs the `gridctl engine admit ...` command the host printed, with the
+        fleet's operator credential (its control home), on the controller's machine."""
+        state = load_state(self.root)
+        assert state is not None
+        env = {k: v for k, v in os.environ.items() if k not in ("GRID_NATS_URL", "GRID_AGENT_STATE_DIR")} | {
+            "GRID_HOME": str(self.root / "control"), "COLUMNS": "400"}
+        return subprocess.run([sys.executable, "-m", "grid.cli.main", *request.split()[1:], "--nats", state.nats_url],
+                              env=env, capture_output=True, text=True, timeout=60)
 
     def host(self) -> dict[str, Any]:
         return next(h for h in self.admin("GET", "/allocator/status")["hosts"] if h["host_id"] == self.host_id)
@@ -239,6 +251,12 @@ def test_external_engine_is_served_never_actuated_and_unroutable_once_dead(
     added = fleet.engine("add", engine.url + "/v1", "--model", MODEL, "--kind", "llama.cpp", "--memory-mb", "250",
                          "--api-key-file", str(engine.key_file))
     assert added.returncode == 0, added.stderr
+    # The host only requests the route; the operator admits it (a signed event on the control stream).
+    request = next(line.strip() for line in added.stdout.splitlines()
+                   if line.strip().startswith("gridctl engine admit"))
+    assert request.split()[3:5] == [fleet.host_id, MODEL], request
+    admitted = fleet.admit(request)
+    assert admitted.returncode == 0, admitted.stderr + admitted.stdout
     (listed,) = json.loads(fleet.engine("ls", "--json").stdout)["engines"]
     assert (listed["url"], listed["probe"], listed["memory_mb"]) == (engine.url, "ok", 250)
 

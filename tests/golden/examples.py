@@ -22,6 +22,8 @@ from grid.events.control import (
     ModeSet,
     ProfileRemoved,
     ProfileSet,
+    RouteAdmitted,
+    RouteWithdrawn,
     TickRequested,
 )
 from grid.events.evaluations import EvaluationRecorded
@@ -76,6 +78,11 @@ EXAMPLES: list[Event] = [
     ForecastWindowSet(event_id="g-window", at=1_800_000_011.2, bucket_seconds=4.0),
     CredentialRevoked(event_id="g-revoke", at=1_800_000_011.5, host_id="host-1",
                       keys=("UCRB3TUTBKH5SNSLY7BSMYVMUCHJ6DPAJQKCGG2RWHXDKQLIZQJGIMYM",), reason="laptop lost"),
+    RouteAdmitted(event_id="g-route-admitted", at=1_800_000_011.6, host_id="host-1", model_id=MODEL, kind="llama.cpp",
+                  url_fingerprint="d30a576c0318716717366ab932e3d7dfbc4009a5bc10176403b60892912f070e",
+                  reason="the lab's llama-server"),
+    RouteWithdrawn(event_id="g-route-withdrawn", at=1_800_000_011.7, host_id="host-1", model_id=MODEL,
+                   reason="served by a managed replica now"),
     PlanCreated(event_id="g-plan", at=1_800_000_012.0, planner_version="1", generation="e:00000000000000000001:d", epoch="e",
                 sequence=1, inputs_digest="d", based_on={"GRID_HOSTS": 10}, now=1_800_000_012.0, controller_id="c1",
                 controller_term=1, plan=msgspec.Raw(b'{"placements":[]}')),

@@ -126,8 +126,14 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
 
 
 def event(tag: str, **changes: object) -> Event:
-    """A real catalogue event (from its golden payload) with `changes` and a fresh event id."""
+    """A real catalogue event (from its golden payload) with `changes` and a fresh event id.
+
+    A heartbeat is signed as of now unless `changes` says otherwise: the folds reject one whose
+    signed time is far from its receipt time (grid.events.authorship.heartbeat_replay), and the
+    golden payload's time is a fixed instant."""
     base = codec.decode((GOLDEN / f"{tag}.json").read_bytes())
+    if tag.startswith("host.heartbeat.") and "at" not in changes:
+        changes["at"] = time.time()
     return msgspec.structs.replace(base, event_id=new_event_id(), **changes)
 
 

@@ -9,6 +9,7 @@ import pytest
 from nats_jwt.nkeys_ext import create_user_pair
 from nats_jwt.v2.decoder import decode as reference_decode
 
+from grid.events.subjects import host_subjects
 from grid.identity import jwt
 from grid.identity.authority import Authority, AuthorityError, principal_from_claims
 from grid.identity.creds import credential_principal, read_creds, write_creds
@@ -21,7 +22,7 @@ from grid.identity.invitations import (
     InvitationStore,
     JoinToken,
 )
-from grid.identity.permissions import ROLES, Principal, Role, render_security_table
+from grid.identity.permissions import HOST_MAX_PAYLOAD, ROLES, Principal, Role, render_security_table
 from grid.secrets import SecretFileError
 
 
@@ -56,7 +57,10 @@ def test_user_jwts_verify_and_decode_with_the_reference_library(tmp_path: Path) 
     token, seed = read_creds(path)
     claims = jwt.verify(token, authority.account_public)
     assert claims["exp"] == int(now + 3600.0) and claims["iss"] == authority.account_public
-    assert "grid.host.node_2E1.>" in claims["nats"]["pub"]["allow"]
+    allow = claims["nats"]["pub"]["allow"]
+    # Exactly its own subjects, no wildcard under its prefix; and a payload limit.
+    assert [s for s in allow if s.startswith("grid.host.")] == list(host_subjects("node.1"))
+    assert claims["nats"]["payload"] == HOST_MAX_PAYLOAD
     principal = principal_from_claims(claims)
     assert principal == credential_principal(path) == authority.host_principal("node.1")
     reference = reference_decode(token)
@@ -134,7 +138,8 @@ def test_security_table_lists_every_role_and_its_enforced_subjects() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == len(ROLES)
     host_row = next(r for r in rows if r.startswith("| host"))
-    assert "`grid.host.<id>.>`" in host_row and "agent-<id>-<random>" in host_row
+    assert "`grid.host.<id>.heartbeat`" in host_row and "agent-<id>-<random>" in host_row
+    assert "`grid.host.<id>.>`" not in host_row  # exact subjects only, no wildcard under its prefix
     assert "grid.cmd" not in host_row.split("|")[4]  # no command publish in the host's allow list
 
 

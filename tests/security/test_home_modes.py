@@ -9,6 +9,7 @@ the whole home afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -32,6 +33,7 @@ from grid.identity.local import authority_dir, ensure_local_credentials
 from grid.identity.server import SecuredEmbeddedNats
 from grid.secrets import SecretFileError, open_owner_only, read_secret, write_owner_only
 from grid.transport.embedded import free_port
+from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import event
 
 HOST = "local"
@@ -231,4 +233,29 @@ def test_an_engine_log_made_by_the_agents_launcher_is_owner_only(
     assert log_path.stat().st_size > 0, "the engine wrote nothing: its log was not exercised"
     assert mode(log_path) == 0o600
     assert (mode(paths.root), mode(paths.logs)) == (0o700, 0o700)
+    assert open_to_others(cfg.home) == []
+
+
+async def test_the_hardware_file_an_agent_writes_is_owner_only(wide_home: Path, js_log: JetStreamLog) -> None:
+    """agent/hardware.json (what the last heartbeat said of the machine, for `node status`) was
+    written 0644 under a 022 umask. Written here by a real agent's heartbeat on a real log."""
+    from grid.agent.sensors import FixedSensors
+    from grid.agent.service import AgentOptions, HostAgent
+    from tests.ports import engine_ports
+
+    cfg = GridConfig(home=wide_home, nats_url=None)
+    cfg.ensure_home()  # as `gridctl up` does before it starts the agent
+    agent = HostAgent(js_log, cfg, AgentOptions(host_id=HOST, heartbeat_interval=0.2, sample_interval=0.1,
+                                                port_range=engine_ports(4)), sensor_source=FixedSensors())
+    await agent.start()
+    try:
+        hardware = AgentPaths.for_config(cfg).hardware
+        deadline = time.monotonic() + 15
+        while not hardware.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert hardware.exists(), "the agent's heartbeat wrote no hardware.json"
+        assert hardware.read_bytes().startswith(b"{")
+        assert mode(hardware) == 0o600
+    finally:
+        await agent.stop(drain=True)
     assert open_to_others(cfg.home) == []

@@ -90,6 +90,7 @@ def test_registries_are_per_process_component() -> None:
 
 
 def test_rejected_events_is_one_counter_family_read_at_scrape_time() -> None:
+    from grid.events.authorship import HEARTBEAT_REJECTION_REASONS
     from grid.identity.provenance import SUBJECT_MISMATCH
     from grid.identity.signing import REJECTION_REASONS
     from grid.metrics import REJECTION_VOCABULARY, rejected_events
@@ -104,7 +105,7 @@ def test_rejected_events_is_one_counter_family_read_at_scrape_time() -> None:
         # Every reason is exposed, zero included: an alert can match reason="revoked_signer" > 0.
         assert sorted((s.labels["reason"], s.value) for s in family.samples) == [(r, 0.0) for r in
                                                                                   sorted(REJECTION_VOCABULARY)]
-    assert set(REJECTION_VOCABULARY) == {*REJECTION_REASONS, SUBJECT_MISMATCH}
+    assert set(REJECTION_VOCABULARY) == {*REJECTION_REASONS, SUBJECT_MISMATCH, *HEARTBEAT_REJECTION_REASONS}
     live.update({"unsigned": 2, SUBJECT_MISMATCH: 1})
     got = parse(exposition(families[0].registry))["grid_events_rejected_total"]
     assert ({"reason": "unsigned"}, 2.0) in got and ({"reason": SUBJECT_MISMATCH}, 1.0) in got

@@ -1,6 +1,7 @@
 """`gridctl engine add | ls | rm | discover` against a real llama-server started outside Grid with an
-API key: discovery proposing only, registration per kind, a missing key refused, the owner-only registry, removal, and the probe's
-verdict on a stopped (SIGSTOP) engine and on one that is gone."""
+API key: discovery proposing only, registration per kind (a request for the operator's admission,
+printed as the command to run), a missing key refused, the owner-only registry, removal, and the
+probe's verdict on a stopped (SIGSTOP) engine and on one that is gone."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from grid.agent import external
 from grid.agent.engines.runtime import Runtime
+from grid.projections.routes import url_fingerprint
 from grid.transport.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -95,6 +97,12 @@ def test_register_list_and_remove_an_engine(tmp_path: Path, key_file: Path,
     for kind in ("openai", "llama.cpp"):
         added = gridctl(state_dir, "add", url + "/", "--model", MODEL, "--kind", kind, *key)
         assert added.returncode == 0, added.stderr
+        # A registration is a request: without the operator's credential here, it prints the
+        # operator's command (the endpoint by its fingerprint; no agent ran here, so no host id yet).
+        assert "takes no traffic until an operator admits it" in added.stdout, added.stdout
+        assert (f"gridctl engine admit HOST {MODEL} --kind {kind} --url-fingerprint {url_fingerprint(url)}"
+                in added.stdout), added.stdout
+        assert "sk-cli-test" not in added.stdout + added.stderr
     # One registration per model: the second replaced the first.
     (row,) = _ls(state_dir)
     assert (row["model_id"], row["url"], row["kind"], row["probe"], row["api_key_file"]) == (

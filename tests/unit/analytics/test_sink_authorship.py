@@ -227,3 +227,31 @@ async def test_the_live_follow_judges_each_message_of_a_batch_as_a_sync_does(ids
     assert stored(live_con) == stored(synced_con)
     assert counts(live_con) == counts(synced_con)
     assert live.rejected == synced.rejected == {UNSIGNED: 12, UNKNOWN_SIGNER: 12, NOT_PERMITTED: 42}
+
+
+async def test_a_host_over_its_budget_writes_no_rows_and_costs_no_signature_check(ids: Identities) -> None:
+    """A flood of a host's own valid heartbeats (all at one receipt time) fills no store: past its
+    burst it is dropped before its signature is checked, counted as over_rate; an honest host's
+    heartbeats among it are all stored."""
+    from grid.projections.budget import HOST_BURST_MESSAGES, OVER_RATE
+
+    w = Writer(ids)
+    flooder, honest = ids.host("node-1"), ids.host("node-2")
+    burst = int(HOST_BURST_MESSAGES)
+    n = 0
+    for i in range(burst + 200):
+        w.log.authorship = flooder
+        n += 1
+        await w.log.append(heartbeat("node-1", n))  # the simulated clock stands still: one receipt time
+        if i % 100 == 0:
+            w.log.authorship = honest
+            await w.log.append(heartbeat("node-2", n))
+    w.log.authorship = None
+    con = open_store(":memory:")
+    sink = AnalyticsSink(con)
+    w.log.authorship = ids.operator
+    await sink.sync(w.log)
+    assert sink.rejected == {OVER_RATE: 200}
+    hosts = dict(con.execute("SELECT host_id, count(*) FROM events GROUP BY host_id").fetchall())
+    assert hosts == {"node-1": burst, "node-2": (burst + 200 + 99) // 100}
+    assert sink.budget is not None and sorted(sink.budget.flagged) == ["node-1"]

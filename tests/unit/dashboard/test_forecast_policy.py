@@ -12,6 +12,7 @@ from grid.events.plan import PlanCreated, make_generation
 from grid.fleet.planning import Policy
 from grid.projections.runner import ProjectionRunner
 from tests import heartbeats
+from tests.placement import route_admitted
 
 T0 = 1_800_000_000.0
 # Longer than the default heartbeat timeout (30 s), shorter than the recorded one.
@@ -22,8 +23,11 @@ RECORDED = Policy(heartbeat_timeout_seconds=600.0)
 async def _states(*, recorded: Policy | None) -> dict:
     log = InMemoryLog(SimulatedClock(T0))
     await log.append(ProfileSet(event_id="p1", at=T0, profile=ModelProfile(model_id="m1", memory_mb=500, min_replicas=1)))
-    # An unmanaged residency (an engine the host runs itself) counts as supply without a warm ack.
-    await log.append(heartbeats.heartbeat("h1", Residency(model_id="m1", memory_mb=500, state="ready", managed=False),
+    # An unmanaged residency (an engine the host runs itself) the operator admitted counts as supply
+    # without a warm ack.
+    await log.append(route_admitted("h1", "m1", kind="llama.cpp", endpoint="http://127.0.0.1:8080", at=T0))
+    await log.append(heartbeats.heartbeat("h1", Residency(model_id="m1", memory_mb=500, state="ready", managed=False,
+                                                          endpoint="http://127.0.0.1:8080"),
                                           event_id="hb1", at=T0, capacity_mb=8000))
     if recorded is not None:
         await log.append(PlanCreated(event_id="pl1", at=T0, planner_version="v", generation=make_generation("e", 1, "d"),

@@ -1,7 +1,8 @@
 """"No responders" (NATS proved the request reached nobody: the host's agent is gone) routes the
 request again without that host, which stays unroutable until it heartbeats again.
 
-A Gateway over the in-process log twin with two external replicas of one model, and an upstream
+A Gateway over the in-process log twin with two external replicas of one model (each admitted by
+the operator), and an upstream
 that answers for h1 and raises `NoResponders` for h2, as `grid.infer.client.NatsUpstream` does
 when nobody subscribes to h2's inference subject. The real thing: tests/faults/test_gateway_no_responders.py.
 """
@@ -75,8 +76,10 @@ def _body(stream: bool) -> dict[str, Any]:
 
 
 async def _two_replicas(fleet: Fleet, alive: set[str]) -> AgentsOf:  # noqa: F811
-    await fleet.heartbeat("h1", ready(managed=False, sha=None, port=1))
-    await fleet.heartbeat("h2", ready(managed=False, sha=None, port=2))
+    for host, port in (("h1", 1), ("h2", 2)):
+        claim = ready(managed=False, sha=None, port=port)
+        await fleet.placements.admit(host, [claim])  # the operator admitted both external engines
+        await fleet.heartbeat(host, claim)
     assert fleet.routes() == ["h1", "h2"]
     agents = AgentsOf(fleet.gw.upstream, alive)
     fleet.gw.upstream = agents  # type: ignore[assignment]

@@ -3,7 +3,8 @@
 A Gateway over the in-process log twin, fed the events a controller and an agent would append:
 a heartbeat's claim alone attracts nothing; the latest plan's assignment plus the host's warm
 ack does; a later drain ack, another plan, or another artifact than the profile's take it away;
-external residencies are not judged. /metrics counts the claims it refuses.
+an external residency is routed only once an operator admitted it. /metrics counts the claims it
+refuses.
 """
 
 from __future__ import annotations
@@ -122,8 +123,13 @@ async def test_another_artifact_than_the_profiles_is_excluded(fleet: Fleet) -> N
     assert fleet.routes() == ["h1"]
 
 
-async def test_external_residencies_are_unaffected(fleet: Fleet) -> None:
-    await fleet.heartbeat("ext-host", ready(managed=False, sha=None), ready("other", managed=False, sha=None))
+async def test_external_residencies_are_routed_only_once_an_operator_admitted_them(fleet: Fleet) -> None:
+    claims = (ready(managed=False, sha=None), ready("other", managed=False, sha=None))
+    await fleet.heartbeat("ext-host", *claims)
+    assert fleet.routes() == [] and fleet.routes("other") == []
+    assert fleet.unplaced() == [("ext-host", "m", "route_not_admitted"), ("ext-host", "other", "route_not_admitted")]
+    await fleet.placements.admit("ext-host", claims)
+    await fleet.settled()
     assert fleet.routes() == ["ext-host"] and fleet.routes("other") == ["ext-host"]
     assert fleet.unplaced() == []
 
