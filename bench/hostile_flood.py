@@ -14,7 +14,7 @@ the log live as the controller's identity. Measured in one run, each phase with 
 For each: the honest heartbeat's largest age in the fold (receipt time to now, sampled every
 50 ms), what the server stored of the flood, how long after the flood the fold reached the end of
 the stream, and what was dropped. The ratio is quiet age / flood age (goal >= 0.5: a flood never
-makes an honest host look more than one interval older; 2 intervals is the test's bound).
+makes an honest host look more than one interval older; the issue's goal is 2 heartbeat intervals).
 
 `--window N` keeps N of the flooder's publishes awaiting the stream's ack (as fast as the log
 stores them); `--window 0` fires and forgets. With fsync on every write (`--fsync`, the embedded

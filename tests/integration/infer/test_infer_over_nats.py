@@ -305,50 +305,63 @@ async def _engine_idle(responder: InferenceResponder, engine: EngineRoute) -> bo
     return False
 
 
+async def _two_in_flight(upstream: NatsUpstream, responder: InferenceResponder,
+                         target: InferTarget) -> tuple[object, AsyncIterator[bytes], asyncio.Task[object]]:
+    """A started stream and a non-streamed answer being generated, both in the agent's hands.
+    The non-streamed one is short enough that the engine, which finishes such an answer after
+    its client left, frees the slot within seconds afterwards even on a loaded machine."""
+    streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
+    chunks = streamed.aiter_raw()
+    assert await chunks.__anext__()
+    plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=300), JSON))
+    deadline = time.monotonic() + 10
+    while responder.in_flight < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    return streamed, chunks, plain
+
+
+async def _both_lost(streamed: object, chunks: AsyncIterator[bytes], plain: asyncio.Task[object],
+                     responder: InferenceResponder, bound: float) -> None:
+    """Both answers fail as a lost connection within `bound` seconds, and the agent stops both."""
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamConnectionLost):
+        async with asyncio.timeout(bound):
+            async for _chunk in chunks:
+                pass
+    with pytest.raises(UpstreamConnectionLost):
+        async with asyncio.timeout(bound):
+            await plain
+    assert time.monotonic() - t0 < bound
+    await streamed.aclose()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5
+    while responder.in_flight:
+        assert time.monotonic() < deadline, "the agent kept answering for nobody"
+        await asyncio.sleep(0.05)
+
+
+async def _engine_slots_free(engine: EngineRoute) -> None:
+    """llama-server finishes a non-streamed answer whose connection closed (only a stream stops at
+    once): wait for it so the next test finds both slots free."""
+    async with httpx.AsyncClient() as c:
+        deadline = time.monotonic() + 60
+        while await probe_active(c, engine.endpoint, engine.key):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+
+
 async def test_a_lost_gateway_connection_fails_the_requests_in_flight_at_once(pair, engine: EngineRoute) -> None:
     """The gateway's log reports its connection lost: a started stream and a non-streamed request
     still being generated both fail at once (no reply can arrive on a restarted server), and the
     agent is asked to cancel both."""
-    from grid.infer.client import UpstreamConnectionLost
-
     upstream, responder, gateway_log = pair
     gateway_log.add_disconnect_listener(upstream.connection_lost)
     try:
-        target = InferTarget("host-a", MODEL, CHAT)
-        streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
-        chunks = streamed.aiter_raw()
-        assert await chunks.__anext__()
-        # Generating when the connection is cut (that happens as soon as it is in flight), and short
-        # enough that the engine, which finishes a non-streamed answer after its client left,
-        # frees the slot within seconds below even on a loaded machine.
-        plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=300), JSON))
-        deadline = time.monotonic() + 10
-        while responder.in_flight < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
-        t0 = time.monotonic()
+        streamed, chunks, plain = await _two_in_flight(upstream, responder, InferTarget("host-a", MODEL, CHAT))
         gateway_log._disconnected()  # what nats-py's disconnected callback runs
-        with pytest.raises(UpstreamConnectionLost):
-            async with asyncio.timeout(2):
-                async for _chunk in chunks:
-                    pass
-        with pytest.raises(UpstreamConnectionLost):
-            async with asyncio.timeout(2):
-                await plain
-        assert time.monotonic() - t0 < 2
-        await streamed.aclose()
-        deadline = time.monotonic() + 5
-        while responder.in_flight:
-            assert time.monotonic() < deadline, "the agent kept answering after the cancels"
-            await asyncio.sleep(0.05)
+        await _both_lost(streamed, chunks, plain, responder, 2)
         assert responder.cancelled == 2 and upstream.connections_lost == 1
-        # llama-server finishes a non-streamed answer whose connection closed (only a stream stops
-        # at once): wait for it so the next test finds both slots free.
-        async with httpx.AsyncClient() as c:
-            deadline = time.monotonic() + 60
-            while await probe_active(c, engine.endpoint, engine.key):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.2)
+        await _engine_slots_free(engine)
     finally:
         gateway_log.remove_disconnect_listener(upstream.connection_lost)
 
@@ -372,30 +385,10 @@ async def test_a_killed_nats_server_fails_requests_in_flight_over_nats_at_once_a
         gateway_log.add_disconnect_listener(upstream.connection_lost)
         agent_log.add_disconnect_listener(responder.connection_lost)
         target = InferTarget("host-a", MODEL, CHAT)
-        streamed = await upstream.post(target, _long(True), JSON + [(b"connection", b"close")])
-        chunks = streamed.aiter_raw()
-        assert await chunks.__anext__()
-        plain = asyncio.create_task(upstream.post(target, _long(False, max_tokens=300), JSON))
-        deadline = time.monotonic() + 10
-        while responder.in_flight < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        streamed, chunks, plain = await _two_in_flight(upstream, responder, target)
         assert server.process is not None
         server.process.kill()
-        t0 = time.monotonic()
-        with pytest.raises(UpstreamConnectionLost):
-            async with asyncio.timeout(5):
-                async for _chunk in chunks:
-                    pass
-        with pytest.raises(UpstreamConnectionLost):
-            async with asyncio.timeout(5):
-                await plain
-        assert time.monotonic() - t0 < 5
-        await streamed.aclose()
-        deadline = time.monotonic() + 5
-        while responder.in_flight:
-            assert time.monotonic() < deadline, "the agent kept answering for nobody"
-            await asyncio.sleep(0.05)
+        await _both_lost(streamed, chunks, plain, responder, 5)
         assert responder.lost == 2 and upstream.connections_lost == 1
         server.process.wait()
         server.respawn()
@@ -410,13 +403,7 @@ async def test_a_killed_nats_server_fails_requests_in_flight_over_nats_at_once_a
                 assert time.monotonic() < deadline, "no answer after the server came back"
                 await asyncio.sleep(0.2)
         assert response.status_code == 200 and json.loads(body)["choices"]
-        # llama-server finishes a non-streamed answer whose connection closed: wait for it so the
-        # next test finds both slots free.
-        async with httpx.AsyncClient() as c:
-            deadline = time.monotonic() + 60
-            while await probe_active(c, engine.endpoint, engine.key):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.2)
+        await _engine_slots_free(engine)
     finally:
         if responder is not None:
             await responder.stop()
