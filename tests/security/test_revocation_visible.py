@@ -28,7 +28,6 @@ from typing import Any
 import nats
 import pytest
 
-from grid.controller.api import serve_admin
 from grid.controller.service import Controller
 from grid.events import codec
 from grid.events.base import new_event_id
@@ -43,7 +42,7 @@ from grid.identity.local import CREDS_DIR
 from grid.identity.permissions import Principal, Role
 from grid.identity.service import ControllerIdentity
 from grid.transport.jetstream import JetStreamLog
-from tests.integration.controller.statuskit import SETTINGS
+from tests.integration.controller.statuskit import serving_controller
 from tests.ports import engine_ports_arg
 from tests.security.conftest import CredsFactory, SecuredNats
 
@@ -81,15 +80,8 @@ def url_list(server: SecuredNats) -> str:
 async def controller(log: JetStreamLog, home: Path, authority: Authority) -> AsyncIterator[Controller]:
     """A controller as `gridctl up` runs it on the authority's machine: with its identity
     (enrolment, host consumers, revocations asked for on the log) and its admin API."""
-    ctl = Controller(log, home, settings=SETTINGS, controller_id="ctl-revoke",
-                     identity=ControllerIdentity(authority.directory))
-    await ctl.start()
-    admin = await serve_admin(ctl, "127.0.0.1", 0)
-    try:
+    async with serving_controller(log, home, "ctl-revoke", identity=ControllerIdentity(authority.directory)) as ctl:
         yield ctl
-    finally:
-        await admin.stop()
-        await ctl.stop()
 
 
 async def status(home: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from grid.controller.api import serve_admin
 from grid.controller.service import Controller, ControllerSettings
+from grid.identity.service import ControllerIdentity
 from grid.transport.jetstream import JetStreamLog
 
 from tests.integration.controller.test_cli_admin import gridctl
@@ -22,9 +23,11 @@ SETTINGS = ControllerSettings(tick_interval_seconds=0.3, coalesce_seconds=0.02, 
 
 @contextlib.asynccontextmanager
 async def serving_controller(log: JetStreamLog, home: Path, controller_id: str,
-                             settings: ControllerSettings = SETTINGS) -> AsyncIterator[Controller]:
-    """A controller with its admin API (what `gridctl status` reads), stopped on exit."""
-    ctl = Controller(log, home, settings=settings, controller_id=controller_id)
+                             settings: ControllerSettings = SETTINGS,
+                             identity: ControllerIdentity | None = None) -> AsyncIterator[Controller]:
+    """A controller with its admin API (what `gridctl status` reads), stopped on exit; with
+    `identity`, as `gridctl up` runs it on the authority's machine."""
+    ctl = Controller(log, home, settings=settings, controller_id=controller_id, identity=identity)
     await ctl.start()
     admin = await serve_admin(ctl, "127.0.0.1", 0)
     try:
