@@ -19,19 +19,30 @@ from grid.cli.common import JsonOption, config, console, fail, print_json
 
 GatewayOption = typer.Option(
     None, "--gateway", envvar="GRID_GATEWAY_URL",
-    help="Gateway URL (default: the one the running `gridctl up` recorded).",
+    help="Gateway URL, its root or the OpenAI base URL ending in /v1 (default: the one the running "
+         "`gridctl up` recorded).",
 )
 ApiKeyOption = typer.Option(None, "--api-key", envvar="GRID_API_KEY", help="Client API key, if the gateway needs one.")
 
 
+OPENAI_BASE_SUFFIX = "/v1"
+
+
+def gateway_base(url: str) -> str:
+    """The gateway's root from a URL a user may give: its root, or the OpenAI base URL it prints
+    (`.../v1`, what OpenAI clients are configured with)."""
+    base = url.strip().rstrip("/")
+    return base.removesuffix(OPENAI_BASE_SUFFIX) if base.endswith(OPENAI_BASE_SUFFIX) else base
+
+
 def resolve_gateway_url(explicit: str | None) -> str:
     if explicit:
-        return explicit.rstrip("/")
+        return gateway_base(explicit)
     recorded = config().home / "gateway.url"
     if recorded.exists():
         value = recorded.read_text().strip()
         if value:
-            return value.rstrip("/")
+            return gateway_base(value)
     fail(f"no gateway found: start one with `gridctl up`, or pass --gateway URL (looked for {recorded})")
     raise AssertionError  # unreachable
 

@@ -83,8 +83,10 @@ async def external_log_durable(event_log: Any, home: Path) -> tuple[bool, bool |
     """(durable, what the server reported, the recorded server it was trusted as or None).
 
     The server's own report wins when it gives one; otherwise a server Grid configured under this
-    home, recognised by its name, counts as durable."""
-    reported = await event_log.server_syncs_always()
+    home, recognised by its name, counts as durable. A connection with a credential (operator
+    mode) does not ask: only the system account may, and the server would answer the request
+    with a permissions violation, which the client logs as a connection error."""
+    reported = None if getattr(event_log, "authorship", None) is not None else await event_log.server_syncs_always()
     if reported is None:
         name = connected_server_name(event_log)
         if recorded_sync_always(home, name):

@@ -43,14 +43,16 @@ async def test_models_lists_only_admitted_ready_models(make_gateway: GatewayFact
     with pytest.raises(openai.NotFoundError):
         await gw.client.models.retrieve("still-loading")
 
-    # gridctl models (explicit --gateway URL, then the recorded gateway.url)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "grid.cli.main", "models", "--json", "--gateway", gw.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    assert [m["id"] for m in json.loads(out)] == [MODEL]
+    # gridctl models (explicit --gateway URL: the root, or the OpenAI base URL `gridctl up` prints;
+    # then the recorded gateway.url)
+    for url in (gw.url, f"{gw.url}/v1", f"{gw.url}/v1/"):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "grid.cli.main", "models", "--json", "--gateway", url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, (url, err.decode())
+        assert [m["id"] for m in json.loads(out)] == [MODEL]
     env = {k: v for k, v in os.environ.items() if k != "GRID_GATEWAY_URL"}
     env["GRID_HOME"] = str(gw.home)
     proc = await asyncio.create_subprocess_exec(
