@@ -231,6 +231,7 @@ class Actuators:
         ctx.save()
         ctx.poke()
         log_path = ctx.paths.logs / f"{escape_token(cmd.model_id)}-{port}.log"
+        await ctx.guard_engines()  # before the spawn: no moment with an engine nobody would stop
         try:
             popen = await asyncio.to_thread(
                 llama_cpp.spawn, ctx.binary, spec, log_path, ctx.owner.environ(cmd.memory_mb)

@@ -7,6 +7,7 @@ holds the Popen handles of children this process spawned (adopted children have 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from grid.agent.artifacts import ArtifactCache
 from grid.agent.options import AgentOptions
 from grid.agent.ownership import EngineOwner
 from grid.agent.state import AgentPaths, AgentState, ResidencyRecord
+from grid.agent.warden import WARDEN_START_FAILED, ensure_warden
 from grid.clock import Clock
 from grid.events.host import AcceleratorDevice
 
@@ -64,6 +66,14 @@ class AgentContext:
 
     def capacity_mb(self) -> int:
         return capacity_mb(self.options)
+
+    async def guard_engines(self) -> None:
+        """Make sure a warden watches this agent's engines (grid.agent.warden): before each spawn
+        and after recovery kept some. An engine without one still runs; it is only not stopped
+        when this agent dies and none comes back."""
+        started = await asyncio.to_thread(ensure_warden, self.paths, self.owner.token, self.options.orphan_grace)
+        if started.outcome == WARDEN_START_FAILED:
+            self.warn(f"warden_start_failed: {started.detail}; engines outlive this agent if it dies")
 
 
 def capacity_mb(options: AgentOptions) -> int:

@@ -31,6 +31,7 @@ from grid.agent.lock import is_locked, read_holder
 from grid.agent.options import AgentOptions
 from grid.agent.protection import ProtectionPolicy
 from grid.agent.state import AgentPaths, atomic_write
+from grid.agent.warden import ORPHAN_GRACE_SECONDS
 from grid.config import GridConfig, NatsUrlNotFound, resolve_nats_url
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 from grid.tasks import cancel_and_wait
@@ -189,6 +190,7 @@ class LaunchOptions:
     heartbeat_interval: float = 2.0
     sample_interval: float = 2.0
     drain_deadline: float = 60.0
+    orphan_grace: float = ORPHAN_GRACE_SECONDS
     throttle_fraction: float = 0.5
     yield_to_user: float | None = None
     llama_server: str | None = None
@@ -235,6 +237,8 @@ def _check_options(options: LaunchOptions) -> Refused | None:
         return Refused(INVALID_OPTION, f"--data-tier must be one of {', '.join(DATA_TIERS)}, not {options.data_tier!r}")
     if options.capacity_mb is not None and options.capacity_mb <= 0:
         return Refused(INVALID_OPTION, f"--memory-mb must be a positive number of MB, not {options.capacity_mb}")
+    if options.orphan_grace < 0:
+        return Refused(INVALID_OPTION, f"--orphan-grace must be 0 or more seconds, not {options.orphan_grace:g}")
     if options.engine_threads is not None and not 1 <= options.engine_threads <= 256:
         return Refused(INVALID_OPTION, f"--engine-threads must be 1..256, not {options.engine_threads}")
     return None
@@ -298,7 +302,8 @@ def prepare(options: LaunchOptions) -> Launch | Refused:
         host_id=host_id, capacity_mb=options.capacity_mb, reserved_mb=options.reserved_mb,
         failure_domain=failure_domain, tags=tuple(t.strip() for raw in tags for t in raw.split(",") if t.strip()),
         port_range=ports, heartbeat_interval=options.heartbeat_interval, sample_interval=options.sample_interval,
-        drain_deadline=options.drain_deadline, state_dir=paths.root, llama_server=options.llama_server,
+        drain_deadline=options.drain_deadline, orphan_grace=options.orphan_grace, state_dir=paths.root,
+        llama_server=options.llama_server,
         policy=ProtectionPolicy(throttle_fraction=options.throttle_fraction, user_active_seconds=options.yield_to_user),
         data_tier=options.data_tier, credentials=Path(joined.creds_path) if joined is not None else None,
         **({"threads": options.engine_threads} if options.engine_threads is not None else {}),

@@ -95,8 +95,13 @@ class StateDirLock:
 
 def is_locked(state_dir: Path) -> bool:
     """Whether a live agent holds this state directory's lock (momentary shared-lock probe)."""
+    return held(lock_path(state_dir))
+
+
+def held(path: Path) -> bool:
+    """Whether a live process holds an exclusive flock on `path` (momentary shared-lock probe)."""
     try:
-        fd = os.open(lock_path(state_dir), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:

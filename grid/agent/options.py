@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grid.agent.engines import llama_cpp
 from grid.agent.protection import ProtectionPolicy
+from grid.agent.warden import ORPHAN_GRACE_SECONDS
 
 
 @dataclass
@@ -32,6 +33,9 @@ class AgentOptions:
     drain_poll: float = 0.2
     stop_term_timeout: float = 10.0
     stop_kill_timeout: float = 5.0
+    # How long engines outlive this agent's death waiting for an agent to adopt them, before its
+    # warden stops them (grid.agent.warden).
+    orphan_grace: float = ORPHAN_GRACE_SECONDS
     policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
     hostname: str = field(default_factory=socket.gethostname)
     # The host's NATS credential (.creds), when the server has auth on: it names the command

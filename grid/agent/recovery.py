@@ -10,7 +10,8 @@ The state file is not the only record: every child carries its owner token (grid
 After the recorded children are settled, `adopt_owned` finds every live child with our token
 that no record holds (the state file was lost, quarantined, or its proof damaged) and adopts it
 when it is provably a serving engine of this host and model, or stops it otherwise, so damaged
-local state never orphans an engine and never leads to a duplicate one.
+local state never orphans an engine and never leads to a duplicate one. Engines whose agent does
+not come back within the grace are stopped by the directory's warden (grid.agent.warden).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ async def recover(ctx: AgentContext) -> None:
     for model_id in sorted(st.residencies):
         await recover_residency(ctx, st.residencies[model_id])
     await adopt_owned(ctx)
+    if any(rec.process is not None for rec in st.residencies.values()):
+        # Kept engines are watched again from now on (a warden that outlived our previous
+        # incarnation is still watching; then this is a no-op).
+        await ctx.guard_engines()
 
 
 async def recover_residency(ctx: AgentContext, rec: ResidencyRecord) -> None:

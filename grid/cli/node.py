@@ -37,6 +37,7 @@ from grid.agent.launch import (
 from grid.agent.lock import is_locked, read_holder
 from grid.agent.overrides import VERB_STATES, active_override, clear_override, make_override, write_override
 from grid.agent.state import AgentPaths, AgentState, decode_state
+from grid.agent.warden import ORPHAN_GRACE_SECONDS
 from grid.cli.common import LogFormatOption
 from grid.config import GridConfig
 from grid.fleet import SERVING_STATES
@@ -82,6 +83,10 @@ def start(
     heartbeat_interval: float = typer.Option(2.0, "--heartbeat-interval", help="Seconds between heartbeats."),
     sample_interval: float = typer.Option(2.0, "--sample-interval", help="Seconds between protection samples."),
     drain_deadline: float = typer.Option(60.0, "--drain-deadline", help="Graceful drain deadline in seconds."),
+    orphan_grace: float = typer.Option(
+        ORPHAN_GRACE_SECONDS, "--orphan-grace",
+        help="Seconds the engines of an agent that died wait for an agent to come back and adopt them before "
+             "they are stopped."),
     throttle_fraction: float = typer.Option(0.5, "--throttle-fraction", help="Capacity a throttled host offers."),
     yield_to_user: Optional[float] = typer.Option(
         None, "--yield-to-user", help="Employee machine: throttle while a user was active within N seconds."
@@ -112,7 +117,8 @@ def start(
         nats=nats, host_id=host_id, capacity_mb=capacity_mb, reserved_mb=reserved_mb,
         failure_domain=failure_domain, tags=tuple(tag), data_tier=data_tier, port_range=port_range,
         heartbeat_interval=heartbeat_interval, sample_interval=sample_interval, drain_deadline=drain_deadline,
-        throttle_fraction=throttle_fraction, yield_to_user=yield_to_user, llama_server=llama_server,
+        orphan_grace=orphan_grace, throttle_fraction=throttle_fraction, yield_to_user=yield_to_user,
+        llama_server=llama_server,
         engine_threads=engine_threads, state_dir=state_dir, join_token_file=join_token_file,
         # The CLI's resolution, which also checks the URL's form and exits with its own message.
         resolve_url=resolve_nats_url,

@@ -32,6 +32,7 @@ from grid.cli.common import (
     resolve_nats_url,
 )
 from grid.cli.controller import serve_controller
+from grid.cli.up_ports import NamedPort, first_taken, gateway_port
 from grid.config import GridConfig
 from grid.events.control import MODES
 from grid.events.log import LogError
@@ -63,6 +64,11 @@ def _running_up(cfg: GridConfig) -> psutil.Process | None:
         return None
     is_gridctl = any(a.endswith("gridctl") or a == "grid.cli.main" for a in argv)
     return proc if is_gridctl and "up" in argv else None
+
+
+def _refuse_second_grid(cfg: GridConfig) -> None:
+    if _running_up(cfg) is not None:
+        fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
 
 
 def _download_bar() -> Progress:
@@ -122,8 +128,7 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
               nats_listen: tuple[str, int] | None = None, nats_tls_names: tuple[str, ...] = ()) -> None:
     cfg = GridConfig.from_environ()
     cfg.ensure_home()
-    if _running_up(cfg) is not None:
-        fail(f"a grid is already running for {cfg.home} (stop it with `gridctl down`)")
+    _refuse_second_grid(cfg)
     _check_secrets(cfg)
     me = psutil.Process()
     pid_line = f"{me.pid} {me.create_time()} {start_stamp(me.pid) or ''}".rstrip() + "\n"
@@ -225,7 +230,10 @@ def up(
     mode: str = typer.Option("automatic", "--mode", help="automatic (default for a one-machine grid), recommend or observe."),
     nats: Optional[str] = typer.Option(None, "--nats", envvar="GRID_NATS_URL", help="Use this NATS server instead of an embedded one."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway listen address."),
-    port: int = typer.Option(8080, "--port", help="Gateway port (0 picks a free one)."),
+    port: Optional[int] = typer.Option(
+        None, "--port", show_default=False,
+        help="Gateway port, used or refused: never moved elsewhere (0 picks a free one). Default 8080, or a free "
+             "port when 8080 is taken."),
     admin_port: int = typer.Option(0, "--admin-port", help="Admin API port (0 picks a free one)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the bundled model is READY."),
     log_format: str = LogFormatOption,
@@ -263,9 +271,9 @@ def up(
         check_nats_url(nats)
     listen = _nats_listen(nats_listen, nats, tuple(nats_tls_name))
     budget = _log_budget(log_budget, nats)
-    if port and _port_taken(host, port):
-        err_console.print(f"[yellow]port {port} is taken; the gateway will use a free port[/yellow]")
-        port = 0
+    _refuse_second_grid(GridConfig.from_environ())  # before its ports are reported taken
+    _check_named_ports(host, port, admin_port, (dashboard_host, dashboard_port) if dashboard else None, listen)
+    port = gateway_port(host, port, _notice)
     try:
         eventloop.run(_up(mode, nats, host, port, admin_port, wait, assume_durable, insecure,
                           (dashboard_host, dashboard_port) if dashboard else None, log_budget=budget,
@@ -331,10 +339,17 @@ def _check_exposure(host: str, insecure: bool) -> None:
         fail(refusal)
 
 
-def _port_taken(host: str, port: int) -> bool:
-    from grid.transport.embedded import port_in_use
-
-    return port_in_use(port, host)
+def _check_named_ports(host: str, port: int | None, admin_port: int, dashboard: tuple[str, int] | None,
+                       nats_listen: tuple[str, int] | None) -> None:
+    """Refuse before anything starts when a port the user named is taken (grid.cli.up_ports)."""
+    named = [NamedPort("--port", host, port or 0), NamedPort("--admin-port", "127.0.0.1", admin_port)]
+    if dashboard is not None:
+        named.append(NamedPort("--dashboard-port", *dashboard))
+    if nats_listen is not None:
+        named.append(NamedPort("--nats-listen", *nats_listen))
+    refusal = first_taken(named)
+    if refusal is not None:
+        fail(refusal.message)
 
 
 def down(timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait for a clean stop.")) -> None:

@@ -65,6 +65,10 @@ ENGINE_PORT_SPAN = 20
 HEARTBEAT_INTERVAL_SECONDS = 1.0
 TICK_INTERVAL_SECONDS = 2.0
 AGENT_DRAIN_DEADLINE_SECONDS = 30.0
+# A test fleet's agents are killed and started again by hand (`gridctl test kill`, tests), often
+# later than the grace a machine's own agent gets (grid.agent.warden): their engines wait this
+# long to be adopted before the warden stops them.
+AGENT_ORPHAN_GRACE_SECONDS = 300.0
 STOP_TIMEOUT_SECONDS = 45.0
 HTTP_TIMEOUT_SECONDS = 5.0
 
@@ -368,6 +372,7 @@ def _spawn_agent(state: FleetManifest, host: HostManifest) -> None:
                        "--port-range", f"{host.port_range[0]}-{host.port_range[1]}",
                        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_SECONDS),
                        "--drain-deadline", str(AGENT_DRAIN_DEADLINE_SECONDS),
+                       "--orphan-grace", str(AGENT_ORPHAN_GRACE_SECONDS),
                        "--engine-threads", str(state.settings.engine_threads), "--log-format", "json")
     host.agent = spawn([*netns.exec_prefix(host.netns), *command], env=_env(home), runs=command,
                        log=Path(state.root) / "logs" / f"agent-{host.host_id}.log")

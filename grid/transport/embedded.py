@@ -121,7 +121,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could not listen on host:port now.
+
+    The probe binds as every server of ours does (nats-server, uvicorn, llama.cpp), with
+    SO_REUSEADDR: connections a stopped server closed linger in TIME_WAIT for a minute, and
+    they stop none of those servers from listening again. Without it the probe called such a
+    port taken, and `gridctl up` right after `gridctl down` moved the gateway elsewhere.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -247,9 +255,8 @@ class EmbeddedNats:
         """Start a dead server again on the same ports with the same store, without waiting.
 
         Clients reconnect to the URL they know, and JetStream recovers its streams and durable
-        consumers from the store. The port is not probed first: the dead server's connections
-        leave it in TIME_WAIT, which our probe would report as taken but nats-server (which
-        binds with SO_REUSEADDR) does not mind; a port really taken fails wait_ready instead.
+        consumers from the store. The port is not probed first: a port another process took
+        meanwhile fails wait_ready with PortTakenError all the same.
         """
         if self.alive:
             raise EmbeddedNatsError(f"nats-server (pid {self.process.pid}) is still running")  # type: ignore[union-attr]

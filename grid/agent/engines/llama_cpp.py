@@ -13,7 +13,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from grid.agent.accelerators import GPU_BACKENDS
 from grid.agent.state import ProcessProof
 from grid.procstart import CREATE_TIME_TOLERANCE_SECONDS, same_start, start_stamp
 from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only
+from grid.transport.embedded import port_in_use
 
 RUNTIME = "llama.cpp"
 DEFAULT_THREADS = 2
@@ -283,14 +283,8 @@ def stop_process(
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # Same semantics as the engine's listener: TIME_WAIT leftovers do not make a port busy.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    """Whether an engine could listen on host:port (TIME_WAIT leftovers do not count)."""
+    return not port_in_use(port, host)
 
 
 def _auth(key: str) -> dict[str, str]:

@@ -54,6 +54,7 @@ def _enrol(home: Path, **fields: object) -> Joined:
     (LaunchOptions(nats=URL, data_tier="secret"), "--data-tier must be one of"),
     (LaunchOptions(nats=URL, capacity_mb=0), "--memory-mb must be a positive number of MB, not 0"),
     (LaunchOptions(nats=URL, engine_threads=300), "--engine-threads must be 1..256, not 300"),
+    (LaunchOptions(nats=URL, orphan_grace=-1), "--orphan-grace must be 0 or more seconds, not -1"),
 ])
 def test_invalid_options_are_refused_before_anything_runs(home: Path, options: LaunchOptions, message: str) -> None:
     refused = prepare(options)
@@ -75,12 +76,13 @@ def test_without_a_url_the_refusal_says_where_it_looked(home: Path) -> None:
 
 def test_a_plain_launch_carries_the_options_to_the_agent(home: Path) -> None:
     prepared = prepare(LaunchOptions(nats=URL, host_id="h1", tags=("gpu,fast", "eu"), port_range="39000-39010",
-                                     engine_threads=1, yield_to_user=30.0, capacity_mb=2048))
+                                     engine_threads=1, yield_to_user=30.0, capacity_mb=2048, orphan_grace=5.0))
     assert isinstance(prepared, Launch)
     assert prepared.url == URL and prepared.joined is None
     opts = prepared.agent_options
     assert (opts.host_id, opts.tags, opts.port_range, opts.threads) == ("h1", ("gpu", "fast", "eu"), (39000, 39010), 1)
     assert opts.capacity_mb == 2048 and opts.policy.user_active_seconds == 30.0 and opts.credentials is None
+    assert opts.orphan_grace == 5.0
     assert opts.state_dir == home / "agent"
     assert prepared.record.pid > 0 and prepared.record.instance
 
