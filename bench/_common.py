@@ -672,3 +672,20 @@ def slots_released(gateway_url: str, within: float) -> tuple[float | None, int]:
             return time.monotonic() - start, 0
         time.sleep(0.2)
     return None, active
+
+
+def seed_fleet_models(root: Path) -> None:
+    """A test fleet's model cache under `root` from the bench cache (GRID_BENCH_CACHE): hard
+    links, so no download and no second copy (the bundled model is verified once, shared by the
+    benches)."""
+    from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache, ensure_bundled_model
+    from grid.config import GridConfig
+
+    cache_home = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
+    blob = ensure_bundled_model(GridConfig(home=cache_home, nats_url=None))
+    cache = ArtifactCache(root / "models" / "artifacts")
+    cache.ensure()
+    target = cache.blob_path(BUNDLED_SHA256)
+    if not target.exists():
+        os.link(blob, target)
+    cache.register(BUNDLED_MODEL_ID, BUNDLED_SHA256, target.stat().st_size)

@@ -52,6 +52,7 @@ from bench._common import (
     overhead_args,
     pct,
     print_latency_table,
+    seed_fleet_models,
     start_floor_gateway,
     stop_process,
 )
@@ -113,19 +114,6 @@ class NamespacePaths:
             self.proc.kill()
 
 
-def _seed(root: Path) -> None:
-    """The fleet's model cache from the bench cache (verified once, shared by the benches)."""
-    from grid.agent.artifacts import BUNDLED_MODEL_ID, BUNDLED_SHA256, ArtifactCache, ensure_bundled_model
-    from grid.config import GridConfig
-
-    cache_home = Path(os.environ.get("GRID_BENCH_CACHE", Path.home() / ".cache" / "grid-bench"))
-    blob = ensure_bundled_model(GridConfig(home=cache_home, nats_url=None))
-    cache = ArtifactCache(root / "models" / "artifacts")
-    cache.ensure()
-    target = cache.blob_path(BUNDLED_SHA256)
-    if not target.exists():
-        os.link(blob, target)
-    cache.register(BUNDLED_MODEL_ID, BUNDLED_SHA256, target.stat().st_size)
 
 
 async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> None:
@@ -136,7 +124,7 @@ async def run(rounds: int, threads: int, warmup: int, idle_seconds: float) -> No
 
     with tempfile.TemporaryDirectory(prefix="grid-bench-fleet-") as tmp:
         root = fleet_root(GridConfig(home=Path(tmp), nats_url=None))
-        _seed(root)
+        seed_fleet_models(root)
         inside: NamespacePaths | None = None
         floor_gateway: subprocess.Popen[bytes] | None = None
         try:

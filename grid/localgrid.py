@@ -35,6 +35,7 @@ import structlog
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
+from grid.identity.admin import sync_accounts
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.local import TLS_DIR, LocalCredentials, authority_dir, ensure_local_credentials, local_tls_ca
@@ -182,6 +183,9 @@ class LocalGrid:
                                      replicas=cfg.replicas(), log_budget=self.log_budget)
         self.log.durable = await self._log_is_durable(self.log)
         if creds is not None:
+            # This machine's hosts live in accounts of their own, which a server configured before
+            # they existed does not know yet (grid.identity.accounts).
+            await sync_accounts(Authority(authority_dir(cfg.home)), self.nats_url, tls_ca=ca)
             # Only the controller manages streams; the others may not (and need not).
             self.gateway_log = await connect_log(self.nats_url, credentials=creds.gateway, tls_ca=ca,
                                                  name="grid-gateway", ensure_streams=False)

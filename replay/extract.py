@@ -119,14 +119,19 @@ class Source(Protocol):
 
 
 class _GapGuard:
-    """Raises ReplayError when a stream's sequences jump (file and store sources)."""
+    """Raises ReplayError when a stream's sequences jump (file and store sources), but for the
+    sequences a source says were read and rejected (`rejected`)."""
 
     def __init__(self, stream: str, origin: str) -> None:
         self.stream = stream
         self.origin = origin
         self.last = 0
+        self.rejected: set[int] = set()
 
     def check(self, seq: int) -> None:
+        while self.last and self.last + 1 in self.rejected:
+            self.rejected.discard(self.last + 1)
+            self.last += 1
         last = self.last
         if last and seq != last + 1:
             if seq <= last:
@@ -498,8 +503,10 @@ class _DuckDBReader:
             if row is None or row[0] is None:
                 self._exhausted = True
                 return
+            self._note_rejected(self._next, int(row[0]))
             self._next = int(row[0])
             return self._fill()
+        self._note_rejected(self._next, rows[-1][0])
         batches = [r[0] for r in rows if r[3] == BATCH_TAG and not r[4]]
         features = self._source._batch_features(stream, batches[0], batches[-1]) if batches else {}
         for seq, subject, time, tag, payload in rows:
@@ -509,6 +516,14 @@ class _DuckDBReader:
                 data = payload.encode("utf-8")
             self._buffer.append(StoredMessage(stream, seq, subject, data, time))
         self._next = rows[-1][0] + 1
+
+    def _note_rejected(self, lo: int, hi: int) -> None:
+        """Messages the sink read and kept no row of (rejected, or over a host's budget) between
+        `lo` and `hi`: not a gap."""
+        if self._source.keeps_rejected:
+            self._guard.rejected.update(seq for (seq,) in self._source.con.execute(
+                "SELECT seq FROM rejected WHERE stream = ? AND seq >= ? AND seq <= ?", [self.stream, lo, hi],
+            ).fetchall())
 
     async def take(self, end_seq: int) -> AsyncIterator[StoredMessage]:
         buffer = self._buffer
@@ -546,6 +561,8 @@ class DuckDBSource:
         if "events" not in tables:
             raise SourceError(f"{description} has no `events` table: is it a grid analytics store?")
         self._positions: dict[str, int] = {}
+        # A store written before the sink recorded what it rejected has no such table.
+        self.keeps_rejected = "rejected" in tables
         if "sink_positions" in tables:
             self._positions = dict(con.execute("SELECT stream, seq FROM sink_positions").fetchall())
 

@@ -133,9 +133,9 @@ class HostAgent:
         self.store = StateStore(self.paths.state)
         self.cache = ArtifactCache(config.artifacts_dir)
         self.cache.now = self.clock.now  # an entry's age is reported on the agent's own clock
-        client = getattr(log, "client", None)  # a JetStream log: the grid's artifact store is readable
-        if client is not None:
-            self.cache.grid_source = GridArtifactSource(client.jetstream())
+        js = getattr(log, "jetstream", None)  # a JetStream log: the grid's artifact store is readable
+        if js is not None:
+            self.cache.grid_source = GridArtifactSource(js)
         self.state = AgentState()
         self.host_id = ""
         self.warnings: list[str] = []

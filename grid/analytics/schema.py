@@ -63,6 +63,12 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         ),
         ("stream", "seq"),
     ),
+    # A message the sink read and kept no row of (not provably its author's, or over its host's
+    # budget): its position and why, so a replay from the store knows the sequence is not lost.
+    "rejected": (
+        (("stream", "VARCHAR"), ("seq", "BIGINT"), ("time", "DOUBLE"), ("reason", "VARCHAR")),
+        ("stream", "seq"),
+    ),
     "sink_positions": ((("stream", "VARCHAR"), ("seq", "BIGINT")), ("stream",)),
 }
 

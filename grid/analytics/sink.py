@@ -9,8 +9,9 @@ first pending message (another sink on the same store) inserts only the rows bey
 The sink judges authorship as every fold does (grid.events.authorship.AuthorshipGate, with the
 authorship of the log it reads): a message no identity of this grid provably wrote for its
 subject, or whose subject does not vouch for the event it carries (grid.identity.provenance),
-writes no row at all (forged bytes are never stored) but advances the stream's position, and is
-counted in `rejected` by reason. A `CredentialRevoked` it stores revokes its keys from its own
+writes no event row (forged bytes are never stored) but advances the stream's position, and is
+counted in `rejected` by reason; its position and reason alone go in the `rejected` table, so a
+replay from the store tells a message read and refused from one missing (replay.extract). A `CredentialRevoked` it stores revokes its keys from its own
 position on; a new sink on the same store takes the revocations back from the stored events.
 Catching up merges the streams by receipt time, the order the controller's runner folds them,
 so both judge every message alike.
@@ -189,10 +190,12 @@ class AnalyticsSink:
         gate = self.gate
         if over is not None:
             gate.reject(s, q, msg.subject, Signed(reason=over))
-            return  # over its host's budget: no row, the position moves on
+            rows["rejected"].row(s, q, t, over)
+            return  # over its host's budget: no event row, the position moves on
         verdict = gate.check(s, q, msg.subject, data, msg.headers, t, signature_ok=signature_ok)
         if not verdict.ok:
-            return  # not provably its author's: no row, the position moves on
+            rows["rejected"].row(s, q, t, verdict.reason)
+            return  # not provably its author's: no event row, the position moves on
         try:
             event = codec.decode(data)
         except EventDecodeError:
@@ -201,6 +204,7 @@ class AnalyticsSink:
             return
         if not vouched_for(msg, event):
             gate.reject(s, q, msg.subject, Signed(reason=SUBJECT_MISMATCH, signer=verdict.signer, role=verdict.role))
+            rows["rejected"].row(s, q, t, SUBJECT_MISMATCH)
             return
         tag = event.__struct_config__.tag  # type: ignore[attr-defined]
         host_id = getattr(event, "host_id", None)

@@ -123,6 +123,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self._gauges())
         self.upstream: Upstream | None = None
         self._upstream_lost: Any = None
+        # Where inference requests go out: a second connection, as this gateway's key in the
+        # INFER account (grid.identity.accounts), when its credential has one; else the log's.
+        self.infer_log: Any = None
         self.waiters = 0
         self._released = asyncio.Event()
         self._version = 0
@@ -142,20 +145,22 @@ class Gateway:
     async def start(self) -> None:
         await self._catch_up()
         self._version += 1
+        connect_infer = getattr(self.log, "infer_connector", None)
+        self.infer_log = await connect_infer() if connect_infer is not None else self.log
         self.upstream = Upstream(
             connect_timeout=self.settings.upstream_connect_timeout,
             read_timeout=self.settings.upstream_read_timeout,
             max_connections=self.settings.upstream_max_connections,
             backend=self.settings.upstream_backend,
-            # Inference rides the log's own NATS connection (the in-memory log has none).
-            nc=getattr(self.log, "client", None),
+            # The in-memory log has no NATS connection.
+            nc=getattr(self.infer_log, "client", None),
             signer=getattr(self.log, "authorship", None),
             local=self.local_responders,
         )
         # A lost NATS connection fails every inference request in flight at once (their replies
         # cannot arrive any more) instead of holding its slot for the whole read timeout.
         self._upstream_lost = getattr(self.upstream.client, "connection_lost", None)
-        add_listener = getattr(self.log, "add_disconnect_listener", None)
+        add_listener = getattr(self.infer_log, "add_disconnect_listener", None)
         if self._upstream_lost is not None and add_listener is not None:
             add_listener(self._upstream_lost)
         self._follower = asyncio.create_task(self._follow(), name="grid-gateway-follower")
@@ -252,13 +257,17 @@ class Gateway:
                 await asyncio.wait_for(cancel_and_wait([self._follower]), 2.0)
             self._follower = None
         await self.telemetry.stop()
-        remove_listener = getattr(self.log, "remove_disconnect_listener", None)
+        remove_listener = getattr(self.infer_log, "remove_disconnect_listener", None)
         if self._upstream_lost is not None and remove_listener is not None:
             remove_listener(self._upstream_lost)
         self._upstream_lost = None
         if self.upstream is not None:
             await self.upstream.aclose()
             self.upstream = None
+        if self.infer_log is not None and self.infer_log is not self.log:
+            with contextlib.suppress(Exception):  # stopping: a dead connection closes as it can
+                await self.infer_log.close()
+        self.infer_log = None
 
     async def _follow(self) -> None:
         while True:

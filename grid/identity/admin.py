@@ -22,7 +22,7 @@ from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.control import CredentialRevoked
 from grid.events.subjects import revocation_subject
-from grid.identity.authority import Authority, push_account_jwt
+from grid.identity.authority import Authority, push_account_jwts, sync_account_jwts
 from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options
 from grid.identity.enrolment import EnrolmentService
@@ -88,6 +88,21 @@ def holds_authority(grid_home: Path) -> bool:
     return (authority_dir(grid_home) / "account.nk").exists()
 
 
+async def sync_accounts(authority: Authority, url: str, *, tls_ca: Path | None = None,
+                        timeout: float = 10.0) -> list[str]:
+    """Hand the servers at `url` every account of the grid they hold otherwise (as the system
+    account; one server of a cluster is enough). What a process holding the authority does
+    before its own hosts connect to a server whose config predates them (`gridctl up --nats`).
+    Returns the accounts pushed."""
+    system = authority.system_creds(now=time.time())
+    nc = await connect_client(servers=list(split_servers(url)), name="grid-accounts", allow_reconnect=False,
+                              max_reconnect_attempts=0, connect_timeout=timeout, **connect_options(system, tls_ca))
+    try:
+        return await sync_account_jwts(nc, authority.all_account_jwts(time.time()), timeout=timeout)
+    finally:
+        await nc.close()
+
+
 async def revoke(grid_home: Path, url: str, host_id: str, *, now: float | None = None,
                  tls_ca: Path | None = None, timeout: float = 10.0, reason: str = "",
                  apply_timeout: float = REVOCATION_APPLY_TIMEOUT_SECONDS) -> Revocation:
@@ -114,7 +129,7 @@ async def revoke(grid_home: Path, url: str, host_id: str, *, now: float | None =
                                  "operator identity `gridctl up` (or `gridctl nats init`) makes there")
     tls_ca = tls_ca if tls_ca is not None else local_tls_ca(grid_home)
     at = time.time() if now is None else now
-    account_jwt = authority.revoke_host(host_id, now=at)
+    updates = authority.revoke_host(host_id, now=at)
     keys = tuple(authority.registry.hosts[host_id].revoked_keys)
     system = authority.system_creds(now=at)
     # One server of a cluster is enough (the system account carries the update to the others);
@@ -122,7 +137,7 @@ async def revoke(grid_home: Path, url: str, host_id: str, *, now: float | None =
     nc = await connect_client(servers=list(split_servers(url)), name="grid-revoke", allow_reconnect=False,
                               max_reconnect_attempts=0, connect_timeout=timeout, **connect_options(system, tls_ca))
     try:
-        await push_account_jwt(nc, authority.account_public, account_jwt, timeout=timeout)
+        await push_account_jwts(nc, updates, timeout=timeout)
     finally:
         await nc.close()
     try:

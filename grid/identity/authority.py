@@ -1,10 +1,12 @@
-"""The trust root of one grid: operator -> accounts (SYS, GRID) -> users, kept owner-only on disk.
+"""The trust root of one grid: operator -> accounts (SYS, GRID, INVITEE, one per host) -> users,
+kept owner-only on disk. grid.identity.accounts says why hosts and invitees have accounts of
+their own, and what crosses between them.
 
 Layout of the authority directory (0700; every file 0600):
   operator.nk, system.nk, account.nk   nkey seeds of the operator, the system and the GRID account
-  operator.jwt, system.jwt             self-signed operator, operator-signed SYS account
-  account.jwt                          the GRID account as last signed (revocations included)
-  registry.json                        user keys issued per host, revoked hosts, revocations
+  invitee.nk, infer.nk                 nkey seeds of the INVITEE and INFER accounts
+  registry.json                        per host: its account's seed, user keys issued, revocation;
+                                       the revocations of every account
   system.creds                         a SYS user that pushes account updates to the servers
   nats-auth.conf                       the snippet a nats-server config includes
 
@@ -27,7 +29,8 @@ import msgspec
 import nkeys
 from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair, create_user_pair, keypair_from_pubkey
 
-from grid.identity import jwt, signing
+from grid.identity import accounts, jwt, signing
+from grid.identity.accounts import INFER_JWT_CLAIM, AccountJWT
 from grid.identity.creds import write_creds
 from grid.identity.permissions import Principal, Role, grant_for, new_host_consumer, principal_from_tags, principal_tags
 from grid.secrets import write_owner_only
@@ -35,6 +38,8 @@ from grid.secrets import write_owner_only
 OPERATOR_NAME = "grid"
 ACCOUNT_NAME = "GRID"
 SYSTEM_ACCOUNT_NAME = "SYS"
+INVITEE_ACCOUNT_NAME = "INVITEE"
+INFER_ACCOUNT_NAME = "INFER"
 HOST_CREDENTIAL_TTL_SECONDS = 24 * 3600.0
 
 
@@ -44,6 +49,9 @@ class AuthorityError(RuntimeError):
 
 class HostIdentityRecord(msgspec.Struct):
     command_consumer: str
+    # The seed of the host's own NATS account (drawn on first use; a record written before hosts
+    # had accounts gets one then).
+    account_seed: str | None = None
     keys: list[str] = msgspec.field(default_factory=list)
     revoked_at: int | None = None
     # Every key `revoke_host` revoked (kept: a revocation announced on the log names them).
@@ -57,6 +65,11 @@ class Registry(msgspec.Struct):
     hosts: dict[str, HostIdentityRecord] = msgspec.field(default_factory=dict)
     # user public key -> unix seconds; JWTs of that key issued at or before it are refused.
     revocations: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def _new_host_record(host_id: str) -> HostIdentityRecord:
+    return HostIdentityRecord(command_consumer=new_host_consumer(host_id),
+                              account_seed=create_account_pair().seed.decode())
 
 
 def _load_seed(path: Path, create: Any) -> nkeys.KeyPair:
@@ -85,6 +98,8 @@ class Authority:
         self._operator = _load_seed(self.directory / "operator.nk", create_operator_pair)
         self._system = _load_seed(self.directory / "system.nk", create_account_pair)
         self._account = _load_seed(self.directory / "account.nk", create_account_pair)
+        self._invitee = _load_seed(self.directory / "invitee.nk", create_account_pair)
+        self._infer = _load_seed(self.directory / "infer.nk", create_account_pair)
         self._registry_path = self.directory / "registry.json"
         self.registry = Registry()
         self.reload()
@@ -93,6 +108,12 @@ class Authority:
         """Read the registry again: `gridctl node revoke` changes it from another process."""
         if self._registry_path.exists():
             self.registry = msgspec.json.decode(self._registry_path.read_bytes(), type=Registry)
+            # A registry written before hosts had accounts of their own: draw them, once.
+            unaccounted = [record for record in self.registry.hosts.values() if record.account_seed is None]
+            for record in unaccounted:
+                record.account_seed = create_account_pair().seed.decode()
+            if unaccounted:
+                self._save()
 
     # ------------------------------------------------------------------ keys and JWTs
     @property
@@ -115,11 +136,80 @@ class Authority:
         claims = jwt.account_claims(self.system_public, SYSTEM_ACCOUNT_NAME, jetstream=False)
         return jwt.encode(claims, self._operator, issued_at=int(now))
 
+    @property
+    def invitee_account_public(self) -> str:
+        return self._invitee.public_key.decode()
+
+    @property
+    def infer_account_public(self) -> str:
+        return self._infer.public_key.decode()
+
     def account_jwt(self, now: float) -> str:
-        claims = jwt.account_claims(
-            self.account_public, ACCOUNT_NAME, jetstream=True, revocations=self.registry.revocations
-        )
+        """GRID: JetStream and its exports to hosts and invitees. The same for the grid's whole
+        life (grid.identity.accounts says why it must never change), and no user of GRID is ever
+        revoked (hosts and invitees are not in it)."""
+        claims = jwt.account_claims(self.account_public, ACCOUNT_NAME, jetstream=True,
+                                    exports=accounts.grid_exports())
         return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def infer_account_jwt(self, now: float) -> str:
+        """INFER: an import of each unrevoked host's inference service, for the gateways."""
+        hosts = [(host_id, self.host_account_public(host_id)) for host_id in sorted(self.registry.hosts)
+                 if not self.host_revoked(host_id)]
+        claims = jwt.account_claims(self.infer_account_public, INFER_ACCOUNT_NAME, jetstream=False,
+                                    imports=accounts.infer_imports(hosts))
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def invitee_account_jwt(self, now: float) -> str:
+        host_keys = self._host_keys()
+        revocations = {k: at for k, at in self.registry.revocations.items() if k not in host_keys}
+        claims = jwt.account_claims(self.invitee_account_public, INVITEE_ACCOUNT_NAME, jetstream=False,
+                                    revocations=revocations,
+                                    imports=accounts.invitee_account_imports(self.account_public))
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def _host_account(self, host_id: str) -> nkeys.KeyPair:
+        seed = self.registry.hosts[host_id].account_seed
+        assert seed is not None  # drawn with the record, or by `reload` for an older registry
+        return nkeys.from_seed(seed.encode())
+
+    def host_account_public(self, host_id: str) -> str:
+        return self._host_account(host_id).public_key.decode()
+
+    def host_account_jwt(self, host_id: str, now: float) -> str:
+        record = self.registry.hosts[host_id]
+        principal = Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
+        mine = set(record.keys) | set(record.revoked_keys)
+        revocations = {k: at for k, at in self.registry.revocations.items() if k in mine}
+        claims = jwt.account_claims(self.host_account_public(host_id), f"host {host_id}", jetstream=False,
+                                    revocations=revocations,
+                                    imports=accounts.host_account_imports(principal, self.account_public),
+                                    exports=accounts.host_account_exports(host_id))
+        return jwt.encode(claims, self._operator, issued_at=int(now))
+
+    def _host_keys(self) -> set[str]:
+        return {k for record in self.registry.hosts.values() for k in (*record.keys, *record.revoked_keys)}
+
+    def host_account_update(self, host_id: str, *, now: float) -> AccountJWT:
+        return AccountJWT(self.host_account_public(host_id), self.host_account_jwt(host_id, now))
+
+    def infer_account_update(self, *, now: float) -> AccountJWT:
+        return AccountJWT(self.infer_account_public, self.infer_account_jwt(now))
+
+    def admission_updates(self, host_ids: Sequence[str], *, now: float) -> list[AccountJWT]:
+        """What the servers must hold once these hosts connect: their accounts (before they
+        connect: the server admits no user of an account it does not know), and INFER with an
+        import of each one's inference service."""
+        return [*(self.host_account_update(h, now=now) for h in host_ids), self.infer_account_update(now=now)]
+
+    def all_account_jwts(self, now: float) -> list[AccountJWT]:
+        """Every account of this grid but SYS, as of now: what a server config preloads, and what
+        a controller hands the servers at start where they hold something else
+        (`sync_account_jwts`), so a server that missed a push catches up."""
+        self.reload()
+        return [AccountJWT(self.account_public, self.account_jwt(now)),
+                AccountJWT(self.invitee_account_public, self.invitee_account_jwt(now)),
+                *self.admission_updates(sorted(self.registry.hosts), now=now)]
 
     def issue(self, principal: Principal, user_public_key: str, *, now: float,
               ttl_seconds: float | None) -> str:
@@ -155,7 +245,7 @@ class Authority:
         for host_id in host_ids:
             record = self.registry.hosts.get(host_id)
             if record is None:
-                record = self.registry.hosts[host_id] = HostIdentityRecord(command_consumer=new_host_consumer(host_id))
+                record = self.registry.hosts[host_id] = _new_host_record(host_id)
             pair = create_user_pair()
             public = pair.public_key.decode()
             principal = Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
@@ -163,6 +253,13 @@ class Authority:
             record.keys.append(public)
         self._save()
         return issued
+
+    def _issuer(self, principal: Principal) -> nkeys.KeyPair:
+        """The account a principal's users live in (grid.identity.accounts)."""
+        if principal.role is Role.HOST:
+            assert principal.host_id is not None
+            return self._host_account(principal.host_id)
+        return self._invitee if principal.role is Role.INVITEE else self._account
 
     def _user_token(self, principal: Principal, user_public_key: str, *, now: float,
                     ttl_seconds: float | None) -> str:
@@ -186,7 +283,23 @@ class Authority:
         # itself, with its permission lists, would add kilobytes to every message.
         claims[signing.CERT_CLAIM] = signing.certify(self._account, user_public_key, principal,
                                                      issued_at=int(now), expires_at=claims.get("exp"))
-        return jwt.encode(claims, self._account, issued_at=int(now))
+        # The grid's account, which signs every certificate: a host's or an invitee's JWT is
+        # issued by an account of its own, so its `iss` does not name it.
+        claims[signing.GRID_ACCOUNT_CLAIM] = self.account_public
+        if principal.role is Role.GATEWAY:
+            claims[INFER_JWT_CLAIM] = self._infer_user_token(user_public_key, now=now, expires_at=claims.get("exp"))
+        return jwt.encode(claims, self._issuer(principal), issued_at=int(now))
+
+    def _infer_user_token(self, user_public_key: str, *, now: float, expires_at: int | None) -> str:
+        """The same key's user JWT in INFER: what a gateway sends inference requests as. It may
+        publish requests to hosts and read its own inbox, nothing else."""
+        grant = accounts.infer_grant(user_public_key)
+        claims = jwt.user_claims(
+            user_public_key, "gateway (inference)", pub_allow=list(grant.pub_allow), pub_deny=list(grant.pub_deny),
+            sub_allow=list(grant.sub_allow), sub_deny=list(grant.sub_deny), allow_responses=grant.allow_responses,
+            expires_at=expires_at,
+        )
+        return jwt.encode(claims, self._infer, issued_at=int(now))
 
     def issue_creds(self, principal: Principal, path: Path, *, now: float,
                     ttl_seconds: float | None) -> Path:
@@ -200,7 +313,7 @@ class Authority:
         self.reload()  # read what another process (the controller, `gridctl node revoke`) wrote
         record = self.registry.hosts.get(host_id)
         if record is None:
-            record = self.registry.hosts[host_id] = HostIdentityRecord(command_consumer=new_host_consumer(host_id))
+            record = self.registry.hosts[host_id] = _new_host_record(host_id)
             self._save()
         return Principal(Role.HOST, host_id=host_id, command_consumer=record.command_consumer)
 
@@ -212,8 +325,16 @@ class Authority:
                 for host_id in sorted(self.registry.hosts) if not self.host_revoked(host_id)]
 
     def verify_user(self, user_jwt: str) -> dict[str, Any]:
-        """Claims of a user JWT this authority signed (signature checked, expiry not)."""
-        return jwt.verify(user_jwt, self.account_public)
+        """Claims of a user JWT this authority signed, by the account its principal lives in
+        (signature checked, expiry not)."""
+        principal = principal_from_claims(jwt.decode(user_jwt))
+        if principal is not None and principal.host_id is not None:
+            self.reload()
+            if principal.host_id not in self.registry.hosts:
+                raise jwt.JWTError("no such host")
+            return jwt.verify(user_jwt, self.host_account_public(principal.host_id))
+        issuer = self._issuer(principal) if principal is not None else self._account
+        return jwt.verify(user_jwt, issuer.public_key.decode())
 
     # ------------------------------------------------------------------ revocation
     def host_revoked(self, host_id: str) -> bool:
@@ -225,8 +346,9 @@ class Authority:
         return at is not None and issued_at <= at
 
     def revoke_host(self, host_id: str, *, now: float,
-                    longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> str:
-        """Revoke every key issued to `host_id`; returns the account JWT to push to the servers.
+                    longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> list[AccountJWT]:
+        """Revoke every key issued to `host_id`; returns the account JWTs to push to the servers
+        (the host's, with its keys revoked, and INFER's, without its inference import).
         The keys revoked stay listed in the host's record (`revoked_keys`, every one this host
         ever lost): the revocation on the log names them."""
         self.reload()
@@ -239,17 +361,17 @@ class Authority:
         record.keys = []
         self.prune_revocations(now=now, longest_ttl_seconds=longest_ttl_seconds)
         self._save()
-        return self.account_jwt(now)
+        return [self.host_account_update(host_id, now=now), self.infer_account_update(now=now)]
 
     def revoke_key(self, user_public_key: str, *, now: float,
-                   longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> str:
-        """Revoke one user key (every JWT of it issued up to `now`): an invitee's once its join is
-        done. Returns the account JWT to push to the servers."""
+                   longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> list[AccountJWT]:
+        """Revoke one invitee key (every JWT of it issued up to `now`) once its join is done.
+        Returns the account JWT to push to the servers."""
         self.reload()
         self.registry.revocations[user_public_key] = int(now)
         self.prune_revocations(now=now, longest_ttl_seconds=longest_ttl_seconds)
         self._save()
-        return self.account_jwt(now)
+        return [AccountJWT(self.invitee_account_public, self.invitee_account_jwt(now))]
 
     def prune_revocations(self, *, now: float, longest_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS) -> int:
         """Forget revocations older than the longest credential lifetime: every JWT they refuse
@@ -277,13 +399,14 @@ class Authority:
 
     # ------------------------------------------------------------------ server side
     def system_creds(self, *, now: float) -> Path:
-        """A SYS-account user allowed only to push account claims (and read its replies)."""
+        """A SYS-account user allowed only to look up and push account claims (and read its replies)."""
         path = self.directory / "system.creds"
         pair = create_user_pair()
         public = pair.public_key.decode()
         claims = jwt.user_claims(
             public, "grid-claims-pusher",
-            pub_allow=["$SYS.REQ.CLAIMS.UPDATE", "$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"],
+            pub_allow=["$SYS.REQ.CLAIMS.UPDATE", "$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE",
+                       "$SYS.REQ.ACCOUNT.*.CLAIMS.LOOKUP"],
             pub_deny=[], sub_allow=[f"_INBOX.{public}.>"], sub_deny=[],
             allow_responses=False, expires_at=None,
         )
@@ -304,14 +427,48 @@ class Authority:
             "}\n"
             "resolver_preload: {\n"
             f"  {self.system_public}: {self.system_account_jwt(now)}\n"
-            f"  {self.account_public}: {self.account_jwt(now)}\n"
-            "}\n"
+            + "".join(f"  {update.account}: {update.token}\n" for update in self.all_account_jwts(now))
+            + "}\n"
         )
 
     def write_server_config(self, *, now: float, resolver_dir: Path | None = None) -> Path:
         path = self.directory / "nats-auth.conf"
         write_owner_only(path, self.server_config(now=now, resolver_dir=resolver_dir).encode())
         return path
+
+
+async def push_account_jwts(nc: Any, updates: Sequence[AccountJWT], *, timeout: float = 5.0) -> None:
+    """`push_account_jwt` for each update, in order (a host's account before INFER's import of it)."""
+    for update in updates:
+        await push_account_jwt(nc, update.account, update.token, timeout=timeout)
+
+
+def _same_account(stored: str, wanted: str) -> bool:
+    """Whether two account JWTs say the same (whenever each was signed)."""
+    def content(token: str) -> dict[str, Any]:
+        claims = jwt.decode(token)
+        return {k: v for k, v in claims.items() if k not in ("iat", "jti")}
+    try:
+        return content(stored) == content(wanted)
+    except jwt.JWTError:
+        return False
+
+
+async def sync_account_jwts(nc: Any, updates: Sequence[AccountJWT], *, timeout: float = 5.0) -> list[str]:
+    """Push each update the servers do not already hold, as the system account; returns the
+    accounts pushed. An account JWT that changes drops the answers still on their way out of
+    that account's services (grid.identity.accounts), so an unchanged one is never pushed again."""
+    pushed = []
+    for update in updates:
+        try:
+            reply = await nc.request(f"$SYS.REQ.ACCOUNT.{update.account}.CLAIMS.LOOKUP", b"", timeout=timeout)
+            stored = reply.data.decode()
+        except Exception:  # noqa: BLE001 (an unknown account, or no answer: push it)
+            stored = ""
+        if not _same_account(stored, update.token):
+            await push_account_jwt(nc, update.account, update.token, timeout=timeout)
+            pushed.append(update.account)
+    return pushed
 
 
 async def push_account_jwt(nc: Any, account_public: str, account_jwt: str, *, timeout: float = 5.0) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from grid.events.subjects import COMMANDS_STREAM, COMMANDS_VIEW_STREAM
-from grid.identity.creds import connect_options
-from grid.identity.permissions import Role
+from grid.identity.creds import connect_options, creds_claims, infer_connect_options
+from grid.identity.permissions import HOST_JS_PREFIX, Role
 from grid.identity.signing import Identity
 from grid.transport.jetstream import JetStreamLog
 
@@ -24,11 +24,29 @@ async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path
     since the server refuses it stream creation. With a credential the log signs every append
     as that identity and its readers verify against the grid that issued it. Every identity but
     the controller replays and tails commands through the controller's mirror of GRID_CMDS
-    (grid.identity.permissions says why).
+    (grid.identity.permissions says why). A host, in an account of its own, reaches the
+    JetStream API under the prefix its account imports it as (grid.identity.accounts).
     """
     identity = Identity.from_creds(Path(credentials)) if credentials is not None else None
-    event_log = await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca), **kwargs)
+    event_log = await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca),
+                                           api_prefix=api_prefix(identity, credentials), **kwargs)
     event_log.authorship = identity
     if identity is not None and identity.role is not Role.CONTROLLER:
         event_log.views = {COMMANDS_STREAM: COMMANDS_VIEW_STREAM}
+    if credentials is not None and identity is not None and identity.role is Role.GATEWAY:
+        options = infer_connect_options(Path(credentials), tls_ca)
+        if options is not None:
+            name = kwargs.get("name", "grid-gateway")
+            event_log.infer_connector = lambda: JetStreamLog.connect(  # type: ignore[attr-defined]
+                url, name=f"{name}-infer", nats_options=options, ensure_streams=False)
     return event_log
+
+
+def api_prefix(identity: Identity | None, credentials: Path | None) -> str | None:
+    """The JetStream API prefix of `credentials`' account: a host's own account imports it under
+    HOST_JS_PREFIX; everyone else (and a host credential issued by the grid's account itself,
+    before hosts had accounts) is in the account that has JetStream."""
+    if identity is None or credentials is None:
+        return None
+    in_own_account = creds_claims(Path(credentials)).get("iss") != identity.signer.account
+    return HOST_JS_PREFIX if identity.role is Role.HOST and in_own_account else None

@@ -7,12 +7,16 @@ process generated the key.
 
 from __future__ import annotations
 
+import base64
 import re
 import ssl
 from pathlib import Path
 from typing import Any
 
+import nkeys
+
 from grid.identity import jwt
+from grid.identity.accounts import INFER_JWT_CLAIM
 from grid.identity.permissions import Principal, inbox_prefix, principal_from_tags
 from grid.secrets import SecretFileError, write_owner_only
 
@@ -89,6 +93,25 @@ def connect_options(credentials: Path | None, tls_ca: Path | None) -> dict[str, 
         claims = creds_claims(path)
         options["user_credentials"] = str(path)
         options["inbox_prefix"] = inbox_prefix(str(claims["sub"]))
+    if tls_ca is not None:
+        options["tls"] = client_tls_context(Path(tls_ca))
+    return options
+
+
+def infer_connect_options(credentials: Path, tls_ca: Path | None) -> dict[str, Any] | None:
+    """The nats-py `connect` options for a gateway credential's second identity, the same key in
+    the INFER account (grid.identity.accounts), or None when the credential carries none."""
+    user_jwt, seed = read_creds(Path(credentials))
+    claims = jwt.decode(user_jwt)
+    infer_jwt = claims.get(INFER_JWT_CLAIM)
+    if not infer_jwt:
+        return None
+    pair = nkeys.from_seed(seed.encode())
+    options: dict[str, Any] = {
+        "user_jwt_cb": lambda: str(infer_jwt).encode(),
+        "signature_cb": lambda nonce: base64.b64encode(pair.sign(nonce.encode())),
+        "inbox_prefix": inbox_prefix(str(claims["sub"])),
+    }
     if tls_ca is not None:
         options["tls"] = client_tls_context(Path(tls_ca))
     return options

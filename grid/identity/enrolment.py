@@ -29,9 +29,10 @@ the servers, so the token is worthless from then on, not for the rest of its lif
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,8 +50,10 @@ from grid.identity.authority import (
     Authority,
     AuthorityError,
     principal_from_claims,
-    push_account_jwt,
+    push_account_jwts,
+    sync_account_jwts,
 )
+from grid.identity.accounts import AccountJWT
 from grid.identity.creds import connect_options, read_creds, write_creds
 from grid.identity.invitations import (
     INVITATION_TTL_SECONDS,
@@ -64,7 +67,7 @@ from grid.identity.invitations import (
 )
 from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, Principal, Role, inbox_prefix
 from grid.identity.replies import RequestCheck, check_request
-from grid.identity.signing import Signer, Verifier
+from grid.identity.signing import Signer, Verifier, grid_account
 from grid.identity.tls import pinned_tls_context
 from grid.secrets import write_owner_only
 from grid.transport.nats_failover import connect_client
@@ -163,7 +166,7 @@ class EnrolmentService:
         host_ttl_seconds: float = HOST_CREDENTIAL_TTL_SECONDS,
         ca_pem: str | None = None,
         on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
-        push: Callable[[str], Awaitable[None]] | None = None,
+        push: Callable[[Sequence[AccountJWT]], Awaitable[None]] | None = None,
         sign: Callable[[str, bytes], dict[str, str]] | None = None,
     ) -> None:
         self.authority = authority
@@ -177,14 +180,16 @@ class EnrolmentService:
         self.ca_pem = ca_pem
         # Set up what the host may not set up itself (its command consumer) before it connects.
         self.on_admitted = on_admitted
-        # Hands an account JWT (a revocation) to the servers; default: over a system account
-        # connection to the server `serve` is connected to.
+        # Hands account JWTs (a new host's account, a revocation) to the servers; default: over a
+        # system account connection to the server `serve` is connected to.
         self.push = push
         # Requests answered with nothing, by reason (grid.identity.replies).
         self.refused_requests: dict[str, int] = {}
         # Invitee keys revoked after their join, and revocations that could not be pushed.
         self.invitees_revoked = 0
         self.revoke_failures = 0
+        # New hosts' accounts that could not be handed to the servers.
+        self.push_failures = 0
         self._nc: Any = None
         self._subs: list[Any] = []
 
@@ -274,12 +279,41 @@ class EnrolmentService:
                         role=check.signed.role or None)
         return check
 
+    async def publish_all_accounts(self, nc: nats.NATS) -> None:
+        """Hand the servers `nc` is connected to every account of the grid they hold otherwise
+        (pushing an unchanged one would drop answers on their way: grid.identity.accounts)."""
+        self._nc = nc
+        try:
+            async with self._system_connection() as system:
+                pushed = await sync_account_jwts(system, self.authority.all_account_jwts(self.clock()),
+                                                 timeout=PUSH_TIMEOUT_SECONDS)
+        except Exception as exc:  # the servers keep what they had; each admission pushes again
+            self.push_failures += 1
+            log.warning("enrolment.account_sync_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if pushed:
+            log.info("enrolment.accounts_synced", pushed=len(pushed))
+
+    async def publish_accounts(self, admitted: Principal) -> None:
+        """Hand the servers the new host's account before it is told to connect (the server
+        admits no user of an account it does not know), and INFER's import of its inference."""
+        assert admitted.host_id is not None
+        await self._publish(self.authority.admission_updates([admitted.host_id], now=self.clock()))
+
+    async def _publish(self, updates: Sequence[AccountJWT]) -> None:
+        try:
+            await (self.push or self._push_over_system_account)(updates)
+        except Exception as exc:  # the join stands; a controller start pushes every account again
+            self.push_failures += 1
+            log.warning("enrolment.account_push_failed", accounts=[u.account for u in updates],
+                        error=f"{type(exc).__name__}: {exc}")
+
     async def revoke_invitee(self, user_public_key: str) -> None:
         """Revoke a spent invitation's invitee key and push the revocation to the servers (the
         server then refuses that credential, and drops a connection still holding it)."""
         try:
-            account_jwt = self.authority.revoke_key(user_public_key, now=self.clock())
-            await (self.push or self._push_over_system_account)(account_jwt)
+            updates = self.authority.revoke_key(user_public_key, now=self.clock())
+            await (self.push or self._push_over_system_account)(updates)
         except Exception as exc:  # the join stands; the credential still dies with its token's TTL
             self.revoke_failures += 1
             log.warning("enrolment.invitee_revoke_failed", invitee=user_public_key, error=f"{type(exc).__name__}: {exc}")
@@ -287,23 +321,29 @@ class EnrolmentService:
         self.invitees_revoked += 1
         log.info("enrolment.invitee_revoked", invitee=user_public_key)
 
-    async def _push_over_system_account(self, account_jwt: str) -> None:
-        """`push_account_jwt` as the system account, to the server `serve`'s connection uses
-        (same TLS): the servers of a cluster share it among themselves."""
+    async def _push_over_system_account(self, updates: Sequence[AccountJWT]) -> None:
+        """`push_account_jwts` as the system account, to the server `serve`'s connection uses
+        (same TLS): the servers of a cluster share them among themselves."""
+        async with self._system_connection() as system:
+            await push_account_jwts(system, updates, timeout=PUSH_TIMEOUT_SECONDS)
+
+    @contextlib.asynccontextmanager
+    async def _system_connection(self) -> AsyncIterator[nats.NATS]:
+        """A system account connection to the server `serve`'s connection uses (same TLS)."""
         nc = self._nc
         if nc is None or nc.connected_url is None:
-            raise AuthorityError("not connected to a server to push the revocation to")
+            raise AuthorityError("not connected to a server to hand account updates to")
         url = nc.connected_url
         options = connect_options(self.authority.system_creds(now=self.clock()), None)
         if nc.options.get("tls") is not None:
             options["tls"] = nc.options["tls"]
             if nc.options.get("tls_hostname"):
                 options["tls_hostname"] = nc.options["tls_hostname"]
-        system = await connect_client(servers=[f"{url.scheme}://{url.netloc}"], name="grid-enrol-revoke",
+        system = await connect_client(servers=[f"{url.scheme}://{url.netloc}"], name="grid-accounts",
                                       allow_reconnect=False, max_reconnect_attempts=0,
                                       connect_timeout=PUSH_TIMEOUT_SECONDS, **options)
         try:
-            await push_account_jwt(system, self.authority.account_public, account_jwt, timeout=PUSH_TIMEOUT_SECONDS)
+            yield system
         finally:
             await system.close()
 
@@ -321,6 +361,9 @@ class EnrolmentService:
                     await self.on_admitted(admitted)
                 except Exception as exc:  # the credential stands; the consumer can be made later
                     log.warning("enrolment.provision_failed", host_id=admitted.host_id, error=str(exc))
+            if admitted is not None:
+                # Before the answer, so the host can connect as soon as it has its credential.
+                await self.publish_accounts(admitted)
             log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
             await self._answer(nc, msg, reply)
             if admitted is not None or reply.refused in SPENT_INVITATION:
@@ -344,7 +387,10 @@ class EnrolmentService:
 
     async def _answer(self, nc: nats.NATS, msg: Any, reply: Reply) -> None:
         data = msgspec.json.encode(reply)
-        headers = self.sign(msg.reply, data) if self.sign is not None else None
+        # Signed for the request's subject, not the reply's: a request from a host or an invitee
+        # crosses from its account into GRID, and its reply subject here is one the server made
+        # up (`_R_.…`) and maps back to the requester's own inbox.
+        headers = self.sign(msg.subject, data) if self.sign is not None else None
         await nc.publish(msg.reply, data, headers=headers)
 
     async def stop(self) -> None:
@@ -382,11 +428,13 @@ def _pinned_context(servers: tuple[str, ...], fingerprint: str) -> Any:
     raise ConnectionError("no server of the token answered: " + "; ".join(failures))
 
 
-def _decode_reply(msg: Any, credential_jwt: str) -> Granted | Refused:
+def _decode_reply(msg: Any, credential_jwt: str, request_subject: str) -> Granted | Refused:
     """The service's answer, if a controller of the grid that issued `credential_jwt` signed it
-    for this very reply subject (the account key is pinned by the credential's issuer)."""
-    account = str(jwt.decode(credential_jwt).get("iss", ""))
-    verdict = Verifier(account).verify(msg.subject, msg.data, msg.headers, at=time.time(), check_permission=False)
+    as the answer to a request on `request_subject` (the account key is pinned by the
+    credential). Only the server writes to this connection's inbox: nobody else's answer lands here."""
+    account = grid_account(jwt.decode(credential_jwt))
+    verdict = Verifier(account).verify(request_subject, msg.data, msg.headers, at=time.time(),
+                                       check_permission=False)
     if not verdict.ok or verdict.role != Role.CONTROLLER.value:
         log.warning("enrolment.unproven_reply", reason=verdict.reason or f"signed by a {verdict.role}")
         return Refused(REFUSED_UNPROVEN_REPLY)
@@ -433,7 +481,7 @@ async def join(token: JoinToken | str, directory: Path, *,
         reply = await nc.request(ENROL_JOIN_SUBJECT, body, timeout=timeout, headers=headers)
     finally:
         await nc.close()
-    granted = _decode_reply(reply, token.invitee_jwt)
+    granted = _decode_reply(reply, token.invitee_jwt, ENROL_JOIN_SUBJECT)
     if isinstance(granted, Refused):
         return granted
     creds_path = write_creds(directory / "host.creds", granted.jwt, pair.seed)
@@ -460,7 +508,7 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
     # Signed as the host's credential: the service answers only under its inbox.
     headers = Signer(current_jwt, seed).sign(ENROL_RENEW_SUBJECT, body)
     reply = await nc.request(ENROL_RENEW_SUBJECT, body, timeout=timeout, headers=headers)
-    granted = _decode_reply(reply, current_jwt)
+    granted = _decode_reply(reply, current_jwt, ENROL_RENEW_SUBJECT)
     if isinstance(granted, Refused):
         return granted
     write_creds(Path(creds_path), granted.jwt, seed)

@@ -88,7 +88,8 @@ def operator_claims(operator_public: str, name: str, *, system_account: str) -> 
 
 
 def account_claims(
-    account_public: str, name: str, *, jetstream: bool, revocations: dict[str, int] | None = None
+    account_public: str, name: str, *, jetstream: bool, revocations: dict[str, int] | None = None,
+    exports: list[dict[str, Any]] | None = None, imports: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     limits: dict[str, Any] = {
         "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT,
@@ -101,6 +102,12 @@ def account_claims(
         # user public key -> unix seconds: every user JWT of that key issued at or before it is
         # refused at connect, and live connections holding one are closed when this lands.
         nats["revocations"] = dict(sorted(revocations.items()))
+    # What other accounts of the operator may reach here, and what this account reaches in
+    # them (grid.identity.accounts builds both).
+    if exports:
+        nats["exports"] = exports
+    if imports:
+        nats["imports"] = imports
     return {"sub": account_public, "name": name, "nats": nats}
 
 

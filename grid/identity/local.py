@@ -49,12 +49,14 @@ def local_tls_ca(grid_home: Path) -> Path | None:
     return path if path.exists() else None
 
 
-def _fresh(path: Path, now: float, min_remaining_seconds: float) -> bool:
-    """A creds file that exists and will not expire within `min_remaining_seconds`."""
+def _fresh(path: Path, now: float, min_remaining_seconds: float, issuer: str) -> bool:
+    """A creds file that exists, was issued by `issuer` (a host's credential from before hosts
+    had accounts of their own was not) and will not expire within `min_remaining_seconds`."""
     if not path.exists():
         return False
-    exp = creds_claims(path).get("exp")
-    return exp is None or float(exp) - now > min_remaining_seconds
+    claims = creds_claims(path)
+    exp = claims.get("exp")
+    return claims.get("iss") == issuer and (exp is None or float(exp) - now > min_remaining_seconds)
 
 
 def ensure_local_credentials(grid_home: Path, *, host_ids: Sequence[str], now: float,
@@ -68,7 +70,9 @@ def ensure_local_credentials(grid_home: Path, *, host_ids: Sequence[str], now: f
 
     def creds(principal: Principal, name: str, ttl: float | None) -> Path:
         path = directory / f"{name}.creds"
-        if not _fresh(path, now, (ttl or 0.0) / 3):
+        issuer = (authority.host_account_public(principal.host_id) if principal.host_id is not None
+                  else authority.account_public)
+        if not _fresh(path, now, (ttl or 0.0) / 3, issuer):
             authority.issue_creds(principal, path, now=now, ttl_seconds=ttl)
         return path
 

@@ -40,14 +40,17 @@ makes through `grid.transport.jetstream.JetStreamLog`:
 - stream, KV and consumer management otherwise belong to the controller alone.
 
 Every request the server answers, though, still lands its answer on whatever reply subject the
-requester names (an API envelope, a status message, or, for `CONSUMER.MSG.NEXT`, the host's own
-next command, stored under its own subject `grid.cmd.<id>` in whichever stream captured it):
-permissions cannot stop that, signatures (grid.identity.signing) keep such copies from ever
-being folded, and Grid's own services answer only under the requester's inbox
-(grid.identity.replies). What signatures cannot stop is the room such copies take: aimed at one
-GRID_CTL subject often enough (any credential with any JetStream API right can), they push that
-subject's real events out of its bounded history (`max_msgs_per_subject`, discard old). No
-permission here closes that; it is an open problem, not a guarantee.
+requester names (an API envelope, a PubAck, a status message, or, for `CONSUMER.MSG.NEXT`, the
+next command): no permission can stop that, and signatures (grid.identity.signing) only keep
+such copies from being folded, not from taking room (aimed at one GRID_CTL subject often
+enough, they pushed its real events out of its bounded history). Hosts and invitees therefore
+live in NATS accounts of their own (grid.identity.accounts): a reply subject they name is one
+of their own account, where no stream listens, and the lists here are the second line behind
+what their account imports (`host_imports`). Gateways, operators and readers, credentials the
+grid's operator runs, are still in GRID with the streams: an answer they aim at a stream
+subject is stored there (unsigned, never folded). Grid's own services answer only under the
+requester's inbox, or on a reply the server made up for a request from another account
+(grid.identity.replies).
 
 A host is a tenant, not a peer: it may publish only its exact subjects (`host_subjects`, no
 wildcard under its prefix); no message of it is larger than `HOST_MAX_PAYLOAD` (its JWT's
@@ -257,35 +260,56 @@ def _controller(p: Principal, inbox: str) -> Grant:
     )
 
 
-def _host(p: Principal, inbox: str) -> Grant:
+# A host's own NATS account (grid.identity.accounts) has no JetStream: it reaches the grid's
+# JetStream API through imports, under this prefix. The server itself answers `$JS.API.>` in an
+# account without JetStream ("not enabled", 503), so an import under the same name would get two
+# answers; the agent's JetStream context uses this prefix instead (grid.identity.connect).
+HOST_JS_PREFIX = "gridjs.API"
+
+
+def host_local_subject(subject: str) -> str:
+    """What a subject of the GRID account is called inside a host's account."""
+    return HOST_JS_PREFIX + subject[len(JS_API):] if subject.startswith(JS_API + ".") else subject
+
+
+def host_imports(p: Principal) -> tuple[str, ...]:
+    """Every GRID subject host `p` reaches (as a service its account imports), no wildcard but
+    its own acks: what a host may do is exactly these, whatever its user permissions say."""
     assert p.host_id is not None
     if p.command_consumer is None:
         raise ValueError("a host credential names its command consumer")
     consumer = p.command_consumer
+    return (
+        # Exactly the subjects its agent appends on, no wildcard under its prefix: a new kind
+        # of host event is a new line in grid.events.subjects.HOST_EVENT_KINDS, and anything
+        # else under `grid.host.<id>.` (new subjects the stream would store, each with its own
+        # per-subject history) reaches nothing.
+        *host_subjects(p.host_id),
+        # Its own last events, by subject (clock sync, fence restore). The subject is in the
+        # body, so it could read another host's too: nothing there is secret (see above).
+        f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
+        # Its operator override, the last `grid.ctl.override.<id>` (grid.agent.overrides):
+        # a message get that could name any GRID_CTL message, none secret (profiles, mode,
+        # overrides, revocations; the gateway reads the whole stream).
+        f"{JS_API}.STREAM.MSG.GET.{CONTROL_STREAM}",
+        f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
+        f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
+        # Read-only look at who holds the lease: a command naming another controller is
+        # refused even if a permission mistake let it into the host's queue.
+        *_LEASE_READ,
+        ENROL_RENEW_SUBJECT,
+        # Read-only access to the artifact store (a load fetches what the host lacks).
+        *_ARTIFACT_READ,
+    )
+
+
+def _host(p: Principal, inbox: str) -> Grant:
+    assert p.host_id is not None
     return Grant(
-        pub_allow=(
-            # Exactly the subjects its agent appends on, no wildcard under its prefix: a new kind
-            # of host event is a new line in grid.events.subjects.HOST_EVENT_KINDS, and anything
-            # else under `grid.host.<id>.` (new subjects the stream would store, each with its own
-            # per-subject history) is refused by the server.
-            *host_subjects(p.host_id),
-            # Its own last events, by subject (clock sync, fence restore). The subject is in the
-            # body, so it could read another host's too: nothing there is secret (see above).
-            f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
-            # Its operator override, the last `grid.ctl.override.<id>` (grid.agent.overrides):
-            # a message get that could name any GRID_CTL message, none secret (profiles, mode,
-            # overrides, revocations; the gateway reads the whole stream). Publishing there stays denied.
-            f"{JS_API}.STREAM.MSG.GET.{CONTROL_STREAM}",
-            f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.{consumer}",
-            f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.{consumer}",
-            f"$JS.ACK.{COMMANDS_STREAM}.{consumer}.>",
-            # Read-only look at who holds the lease: a command naming another controller is
-            # refused even if a permission mistake let it into the host's queue.
-            *_LEASE_READ,
-            ENROL_RENEW_SUBJECT,
-            # Read-only access to the artifact store (a load fetches what the host lacks).
-            *_ARTIFACT_READ,
-        ),
+        # What its account imports, by the names they have there; the account boundary is the
+        # first line, these exact lists the second.
+        pub_allow=tuple(host_local_subject(s) for s in host_imports(p)),
         pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
                   *_MANAGEMENT, ARTIFACT_SUBJECTS, *_CONTROLLER_ONLY),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
@@ -360,13 +384,16 @@ ROLES: tuple[RoleSpec, ...] = (
              "message get on GRID_CTL, none of whose messages is secret either); fetch and ack only its own "
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
-             "read the artifact store (stream message gets only); renew its credential",
+             "read the artifact store (stream message gets only); renew its credential. Lives in a NATS account "
+             "of its own, which imports exactly these from GRID (the JetStream API under `gridjs.API`): any answer "
+             "it aims at another subject lands in its own account, where no stream listens",
              "publish any other subject under `grid.host.<id>.` or a larger message; publish or subscribe to "
              "any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
              "management; direct gets", _host),
     RoleSpec(Role.GATEWAY, "gateway",
-             "publish `grid.req.>` and `grid.infer.>` requests; read GRID_HOSTS, GRID_CTL, GRID_PLANS",
+             "publish `grid.req.>`; read GRID_HOSTS, GRID_CTL, GRID_PLANS; send `grid.infer.>` requests as the "
+             "same key in the INFER account (a second JWT inside its credential), which imports each host's service",
              "control, commands, host subjects, plans (publish), the lease; direct gets", _gateway),
     RoleSpec(Role.OPERATOR, "operator",
              "read every stream (events tail/export, replay, history); publish `grid.ctl.>`; put artifacts "
@@ -377,7 +404,8 @@ ROLES: tuple[RoleSpec, ...] = (
              "read the streams named in its credential (GRID_CMDS through its mirror GRID_CMDS_VIEW)",
              "any publish; the lease; direct gets; a consumer on GRID_CMDS", _reader),
     RoleSpec(Role.INVITEE, "invitee (inside a join token)",
-             "send one join request to `grid.enrol.join`", "everything else", _invitee),
+             "send one join request to `grid.enrol.join` (from the INVITEE account, which imports only that)",
+             "everything else", _invitee),
 )
 _BY_ROLE = {spec.role: spec for spec in ROLES}
 

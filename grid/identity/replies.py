@@ -11,6 +11,12 @@ payload as its identity (grid.identity.signing, the same headers as a signed eve
 service verifies the signature against the grid's account key and the permission table (the
 signer must be allowed to publish that request at all).
 
+A request that crossed from another account (a host's renewal into GRID, a gateway's inference
+request into a host's account: grid.identity.accounts) carries a reply subject the server made
+up, under `_R_.`, which it maps back to the requester's own reply subject in the requester's own
+account. That is as safe as the requester's inbox: no stream captures `_R_.`, and whatever the
+requester named lands in its own account. So such a reply is answered too.
+
 On a grid without identities (no credentials: a development server) there is no key to check;
 the reply must still lie under `_INBOX.`, which no stream captures.
 
@@ -27,6 +33,9 @@ import msgspec
 
 from grid.events.authorship import Signed
 from grid.identity.permissions import INBOX_ROOT, Role, inbox_prefix
+
+# Where the server puts the reply subject of a request that crossed a service import.
+IMPORTED_REPLY_ROOT = "_R_"
 from grid.identity.signing import Verifier
 
 # Why a service did not answer a request (besides the signature reasons of grid.identity.signing).
@@ -53,7 +62,8 @@ def check_request(verifier: Verifier | None, subject: str, data: bytes, headers:
 
     With a verifier: the request must be signed by a credential of this grid allowed to publish
     on `subject` (and, if `roles` is given, of one of those roles), and `reply` must lie under
-    that credential's inbox. Without one (no identities on this grid): `reply` must lie under
+    that credential's inbox (or be one the server made up for a request from another account).
+    Without one (no identities on this grid): `reply` must lie under
     `_INBOX.`.
     """
     if not reply:
@@ -65,6 +75,6 @@ def check_request(verifier: Verifier | None, subject: str, data: bytes, headers:
         return RequestCheck(reason=signed.reason, signed=signed)
     if roles is not None and signed.role not in {r.value for r in roles}:
         return RequestCheck(reason=REFUSED_ROLE, signed=signed)
-    if not reply.startswith(inbox_prefix(signed.signer) + "."):
+    if not reply.startswith((inbox_prefix(signed.signer) + ".", IMPORTED_REPLY_ROOT + ".")):
         return RequestCheck(reason=REFUSED_REPLY_NOT_INBOX, signed=signed)
     return RequestCheck(signed=signed)

@@ -2,7 +2,10 @@
 
 A host may not create its own command consumer (permissions.py says why), so the controller
 makes one for every admitted, unrevoked host when it starts and for each host it admits while
-running; and it answers join/renew requests (enrolment.py) on its own connection.
+running; it hands the servers every account of the grid when it starts (a server that missed a
+push while it was down, or whose config predates an admission, catches up: accounts.py), and
+each new host's account when it admits it; and it answers join/renew requests (enrolment.py) on
+its own connection.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class ControllerIdentity:
                     log.warning("identity.provision_failed", host_id=host.host_id, error=str(exc))
 
         await asyncio.gather(*(one(host) for host in self.authority.admitted_hosts()))
+        await self.enrolment.publish_all_accounts(nc)
         await self.enrolment.serve(nc)
 
     async def stop(self) -> None:

@@ -12,8 +12,8 @@ subjects. So every control-path message carries two headers:
   credential issued before certificates existed signs with its whole JWT instead; both verify.
 - `Grid-Sig`: base64url ed25519 signature, by that nkey, over `subject + "\\n" + payload`.
 
-A verifier pins the account key (every credential's JWT names its issuer, so a process learns it
-from its own credential) and accepts a message only when the certificate is the account's, the
+A verifier pins the account key (every credential's JWT names the grid's account, so a process
+learns it from its own credential) and accepts a message only when the certificate is the account's, the
 signature holds over the subject the message was *stored under*, the signer's credential had not
 expired at the message's receipt time, its key was not revoked before this point of the log, and
 the permission table (grid.identity.permissions, the one source of truth the server also
@@ -57,6 +57,15 @@ REJECTION_REASONS: tuple[str, ...] = (UNSIGNED, BAD_SIGNATURE, UNKNOWN_SIGNER, E
 
 # The user JWT claim that carries the signer certificate.
 CERT_CLAIM = "grid_cert"
+# The user JWT claim naming the grid's account, whose key signs every certificate: hosts and
+# invitees live in accounts of their own (grid.identity.accounts), so their JWT's issuer is not it.
+GRID_ACCOUNT_CLAIM = "grid_account"
+
+
+def grid_account(claims: Mapping[str, object]) -> str:
+    """The grid account a user JWT's claims vouch for (a credential issued before hosts had
+    accounts of their own names it as its issuer)."""
+    return str(claims.get(GRID_ACCOUNT_CLAIM) or claims.get("iss", ""))
 
 # How often a signer looks at its creds file again (an agent's credential is renewed in place).
 CREDS_RECHECK_SECONDS = 30.0
@@ -133,7 +142,7 @@ class Signer:
         # What goes in the Grid-Signer header: the certificate when the JWT carries one.
         self.proof = str(claims.get(CERT_CLAIM) or user_jwt)
         self.public_key = public
-        self.account = str(claims.get("iss", ""))
+        self.account = grid_account(claims)
         self.principal = principal_from_tags(list(claims.get("nats", {}).get("tags") or []))
         self._key = nacl.signing.SigningKey(_raw_seed(seed))
 

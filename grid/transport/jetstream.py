@@ -280,7 +280,7 @@ class JetStreamLog:
     """EventLog over a real NATS JetStream server or cluster."""
 
     def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
-                 replicas: int | None = None, log_budget: int | None = None) -> None:
+                 replicas: int | None = None, log_budget: int | None = None, api_prefix: str | None = None) -> None:
         self._nc = nc
         # Bytes all streams may hold together (stream_byte_limits); None: streams are created
         # at the policies' sizes, and an existing stream keeps the size it has (whoever set a
@@ -293,7 +293,9 @@ class JetStreamLog:
         self.replicas = None if replicas is None else check_replicas(replicas)
         # What the last ensure_streams found and did about replica counts.
         self.replica_reports: tuple[StreamReplicas, ...] = ()
-        self._js = nc.jetstream(timeout=timeout)
+        # Where this connection's account reaches the JetStream API: `$JS.API`, or the prefix a
+        # host's account imports it under (grid.identity.accounts).
+        self._js = nc.jetstream(timeout=timeout, **({"prefix": api_prefix} if api_prefix else {}))
         self._timeout = timeout
         # Who this connection appends as; set by grid.identity.connect for an identity's log.
         self.authorship: Authorship | None = None
@@ -325,12 +327,14 @@ class JetStreamLog:
         replicas: int | None = None,
         timeout: float = 10.0,
         log_budget: int | None = None,
+        api_prefix: str | None = None,
     ) -> "JetStreamLog":
         """Connect with extra nats-py options (an identity's credentials, inbox prefix and TLS:
         see grid.identity.connect). `ensure_streams=False` for identities that may not manage
         streams. `url` may list several servers of a cluster, comma-separated: nats-py tries
         them in turn and fails over between them. `replicas`: the streams' and lease bucket's
-        replica count (None: 1 on a single server, 3 on a cluster of three or more)."""
+        replica count (None: 1 on a single server, 3 on a cluster of three or more).
+        `api_prefix`: where the JetStream API is in this credential's account (None: `$JS.API`)."""
         if replicas is not None:
             check_replicas(replicas)
         errors: collections.deque[str] = collections.deque(maxlen=8)
@@ -395,7 +399,8 @@ class JetStreamLog:
             raise LogError(f"cannot connect to NATS at {url}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1
         try:
-            event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout, log_budget=log_budget)
+            event_log = cls(nc, durable=durable, replicas=replicas, timeout=timeout, log_budget=log_budget,
+                            api_prefix=api_prefix)
         except ValueError:
             await nc.close()
             raise
@@ -436,6 +441,11 @@ class JetStreamLog:
     @property
     def client(self) -> NATS:
         return self._nc
+
+    @property
+    def jetstream(self) -> Any:
+        """The JetStream context this log speaks through (its account's API prefix)."""
+        return self._js
 
     def hosts_capacity(self) -> int:
         """How many hosts GRID_HOSTS protects from one flooding host (`protected_hosts` of its

@@ -22,6 +22,7 @@ from grid.controller.presence import (
     read_presence,
 )
 from grid.events.log import LogError
+from grid.identity.admin import sync_accounts
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Principal, Role
@@ -66,7 +67,9 @@ async def test_only_a_controller_can_announce_itself(secured_cluster: SecuredNat
                                    tls_ca=cluster_tls.ca_cert)
     try:
         await announce(controller, rec("ctl-real", ANNOUNCE_ACTIVE))
-        for principal, name in ((authority.host_principal("h1"), "h.creds"), (Principal(Role.GATEWAY), "g.creds")):
+        host = authority.host_principal("h1")
+        await sync_accounts(authority, secured_cluster.url, tls_ca=cluster_tls.ca_cert)  # h1's own account
+        for principal, name in ((host, "h.creds"), (Principal(Role.GATEWAY), "g.creds")):
             intruder = await connect_log(secured_cluster.url, credentials=creds(principal, name),
                                          tls_ca=cluster_tls.ca_cert, ensure_streams=False, timeout=2.0)
             try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM, host_subject, request_subject
+from grid.identity.admin import sync_accounts
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options
@@ -81,6 +82,7 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_append(
         order = [secured_cluster.urls[victim]] + [u for i, u in enumerate(secured_cluster.urls) if i != victim]
         host_creds = authority.issue_creds(authority.host_principal("h1"), tmp_path / "h1.creds", now=time.time(),
                                            ttl_seconds=3600)
+        await sync_accounts(authority, secured_cluster.url, tls_ca=ca)  # h1's own account
         gateway_creds = authority.issue_creds(Principal(Role.GATEWAY), tmp_path / "g.creds", now=time.time(),
                                               ttl_seconds=3600)
         agent = await JetStreamLog.connect(",".join(order), name="grid-agent", ensure_streams=False, timeout=2.0,

@@ -22,9 +22,10 @@ from urllib.parse import urlparse
 import pytest
 
 from grid.events.subjects import REQUESTS_STREAM, request_subject
+from grid.identity.admin import sync_accounts
 from grid.identity.authority import Authority
 from grid.identity.connect import connect_log
-from grid.identity.creds import connect_options
+from grid.identity.creds import connect_options, infer_connect_options
 from grid.identity.permissions import Principal, Role, infer_subject_root
 from grid.testfleet.nscluster import NamespacedTLSCluster
 from grid.transport.jetstream import JetStreamLog
@@ -80,7 +81,7 @@ async def test_clients_of_a_silent_tls_node_serve_again_within_5_seconds(
     controller = authority.issue_creds(Principal(Role.CONTROLLER), tmp_path / "c.creds", now=time.time(),
                                        ttl_seconds=3600)
     admin = await connect_log(ns_cluster.url, credentials=controller, tls_ca=ca)
-    agent = gateway = None
+    agent = gateway = inference = None
     try:
         info = await admin.client.jetstream().stream_info(REQUESTS_STREAM)
         assert info.cluster is not None and info.cluster.leader
@@ -90,6 +91,7 @@ async def test_clients_of_a_silent_tls_node_serve_again_within_5_seconds(
         order = ",".join([ns_cluster.urls[victim]] + [u for i, u in enumerate(ns_cluster.urls) if i != victim])
         host_creds = authority.issue_creds(authority.host_principal("h1"), tmp_path / "h1.creds", now=time.time(),
                                            ttl_seconds=3600)
+        await sync_accounts(authority, ns_cluster.url, tls_ca=ca)  # h1's own account
         gateway_creds = authority.issue_creds(Principal(Role.GATEWAY), tmp_path / "g.creds", now=time.time(),
                                               ttl_seconds=3600)
         agent = await JetStreamLog.connect(order, name="grid-agent", ensure_streams=False, timeout=1.0,
@@ -98,7 +100,13 @@ async def test_clients_of_a_silent_tls_node_serve_again_within_5_seconds(
                                              timeout=PROBE_TIMEOUT_SECONDS,
                                              nats_options={**connect_options(gateway_creds, ca),
                                                            "dont_randomize": True})
-        for client in (agent.client, gateway.client):
+        # Inference goes out as the gateway's key in the INFER account (grid.identity.accounts).
+        infer_options = infer_connect_options(gateway_creds, ca)
+        assert infer_options is not None
+        inference = await JetStreamLog.connect(order, name="grid-gateway-infer", ensure_streams=False,
+                                               timeout=PROBE_TIMEOUT_SECONDS,
+                                               nats_options={**infer_options, "dont_randomize": True})
+        for client in (agent.client, gateway.client, inference.client):
             assert client.connected_url is not None
             assert client.connected_url.netloc == urlparse(ns_cluster.urls[victim]).netloc
 
@@ -111,7 +119,7 @@ async def test_clients_of_a_silent_tls_node_serve_again_within_5_seconds(
         ids = itertools.count()
 
         async def request() -> None:
-            reply = await gateway.client.request(subject, b"ping", timeout=PROBE_TIMEOUT_SECONDS)
+            reply = await inference.client.request(subject, b"ping", timeout=PROBE_TIMEOUT_SECONDS)
             assert reply.data == b"ok"
 
         async def append() -> None:
@@ -131,11 +139,11 @@ async def test_clients_of_a_silent_tls_node_serve_again_within_5_seconds(
             await running
         outages = {p.name: round(p.outage(silenced_at), 2) for p in probes}
         assert all(o <= GOAL_SECONDS for o in outages.values()), outages
-        for client in (agent.client, gateway.client):
+        for client in (agent.client, gateway.client, inference.client):
             assert client.connected_url is not None
             assert client.connected_url.netloc != urlparse(ns_cluster.urls[victim]).netloc
     finally:
-        for log in (agent, gateway, admin):
+        for log in (agent, gateway, inference, admin):
             if log is not None:
                 with contextlib.suppress(Exception):
                     await log.close()

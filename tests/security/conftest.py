@@ -6,7 +6,9 @@ leak into another. Credentials are issued per test through the `creds` factory.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,9 +22,10 @@ from grid.events import codec
 from grid.events.base import Event, new_event_id
 from grid.events.subjects import ALL_STREAMS
 from grid.identity import jwt
-from grid.identity.authority import Authority
+from grid.identity.accounts import AccountJWT
+from grid.identity.authority import Authority, push_account_jwts
 from grid.identity.connect import connect_log
-from grid.identity.creds import connect_options
+from grid.identity.creds import connect_options, infer_connect_options
 from grid.identity.invitations import JoinToken
 from grid.identity.permissions import Principal, Role, inbox_prefix
 from grid.identity.server import SecuredEmbeddedNats
@@ -51,16 +54,49 @@ def secured_server(tmp_path_factory: pytest.TempPathFactory, authority: Authorit
 CredsFactory = Callable[..., Path]
 
 
+def push_accounts(server: SecuredNats, authority: Authority, updates: list[AccountJWT]) -> None:
+    """Hand `server` account JWTs as the system account, as the controller does when it admits a
+    host, from a synchronous caller (its own thread and event loop: the caller's loop may be
+    running a test)."""
+
+    async def push() -> None:
+        options = connect_options(authority.system_creds(now=time.time()), None)
+        nc = await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, **options)
+        try:
+            await push_account_jwts(nc, updates)
+        finally:
+            await nc.close()
+
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(push())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 @pytest.fixture
-def creds(tmp_path: Path, authority: Authority) -> CredsFactory:
-    """creds(role, host_id=None, streams=(), ttl=3600.0, now=None) -> a creds file path."""
+def creds(tmp_path: Path, authority: Authority, request: pytest.FixtureRequest) -> CredsFactory:
+    """creds(role, host_id=None, streams=(), ttl=3600.0, now=None) -> a creds file path. A host's
+    account is handed to the module's server first (a host lives in an account of its own)."""
 
     def make(role: Role, host_id: str | None = None, streams: tuple[str, ...] = (),
              ttl: float | None = 3600.0, now: float | None = None) -> Path:
         principal = Principal(role, host_id=host_id, streams=streams)
         name = f"{role.value}-{host_id or 'x'}-{time.monotonic_ns()}.creds"
-        return authority.issue_creds(principal, tmp_path / name, now=time.time() if now is None else now,
+        path = authority.issue_creds(principal, tmp_path / name, now=time.time() if now is None else now,
                                      ttl_seconds=ttl)
+        if host_id is not None and not authority.host_revoked(host_id):
+            push_accounts(request.getfixturevalue("secured_server"), authority,
+                          authority.admission_updates([host_id], now=time.time()))
+        return path
 
     return make
 
@@ -99,6 +135,22 @@ async def raw_client(server: SecuredNats, credentials: Path | None, **kwargs: ob
 
     nc = await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
                             error_cb=on_error, **connect_options(credentials, None), **kwargs)
+    nc.permission_errors = errors  # type: ignore[attr-defined]
+    return nc
+
+
+async def infer_client(server: SecuredNats, gateway_credentials: Path, **kwargs: object) -> nats.NATS:
+    """A plain client as a gateway credential's key in the INFER account: where a gateway's
+    inference requests go out (grid.identity.accounts)."""
+    options = infer_connect_options(gateway_credentials, None)
+    assert options is not None, "not a gateway credential"
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, error_cb=on_error,
+                            **options, **kwargs)
     nc.permission_errors = errors  # type: ignore[attr-defined]
     return nc
 

@@ -55,8 +55,13 @@ def test_user_jwts_verify_and_decode_with_the_reference_library(tmp_path: Path) 
     path = authority.issue_creds(Principal(Role.HOST, host_id="node.1"), tmp_path / "h.creds", now=now,
                                  ttl_seconds=3600.0)
     token, seed = read_creds(path)
-    claims = jwt.verify(token, authority.account_public)
-    assert claims["exp"] == int(now + 3600.0) and claims["iss"] == authority.account_public
+    # A host's users live in its own account (grid.identity.accounts); the grid's account, which
+    # signs its certificate, is named in a claim of its own.
+    host_account = authority.host_account_public("node.1")
+    claims = jwt.verify(token, host_account)
+    assert claims["exp"] == int(now + 3600.0) and claims["iss"] == host_account != authority.account_public
+    assert claims["grid_account"] == authority.account_public
+    assert authority.verify_user(token) == claims
     allow = claims["nats"]["pub"]["allow"]
     # Exactly its own subjects, no wildcard under its prefix; and a payload limit.
     assert [s for s in allow if s.startswith("grid.host.")] == list(host_subjects("node.1"))
@@ -67,25 +72,32 @@ def test_user_jwts_verify_and_decode_with_the_reference_library(tmp_path: Path) 
     assert reference.sub == claims["sub"] and reference.nats.pub.allow == claims["nats"]["pub"]["allow"]
     with pytest.raises(jwt.JWTError):
         jwt.verify(token, authority.operator_public)
+    with pytest.raises(jwt.JWTError):
+        jwt.verify(token, authority.account_public)
     tampered = token.replace(token.split(".")[1], token.split(".")[1][:-4] + "AAAA")
     with pytest.raises(jwt.JWTError):
-        jwt.verify(tampered, authority.account_public)
+        jwt.verify(tampered, host_account)
     assert seed.startswith("SU")
 
 
-def test_revocation_is_in_the_account_jwt_and_blocks_issuing(tmp_path: Path) -> None:
+def test_revocation_is_in_the_host_account_jwt_and_blocks_issuing(tmp_path: Path) -> None:
     authority = Authority(tmp_path / "identity")
     key = create_user_pair().public_key.decode()
     authority.issue(Principal(Role.HOST, host_id="node-1"), key, now=1000.0, ttl_seconds=60.0)
-    account = jwt.verify(authority.revoke_host("node-1", now=2000.0), authority.operator_public)
+    host_update, infer_update = authority.revoke_host("node-1", now=2000.0)
+    assert host_update.account == authority.host_account_public("node-1")
+    account = jwt.verify(host_update.token, authority.operator_public)
     assert account["nats"]["revocations"] == {key: 2000}
+    # Gateways no longer reach the revoked host's inference service.
+    infer = jwt.verify(infer_update.token, authority.operator_public)
+    assert infer_update.account == authority.infer_account_public and "imports" not in infer["nats"]
     assert authority.key_revoked(key, issued_at=1000) and not authority.key_revoked(key, issued_at=2001)
     with pytest.raises(AuthorityError, match="revoked"):
         authority.issue(Principal(Role.HOST, host_id="node-1"), key, now=2001.0, ttl_seconds=60.0)
     old_consumer = authority.host_principal("node-1").command_consumer
     authority.readmit_host("node-1")
     assert authority.host_principal("node-1").command_consumer != old_consumer
-    assert key in jwt.decode(authority.account_jwt(3000.0))["nats"]["revocations"]
+    assert key in jwt.decode(authority.host_account_jwt("node-1", 3000.0))["nats"]["revocations"]
 
 
 def test_revocations_older_than_the_longest_credential_lifetime_are_pruned(tmp_path: Path) -> None:
@@ -96,17 +108,20 @@ def test_revocations_older_than_the_longest_credential_lifetime_are_pruned(tmp_p
     authority.readmit_host("node-1")
     authority.issue(Principal(Role.HOST, host_id="node-1"), recent, now=5000.0, ttl_seconds=60.0)
     # 4000 s later every JWT the first revocation refused has expired: it is dropped.
-    account = jwt.decode(authority.revoke_host("node-1", now=5000.0, longest_ttl_seconds=3600.0))
+    account = jwt.decode(authority.revoke_host("node-1", now=5000.0, longest_ttl_seconds=3600.0)[0].token)
     assert account["nats"]["revocations"] == {recent: 5000}
     assert Authority(tmp_path / "identity").registry.revocations == {recent: 5000}
 
 
-def test_server_config_uses_the_full_resolver_with_both_accounts(tmp_path: Path) -> None:
+def test_server_config_uses_the_full_resolver_with_every_account(tmp_path: Path) -> None:
     authority = Authority(tmp_path / "identity")
+    authority.host_principal("node-1")
     config = authority.server_config(now=time.time())
     assert "type: full" in config and f"system_account: {authority.system_public}" in config
-    assert authority.system_public in config.split("resolver_preload")[1]
-    assert authority.account_public in config.split("resolver_preload")[1]
+    preload = config.split("resolver_preload")[1]
+    for account in (authority.system_public, authority.account_public, authority.invitee_account_public,
+                    authority.host_account_public("node-1")):
+        assert account in preload
 
 
 def test_invitations_are_single_use_expiring_and_stored_as_hashes(tmp_path: Path) -> None:
@@ -172,7 +187,7 @@ def test_bulk_issued_host_credentials_equal_one_by_one_issuing_and_one_registry_
     assert registry.stat().st_mtime_ns != before
     again = Authority(tmp_path / "identity")
     for host_id, (token, seed) in issued.items():
-        claims = jwt.verify(token, authority.account_public)
+        claims = jwt.verify(token, again.host_account_public(host_id))
         assert claims["exp"] == 1000 + 3600 and seed.startswith(b"SU")
         # The same principal (and so the same grant and command consumer) one-by-one issuing gives.
         assert principal_from_claims(claims) == again.host_principal(host_id)

@@ -14,7 +14,7 @@ import pytest
 from grid.events.log import LogError
 from grid.events.subjects import COMMANDS_STREAM, HOSTS_STREAM, command_subject
 from grid.identity import jwt
-from grid.identity.authority import Authority, push_account_jwt
+from grid.identity.authority import Authority, push_account_jwts
 from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options, read_creds
 from grid.identity.enrolment import (
@@ -89,7 +89,7 @@ async def test_join_gives_a_host_credential_bound_to_the_invited_id(
     assert creds_path.stat().st_mode & 0o777 == 0o600
     assert creds_path.parent.stat().st_mode & 0o777 == 0o700
     user_jwt, seed = read_creds(creds_path)
-    claims = jwt.verify(user_jwt, authority.account_public)
+    claims = jwt.verify(user_jwt, authority.host_account_public(HOST))  # a host account of its own
     assert claims["sub"] == authority.registry.hosts[HOST].keys[-1]
     assert 0 < claims["exp"] - time.time() <= 24 * 3600
     # Neither the host's seed nor the invitation secret is stored on the controller's side.
@@ -257,14 +257,14 @@ async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
     await host.append(event("host.heartbeat.v1", host_id=HOST))
 
     # Revoked the way `gridctl node revoke` does it: from another process's view of the authority.
-    account_jwt = Authority(authority.directory).revoke_host(HOST, now=time.time())
+    updates = Authority(authority.directory).revoke_host(HOST, now=time.time())
     # Renewal is refused as soon as the authority has revoked the host (before servers hear of it).
     assert await renew(host.client, creds_path) == Refused(REFUSED_HOST_REVOKED)
 
     system = await nats.connect(secured_server.url, **connect_options(authority.system_creds(now=time.time()), None))
     try:
         started = time.monotonic()
-        await push_account_jwt(system, authority.account_public, account_jwt)
+        await push_account_jwts(system, updates)
         while host.client.is_connected and time.monotonic() - started < 5.0:
             await asyncio.sleep(0.05)
         assert not host.client.is_connected, "a revoked host must be disconnected within seconds"

@@ -7,7 +7,7 @@ import asyncio
 
 from grid.events.subjects import infer_cancel_subject, infer_request_subject
 from grid.identity.permissions import Role
-from tests.security.conftest import CredsFactory, SecuredNats, raw_client
+from tests.security.conftest import CredsFactory, SecuredNats, infer_client, raw_client
 
 HOST = "node-1"
 PARTS = 40
@@ -17,7 +17,7 @@ async def test_a_streamed_answer_reaches_the_gateway_and_a_cancel_reaches_the_ho
     secured_server: SecuredNats, creds: CredsFactory
 ) -> None:
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
-    gateway = await raw_client(secured_server, creds(Role.GATEWAY))
+    gateway = await infer_client(secured_server, creds(Role.GATEWAY))
     cancels: asyncio.Queue[bytes] = asyncio.Queue()
     try:
         async def serve(msg) -> None:  # type: ignore[no-untyped-def]
@@ -50,7 +50,7 @@ async def test_a_host_cannot_write_to_an_inbox_it_was_not_asked_on(
     secured_server: SecuredNats, creds: CredsFactory
 ) -> None:
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
-    gateway = await raw_client(secured_server, creds(Role.GATEWAY))
+    gateway = await infer_client(secured_server, creds(Role.GATEWAY))
     try:
         inbox = gateway.new_inbox()
         sub = await gateway.subscribe(inbox)

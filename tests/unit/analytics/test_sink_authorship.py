@@ -35,6 +35,8 @@ from grid.identity.signing import (
     UNSIGNED,
     Identity,
 )
+from grid.projections.runner import ReplayError
+from replay.extract import DuckDBSource, extract_window
 from tests.identities import Identities
 from tests import heartbeats
 
@@ -110,7 +112,8 @@ async def test_forged_and_unsigned_messages_write_nothing_and_are_counted(ids: I
     read = await sink.sync(w.log)
     assert read == 8
     assert stored(con) == [(HOSTS_STREAM, good), (REQUESTS_STREAM, served)]
-    assert counts(con) == {**{t: 0 for t in DATA_TABLES}, "events": 2, "residencies": 1, "request_features": 1}
+    assert counts(con) == {**{t: 0 for t in DATA_TABLES}, "events": 2, "residencies": 1, "request_features": 1,
+                           "rejected": 6}
     # Every position moved on: nothing is read twice.
     assert sink.positions() == {HOSTS_STREAM: bad, REQUESTS_STREAM: forged_request}
     assert sink.rejected == {UNSIGNED: 1, SUBJECT_MISMATCH: 1, NOT_PERMITTED: 2, UNKNOWN_SIGNER: 1,
@@ -126,6 +129,25 @@ async def test_forged_and_unsigned_messages_write_nothing_and_are_counted(ids: I
     assert sink.malformed == 0
     # A second pass reads nothing new and stores nothing.
     assert await sink.sync(w.log) == 0 and stored(con) == [(HOSTS_STREAM, good), (REQUESTS_STREAM, served)]
+
+
+async def test_a_replay_from_the_store_reads_past_what_the_sink_rejected(ids: Identities) -> None:
+    """The sink keeps the position and reason of each message it keeps no row of (never its
+    bytes), so a replay from the store knows those sequences were read, not lost."""
+    w = Writer(ids)
+    first = await w.put(heartbeat("node-1", 1), ids.host("node-1"))
+    unsigned = [await w.put(heartbeat("node-1", n), None) for n in (2, 3, 4)]
+    last = await w.put(heartbeat("node-1", 5), ids.host("node-1"))
+    con = open_store(":memory:")
+    sink = AnalyticsSink(con)
+    w.log.authorship = ids.operator
+    await sink.sync(w.log)
+    assert con.execute("SELECT seq, reason FROM rejected ORDER BY seq").fetchall() == [(q, UNSIGNED) for q in unsigned]
+    assert [m.seq async for m in extract_window(DuckDBSource(con), HOSTS_STREAM)] == [first, last]
+    # A store written before the sink kept what it rejected: the same sequences are a gap.
+    con.execute("DROP TABLE rejected")
+    with pytest.raises(ReplayError, match="gap"):
+        [m async for m in extract_window(DuckDBSource(con), HOSTS_STREAM)]
 
 
 async def test_a_signed_message_is_stored_byte_for_byte(ids: Identities) -> None:
