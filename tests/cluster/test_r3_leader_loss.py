@@ -74,7 +74,8 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_append(
                                        ttl_seconds=3600)
     admin = await connect_log(secured_cluster.url, credentials=controller, tls_ca=ca)
     try:
-        assert {r.actual for r in admin.replica_reports} == {3}
+        info = {k: admin.client._server_info.get(k) for k in ("server_name", "cluster", "connect_urls")}
+        assert {r.actual for r in admin.replica_reports} == {3}, info
         leader = await stream_leader(admin, HOSTS_STREAM)
         victim = secured_cluster.index_of(leader)
         # The agent and the gateway are connected to the leader's node first (no shuffling), so
