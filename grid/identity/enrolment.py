@@ -17,9 +17,12 @@ that must be fresh.
 
 Whom it answers: every request is also signed as the requester's NATS identity (the invitee's
 credential inside the token, or the host's own), like a log message (grid.identity.signing), and
-the service answers only on a reply subject under that identity's inbox (grid.identity.replies):
-otherwise a reply subject such as `grid.cmd.<host>` would have the controller store its answer
-in a stream. Anything else gets no answer, a warning and a count.
+the service answers only on a reply subject under that identity's inbox, or one the server made
+up for a request from another account (grid.identity.replies): otherwise a reply subject such as
+`grid.cmd.<host>` would have the controller store its answer in a stream. Anything else gets no
+answer, a warning and a count. Invitees and hosts live in accounts of their own
+(grid.identity.accounts), so their requests always arrive with such a reply, and the answer is
+signed for the request's subject instead.
 
 The invitee credential dies with its join: once the invitation is spent (admitted, or refused as
 used, expired or unknown) the service revokes the invitee's key and pushes the account JWT to
@@ -45,6 +48,7 @@ import structlog
 from nats_jwt.nkeys_ext import create_user_pair, keypair_from_pubkey
 
 from grid.identity import jwt
+from grid.identity.accounts import AccountJWT
 from grid.identity.authority import (
     HOST_CREDENTIAL_TTL_SECONDS,
     Authority,
@@ -53,7 +57,6 @@ from grid.identity.authority import (
     push_account_jwts,
     sync_account_jwts,
 )
-from grid.identity.accounts import AccountJWT
 from grid.identity.creds import connect_options, read_creds, write_creds
 from grid.identity.invitations import (
     INVITATION_TTL_SECONDS,
