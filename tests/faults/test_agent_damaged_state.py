@@ -8,7 +8,6 @@ must leave no Grid-owned engine behind.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from grid.events.host import HostHeartbeat, HostRegistered
 from grid.transport.embedded import EmbeddedNats
 from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import host_events, make_command, seed_cache, wait_ack, wait_for
+from tests.faults.agentproc import agent_env, spawn_agent
 from tests.ports import engine_ports_arg
 
 pytestmark = pytest.mark.engine
@@ -39,17 +39,8 @@ def grid_config(grid_home: Path, bundled_gguf: Path, engine_runtime: Runtime) ->
     return GridConfig(home=grid_home, nats_url=None)
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "GRID_HOME": str(home)}
-    env.pop("GRID_NATS_URL", None)
-    return env
-
-
 def _spawn_agent(nats_url: str, home: Path, log_file: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "grid.cli.node", "start", "--nats", nats_url, "--heartbeat-interval", "0.5",
-           "--sample-interval", "0.5", "--port-range", PORT_RANGE, "--json-logs"]
-    with open(log_file, "ab") as out:
-        return subprocess.Popen(cmd, env=_env(home), stdout=out, stderr=subprocess.STDOUT)
+    return spawn_agent(nats_url, home, log_file, "--port-range", PORT_RANGE)
 
 
 def _engines(key_file: Path) -> list[psutil.Process]:
@@ -137,7 +128,7 @@ async def test_restart_after_damage_adopts_every_child_and_stop_leaves_none(
         assert sorted(p.pid for p in _engines(paths.engine_key)) == pids, "no orphan, no duplicate"
 
         stop = subprocess.run([sys.executable, "-m", "grid.cli.node", "stop", "--timeout", "60"],
-                              env=_env(grid_config.home), capture_output=True, text=True, timeout=90)
+                              env=agent_env(grid_config.home), capture_output=True, text=True, timeout=90)
         assert stop.returncode == 0, stop.stderr
         assert agent.wait(timeout=10) == 0
         assert _engines(paths.engine_key) == [], "a Grid-owned engine outlived `node stop`"

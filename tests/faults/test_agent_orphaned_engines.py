@@ -33,6 +33,7 @@ from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret
 from grid.transport.embedded import EmbeddedNats
 from grid.transport.jetstream import JetStreamLog
 from tests.integration.agent.agentkit import host_events, make_command, seed_cache, wait_ack, wait_for
+from tests.faults.agentproc import agent_env, spawn_agent
 from tests.ports import engine_ports_arg
 
 HOST = "host-orphans-1"
@@ -48,18 +49,8 @@ def grid_config(grid_home: Path, bundled_gguf: Path, engine_runtime: Runtime) ->
     return GridConfig(home=grid_home, nats_url=None)
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "GRID_HOME": str(home)}
-    env.pop("GRID_NATS_URL", None)
-    return env
-
-
 def _spawn_agent(nats_url: str, home: Path, log_file: Path, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "grid.cli.node", "start", "--nats", nats_url, "--host-id", HOST,
-           "--heartbeat-interval", "0.5", "--sample-interval", "0.5", "--port-range", engine_ports_arg(),
-           "--json-logs", *extra]
-    with open(log_file, "ab") as out:
-        return subprocess.Popen(cmd, env=_env(home), stdout=out, stderr=subprocess.STDOUT)
+    return spawn_agent(nats_url, home, log_file, "--host-id", HOST, "--port-range", engine_ports_arg(), *extra)
 
 
 def _alive(pid: int) -> bool:
@@ -152,7 +143,7 @@ async def test_node_stop_drains_and_leaves_neither_engine_nor_warden(
         assert len(wardens) == 1
 
         stop = subprocess.run([sys.executable, "-m", "grid.cli.node", "stop", "--timeout", "60"],
-                              env=_env(grid_config.home), capture_output=True, text=True, timeout=90)
+                              env=agent_env(grid_config.home), capture_output=True, text=True, timeout=90)
         assert stop.returncode == 0, stop.stderr
         assert agent.wait(timeout=10) == 0
         assert not _alive(engine_pid) and port_free(port)
