@@ -66,6 +66,27 @@ STREAM_UPSTREAM_BROKEN = "upstream_error"
 STREAM_UPSTREAM_TIMEOUT = "upstream_timeout"
 # The transport to the upstream was lost (the gateway's NATS connection): not the engine's fault.
 STREAM_CONNECTION_LOST = "connection_lost"
+# The serving host's agent stopped answering within the bound its progress markers set
+# (grid.infer.client.SilentHost): the host is taken out of routing until it heartbeats again.
+STREAM_UPSTREAM_SILENT = "upstream_silent"
+
+# Outcomes of upstream errors that name themselves (their `code`, see grid.infer.client).
+_NAMED_OUTCOMES = {"upstream_connection_lost": STREAM_CONNECTION_LOST, "upstream_silent": STREAM_UPSTREAM_SILENT}
+# The last event of an OpenAI event stream: a client that leaves after it has the whole answer.
+_DONE_EVENT = b"data: [DONE]"
+
+
+def upstream_outcome(exc: httpx.HTTPError) -> str:
+    """The stream outcome of an upstream failure mid-stream."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code in _NAMED_OUTCOMES:
+        return _NAMED_OUTCOMES[code]
+    return STREAM_UPSTREAM_TIMEOUT if isinstance(exc, httpx.TimeoutException) else STREAM_UPSTREAM_BROKEN
+
+
+def completes_event_stream(chunk: bytes) -> bool:
+    """Whether `chunk` ends with the event stream's final `data: [DONE]` event."""
+    return chunk.rstrip().endswith(_DONE_EVENT)
 
 
 class RawResponse:
@@ -129,12 +150,14 @@ class ProxyStream:
         watcher = asyncio.create_task(watch())
         outcome = STREAM_OK
         sock = _cork(scope, send)
+        last = b""
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
             on_chunk = self.on_chunk
             async for chunk in self.upstream.aiter_raw():
                 on_chunk(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                last = chunk
                 if sock is not None:
                     _uncork(sock)
                     sock = None
@@ -142,27 +165,16 @@ class ProxyStream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             pumping = False
-            outcome = STREAM_CLIENT_GONE
+            # A client that leaves once it has the final event (before the agent's end-of-answer
+            # message arrived) got the whole answer: not a cancelled request.
+            outcome = STREAM_OK if completes_event_stream(last) else STREAM_CLIENT_GONE
             if not gone:
                 raise  # a real shutdown: let it propagate
             task.uncancel()
-        except httpx.TimeoutException:
-            pumping = False
-            outcome = STREAM_UPSTREAM_TIMEOUT
-            await self._end(send)
         except httpx.HTTPError as exc:
             pumping = False
-            # An error that names itself for the client (grid.infer.client.UpstreamConnectionLost)
-            # ends an event stream with an OpenAI-shaped error event, so the client knows why.
-            code = getattr(exc, "code", None)
-            message = getattr(exc, "client_message", None)
-            outcome = STREAM_CONNECTION_LOST if isinstance(code, str) and code == "upstream_connection_lost" \
-                else STREAM_UPSTREAM_BROKEN
-            event = b""
-            if isinstance(code, str) and isinstance(message, str) and self._event_stream():
-                event = b"data: " + json.dumps({"error": {"message": message, "type": "server_error",
-                                                          "param": None, "code": code}}).encode() + b"\n\n"
-            await self._end(send, event)
+            outcome = upstream_outcome(exc)
+            await self._end(send, self._error_event(exc))
         except OSError:
             pumping = False
             outcome = STREAM_CLIENT_GONE
@@ -175,6 +187,17 @@ class ProxyStream:
             except Exception:  # noqa: BLE001 - closing a broken connection may fail; nothing to do
                 pass
             self.on_done(outcome)
+
+    def _error_event(self, exc: httpx.HTTPError) -> bytes:
+        """An error that names itself for the client (grid.infer.client's UpstreamConnectionLost
+        and SilentHost) ends an event stream with an OpenAI-shaped error event, so the client
+        knows why and that it may retry."""
+        code = getattr(exc, "code", None)
+        message = getattr(exc, "client_message", None)
+        if not (isinstance(code, str) and isinstance(message, str) and self._event_stream()):
+            return b""
+        return b"data: " + json.dumps({"error": {"message": message, "type": "server_error",
+                                                  "param": None, "code": code}}).encode() + b"\n\n"
 
     def _event_stream(self) -> bool:
         return any(k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream") for k, v in self.headers)

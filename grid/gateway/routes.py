@@ -38,6 +38,7 @@ from grid.gateway.evaluation import HEADER as EVALUATION_HEADER
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
     STREAM_CONNECTION_LOST,
+    STREAM_UPSTREAM_SILENT,
     STREAM_OK,
     STREAM_UPSTREAM_TIMEOUT,
     ProxyStream,
@@ -46,7 +47,7 @@ from grid.gateway.responses import (
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
-from grid.infer.client import NoResponders, NotServedThere, UpstreamConnectionLost
+from grid.infer.client import NoResponders, NotServedThere, SilentHost, UpstreamConnectionLost
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -465,6 +466,10 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
         breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
         done("error", 502, time.perf_counter() - t0)
         return _connection_lost()
+    except SilentHost:
+        _went_silent(gw, key, route.host_id)
+        done("timeout", 504, time.perf_counter() - t0)
+        return _silent()
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("timeout", 504, time.perf_counter() - t0)
@@ -499,6 +504,9 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
                 done("cancelled", 499, latency, parser.completion_tokens or 0)
             elif outcome == STREAM_CONNECTION_LOST:  # the gateway's NATS connection: not the engine
                 done("error", 502, latency)
+            elif outcome == STREAM_UPSTREAM_SILENT:
+                _went_silent(gw, key, route.host_id)
+                done("timeout", 502, latency)
             else:
                 breakers.record(key, OUTCOME_FAILURE, end)
                 done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
@@ -518,6 +526,10 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
         breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
         done("error", 502, time.perf_counter() - t0)
         return _connection_lost()
+    except SilentHost:
+        _went_silent(gw, key, route.host_id)
+        done("timeout", 504, time.perf_counter() - t0)
+        return _silent()
     except httpx.HTTPError:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("error", 502, time.perf_counter() - t0)
@@ -542,6 +554,20 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
 def _connection_lost() -> Response:
     return errors.error_response(502, UpstreamConnectionLost.client_message, errors.SERVER_ERROR,
                                  errors.CODE_UPSTREAM_CONNECTION_LOST, retry_after=1.0)
+
+
+def _went_silent(gw: Gateway, key: Any, host_id: str) -> None:
+    """The host's agent went silent on a request: a failure of its route, and the host gets no
+    new request until it heartbeats again (the next request goes to another replica at once)."""
+    end = gw.clock.now()
+    gw.breakers.record(key, OUTCOME_FAILURE, end)
+    gw.mark_silent(host_id, end)
+
+
+def _silent() -> Response:
+    # Retryable: the host is out of routing, so a retry goes to another replica (or waits for one).
+    return errors.error_response(504, SilentHost.client_message, errors.SERVER_ERROR, errors.CODE_UPSTREAM_SILENT,
+                                 retry_after=1.0)
 
 
 def _served_headers(upstream: UpstreamResponse, route: routing.RouteCandidate) -> list[tuple[bytes, bytes]]:

@@ -67,6 +67,10 @@ EXCLUDED_FUTURE = "heartbeat_in_future"
 # NATS said "no responders" for this host's inference subject (its agent is gone): unroutable at
 # once, until the host heartbeats again (a heartbeat newer than the one seen when it was marked).
 EXCLUDED_NO_RESPONDERS = "no_responders"
+# The host's agent stopped answering within the bound its own evidence sets (no first message
+# within the connect timeout, or no progress marker for several promised gaps): unroutable at once,
+# until it heartbeats again, so a stopped or cut-off agent fails at most the request that found it.
+EXCLUDED_SILENT = "agent_silent"
 
 TEXT_WORKLOADS = frozenset({"coding", "research", "marketing", "sales", "design", "general"})
 DEFAULT_AUTO_RETRY_SECONDS = 30.0
@@ -103,8 +107,9 @@ class RouteCandidate:
     # Why this claim is not admitted (grid.projections.routes.admission: a managed one the plan
     # does not corroborate, an external one no operator admitted), None when it is.
     unplaced: str | None = None
-    # The gateway saw "no responders" for this host since its latest heartbeat.
-    no_responders: bool = False
+    # Why the gateway routes this host nothing until its next heartbeat (EXCLUDED_NO_RESPONDERS,
+    # EXCLUDED_SILENT), None when it does not.
+    unresponsive: str | None = None
 
     @property
     def engine(self) -> str:
@@ -114,7 +119,7 @@ class RouteCandidate:
 
 def build_table(
     snapshots: Iterable[HostView], unplaced: Mapping[tuple[str, str], str] | None = None,
-    no_responders: Mapping[str, float | None] | None = None,
+    unresponsive: Mapping[str, tuple[float | None, str]] | None = None,
     unadmitted: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, tuple[RouteCandidate, ...]]:
     """Every residency of every host, grouped by model (sorted: deterministic).
@@ -122,15 +127,17 @@ def build_table(
     `unplaced` maps (host id, model id) of the managed claims that are not corroborated to the
     reason, `unadmitted` the same for external claims no operator admitted (both from
     grid.projections.routes.unadmitted_claims); those candidates are never eligible.
-    `no_responders` maps a host id to the heartbeat time seen when NATS answered "no responders"
-    for it: its candidates are not eligible until a newer heartbeat (`still_unresponsive`).
+    `unresponsive` maps a host id to the heartbeat time seen when it was found unresponsive (NATS
+    answered "no responders", or its agent went silent) and why: its candidates are not eligible
+    until a newer heartbeat (`still_unresponsive`).
     """
     unplaced = unplaced or {}
     unadmitted = unadmitted or {}
-    no_responders = no_responders or {}
+    unresponsive = unresponsive or {}
     by_model: dict[str, list[RouteCandidate]] = {}
     for snap in snapshots:
-        silent = snap.host_id in no_responders and still_unresponsive(no_responders[snap.host_id], snap.heartbeat_at)
+        marked = unresponsive.get(snap.host_id)
+        silent = marked[1] if marked is not None and still_unresponsive(marked[0], snap.heartbeat_at) else None
         throttle = snap.resources.throttle_fraction
         queue = snap.load.queue_depth
         for r in snap.residencies:
@@ -150,15 +157,15 @@ def build_table(
                 loaded_at=r.loaded_at,
                 last_used_at=r.last_used_at,
                 unplaced=(unplaced if r.managed else unadmitted).get((snap.host_id, r.model_id)),
-                no_responders=silent,
+                unresponsive=silent,
             )
             by_model.setdefault(r.model_id, []).append(c)
     return {m: tuple(sorted(cs, key=lambda c: c.key)) for m, cs in sorted(by_model.items())}
 
 
 def still_unresponsive(marked_heartbeat_at: float | None, heartbeat_at: float | None) -> bool:
-    """A host marked for "no responders" stays unroutable until a heartbeat newer than the one
-    seen when it was marked arrives (its agent is back and subscribed again)."""
+    """A host marked unresponsive stays unroutable until a heartbeat newer than the one seen when
+    it was marked arrives (its agent is back, subscribed and running again)."""
     if heartbeat_at is None:
         return True
     return marked_heartbeat_at is not None and heartbeat_at <= marked_heartbeat_at
@@ -174,8 +181,8 @@ def exclusion(c: RouteCandidate, now: float, policy: RoutingPolicy = DEFAULT_POL
         return EXCLUDED_HOST_FENCED
     if not c.endpoint:
         return EXCLUDED_NO_ENDPOINT
-    if c.no_responders:
-        return EXCLUDED_NO_RESPONDERS
+    if c.unresponsive is not None:
+        return c.unresponsive
     if c.heartbeat_at is None:
         return EXCLUDED_NO_HEARTBEAT
     if heartbeat_ahead(c.heartbeat_at, now, policy):

@@ -133,8 +133,9 @@ class Gateway:
         self._table_version = -1
         self._table_built_at = float("-inf")
         self._unplaced: list[placed.UnplacedClaim] = []
-        # Hosts NATS answered "no responders" for: host id -> (heartbeat time seen then, marked at).
-        self.no_responders: dict[str, tuple[float | None, float]] = {}
+        # Hosts routed nothing until they heartbeat again (NATS answered "no responders" for them,
+        # or their agent went silent): host id -> (heartbeat time seen then, marked at, reason).
+        self.unresponsive: dict[str, tuple[float | None, float, str]] = {}
         self._follower: asyncio.Task[None] | None = None
         self._ack_scan: asyncio.Task[None] | None = None
         self.ack_scan: dict[str, Any] = {"state": "none", "folded": 0}
@@ -309,15 +310,15 @@ class Gateway:
             self._unplaced = routes_proj.unadmitted_claims(snaps, routes=self.runner["catalog"].routes,
                                                            profiles=self.profiles, placed=self.runner["placed"],
                                                            now=now, policy=self.policy)
-            if self.no_responders:
+            if self.unresponsive:
                 heartbeats = {snap.host_id: snap.heartbeat_at for snap in snaps}
-                for host_id, (seen, _at) in list(self.no_responders.items()):
+                for host_id, (seen, _at, reason) in list(self.unresponsive.items()):
                     if host_id not in heartbeats or not routing.still_unresponsive(seen, heartbeats[host_id]):
-                        del self.no_responders[host_id]  # it heartbeated again (or left the fleet)
-                        log.info("host routable again after no responders", host_id=host_id)
+                        del self.unresponsive[host_id]  # it heartbeated again (or left the fleet)
+                        log.info("host routable again", host_id=host_id, after=reason)
             self._table = routing.build_table(
                 snaps, {(c.host_id, c.model_id): c.reason for c in self._unplaced if c.managed},
-                {h: seen for h, (seen, _at) in self.no_responders.items()},
+                {h: (seen, reason) for h, (seen, _at, reason) in self.unresponsive.items()},
                 {(c.host_id, c.model_id): c.reason for c in self._unplaced if not c.managed})
             self._table_version = self._version
             self._table_built_at = now
@@ -327,19 +328,31 @@ class Gateway:
     def mark_no_responders(self, host_id: str, heartbeat_at: float | None, now: float) -> None:
         """NATS proved nobody serves `host_id` (its agent is gone): route nothing to it until it
         heartbeats again, newer than `heartbeat_at` (the heartbeat its route was chosen with)."""
-        if host_id not in self.no_responders:
-            log.warning("host unroutable: no responders", host_id=host_id)
-        seen = self.no_responders.get(host_id, (None, now))[0]
+        self._mark_unresponsive(host_id, heartbeat_at, now, routing.EXCLUDED_NO_RESPONDERS)
+
+    def mark_silent(self, host_id: str, now: float) -> None:
+        """The agent of `host_id` stopped answering within the bound its own evidence sets
+        (grid.infer.client.SilentHost): route nothing new to it until it heartbeats again, newer
+        than the latest heartbeat this gateway has of it now. That heartbeat is at least the
+        silence bound old, so one the agent sent before it stopped cannot clear the mark."""
+        latest = [c.heartbeat_at for cs in self.table(now).values() for c in cs
+                  if c.host_id == host_id and c.heartbeat_at is not None]
+        self._mark_unresponsive(host_id, max(latest, default=None), now, routing.EXCLUDED_SILENT)
+
+    def _mark_unresponsive(self, host_id: str, heartbeat_at: float | None, now: float, reason: str) -> None:
+        if host_id not in self.unresponsive:
+            log.warning("host unroutable until it heartbeats again", host_id=host_id, reason=reason)
+        seen = self.unresponsive.get(host_id, (None, now, reason))[0]
         if seen is None or (heartbeat_at is not None and heartbeat_at > seen):
             seen = heartbeat_at
-        self.no_responders[host_id] = (seen, now)
-        self.counters["no_responders"] += 1
+        self.unresponsive[host_id] = (seen, now, reason)
+        self.counters[reason] += 1
         self._version += 1  # the next table() excludes it
 
     def unroutable_hosts(self, now: float) -> list[dict[str, Any]]:
         self.table(now)
-        return [{"host_id": h, "reason": routing.EXCLUDED_NO_RESPONDERS, "heartbeat_at": seen, "marked_at": at}
-                for h, (seen, at) in sorted(self.no_responders.items())]
+        return [{"host_id": h, "reason": reason, "heartbeat_at": seen, "marked_at": at}
+                for h, (seen, at, reason) in sorted(self.unresponsive.items())]
 
     def _prune_routes(self) -> None:
         """Forget idle per-route counters of engines that left the fleet (bounded memory)."""
@@ -405,7 +418,7 @@ class Gateway:
 
         def unroutable() -> list[Sample]:
             return counts((str(h["reason"]) for h in self.unroutable_hosts(self.clock.now())),
-                          (routing.EXCLUDED_NO_RESPONDERS,))
+                          (routing.EXCLUDED_NO_RESPONDERS, routing.EXCLUDED_SILENT))
 
         def breakers() -> list[Sample]:
             now = self.clock.now()
@@ -424,7 +437,8 @@ class Gateway:
                         ("reason",), unplaced),
             GaugeSource("grid_gateway_unroutable_hosts",
                         "Hosts routed nothing until they heartbeat again, by reason (no_responders: NATS said "
-                        "nobody serves the host's inference subject).", ("reason",), unroutable),
+                        "nobody serves the host's inference subject; agent_silent: its agent stopped answering "
+                        "within the bound its progress markers set).", ("reason",), unroutable),
             GaugeSource("grid_gateway_breakers", "Per-route circuit breakers, by state.", ("state",), breakers),
             GaugeSource("grid_gateway_waiting", "Requests waiting for a free slot.", (),
                         lambda: [((), float(self.waiters))]),

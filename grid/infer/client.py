@@ -66,6 +66,54 @@ class UpstreamConnectionLost(httpx.ReadError):
     client_message = "The connection to the host serving this model was lost; retry the request."
 
 
+class SilentHost(Exception):
+    """The host's agent went silent: it stopped answering within the bound its own evidence sets
+    (no first message within the connect timeout, or no progress marker within PROGRESS_MISSES of
+    the gaps it promised). Its agent died, was stopped, or lost its path to NATS. The request may
+    have been delivered, so it is never sent anywhere else; the client may retry it, and the
+    gateway routes the host nothing new until it heartbeats again."""
+
+    code = "upstream_silent"
+    client_message = "The host serving this model stopped answering; retry the request."
+
+    def __init__(self, message: str, host_id: str) -> None:
+        super().__init__(message)
+        self.host_id = host_id
+
+
+class SilentBeforeAnswer(SilentHost, httpx.ConnectTimeout):
+    """No message from the host's agent within the connect timeout."""
+
+
+class SilentMidAnswer(SilentHost, httpx.ReadTimeout):
+    """The agent promised progress markers and sent nothing for several of its gaps."""
+
+
+# How many of the agent's promised longest gaps (wire.H_PROGRESS) an answer may stay silent
+# before it is taken for lost: room for a loaded machine's late wake-ups, and still an end
+# within seconds of the host's death.
+PROGRESS_MISSES = 4
+# The least silence bound, whatever an agent promised (a hostile "0" would only fail its own
+# answers, but a bound of zero would fail them before any message could arrive).
+MIN_SILENCE_SECONDS = 1.0
+
+
+def silence_bound(headers: Any, read_timeout: float) -> float | None:
+    """How long the answer whose message carried `headers` may be silent: PROGRESS_MISSES of the
+    agent's promised gap when it promised one, else None (an agent that sends no markers: the
+    read timeout applies)."""
+    promised = headers.get(wire.H_PROGRESS) if headers else None
+    if promised is None:
+        return None
+    try:
+        gap = float(promised)
+    except ValueError:
+        return None
+    if not gap == gap:  # NaN
+        return None
+    return min(read_timeout, max(MIN_SILENCE_SECONDS, PROGRESS_MISSES * gap))
+
+
 class InferTarget:
     """One engine reached through its host's agent: host, model and engine path."""
 
@@ -190,7 +238,7 @@ class NatsResponse:
 
     def __init__(self, nc: NATS, target: InferTarget, sub: Any, reply: str, status: int,
                  headers: list[tuple[bytes, bytes]], read_timeout: float, *, first: bytes = b"",
-                 ended: bool = False, port: LocalPort | None = None) -> None:
+                 ended: bool = False, port: LocalPort | None = None, silence: float | None = None) -> None:
         self._nc = nc
         self._port = port
         self._target = target
@@ -199,6 +247,8 @@ class NatsResponse:
         self.status_code = status
         self.raw_headers = headers
         self._read_timeout = read_timeout
+        # The agent's promise of progress markers (silence_bound), None when it made none.
+        self._silence = silence
         self._next_seq = 1
         # Message 0 may carry the first bytes, or the whole answer (then it also ends it).
         self._first = first
@@ -210,17 +260,27 @@ class NatsResponse:
             first, self._first = self._first, b""
             yield first
         while not self._ended:
+            silence = self._silence
             try:
-                msg = await self._sub.next_msg(timeout=self._read_timeout)
+                msg = await self._sub.next_msg(timeout=self._read_timeout if silence is None else silence)
             except _Lost as exc:
                 raise httpx.ReadError(f"{self._target}: lost part of the answer (read too slowly)") from exc
             except _ConnectionLost as exc:
                 raise UpstreamConnectionLost(f"{self._target}: the NATS connection was lost mid-answer") from exc
             except Exception as exc:  # a timeout
+                if silence is not None:
+                    raise SilentMidAnswer(f"{self._target}: the agent sent nothing for {silence:g}s",
+                                          self._target.host_id) from exc
                 raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
             headers = msg.headers or {}
+            if wire.H_WORKING in headers and wire.H_SEQ not in headers:
+                continue  # a progress marker: the agent is alive and still has the request
             seq = int(headers.get(wire.H_SEQ, "-1"))
             if seq != self._next_seq:
+                if headers.get(wire.H_ERROR) == wire.ERR_CONNECTION_LOST:
+                    # The agent lost its connection: what it sent meanwhile never arrived, and
+                    # it says why once reconnected. The client gets that reason, not the gap.
+                    raise _read_error(self._target, wire.ERR_CONNECTION_LOST)
                 raise httpx.ReadError(f"{self._target}: lost part of the answer (got {seq}, wanted {self._next_seq})")
             self._next_seq += 1
             if wire.H_END in headers:
@@ -302,7 +362,7 @@ class NatsUpstream:
             sub = await self._replies.open()
         except NatsError as exc:  # nothing was published: as safe to report as a refused connect
             raise httpx.ConnectError(f"{target}: NATS refused the reply subscription: {type(exc).__name__}") from exc
-        out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id}
+        out = {wire.H_PATH: target.path, wire.H_MODEL: target.model_id, wire.H_PROGRESS: "1"}
         for name, value in headers:
             key = name.decode("latin-1").title()
             if key in wire.FORWARDED_REQUEST_HEADERS:
@@ -324,10 +384,12 @@ class NatsUpstream:
                                      target.host_id, target.model_id)
             return NatsResponse(nc, target, sub, reply, int(headers_in[wire.H_STATUS]),
                                 wire.decode_headers(headers_in.get(wire.H_HEADERS, "[]")), self.read_timeout,
-                                first=first.data or b"", ended=wire.H_END in headers_in, port=port)
-        except UpstreamConnectionLost:
+                                first=first.data or b"", ended=wire.H_END in headers_in, port=port,
+                                silence=silence_bound(headers_in, self.read_timeout))
+        except (UpstreamConnectionLost, SilentHost):
             # The agent may have the request: ask it to stop (sent once reconnected; it also
-            # stops a request still in the client's buffer, which is sent just before it).
+            # stops a request still in the client's buffer, which is sent just before it, and a
+            # stopped agent that resumes drops it).
             await _cancel(nc, port, target, sub.subject)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -368,17 +430,10 @@ class NatsUpstream:
             except _ConnectionLost as exc:
                 raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
             except Exception as exc:
-                raise httpx.ConnectTimeout(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s") from exc
+                raise SilentBeforeAnswer(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s",
+                                         target.host_id) from exc
             if wire.H_WORKING in (first.headers or {}):
-                # The agent has it and the engine is working (a long non-streamed answer): from
-                # here on the request may have executed, so silence is a read timeout.
-                try:
-                    first = await sub.next_msg(timeout=self.read_timeout)
-                except _ConnectionLost as exc:
-                    raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
-                except Exception as exc:
-                    raise httpx.ReadTimeout(f"{target}: no answer for {self.read_timeout:g}s") from exc
-                return first
+                return await self._after_markers(target, sub, first)
             status = (first.headers or {}).get("Status")
             if status != "503" or wire.H_SEQ in (first.headers or {}):
                 return first
@@ -386,6 +441,25 @@ class NatsUpstream:
                 break
             await asyncio.sleep(delay)
         raise NoResponders(f"{target}: no agent is serving host {target.host_id!r}", target.host_id)
+
+    async def _after_markers(self, target: InferTarget, sub: Any, marker: Any) -> Any:
+        """Message 0, after the agent said the engine is working (a long non-streamed answer):
+        from here on the request may have executed, so silence is a read timeout, bounded by the
+        agent's promised progress markers when it made that promise."""
+        while True:
+            silence = silence_bound(marker.headers, self.read_timeout)
+            try:
+                msg = await sub.next_msg(timeout=self.read_timeout if silence is None else silence)
+            except _ConnectionLost as exc:
+                raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
+            except Exception as exc:
+                if silence is not None:
+                    raise SilentMidAnswer(f"{target}: the agent sent nothing for {silence:g}s", target.host_id) from exc
+                raise httpx.ReadTimeout(f"{target}: no answer for {self.read_timeout:g}s") from exc
+            headers = msg.headers or {}
+            if wire.H_WORKING not in headers or wire.H_SEQ in headers:
+                return msg
+            marker = msg
 
     async def aclose(self) -> None:
         if self._replies is not None:

@@ -129,17 +129,30 @@ class HttpxEngineClient:
         await self._transport.aclose()
 
 
+_MAX_GAP = f"{wire.PROGRESS_MAX_GAP_SECONDS:g}"
+
+
+def _marker(answer: _Answer) -> dict[str, str]:
+    """A progress marker's headers (no Grid-Seq: it is not part of the answer's bytes)."""
+    return {wire.H_WORKING: "1", wire.H_PROGRESS: _MAX_GAP} if answer.progress else {wire.H_WORKING: "1"}
+
+
 def _error_body(message: str, code: str, kind: str = "invalid_request_error") -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
 class _Answer:
-    """Whether message 0 of one answer has been (or is being) sent."""
+    """Whether message 0 of one answer has been (or is being) sent, and, for a requester that
+    asked for progress markers (wire.H_PROGRESS), how many numbered messages were sent by now and
+    by the last sweep (a marker goes out when a sweep finds the two equal)."""
 
-    __slots__ = ("started",)
+    __slots__ = ("progress", "sent", "started", "swept")
 
-    def __init__(self) -> None:
+    def __init__(self, progress: bool = False) -> None:
         self.started = False
+        self.progress = progress
+        self.sent = 0
+        self.swept = -1  # the first sweep only takes note
 
 
 class InferenceResponder:
@@ -169,6 +182,12 @@ class InferenceResponder:
         self._local_end: dict[str, Msg] = {}
         # Requests that came in process rather than over NATS (also counted in `served`).
         self.delivered_in_process = 0
+        # Answers whose requester asked for progress markers, and the task that sends them (runs
+        # only while there are some).
+        self._progress: dict[str, _Answer] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        # Progress markers sent (beside the single marker every slow first answer gets).
+        self.progress_markers = 0
 
     async def start(self) -> None:
         # Taken as nats-py's reader parses them (grid.infer.direct): admission and starting the
@@ -184,7 +203,7 @@ class InferenceResponder:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs = []
-        await cancel_and_wait(list(self._active.values()))
+        await cancel_and_wait(list(self._active.values()) + ([self._sweeper] if self._sweeper is not None else []))
         await self._http.aclose()
 
     @property
@@ -262,9 +281,31 @@ class InferenceResponder:
         # so a marker is never published after message 0.
         if not answer.started:
             with contextlib.suppress(Exception):
-                await self._publish(reply, b"", {wire.H_WORKING: "1"})
+                await self._publish(reply, b"", _marker(answer))
+
+    def _track_progress(self, reply: str, answer: _Answer) -> None:
+        self._progress[reply] = answer
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep_progress(), name="infer-progress")
+
+    async def _sweep_progress(self) -> None:
+        """Every sweep, a marker for each answer that asked for them and sent nothing since the
+        sweep before: the requester's evidence that this agent is alive and its engine still has
+        the request. Ends when no answer needs it."""
+        while self._progress:
+            await asyncio.sleep(wire.PROGRESS_SWEEP_SECONDS)
+            for reply, answer in list(self._progress.items()):
+                if answer.sent != answer.swept:
+                    answer.swept = answer.sent
+                    continue
+                self.progress_markers += 1
+                with contextlib.suppress(Exception):
+                    await self._publish(reply, b"", _marker(answer))
 
     async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
+        answer = self._progress.get(reply)
+        if answer is not None:
+            answer.sent += 1
         await self._publish(reply, body, {wire.H_SEQ: str(seq), **headers})
 
     async def _publish(self, reply: str, body: bytes, headers: dict[str, str]) -> None:
@@ -304,7 +345,9 @@ class InferenceResponder:
             await self._refuse(reply, 503, f"{model!r} is not ready on this host", wire.ERR_NO_ENGINE)
             return
         headers = engine_request_headers(route, req_headers)
-        answer = _Answer()
+        answer = _Answer(progress=req_headers.get(wire.H_PROGRESS) == "1")
+        if answer.progress:
+            self._track_progress(reply, answer)
         # A timer, not a task: nothing extra on the fast path (most answers start well within it).
         # It runs until message 0 is sent, not until the engine's headers arrive: a streamed
         # request queued for a busy slot gets its headers at once and its first chunk only when
@@ -320,6 +363,7 @@ class InferenceResponder:
             await self._forward(reply, route, path, msg.data, headers, answer, begin)
         finally:
             begin()
+            self._progress.pop(reply, None)
 
     async def _forward(self, reply: str, route: EngineRoute, path: str, body: bytes,
                        headers: list[tuple[bytes, bytes]], answer: "_Answer", begin: Callable[[], None]) -> None:
@@ -347,6 +391,8 @@ class InferenceResponder:
         try:
             raw_headers = response.raw_headers
             head = {wire.H_STATUS: str(response.status_code), wire.H_HEADERS: wire.encode_headers(raw_headers)}
+            if answer.progress:
+                head[wire.H_PROGRESS] = _MAX_GAP
             chunks = response.aiter_raw()
             # Message 0 carries the status, the headers and the first bytes: one message less on
             # the critical path (time to first token), and a whole small answer (a non-streamed

@@ -35,6 +35,19 @@ H_ERROR = "Grid-Error"
 # the gateway waits for message 0 with its read timeout. Never sent after message 0.
 H_WORKING = "Grid-Working"
 WORKING_AFTER_SECONDS = 1.0
+# Progress markers: a requester that sends `Grid-Progress: 1` understands `Grid-Working` markers at
+# any point of an answer, so the agent sends one for every PROGRESS_SWEEP_SECONDS in which the
+# answer sent nothing (the engine still working on a long non-streamed answer, or between two
+# distant chunks). The agent's message 0 and markers then carry `Grid-Progress: <max gap>`, the
+# longest the requester can see nothing while the agent is alive: the requester bounds silence by
+# that evidence instead of its read timeout, so an answer whose host died, was cut off or stopped
+# ends within seconds. Requesters that do not ask get the single marker before message 0 only
+# (an older gateway reads any other message without Grid-Seq as a lost part of the answer).
+H_PROGRESS = "Grid-Progress"
+PROGRESS_SWEEP_SECONDS = 1.0
+# A marker is sent at the first sweep that finds an answer silent since the sweep before, so the
+# longest gap between two messages of a live answer is two sweeps.
+PROGRESS_MAX_GAP_SECONDS = 2 * PROGRESS_SWEEP_SECONDS
 # Where a failure happened: "connect" means nothing reached the engine (another replica may be
 # tried); "read" means the request may have been executed (it is never sent elsewhere).
 H_PHASE = "Grid-Phase"

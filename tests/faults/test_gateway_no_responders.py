@@ -1,5 +1,14 @@
-"""A dead agent costs no request: two hosts serve the model, one agent is killed (SIGKILL; its
-engine lives on) between two requests of a steady sequential load through the gateway.
+"""A stopped agent costs at most the requests it held, a dead one costs none: two hosts serve the
+model under a steady sequential load through the gateway, and one agent is first stopped
+(SIGSTOP, with a long stream in flight on it) and resumed, then killed (SIGKILL; its engine lives
+on) between two requests.
+
+A stopped agent sends nothing, though NATS still delivers to its socket. It promised a progress
+marker at least every couple of seconds (grid.infer.wire.H_PROGRESS), so its stream ends within
+seconds with a retryable `upstream_silent` error event, not at the 600 s read timeout; the first
+new request that finds it silent fails after the connect timeout, and the gateway then routes the
+host nothing until it heartbeats again (after SIGCONT). Before, every request routed there failed
+with a 504 after 5 s until its heartbeat went stale, and the stream stayed open.
 
 NATS answers "no responders" at once for the dead host's inference subject, which proves the
 request reached nobody: the gateway routes it again to the other replica (a delivered POST is
@@ -12,18 +21,23 @@ agents that joined by invitation, llama.cpp with the SmolLM2 GGUF).
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from grid.agent.engines.runtime import Runtime
 from grid.fleet import ADMITTING_HOST_STATES
-from grid.gateway.routing import EXCLUDED_NO_RESPONDERS
+from grid.gateway.routing import EXCLUDED_NO_RESPONDERS, EXCLUDED_SILENT
 from grid.testfleet import fleet as fleetlib
+from grid.testfleet.state import load_state
 from tests.e2e.test_fleet import wait_until
 from tests.faults.fleetkit import MODEL, Fleet, ask, two_machines
 
@@ -47,29 +61,102 @@ def fresh(fleet: Fleet, host_id: str) -> bool:
     return any(h["host_id"] == host_id and h["fresh"] for h in fleet.hosts())
 
 
-@pytest.fixture
-def fleet(tmp_path: Path, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
-    with two_machines(tmp_path, bundled_model_home) as started:
+# The issue's goal for a request in flight on a host that stopped answering.
+SILENCE_BOUND_SECONDS = 10.0
+LOAD_SECONDS_WHILE_STOPPED = 12.0
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path, engine_runtime: Runtime) -> Iterator[Fleet]:
+    """One fleet for the module: the stop test leaves the victim serving again for the kill test."""
+    with two_machines(tmp_path_factory.mktemp("fleet"), bundled_model_home) as started:
+        started.admin("PATCH", f"/allocator/models/{MODEL}", {"min_replicas": 2, "max_replicas": 2})
+        wait_until("a ready replica on both hosts", lambda: ready(started) == {VICTIM, SURVIVOR}, 180)
         yield started
 
 
-def test_a_killed_agent_costs_no_request_and_its_host_comes_back(fleet: Fleet) -> None:
-    fleet.admin("PATCH", f"/allocator/models/{MODEL}", {"min_replicas": 2, "max_replicas": 2})
-    wait_until("a ready replica on both hosts", lambda: ready(fleet) == {VICTIM, SURVIVOR}, 180)
-    client = httpx.Client(base_url=fleet.gateway, timeout=120)
+class Load:
+    """Requests through the gateway, and the affinity keys the victim served."""
 
-    victim_keys: list[str] = []
+    def __init__(self, fleet: Fleet) -> None:
+        self.client = httpx.Client(base_url=fleet.gateway, timeout=120)
+        self.victim_keys: list[str] = []
 
-    def served_by_both(prefix: str) -> bool:
+    def served_by_both(self, prefix: str) -> bool:
         # Concurrent, like the probe bursts below: sequential requests never fill a replica's
         # slots, so a router that expects one replica to finish first would send them all there
         # (seen after the restart on a busy machine: 150 s of requests, none to the victim).
         keys = [f"{prefix}-{i}" for i in range(12)]
         with ThreadPoolExecutor(BURST) as pool:
-            hosts = list(pool.map(lambda key: ask(client, False, affinity_key=key)[1], keys))
-        victim_keys.extend(key for key, host in zip(keys, hosts) if host == VICTIM)
+            hosts = list(pool.map(lambda key: ask(self.client, False, affinity_key=key)[1], keys))
+        self.victim_keys.extend(key for key, host in zip(keys, hosts) if host == VICTIM)
         return set(hosts) == {VICTIM, SURVIVOR}
 
+    def unroutable(self) -> list[tuple[str, str]]:
+        return [(h["host_id"], h["reason"]) for h in self.client.get("/gateway/stats").json()["unroutable_hosts"]]
+
+
+def _long_stream_on_victim(load: Load) -> tuple[httpx.Response, Iterator[str], Any]:
+    """A long stream the victim is generating: (response, its remaining lines, its context)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count"}], "max_tokens": 1500,
+            "ignore_eos": True, "stream": True}
+    for key in load.victim_keys * 3:
+        context = load.client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Grid-Affinity-Key": key})
+        response = context.__enter__()
+        lines = response.iter_lines()
+        if response.status_code == 200 and response.headers.get("x-grid-host") == VICTIM and next(lines, None):
+            return response, lines, context
+        context.__exit__(None, None, None)
+    raise AssertionError("no long stream landed on the victim")
+
+
+def test_a_stopped_agent_fails_only_what_it_held_and_serves_again_when_resumed(fleet: Fleet) -> None:
+    load = Load(fleet)
+    wait_until("the gateway routing to both hosts", lambda: load.served_by_both("warm"), 60, interval=1.0)
+    state = load_state(fleet.home / "testfleet")
+    assert state is not None and state.host(VICTIM).agent is not None
+    pid = state.host(VICTIM).agent.pid
+
+    response, lines, context = _long_stream_on_victim(load)
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            def read_to_the_end() -> tuple[list[str], float]:
+                # The stream ends by itself, with the reason as its last event.
+                events = [line for line in lines if line.startswith("data: ")]
+                return events, time.monotonic() - stopped_at
+
+            tail = pool.submit(read_to_the_end)
+            results: list[tuple[float, int, str | None]] = []
+            while time.monotonic() - stopped_at < LOAD_SECONDS_WHILE_STOPPED:
+                key = load.victim_keys[len(results) % len(load.victim_keys)] if len(results) % 2 == 0 else None
+                status, host = ask(load.client, len(results) % 4 in (1, 2), affinity_key=key)
+                results.append((round(time.monotonic() - stopped_at, 1), status, host))
+            events, stream_ended = tail.result(timeout=60)
+        unroutable = load.unroutable()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        context.__exit__(None, None, None)
+    failed = [r for r in results if r[1] != 200]
+    print(f"\nwhile stopped: {len(results)} requests, failed {failed}; the stream ended after {stream_ended:.1f}s "
+          f"with {events[-1][:120]}")
+    assert json.loads(events[-1][6:])["error"]["code"] == "upstream_silent"
+    assert len(failed) <= 1 and all(status == 504 for _, status, _ in failed), failed
+    assert {host for _, status, host in results if status == 200} == {SURVIVOR}
+    assert stream_ended < SILENCE_BOUND_SECONDS
+    assert (VICTIM, EXCLUDED_SILENT) in unroutable
+    assert response.status_code == 200
+
+    # Resumed, the agent heartbeats again: its host is routable at once and serves again.
+    wait_until("the victim routable again", lambda: not load.unroutable(), 60)
+    wait_until("the victim serving again", lambda: load.served_by_both("resumed"), 120, interval=1.0)
+    load.client.close()
+
+
+def test_a_killed_agent_costs_no_request_and_its_host_comes_back(fleet: Fleet) -> None:
+    load = Load(fleet)
+    client, victim_keys, served_by_both = load.client, load.victim_keys, load.served_by_both
     wait_until("the gateway routing to both hosts", lambda: served_by_both("warm"), 60, interval=1.0)
 
     # Steady sequential load, streamed and not by turns, spread over both replicas by affinity

@@ -23,6 +23,7 @@ from grid.agent.engines.llama_cpp import EngineSpec, probe_active, spawn
 from grid.agent.engines.runtime import Runtime
 from grid.events.subjects import ALL_STREAMS, infer_request_subject, infer_wildcard
 from grid.gateway.breaker import CLOSED
+from grid.gateway.responses import STREAM_OK, ProxyStream, completes_event_stream
 from grid.gateway.routes import build_routes, exception_handlers
 from grid.gateway.upstream import Upstream
 from grid.infer.client import InferTarget, NatsUpstream, NotServedThere, UpstreamConnectionLost
@@ -480,3 +481,31 @@ async def test_a_host_with_no_ready_engine_refuses_and_the_gateway_asks_another_
         await fleet.gw.upstream.aclose()
         for log in (*agents, gateway_log):
             await log.close()
+
+
+async def test_a_client_that_leaves_right_after_the_final_event_had_a_whole_answer(pair) -> None:
+    """The client reads `data: [DONE]` and hangs up before the agent's end-of-answer message is
+    relayed (1 stream in 12 by hand): the stream is recorded as served, not as cancelled (499),
+    which would have counted a complete answer as a failure in analytics and the dashboard.
+    The test plays the HTTP server's side of ProxyStream: the hang-up lands while the gateway
+    finishes the response after the final event."""
+    upstream, _responder, _log = pair
+    resp = await upstream.post(InferTarget("host-a", MODEL, CHAT), _chat(True), JSON)
+    hung_up = asyncio.Event()
+    outcomes: list[str] = []
+
+    async def receive() -> dict[str, str]:
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        body = message.get("body", b"")
+        if isinstance(body, bytes) and completes_event_stream(body):
+            hung_up.set()  # the client has the final event and closes its connection
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            await asyncio.sleep(0.2)  # the server is still writing when the hang-up is noticed
+
+    stream = ProxyStream(resp.status_code, [(b"content-type", b"text/event-stream")], resp, lambda _c: None,
+                         outcomes.append)
+    await stream({"type": "http"}, receive, send)
+    assert hung_up.is_set() and outcomes == [STREAM_OK]
