@@ -47,9 +47,15 @@ MODELS_PATH = "/v1/models"
 # one probe interval plus the probe timeout plus one heartbeat's trip through the log.
 PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 1.5
-# An engine that keeps failing is probed less often, doubling from one interval up to this: a
-# registration left behind for an engine that is gone costs a probe every 30 s, not every second,
-# and an engine that comes back is routed again within this bound.
+# An engine that starts failing is most often restarting (an upgrade, a crash under a supervisor,
+# a reload): it keeps being probed every interval for this long, so it is routed again within
+# about one interval of answering instead of waiting out a backed-off probe.
+PROBE_RECOVERY_WINDOW_SECONDS = 60.0
+# Past the window the registration is more likely left behind for an engine that is gone: the
+# wait between probes grows with the outage (this share of the time past the window), up to
+# PROBE_BACKOFF_MAX_SECONDS. An engine that comes back is then routed within a tenth of its
+# downtime, and a long-dead registration costs a probe every 30 s, not every second.
+PROBE_BACKOFF_SHARE = 0.1
 PROBE_BACKOFF_MAX_SECONDS = 30.0
 
 # Why a probe passed or failed.
@@ -314,15 +320,18 @@ class Observed:
     result: ProbeResult
     ready_since: float | None  # when the current run of passing probes began
     key: str | None = field(default=None, repr=False)  # the endpoint's key, held in memory only
-    failures: int = 0  # consecutive failed probes of this registration
+    failing_since: float | None = None  # when the current run of failed probes began (None: passing)
     next_probe_at: float = 0.0
 
 
-def probe_backoff(failures: int) -> float:
-    """Seconds until the next probe of an engine after `failures` consecutive failed probes."""
-    if failures <= 0:
+def probe_delay(failing_since: float | None, now: float) -> float:
+    """Seconds from a probe at `now` to the next one of the same engine, whose failed probes began
+    at `failing_since` (None: its probe passed). Every interval while it passes and through the
+    first PROBE_RECOVERY_WINDOW_SECONDS of an outage; then growing with the outage, capped."""
+    if failing_since is None:
         return PROBE_INTERVAL_SECONDS
-    return min(PROBE_INTERVAL_SECONDS * 2.0 ** (failures - 1), PROBE_BACKOFF_MAX_SECONDS)
+    past_window = now - failing_since - PROBE_RECOVERY_WINDOW_SECONDS
+    return min(PROBE_BACKOFF_MAX_SECONDS, max(PROBE_INTERVAL_SECONDS, past_window * PROBE_BACKOFF_SHARE))
 
 
 @dataclass
@@ -344,14 +353,14 @@ class ExternalEngines:
         for reg, result, key in results:
             old = self.engines.get(reg.model_id)
             same = old is not None and old.registration == reg
-            since = None
-            failures = 0
+            since = failing_since = None
             if result.ok:
-                kept = same and old.result.ok
-                since = old.ready_since if kept and old.ready_since is not None else now
+                still_ready = same and old.result.ok
+                since = old.ready_since if still_ready and old.ready_since is not None else now
             else:
-                failures = (old.failures if same else 0) + 1
-            fresh[reg.model_id] = Observed(reg, result, since, key, failures, now + probe_backoff(failures))
+                failing_since = old.failing_since if same and old.failing_since is not None else now
+            fresh[reg.model_id] = Observed(reg, result, since, key, failing_since,
+                                           now + probe_delay(failing_since, now))
         self.engines = fresh
         return before != {m: (o.registration, o.result.reason) for m, o in fresh.items()}
 
@@ -362,7 +371,7 @@ class ExternalEngines:
 
     def due(self, reg: Registration, now: float) -> bool:
         """Whether `reg` is probed in the round at `now`: a new or changed registration, an
-        engine whose last probe passed, or a failing one whose backoff ran out."""
+        engine whose last probe passed, or a failing one whose wait (probe_delay) ran out."""
         seen = self.engines.get(reg.model_id)
         return seen is None or seen.registration != reg or seen.result.ok or now >= seen.next_probe_at
 

@@ -272,6 +272,7 @@ def up(
     listen = _nats_listen(nats_listen, nats, tuple(nats_tls_name))
     budget = _log_budget(log_budget, nats)
     _refuse_second_grid(GridConfig.from_environ())  # before its ports are reported taken
+    _check_disk(GridConfig.from_environ(), budget if nats is None else None)
     _check_named_ports(host, port, admin_port, (dashboard_host, dashboard_port) if dashboard else None, listen)
     port = gateway_port(host, port, _notice)
     try:
@@ -303,7 +304,10 @@ def _nats_listen(requested: str | None, nats: str | None, tls_names: tuple[str, 
 
 
 def _log_budget(requested: str | None, nats: str | None) -> int | None:
-    """The log budget in bytes, refused before anything starts when it cannot fit the disk."""
+    """The log budget in bytes (None: the event log is another server's), refused before anything
+    starts when a budget asked for cannot fit the disk. The default never goes below the minimum:
+    when even that does not fit, _check_disk refuses it, with everything else `up` needs."""
+    from grid.transport.jetstream import MIN_LOG_BUDGET
     from grid.transport.log_budget import LogBudgetError, parse_size, resolve_log_budget
 
     try:
@@ -311,8 +315,26 @@ def _log_budget(requested: str | None, nats: str | None) -> int | None:
             return None if requested is None else _at_least_minimum(parse_size(requested), requested)
         return resolve_log_budget(requested, GridConfig.from_environ().nats_store_dir)
     except LogBudgetError as exc:
+        if requested is None:
+            return MIN_LOG_BUDGET
         fail(str(exc))
         raise AssertionError from exc
+
+
+def _check_disk(cfg: GridConfig, log_budget: int | None) -> None:
+    """Refuse before anything starts when GRID_HOME's disk cannot hold the bundled model's copy,
+    the event log's reservation and working room together (grid.cli.up_disk). `log_budget` None:
+    the event log lives on another server (--nats)."""
+    from grid.agent.artifacts import BUNDLED_SIZE_BYTES
+    from grid.cli.up_disk import bundled_model_cached, disk_needs, filesystems, shortfall
+    from grid.transport.log_budget import SERVER_STORE_FRACTION
+
+    needs = disk_needs(home=cfg.home, artifacts_dir=cfg.artifacts_dir, store_dir=cfg.nats_store_dir,
+                       model_bytes=0 if bundled_model_cached(cfg.artifacts_dir) else BUNDLED_SIZE_BYTES,
+                       log_budget=log_budget, store_fraction=SERVER_STORE_FRACTION)
+    short = shortfall(cfg.home, needs, filesystems([n.path for n in needs]))
+    if short is not None:
+        fail(short.message)
 
 
 def _at_least_minimum(budget: int, requested: str) -> int:

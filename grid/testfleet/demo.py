@@ -341,7 +341,7 @@ def _answer(persona: str, model: str, resp: httpx.Response, attempts: int, laten
 class Demo:
     def __init__(self, state: FleetManifest, spec: DemoSpec, *, say: Say, progress: Progress,
                  on_line: Callable[[Any], None]) -> None:
-        from grid.testfleet.fleet import admin_request
+        from grid.testfleet.fleet import admin_request, gateway_headers
 
         self.state = state
         self.spec = spec
@@ -353,7 +353,8 @@ class Demo:
         self.report = DemoReport(baseline_model=self.baseline, coding_model=self.coding)
         self.follower = Follower(state, on_line)
         self._last_seen = "the fleet was not asked"
-        self.client = httpx.Client(base_url=state.gateway_url, timeout=HTTP_TIMEOUT_SECONDS, trust_env=False)
+        self.client = httpx.Client(base_url=state.gateway_url, headers=gateway_headers(), timeout=HTTP_TIMEOUT_SECONDS,
+                                   trust_env=False)
 
     def _coding_id(self) -> str:
         if self.spec.coding_model is not None:

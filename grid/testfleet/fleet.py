@@ -121,6 +121,20 @@ def _operator_token(state: FleetManifest) -> str:
     return read_secret(GridConfig(home=Path(state.control_home), nats_url=None).operator_token_path)
 
 
+def gateway_headers() -> dict[str, str]:
+    """Headers for this process's own requests to the fleet's gateway. The gateway runs with this
+    environment (_env), so when GRID_GATEWAY_API_KEYS makes it require client keys, the first of
+    them is the fleet's key too; a variable the gateway could not read is refused before anything
+    starts. (The key stays in this process: it is never printed or recorded.)"""
+    from grid.gateway.settings import API_KEYS_ENV, parse_api_keys
+
+    try:
+        keys = parse_api_keys(os.environ.get(API_KEYS_ENV))
+    except (ValueError, OSError) as exc:
+        raise FleetError(f"the gateway's client keys ({API_KEYS_ENV}) cannot be read: {exc}") from exc
+    return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+
 def admin_request(state: FleetManifest, method: str, path: str, body: Any = None) -> Any:
     """The fleet controller's admin API as the operator (JSON answer; FleetError on refusal)."""
     headers = {"X-Grid-Allocator-Token": _operator_token(state)}
@@ -193,6 +207,7 @@ def start_fleet(root: Path, spec: FleetSpec, say: Say = lambda _: None) -> Fleet
     """Start the fleet (idempotent: the same settings while it runs are a no-op)."""
     existing = load_state(root)
     _check_spec(spec)
+    gateway_headers()  # refused now rather than after the gateway started
     model = prepare_model(root, spec.model, say)
     caps = plan_capacities(spec.machines, spec.capacities_gib, model.memory_mb, machine_memory_mb())
     settings = _settings(spec, model, caps)
@@ -298,8 +313,9 @@ def _start(state: FleetManifest, spec: FleetSpec, model: Model, say: Say) -> Non
         say(f"machine {host.host_id}: failure domain {host.failure_domain}, {cap} MB, engine ports "
             f"{host.port_range[0]}-{host.port_range[1]}" + (f", {host.netns} at {host.address}" if host.netns else ""))
 
-    _wait("the gateway", lambda: httpx.get(state.gateway_url + "/v1/models", timeout=2, trust_env=False)
-          .status_code == 200, 60, watch=[state.gateway])
+    client_key = gateway_headers()  # a gateway that requires client keys answers 401 without one
+    _wait("the gateway", lambda: httpx.get(state.gateway_url + "/v1/models", headers=client_key, timeout=2,
+                                           trust_env=False).status_code == 200, 60, watch=[state.gateway])
     want = {h.host_id for h in state.hosts}
     say(f"waiting for {len(want)} agents to join and report")
     retries = {h.host_id: JOIN_RETRIES for h in state.hosts}

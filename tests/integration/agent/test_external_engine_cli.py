@@ -168,8 +168,9 @@ async def test_a_probe_round_skips_an_engine_in_backoff_and_keeps_its_last_verdi
     async with httpx.AsyncClient() as http:
         assert await engines.probe_all(http, 100.0)  # registered, and nothing answers
         first = engines.engines["smol"]
-        assert first.failures == 1 and first.result.reason == external.PROBE_UNREACHABLE
+        assert first.failing_since == 100.0 and first.result.reason == external.PROBE_UNREACHABLE
         assert not await engines.probe_all(http, 100.5)  # not due: not probed, verdict kept
         assert engines.engines["smol"] is first
         await engines.probe_all(http, first.next_probe_at)
-        assert engines.engines["smol"].failures == 2
+        again = engines.engines["smol"]
+        assert again is not first and again.failing_since == 100.0  # probed: the same outage goes on

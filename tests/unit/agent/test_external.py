@@ -164,21 +164,47 @@ def test_a_key_file_problem_is_reported_without_its_local_path(tmp_path: Path) -
     assert warning.startswith("external_engine_api_key_file_unreadable: smol") and str(tmp_path) not in warning
 
 
-def test_a_failing_engine_is_probed_less_often_until_it_passes_or_changes(tmp_path: Path) -> None:
+def test_probe_delay_keeps_the_interval_through_a_restart_then_grows_with_the_outage() -> None:
+    assert ext.probe_delay(None, 500.0) == ext.PROBE_INTERVAL_SECONDS  # passing: every round
+    # A restart: every interval for the whole recovery window, however many probes failed.
+    for down in (0.0, 1.0, 16.0, 31.0, ext.PROBE_RECOVERY_WINDOW_SECONDS):
+        assert ext.probe_delay(100.0, 100.0 + down) == ext.PROBE_INTERVAL_SECONDS
+    # Then a share of the outage past the window, never below the interval, capped.
+    window = ext.PROBE_RECOVERY_WINDOW_SECONDS
+    assert ext.probe_delay(0.0, window + 5.0) == ext.PROBE_INTERVAL_SECONDS
+    assert ext.probe_delay(0.0, window + 100.0) == pytest.approx(100.0 * ext.PROBE_BACKOFF_SHARE)
+    assert ext.probe_delay(0.0, window + 3600.0) == ext.PROBE_BACKOFF_MAX_SECONDS
+
+
+def _probe_times(engines: ext.ExternalEngines, tmp_path: Path, start: float, until: float) -> list[float]:
+    """When a dead engine is probed from `start` to `until`, rounds every interval as the agent runs them."""
+    reg = engines.engines["smol"].registration
+    probed, now = [], start
+    while now < until:
+        if engines.due(reg, now):
+            _engines(tmp_path, False, now, engines)
+            probed.append(now)
+        now += ext.PROBE_INTERVAL_SECONDS
+    return probed
+
+
+def test_a_failing_engine_is_probed_every_round_through_a_restart_until_it_passes_or_changes(tmp_path: Path) -> None:
     engines = _engines(tmp_path, True, 0.0)
     reg = engines.engines["smol"].registration
     assert engines.due(reg, 0.5)  # a passing engine is probed every round: its death shows at once
-    now, gaps = 1.0, []
-    for _ in range(8):
-        _engines(tmp_path, False, now, engines)
-        seen = engines.engines["smol"]
-        assert not engines.due(reg, now + seen.next_probe_at - now - 0.01)
-        assert engines.due(reg, seen.next_probe_at)
-        gaps.append(seen.next_probe_at - now)
-        now = seen.next_probe_at
-    assert gaps == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    probed = _probe_times(engines, tmp_path, 1.0, 40.0)
+    assert probed == [float(t) for t in range(1, 40)]  # a restart is seen within one round of answering
+    assert engines.engines["smol"].failing_since == 1.0
     moved = ext.validate("smol", "http://127.0.0.1:10", "llama.cpp", 300, None)
-    assert isinstance(moved, ext.Registration) and engines.due(moved, now - 20.0)  # re-registered: at once
-    _engines(tmp_path, True, now, engines)
-    assert engines.engines["smol"].failures == 0 and engines.due(reg, now + 0.1)
+    assert isinstance(moved, ext.Registration) and engines.due(moved, 40.0)  # re-registered: at once
+    _engines(tmp_path, True, 40.0, engines)
+    assert engines.engines["smol"].failing_since is None and engines.due(reg, 40.1)
 
+
+def test_a_long_dead_registration_costs_little(tmp_path: Path) -> None:
+    engines = _engines(tmp_path, False, 0.0)
+    hour = _probe_times(engines, tmp_path, 1.0, 3600.0)
+    gaps = [b - a for a, b in zip(hour, hour[1:])]
+    assert max(gaps) <= ext.PROBE_BACKOFF_MAX_SECONDS + ext.PROBE_INTERVAL_SECONDS
+    assert gaps[-10:] == [ext.PROBE_BACKOFF_MAX_SECONDS] * 10
+    assert len(hour) < 250  # about one a second for the first minute, then two a minute
