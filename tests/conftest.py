@@ -199,7 +199,7 @@ def native_llama_server() -> Path:
 # The top-level directories of tests/, each its own marker (pyproject.toml): every test carries
 # the marker of the directory it lives in and no other, so what kind of test it is follows from
 # where it is.
-TEST_DIRECTORIES = ("unit", "contract", "integration", "e2e", "faults", "cluster", "security", "golden")
+TEST_DIRECTORIES = ("unit", "contract", "integration", "e2e", "faults", "cluster", "security", "golden", "deploy")
 TESTS_DIR = Path(__file__).resolve().parent
 
 

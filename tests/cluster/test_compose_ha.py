@@ -1,4 +1,4 @@
-"""docker-compose.yml's `ha` profile: 3 NATS nodes, 2 controllers, 2 gateways, an agent, each
+"""docker-compose.yml's default stack: 3 NATS nodes, 2 controllers, 2 gateways, an agent, each
 running a real command (no Docker engine here: the commands are parsed by gridctl itself and
 the node configs that `identity-ha` writes pass nats-server's own check)."""
 
@@ -23,12 +23,12 @@ def services() -> dict:  # type: ignore[type-arg]
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
 
 
-def test_the_ha_profile_has_the_topology_with_real_commands() -> None:
+def test_the_default_stack_has_the_cluster_topology_with_real_commands() -> None:
     s = services()
     assert set(HA) <= set(s)
-    assert all(s[name].get("profiles") == ["ha"] for name in HA)
-    # The single-node services stay the default topology.
-    assert all("profiles" not in s[name] for name in ("nats", "controller", "gateway", "agent"))
+    assert all(not s[name].get("profiles") for name in HA)
+    # The single-node services are the `single` profile.
+    assert all(s[name].get("profiles") == ["single"] for name in ("nats", "controller", "gateway", "agent"))
     for name in HA:
         if name.startswith("nats-"):
             continue

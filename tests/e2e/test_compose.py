@@ -85,7 +85,10 @@ def test_compose_topology_comes_up_and_the_agent_registers(monkeypatch: pytest.M
     from testcontainers.compose import DockerCompose
 
     monkeypatch.setenv("GRID_GATEWAY_API_KEYS", TEST_VALUES["GRID_GATEWAY_API_KEYS"])
-    with DockerCompose(ROOT, compose_file_name="docker-compose.yml", build=True, wait=False) as compose:
+    # The one-node services (profile `single`): the default stack is the cluster, which
+    # tests/deploy/test_compose.py brings up for real under podman.
+    with DockerCompose(ROOT, compose_file_name="docker-compose.yml", build=True, wait=False,
+                       profiles=["single"]) as compose:
         gateway = f"http://{compose.get_service_host('gateway', 8080)}:{compose.get_service_port('gateway', 8080)}"
         admin = f"http://{compose.get_service_host('controller', 8787)}:{compose.get_service_port('controller', 8787)}"
         key = {"Authorization": f"Bearer {TEST_VALUES['GRID_GATEWAY_API_KEYS']}"}
