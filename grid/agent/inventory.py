@@ -31,6 +31,7 @@ import msgspec
 import psutil
 
 from grid.agent import accelerators as acc
+from grid.agent.engines.runtime import runtime_version
 from grid.events.host import AcceleratorDevice, RuntimeBuild
 from grid.procstart import same_start, start_stamp
 from grid.secrets import open_owner_only
@@ -223,14 +224,28 @@ def probe_gpus(total_memory_mb: int, *, system: str | None = None, machine: str 
     return probe
 
 
-def probe_runtime_build(command: Sequence[str] | None, run: Runner = run_tool) -> RuntimeBuild | None:
+def run_tool_text(argv: Sequence[str]) -> str | None:
+    """A tool's whole output, stdout then stderr (llama-server prints --version on stderr), or
+    None when it is missing, fails or hangs."""
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout + out.stderr if out.returncode == 0 else None
+
+
+def probe_runtime_build(command: Sequence[str] | None, run: Runner = run_tool,
+                        run_text: Runner | None = None) -> RuntimeBuild | None:
     """The llama.cpp build behind `command` (llama-server, or the xllamacpp module which
-    answers the same `--list-devices`) and the backends it can use."""
+    answers the same `--list-devices`), the backends it can use and its version. `run_text`
+    reads a tool's whole output; without one, a given `run` (a test's recorded tools) answers
+    for it too."""
     if not command:
         return None
     text = run((*command, "--list-devices"))
     devices = acc.parse_llama_list_devices(text) if text is not None else ()
-    return RuntimeBuild(runtime=LLAMA_RUNTIME, backends=acc.build_backends(devices))
+    version = runtime_version(command, run_text or (run_tool_text if run is run_tool else run))
+    return RuntimeBuild(runtime=LLAMA_RUNTIME, backends=acc.build_backends(devices), version=version)
 
 
 def cpu_max_mhz() -> float | None:

@@ -20,9 +20,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from grid.cli.common import JsonOption, config, console, err_console, fail, print_json
+from grid.cli.common import JsonOption, config, console, err_console, fail, hardware_cells_with_versions, print_json
 from grid.events.control import MODEL_ID_GRAMMAR, ModelProfile, model_id_error, profile_values_error
-from grid.fleet.hardware import HARDWARE_COLUMNS, hardware_cells
+from grid.fleet.hardware import HARDWARE_COLUMNS
 from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
@@ -37,7 +37,9 @@ model_app = typer.Typer(help="Create, replace or retire model profiles.", no_arg
 # --- plumbing -----------------------------------------------------------------------------------
 
 
-def admin_url(explicit: str | None) -> str:
+def find_admin_url(explicit: str | None = None) -> str | None:
+    """--admin, else GRID_ADMIN_URL, else GRID_HOME/admin.url (written by the running controller)."""
+    explicit = explicit or os.environ.get("GRID_ADMIN_URL")
     if explicit:
         return explicit.rstrip("/")
     path = config().home / "admin.url"
@@ -45,8 +47,26 @@ def admin_url(explicit: str | None) -> str:
         value = path.read_text().strip()
         if value:
             return value.rstrip("/")
-    fail(f"no admin API found: start the grid with `gridctl up`, or pass --admin URL (looked for {path})")
-    raise AssertionError  # unreachable
+    return None
+
+
+def admin_url(explicit: str | None) -> str:
+    url = find_admin_url(explicit)
+    if url is None:
+        fail(f"no admin API found: start the grid with `gridctl up`, or pass --admin URL "
+             f"(looked for {config().home / 'admin.url'})")
+        raise AssertionError  # unreachable
+    return url
+
+
+def read_token() -> str | None:
+    """The operator token when one is configured, for reads off loopback (None: loopback needs none)."""
+    if os.environ.get("GRID_ALLOCATOR_CONTROL_TOKEN") or config().operator_token_path.exists():
+        try:
+            return operator_token(None)
+        except typer.Exit:
+            return None
+    return None
 
 
 def operator_token(token_file: Path | None) -> str:
@@ -160,15 +180,30 @@ def _mib(value: Any) -> str:
     return "?" if value is None else f"{int(value) / (1 << 20):.0f} MiB"
 
 
+# How status names where a store reading came from (grid.controller.store_view).
+_STORE_SOURCES = {"local_server_disk": "local disk", "jetstream_account_info": "JetStream account",
+                  "none": "not measured"}
+
+
 def _render_store(store: Any) -> None:
-    """The event log store's disk pressure (present when the controller runs beside its server)."""
+    """The event log store's pressure: the local disk beside the server, or the JetStream account's
+    storage and limit on a cluster; what is unknown says why."""
     if not store:
         return
-    line = (f"event log store: {store['state']}   free {_mib(store['free_bytes'])} of {_mib(store['total_bytes'])} "
-            f"(warns below {_mib(store['warn_free_bytes'])})   JetStream stores "
+    source = store.get("source")
+    head = f"event log store ({_STORE_SOURCES.get(source, source)})" if source else "event log store"
+    if store.get("free_bytes") is not None:
+        room = "free" if source != "jetstream_account_info" else "left of the account limit:"
+        space = (f"{room} {_mib(store['free_bytes'])} of {_mib(store['total_bytes'])} "
+                 f"(warns below {_mib(store['warn_free_bytes'])})   ")
+    else:
+        space = ""
+    line = (f"{head}: {store['state']}   {space}JetStream stores "
             f"{_mib(store['jetstream_storage_bytes'])}, reserves {_mib(store['jetstream_reserved_bytes'])}")
     if store.get("recoveries"):
         line += f"   recovered {store['recoveries']}x"
+    if store.get("reason"):
+        line += f"   ({store['reason']})"
     console.print(line, style="dim" if store["state"] == "ok" else "yellow", markup=False, highlight=False)
 
 
@@ -189,6 +224,60 @@ def _render_qualifications(s: dict[str, Any]) -> None:
     for x in s.get("qualification_exclusions") or ():
         console.print(f"{x['model_id']} excludes host {x['host_id']}: {x['reason']} ({escape(x['detail'])})",
                       highlight=False)
+
+
+# The agent's heartbeat warning for an external engine whose probe failed
+# (grid.agent.external.reports): "external_engine_<reason>: <model> at <url>: <detail>".
+EXTERNAL_WARNING_PREFIX = "external_engine_"
+
+
+def external_failure(warnings: Any, model_id: str) -> str | None:
+    """Why the external engine for `model_id` failed ("unreachable: <detail>"), from its host's
+    heartbeat warnings; None when no warning names it."""
+    for w in warnings:
+        head, sep, rest = str(w).partition(": ")
+        if not sep or not head.startswith(EXTERNAL_WARNING_PREFIX) or not rest.startswith(f"{model_id} at "):
+            continue
+        reason = head[len(EXTERNAL_WARNING_PREFIX):]
+        _where, sep, detail = rest.partition(": ")
+        return f"{reason}: {detail}" if sep and detail else reason
+    return None
+
+
+def _ownership_label(r: dict[str, Any], host_warnings: Any) -> str:
+    """'' for a managed residency; '(ext)' for an external one, with the probe's reason when it failed
+    (an operator reading `failed(ext)` alone cannot tell a stopped engine from a refused key)."""
+    if r["managed"]:
+        return ""
+    why = external_failure(host_warnings, r["model_id"]) if r["state"] == "failed" else None
+    return f"(ext: {why})" if why else "(ext)"
+
+
+def _render_drains(drains: Any, now: float | None) -> None:
+    """Each draining host, its evacuation deadline, and the last copies it keeps past it."""
+    for d in drains:
+        left = "" if now is None else (
+            "passed" if d["deadline_passed"] else f"in {max(0.0, d['deadline_at'] - now):.0f}s")
+        kept = "; ".join(f"{r['model_id']} kept until replaced ({r['reason']})" for r in d["risks"])
+        console.print(f"  draining {d['host_id']}: evacuation deadline {left}" + (f"; {kept}" if kept else ""),
+                      style="yellow" if kept else "dim", markup=False, highlight=False)
+
+
+def _render_expired(history: Any) -> None:
+    """Recent commands that expired undelivered (their host went silent before accepting them)."""
+    for c in history:
+        if c["status"] == "expired":
+            console.print(f"  expired: {c['kind']} {c['model_id']} on {c['host_id']} ({c['message']}): the host "
+                          "went silent and never accepted it before its lease ran out",
+                          style="yellow", markup=False, highlight=False)
+
+
+def _offered(h: dict[str, Any]) -> str:
+    """What the planner may place into on a host, and why it is less than the host has."""
+    if "offered_mb" not in h:  # a controller older than these fields
+        return "?"
+    why = "; ".join(h.get("offered_reasons") or ())
+    return f"{h['planner_free_mb']}/{h['offered_mb']}" + (f" ({why})" if why else "")
 
 
 def render_status(s: dict[str, Any]) -> None:
@@ -212,12 +301,13 @@ def render_status(s: dict[str, Any]) -> None:
     _render_store(s.get("store"))
 
     hosts = Table(title="Hosts", title_justify="left")
-    for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "domain", "residencies"):
+    for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "planner free/offered MiB",
+                "domain", "residencies"):
         hosts.add_column(col)
     # Claims the gateway does not route (the warnings below say why).
     unplaced = {(c["host_id"], c["model_id"], c.get("managed", True)) for c in s.get("unplaced_claims") or ()}
     for h in s["hosts"]:
-        res = ", ".join(f"{r['model_id']}:{r['state']}" + ("" if r["managed"] else "(ext)")
+        res = ", ".join(f"{r['model_id']}:{r['state']}" + _ownership_label(r, h.get("warnings") or ())
                         + ("" if (h["host_id"], r["model_id"], r["managed"]) not in unplaced
                            else " (unplaced claim)" if r["managed"] else " (unadmitted claim)")
                         for r in h["residencies"])
@@ -227,7 +317,7 @@ def render_status(s: dict[str, Any]) -> None:
         if h.get("revoked"):  # `gridctl node revoke`: not merely stale
             state = "revoked " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h["revoked_at"]))
         hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
-                      str(h["used_mb"]), str(h["free_mb"]), h["failure_domain"], res or "-")
+                      str(h["used_mb"]), str(h["free_mb"]), _offered(h), h["failure_domain"], res or "-")
     console.print(hosts)
     _render_qualifications(s)
     hardware = Table(title="Hardware", title_justify="left")
@@ -235,7 +325,7 @@ def render_status(s: dict[str, Any]) -> None:
         hardware.add_column(col)
     for h in s["hosts"]:
         if h.get("hardware"):  # a controller older than the hardware columns sends none
-            hardware.add_row(h["host_id"], *hardware_cells(h["hardware"]))
+            hardware.add_row(h["host_id"], *hardware_cells_with_versions(h["hardware"]))
     if hardware.row_count:
         console.print(hardware)
 
@@ -250,6 +340,7 @@ def render_status(s: dict[str, Any]) -> None:
     console.print(models)
     _render_unplaceable(s.get("unplaceable") or ())
     _render_quarantines(s.get("flap_quarantines") or ())
+    _render_drains(s.get("drains") or (), s.get("now"))
     _render_workloads(s.get("workloads") or ())
 
     rec = s.get("reconciliation") or {}
@@ -258,7 +349,8 @@ def render_status(s: dict[str, Any]) -> None:
         for col in ("action", "kind", "host", "model", "status", "reason"):
             pend.add_column(col)
         for c in s["pending_commands"]:
-            pend.add_row(c["action_id"][:12], c["kind"], c["host_id"], c["model_id"], c["status"], c["reason"])
+            status = c["status"] + (f" ({c['waiting']})" if c.get("waiting") else "")
+            pend.add_row(c["action_id"][:12], c["kind"], c["host_id"], c["model_id"], status, c["reason"])
         for a in rec.get("actions", ()):
             label = "proposed" if mode["effective"] != "automatic" else "issuing"
             pend.add_row(a["action_id"][:12], a["kind"], a["host_id"], a["model_id"], label, a["reason"])
@@ -273,6 +365,7 @@ def render_status(s: dict[str, Any]) -> None:
         for b in rec.get("blocked", ()):
             console.print(f"  destructive work for {b['model_id']} blocked: {b['reason']} "
                           f"({len(b['action_ids'])} unconfirmed)", style="yellow")
+    _render_expired(s.get("history") or ())
     deferred = rec.get("deferred", ())
     if deferred:
         counts: dict[str, int] = {}

@@ -113,3 +113,17 @@ async def connect(url: str | None, *, name: str = "gridctl") -> JetStreamLog:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
+
+
+def runtimes_text(runtimes: Any) -> str:
+    """The hardware table's runtimes cell with each runtime's version, e.g.
+    'llama.cpp(cpu) xllamacpp 2026.10.11549' (unknown versions show nothing after the backends)."""
+    return ", ".join(f"{r['runtime']}({'+'.join(r['backends']) or '-'})"
+                     + (f" {r['version']}" if r.get("version") else "") for r in runtimes) or "-"
+
+
+def hardware_cells_with_versions(hw: dict[str, Any]) -> tuple[str, ...]:
+    """grid.fleet.hardware.hardware_cells with the runtimes cell naming each runtime's version."""
+    from grid.fleet.hardware import hardware_cells
+
+    return (*hardware_cells(hw)[:-1], runtimes_text(hw["runtimes"]))

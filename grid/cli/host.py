@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Optional
+from typing import Any, Optional
+from urllib.parse import quote
 
+import httpx
 import typer
+from rich.markup import escape
 
 from grid.agent.overrides import VERB_STATES
-from grid.cli.common import JsonOption, NatsOption, connect, console, fail, print_json, run
+from grid.cli.admin import AdminOption, find_admin_url, read_token
+from grid.cli.common import JsonOption, NatsOption, config, connect, console, err_console, fail, print_json, run
 from grid.events.base import new_event_id
 from grid.events.control import HostOverride
 
@@ -30,6 +34,8 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 # An override longer than a year is a typo, not an intent (resume releases an open-ended one).
 MAX_EXPIRES_SECONDS = 366 * 86400.0
 MAX_REASON = 200
+# The drain check runs a what-if plan on the controller: bounded, and the drain is written anyway.
+CHECK_TIMEOUT_SECONDS = 30.0
 
 
 def parse_duration(value: str) -> float:
@@ -48,7 +54,8 @@ def _check_host(host_id: str) -> None:
         fail(f"{host_id!r} is not a host id (see `gridctl status` for the fleet's hosts)")
 
 
-def _send(verb: str, host_id: str, reason: str, expires: str | None, json_out: bool, nats: str | None) -> None:
+def _send(verb: str, host_id: str, reason: str, expires: str | None, json_out: bool, nats: str | None,
+          admin: str | None = None) -> None:
     _check_host(host_id)
     if len(reason) > MAX_REASON:
         fail(f"--reason is at most {MAX_REASON} characters")
@@ -72,14 +79,58 @@ def _send(verb: str, host_id: str, reason: str, expires: str | None, json_out: b
             await log.close()
 
     seq = run(go)
+    # A drain evacuates: say at once which models it would leave with no copy to serve them.
+    check = drain_check(host_id, admin) if verb == "drain" else None
     if json_out:
-        print_json({"host_id": host_id, "state": state, "reason": reason, "expires_at": expires_at, "seq": seq})
+        doc = {"host_id": host_id, "state": state, "reason": reason, "expires_at": expires_at, "seq": seq}
+        if check is not None:
+            doc["drain_check"] = check
+        print_json(doc)
         return
     if state is None:
         console.print(f"{host_id}: override released (seq {seq})")
     else:
         until = f" until {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(expires_at))}" if expires_at else ""
         console.print(f"{host_id}: {state}{until} (seq {seq})")
+    if check is not None:
+        print_drain_check(check)
+
+
+def drain_check(host_id: str, admin: str | None = None) -> dict[str, Any]:
+    """The controller's what-if for draining `host_id` (GET /allocator/hosts/{host}/drain-check), or
+    {"known": false, "reason": ...} saying why it could not be asked: the drain itself is written
+    to the log either way."""
+    url = find_admin_url(admin)
+    if url is None:
+        return {"host_id": host_id, "known": False, "reason": "no_admin_api",
+                "detail": f"no admin API found (GRID_ADMIN_URL or {config().home / 'admin.url'})"}
+    token = read_token()
+    try:
+        resp = httpx.get(f"{url}/allocator/hosts/{quote(host_id, safe='')}/drain-check", timeout=CHECK_TIMEOUT_SECONDS,
+                         headers={"X-Grid-Allocator-Token": token} if token else {})
+        data = resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"host_id": host_id, "known": False, "reason": "admin_api_unreachable", "detail": f"{url}: {exc}"}
+    if resp.status_code != 200 or not isinstance(data, dict):
+        return {"host_id": host_id, "known": False, "reason": "admin_api_refused",
+                "detail": f"{resp.status_code} {data.get('error') if isinstance(data, dict) else ''}"}
+    return data
+
+
+def print_drain_check(check: dict[str, Any]) -> None:
+    """The drain check for people: each last copy at risk as a warning, or that there is none."""
+    if not check.get("known"):
+        detail = f": {check['detail']}" if check.get("detail") else ""
+        err_console.print(f"[yellow]note:[/yellow] could not check what the drain leaves unserved "
+                          f"({escape(str(check.get('reason')))}{escape(detail)}); `gridctl status` shows it")
+        return
+    for w in check.get("warnings") or ():
+        err_console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    if not check.get("risks"):
+        console.print(f"no model is left without a copy: what {check['host_id']} serves is ready elsewhere (drained "
+                      f"once its replacement is ready, or at the {check['evacuation_deadline_seconds']:g} s "
+                      "evacuation deadline) or has a replacement planned (drained once it is ready)",
+                      style="dim", highlight=False)
 
 
 ReasonOption = typer.Option("", "--reason", help="Why (shown in status and the agent's protection reason).")
@@ -90,9 +141,11 @@ HostArgument = typer.Argument(..., metavar="HOST", help="The host id (as `gridct
 
 @host_app.command("drain")
 def drain(host_id: str = HostArgument, reason: str = ReasonOption, expires: Optional[str] = ExpiresOption,
-          json_out: bool = JsonOption, nats: Optional[str] = NatsOption) -> None:
-    """Stop placing new work on HOST; what runs there finishes."""
-    _send("drain", host_id, reason, expires, json_out, nats)
+          json_out: bool = JsonOption, nats: Optional[str] = NatsOption, admin: Optional[str] = AdminOption) -> None:
+    """Stop placing new work on HOST and move its models elsewhere (make-before-break); warns at once
+    about each model whose last copy is there and that no other host can take (kept, serving, past
+    the evacuation deadline until a replacement is ready)."""
+    _send("drain", host_id, reason, expires, json_out, nats, admin)
 
 
 @host_app.command("pause")

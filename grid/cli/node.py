@@ -390,10 +390,11 @@ def status(
                           str(r["memory_mb"]), r["note"])
         console.print(table)
     if report["hardware"] is not None:
-        from grid.fleet.hardware import HARDWARE_COLUMNS, hardware_cells
+        from grid.cli.common import hardware_cells_with_versions
+        from grid.fleet.hardware import HARDWARE_COLUMNS
 
         hw_table = Table(*HARDWARE_COLUMNS, title="Hardware", title_justify="left")
-        hw_table.add_row(*hardware_cells(report["hardware"]))
+        hw_table.add_row(*hardware_cells_with_versions(report["hardware"]))
         console.print(hw_table)
         hw = report["hardware"]
         console.print(f"engines run on: {hw.get('engine_backend', '?')} (GPU probe: {hw.get('gpu_reason') or '-'}; "
@@ -413,6 +414,23 @@ def _set_override(verb: str, reason: str, for_seconds: float | None, state_dir: 
     write_override(paths.override, override)
     until = "until `gridctl node resume`" if for_seconds is None else f"for {for_seconds:.0f}s"
     typer.echo(f"override: {VERB_STATES[verb]} {until}" + (f" ({reason})" if reason else ""))
+    if verb == "drain":
+        _warn_drain_cost(paths)
+
+
+def _warn_drain_cost(paths: AgentPaths) -> None:
+    """Where this machine can reach the controller's admin API (GRID_ADMIN_URL, or the grid home's
+    admin.url beside `gridctl up`), say at once which models the drain leaves without a copy, as
+    `gridctl host drain` does; elsewhere `gridctl status` shows it once the agent reports the drain."""
+    from grid.cli.admin import find_admin_url
+    from grid.cli.host import drain_check, print_drain_check
+
+    try:
+        host_id = paths.host_id.read_text().strip()
+    except OSError:
+        return
+    if host_id and find_admin_url() is not None:
+        print_drain_check(drain_check(host_id))
 
 
 ReasonOption = typer.Option("", "--reason", help="Why (shown in status and protection events).")

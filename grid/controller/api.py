@@ -9,6 +9,8 @@
     PUT    /allocator/forecast-window   {"bucket_seconds": 1..3600} -> ForecastWindowSet
     GET    /openapi.json                the OpenAPI document (grid.controller.openapi)
     GET    /metrics                     Prometheus exposition (as status: open on loopback only)
+    GET    /allocator/hosts/{host}/drain-check  what draining the host would cost (grid.controller.drain_check);
+                                        as status: open on loopback, elsewhere the operator or reader token
     GET    /allocator/history/{view}    a history view of the analytics store (operator or reader token);
                                         query: from, to (epoch seconds), bucket, model, changes_only
     POST   /allocator/evaluations       an owner's quality evaluation -> EvaluationRecorded
@@ -72,8 +74,10 @@ from grid.controller.admin_input import (
     validate_model_id,
     validate_profile,
 )
+from grid.controller.drain_check import check_drain
 from grid.controller.evaluations import EvaluationBody, evaluation_decoder, to_event, validate_body
 from grid.controller.openapi import (
+    HOST_ID_MAX_LENGTH,
     EvaluationResponse,
     ForecastWindowResponse,
     HistoryResponse,
@@ -101,6 +105,7 @@ from grid.events.control import (
 from grid.events.log import AppendResult, EventLog, LogError
 from grid.http_limits import ListenerLimits, uvicorn_options
 from grid.metrics import exposition
+from grid.planner.plan import build_plan
 from grid.projections.runner import ProjectionRunner
 from grid.secrets import load_or_create_secret, tokens_equal, write_owner_only
 from grid.transport.embedded import free_port
@@ -325,6 +330,26 @@ async def metrics(request: Request, ctx: AdminContext) -> Response:
     return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _host_id_error(host_id: str) -> str | None:
+    if not host_id or len(host_id) > HOST_ID_MAX_LENGTH or any(c.isspace() or ord(c) < 32 for c in host_id):
+        return f"a host id is 1 to {HOST_ID_MAX_LENGTH} characters without whitespace or control characters"
+    return None
+
+
+@readers_or_loopback
+async def drain_check(request: Request, ctx: AdminContext) -> Response:
+    """What draining the host would cost (grid.controller.drain_check): a what-if plan of the last
+    planner input with the host draining, off the event loop (a plan of a large fleet takes a while)."""
+    host_id = str(request.path_params["host_id"])
+    problem = _host_id_error(host_id)
+    if problem is not None:
+        return _error(404, "not_found", problem)
+    view = ctx.controller.view()
+    answer = await asyncio.to_thread(check_drain, view.last_input, host_id,
+                                     view.limits.evacuation_deadline_seconds, build_plan)
+    return _json(answer)
+
+
 @readers_only
 async def history(request: Request, ctx: AdminContext) -> Response:
     view = request.path_params["view"]
@@ -503,6 +528,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/allocator/tick", post_tick, methods=["POST"]),
     Route("/allocator/forecast-window", put_forecast_window, methods=["PUT"]),
     Route("/allocator/history/{view}", history, methods=["GET"]),
+    Route("/allocator/hosts/{host_id}/drain-check", drain_check, methods=["GET"]),
     Route("/allocator/evaluations", post_evaluation, methods=["POST"]),
     Route("/openapi.json", openapi, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),

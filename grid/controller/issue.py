@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from grid.controller.reconcile import Action, ReconcileResult, Withdrawal
+from grid.controller.reconcile import WITHDRAW_EXPIRED_UNDELIVERED, Action, ReconcileResult, Withdrawal
 from grid.events.commands import CommandIssued, CommandWithdrawn
 
 
@@ -42,9 +42,12 @@ def command_issued(action: Action, issuer: Issuer, *, issued_at: float,
 
 
 def command_withdrawn(withdrawal: Withdrawal, issuer: Issuer, *, at: float) -> CommandWithdrawn:
-    """The withdrawal of an open command (event id derived from the action id: a retry dedupes)."""
+    """The withdrawal of an open command (event id derived from the action id: a retry dedupes).
+    An expiry has its own id: it may follow an earlier withdrawal of the same command, which the
+    log's duplicate window would otherwise swallow."""
+    prefix = "expire" if withdrawal.reason == WITHDRAW_EXPIRED_UNDELIVERED else "withdraw"
     return CommandWithdrawn(
-        event_id=f"withdraw-{withdrawal.action_id}", at=at, action_id=withdrawal.action_id,
+        event_id=f"{prefix}-{withdrawal.action_id}", at=at, action_id=withdrawal.action_id,
         host_id=withdrawal.host_id, reason=withdrawal.reason, generation=issuer.generation,
         controller_term=issuer.controller_term, controller_id=issuer.controller_id,
     )

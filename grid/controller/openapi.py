@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from grid import __version__
+from grid.controller.drain_check import DrainCheck
 from grid.controller.status import TickReport
 from grid.events.control import MODEL_ID_GRAMMAR, MODEL_ID_MAX_LENGTH, ModelProfile
 
@@ -76,6 +77,10 @@ def _content(ref: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": ref}}
 
 
+# A host id in a path (as gridctl host checks it: no whitespace or control character).
+HOST_ID_MAX_LENGTH = 200
+
+
 def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_views: tuple[str, ...],
                   profile_patch: type, evaluation_body: type | None = None,
                   forecast_window_body: type | None = None) -> dict[str, Any]:
@@ -86,7 +91,9 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
     window_at = len(types)
     if forecast_window_body is not None:
         types += [ForecastWindowResponse, forecast_window_body]
+    types += [DrainCheck]
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
+    drain_check_r = refs[-1]
     error, set_r, retired_r, mode_r, tick_r, history_r, profile_b, mode_b, tick_b, patch_b = refs[:10]
 
     def responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
@@ -162,6 +169,15 @@ def build_openapi(profile_body: type, mode_body: type, tick_body: type, history_
             "requestBody": {"required": True, "content": _content(refs[window_at + 1])},
             "responses": responses(refs[window_at], 400, 401, 403, 408, 413, 422, 503),
         }}}),
+        "/allocator/hosts/{host_id}/drain-check": {"get": {
+            "summary": "What draining the host would cost: each model whose last ready copy is there and that no "
+                       "other host can take, and what the evacuation deadline does with it (a what-if plan of the "
+                       "last planner input; open on loopback, elsewhere the operator or reader token).",
+            "parameters": [{"name": "host_id", "in": "path", "required": True,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": HOST_ID_MAX_LENGTH},
+                            "description": "The host id, as status lists it."}],
+            "responses": responses(drain_check_r, 401, 404),
+        }},
         "/metrics": {"get": {
             "summary": "Prometheus exposition (open on loopback; elsewhere the operator or reader token).",
             "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},

@@ -15,6 +15,11 @@ Rules, in the order they are applied:
 
 * Never actuate what Grid does not own: unmanaged and pinned residencies are only evidence
   (safety invariant 7).
+* A command no host accepted before its lease ran out, to a host that is now stale or unknown,
+  expires (withdrawal reason ``WITHDRAW_EXPIRED_UNDELIVERED``, which ends it): no agent admits an
+  expired lease, so it can never run, and it must not hold its slot (or a pending drain its
+  model) until a host that may never return answers it. A command the host accepted stays open
+  (it may be running); the stale host's copies are no replicas anyway (freshness).
 * Withdrawn destructive batches whose node may already be running them block further
   destructive work for that model until a terminal ack or a heartbeat newer than the command
   proves the postcondition. No wall-clock timeout.
@@ -36,7 +41,10 @@ Rules, in the order they are applied:
   host's ready copy until its replacement is ready, and the gateway keeps routing to it) with a
   deadline: once the host has been draining for ``Limits.evacuation_deadline_seconds`` (since
   ``Guards.evacuating_since``) its placements are no longer desired and its replicas drain even
-  without a ready replacement; minimum residency no longer holds them.
+  without a ready replacement; minimum residency no longer holds them. Except the model's last
+  ready copy (invariant 5, "protect the last required replica"): with no ready replica on any
+  other fresh admitting host it stays, serving, until its replacement is ready; the drain says so
+  at once (grid.controller.drain_check).
 * A draining residency is unloaded only when it reports zero requests in flight (invariant 6).
 * The plan's cache-only advisories become loads with reason PREDICTIVE_PREFETCH (fetch and
   verify, never a warm), slotted after all demanded and routine work; its predictive cache
@@ -86,7 +94,7 @@ from grid.fleet.planning import (
 )
 from grid.fleet.reasons import RELOCATION
 from grid.fleet.views import HostView, ResidencyView
-from grid.projections.actions import ActionRecord, ActionsState
+from grid.projections.actions import EXPIRED_UNDELIVERED, ActionRecord, ActionsState
 
 # --- action reasons ---------------------------------------------------------------------------
 LOAD_FOR_PLACEMENT = "load_for_placement"
@@ -142,6 +150,7 @@ WITHDRAW_RETIRED = "model_retired"
 WITHDRAW_NOT_DESIRED = "no_longer_desired"
 WITHDRAW_ARTIFACT_CHANGED = "artifact_changed"
 WITHDRAW_MODE = "left_automatic_mode"
+WITHDRAW_EXPIRED_UNDELIVERED = EXPIRED_UNDELIVERED
 
 # --- blocked ----------------------------------------------------------------------------------
 BLOCKED_WITHDRAWN_DESTRUCTIVE = "withdrawn_destructive_unconfirmed"
@@ -405,6 +414,7 @@ class Reconciler:
         self._round_of: dict[str, int] = {}
 
     def run(self) -> ReconcileResult:
+        self.expire_undelivered()
         self.guard_withdrawn_destructive()
         self.withdraw_unsafe_destructive()
         self.withdraw_stale_availability()
@@ -426,9 +436,9 @@ class Reconciler:
             if (p.host_id, p.model_id) in self.desired:
                 continue
             host = self.hosts_by_id.get(p.host_id)
-            if host is not None and self._evacuation_due(host):
+            if host is not None and self._evacuation_releases(host, p.model_id):
                 # The planner retains a draining host's copy until its replacement is ready;
-                # past the evacuation deadline it is no longer desired there.
+                # past the evacuation deadline it is no longer desired there (unless it is the last).
                 continue
             self.desired[(p.host_id, p.model_id)] = p
             self.desired_by_model.setdefault(p.model_id, []).append(p)
@@ -500,6 +510,25 @@ class Reconciler:
         host = self.hosts_by_id.get(host_id)
         return host is not None and host.heartbeat_at is not None and host.heartbeat_at > at
 
+    # --- 0. commands that can no longer be delivered ---------------------------------------------
+
+    def expire_undelivered(self) -> None:
+        """A never-accepted command whose lease ran out, to a stale or unknown host, ends."""
+        expired = [r for r in self.open_records if self._undeliverable(r)]
+        for r in expired:
+            self._withdraw(r, WITHDRAW_EXPIRED_UNDELIVERED)
+        if expired:
+            # Gone for every later phase: it neither blocks, nor is re-validated, nor holds a slot.
+            self.open_records = [r for r in self.open_records if r.command.action_id not in self.withdrawn_now]
+
+    def _undeliverable(self, r: ActionRecord) -> bool:
+        cmd = r.command
+        if r.status != "pending" or self.fresh.get(cmd.host_id, False):
+            return False
+        # The agent judges the lease from the log's receipt time (`issued_at`); the skew allowance
+        # keeps a controller clock ahead of the server's from calling it early.
+        return self.now - r.issued_at >= cmd.lease_ttl_seconds + self.limits.future_skew_seconds
+
     # --- 1. the withdrawn-destructive guard -------------------------------------------------------
 
     def guard_withdrawn_destructive(self) -> None:
@@ -548,7 +577,7 @@ class Reconciler:
             if hm is not None and hm.managed is not None and hm.managed.state == "failed":
                 return False
             host = self.hosts_by_id.get(cmd.host_id)
-            if host is not None and self._evacuation_due(host):
+            if host is not None and self._evacuation_releases(host, m):
                 return False
             if m in self.shortfall_models:
                 return True
@@ -875,6 +904,13 @@ class Reconciler:
         since = self.guards.evacuating_since.get(host.host_id)
         return since is not None and self.now - since >= self.limits.evacuation_deadline_seconds
 
+    def _evacuation_releases(self, host: HostView, model_id: str) -> bool:
+        """Past its evacuation deadline a draining host's copy of `model_id` goes without waiting
+        for its replacement, as long as another fresh admitting host serves the model: the last
+        ready copy is kept until a replacement is ready (invariant 5; the drain warned of it)."""
+        return self._evacuation_due(host) and any(
+            self._ready_at(h.host_id, model_id) for h in self.hosts if h.host_id != host.host_id)
+
     def _unload_drained(self, host_id: str, model_id: str, r: ResidencyView) -> None:
         if self._defer_in_flight("unload", host_id, model_id):
             return
@@ -916,9 +952,10 @@ class Reconciler:
             still_eligible = host_id in holders if holders is not None else host.state in ADMITTING_HOST_STATES
             reason = DRAIN_SCALE_DOWN if still_eligible else DRAIN_OBSOLETE
         now = self.now
-        # An evacuation past its deadline: the draining host's replica goes even if it is the
-        # last one and inside its minimum residency (the operator asked for the machine back).
-        overdue = self._evacuation_due(host)
+        # An evacuation past its deadline: the draining host's replica goes without a ready
+        # replacement and inside its minimum residency (the operator asked for the machine back),
+        # but never the model's last ready copy (invariant 5).
+        overdue = self._evacuation_releases(host, model_id)
         if r.state == "ready" and pre is None and not retiring and profile is not None and not overdue:
             if model_id in self.shortfall_models:
                 reasons.append(LAST_REPLICA)

@@ -39,6 +39,7 @@ import collections
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 import time
@@ -98,6 +99,7 @@ from grid.events.subjects import (
     revocation_subject,
 )
 from grid.controller.quarantine_metrics import quarantine_gauge
+from grid.controller import store_view
 from grid.controller.store_metrics import store_sources
 from grid.fleet.planning import Plan, PlannerInput, Policy, decode_plan, encode_plan
 from grid.projections.budget import budget_metric, flagged_rows
@@ -121,6 +123,9 @@ SNAPSHOT_NAME = "controller.snapshot"
 # reconciler's order, one after another): a wave of a thousand commands one round trip at a time
 # would hold the tick for seconds.
 PUBLISH_CONCURRENCY = 64
+# How often a controller without a local store supervisor reads the JetStream account's storage.
+STORE_READ_SECONDS = 10.0
+STORE_READ_TIMEOUT_SECONDS = 5.0
 # Streams whose changes make a prompt tick worthwhile (our own plans/commands do not).
 TRIGGER_STREAMS = frozenset({HOSTS_STREAM, CONTROL_STREAM, REQUESTS_STREAM})
 # Where revocations land (grid.events.subjects.revocation_subject), and how soon one that could
@@ -246,6 +251,9 @@ class Controller:
         # beside the NATS server that stores the log (`gridctl up`): status and /metrics show a
         # filling disk before heartbeats stop being stored.
         self.store = store
+        # Without that supervisor (a cluster, a server elsewhere): the JetStream account's view of the
+        # store, read every STORE_READ_SECONDS (grid.controller.store_view); never a bare null.
+        self._account_store: dict[str, Any] = store_view.unmeasured("not read yet")
         # grid.identity.service.ControllerIdentity when the log has auth on: host command
         # consumers and the enrolment service (hosts may create neither themselves).
         self.identity = identity
@@ -417,6 +425,8 @@ class Controller:
             self._tasks.append(loop.create_task(self._revocation_loop(), name="controller-revocations"))
         if s.background_ticks:
             self._tasks.append(loop.create_task(self._tick_loop(), name="controller-tick"))
+        if self.store is None:
+            self._tasks.append(loop.create_task(self._account_store_loop(), name="controller-store"))
         self._dirty.set()
         log.info("controller started", controller_id=self.controller_id, term=self.lease.term,
                  positions=self.runner.positions)
@@ -452,6 +462,33 @@ class Controller:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+    async def _account_store_loop(self) -> None:
+        while True:
+            self._account_store = await self._read_account_store()
+            await asyncio.sleep(STORE_READ_SECONDS)
+
+    async def _read_account_store(self) -> dict[str, Any]:
+        """The JetStream account's storage, used and reserved, and its limit ($JS.API.INFO under the
+        log's API prefix; nats-py's account_info() drops reserved_storage)."""
+        js, nc = getattr(self.log, "jetstream", None), getattr(self.log, "client", None)
+        if js is None or nc is None:
+            return store_view.unmeasured("the event log is not a NATS JetStream server")
+        prefix = getattr(js, "_prefix", None) or "$JS.API"
+        try:
+            msg = await nc.request(f"{prefix}.INFO", b"", timeout=STORE_READ_TIMEOUT_SECONDS)
+            info = json.loads(msg.data)
+        except Exception as exc:  # an answer status can show, never a crash of the loop
+            return store_view.account_store(None, error=f"{type(exc).__name__}: {exc}")
+        return store_view.account_store(info if isinstance(info, dict) else None, error="not a JSON object")
+
+    def _store_status(self) -> dict[str, Any]:
+        """Status's `store`: the local supervisor's reading, else the account's (never None)."""
+        if self.store is None:
+            return self._account_store
+        reading = as_status(self.store())
+        return store_view.local(reading) if reading is not None else store_view.unmeasured(
+            "the local store has not been read yet")
 
     def _max_term_seen(self) -> int:
         term = 0
@@ -828,7 +865,7 @@ class Controller:
             success_revision=self._success_revision, states=dict(self.runner.states),
             positions=dict(sorted(self.runner.positions.items())), malformed_events=self.runner.malformed,
             warnings=tuple(self.runner.warnings) + tuple(self.warnings) + self._footprint_warning(), limits=s.limits,
-            store=None if self.store is None else as_status(self.store()),
+            store=self._store_status(),
             history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
             last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,
             last_generation=self.last_generation, last_result=self.last_result,

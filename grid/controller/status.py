@@ -8,8 +8,13 @@ Shape (every key always present; lists bounded):
     mode         requested, effective, changed_at, log_durable
     revisions    dirty, processed, success, positions {stream: seq}, profiles {model: seq}, plans
     hosts        [{host_id, state, fresh, heartbeat_age_seconds, capacity_mb, reserved_mb,
-                   unmanaged_mb, used_mb, free_mb, failure_domain, tags, residencies [...],
+                   unmanaged_mb, used_mb, free_mb, offered_mb, planner_free_mb, offered_reasons,
+                   failure_domain, tags, residencies [...],
                    cached, protection_reason, override, revoked, revoked_at, revoked_reason}]
+                 offered_mb: the memory the planner may place into (after reserve, thermal
+                 derating, a throttled host's fraction; GPU memory on a VRAM host), planner_free_mb
+                 what of it is not taken, offered_reasons why it is less than capacity_mb
+                 (e.g. "throttled: offers 50%")
                  revoked: the operator revoked the host's credentials (`gridctl node revoke`) at
                  revoked_at (log receipt time); also a warning
     profiles     [ModelProfile fields]
@@ -18,6 +23,11 @@ Shape (every key always present; lists bounded):
     load_failures  [{host_id, model_id, reason, detail, action_id, artifact_sha256, at}]: the last
                  failed load per (host, model) until a later success there; a model short of
                  ready replicas with no planning shortfall shows the newest as its shortfall
+    drains       [{host_id, since, deadline_at, deadline_passed, risks [{host_id, model_id, reason, detail,
+                   at_deadline}]}] each draining host (operator or local drain): when it began (log time),
+                 its evacuation deadline, and each model whose last ready copy is there and that the plan
+                 replaces nowhere (kept past the deadline until a replacement is ready,
+                 grid.controller.drain_check); each risk is also a warning
     flap_quarantines  [{kind (host|model), subject, reason, since, until, remaining_seconds, transitions,
                    level}] hosts and models the last tick held out of new placement because their
                  lifecycle flaps (grid.fleet.quarantine), except where that would cost a replica
@@ -46,7 +56,9 @@ Shape (every key always present; lists bounded):
                   explanations, explanation_text}
     reconciliation  the ReconcileResult (actions, deferred, ignored, blocked, withdrawals, ...)
     pending_commands, delivered_pending_action_ids, withdrawn_commands, withdrawn_destructive
-    history      recent terminal actions, newest first
+                 pending_commands[].waiting: host_stale / host_unknown when its host is silent ("" else)
+    history      recent terminal actions, newest first; status "expired" (message expired_undelivered):
+                 no host accepted it before its lease ran out and its host was stale or unknown
     ticks        recent tick reports; last_tick
     rejected_events  {total, by_reason {reason: n}, latest [{stream, seq, subject, reason, role}]}: log
                  messages the controller's folds skipped as not provably written by an identity that
@@ -55,10 +67,13 @@ Shape (every key always present; lists bounded):
     over_budget_hosts  [{host, dropped {over_rate|over_bytes: n}, total, first_at, last_at, over_now}]:
                  hosts whose messages the folds dropped unread over their budget
                  (grid.projections.budget; also counted in rejected_events); over_now is a warning
-    store        {state (ok|low_free_space|write_failed|unknown), detail, path, free_bytes, total_bytes,
-                  warn_free_bytes, jetstream_storage_bytes, jetstream_reserved_bytes, jetstream_max_bytes,
-                  restart_needs_free_bytes, recoveries} the event log store's disk pressure when the
-                 controller runs beside its server (`gridctl up`), else null; not ok is also a warning
+    store        {state (ok|low_free_space|write_failed|unknown), detail, source, reason, path, free_bytes,
+                  total_bytes, warn_free_bytes, jetstream_storage_bytes, jetstream_reserved_bytes,
+                  jetstream_max_bytes, restart_needs_free_bytes, recoveries} the event log store's pressure:
+                 source local_server_disk when the controller runs beside its server (`gridctl up`: its
+                 disk), jetstream_account_info elsewhere (a cluster: the account's storage, reservations
+                 and limit, free_bytes/total_bytes the limit's headroom or None), none when unread; every
+                 None field's why is in `reason` (grid.controller.store_view); not ok is also a warning
     warnings     snapshot quarantine, non-durable log, forecast failures, plan conflicts, ...
 
 It is built from a `ControllerView` (the controller's public snapshot), never from the live
@@ -74,6 +89,7 @@ from typing import Any
 
 import msgspec
 
+from grid.controller import drain_check, store_view
 from grid.controller.governor import Limits
 from grid.controller.inputs import ready_replicas
 from grid.controller.reconcile import ReconcileResult
@@ -82,13 +98,15 @@ from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
 from grid.projections.budget import over_budget_warnings
 from grid.events.commands import DESTRUCTIVE_KINDS
-from grid.fleet import HOLDS_MEMORY_STATES, heartbeat_live
+from grid.fleet import ADMITTING_HOST_STATES, HOLDS_MEMORY_STATES, heartbeat_live
+from grid.fleet.devices import vram_capacity_mb
 from grid.fleet import reasons as R
 from grid.fleet.hardware import hardware_row
 from grid.fleet.placeability import plan_saw_profile, unplaceable
 from grid.fleet.qualification import host_qualifies, why_not
 from grid.fleet.planning import Plan, PlannerInput, decode_plan
 from grid.fleet.views import HostView
+from grid.planner.feasibility import new_work_allocatable_mb
 from grid.planner.plan import render_explanation
 from grid.projections import fleet as fleet_proj
 from grid.projections import placed as placed_proj
@@ -183,6 +201,45 @@ def _command_row(r: ActionRecord) -> dict[str, Any]:
     }
 
 
+# Why a pending command waits on its host (pending_commands[].waiting), as status says it.
+WAITING_HOST_STALE = "host_stale"
+WAITING_HOST_UNKNOWN = "host_unknown"
+
+
+def _pending_row(r: ActionRecord, fresh: Mapping[str, bool]) -> dict[str, Any]:
+    """A pending command's row, with what it waits on when its host (`fresh`: host id -> fresh) is
+    silent: one it accepted may be running and stays until the host answers; one it never accepted
+    expires once its lease is over (grid.controller.reconcile.expire_undelivered, then status
+    "expired" in history)."""
+    host_fresh = fresh.get(r.command.host_id)
+    waiting = WAITING_HOST_UNKNOWN if host_fresh is None else "" if host_fresh else WAITING_HOST_STALE
+    return {**_command_row(r), "waiting": waiting}
+
+
+def offered_memory(h: HostView) -> tuple[int, list[str]]:
+    """The memory the planner may place into on `h` (grid.planner.feasibility's new-work
+    allocatable memory, before what already runs there) and why it is less than the host's
+    capacity, in words: a plan's `insufficient_memory` beside plenty of free memory is
+    otherwise a riddle (a throttled host offers only its throttle fraction)."""
+    res = h.resources
+    why: list[str] = []
+    vram = vram_capacity_mb(res)
+    if vram:
+        why.append(f"placements use GPU memory: {vram} MiB")
+    elif res.reserved_mb:
+        why.append(f"reserve: {res.reserved_mb} MiB")
+    derating = min(1.0, max(0.0, float(res.thermal_derating)))
+    if derating < 1.0:
+        why.append(f"thermal derating: offers {derating:.0%}")
+    if h.state == "throttled":
+        fraction = min(1.0, max(0.0, float(res.throttle_fraction)))
+        if fraction < 1.0:
+            why.append(f"throttled: offers {fraction:.0%}")
+    if h.state not in ADMITTING_HOST_STATES:
+        why.append(f"{h.state}: takes no new placement")
+    return (new_work_allocatable_mb(res, h.state) if h.state in ADMITTING_HOST_STATES else 0), why
+
+
 def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list[dict[str, Any]]:
     fleet = ctl.states["fleet"]
     limits = ctl.limits
@@ -193,11 +250,16 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list
         age = None if h.heartbeat_at is None else round(now - h.heartbeat_at, 3)
         rec = fleet.hosts.get(h.host_id)
         fresh = heartbeat_live(h.heartbeat_at, now, limits)
+        offered, offered_why = offered_memory(h)
         rows.append({
             "host_id": h.host_id, "state": h.state, "fresh": fresh,
             "heartbeat_age_seconds": age, "capacity_mb": res.capacity_mb, "reserved_mb": res.reserved_mb,
             "unmanaged_mb": h.unmanaged_memory_mb, "used_mb": used,
             "free_mb": res.capacity_mb - res.reserved_mb - h.unmanaged_memory_mb - used,
+            # What the planner may use: offered_mb in all, planner_free_mb of it not yet taken
+            # (before admission headroom), offered_reasons why it is less than capacity_mb.
+            "offered_mb": offered, "planner_free_mb": max(0, offered - h.unmanaged_memory_mb - used),
+            "offered_reasons": offered_why,
             "failure_domain": res.failure_domain, "tags": list(res.tags), "runtimes": list(res.runtimes),
             "residencies": [
                 {"model_id": r.model_id, "state": r.state, "managed": r.managed, "pinned": r.pinned,
@@ -356,6 +418,18 @@ def _unplaced_warnings(claims: list[placed_proj.UnplacedClaim]) -> list[str]:
     return out
 
 
+def _drains(ctl: ControllerView, now: float) -> tuple[list[dict[str, Any]], tuple[drain_check.DrainRisk, ...]]:
+    """Each draining host: since when (log time), its evacuation deadline, and the models whose last
+    ready copy is there with no replacement in the plan (kept past the deadline; drain_check)."""
+    since = fleet_proj.evacuating_since(ctl.states["fleet"], now)
+    deadline = ctl.limits.evacuation_deadline_seconds
+    risks = drain_check.draining_risks(ctl.last_input, ctl.last_plan, since)
+    rows = [{"host_id": host_id, "since": at, "deadline_at": at + deadline, "deadline_passed": now >= at + deadline,
+             "risks": [_b(r) for r in risks if r.host_id == host_id]}
+            for host_id, at in sorted(since.items())]
+    return rows, risks
+
+
 # Rejections status lists one by one (the counts are complete).
 LATEST_REJECTIONS = 5
 
@@ -439,6 +513,10 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
     warnings.extend(_unplaced_warnings(unplaced))
     host_rows = _hosts(ctl, now, snaps)
     warnings.extend(_revoked_warnings(host_rows))
+    fresh = {h["host_id"]: h["fresh"] for h in host_rows}
+    store = dict(ctl.store) if ctl.store is not None else store_view.unmeasured("this controller reports no store")
+    drains, drain_risks = _drains(ctl, now)
+    warnings.extend(drain_check.warning(r, ctl.limits.evacuation_deadline_seconds) for r in drain_risks)
     if ctl.store is not None and ctl.store.get("detail"):
         warnings.append(f"event log store: {ctl.store['detail']}")
     return {
@@ -467,6 +545,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "models": _with_load_failures(_models(ctl, ready), _load_failure_rows(actions)),
         "load_failures": [_b(f) for f in _load_failure_rows(actions)],
         "flap_quarantines": quarantine_rows(ctl.last_input, now),
+        "drains": drains,
         "unplaceable": _unplaceable(ctl, now, snaps, ready),
         "unplaced_claims": [_b(c) for c in unplaced],
         "qualification_exclusions": _qualification_exclusions(ctl, snaps),
@@ -474,7 +553,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,
-        "pending_commands": [_command_row(r) for r in pending[-limit:]],
+        "pending_commands": [_pending_row(r, fresh) for r in pending[-limit:]],
         "delivered_pending_action_ids": [r.command.action_id for r in pending if r.status == "accepted"],
         "withdrawn_commands": [_command_row(r) for r in withdrawn[-limit:]],
         "withdrawn_destructive": [_command_row(r) for r in withdrawn if r.command.kind in DESTRUCTIVE_KINDS][-limit:],
@@ -483,6 +562,6 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "ticks": [_b(t) for t in list(ctl.ticks)[-10:]],
         "rejected_events": rejected,
         "over_budget_hosts": [dict(r) for r in ctl.over_budget],
-        "store": dict(ctl.store) if ctl.store is not None else None,
+        "store": store,
         "warnings": warnings,
     }

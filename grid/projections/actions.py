@@ -31,11 +31,19 @@ MAX_EARLY_ACKS_PER_ACTION = 4
 MAX_LOAD_FAILURES = 1024
 
 
+# The withdrawal reason of a command that expired undelivered: no host accepted it before its lease
+# ran out and its host is stale or unknown, so no agent will ever admit it (grid.agent.fencing
+# refuses an expired lease). Such a withdrawal ends the command (status EXPIRED) instead of
+# leaving it open until a host that may never return answers it.
+EXPIRED_UNDELIVERED = "expired_undelivered"
+EXPIRED = "expired"
+
+
 class ActionRecord(msgspec.Struct, frozen=True, kw_only=True):
     command: CommandIssued
     issued_at: float
     issued_seq: int
-    # pending | accepted | succeeded | failed | rejected | cancelled
+    # pending | accepted | succeeded | failed | rejected | cancelled | expired
     status: str = "pending"
     withdrawn: bool = False
     withdrawn_reason: str = ""
@@ -193,6 +201,12 @@ def apply(state: ActionsState, event: Event, position: Position) -> ActionsState
             record = state.actions.get(event.action_id)
             if record is None or record.terminal_at is not None:
                 return state
+            if event.reason == EXPIRED_UNDELIVERED and record.status == "pending":
+                return _with_action(state, msgspec.structs.replace(
+                    record, status=EXPIRED, withdrawn=True, withdrawn_reason=event.reason, message=event.reason,
+                    terminal_at=position.time,
+                ), terminal=True)
+            # (An expiry folded after the host accepted the command is a plain withdrawal: it may run.)
             return _with_action(
                 state, msgspec.structs.replace(record, withdrawn=True, withdrawn_reason=event.reason)
             )

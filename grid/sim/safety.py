@@ -165,6 +165,11 @@ def _actuation(plan: Plan, by_host: Mapping[str, HostView], result: ReconcileRes
                 out.append((SHORTFALL_DRAINED, f"{where} while the model has a shortfall"))
             if a.host_id in desired.get(a.model_id, ()):
                 out.append((DESIRED_DRAINED, where))
+        if routine and h is not None and evacuation_due(h) and not any(
+            ready(x, a.model_id) for x in by_host if x != a.host_id
+        ):
+            # past an evacuation's deadline a copy goes without its replacement, but never the last
+            out.append((LAST_REPLICA, f"evacuation drained the last ready {a.model_id} ({a.host_id})"))
         if (a.host_id, a.model_id) in relocations and r.state == "ready" and not any(
             ready(x, a.model_id) for x in by_host if x != a.host_id
         ):

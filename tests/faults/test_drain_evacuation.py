@@ -3,7 +3,8 @@
 `gridctl node drain` on the host holding the only replica is a make-before-break evacuation:
 the planner places a replacement on the other host and retains the draining copy, the gateway
 keeps routing to it (after every admitting host) while it is ready, and the reconciler drains
-and unloads it only once the replacement is ready (or the 60 s evacuation deadline passed).
+and unloads it only once the replacement is ready (or, while another host serves the model, the
+60 s evacuation deadline passed: the last ready copy always waits for its replacement).
 Before, the gateway dropped the draining host at once: about 20 s of `503 model_not_ready` until
 the replacement was ready.
 

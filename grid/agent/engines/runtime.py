@@ -16,10 +16,12 @@ xllamacpp when importable, else none (warm commands then fail with runtime_unava
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +84,38 @@ def describe(runtime: Runtime | None) -> str:
     if runtime is None:
         return "none"
     return f"{runtime.name} ({Path(runtime.command[0]).name if runtime.name == NATIVE else XLLAMACPP_MODULE})"
+
+
+# `llama-server --version` prints "version: <build number> (<commit>)" (on stderr); llama.cpp's
+# releases are tagged b<build number>, so that is how the version reads in status.
+_NATIVE_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9A-Za-z]+)\)")
+
+
+def parse_native_version(text: str | None) -> str:
+    """'b<build> (<commit>)' from llama-server's --version text; '' when it says no version."""
+    m = _NATIVE_VERSION.search(text or "")
+    return f"b{m.group(1)} ({m.group(2)})" if m else ""
+
+
+def xllamacpp_version() -> str:
+    """'xllamacpp <wheel version>' (the wheel pins the llama.cpp it ships); '' when not installed."""
+    try:
+        return f"{XLLAMACPP} {importlib.metadata.version(XLLAMACPP)}"
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def is_xllamacpp_command(command: Sequence[str]) -> bool:
+    return XLLAMACPP_MODULE in command
+
+
+def runtime_version(command: Sequence[str] | None, run_text: Callable[[Sequence[str]], str | None]) -> str:
+    """The version of the runtime behind the argv prefix `command`, asked once at inventory:
+    the wheel's for xllamacpp (its server module has no --version), `llama-server --version`
+    for a native binary (`run_text` returns the tool's whole output, stdout and stderr).
+    '' when it cannot be known, which status shows as unknown rather than guessing."""
+    if not command:
+        return ""
+    if is_xllamacpp_command(command):
+        return xllamacpp_version()
+    return parse_native_version(run_text((*command, "--version")))

@@ -111,11 +111,15 @@ def test_this_machines_runtimes_list_no_gpu_device(tmp_path: Path) -> None:
     # The real --list-devices of both runtimes on this CPU machine: a CPU-only build.
     from grid.agent.engines.runtime import xllamacpp_runtime
 
-    cpu_only = inv.RuntimeBuild(runtime="llama.cpp", backends=("cpu",))
+    # ...and each names its real version: the xllamacpp wheel's, llama-server's own --version.
+    from importlib.metadata import version
+
+    cpu_only = inv.RuntimeBuild(runtime="llama.cpp", backends=("cpu",), version=f"xllamacpp {version('xllamacpp')}")
     assert inv.probe_runtime_build(xllamacpp_runtime().command) == cpu_only
     native = find_llama_server()
     if native is not None:
-        assert inv.probe_runtime_build((str(native),)) == cpu_only
+        build = inv.probe_runtime_build((str(native),))
+        assert build is not None and build.backends == ("cpu",) and build.version.startswith("b"), build
     found = inv.detect(llama_server=native or Path(sys.executable), disk_path=tmp_path,
                        runtime_command=xllamacpp_runtime().command)
     assert found.runtime_builds == (cpu_only,) and found.engine_backend == "cpu"

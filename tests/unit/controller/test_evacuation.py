@@ -3,7 +3,8 @@
 Planner and reconciler together, tick by tick, on real values: a single-copy model on a host the
 operator drains gets a replacement elsewhere; the draining host's ready replica stays routable
 (after every admitting host) and is drained only once the replacement is ready, or once the
-evacuation deadline has passed. Paused hosts still stop traffic at once.
+evacuation deadline has passed, unless it is the model's last ready copy (safety invariant 5: it
+stays until its replacement is ready). Paused hosts still stop traffic at once.
 """
 
 from __future__ import annotations
@@ -88,33 +89,63 @@ def test_a_drained_single_copy_keeps_serving_until_its_replacement_is_ready() ->
     assert kinds(r) == [("unload", "h1", "m")]
 
 
-def test_the_deadline_ends_the_evacuation_even_without_a_replacement() -> None:
-    # No other host can take the model: the draining host's copy is the last one.
+def test_the_deadline_never_takes_the_last_ready_copy() -> None:
+    # No other host can take the model: the draining host's copy is the last one. Safety
+    # invariant 5 (protect the last required replica) outlasts the evacuation deadline: the copy
+    # stays, serving, until a replacement is ready (the drain warned of it: drain_check).
     hosts = [host("h1", res("m", loaded_age=60), state="draining")]
     p, r = _tick(hosts)
     assert [(x.host_id, x.reason) for x in p.placements] == [("h1", RETAINED_UNTIL_REPLACED)]
     assert r.actions == () and ("drain", "h1", "m") not in reasons(r)
     assert _routed(hosts) == "h1"
-    # Deadline passed (60 s by default since the host entered draining): it drains.
+
     def later(t: float) -> list[HostView]:
         return [host("h1", res("m", loaded_age=60), state="draining", hb_at=t - 1.0)]
 
-    _, r = _tick(later(DRAIN_AT + 59.0), now=DRAIN_AT + 59.0)
-    assert r.actions == ()
-    _, r = _tick(later(DRAIN_AT + 60.0), now=DRAIN_AT + 60.0)
-    assert kinds(r) == [("drain", "h1", "m")]
-    # A delivered drain past the deadline is not withdrawn as unsafe.
-    h = History().issue(r.actions[0], at=DRAIN_AT + 60.0)
-    _, r2 = _tick(later(DRAIN_AT + 62.0), h, now=DRAIN_AT + 62.0)
-    assert r2.withdrawals == ()
-    # Before the deadline the same drain would be withdrawn (the copy is still desired).
-    _, r3 = _tick(later(DRAIN_AT + 30.0), h, now=DRAIN_AT + 30.0)
-    assert r3.withdrawals != ()
-    # A shorter deadline is honoured; an unknown start keeps make-before-break.
+    for t in (DRAIN_AT + 59.0, DRAIN_AT + 60.0, DRAIN_AT + 3600.0):
+        _, r = _tick(later(t), now=t)
+        assert r.actions == (), t
+        assert _routed(later(t), now=t) == "h1"
+    # A shorter deadline changes nothing for the last copy either.
     _, r = _tick(later(DRAIN_AT + 5.0), now=DRAIN_AT + 5.0, limits=Limits(evacuation_deadline_seconds=5.0))
-    assert kinds(r) == [("drain", "h1", "m")]
-    _, r = _tick(later(DRAIN_AT + 600.0), now=DRAIN_AT + 600.0, since=None)
     assert r.actions == ()
+    # A drain of it that was already delivered is withdrawn as unsafe, deadline or not.
+    h = History().issue(rc.Action(action_id="d1", kind="drain", host_id="h1", model_id="m", memory_mb=1000,
+                                  reason=rc.DRAIN_OBSOLETE, destructive=True), at=DRAIN_AT + 60.0)
+    _, r2 = _tick(later(DRAIN_AT + 62.0), h, now=DRAIN_AT + 62.0)
+    assert [w.action_id for w in r2.withdrawals] == ["d1"]
+
+
+def test_the_deadline_ends_the_evacuation_of_a_copy_served_elsewhere_too() -> None:
+    # m wants two replicas; h2 serves one, h1 (draining) the other; nothing can take h1's.
+    two = profiles(profile("m", min_replicas=2, max_replicas=2, min_residency_seconds=300))
+
+    def fleet(t: float) -> list[HostView]:
+        return [host("h1", res("m", loaded_age=60), state="draining", hb_at=t - 1.0),
+                host("h2", res("m", loaded_age=60), hb_at=t - 1.0)]
+
+    def tick(t: float, history: History | None = None, **kw):  # type: ignore[no-untyped-def]
+        guards = Guards(evacuating_since={"h1": DRAIN_AT})
+        pin = PlannerInput(now=t, profiles=tuple(two.values()), hosts=tuple(fleet(t)), demand=(), policy=Policy())
+        planned = plan_prepared(TickInput(planner_input=pin))
+        return decide(planned, (history or History()).state, t, Controls(limits=Limits(**kw), guards=guards)).result
+
+    # Before the deadline the copy waits for a replacement that cannot come...
+    assert tick(DRAIN_AT + 59.0).actions == ()
+    # ...at the deadline it drains: h2 still serves the model, the shortfall stays visible.
+    r = tick(DRAIN_AT + 60.0)
+    assert kinds(r) == [("drain", "h1", "m")]
+    # A delivered drain past the deadline is not withdrawn as unsafe; before it, it would be.
+    h = History().issue(r.actions[0], at=DRAIN_AT + 60.0)
+    assert tick(DRAIN_AT + 62.0, h).withdrawals == ()
+    assert tick(DRAIN_AT + 30.0, h).withdrawals != ()
+    # An unknown start keeps make-before-break.
+    guards = Guards()
+    pin = PlannerInput(now=DRAIN_AT + 600.0, profiles=tuple(two.values()), hosts=tuple(fleet(DRAIN_AT + 600.0)),
+                       demand=(), policy=Policy())
+    result = decide(plan_prepared(TickInput(planner_input=pin)), History().state, DRAIN_AT + 600.0,
+                    Controls(guards=guards)).result
+    assert result.actions == ()
 
 
 def test_pause_quarantine_and_unhealthy_stop_traffic_at_once() -> None:

@@ -289,7 +289,9 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         for r in self.history.actions.values():
             if r.terminal_at is not None:
-                assert r.status in ("succeeded", "failed", "rejected", "cancelled")
+                assert r.status in ("succeeded", "failed", "rejected", "cancelled", "expired")
+                # Only a command no host accepted expires (grid.controller.reconcile.expire_undelivered).
+                assert r.status != "expired" or r.acked_at is None
 
 
 class InterimPlannerMachine(ControllerMachine):
