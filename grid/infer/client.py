@@ -98,6 +98,24 @@ PROGRESS_MISSES = 4
 MIN_SILENCE_SECONDS = 1.0
 
 
+# How long this gateway's own server may take to answer a ping once an answer went silent.
+PATH_CHECK_SECONDS = 1.0
+
+
+async def silence_error(nc: NATS, port: LocalPort | None, silent: SilentHost) -> Exception:
+    """Whose silence it is. A host is only taken for silent when this gateway's own connection
+    answers a ping: when the gateway's node went silent or it is reconnecting, nothing arrives
+    from any host, and blaming them would take every host out of routing (the request fails as
+    a lost connection instead, never replayed). An in-process answer does not use the connection."""
+    if port is not None:
+        return silent
+    try:
+        await asyncio.wait_for(nc.flush(timeout=PATH_CHECK_SECONDS), PATH_CHECK_SECONDS + 0.5)
+        return silent
+    except Exception:  # a timeout, or no connection to flush on
+        return UpstreamConnectionLost(f"{silent}; and this gateway's own NATS connection did not answer a ping")
+
+
 def silence_bound(headers: Any, read_timeout: float) -> float | None:
     """How long the answer whose message carried `headers` may be silent: PROGRESS_MISSES of the
     agent's promised gap when it promised one, else None (an agent that sends no markers: the
@@ -269,8 +287,9 @@ class NatsResponse:
                 raise UpstreamConnectionLost(f"{self._target}: the NATS connection was lost mid-answer") from exc
             except Exception as exc:  # a timeout
                 if silence is not None:
-                    raise SilentMidAnswer(f"{self._target}: the agent sent nothing for {silence:g}s",
-                                          self._target.host_id) from exc
+                    silent = SilentMidAnswer(f"{self._target}: the agent sent nothing for {silence:g}s",
+                                             self._target.host_id)
+                    raise await silence_error(self._nc, self._port, silent) from exc
                 raise httpx.ReadTimeout(f"{self._target}: no data for {self._read_timeout:g}s") from exc
             headers = msg.headers or {}
             if wire.H_WORKING in headers and wire.H_SEQ not in headers:
@@ -430,10 +449,11 @@ class NatsUpstream:
             except _ConnectionLost as exc:
                 raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
             except Exception as exc:
-                raise SilentBeforeAnswer(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s",
-                                         target.host_id) from exc
+                silent = SilentBeforeAnswer(f"{target}: the host's agent did not answer in {self.connect_timeout:g}s",
+                                            target.host_id)
+                raise await silence_error(self.nc, port, silent) from exc  # type: ignore[arg-type]
             if wire.H_WORKING in (first.headers or {}):
-                return await self._after_markers(target, sub, first)
+                return await self._after_markers(target, sub, first, port)
             status = (first.headers or {}).get("Status")
             if status != "503" or wire.H_SEQ in (first.headers or {}):
                 return first
@@ -442,7 +462,7 @@ class NatsUpstream:
             await asyncio.sleep(delay)
         raise NoResponders(f"{target}: no agent is serving host {target.host_id!r}", target.host_id)
 
-    async def _after_markers(self, target: InferTarget, sub: Any, marker: Any) -> Any:
+    async def _after_markers(self, target: InferTarget, sub: Any, marker: Any, port: LocalPort | None) -> Any:
         """Message 0, after the agent said the engine is working (a long non-streamed answer):
         from here on the request may have executed, so silence is a read timeout, bounded by the
         agent's promised progress markers when it made that promise."""
@@ -454,7 +474,8 @@ class NatsUpstream:
                 raise UpstreamConnectionLost(f"{target}: the NATS connection was lost before the answer") from exc
             except Exception as exc:
                 if silence is not None:
-                    raise SilentMidAnswer(f"{target}: the agent sent nothing for {silence:g}s", target.host_id) from exc
+                    silent = SilentMidAnswer(f"{target}: the agent sent nothing for {silence:g}s", target.host_id)
+                    raise await silence_error(self.nc, port, silent) from exc  # type: ignore[arg-type]
                 raise httpx.ReadTimeout(f"{target}: no answer for {self.read_timeout:g}s") from exc
             headers = msg.headers or {}
             if wire.H_WORKING not in headers or wire.H_SEQ in headers:

@@ -172,3 +172,38 @@ async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds
         if h2_nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(h2_nc.close(), 5)
+
+
+async def test_a_request_sent_while_the_gateways_own_node_is_silent_blames_no_host(
+        nats_cluster: NatsCluster, fleet: Fleet, engine: EngineRoute) -> None:  # noqa: F811
+    """The gateway's own node goes silent (paused; the gateway's connection neither pings soon
+    nor reconnects). A request sent then gets no first message within the connect timeout, like a
+    silent host's; but the gateway's own server does not answer a ping either, so the request
+    fails as a lost connection (502 upstream_connection_lost, retryable) and no host is taken out
+    of routing. Blaming the hosts took every host out of routing for 12 s when the gateway's
+    node went silent in bench.serving_faults."""
+    urls = nats_cluster.urls
+    gateway_nc = await nats.connect(urls[0], name="gateway", allow_reconnect=False)
+    h2_log = await JetStreamLog.connect(urls[2], name="agent-h2", ensure_streams=False)
+    responder = InferenceResponder(h2_log.client, "h2", lambda m: engine if m == "m" else None)
+    await responder.start()
+    app = Starlette(routes=build_routes(), exception_handlers=exception_handlers())
+    app.state.gateway = fleet.gw
+    fleet.gw.upstream = Upstream(backend="nats", nc=gateway_nc, read_timeout=120.0)
+    claim = ready(managed=False, sha=None, port=2)
+    try:
+        await fleet.placements.admit("h2", [claim])
+        async with _listening(app) as url, httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as http:
+            await _served_by_h2(fleet, claim, http)
+            nats_cluster.pause(0)
+            r = await http.post(CHAT, json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+            assert (r.status_code, r.json()["error"]["code"]) == (502, "upstream_connection_lost"), r.text
+            stats = (await http.get("/gateway/stats")).json()
+            assert stats["unroutable_hosts"] == [] and fleet.routes() == ["h2"]
+    finally:
+        nats_cluster.resume(0)
+        await responder.stop()
+        await fleet.gw.upstream.aclose()
+        await h2_log.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(gateway_nc.close(), 5)
