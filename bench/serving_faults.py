@@ -8,6 +8,11 @@ gateway, two agents that joined by invitation; bench._cluster_grid):
 - drain: `gridctl node drain` on the host of the model's only copy (the other host can hold it;
   the agent's drain deadline is 60 s);
 - silent node: every packet to and from the NATS node the gateway is connected to dropped;
+- host path killed: kill -9 of the NATS node a serving host's agent is connected to (not the
+  gateway's), with a long stream in flight on that host; how long that stream took to end, and
+  with which error, is in the row's note (goal: within 10 s, with a retryable error);
+- agent SIGSTOP: the agent of one of two ready copies stopped for the window, then resumed
+  (goal: at most one failed request);
 - agent kill -9: the agent of one of two ready copies, its engine left running.
 On `gridctl up` (embedded NATS, one host):
 - NATS kill -9 with requests in flight (the supervisor restarts it);
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -36,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench._cluster_grid import CACHE, GRIDCTL, MODEL, ClusterGrid, wait
 from bench._common import ChatLoad, LoadWindow, slots_released
@@ -94,8 +101,6 @@ def set_replicas(grid: ClusterGrid, n: int) -> bool:
 
 def copies(grid: ClusterGrid) -> dict[str, set[str]]:
     """host -> the model's residency states on it (the controller's view)."""
-    import json
-
     status = grid.gridctl("status", "--json")
     doc = json.loads(status.stdout) if status.returncode == 0 else {}
     out: dict[str, set[str]] = {}
@@ -105,6 +110,122 @@ def copies(grid: ClusterGrid) -> dict[str, set[str]]:
         states = {r.get("state") for r in h.get("residencies") or [] if r.get("model_id") == MODEL}
         out[h.get("host_id")] = {s for s in states if s}
     return out
+
+
+HOST_PATH_BOUND_SECONDS = 10.0
+
+
+def node_of_agent(grid: ClusterGrid, host_id: str) -> int | None:
+    """The NATS node a host's agent is connected to (every agent's connection has the same name,
+    so by the address its sockets reach)."""
+    agent = grid.procs[f"agent-{host_id}"]
+    for proc in [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.raddr and conn.raddr.ip in grid.network.addresses:
+                    return grid.network.addresses.index(conn.raddr.ip)
+    return None
+
+
+class LongStream:
+    """A long streamed answer through the gateway, read in a thread: which host serves it, when
+    its first bytes came, when and how it ended."""
+
+    def __init__(self, gateway_url: str, affinity_key: str) -> None:
+        self.url, self.key = f"{gateway_url}/v1/chat/completions", affinity_key
+        self.host: str | None = None
+        self.started = asyncio.Event()
+        self.ended_at: float | None = None
+        self.last_event = ""
+        self.abandoned = False  # set to stop reading (the client hangs up)
+
+    def read(self, loop: asyncio.AbstractEventLoop) -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Count"}], "max_tokens": 1500,
+                "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", self.url, json=body, headers={"X-Grid-Affinity-Key": self.key},
+                              timeout=600) as r:
+                self.host = r.headers.get("x-grid-host")
+                for line in r.iter_lines():
+                    if self.abandoned:
+                        break
+                    if line.startswith("data: "):
+                        self.last_event = line
+                        loop.call_soon_threadsafe(self.started.set)
+        except httpx.HTTPError as exc:
+            self.last_event = f"transport error: {type(exc).__name__}"
+        finally:
+            self.ended_at = time.monotonic()
+            loop.call_soon_threadsafe(self.started.set)
+
+    def outcome(self) -> str:
+        if self.last_event.startswith("data: {\"error\""):
+            return json.loads(self.last_event[6:])["error"]["code"]
+        return "completed" if self.last_event == "data: [DONE]" else self.last_event[:80]
+
+
+async def host_path_killed(grid: ClusterGrid, window: float, baseline: Row) -> Row:
+    """Kill the node a serving host's agent is on (not the gateway's) with a long stream in flight
+    there, under the load; the note says how long that stream took to end, and how."""
+    gateway_node = grid.node_of("grid-gateway")
+    loop = asyncio.get_running_loop()
+    for attempt in range(12):  # a stream that lands on a host whose node the gateway shares is tried again
+        stream = LongStream(grid.gateway_url, f"long-{attempt}")
+        reader = asyncio.create_task(asyncio.to_thread(stream.read, loop))
+        await asyncio.wait_for(stream.started.wait(), 120)
+        node = node_of_agent(grid, stream.host) if stream.host else None
+        if node is not None and node != gateway_node and stream.ended_at is None:
+            break
+        stream.abandoned = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader, 120)
+    else:
+        raise SystemExit("no long stream landed on a host whose NATS node differs from the gateway's")
+    killed: list[float] = []
+
+    def kill() -> str:
+        grid.kill_node(node)
+        killed.append(time.monotonic())
+        return f"node grid-n{node + 1} killed (host {stream.host}'s; the gateway is on grid-n{gateway_node + 1})"
+
+    print(f"  (a long stream on {stream.host}, its agent on grid-n{node + 1}; killing that node)", flush=True)
+    windows, released, leaked, note = await under_load(grid.gateway_url, kill, window=window, settle=1.0)
+    stream.abandoned = True  # read to its end, or hang up if it is still going
+    await asyncio.wait_for(reader, 600)
+    took = (stream.ended_at or time.monotonic()) - killed[0]
+    verdict = "within" if took <= HOST_PATH_BOUND_SECONDS else "NOT within"
+    row = Row("host path killed (stream in flight)", windows, released, leaked,
+              f"{note}; the stream in flight ended {took:.1f}s after the kill ({verdict} "
+              f"{HOST_PATH_BOUND_SECONDS:.0f}s) with {stream.outcome()}")
+    print_row(row, baseline)
+    grid.restart_node(node)
+    return row
+
+
+async def agent_stopped(grid: ClusterGrid, window: float, baseline: Row) -> Row:
+    """SIGSTOP the agent of one of two ready copies for the window, then SIGCONT."""
+    victim = serving_host(grid.gateway_url) or "a1"
+    agent = grid.procs[f"agent-{victim}"]
+
+    def stop() -> str:
+        os.kill(agent.pid, signal.SIGSTOP)
+        return f"agent {victim} stopped"
+
+    try:
+        windows, released, leaked, note = await under_load(grid.gateway_url, stop, window=window)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    row = Row("agent SIGSTOP (2 copies)", windows, released, leaked, note + "; resumed after the window")
+    print_row(row, baseline)
+    return row
+
+
+def two_ready_copies(grid: ClusterGrid) -> None:
+    # The controller may still be answering `log_unavailable` while the streams settle after a
+    # node came back.
+    wait(lambda: set_replicas(grid, 2), 60, "the model set to two copies", interval=1.0)
+    wait(lambda: sum(1 for s in copies(grid).values() if s == {"ready"}) >= 2, 300, "two ready copies")
+    time.sleep(3.0)  # a few heartbeats: the gateway's view follows the hosts'
 
 
 async def on_the_cluster(base: Path, window: float) -> tuple[Row, list[Row]]:
@@ -147,12 +268,14 @@ async def on_the_cluster(base: Path, window: float) -> tuple[Row, list[Row]]:
         grid.network.unsilence(victim)
         wait(lambda: grid.node_healthy(victim), 60, "the silenced node healthy again")
 
+        two_ready_copies(grid)
+        rows.append(await host_path_killed(grid, window, baseline))
+        print("  (waiting for two ready copies again)", flush=True)
+        two_ready_copies(grid)
+        rows.append(await agent_stopped(grid, window, baseline))
+
         # A dead agent, with another ready copy to go to.
-        # The controller may still be answering `log_unavailable` while the streams settle after
-        # the node came back.
-        wait(lambda: set_replicas(grid, 2), 60, "the model set to two copies", interval=1.0)
-        wait(lambda: sum(1 for s in copies(grid).values() if s == {"ready"}) >= 2, 300, "two ready copies")
-        time.sleep(3.0)  # a few heartbeats: the gateway's view follows the hosts'
+        two_ready_copies(grid)
         victim_host = serving_host(gw) or "a1"
 
         def kill_agent() -> str:
