@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.faults.test_up_nats_restart import GRIDCTL, MODEL, Up, stop_up
+from tests.tmpfs import mount_tmpfs, unmount
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -33,20 +34,6 @@ LOW_LEFT_MIB = 24
 RECOVERY_SECONDS = 90.0
 
 
-def _mount_tmpfs(path: Path) -> None:
-    path.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STORE_SIZE_MIB}m,mode=0700", "tmpfs", str(path)],
-                   check=True)
-
-
-def _unmount(path: Path) -> None:
-    for _ in range(50):
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.2)  # a process may still be closing files there
-    subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 @pytest.fixture
 def up_on_tmpfs(tmp_path: Path, bundled_model_home: Path, engine_runtime: object) -> Iterator[Up]:
     if os.geteuid() != 0:
@@ -55,7 +42,7 @@ def up_on_tmpfs(tmp_path: Path, bundled_model_home: Path, engine_runtime: object
     home.mkdir()
     (home / "artifacts").symlink_to(bundled_model_home / "artifacts")
     store = home / "nats"
-    _mount_tmpfs(store)
+    mount_tmpfs(store, STORE_SIZE_MIB)
     env = {**os.environ, "GRID_HOME": str(home), "COLUMNS": "200"}
     env.pop("GRID_NATS_URL", None)
     env.pop("GRID_LOG_BUDGET", None)
@@ -71,7 +58,7 @@ def up_on_tmpfs(tmp_path: Path, bundled_model_home: Path, engine_runtime: object
         finally:
             stop_up(up)
     finally:
-        _unmount(store)
+        unmount(store)
 
 
 def _status(up: Up) -> dict:

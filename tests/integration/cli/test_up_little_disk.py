@@ -19,22 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.tmpfs import mount_tmpfs, unmount
+
 pytestmark = pytest.mark.integration
 
 HOME_SIZE_MIB = 400
-
-
-def _mount_tmpfs(path: Path, size_mib: int) -> None:
-    path.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)], check=True)
-
-
-def _unmount(path: Path) -> None:
-    for _ in range(50):
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.2)  # a process may still be closing files there
-    subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @pytest.fixture
@@ -42,11 +31,11 @@ def small_home(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     home = tmp_path / "home"
-    _mount_tmpfs(home, HOME_SIZE_MIB)
+    mount_tmpfs(home, HOME_SIZE_MIB)
     try:
         yield home
     finally:
-        _unmount(home)
+        unmount(home)
     assert not os.path.ismount(home)
 
 
