@@ -197,6 +197,7 @@ class _LogReader:
         self._sub: Any = None
         self._buffered: StoredMessage | None = None
         self._done = False
+        self._prev: int | None = None  # the sequence last read from the server
 
     async def take(self, end_seq: int) -> AsyncIterator[StoredMessage]:
         if self._done:
@@ -221,6 +222,9 @@ class _LogReader:
                 # Only possible when the messages up to `stop` were removed (retention/deletion).
                 self._done = True
                 return
+            if self._prev is not None and msg.seq > self._prev + 1:
+                self._source.missing[self.stream] = self._source.missing.get(self.stream, 0) + msg.seq - self._prev - 1
+            self._prev = msg.seq
             if msg.seq > end_seq:
                 self._buffered = msg
                 return
@@ -244,7 +248,11 @@ class LogSource:
     def __init__(self, log: EventLog, *, description: str = "jetstream") -> None:
         self.log = log
         self.description = description
-        self.warnings: list[str] = []
+        self._warnings: list[str] = []
+        # Messages read past and no longer in the log, per stream: a subject's history limit (a
+        # host that flooded its own subject overwrote heartbeats the controller had folded) or a
+        # deletion removed them. Plans that folded them cannot reproduce from the log.
+        self.missing: dict[str, int] = {}
         # Verified as the log's own readers verify (None: a log without identities).
         self.authorship: Authorship | None = getattr(log, "authorship", None)
         self._last: dict[str, int] = {}
@@ -273,6 +281,15 @@ class LogSource:
 
     async def reader(self, stream: str, start_seq: int = 1) -> StreamReader:
         return _LogReader(self, stream, start_seq, await self._last_seq(stream))
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings + [
+            f"{stream}: {n} message(s) between those replayed are no longer in the log (a subject's history "
+            "limit or a deletion removed them after the controller folded them): plans that used them cannot "
+            "reproduce from the log; `gridctl replay --source duckdb` reads the analytics store's copy"
+            for stream, n in sorted(self.missing.items())
+        ]
 
     async def close(self) -> None:
         return None
