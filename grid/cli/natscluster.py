@@ -94,7 +94,12 @@ def cluster_config(
                     "nats_url": url, "tls_fingerprint": material.server_fingerprint() if material else None})
         return
     for n, p in zip(layout.nodes, paths, strict=True):
-        console.print(f"{n.name}: nats-server -c {p}", highlight=False, soft_wrap=True)
+        if config_dir is not None and config_dir.expanduser() / n.name != p.parent:
+            there = config_dir.expanduser() / n.name
+            console.print(f"{n.name}: copy {p.parent} to {there} on {n.host}, then there: nats-server -c "
+                          f"{there / p.name}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"{n.name}: nats-server -c {p}", highlight=False, soft_wrap=True)
     console.print(f"then: gridctl serve controller --nats {url}", highlight=False, soft_wrap=True)
     console.print("streams and the lease bucket get 3 replicas on 3+ nodes (--replicas / GRID_REPLICAS to choose)",
                   style="dim")

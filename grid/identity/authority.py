@@ -412,10 +412,13 @@ class Authority:
         )
         return write_creds(path, jwt.encode(claims, self._system, issued_at=int(now)), pair.seed)
 
-    def server_config(self, *, now: float, resolver_dir: Path | None = None) -> str:
-        """The nats-server configuration lines that turn on operator mode for this grid."""
+    def server_config(self, *, now: float, resolver_dir: Path | None = None, make_resolver_dir: bool = True) -> str:
+        """The nats-server configuration lines that turn on operator mode for this grid.
+        `make_resolver_dir` False: the directory is a path on another machine (nats-server makes
+        it, owner-only, when it starts)."""
         resolver = Path(resolver_dir) if resolver_dir is not None else self.directory / "resolver"
-        resolver.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if make_resolver_dir:
+            resolver.mkdir(parents=True, exist_ok=True, mode=0o700)
         return (
             f"operator: {self.operator_jwt(now)}\n"
             f"system_account: {self.system_public}\n"

@@ -117,8 +117,9 @@ def write_cluster_configs(
         resolver = (resolver_dir / me.name if shared else resolver_dir) if resolver_dir else there / "resolver"
         text = node_config(layout.name, me, layout.nodes, secret, store_dir=store,
                            listen_host=layout.listen_host, monitor_port=monitor, route_tls=route_tls)
-        # Like `gridctl nats init --resolver-dir`, the resolver directory is made here too.
-        text += secured_config(authority, resolver, node_tls, now=now)
+        # Like `gridctl nats init --resolver-dir`, the resolver directory is made here too, unless
+        # the config's paths are on the node (--config-dir elsewhere): nothing is written there.
+        text += secured_config(authority, resolver, node_tls, now=now, make_resolver_dir=there == written)
         path = written / CONFIG_FILE
         write_owner_only(path, text.encode())
         paths.append(path)

@@ -14,9 +14,10 @@ from grid.transport.cluster import ClusterNode, NatsCluster, cluster_block
 from grid.transport.embedded import EmbeddedNats
 
 
-def secured_config(authority: Authority, resolver_dir: Path, tls: TLSMaterial | None, *, now: float) -> str:
+def secured_config(authority: Authority, resolver_dir: Path, tls: TLSMaterial | None, *, now: float,
+                   make_resolver_dir: bool = True) -> str:
     """The lines that turn a server's config into operator mode (and TLS on the client port)."""
-    extra = authority.server_config(now=now, resolver_dir=resolver_dir)
+    extra = authority.server_config(now=now, resolver_dir=resolver_dir, make_resolver_dir=make_resolver_dir)
     if tls is not None:
         extra += tls.server_config()
     return extra

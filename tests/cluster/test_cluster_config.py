@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,13 +78,17 @@ def wait_healthy(monitor_ports: list[int], timeout: float = 30.0) -> None:
 
 
 async def test_cluster_config_runs_as_a_secured_r3_cluster(tmp_path: Path, servers: Servers) -> None:
+    """Written under --output with paths for --config-dir (where the README copies each node's
+    directory on its machine): nothing is written at --config-dir, and the copies run."""
     home = tmp_path / "home"
     base = port_block(9)
     out = tmp_path / "nodes"
+    machines = tmp_path / "machines"  # stands for /etc/nats on each node's machine
     proc = gridctl(home, "nats", "cluster-config", "--nodes", "3", "--name", "testgrid", "--host", "127.0.0.1",
                    "--client-port", str(base), "--route-port", str(base + 3), "--monitor-port", str(base + 6),
-                   "--output", str(out), "--json")
+                   "--output", str(out), "--config-dir", str(machines), "--json")
     assert proc.returncode == 0, proc.stderr
+    assert not machines.exists()
     doc = json.loads(proc.stdout)
     assert [n["name"] for n in doc["nodes"]] == ["testgrid-n1", "testgrid-n2", "testgrid-n3"]
     url = doc["nats_url"]
@@ -91,7 +96,10 @@ async def test_cluster_config_runs_as_a_secured_r3_cluster(tmp_path: Path, serve
     for node in doc["nodes"]:
         config = Path(node["config"])
         assert config.stat().st_mode & 0o077 == 0  # the route secret and keys are owner-only
-        servers.start(config, tmp_path / f"{node['name']}.log")
+        assert str(out) not in config.read_text()  # every path points where it will be
+        there = machines / node["name"]
+        shutil.copytree(config.parent, there)
+        servers.start(there / config.name, tmp_path / f"{node['name']}.log")
     wait_healthy([base + 6, base + 7, base + 8])
     creds = home / "identity" / "creds" / "controller.creds"
     ca = home / "identity" / "tls" / "ca.pem"
