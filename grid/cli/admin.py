@@ -1,7 +1,9 @@
 """gridctl status | model set/rm | mode | tick | forecast-window: the allocator's admin API from the terminal.
 
 The admin URL comes from --admin, GRID_ADMIN_URL, or GRID_HOME/admin.url (written by the running
-controller). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
+controller); --admin and GRID_ADMIN_URL may name every controller's, comma-separated: the next is
+asked when one cannot be reached (any controller answers reads and records operator changes in
+the log; they share the authority and the operator token). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
 or the owner-only GRID_HOME/operator.token.
 """
 
@@ -26,7 +28,8 @@ from grid.fleet.hardware import HARDWARE_COLUMNS
 from grid.secrets import SecretFileError, read_secret
 
 AdminOption = typer.Option(None, "--admin", envvar="GRID_ADMIN_URL",
-                           help="Admin API URL (default: GRID_HOME/admin.url of the running controller).")
+                           help="Admin API URL, or every controller's comma-separated (the next is asked when one "
+                                "cannot be reached; default: GRID_HOME/admin.url of the running controller).")
 TokenFileOption = typer.Option(None, "--token-file", envvar="GRID_ALLOCATOR_TOKEN_FILE",
                                help="Operator token file (default: GRID_HOME/operator.token).")
 TIMEOUT_SECONDS = 30.0
@@ -48,6 +51,11 @@ def find_admin_url(explicit: str | None = None) -> str | None:
         if value:
             return value.rstrip("/")
     return None
+
+
+def admin_urls(value: str) -> list[str]:
+    """The admin URLs `value` names, in the order to ask them (one, or several comma-separated)."""
+    return [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
 
 
 def admin_url(explicit: str | None) -> str:
@@ -87,13 +95,25 @@ def request(method: str, url: str, path: str, *, token: str | None = None, body:
             missing_ok: bool = False) -> Any:
     """The admin API's JSON answer; a refusal is a clear error. With `missing_ok`, 404 is None."""
     headers = {"X-Grid-Allocator-Token": token} if token else {}
-    try:
-        with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
-            resp = client.request(method, url + path, headers=headers,
-                                  content=msgspec.json.encode(body) if body is not None else None)
-    except httpx.HTTPError as exc:
-        fail(f"cannot reach the admin API at {url}: {exc}. Is the controller running (`gridctl up`)?")
-        raise AssertionError from exc
+    urls = admin_urls(url)
+    if not urls:
+        fail(f"no admin API URL in {url!r}")
+    with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+        for i, base in enumerate(urls):
+            try:
+                resp = client.request(method, base + path, headers=headers,
+                                      content=msgspec.json.encode(body) if body is not None else None)
+                break
+            except httpx.HTTPError as exc:
+                # A change that may have been sent is never sent again elsewhere; a read may be.
+                unsent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if i + 1 < len(urls) and (unsent or method == "GET"):
+                    err_console.print(f"admin API at {base} did not answer ({type(exc).__name__}); "
+                                      f"asking {urls[i + 1]}", style="dim", markup=False, highlight=False)
+                    continue
+                tried = ", ".join(urls[:i + 1])
+                fail(f"cannot reach the admin API at {tried}: {exc}. Is the controller running (`gridctl up`)?")
+                raise AssertionError from exc
     try:
         data = resp.json()
     except ValueError:

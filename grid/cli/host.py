@@ -21,7 +21,7 @@ import typer
 from rich.markup import escape
 
 from grid.agent.overrides import VERB_STATES
-from grid.cli.admin import AdminOption, find_admin_url, read_token
+from grid.cli.admin import AdminOption, admin_urls, find_admin_url, read_token
 from grid.cli.common import JsonOption, NatsOption, config, connect, console, err_console, fail, print_json, run
 from grid.events.base import new_event_id
 from grid.events.control import HostOverride
@@ -105,12 +105,17 @@ def drain_check(host_id: str, admin: str | None = None) -> dict[str, Any]:
         return {"host_id": host_id, "known": False, "reason": "no_admin_api",
                 "detail": f"no admin API found (GRID_ADMIN_URL or {config().home / 'admin.url'})"}
     token = read_token()
-    try:
-        resp = httpx.get(f"{url}/allocator/hosts/{quote(host_id, safe='')}/drain-check", timeout=CHECK_TIMEOUT_SECONDS,
-                         headers={"X-Grid-Allocator-Token": token} if token else {})
-        data = resp.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        return {"host_id": host_id, "known": False, "reason": "admin_api_unreachable", "detail": f"{url}: {exc}"}
+    unreachable = []
+    for base in admin_urls(url):  # every controller's may be named: the first that answers
+        try:
+            resp = httpx.get(f"{base}/allocator/hosts/{quote(host_id, safe='')}/drain-check",
+                             timeout=CHECK_TIMEOUT_SECONDS, headers={"X-Grid-Allocator-Token": token} if token else {})
+            data = resp.json()
+            break
+        except (httpx.HTTPError, ValueError) as exc:
+            unreachable.append(f"{base}: {exc}")
+    else:
+        return {"host_id": host_id, "known": False, "reason": "admin_api_unreachable", "detail": "; ".join(unreachable)}
     if resp.status_code != 200 or not isinstance(data, dict):
         return {"host_id": host_id, "known": False, "reason": "admin_api_refused",
                 "detail": f"{resp.status_code} {data.get('error') if isinstance(data, dict) else ''}"}
