@@ -31,9 +31,9 @@ from tests.integration.agent.conftest import AgentFactory
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 MODEL = "smol-restarting"
-# Dead this long after the agent first reports it failed: past the 1+2+4+8 s of the old backoff,
-# whose next probe then came 16 s after the last failed one.
-DEAD_SECONDS = 17.0
+# Dead this long after the agent first reports it failed: just past the old backoff's probe at
+# 1+2+4 s, whose next came 8 s after it, some 6 s after the restarted engine answers.
+DEAD_SECONDS = 7.5
 # From the engine answering /health to a heartbeat reporting it ready: one probe interval, the
 # probe itself and the heartbeat it triggers, with room for a shared 2-core CPU.
 ROUTABLE_WITHIN_SECONDS = 4.0
