@@ -63,7 +63,7 @@ def fresh(fleet: Fleet, host_id: str) -> bool:
 
 # The goal for a request in flight on a host that stopped answering.
 SILENCE_BOUND_SECONDS = 10.0
-LOAD_SECONDS_WHILE_STOPPED = 12.0
+LOAD_SECONDS_WHILE_STOPPED = 10.0
 
 
 @pytest.fixture(scope="module")

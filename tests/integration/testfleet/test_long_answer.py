@@ -45,7 +45,7 @@ def test_a_non_streamed_answer_longer_than_the_connect_timeout_and_the_silence_b
     per_token_ms = float(probe.model_extra["timings"]["predicted_per_token_ms"])  # type: ignore[index]
     # Longer than either bound the gateway puts on a silent agent.
     bound = max(GatewaySettings().upstream_connect_timeout, PROGRESS_MISSES * wire.PROGRESS_MAX_GAP_SECONDS)
-    tokens = int(min(1800, max(64, 2 * bound * 1000 / per_token_ms)))
+    tokens = int(min(1800, max(64, 1.5 * (bound + 1.0) * 1000 / per_token_ms)))
     # The probe can run while the machine is busier than during the answer: a too short answer
     # is asked again, longer, until it outlasts the connect timeout (or the size limit).
     while True:
