@@ -9,12 +9,14 @@ owner token, as the owner-token tests do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -96,16 +98,40 @@ async def _registered(log: JetStreamLog) -> bool:
     return any(isinstance(e, HostRegistered) and e.host_id == HOST for e in await host_events(log))
 
 
+@dataclass
+class _Run:
+    agent: subprocess.Popen[bytes]
+    paths: AgentPaths
+    log: Path
+    engine_pid: int = 0
+
+
+@contextlib.contextmanager
+def _agent_run(nats_url: str, grid_config: GridConfig, bundled_gguf: Path, tmp_path: Path,
+               *args: str) -> Iterator[_Run]:
+    """A real agent with the model in its cache; it and the engine it started (`engine_pid`, set
+    by the test) are killed on the way out, whatever the test left running."""
+    seed_cache(grid_config, bundled_gguf, (MODEL,))
+    agent_log = tmp_path / "agent.log"
+    run = _Run(_spawn_agent(nats_url, grid_config.home, agent_log, *args), AgentPaths.for_config(grid_config),
+               agent_log)
+    try:
+        yield run
+    finally:
+        if run.agent.poll() is None:
+            run.agent.kill()
+            run.agent.wait()
+        if run.engine_pid and _alive(run.engine_pid):
+            os.kill(run.engine_pid, signal.SIGKILL)
+
+
 async def test_a_sigkilled_agents_engine_is_stopped_after_the_grace_and_its_port_freed(
         js_log: JetStreamLog, nats_server: EmbeddedNats, grid_config: GridConfig, bundled_gguf: Path,
         tmp_path: Path) -> None:
-    seed_cache(grid_config, bundled_gguf, (MODEL,))
-    paths = AgentPaths.for_config(grid_config)
-    agent_log = tmp_path / "agent.log"
-    agent = _spawn_agent(nats_server.url, grid_config.home, agent_log, "--orphan-grace", f"{GRACE:g}")
-    engine_pid = 0
-    try:
-        engine_pid, port = await _warm_one(js_log, agent_log, paths)
+    with _agent_run(nats_server.url, grid_config, bundled_gguf, tmp_path, "--orphan-grace", f"{GRACE:g}") as run:
+        agent, paths = run.agent, run.paths
+        run.engine_pid, port = await _warm_one(js_log, run.log, paths)
+        engine_pid = run.engine_pid
         wardens = _wardens(paths.root)
         assert len(wardens) == 1, "the first engine starts the directory's warden"
 
@@ -121,24 +147,15 @@ async def test_a_sigkilled_agents_engine_is_stopped_after_the_grace_and_its_port
         assert port_free(port)
         assert _gone_within(wardens, 5.0) is not None, "the warden ends with the engines it stopped"
         assert "warden.stopped_orphan" in (paths.logs / "warden.log").read_text()
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        if engine_pid and _alive(engine_pid):
-            os.kill(engine_pid, signal.SIGKILL)
 
 
 async def test_node_stop_drains_and_leaves_neither_engine_nor_warden(
         js_log: JetStreamLog, nats_server: EmbeddedNats, grid_config: GridConfig, bundled_gguf: Path,
         tmp_path: Path) -> None:
-    seed_cache(grid_config, bundled_gguf, (MODEL,))
-    paths = AgentPaths.for_config(grid_config)
-    agent_log = tmp_path / "agent.log"
-    agent = _spawn_agent(nats_server.url, grid_config.home, agent_log)
-    engine_pid = 0
-    try:
-        engine_pid, port = await _warm_one(js_log, agent_log, paths)
+    with _agent_run(nats_server.url, grid_config, bundled_gguf, tmp_path) as run:
+        agent, paths = run.agent, run.paths
+        run.engine_pid, port = await _warm_one(js_log, run.log, paths)
+        engine_pid = run.engine_pid
         wardens = _wardens(paths.root)
         assert len(wardens) == 1
 
@@ -148,12 +165,6 @@ async def test_node_stop_drains_and_leaves_neither_engine_nor_warden(
         assert agent.wait(timeout=10) == 0
         assert not _alive(engine_pid) and port_free(port)
         assert _gone_within(wardens, 5.0) is not None, "a warden with nothing left to watch ends at once"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        if engine_pid and _alive(engine_pid):
-            os.kill(engine_pid, signal.SIGKILL)
 
 
 @pytest.fixture

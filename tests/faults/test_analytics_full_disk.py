@@ -5,7 +5,6 @@ batch once the space is freed. The store lives on a small tmpfs this test mounts
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from grid.events import codec
 from grid.events.base import new_event_id
 from grid.events.log import StoredMessage
 from grid.events.requests import RequestCompleted, RequestFeatures
+from tests.tmpfs import mount_tmpfs, unmount
 
 BATCH = 2000
 
@@ -28,12 +28,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mount = tmp_path / "disk"
-    mount.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)], check=True)
+    mount_tmpfs(mount, 8)
     try:
         yield mount
     finally:
-        subprocess.run(["umount", str(mount)], check=True)
+        unmount(mount)
 
 
 def _add(sink: AnalyticsSink, first_seq: int, count: int) -> None:
