@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +11,9 @@ from pathlib import Path
 from grid.secrets import ensure_private_dir, tighten_tree
 
 NATS_URL_FILE = "nats.url"  # written by a running `gridctl up`, removed when it stops
+# Written by `gridctl machine join` (grid.identity.bundle): the role this machine joined as and
+# the grid's NATS and admin URLs, the last place URL lookups fall back to.
+MACHINE_FILE = "machine.json"
 
 
 class NatsUrlNotFound(LookupError):
@@ -67,6 +71,10 @@ class GridConfig:
         return self.home / NATS_URL_FILE
 
     @property
+    def machine_file(self) -> Path:
+        return self.home / MACHINE_FILE
+
+    @property
     def nats_store_dir(self) -> Path:
         return self.home / "nats"
 
@@ -101,9 +109,26 @@ class GridConfig:
         return self.home
 
 
+def machine_urls(home: Path, key: str) -> list[str]:
+    """The URLs `gridctl machine join` recorded under `key` ("nats_urls", "admin_urls") in the
+    grid home's machine.json; [] without one. Read only as the last fallback of a URL lookup, so
+    an unreadable or malformed file counts as none: the caller's "not found" message then says
+    what to pass instead, rather than failing on a file the user may not know about."""
+    try:
+        record = json.loads((Path(home) / MACHINE_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    urls = record.get(key) if isinstance(record, dict) else None
+    if not isinstance(urls, list):
+        return []
+    return [u.strip() for u in urls if isinstance(u, str) and u.strip()]
+
+
 def resolve_nats_url(explicit: str | None, cfg: GridConfig) -> str:
     """The NATS URL a component should use: `explicit` (--nats), else the environment's
-    GRID_NATS_URL (already in `cfg`), else the URL a running `gridctl up` recorded.
+    GRID_NATS_URL (already in `cfg`), else the URL a running `gridctl up` recorded, else the
+    servers `gridctl machine join` recorded in machine.json (comma-separated, as --nats takes a
+    cluster's).
 
     Raises NatsUrlNotFound when there is none; callers turn it into their own message.
     """
@@ -116,6 +141,8 @@ def resolve_nats_url(explicit: str | None, cfg: GridConfig) -> str:
         url = recorded.read_text().strip()
     except (FileNotFoundError, NotADirectoryError):
         url = ""
+    if not url:
+        url = ",".join(machine_urls(cfg.home, "nats_urls"))
     if not url:
         raise NatsUrlNotFound(recorded)
     return url

@@ -1,9 +1,10 @@
 """gridctl status | model set/rm | mode | tick | forecast-window: the allocator's admin API from the terminal.
 
-The admin URL comes from --admin, GRID_ADMIN_URL, or GRID_HOME/admin.url (written by the running
-controller); --admin and GRID_ADMIN_URL may name every controller's, comma-separated: the next is
-asked when one cannot be reached (any controller answers reads and records operator changes in
-the log; they share the authority and the operator token). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
+The admin URL comes from --admin, GRID_ADMIN_URL, GRID_HOME/admin.url (written by the running
+controller), or GRID_HOME/machine.json (`gridctl machine join`); each but admin.url may name every
+controller's, comma-separated: the next is asked when one cannot be reached (any controller
+answers reads and records operator changes in the log; they share the authority and the operator
+token). Mutations send the operator token from --token-file, GRID_ALLOCATOR_CONTROL_TOKEN,
 or the owner-only GRID_HOME/operator.token.
 """
 
@@ -23,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, hardware_cells_with_versions, print_json
+from grid.config import machine_urls
 from grid.events.control import MODEL_ID_GRAMMAR, ModelProfile, model_id_error, profile_values_error
 from grid.fleet.hardware import HARDWARE_COLUMNS
 from grid.secrets import SecretFileError, read_secret
@@ -41,16 +43,20 @@ model_app = typer.Typer(help="Create, replace or retire model profiles.", no_arg
 
 
 def find_admin_url(explicit: str | None = None) -> str | None:
-    """--admin, else GRID_ADMIN_URL, else GRID_HOME/admin.url (written by the running controller)."""
+    """--admin, else GRID_ADMIN_URL, else GRID_HOME/admin.url (written by the running controller),
+    else the admin URLs `gridctl machine join` recorded in GRID_HOME/machine.json (every
+    controller's, comma-separated: an operator machine runs none of its own)."""
     explicit = explicit or os.environ.get("GRID_ADMIN_URL")
     if explicit:
         return explicit.rstrip("/")
-    path = config().home / "admin.url"
+    home = config().home
+    path = home / "admin.url"
     if path.exists():
         value = path.read_text().strip()
         if value:
             return value.rstrip("/")
-    return None
+    joined = ",".join(u.rstrip("/") for u in machine_urls(home, "admin_urls"))
+    return joined or None
 
 
 def admin_urls(value: str) -> list[str]:
@@ -62,7 +68,8 @@ def admin_url(explicit: str | None) -> str:
     url = find_admin_url(explicit)
     if url is None:
         fail(f"no admin API found: start the grid with `gridctl up`, or pass --admin URL "
-             f"(looked for {config().home / 'admin.url'})")
+             f"(looked for {config().home / 'admin.url'} and the admin URLs of `gridctl machine join` "
+             f"in {config().machine_file})")
         raise AssertionError  # unreachable
     return url
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -21,7 +20,7 @@ import typer
 from rich.table import Table
 
 from grid.analytics.history import HistoryParams, run_view
-from grid.cli.admin import TIMEOUT_SECONDS, operator_token
+from grid.cli.admin import TIMEOUT_SECONDS, admin_urls, find_admin_url, operator_token
 from grid.cli.common import JsonOption, config, console, fail, print_json
 from grid.cli.events import parse_when
 from replay import store as replay_store
@@ -74,17 +73,12 @@ def _store(db: Optional[str]) -> Iterator[duckdb.DuckDBPyConnection]:
         con.close()
 
 
-def _running_admin() -> str | None:
-    """The admin API URL of a controller believed to run for this grid home, if any."""
-    explicit = os.environ.get("GRID_ADMIN_URL")
-    if explicit:
-        return explicit.rstrip("/")
-    path = config().home / "admin.url"
-    try:
-        value = path.read_text().strip()
-    except OSError:
-        return None
-    return value.rstrip("/") or None
+def _running_admin() -> list[str]:
+    """The admin API URLs of the controllers believed to run for this grid, in the order to ask
+    them: the same lookup as every admin command (GRID_ADMIN_URL, GRID_HOME/admin.url, then the
+    URLs `gridctl machine join` recorded), so an operator machine finds its controllers too."""
+    found = find_admin_url()
+    return admin_urls(found) if found else []
 
 
 def _from_controller(url: str, view: str, params: HistoryParams) -> list[dict[str, Any]] | None:
@@ -118,8 +112,7 @@ def _from_controller(url: str, view: str, params: HistoryParams) -> list[dict[st
 
 def _history(view: str, params: HistoryParams, db: Optional[str]) -> list[dict[str, Any]]:
     if db is None:
-        url = _running_admin()
-        if url is not None:
+        for url in _running_admin():  # the first controller that answers with its store
             rows = _from_controller(url, view, params)
             if rows is not None:
                 return rows

@@ -15,6 +15,7 @@ from grid.cli.dashboard import dashboard_app
 from grid.cli.engine import engine_app
 from grid.cli.events import events_app
 from grid.cli.host import host_app
+from grid.cli.machine import machine_app
 from grid.cli.node import node_app
 from grid.cli.pull import pull
 from grid.cli.qualify import qualify_app
@@ -50,6 +51,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(engine_app, name="engine")  # gridctl engine add|rm|ls (external engines)
 app.add_typer(qualify_app, name="qualify")  # gridctl qualify llama.cpp|external (runtime qualification)
 app.add_typer(host_app, name="host")  # gridctl host drain|pause|quarantine|resume HOST
+app.add_typer(machine_app, name="machine")  # gridctl machine add|join (controller, gateway, operator machines)
 app.add_typer(dashboard_app, name="dashboard")
 app.command("pull")(pull)
 app.command("replay")(replay_command)

@@ -412,7 +412,9 @@ class Controller:
         if s.analytics:
             await self._start_analytics()
         if self.identity is not None:
-            await self.identity.start(self.log, getattr(self.log, "client", None))
+            # Only the lease holder answers joins and renewals (grid.identity.enrolment.serve).
+            await self.identity.start(self.log, getattr(self.log, "client", None),
+                                      answering=lambda: self.lease is not None and self.lease.held)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="controller-follow"),

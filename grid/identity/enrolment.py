@@ -77,7 +77,10 @@ from grid.transport.nats_failover import connect_client
 
 log = structlog.get_logger(__name__)
 
-QUEUE_GROUP = "grid-enrol"
+# No queue group: every controller receives every join and renewal, and only the one `answering`
+# says is in charge (the lease holder) answers. A queue group handed each request to one of them at
+# random, and a standby, whose invitations and registry are not the active controller's, refused
+# half of the joins as unknown invitations (and revoked the invitee, spending the token).
 # A host renews once two thirds of its credential's lifetime have passed: with the 24 h default
 # that leaves 8 h of retries before the server disconnects it.
 RENEW_AT_FRACTION = 2 / 3
@@ -181,6 +184,8 @@ class EnrolmentService:
         self.clock = clock
         self.host_ttl_seconds = host_ttl_seconds
         self.ca_pem = ca_pem
+        # Whether this service answers at all (a standby controller stays silent): see serve.
+        self.answering: Callable[[], bool] = lambda: True
         # Set up what the host may not set up itself (its command consumer) before it connects.
         self.on_admitted = on_admitted
         # Hands account JWTs (a new host's account, a revocation) to the servers; default: over a
@@ -351,10 +356,16 @@ class EnrolmentService:
             await system.close()
 
     async def serve(self, nc: nats.NATS) -> None:
-        """Answer requests on `nc` (a controller connection) until `stop`."""
+        """Answer requests on `nc` (a controller connection) until `stop`, while `answering()`.
+
+        Joins and renewals are answered by the controller in charge only: it holds the invitations
+        `gridctl invite` made on its machine and the revocations applied there, so an answer never
+        depends on which controller a request happened to reach."""
         self._nc = nc
 
         async def on_join(msg: Any) -> None:
+            if not self.answering():
+                return
             check = self.check(msg, Role.INVITEE)
             if not check.ok:
                 return
@@ -375,6 +386,8 @@ class EnrolmentService:
                 await self.revoke_invitee(check.signed.signer)
 
         async def on_renew(msg: Any) -> None:
+            if not self.answering():
+                return
             if not self.check(msg, Role.HOST).ok:
                 return
             reply = self.handle_renew(msg.data)
@@ -383,8 +396,8 @@ class EnrolmentService:
             await self._answer(nc, msg, reply)
 
         self._subs = [
-            await nc.subscribe(ENROL_JOIN_SUBJECT, queue=QUEUE_GROUP, cb=on_join),
-            await nc.subscribe(ENROL_RENEW_SUBJECT, queue=QUEUE_GROUP, cb=on_renew),
+            await nc.subscribe(ENROL_JOIN_SUBJECT, cb=on_join),
+            await nc.subscribe(ENROL_RENEW_SUBJECT, cb=on_renew),
         ]
         await nc.flush()
 

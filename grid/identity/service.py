@@ -49,10 +49,12 @@ class ControllerIdentity:
         assert self._log is not None
         await provision_host_consumer(self._log, host)
 
-    async def start(self, event_log: EventLog, nc: Any) -> None:
+    async def start(self, event_log: EventLog, nc: Any, answering: Callable[[], bool] | None = None) -> None:
         """Provision every admitted host's consumer, then serve enrolment on `nc` (the
-        controller's own NATS connection)."""
+        controller's own NATS connection), answering while `answering()` (the lease holder)."""
         self._log = event_log
+        if answering is not None:
+            self.enrolment.answering = answering
         authorship = getattr(event_log, "authorship", None)
         if authorship is not None:
             self.enrolment.sign = authorship.sign

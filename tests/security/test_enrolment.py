@@ -33,6 +33,7 @@ from grid.identity.enrolment import (
 from grid.identity.invitations import (
     REFUSED_INVITATION_EXPIRED,
     REFUSED_INVITATION_USED,
+    REFUSED_UNKNOWN_INVITATION,
     InvitationStore,
     JoinToken,
 )
@@ -342,3 +343,38 @@ async def test_gridctl_invite_with_a_server_list_makes_a_token_node_join_redeems
     answer = json.loads(out)
     assert answer["host_id"] == "listed-1"
     assert answer["server"] == f"{down},{secured_server.url}"
+
+
+async def test_only_the_controller_in_charge_answers_joins(
+    enrolment: tuple[EnrolmentService, Clock], secured_server: SecuredNats, authority: Authority,
+    creds: CredsFactory, tmp_path: Path,
+) -> None:
+    """A standby controller (same authority, its own invitation store) receives every join too and
+    stays silent: with a queue group it took half of them and refused each as an unknown
+    invitation, spending the token. Every join reaches the one in charge, whichever is asked."""
+    service, _ = enrolment
+    in_charge = [False]
+    # The standby's own connection, as a second controller process has.
+    standby_log = await connect_log(secured_server.url, name="grid-controller-2",
+                                    credentials=creds(Role.CONTROLLER), ensure_streams=False)
+    standby = EnrolmentService(authority, InvitationStore(tmp_path / "standby-invitations.json"),
+                               sign=standby_log.authorship.sign)  # type: ignore[union-attr]
+    standby.answering = lambda: in_charge[0]
+    await standby.serve(standby_log.client)
+    try:
+        for n in range(4):
+            joined = await join(_token(service, secured_server), tmp_path / f"host-{n}")
+            assert isinstance(joined, Enrolment), (n, joined)
+        assert standby.revoke_failures == 0 and await revocations_counted(service, 4) == 4
+        assert standby.invitees_revoked == 0
+        # Put in charge (it took the lease), the standby answers and the other is silent: a token
+        # only the other's store holds is refused there, by the standby.
+        in_charge[0] = True
+        service.answering = lambda: False
+        refused = await join(_token(service, secured_server), tmp_path / "elsewhere")
+        assert refused == Refused(REFUSED_UNKNOWN_INVITATION)
+        assert not (tmp_path / "elsewhere" / "host.creds").exists()
+        assert await revocations_counted(standby, 1) == 1
+    finally:
+        await standby.stop()
+        await standby_log.close()
