@@ -41,6 +41,9 @@ CODE_UPSTREAM_ERROR = "upstream_error"
 CODE_UPSTREAM_TIMEOUT = "upstream_timeout"
 CODE_UPSTREAM_CONNECTION_LOST = "upstream_connection_lost"
 CODE_UPSTREAM_SILENT = "upstream_silent"
+# The host's agent is alive but the engine it forwarded to stopped answering (grid.infer.client
+# EngineStalled): retryable, and the host refuses that engine new requests until it answers again.
+CODE_ENGINE_STALLED = "engine_stalled"
 CODE_NOT_FOUND = "not_found"
 CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
 CODE_INTERNAL = "internal_error"

@@ -69,9 +69,12 @@ STREAM_CONNECTION_LOST = "connection_lost"
 # The serving host's agent stopped answering within the bound its progress markers set
 # (grid.infer.client.SilentHost): the host is taken out of routing until it heartbeats again.
 STREAM_UPSTREAM_SILENT = "upstream_silent"
+# The serving host's engine stalled (grid.infer.client.EngineStalled): a failure of that route.
+STREAM_ENGINE_STALLED = "engine_stalled"
 
 # Outcomes of upstream errors that name themselves (their `code`, see grid.infer.client).
-_NAMED_OUTCOMES = {"upstream_connection_lost": STREAM_CONNECTION_LOST, "upstream_silent": STREAM_UPSTREAM_SILENT}
+_NAMED_OUTCOMES = {"upstream_connection_lost": STREAM_CONNECTION_LOST, "upstream_silent": STREAM_UPSTREAM_SILENT,
+                   "engine_stalled": STREAM_ENGINE_STALLED}
 # The last event of an OpenAI event stream: a client that leaves after it has the whole answer.
 _DONE_EVENT = b"data: [DONE]"
 
@@ -189,9 +192,9 @@ class ProxyStream:
             self.on_done(outcome)
 
     def _error_event(self, exc: httpx.HTTPError) -> bytes:
-        """An error that names itself for the client (grid.infer.client's UpstreamConnectionLost
-        and SilentHost) ends an event stream with an OpenAI-shaped error event, so the client
-        knows why and that it may retry."""
+        """An error that names itself for the client (grid.infer.client's UpstreamConnectionLost,
+        SilentHost and EngineStalled) ends an event stream with an OpenAI-shaped error event, so
+        the client knows why and that it may retry."""
         code = getattr(exc, "code", None)
         message = getattr(exc, "client_message", None)
         if not (isinstance(code, str) and isinstance(message, str) and self._event_stream()):

@@ -38,6 +38,7 @@ from grid.gateway.evaluation import HEADER as EVALUATION_HEADER
 from grid.gateway.responses import (
     STREAM_CLIENT_GONE,
     STREAM_CONNECTION_LOST,
+    STREAM_ENGINE_STALLED,
     STREAM_UPSTREAM_SILENT,
     STREAM_OK,
     STREAM_UPSTREAM_TIMEOUT,
@@ -47,7 +48,7 @@ from grid.gateway.responses import (
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
-from grid.infer.client import NoResponders, NotServedThere, SilentHost, UpstreamConnectionLost
+from grid.infer.client import EngineStalled, NoResponders, NotServedThere, SilentHost, UpstreamConnectionLost
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -470,6 +471,13 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
         _went_silent(gw, key, route.host_id)
         done("timeout", 504, time.perf_counter() - t0)
         return _silent()
+    except EngineStalled:
+        # Delivered, so never sent elsewhere (the gateway only routes again what provably reached
+        # no engine); a failure of this route, and the host refuses that engine new requests
+        # until it answers again, so the client's retry goes to another replica.
+        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
+        done("timeout", 504, time.perf_counter() - t0)
+        return _engine_stalled()
     except httpx.TimeoutException:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("timeout", 504, time.perf_counter() - t0)
@@ -507,6 +515,9 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
             elif outcome == STREAM_UPSTREAM_SILENT:
                 _went_silent(gw, key, route.host_id)
                 done("timeout", 502, latency)
+            elif outcome == STREAM_ENGINE_STALLED:
+                breakers.record(key, OUTCOME_FAILURE, end)
+                done("timeout", 502, latency, parser.completion_tokens or 0)
             else:
                 breakers.record(key, OUTCOME_FAILURE, end)
                 done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
@@ -530,6 +541,10 @@ async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: 
         _went_silent(gw, key, route.host_id)
         done("timeout", 504, time.perf_counter() - t0)
         return _silent()
+    except EngineStalled:
+        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
+        done("timeout", 504, time.perf_counter() - t0)
+        return _engine_stalled()
     except httpx.HTTPError:
         breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
         done("error", 502, time.perf_counter() - t0)
@@ -567,6 +582,13 @@ def _went_silent(gw: Gateway, key: Any, host_id: str) -> None:
 def _silent() -> Response:
     # Retryable: the host is out of routing, so a retry goes to another replica (or waits for one).
     return errors.error_response(504, SilentHost.client_message, errors.SERVER_ERROR, errors.CODE_UPSTREAM_SILENT,
+                                 retry_after=1.0)
+
+
+def _engine_stalled() -> Response:
+    # 504 like a silent host (the engine did not answer in time, by the agent's evidence), and
+    # retryable: the host refuses that engine new requests until it answers again.
+    return errors.error_response(504, EngineStalled.client_message, errors.SERVER_ERROR, errors.CODE_ENGINE_STALLED,
                                  retry_after=1.0)
 
 

@@ -66,6 +66,21 @@ class UpstreamConnectionLost(httpx.ReadError):
     client_message = "The connection to the host serving this model was lost; retry the request."
 
 
+class EngineStalled(httpx.ReadError):
+    """The host's agent ended the answer because its engine stalled: it sent nothing for a while
+    and left several health checks in a row unanswered (grid.infer.responder.stall_verdict). The
+    agent is alive; its engine is stopped, wedged or dead. The request may have executed, so it is
+    never sent anywhere else; the client may retry it, and the agent refuses new requests for that
+    engine until it answers again (the gateway then asks another replica)."""
+
+    code = "engine_stalled"
+    client_message = "The engine serving this model stopped responding; retry the request."
+
+    def __init__(self, message: str, host_id: str) -> None:
+        super().__init__(message)
+        self.host_id = host_id
+
+
 class SilentHost(Exception):
     """The host's agent went silent: it stopped answering within the bound its own evidence sets
     (no first message within the connect timeout, or no progress marker within PROGRESS_MISSES of
@@ -327,6 +342,8 @@ def _read_error(target: InferTarget, error: str) -> httpx.ReadError:
     """The agent ended an answer with `error` after the request may have reached its engine."""
     if error == wire.ERR_CONNECTION_LOST:
         return UpstreamConnectionLost(f"{target}: {error}")
+    if error == wire.ERR_ENGINE_STALLED:
+        return EngineStalled(f"{target}: the engine stopped answering its health checks", target.host_id)
     return httpx.ReadError(f"{target}: {error}")
 
 

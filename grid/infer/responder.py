@@ -9,13 +9,19 @@ with identities, only when a gateway (or the controller) signed it (grid.identit
 reply subject such as `grid.ctl.mode` would otherwise have the agent publish its answer, with the
 host's rights, wherever the requester pointed it, and a host must not make another host serve.
 Anything else gets no answer at all: a warning with the reason, and a count.
+
+An answer in flight ends on evidence, never on a timer (see "Engine liveness" below): while its
+engine sends nothing, the agent asks the engine whether it is alive, and ends the answer with
+`wire.ERR_ENGINE_STALLED` once it stopped answering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +43,82 @@ log = structlog.get_logger(__name__)
 
 # Who may ask a host to serve: the gateway, and the controller (which may do anything).
 REQUESTER_ROLES = frozenset({Role.GATEWAY, Role.CONTROLLER})
+
+# Engine liveness. Silence alone proves nothing: a long non-streamed answer, a request queued for
+# a busy slot and a long prompt evaluation all send nothing for seconds. But llama-server answers
+# GET /health from its HTTP threads whatever its slots are doing (measured on this 2-core machine
+# with xllamacpp: 20-60 ms with six requests in flight on two HTTP threads, and throughout a 3 s
+# prompt evaluation), while a stopped (SIGSTOP), wedged or dead process does not answer at all. So
+# an answer is ended only on silence *and* unanswered health checks after it. Other engines count
+# as alive when they answer anything on that path (Ollama answers 404): the evidence is that
+# their HTTP server runs, not what it says.
+HEALTH_PATH = "/health"
+# How long an engine may send nothing to an answer before its liveness is checked: two progress
+# sweeps (wire.PROGRESS_MAX_GAP_SECONDS, the same silence after which the requester is promised
+# a marker). A streamed answer gets a token every few tens of ms, so no probe runs while bytes
+# flow; shorter would probe for every non-streamed answer over a second, longer only delays the
+# end of an answer whose engine stopped.
+STALL_SILENCE_SECONDS = wire.PROGRESS_MAX_GAP_SECONDS
+# How long a health check may take before it counts as unanswered: 30x the slowest answer
+# measured from a busy engine (60 ms), room for a loaded machine's scheduling.
+PROBE_TIMEOUT_SECONDS = 2.0
+# One check per engine per interval, shared by every answer waiting on that engine (the start of
+# one check to the start of the next): with the timeout equal, a stopped engine's checks fail
+# back to back.
+PROBE_INTERVAL_SECONDS = PROBE_TIMEOUT_SECONDS
+# Consecutive unanswered checks, all after the answer's last evidence of life, that make an
+# engine stalled: one late answer (a hiccup of a loaded machine) is never enough; three in a row
+# span six seconds.
+STALL_PROBES = 3
+# The longest an answer waits on an engine that stopped right after its last bytes: the silence
+# noticed (at most a sweep late), then STALL_PROBES checks, each over in at most an interval.
+# About 9 s: under the ~10-15 s the grid promises for a request in flight, and well beyond the
+# gateway's own bound on a silent host (its markers keep coming until then).
+STALL_BOUND_SECONDS = (wire.PROGRESS_SWEEP_SECONDS + STALL_SILENCE_SECONDS
+                       + STALL_PROBES * max(PROBE_INTERVAL_SECONDS, PROBE_TIMEOUT_SECONDS))
+
+# What the evidence says about the engine an answer waits on (stall_verdict).
+ENGINE_FLOWING = "flowing"  # it sent bytes within STALL_SILENCE_SECONDS: nothing to check
+ENGINE_UNPROVEN = "unproven"  # silent, and too few checks since (or the latest failed): check it
+ENGINE_ALIVE = "alive"  # silent, but its latest check since answered: busy, not stalled
+ENGINE_STALLED = "stalled"  # silent, and its last STALL_PROBES checks since all went unanswered
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One health check of an engine: when it started (loop time) and whether it was answered."""
+
+    started_at: float
+    answered: bool
+
+
+def stall_verdict(last_heard: float, probes: Sequence[ProbeResult], now: float) -> str:
+    """The verdict on the engine an answer waits on, from the last evidence that engine had the
+    answer and was working (`last_heard`: the answer's arrival or the engine's last bytes,
+    whichever is later), the engine's health checks in the order they started, and `now`.
+
+    Only checks that started after `last_heard` count: bytes since a failed check prove the
+    engine came back."""
+    if now - last_heard < STALL_SILENCE_SECONDS:
+        return ENGINE_FLOWING
+    since = [p for p in probes if p.started_at >= last_heard]
+    if since and since[-1].answered:
+        return ENGINE_ALIVE
+    unanswered = 0
+    for probe in reversed(since):
+        if probe.answered:
+            break
+        unanswered += 1
+    return ENGINE_STALLED if unanswered >= STALL_PROBES else ENGINE_UNPROVEN
+
+
+def needs_check(verdict: str) -> bool:
+    """Whether an answer with this verdict needs its engine checked: it waits in silence and
+    its engine was not judged yet (a flowing one needs nothing, a stalled one is being ended)."""
+    return verdict in (ENGINE_UNPROVEN, ENGINE_ALIVE)
+
+
+EngineProbe = Callable[["EngineRoute"], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -142,23 +224,52 @@ def _error_body(message: str, code: str, kind: str = "invalid_request_error") ->
 
 
 class _Answer:
-    """Whether message 0 of one answer has been (or is being) sent, and, for a requester that
-    asked for progress markers (wire.H_PROGRESS), how many numbered messages were sent by now and
-    by the last sweep (a marker goes out when a sweep finds the two equal)."""
+    """Whether message 0 of one answer has been (or is being) sent; how many numbered messages
+    were sent by now and by the last sweep (for a requester that asked for progress markers
+    (wire.H_PROGRESS), a marker goes out when a sweep finds the two equal); and the evidence
+    that its engine (`route`) has it: when it arrived, and the sweep that last saw its bytes."""
 
-    __slots__ = ("progress", "sent", "started", "swept")
+    __slots__ = ("heard", "model", "progress", "route", "sent", "since", "stalled", "started", "swept")
 
-    def __init__(self, progress: bool = False) -> None:
+    def __init__(self, progress: bool = False, route: EngineRoute | None = None, model: str = "",
+                 since: float = 0.0) -> None:
         self.started = False
         self.progress = progress
         self.sent = 0
         self.swept = -1  # the first sweep only takes note
+        self.route = route
+        self.model = model
+        self.since = since
+        self.heard = -math.inf
+        # Its engine was judged stalled: no more markers, the answer is being ended.
+        self.stalled = False
+
+    def heard_at(self, now: float) -> float:
+        """When its engine last sent it bytes: `now` if some came since the last sweep."""
+        return now if self.sent > max(self.swept, 0) else self.heard
+
+
+class _EngineWatch:
+    """The health checks of one engine (by endpoint) while an answer waits on it in silence, or
+    while it is judged stalled: one task, one check per interval. It exists while its task runs."""
+
+    __slots__ = ("model", "probes", "route", "stalled", "task")
+
+    def __init__(self, route: EngineRoute, model: str) -> None:
+        self.route = route
+        self.model = model
+        self.probes: deque[ProbeResult] = deque(maxlen=STALL_PROBES)
+        self.task: asyncio.Task[None] | None = None
+        # Judged stalled: new requests for it are refused (before it sees them) until a check is
+        # answered, so the gateway asks another replica instead of waiting on it again.
+        self.stalled = False
 
 
 class InferenceResponder:
     def __init__(self, nc: NATS, host_id: str, resolve: EngineResolver, *,
                  connect_timeout: float = 5.0, read_timeout: float = 600.0, max_in_flight: int = 256,
-                 engine_client: EngineClient | None = None, verifier: Verifier | None = None) -> None:
+                 engine_client: EngineClient | None = None, verifier: Verifier | None = None,
+                 probe: EngineProbe | None = None) -> None:
         self.nc = nc
         self.host_id = host_id
         self.resolve = resolve
@@ -182,12 +293,24 @@ class InferenceResponder:
         self._local_end: dict[str, Msg] = {}
         # Requests that came in process rather than over NATS (also counted in `served`).
         self.delivered_in_process = 0
-        # Answers whose requester asked for progress markers, and the task that sends them (runs
-        # only while there are some).
+        # Answers in flight, and the task that sweeps them every PROGRESS_SWEEP_SECONDS (runs only
+        # while there are some): progress markers for the requesters that asked for them, and
+        # the silence that starts an engine's health checks.
         self._progress: dict[str, _Answer] = {}
         self._sweeper: asyncio.Task[None] | None = None
         # Progress markers sent (beside the single marker every slow first answer gets).
         self.progress_markers = 0
+        # Engine liveness: how an engine is checked (`probe`, a GET of HEALTH_PATH by default),
+        # the engines being checked, by endpoint, and the answers ended because theirs stalled.
+        self._probe: EngineProbe = probe or self.check_engine
+        self._probe_transport: httpx.AsyncHTTPTransport | None = None
+        self._engines: dict[str, _EngineWatch] = {}
+        self._stalled_replies: set[str] = set()
+        self.health_probes = 0
+        self.health_probes_unanswered = 0
+        self.stalled_answers = 0
+        # New requests refused because their engine was judged stalled.
+        self.refused_stalled = 0
 
     async def start(self) -> None:
         # Taken as nats-py's reader parses them (grid.infer.direct): admission and starting the
@@ -203,8 +326,12 @@ class InferenceResponder:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs = []
-        await cancel_and_wait(list(self._active.values()) + ([self._sweeper] if self._sweeper is not None else []))
+        await cancel_and_wait(list(self._active.values()) + ([self._sweeper] if self._sweeper is not None else [])
+                              + [w.task for w in self._engines.values()])
+        self._engines.clear()
         await self._http.aclose()
+        if self._probe_transport is not None:
+            await self._probe_transport.aclose()
 
     @property
     def in_flight(self) -> int:
@@ -227,6 +354,7 @@ class InferenceResponder:
     def _done(self, reply: str) -> None:
         self._active.pop(reply, None)
         self._lost_replies.discard(reply)
+        self._stalled_replies.discard(reply)
         sink = self._local.pop(reply, None)
         end = self._local_end.pop(reply, None)
         if sink is not None and end is not None:
@@ -291,16 +419,134 @@ class InferenceResponder:
     async def _sweep_progress(self) -> None:
         """Every sweep, a marker for each answer that asked for them and sent nothing since the
         sweep before: the requester's evidence that this agent is alive and its engine still has
-        the request. Ends when no answer needs it."""
+        the request (none once its engine was judged stalled). Then the health checks of every
+        engine an answer waits on in silence. Ends when no answer is in flight."""
+        loop = asyncio.get_running_loop()
         while self._progress:
             await asyncio.sleep(wire.PROGRESS_SWEEP_SECONDS)
+            now = loop.time()
             for reply, answer in list(self._progress.items()):
                 if answer.sent != answer.swept:
+                    if answer.sent > max(answer.swept, 0):
+                        answer.heard = now
                     answer.swept = answer.sent
+                    continue
+                if not answer.progress or answer.stalled:
                     continue
                 self.progress_markers += 1
                 with contextlib.suppress(Exception):
                     await self._publish(reply, b"", _marker(answer))
+            self._check_silent_engines(loop.time())
+
+    def _waiting(self, endpoint: str) -> list[tuple[str, _Answer]]:
+        """The answers in flight on the engine at `endpoint` not yet ended as stalled."""
+        return [(reply, answer) for reply, answer in self._progress.items()
+                if answer.route is not None and answer.route.endpoint == endpoint and not answer.stalled]
+
+    def _verdicts(self, endpoint: str, probes: Sequence[ProbeResult], now: float) -> list[tuple[str, _Answer, str]]:
+        """The verdict for each answer waiting on `endpoint`. Bytes to any answer are evidence
+        that the engine works, so an answer's last evidence is the later of its own arrival and
+        the engine's last bytes to any answer in flight."""
+        waiting = self._waiting(endpoint)
+        heard = max((answer.heard_at(now) for _, answer in waiting), default=-math.inf)
+        return [(reply, answer, stall_verdict(max(answer.since, heard), probes, now)) for reply, answer in waiting]
+
+    def _check_silent_engines(self, now: float) -> None:
+        """Start the checks of every engine an answer waits on in silence (one task per engine,
+        which runs while that lasts)."""
+        seen: set[str] = set()
+        for answer in list(self._progress.values()):
+            route = answer.route
+            if route is None or answer.stalled or route.endpoint in seen or route.endpoint in self._engines:
+                continue
+            seen.add(route.endpoint)
+            if any(needs_check(verdict) for _, _, verdict in self._verdicts(route.endpoint, (), now)):
+                watch = self._engines[route.endpoint] = _EngineWatch(route, answer.model)
+                watch.task = asyncio.create_task(self._watch_engine(route.endpoint, watch),
+                                                 name="infer-engine-health")
+
+    def _needs_check(self, endpoint: str, watch: _EngineWatch, now: float) -> bool:
+        if watch.stalled:
+            # No answer waits on it any more (new requests are refused): checked until it
+            # answers, while it is still where this host serves the model.
+            route = self.resolve(watch.model)
+            return route is not None and route.endpoint == endpoint
+        return any(needs_check(verdict) for _, _, verdict in self._verdicts(endpoint, watch.probes, now))
+
+    async def _watch_engine(self, endpoint: str, watch: _EngineWatch) -> None:
+        """Check the engine at `endpoint` once per interval while an answer waits on it in
+        silence (or while it is judged stalled), judging its answers after each check.
+
+        At most one check per interval, also across watches: this one ends only an interval
+        after its last check started, when every answer on the engine had bytes within
+        STALL_SILENCE_SECONDS (or none is left), and the next one starts only once an answer has
+        been silent that long again."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                started = loop.time()
+                try:
+                    answered = await self._probe(watch.route)
+                except Exception as exc:  # noqa: BLE001 - a check that fails in any way went unanswered
+                    log.warning("infer.engine_check_failed", endpoint=endpoint, error=type(exc).__name__)
+                    answered = False
+                watch.probes.append(ProbeResult(started, answered))
+                self.health_probes += 1
+                if not answered:
+                    self.health_probes_unanswered += 1
+                self._judge(endpoint, watch, loop.time())
+                await asyncio.sleep(max(0.0, started + PROBE_INTERVAL_SECONDS - loop.time()))
+                if not self._needs_check(endpoint, watch, loop.time()):
+                    break
+        finally:
+            # Gone with its task, whatever ended it: should a judged engine's watch end with an
+            # error, its requests go to it again and are judged again (never refused for good).
+            if self._engines.get(endpoint) is watch:
+                del self._engines[endpoint]
+
+    def _judge(self, endpoint: str, watch: _EngineWatch, now: float) -> None:
+        """After a check: end every answer whose engine the evidence shows stalled (the engine
+        is then judged stalled), or clear that judgement once a check is answered."""
+        if watch.probes[-1].answered:
+            if watch.stalled:
+                watch.stalled = False
+                log.info("infer.engine_answers_again", endpoint=endpoint)
+            return
+        ended = 0
+        for reply, answer, verdict in self._verdicts(endpoint, watch.probes, now):
+            if verdict != ENGINE_STALLED:
+                continue
+            # Ended by its own task (its engine connection closes, the requester is told why);
+            # no marker goes out for it from here on.
+            answer.stalled = True
+            self._stalled_replies.add(reply)
+            task = self._active.get(reply)
+            if task is not None:
+                task.cancel()
+            ended += 1
+        if ended:
+            watch.stalled = True
+            self.stalled_answers += ended
+            log.warning("infer.engine_stalled", endpoint=endpoint, model=watch.model, ended=ended,
+                        unanswered_checks=len(watch.probes), check_timeout=PROBE_TIMEOUT_SECONDS)
+
+    async def check_engine(self, route: EngineRoute) -> bool:
+        """Whether the engine's HTTP server answers GET HEALTH_PATH within PROBE_TIMEOUT_SECONDS
+        (any status: see HEALTH_PATH). A fresh connection every time: a pooled one could be the
+        thing that is stuck."""
+        if self._probe_transport is None:
+            self._probe_transport = httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=0), retries=0)
+        headers = [(b"authorization", f"Bearer {route.key}".encode("latin-1"))] if route.key else []
+        request = httpx.Request("GET", route.endpoint.rstrip("/") + HEALTH_PATH, headers=headers,
+                                extensions={"timeout": httpx.Timeout(PROBE_TIMEOUT_SECONDS).as_dict()})
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+                response = await self._probe_transport.handle_async_request(request)
+                await response.aclose()
+        except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, OSError):
+            return False
+        return True
 
     async def _send(self, reply: str, seq: int, body: bytes = b"", **headers: str) -> None:
         answer = self._progress.get(reply)
@@ -321,11 +567,19 @@ class InferenceResponder:
             # The message NATS would have delivered, without the broker.
             sink.put(Msg(self.nc, subject=reply, data=body, headers=headers))
 
-    async def _end_lost(self, reply: str, seq: int) -> None:
-        """Best effort (buffered until reconnected): the answer ends, and why."""
+    async def _end_with(self, reply: str, seq: int, error: str) -> None:
+        """Best effort (buffered until reconnected, after a lost connection): the answer ends with
+        `error` as message `seq` (0: before any answer, the request may have reached the engine)."""
         with contextlib.suppress(Exception):
-            await self._send(reply, seq, **{wire.H_END: "1", wire.H_ERROR: wire.ERR_CONNECTION_LOST,
+            await self._send(reply, seq, **{wire.H_END: "1", wire.H_ERROR: error,
                                             **({} if seq else {wire.H_PHASE: wire.PHASE_READ})})
+
+    async def _end_cancelled(self, reply: str, seq: int) -> None:
+        """An answer this responder stopped itself: say why, should the requester still listen."""
+        if reply in self._lost_replies:
+            await self._end_with(reply, seq, wire.ERR_CONNECTION_LOST)
+        elif reply in self._stalled_replies:
+            await self._end_with(reply, seq, wire.ERR_ENGINE_STALLED)
 
     async def _refuse(self, reply: str, status: int, message: str, code: str) -> None:
         headers = wire.encode_headers([(b"content-type", b"application/json")])
@@ -344,10 +598,19 @@ class InferenceResponder:
         if route is None:
             await self._refuse(reply, 503, f"{model!r} is not ready on this host", wire.ERR_NO_ENGINE)
             return
+        watch = self._engines.get(route.endpoint)
+        if watch is not None and watch.stalled:
+            # Proof, as for no engine at all, that nothing executed it: the gateway asks another
+            # replica rather than waiting on an engine that stopped answering.
+            self.refused_stalled += 1
+            await self._refuse(reply, 503, f"{model!r} is not ready on this host (its engine stopped answering)",
+                               wire.ERR_NO_ENGINE)
+            return
         headers = engine_request_headers(route, req_headers)
-        answer = _Answer(progress=req_headers.get(wire.H_PROGRESS) == "1")
-        if answer.progress:
-            self._track_progress(reply, answer)
+        answer = _Answer(progress=req_headers.get(wire.H_PROGRESS) == "1", route=route, model=model,
+                         since=asyncio.get_running_loop().time())
+        # Every answer is swept (its engine's silence is watched); markers only for those that asked.
+        self._track_progress(reply, answer)
         # A timer, not a task: nothing extra on the fast path (most answers start well within it).
         # It runs until message 0 is sent, not until the engine's headers arrive: a streamed
         # request queued for a busy slot gets its headers at once and its first chunk only when
@@ -372,9 +635,8 @@ class InferenceResponder:
         try:
             response = await self._http.post(route.endpoint.rstrip("/") + path, body, headers)
         except asyncio.CancelledError:
-            if reply in self._lost_replies:  # say why, should the requester still be listening
-                begin()
-                await self._end_lost(reply, 0)
+            begin()
+            await self._end_cancelled(reply, 0)
             raise
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # The engine is down or refusing connections: nothing reached it, like a failed connect.
@@ -424,10 +686,9 @@ class InferenceResponder:
             await self._send(reply, seq + 1, **{wire.H_END: "1"})
             self.served += 1
         except asyncio.CancelledError:
-            if reply in self._lost_replies:
-                started = answer.started
-                begin()
-                await self._end_lost(reply, seq + 1 if started else 0)
+            started = answer.started
+            begin()
+            await self._end_cancelled(reply, seq + 1 if started else 0)
             raise
         except httpx.HTTPError as exc:
             if answer.started:

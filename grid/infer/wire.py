@@ -8,8 +8,9 @@ drops messages for a slow consumer) is detected rather than silently corrupting 
 Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`)
 with the first body bytes (a small answer arrives whole, ended, in message 0); every message
 may carry body bytes; the last carries `Grid-End`, and `Grid-Error` if the
-engine failed part way. The gateway cancels by publishing the reply inbox on
-`grid.infer.<host>.cancel`; the agent then closes its engine connection, which frees the slot.
+engine failed part way (or stalled: `ERR_ENGINE_STALLED`). The gateway cancels by publishing
+the reply inbox on `grid.infer.<host>.cancel`; the agent then closes its engine connection,
+which frees the slot.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ ERR_PATH = "path_not_allowed"
 # gateway reports it exactly as it reports losing its own connection (`upstream_connection_lost`):
 # which of the two notices first is a race, and the client must see the same error either way.
 ERR_CONNECTION_LOST = "the agent lost its NATS connection"
+# The `Grid-Error` of an answer the agent ended because its engine stalled: the engine sent it
+# nothing for a while and then left several health checks in a row unanswered (a stopped, wedged
+# or dead process; grid.infer.responder.stall_verdict). The agent itself is alive, so the gateway
+# reports it as the engine's failure (`engine_stalled`, retryable), never as a silent host. The
+# request may have executed: it is never sent elsewhere.
+ERR_ENGINE_STALLED = "engine_stalled"
 
 _headers_encoder = msgspec.json.Encoder()
 _headers_decoder = msgspec.json.Decoder(list[tuple[str, str]])
