@@ -13,6 +13,9 @@ gateway, two agents that joined by invitation; bench._cluster_grid):
   with which error, is in the row's note (goal: within 10 s, with a retryable error);
 - agent SIGSTOP: the agent of one of two ready copies stopped for the window, then resumed
   (goal: at most one failed request);
+- engine SIGSTOP: the engine (llama-server) of one of two ready copies stopped for the window,
+  its agent left running (goal: the answers on it end within ~9 s as `engine_stalled`, and the
+  gateway then asks the other copy; at most the requests in flight fail);
 - agent kill -9: the agent of one of two ready copies, its engine left running.
 On `gridctl up` (embedded NATS, one host):
 - NATS kill -9 with requests in flight (the supervisor restarts it);
@@ -220,6 +223,41 @@ async def agent_stopped(grid: ClusterGrid, window: float, baseline: Row) -> Row:
     return row
 
 
+def engine_processes(agent_pid: int) -> list[psutil.Process]:
+    """The llama.cpp engines an agent started (its descendants serving a model)."""
+    found = []
+    for child in psutil.Process(agent_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = " ".join(child.cmdline())
+            if "--model" in cmdline and ("llama-server" in cmdline or "xllamacpp" in cmdline):
+                found.append(child)
+    return found
+
+
+async def engine_stopped(grid: ClusterGrid, window: float, baseline: Row) -> Row:
+    """SIGSTOP the engine of one of two ready copies for the window (its agent keeps running),
+    then SIGCONT: the agent must notice on its own (grid.infer.responder's health checks)."""
+    victim = serving_host(grid.gateway_url) or "a1"
+    engines = engine_processes(grid.procs[f"agent-{victim}"].pid)
+    if not engines:
+        raise SystemExit(f"no engine process found under agent {victim}")
+
+    def stop() -> str:
+        for engine in engines:
+            engine.send_signal(signal.SIGSTOP)
+        return f"engine(s) {[e.pid for e in engines]} of {victim} stopped"
+
+    try:
+        windows, released, leaked, note = await under_load(grid.gateway_url, stop, window=window)
+    finally:
+        for engine in engines:
+            with contextlib.suppress(psutil.Error):
+                engine.send_signal(signal.SIGCONT)
+    row = Row("engine SIGSTOP (2 copies)", windows, released, leaked, note + "; resumed after the window")
+    print_row(row, baseline)
+    return row
+
+
 def two_ready_copies(grid: ClusterGrid) -> None:
     # The controller may still be answering `log_unavailable` while the streams settle after a
     # node came back.
@@ -273,6 +311,8 @@ async def on_the_cluster(base: Path, window: float) -> tuple[Row, list[Row]]:
         print("  (waiting for two ready copies again)", flush=True)
         two_ready_copies(grid)
         rows.append(await agent_stopped(grid, window, baseline))
+        two_ready_copies(grid)
+        rows.append(await engine_stopped(grid, window, baseline))
 
         # A dead agent, with another ready copy to go to.
         two_ready_copies(grid)

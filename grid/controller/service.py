@@ -547,6 +547,8 @@ class Controller:
                 continue
             for done in applied:
                 log.info("revocation applied", host_id=done.host_id, keys=len(done.keys), seq=done.seq)
+            if applied and hasattr(self.identity, "registry_changed"):
+                await self.identity.registry_changed()  # the other controllers learn it at once
 
     async def _follow(self) -> None:
         while not self._stopping:
@@ -865,7 +867,8 @@ class Controller:
             dirty_revision=self._dirty_revision, processed_revision=self._processed_revision,
             success_revision=self._success_revision, states=dict(self.runner.states),
             positions=dict(sorted(self.runner.positions.items())), malformed_events=self.runner.malformed,
-            warnings=tuple(self.runner.warnings) + tuple(self.warnings) + self._footprint_warning(), limits=s.limits,
+            warnings=tuple(self.runner.warnings) + tuple(self.warnings) + self._footprint_warning()
+            + tuple(getattr(self.identity, "warnings", list)()), limits=s.limits,
             store=self._store_status(),
             history_limit=s.history_limit, last_tick=self.last_tick, ticks=tuple(self.ticks),
             last_plan=self.last_plan, last_input=self.last_input, last_forecast=self.last_forecast,

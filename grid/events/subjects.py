@@ -55,6 +55,13 @@ ALL_STREAMS: tuple[str, ...] = tuple(STREAM_SUBJECTS)
 COMMANDS_VIEW_STREAM = "GRID_CMDS_VIEW"
 
 LEASE_BUCKET = "grid_lease"
+# The controllers' shared authority records (grid.identity.shared_registry): one subject per
+# admitted host, open invitation and revoked non-host key, each a sealed record only the holders
+# of the grid's authority can read or write. Not an event stream: never in ALL_STREAMS, and no
+# role but the controller reaches it (grid.identity.permissions).
+AUTHORITY_STREAM = "GRID_AUTHORITY"
+AUTHORITY_SUBJECTS = "grid.authority.>"
+AUTHORITY_RECORD_KINDS = ("host", "invitation", "revoked")
 PLAN_SUBJECT = "grid.plan"
 MODE_SUBJECT = "grid.ctl.mode"
 TICK_SUBJECT = "grid.ctl.tick"
@@ -181,6 +188,14 @@ def artifact_chunk_subject(nuid: str) -> str:
     if not nuid or not _NUID.match(nuid):
         raise SubjectError(f"not an object store nuid: {nuid[:40]!r}")
     return f"$O.{ARTIFACT_BUCKET}.C.{nuid}"
+
+
+def authority_record_subject(kind: str, name: str) -> str:
+    """`grid.authority.<kind>.<name>`: where the shared record of one host (by host id), one
+    invitation (by invitation id) or one revoked key lives."""
+    if kind not in AUTHORITY_RECORD_KINDS:
+        raise SubjectError(f"unknown authority record kind {kind!r}")
+    return f"{PREFIX}.authority.{kind}.{escape_token(name)}"
 
 
 def stream_for_subject(subject: str) -> str:

@@ -21,7 +21,7 @@ once. That is how `revoke_host` disconnects a host within seconds, embedded serv
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,10 @@ class HostIdentityRecord(msgspec.Struct):
     # When a revoked host was last invited again (`readmit_host`): a revocation asked for on the
     # log before then is not applied again (grid.identity.admin.apply_requested_revocations).
     readmitted_at: float | None = None
+    # Bumped by every revocation and readmission of the host: when controllers' records of it
+    # disagree on whether it is revoked, the higher generation wins, and a tie is revoked
+    # (grid.identity.shared_registry.merge_host).
+    generation: int = 0
 
 
 class Registry(msgspec.Struct):
@@ -114,6 +118,23 @@ class Authority:
                 record.account_seed = create_account_pair().seed.decode()
             if unaccounted:
                 self._save()
+
+    def update_registry(self, change: Callable[[Registry], Registry]) -> bool:
+        """Read the registry again, apply `change` (a pure function: grid.identity.shared_registry
+        merges what the other controllers wrote) and save the result if it differs. Returns
+        whether it did."""
+        self.reload()
+        updated = change(self.registry)
+        if updated == self.registry:
+            return False
+        self.registry = updated
+        self._save()
+        return True
+
+    def record_secret(self) -> bytes:
+        """The GRID account's seed: every controller of this grid holds it, nothing else does,
+        so the key of the controllers' shared records is derived from it."""
+        return bytes(self._account.seed)
 
     # ------------------------------------------------------------------ keys and JWTs
     @property
@@ -355,6 +376,7 @@ class Authority:
         self.host_principal(host_id)
         record = self.registry.hosts[host_id]
         record.revoked_at = int(now)
+        record.generation += 1
         for key in record.keys:
             self.registry.revocations[key] = int(now)
         record.revoked_keys = sorted(set(record.revoked_keys) | set(record.keys))
@@ -390,6 +412,7 @@ class Authority:
         record = self.registry.hosts.get(host_id)
         if record is not None and record.revoked_at is not None:
             record.revoked_at = None
+            record.generation += 1
             record.readmitted_at = time.time() if now is None else now
             record.command_consumer = new_host_consumer(host_id)
             self._save()

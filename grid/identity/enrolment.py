@@ -174,6 +174,7 @@ class EnrolmentService:
         on_admitted: Callable[[Principal], Awaitable[None]] | None = None,
         push: Callable[[Sequence[AccountJWT]], Awaitable[None]] | None = None,
         sign: Callable[[str, bytes], dict[str, str]] | None = None,
+        on_changed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.authority = authority
         # Signs each answer as the controller (its log's authorship): the host trusts only that.
@@ -188,6 +189,9 @@ class EnrolmentService:
         self.answering: Callable[[], bool] = lambda: True
         # Set up what the host may not set up itself (its command consumer) before it connects.
         self.on_admitted = on_admitted
+        # Told after a join, a renewal or an invitee's revocation changed the registry or the
+        # invitations: the controllers share them (grid.identity.shared_registry).
+        self.on_changed = on_changed
         # Hands account JWTs (a new host's account, a revocation) to the servers; default: over a
         # system account connection to the server `serve` is connected to.
         self.push = push
@@ -378,12 +382,17 @@ class EnrolmentService:
             if admitted is not None:
                 # Before the answer, so the host can connect as soon as it has its credential.
                 await self.publish_accounts(admitted)
+            if self.on_changed is not None and (admitted is not None or reply.refused in SPENT_INVITATION):
+                # Before the answer too: another controller taking over then knows the host.
+                await self.on_changed()
             log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
             await self._answer(nc, msg, reply)
             if admitted is not None or reply.refused in SPENT_INVITATION:
                 # After the answer: the server drops the invitee's connection once it is revoked.
                 await nc.flush()
                 await self.revoke_invitee(check.signed.signer)
+                if self.on_changed is not None:
+                    await self.on_changed()
 
         async def on_renew(msg: Any) -> None:
             if not self.answering():
@@ -393,6 +402,8 @@ class EnrolmentService:
             reply = self.handle_renew(msg.data)
             log.info("enrolment.renew", host_id=reply.granted.host_id if reply.granted else None,
                      refused=reply.refused)
+            if reply.granted is not None and self.on_changed is not None:
+                await self.on_changed()
             await self._answer(nc, msg, reply)
 
         self._subs = [

@@ -148,6 +148,13 @@ class InvitationStore:
                 return used
         return REFUSED_UNKNOWN_INVITATION
 
+    @contextlib.contextmanager
+    def editing(self) -> Iterator[list[Invitation]]:
+        """The invitations, under the store's lock, written back if changed: where the
+        controllers' shared records are merged in (grid.identity.shared_registry)."""
+        with self._locked() as invitations:
+            yield invitations
+
     def entries(self) -> list[Invitation]:
         with self._locked() as invitations:
             return list(invitations)

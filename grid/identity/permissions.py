@@ -76,6 +76,8 @@ from grid.events.subjects import (
     ALL_STREAMS,
     ARTIFACT_STREAM,
     ARTIFACT_SUBJECTS,
+    AUTHORITY_STREAM,
+    AUTHORITY_SUBJECTS,
     COMMANDS_STREAM,
     COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
@@ -246,6 +248,11 @@ _ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}", *
 # reply is the stored message itself) and consumer create/update on GRID_CMDS.
 _CONTROLLER_ONLY = (f"{JS_API}.DIRECT.GET.>", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}",
                     f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}.>", f"{JS_API}.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.>")
+# The controllers' shared authority records (grid.identity.shared_registry): sealed, so reading
+# them teaches nothing, but they are the controller's alone. No other role's allow list reaches
+# them; this is the second line, in every other role's deny list.
+_AUTHORITY = (AUTHORITY_SUBJECTS, f"{JS_API}.*.*.{AUTHORITY_STREAM}", f"{JS_API}.*.*.{AUTHORITY_STREAM}.>",
+              f"{JS_API}.*.*.*.{AUTHORITY_STREAM}", f"{JS_API}.*.*.*.{AUTHORITY_STREAM}.>")
 _MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_API}.STREAM.DELETE.>",
                f"{JS_API}.STREAM.PURGE.>", f"{JS_API}.STREAM.MSG.DELETE.>", f"{JS_API}.CONSUMER.DELETE.>")
 
@@ -311,7 +318,7 @@ def _host(p: Principal, inbox: str) -> Grant:
         # first line, these exact lists the second.
         pub_allow=tuple(host_local_subject(s) for s in host_imports(p)),
         pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
-                  *_MANAGEMENT, ARTIFACT_SUBJECTS, *_CONTROLLER_ONLY),
+                  *_MANAGEMENT, ARTIFACT_SUBJECTS, *_CONTROLLER_ONLY, *_AUTHORITY),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -326,7 +333,7 @@ def _gateway(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(f"{PREFIX}.req.>", f"{INFER_ROOT}.>", *_reads((HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM))),
         pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
-                  *_CONTROLLER_ONLY),
+                  *_CONTROLLER_ONLY, *_AUTHORITY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -337,7 +344,7 @@ def _operator(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS), *_ARTIFACT_PUT),
         pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
-                  *_CONTROLLER_ONLY),
+                  *_CONTROLLER_ONLY, *_AUTHORITY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
@@ -347,7 +354,7 @@ def _operator(p: Principal, inbox: str) -> Grant:
 def _reader(p: Principal, inbox: str) -> Grant:
     return Grant(
         pub_allow=_reads(p.streams),
-        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT, *_CONTROLLER_ONLY),
+        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT, *_CONTROLLER_ONLY, *_AUTHORITY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
