@@ -8,6 +8,11 @@ distinct models (identity, priority, placement budget) while every answer is rea
 are profile settings; demand beyond them is real requests through the gateway. Residency transitions are read from the hosts' signed
 heartbeats in the event log (grid.testfleet.watch), so orderings are judged on what the hosts
 reported, in the order the log stored it.
+
+The fleet's demand buckets are DEMAND_BUCKET_SECONDS long (`PUT /allocator/forecast-window`, the
+knob the workday uses) rather than a minute: demand that stopped stops asking for replicas within a
+bucket or two, so a burst's model leaves (and a previous scenario's one request stops holding a
+replica) in seconds instead of the minutes the preemption scenario used to spend waiting.
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ ONE_PER_HOST = {"max_colocated_models": 1}
 BATCH = "scenario-batch"
 CRITICAL = "scenario-critical"
 PROMPT = [{"role": "user", "content": "Reply with OK"}]
+# Direct demand is fresh for one bucket after the last request and capacity errors are pressure
+# for two (grid.demand.forecast), so a model whose requests stopped is released within about
+# 2 x this plus a tick: the preemption scenario's critical model leaves in seconds, not minutes.
+# Not shorter: the burst's retries (at most a second apart) keep its demand fresh with room to
+# spare on a loaded machine. A short bucket reads the burst's seconds of requests as a higher rate
+# (the current bucket counts over at least half a bucket), so the burst may ask for up to every
+# host: each host the critical model takes is checked alike.
+DEMAND_BUCKET_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -153,11 +166,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, bundled_model_home: Path, en
             status = json.loads(started.stdout)
             state = load_state(home / "testfleet")
             assert state is not None
-            watcher = Watcher()
+            handle = Fleet(home, status, Watcher())
+            # Every scenario's demand in short buckets (a change of length starts the series afresh).
+            window = handle.admin("PUT", "/allocator/forecast-window", {"bucket_seconds": DEMAND_BUCKET_SECONDS})
+            assert window["bucket_seconds"] == DEMAND_BUCKET_SECONDS, window
+            wait_until(f"the controller's forecast in {DEMAND_BUCKET_SECONDS:g} s buckets",
+                       lambda: handle.admin("GET", "/allocator/status")["forecasts"].get("bucket_seconds")
+                       == DEMAND_BUCKET_SECONDS, 60)
+            watcher = handle.watcher
             follower = threading.Thread(target=_follow, args=(status, Path(state.control_home), watcher, stop),
                                         daemon=True)
             follower.start()
-            yield Fleet(home, status, watcher)
+            yield handle
         finally:
             stop.set()
             if follower is not None:
