@@ -7,7 +7,8 @@ Layout of the authority directory (0700; every file 0600):
   invitee.nk, infer.nk                 nkey seeds of the INVITEE and INFER accounts
   registry.json                        per host: its account's seed, user keys issued, revocation;
                                        the revocations of every account
-  system.creds                         a SYS user that pushes account updates to the servers
+  system-<key>.creds                   a SYS user that pushes account updates to the servers (one
+                                       per push; pruned after SYSTEM_CREDS_KEEP_SECONDS)
   nats-auth.conf                       the snippet a nats-server config includes
 
 Server side we use the NATS "full" account resolver rather than `resolver: MEMORY`: the memory
@@ -41,6 +42,9 @@ SYSTEM_ACCOUNT_NAME = "SYS"
 INVITEE_ACCOUNT_NAME = "INVITEE"
 INFER_ACCOUNT_NAME = "INFER"
 HOST_CREDENTIAL_TTL_SECONDS = 24 * 3600.0
+# The claims pusher's credential files (system_creds): one per push, removed this long after.
+SYSTEM_CREDS_PREFIX = "system-"
+SYSTEM_CREDS_KEEP_SECONDS = 600.0
 
 
 class AuthorityError(RuntimeError):
@@ -422,10 +426,15 @@ class Authority:
 
     # ------------------------------------------------------------------ server side
     def system_creds(self, *, now: float) -> Path:
-        """A SYS-account user allowed only to look up and push account claims (and read its replies)."""
-        path = self.directory / "system.creds"
+        """A SYS-account user allowed only to look up and push account claims (and read its replies),
+        in a file of its own: two processes pushing at once (the controller revoking a spent
+        invitee, `gridctl node revoke` on its machine) each connect with the key their inbox
+        was derived from. One file rewritten per call let one process read the other's key and
+        wait for replies on an inbox the server would not deliver to."""
+        self._prune_system_creds(time.time())
         pair = create_user_pair()
         public = pair.public_key.decode()
+        path = self.directory / f"{SYSTEM_CREDS_PREFIX}{public[1:17].lower()}.creds"
         claims = jwt.user_claims(
             public, "grid-claims-pusher",
             pub_allow=["$SYS.REQ.CLAIMS.UPDATE", "$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE",
@@ -434,6 +443,17 @@ class Authority:
             allow_responses=False, expires_at=None,
         )
         return write_creds(path, jwt.encode(claims, self._system, issued_at=int(now)), pair.seed)
+
+    def _prune_system_creds(self, now: float) -> None:
+        """Remove the claims pushers' files older than SYSTEM_CREDS_KEEP_SECONDS (a push holds its
+        connection for seconds) and the single file older versions rewrote."""
+        stale = [self.directory / "system.creds", *self.directory.glob(f"{SYSTEM_CREDS_PREFIX}*.creds")]
+        for path in stale:
+            try:
+                if path.name == "system.creds" or now - path.stat().st_mtime > SYSTEM_CREDS_KEEP_SECONDS:
+                    path.unlink()
+            except FileNotFoundError:
+                continue
 
     def server_config(self, *, now: float, resolver_dir: Path | None = None, make_resolver_dir: bool = True) -> str:
         """The nats-server configuration lines that turn on operator mode for this grid.

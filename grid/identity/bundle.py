@@ -19,7 +19,7 @@ Deliberately left out of every bundle, whatever the role:
   nats-server.conf, resolver/
                        the NATS servers' own material (`gridctl nats init --server-dir` and
                        `nats cluster-config` hand it to the servers); no Grid process reads it
-  system.creds         remade from system.nk whenever a controller pushes account JWTs
+  system-*.creds       made from system.nk for each push of account JWTs
   invitations.json     single-use join secrets (hashed): a copy would let one token be
                        redeemed once per copy
   engine.secret, agent state, artifacts, analytics.duckdb
@@ -110,7 +110,7 @@ ROLE_CONTENTS: dict[str, tuple[Entry, ...]] = {
     # start and on each admission, signs host JWTs on joins and renewals), its own connection.
     "controller": (
         _seed("operator", "the operator key: signs the account JWTs the servers trust"),
-        _seed("system", "the SYS account key: the controller's claims pusher (system.creds) is made from it"),
+        _seed("system", "the SYS account key: the controller's claims pushers (system-*.creds) are made from it"),
         _seed("account", "the GRID account key: signs every user JWT and the role certificates folds verify"),
         _seed("invitee", "the INVITEE account key: revokes a spent join token's key"),
         _seed("infer", "the INFER account key: imports each admitted host's inference service for gateways"),

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+import nkeys
 import pytest
 from nats_jwt.nkeys_ext import create_user_pair
 from nats_jwt.v2.decoder import decode as reference_decode
 
 from grid.events.subjects import host_subjects
 from grid.identity import jwt
-from grid.identity.authority import Authority, AuthorityError, principal_from_claims
+from grid.identity.authority import SYSTEM_CREDS_KEEP_SECONDS, Authority, AuthorityError, principal_from_claims
 from grid.identity.creds import credential_principal, read_creds, write_creds
 from grid.identity.enrolment import renewal_due
 from grid.identity.invitations import (
@@ -33,8 +35,8 @@ def test_material_is_owner_only_and_survives_a_restart(tmp_path: Path) -> None:
     authority.write_server_config(now=time.time())
     assert authority.directory.stat().st_mode & 0o777 == 0o700
     files = [p for p in authority.directory.rglob("*") if p.is_file()]
-    assert {p.name for p in files} >= {"operator.nk", "system.nk", "account.nk", "registry.json", "system.creds",
-                                       "nats-auth.conf"}
+    assert {p.name for p in files} >= {"operator.nk", "system.nk", "account.nk", "registry.json", "nats-auth.conf"}
+    assert [p.name for p in files if p.name.startswith("system-") and p.name.endswith(".creds")]
     for path in files:
         assert path.stat().st_mode & 0o777 == 0o600, path
     again = Authority(tmp_path / "identity")
@@ -198,3 +200,20 @@ def test_bulk_issued_host_credentials_equal_one_by_one_issuing_and_one_registry_
     with pytest.raises(AuthorityError, match="revoked"):
         authority.issue_host_creds(["node-3", "gone"], now=1000.0, ttl_seconds=60.0)
     assert "node-3" not in Authority(tmp_path / "identity").registry.hosts
+
+
+def test_each_claims_push_gets_a_credential_file_of_its_own(tmp_path: Path) -> None:
+    """Two pushes at once (a controller and `gridctl node revoke` on its machine) must not read each
+    other's key: each file holds the key its own JWT names, and stale files are pruned."""
+    authority = Authority(tmp_path / "identity")
+    first, second = authority.system_creds(now=time.time()), authority.system_creds(now=time.time())
+    assert first != second and first.exists() and second.exists()
+    for path in (first, second):
+        user_jwt, seed = read_creds(path)
+        assert jwt.decode(user_jwt)["sub"] == nkeys.from_seed(seed.encode()).public_key.decode()
+    old = time.time() - SYSTEM_CREDS_KEEP_SECONDS - 60
+    os.utime(first, (old, old))
+    (authority.directory / "system.creds").write_text("left by an older version")
+    third = authority.system_creds(now=time.time())
+    assert not first.exists() and second.exists() and third.exists()
+    assert not (authority.directory / "system.creds").exists()
