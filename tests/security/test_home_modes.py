@@ -188,6 +188,12 @@ async def test_nats_server_log_store_and_the_analytics_store_are_owner_only(wide
             for _ in range(2):
                 done = await agent.append(event("host.heartbeat.v1", host_id=HOST))
                 assert await analytics.flushed({done.stream: done.seq})
+                # The rows are visible at COMMIT; the sink tightens the WAL DuckDB just made right
+                # after, then records the positions as committed: wait for that, not the query.
+                deadline = time.monotonic() + 5
+                while analytics.stored_positions().get(done.stream, 0) < done.seq:
+                    assert time.monotonic() < deadline, "the commit's positions were never recorded"
+                    await asyncio.sleep(0.01)
                 assert analytics.sink is not None and analytics.sink.rows_written >= 1
                 assert wal.exists(), "the commit left no WAL: nothing about its mode was tested"
                 assert (mode(cfg.duckdb_path), mode(wal)) == (0o600, 0o600)
