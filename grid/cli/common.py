@@ -12,7 +12,7 @@ import msgspec
 import typer
 from rich.console import Console
 
-from grid.config import GridConfig, NatsUrlNotFound
+from grid.config import MACHINE_FILE, GridConfig, NatsUrlNotFound
 from grid.config import resolve_nats_url as resolve_configured_nats_url
 from grid.events.log import LogError
 from grid.logs import LOG_FORMATS
@@ -80,8 +80,8 @@ def resolve_nats_url(explicit: str | None, cfg: GridConfig | None = None) -> str
     try:
         return check_nats_url(resolve_configured_nats_url(explicit, cfg or config()))
     except NatsUrlNotFound as exc:
-        fail(f"no grid found: start one with `gridctl up`, or pass --nats URL / set GRID_NATS_URL "
-             f"(looked for {exc.recorded})")
+        fail(f"no grid found: start one with `gridctl up`, join one with `gridctl machine join BUNDLE`, or pass "
+             f"--nats URL / set GRID_NATS_URL (looked for {exc.recorded} and {exc.recorded.with_name(MACHINE_FILE)})")
         raise AssertionError from exc  # unreachable: fail() exits
 
 
