@@ -74,7 +74,7 @@ from grid.events.host import (
     HostResources,
     ProtectionTransition,
 )
-from grid.events.log import EventLog, StoredMessage, Subscription
+from grid.events.log import EventLog, LogError, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
 from grid.fleet import SERVING_STATES
 from grid.fleet.hardware import hardware_row
@@ -84,6 +84,12 @@ from grid.secrets import ENGINE_SECRET_FILE, load_or_create_secret, write_owner_
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger("grid.agent")
+
+# Registration waits for the log to take it (a secured grid stores hosts' appends through a
+# controller): tried again after 0.5 s, doubling up to 5 s, with a log line every 30 s of waiting.
+REGISTER_RETRY_FIRST_SECONDS = 0.5
+REGISTER_RETRY_MAX_SECONDS = 5.0
+REGISTER_RETRY_LOG_SECONDS = 30.0
 
 __all__ = ["AgentOptions", "HostAgent", "HostIdError", "resolve_host_id"]
 
@@ -250,17 +256,7 @@ class HostAgent:
         )
         await recovery.recover(self._ctx)
         self._save()
-        await self.log.append(
-            HostRegistered(
-                event_id=new_event_id(),
-                at=self.clock.now(),
-                host_id=self.host_id,
-                hostname=self.options.hostname,
-                resources=self._resources(),
-                actuator_capabilities=ACTUATOR_CAPABILITIES,
-                agent_version=__version__,
-            )
-        )
+        await self._register()
         await self._sync_server_clock("registered")
         await self._publish_unpublished()
         # First protection sample before the first heartbeat, so it reports a real state.
@@ -583,6 +579,31 @@ class HostAgent:
         if self.on_heartbeat is not None:
             self.on_heartbeat(hb)
         return result.seq
+
+    async def _register(self) -> None:
+        """Append HostRegistered, waiting for the log to take it: in a secured grid a host's
+        appends are stored by a controller (grid.controller.ingress), which may start after us."""
+        event = HostRegistered(
+            event_id=new_event_id(),
+            at=self.clock.now(),
+            host_id=self.host_id,
+            hostname=self.options.hostname,
+            resources=self._resources(),
+            actuator_capabilities=ACTUATOR_CAPABILITIES,
+            agent_version=__version__,
+        )
+        delay, waited = REGISTER_RETRY_FIRST_SECONDS, 0.0
+        while True:
+            try:
+                await self.log.append(event)
+                return
+            except LogError as exc:
+                if waited == 0.0 or waited // REGISTER_RETRY_LOG_SECONDS != (waited + delay) // REGISTER_RETRY_LOG_SECONDS:
+                    log.warning("agent.registration_waiting: the grid did not store our registration yet "
+                                "(is a controller running?); trying again", error=str(exc), waited_s=round(waited))
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
 
     # ------------------------------------------------------------------ protection
     async def _protection_loop(self) -> None:

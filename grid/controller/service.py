@@ -102,7 +102,8 @@ from grid.controller.quarantine_metrics import quarantine_gauge
 from grid.controller import store_view
 from grid.controller.store_metrics import store_sources
 from grid.fleet.planning import Plan, PlannerInput, Policy, decode_plan, encode_plan
-from grid.projections.budget import budget_metric, flagged_rows
+from grid.controller.ingress import HostIngress, ingress_metrics
+from grid.projections.budget import Flagged, budget_metric, flagged_rows, merge_flagged
 from grid.identity.admin import apply_requested_revocations
 from grid.metrics import ControllerMetrics, GaugeCollector, GaugeSource, Sample, rejected_events
 from grid.projections import actions as actions_proj
@@ -257,6 +258,8 @@ class Controller:
         # grid.identity.service.ControllerIdentity when the log has auth on: host command
         # consumers and the enrolment service (hosts may create neither themselves).
         self.identity = identity
+        # Started with the identity (a grid with host accounts): grid.controller.ingress.
+        self.ingress: HostIngress | None = None
         self.config = home if isinstance(home, GridConfig) else GridConfig(home=Path(home), nats_url=None)
         self.files = _HomeFiles(self.config.home)
         self.settings = settings or ControllerSettings()
@@ -358,6 +361,7 @@ class Controller:
             quarantine_gauge(lambda: self.last_input, self.clock.now),
             rejected_events(lambda: self.runner.rejected),
             budget_metric(lambda: self.runner.budget),
+            *ingress_metrics(lambda: self.ingress),
         ]
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -392,6 +396,12 @@ class Controller:
         self.controller_id = self._explicit_id or _persistent_value(self.files.controller_id)
         self.epoch = _persistent_value(self.files.epoch, 8)
         self.token = load_or_create_secret(self.config.operator_token_path)
+        client = getattr(self.log, "client", None)
+        if self.identity is not None and client is not None:
+            # Hosts' appends reach the log only through the ingress (grid.controller.ingress):
+            # first thing, since agents may be waiting for it to store their registrations.
+            self.ingress = HostIngress(clock=self.clock.now)
+            await self.ingress.start(client)
         await self.runner.restore_snapshot(self.files.snapshot, self.log)
         await self.runner.catch_up(self.log)
         self.started_at = self.clock.now()
@@ -449,6 +459,9 @@ class Controller:
         if self.identity is not None:
             with contextlib.suppress(Exception):
                 await self.identity.stop()
+        if self.ingress is not None:
+            await self.ingress.stop()
+            self.ingress = None
         if self.analytics is not None:
             await self.analytics.stop()
             self.analytics = None
@@ -878,11 +891,18 @@ class Controller:
                                             holder_term=lease.holder_term if lease is not None else 0)),
             rejected_events=dict(self.runner.rejected),
             rejections=tuple(self.runner.gate.rejections[-LATEST_REJECTIONS:]),
-            over_budget=tuple(flagged_rows(self.runner.budget, self.clock.now())),
+            over_budget=tuple(flagged_rows(self._flagged_hosts(), self.clock.now())),
         )
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())
+
+    def _flagged_hosts(self) -> dict[str, Flagged]:
+        """Hosts over a budget: the ingress's refusals (what was never stored) and the fold's
+        drops (its second line) together."""
+        ingress = self.ingress
+        folded = self.runner.budget.flagged if self.runner.budget is not None else {}
+        return merge_flagged(folded, ingress.budget.flagged) if ingress is not None else dict(folded)
 
     def _footprint_warning(self) -> tuple[str, ...]:
         """Whether the hosts stream still holds every known host's history beside one host's whole

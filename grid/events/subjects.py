@@ -119,6 +119,17 @@ def host_subjects(host_id: str) -> tuple[str, ...]:
     return tuple(host_subject(host_id, kind) for kind in HOST_EVENT_KINDS)
 
 
+# A host in its own NATS account appends through the grid's ingress (grid.controller.ingress): what
+# it publishes as `grid.host.<id>.<kind>` arrives in GRID as `grid.ingress.<id>.<kind>`, which no
+# stream captures, and a controller stores what is within the host's budget under the host
+# subject. The host never writes into a stream itself.
+INGRESS_ROOT = f"{PREFIX}.ingress"
+
+
+def ingress_subject(host_id: str, kind: str) -> str:
+    return f"{INGRESS_ROOT}.{escape_token(host_id)}.{kind}"
+
+
 def host_wildcard(host_id: str | None = None) -> str:
     return f"{PREFIX}.host.{escape_token(host_id)}.>" if host_id else f"{PREFIX}.host.>"
 

@@ -507,7 +507,7 @@ class Gateway:
                 # Skipped as not provably their author's (or not vouched for by their subject).
                 "rejected": dict(sorted(self.runner.rejected.items())),
                 # Hosts over their log budget: their messages dropped unread (grid.projections.budget).
-                "over_budget_hosts": flagged_rows(self.runner.budget, now),
+                "over_budget_hosts": flagged_rows(self.runner.budget.flagged if self.runner.budget is not None else None, now),
                 "ack_scan": dict(self.ack_scan),
             },
             "api_keys_required": self.api_keys.required,

@@ -47,8 +47,8 @@ from grid.events.subjects import (
     COMMANDS_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
+    INGRESS_ROOT,
     LEASE_BUCKET,
-    PREFIX,
 )
 from grid.identity.permissions import (
     ENROL_JOIN_SUBJECT,
@@ -94,7 +94,7 @@ def grid_exports() -> list[dict[str, Any]]:
     """GRID's services, wildcard over host and consumer: each host account imports the exact
     subjects of its own (`host_imports`), never these patterns."""
     singletons = (
-        f"{PREFIX}.host.*.*",
+        f"{INGRESS_ROOT}.*.*",
         f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
         f"{JS_API}.STREAM.MSG.GET.{CONTROL_STREAM}",
         f"{JS_API}.CONSUMER.INFO.{COMMANDS_STREAM}.*",

@@ -81,18 +81,22 @@ from grid.events.subjects import (
     COMMANDS_STREAM,
     COMMANDS_VIEW_STREAM,
     CONTROL_STREAM,
+    HOST_EVENT_KINDS,
     HOSTS_STREAM,
+    INGRESS_ROOT,
     LEASE_BUCKET,
     PLAN_SUBJECT,
     PLANS_STREAM,
     PREFIX,
     escape_token,
-    host_subjects,
+    ingress_subject,
 )
 from grid.transport.jetstream import HOST_EVENT_MAX_BYTES
 
 JS_API = "$JS.API"
 INBOX_ROOT = "_INBOX"
+# The reply subjects the server makes up for a request crossing an account import.
+IMPORT_REPLY_ROOT = "_R_"
 # Core NATS request/reply, in no stream: a gateway asks a host to serve an inference request.
 INFER_ROOT = f"{PREFIX}.infer"
 # Core NATS request/reply served by the controller's enrolment service (grid.identity.enrolment).
@@ -246,7 +250,7 @@ _ARTIFACT_READ = (f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}",)
 _ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}", *_ARTIFACT_READ)
 # Denied to every role but the controller, whatever its allow list says: direct gets (their
 # reply is the stored message itself) and consumer create/update on GRID_CMDS.
-_CONTROLLER_ONLY = (f"{JS_API}.DIRECT.GET.>", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}",
+_CONTROLLER_ONLY = (f"{INGRESS_ROOT}.>", f"{JS_API}.DIRECT.GET.>", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}",
                     f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}.>", f"{JS_API}.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.>")
 # The controllers' shared authority records (grid.identity.shared_registry): sealed, so reading
 # them teaches nothing, but they are the controller's alone. No other role's allow list reaches
@@ -259,9 +263,14 @@ _MANAGEMENT = (f"{JS_API}.STREAM.CREATE.>", f"{JS_API}.STREAM.UPDATE.>", f"{JS_A
 
 def _controller(p: Principal, inbox: str) -> Grant:
     return Grant(
-        pub_allow=(f"{PREFIX}.>", f"{JS_API}.>", "$JS.ACK.>", "$JS.FC.>", f"$KV.{LEASE_BUCKET}.>", ARTIFACT_SUBJECTS),
+        # `_R_.>`: the reply subjects the server makes up for requests crossing an import. The
+        # ingress stores a host's append with the host's reply, so the stream's PubAck goes back
+        # to the host, and the server allows a reply subject only if the publisher may publish it.
+        pub_allow=(f"{PREFIX}.>", f"{JS_API}.>", "$JS.ACK.>", "$JS.FC.>", f"$KV.{LEASE_BUCKET}.>", ARTIFACT_SUBJECTS,
+                   IMPORT_REPLY_ROOT + ".>"),
         pub_deny=(),
-        sub_allow=(f"{inbox}.>", ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT),
+        # The ingress: every host's appends, stored by the controllers (grid.controller.ingress).
+        sub_allow=(f"{inbox}.>", ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, f"{INGRESS_ROOT}.>"),
         sub_deny=(),
         allow_responses=True,
     )
@@ -275,8 +284,13 @@ HOST_JS_PREFIX = "gridjs.API"
 
 
 def host_local_subject(subject: str) -> str:
-    """What a subject of the GRID account is called inside a host's account."""
-    return HOST_JS_PREFIX + subject[len(JS_API):] if subject.startswith(JS_API + ".") else subject
+    """What a subject of the GRID account is called inside a host's account: the JetStream API
+    under HOST_JS_PREFIX, and the ingress under the host subjects the agent appends on."""
+    if subject.startswith(JS_API + "."):
+        return HOST_JS_PREFIX + subject[len(JS_API):]
+    if subject.startswith(INGRESS_ROOT + "."):
+        return f"{PREFIX}.host." + subject[len(INGRESS_ROOT) + 1:]
+    return subject
 
 
 def host_imports(p: Principal) -> tuple[str, ...]:
@@ -290,8 +304,9 @@ def host_imports(p: Principal) -> tuple[str, ...]:
         # Exactly the subjects its agent appends on, no wildcard under its prefix: a new kind
         # of host event is a new line in grid.events.subjects.HOST_EVENT_KINDS, and anything
         # else under `grid.host.<id>.` (new subjects the stream would store, each with its own
-        # per-subject history) reaches nothing.
-        *host_subjects(p.host_id),
+        # per-subject history) reaches nothing. They arrive at the ingress, which no stream
+        # captures: a controller stores what is within the host's budget (grid.controller.ingress).
+        *(ingress_subject(p.host_id, kind) for kind in HOST_EVENT_KINDS),
         # Its own last events, by subject (clock sync, fence restore). The subject is in the
         # body, so it could read another host's too: nothing there is secret (see above).
         f"{JS_API}.STREAM.MSG.GET.{HOSTS_STREAM}",
@@ -382,7 +397,8 @@ class RoleSpec(msgspec.Struct, frozen=True):
 ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(Role.CONTROLLER, "controller",
              "everything on the grid streams, the lease KV, the plan and command subjects; "
-             "creates the artifact store and may put into it; answers enrolment requests", "-", _controller),
+             "creates the artifact store and may put into it; answers enrolment requests; stores hosts' appends "
+             "from the ingress (`grid.ingress.>`) and passes the stream's answer back", "-", _controller),
     RoleSpec(Role.HOST, "host `<id>`",
              "publish exactly `grid.host.<id>.{registered,heartbeat,protection,qualification,ack}` (events of "
              f"at most {HOST_EVENT_MAX_BYTES // 1024} KiB; no message over {HOST_MAX_PAYLOAD // 1024} KiB at all), "
@@ -392,8 +408,10 @@ ROLES: tuple[RoleSpec, ...] = (
              "durable consumer of `grid.cmd.<id>` (the controller creates it; its unguessable name is in "
              "the credential); read who holds the lease; serve `grid.infer.<id>.>` (streamed replies); "
              "read the artifact store (stream message gets only); renew its credential. Lives in a NATS account "
-             "of its own, which imports exactly these from GRID (the JetStream API under `gridjs.API`): any answer "
-             "it aims at another subject lands in its own account, where no stream listens",
+             "of its own, which imports exactly these from GRID (the JetStream API under `gridjs.API`, its appends "
+             "from the ingress `grid.ingress.<id>.<kind>`, where a controller stores what is signed and within "
+             "its budget for that kind): any answer it aims at another subject lands in its own account, where "
+             "no stream listens, and it never writes into a stream itself",
              "publish any other subject under `grid.host.<id>.` or a larger message; publish or subscribe to "
              "any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "

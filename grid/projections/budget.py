@@ -31,7 +31,7 @@ host's JWT payload limit (grid.identity.permissions.HOST_MAX_PAYLOAD).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -144,14 +144,15 @@ class HostBudget:
         else:
             bucket[0], bucket[1], bucket[2] = tokens, byte_tokens, at
         if reason is not None:
-            self._flag(token, reason, at)
+            self.flag(token, reason, at)
             return reason
         self.state.admitted += 1
         if self.state.admitted % PRUNE_EVERY == 0:
             self._prune(at)
         return None
 
-    def _flag(self, token: str, reason: str, at: float) -> None:
+    def flag(self, token: str, reason: str, at: float) -> None:
+        """Count a message of `token` dropped for `reason` at receipt time `at`, and flag its host."""
         dropped = self.state.dropped
         dropped[reason] = dropped.get(reason, 0) + 1
         flagged = self.state.flagged
@@ -217,14 +218,30 @@ class LogThrottle:
 OVER_BUDGET_RECENT_SECONDS = 60.0
 
 
-def flagged_rows(budget: HostBudget | None, now: float) -> list[dict[str, object]]:
+def merge_flagged(*maps: Mapping[str, Flagged]) -> dict[str, Flagged]:
+    """Flagged hosts of several budgets as one map: drops summed by reason, the widest span."""
+    merged: dict[str, Flagged] = {}
+    for flagged in maps:
+        for token, f in flagged.items():
+            entry = merged.get(token)
+            if entry is None:
+                merged[token] = Flagged(host=f.host, dropped=dict(f.dropped), first_at=f.first_at, last_at=f.last_at)
+                continue
+            for reason, n in f.dropped.items():
+                entry.dropped[reason] = entry.dropped.get(reason, 0) + n
+            entry.first_at = min(entry.first_at, f.first_at)
+            entry.last_at = max(entry.last_at, f.last_at)
+    return merged
+
+
+def flagged_rows(flagged: Mapping[str, Flagged] | None, now: float) -> list[dict[str, object]]:
     """Status rows of the hosts that went over their budget (most messages dropped first)."""
-    if budget is None:
+    if not flagged:
         return []
     rows = [{"host": f.host, "dropped": dict(sorted(f.dropped.items())), "total": sum(f.dropped.values()),
              "first_at": f.first_at, "last_at": f.last_at,
              "over_now": now - f.last_at < OVER_BUDGET_RECENT_SECONDS}
-            for f in budget.flagged.values()]
+            for f in flagged.values()]
     return sorted(rows, key=lambda r: (-int(r["total"]), str(r["host"])))  # type: ignore[call-overload]
 
 

@@ -34,7 +34,7 @@ def log_errors(doing: str, *, conflict: str = "") -> Iterator[None]:
             raise ConflictError(f"{doing}: {conflict or exc.description}") from exc
         raise LogError(f"{doing} failed: {exc.description} ({exc.err_code})") from exc
     except nats.errors.NoRespondersError as exc:
-        raise LogError(f"{doing}: no stream answers (streams not created?)") from exc
+        raise LogError(f"{doing}: nothing answers (no stream for it, or no controller running to store a host's events)") from exc
     except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
         raise LogError(f"{doing} timed out") from exc
     except nats.errors.Error as exc:

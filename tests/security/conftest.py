@@ -7,6 +7,7 @@ leak into another. Credentials are issued per test through the `creds` factory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import threading
 import time
@@ -25,6 +26,7 @@ from grid.identity import jwt
 from grid.identity.accounts import AccountJWT
 from grid.identity.authority import Authority, push_account_jwts
 from grid.identity.connect import connect_log
+from grid.controller.ingress import HostIngress
 from grid.identity.creds import connect_options, infer_connect_options
 from grid.identity.invitations import JoinToken
 from grid.identity.permissions import Principal, Role, inbox_prefix
@@ -103,14 +105,28 @@ def creds(tmp_path: Path, authority: Authority, request: pytest.FixtureRequest) 
 
 @pytest.fixture
 async def controller_log(secured_server: SecuredNats, creds: CredsFactory) -> AsyncIterator[JetStreamLog]:
-    """The controller's log, with every stream freshly created (sequences start at 1)."""
+    """The controller's log, with every stream freshly created (sequences start at 1), and the
+    hosts' ingress running on it as a controller runs it (hosts' appends are stored through it)."""
     log = await connect_log(secured_server.url, name="grid-controller",
-                                     credentials=creds(Role.CONTROLLER))
+                            credentials=creds(Role.CONTROLLER))
     await reset_streams(log)
     try:
-        yield log
+        async with host_ingress(log):
+            yield log
     finally:
         await log.close()
+
+
+@contextlib.asynccontextmanager
+async def host_ingress(controller: JetStreamLog) -> AsyncIterator[HostIngress]:
+    """The hosts' ingress on a controller's log, as the controller runs it: a host's appends are
+    stored only while one runs (grid.controller.ingress)."""
+    ingress = HostIngress()
+    await ingress.start(controller.client)
+    try:
+        yield ingress
+    finally:
+        await ingress.stop()
 
 
 @pytest.fixture

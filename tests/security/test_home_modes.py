@@ -34,7 +34,7 @@ from grid.identity.server import SecuredEmbeddedNats
 from grid.secrets import SecretFileError, open_owner_only, read_secret, write_owner_only
 from grid.transport.embedded import free_port
 from grid.transport.jetstream import JetStreamLog
-from tests.security.conftest import event
+from tests.security.conftest import event, host_ingress
 
 HOST = "local"
 
@@ -185,22 +185,23 @@ async def test_nats_server_log_store_and_the_analytics_store_are_owner_only(wide
         await analytics.start()
         try:
             wal = cfg.duckdb_path.with_name(cfg.duckdb_path.name + ".wal")
-            for _ in range(2):
-                done = await agent.append(event("host.heartbeat.v1", host_id=HOST))
-                assert await analytics.flushed({done.stream: done.seq})
-                # The rows are visible at COMMIT; the sink tightens the WAL DuckDB just made right
-                # after, then records the positions as committed: wait for that, not the query.
-                deadline = time.monotonic() + 5
-                while analytics.stored_positions().get(done.stream, 0) < done.seq:
-                    assert time.monotonic() < deadline, "the commit's positions were never recorded"
-                    await asyncio.sleep(0.01)
-                assert analytics.sink is not None and analytics.sink.rows_written >= 1
-                assert wal.exists(), "the commit left no WAL: nothing about its mode was tested"
-                assert (mode(cfg.duckdb_path), mode(wal)) == (0o600, 0o600)
-                # A checkpoint deletes the WAL and the next commit makes a new one: owner-only too.
-                assert analytics.con is not None
-                analytics.con.cursor().execute("CHECKPOINT")
-                assert not wal.exists()
+            async with host_ingress(controller):  # a host's appends are stored through it
+                for _ in range(2):
+                    done = await agent.append(event("host.heartbeat.v1", host_id=HOST))
+                    assert await analytics.flushed({done.stream: done.seq})
+                    # The rows are visible at COMMIT; the sink tightens the WAL DuckDB just made right
+                    # after, then records the positions as committed: wait for that, not the query.
+                    deadline = time.monotonic() + 5
+                    while analytics.stored_positions().get(done.stream, 0) < done.seq:
+                        assert time.monotonic() < deadline, "the commit's positions were never recorded"
+                        await asyncio.sleep(0.01)
+                    assert analytics.sink is not None and analytics.sink.rows_written >= 1
+                    assert wal.exists(), "the commit left no WAL: nothing about its mode was tested"
+                    assert (mode(cfg.duckdb_path), mode(wal)) == (0o600, 0o600)
+                    # A checkpoint deletes the WAL and the next commit makes a new one: owner-only too.
+                    assert analytics.con is not None
+                    analytics.con.cursor().execute("CHECKPOINT")
+                    assert not wal.exists()
             # JetStream made its store (0750/0640 by default) while the grid ran.
             assert list((cfg.nats_store_dir / "jetstream").rglob("*"))
             assert open_to_others(cfg.home) == []

@@ -15,7 +15,7 @@ from grid.identity.local import AUTHORITY_DIR, ensure_local_credentials
 from grid.identity.provision import provision_host_consumer
 from grid.identity.server import SecuredEmbeddedNats
 from grid.identity.connect import connect_log
-from tests.security.conftest import event
+from tests.security.conftest import event, host_ingress
 
 HOST = "local"
 
@@ -39,7 +39,8 @@ async def test_local_processes_connect_with_their_own_credentials(home: Path) ->
         gateway = await connect_log(server.url, credentials=local.gateway, ensure_streams=False)
         cli = await connect_log(server.url, credentials=local.operator, ensure_streams=False)
         try:
-            await agent.append(event("host.heartbeat.v1", host_id=HOST))
+            async with host_ingress(controller):  # a host's appends are stored through it
+                await agent.append(event("host.heartbeat.v1", host_id=HOST))
             sub = await agent.subscribe(COMMANDS_STREAM, durable=host_principal.command_consumer,
                                         subject_filter=command_subject(HOST))
             got = await sub.next(timeout=5)

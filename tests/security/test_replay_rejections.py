@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nats.js.errors
 import pytest
 
 from grid.clock import SystemClock
@@ -58,10 +59,18 @@ async def test_replay_carries_on_past_forged_heartbeats_and_lists_them(
                                          msg_id=forged.event_id)
     finally:
         await host.close()
+    unsigned_heartbeat = codec.encode(event("host.heartbeat.v1", host_id="host-1"))
     nc = await raw_client(secured_server, host_creds)
+    try:  # a host's unsigned append never reaches the log: the ingress refuses it
+        with pytest.raises(nats.js.errors.APIError, match="refused at the grid's ingress: unsigned"):
+            await nc.jetstream().publish(host_subject("host-1", "heartbeat"), unsigned_heartbeat)
+    finally:
+        await nc.close()
+    # One can still land there another way (any GRID client that may publish the subject, a
+    # server-written reply): replay skips it like the folds do.
+    nc = await raw_client(secured_server, creds(Role.CONTROLLER))
     try:
-        ack = await nc.jetstream().publish(host_subject("host-1", "heartbeat"),
-                                           codec.encode(event("host.heartbeat.v1", host_id="host-1")))
+        ack = await nc.jetstream().publish(host_subject("host-1", "heartbeat"), unsigned_heartbeat)
         unsigned = int(ack.seq)
     finally:
         await nc.close()

@@ -19,7 +19,7 @@ from grid.identity.provision import provision_host_consumer
 from grid.identity.tls import TLSMaterial, TLSMaterialError
 from grid.transport.jetstream import JetStreamLog
 from tests.conftest import reset_streams
-from tests.security.conftest import CredsFactory, SecuredNats, event
+from tests.security.conftest import CredsFactory, SecuredNats, event, host_ingress
 
 HOST = "remote-3"
 
@@ -48,7 +48,8 @@ async def tls_controller(tls_server: SecuredNats, creds: CredsFactory,
     log = await connect_log(tls_server.url, credentials=creds(Role.CONTROLLER), tls_ca=tls_material.ca_cert)
     await reset_streams(log)
     try:
-        yield log
+        async with host_ingress(log):
+            yield log
     finally:
         await log.close()
 

@@ -97,9 +97,9 @@ def test_a_flood_is_dropped_after_the_burst_and_refills_at_the_rate() -> None:
     assert big.admit(subject, 50_000, 6.0, signed=True) is None
     assert big.admit(subject, 50_001, 100.0, signed=True) == OVER_BYTES  # never affordable
     assert budget.flagged["flooder"].dropped == {OVER_RATE: 85}
-    rows = flagged_rows(budget, now=30.0)
+    rows = flagged_rows(budget.flagged, now=30.0)
     assert [(r["host"], r["total"], r["over_now"]) for r in rows] == [("flooder", 85, True)]
-    assert flagged_rows(budget, now=1_000.0)[0]["over_now"] is False
+    assert flagged_rows(budget.flagged, now=1_000.0)[0]["over_now"] is False
 
 
 def test_unsigned_junk_never_spends_a_hosts_signed_budget() -> None:

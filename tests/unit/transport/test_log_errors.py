@@ -18,7 +18,7 @@ from grid.transport.log_errors import WRONG_LAST_SEQUENCE, log_errors
      ConflictError, "kv b/k: revision is not 3"),
     (nats.js.errors.ServiceUnavailableError(code=503, err_code=10008, description="jetstream unavailable"),
      LogError, "kv b/k failed: jetstream unavailable (10008)"),
-    (nats.errors.NoRespondersError(), LogError, "kv b/k: no stream answers (streams not created?)"),
+    (nats.errors.NoRespondersError(), LogError, "kv b/k: nothing answers (no stream for it, or no controller running to store a host's events)"),
     (nats.errors.TimeoutError(), LogError, "kv b/k timed out"),
     (TimeoutError(), LogError, "kv b/k timed out"),
     (nats.errors.ConnectionClosedError(), LogError, "kv b/k failed: ConnectionClosedError"),
