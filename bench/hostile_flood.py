@@ -48,7 +48,8 @@ left queued: GRID_CTL's last sequence still and a stream info answered within 0.
   (goal 0);
 - what the hostile host holds in the store after the phase (its subjects, and whatever unsigned
   it got stored on control or honest subjects), and the growth over the phase (goal: held <=
-  its quota, grid.transport.jetstream.host_footprint_bytes);
+  its quota, grid.transport.jetstream.host_footprint_bytes, and growth <= what the ingress admits
+  of one host over the phase, `ingress_quota`);
 - controller and gateway CPU (% of one core).
 Then a fresh `gridctl replay` over a window holding every phase: plans reproduced of plans
 compared (goal: all), in all and per phase; then, the controller stopped, the same window
@@ -691,6 +692,14 @@ def phase_plans(replayed: dict[str, Any], r: Row) -> tuple[int, int]:
     return sum(1 for p in mine if p.get("status") == "identical" and p.get("digest_match")), len(mine)
 
 
+def ingress_quota(seconds: float) -> int:
+    """The most a host's events can add to the store in `seconds` through the grid's ingress:
+    each kind's burst plus its byte rate over that time (grid.controller.ingress)."""
+    from grid.controller.ingress import INGRESS_POLICIES
+
+    return int(sum(p.burst_bytes + p.bytes_per_second * max(0.0, seconds) for p in INGRESS_POLICIES.values()))
+
+
 def missed(r: Row, replayed: dict[str, Any], quota: int) -> list[str]:
     """The goals phase `r` missed."""
     out = []
@@ -706,6 +715,8 @@ def missed(r: Row, replayed: dict[str, Any], quota: int) -> list[str]:
         out.append(f"{sum(r.honest_lost.values())} honest-host events lost")
     if r.hostile_held > quota:
         out.append(f"hostile holds {mib(r.hostile_held)} MiB")
+    if r.hostile_growth > ingress_quota(r.wall[1] - r.wall[0]):
+        out.append(f"hostile grew {mib(r.hostile_growth)} MiB, over its ingress budget")
     if r.served_by_hostile:
         out.append(f"{r.served_by_hostile} answers from the hostile host")
     good, total = phase_plans(replayed, r)
@@ -760,7 +771,8 @@ def print_report(rows: list[Row], replayed: dict[str, Any], args: argparse.Names
               f"{sum(r.honest_lost.values()):>12}{held:>17}{r.cpu['controller']:>9.0f}{r.cpu['gateway']:>8.0f}")
     print(f"goals: failed 0 (in parentheses: failures of requests in flight at the phase's start, not counted); gap <= "
           f"{GAP_GOAL_SECONDS:g} s; hb age (the controller's oldest honest heartbeat) <= {2 * HEARTBEAT_INTERVAL:g} s; "
-          f"ctl lost 0; honest lost 0; hostile held <= its quota {mib(quota)} MiB; answers served by the hostile "
+          f"ctl lost 0; honest lost 0; hostile held <= its quota {mib(quota)} MiB, grown <= its ingress budget over "
+          f"the phase ({mib(ingress_quota(args.seconds))} MiB for {args.seconds:g} s); answers served by the hostile "
           f"host 0; replay reproduces every plan")
     for r in rows:
         detail = [f"flooder: sent {r.flood.get('sent', 0):,}" if r.flood else "no flood"]

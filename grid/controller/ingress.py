@@ -89,7 +89,7 @@ def relayed_headers(token: str, kind: str, data: bytes, headers: dict[str, str])
     """The headers a relayed message is stored with: the host's signature, and its message id
     under its host token (deterministic, so every controller's copy is the same event)."""
     own = headers.get(MSG_ID_HEADER)
-    if own is None or len(own) > MAX_MSG_ID:
+    if not own or len(own) > MAX_MSG_ID:
         digest = hashlib.sha256(b"\0".join((kind.encode(), data, headers[SIG_HEADER].encode(), (own or "").encode())))
         own = digest.hexdigest()[:32]
     return {SIG_HEADER: headers[SIG_HEADER], SIGNER_HEADER: headers[SIGNER_HEADER], MSG_ID_HEADER: f"{token}:{own}"}
@@ -150,6 +150,7 @@ class HostIngress:
                       # One subscription, one callback at a time: a host's events are stored in the
                       # order it sent them (the folds refuse a heartbeat older than the last one).
                       await nc.subscribe(f"{INGRESS_ROOT}.*.*", cb=self._on_message)]
+        await nc.flush()  # the server knows of us before start returns: no append finds no one
 
     async def stop(self) -> None:
         for sub in self._subs:

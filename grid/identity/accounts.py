@@ -15,7 +15,9 @@ The layout:
   Grid's own processes run with: controller, gateway, operator, reader.
 - Each host has an account of its own, without JetStream, holding only that host's keys (and
   their revocations). It imports from GRID exactly the subjects in
-  `grid.identity.permissions.host_imports` (its appends, its reads of the log, its command
+  `grid.identity.permissions.host_imports` (its appends, from the ingress `grid.ingress.<id>.<kind>`
+  under the names it appends on, so they reach no stream until a controller stores them:
+  grid.controller.ingress; its reads of the log, its command
   consumer, the lease, the artifact store, renewal), the JetStream API under the local prefix
   `HOST_JS_PREFIX`, and exports its inference service `grid.infer.<id>.>`. A request crossing
   an import carries a reply subject the server makes up (`_R_.…`) and maps back into the

@@ -57,8 +57,11 @@ wildcard under its prefix); no message of it is larger than `HOST_MAX_PAYLOAD` (
 `payload` limit, which the server enforces before anything is stored) and GRID_HOSTS stores no
 event larger than `HOST_EVENT_MAX_BYTES` (its max_msg_size); GRID_HOSTS keeps a bounded
 history per subject (grid.transport.jetstream), so a host can overwrite only its own history.
-What it can still do is publish as fast as its connection allows on those subjects: the readers
-drop it over its budget before any signature check (grid.projections.budget).
+What it can still do is publish as fast as its connection allows on those subjects. They do not
+reach a stream: its account imports them from GRID's ingress (`grid.ingress.<id>.<kind>`), where
+the controllers store what is signed and within its budget for that kind of event and refuse the
+rest (grid.controller.ingress); the readers' own budgets (grid.projections.budget) are the second
+line, for anything that lands in GRID_HOSTS another way.
 
 Each connection's replies arrive under its own inbox prefix (`inbox_prefix`), and a user may
 subscribe only there, so nobody reads another identity's PubAcks or consumer deliveries.

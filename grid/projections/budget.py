@@ -12,6 +12,11 @@ decides whether it is within that host's budget. Over budget it is dropped (its 
 still advanced), counted by reason, and the host is flagged; within budget it goes on to the
 authorship gate and the fold as before.
 
+Since hosts append through the grid's ingress (grid.controller.ingress), which stores only what
+is within a per-kind budget that sums inside this one, a host's flood no longer reaches the
+stream: these buckets are the second line, for whatever lands on a host subject another way
+(a GRID client that may publish there, a host credential from before hosts had accounts).
+
 Determinism: a bucket is a pure function of the receipt times (JetStream timestamps, the
 server's clock) and sizes of the messages before it on its key, in stream order; nothing reads
 a wall clock. A replay of the same messages drops exactly the same ones, and the state travels

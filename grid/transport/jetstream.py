@@ -96,13 +96,15 @@ class StreamPolicy(msgspec.Struct, frozen=True):
 
 KIB = 1 << 10
 # Host isolation (issue 36: a host is a tenant, not a peer). A host may publish only its exact
-# subjects (grid.identity.permissions), one per kind of host event, so everything it can ever
-# hold in GRID_HOSTS is HOST_SUBJECT_HISTORY messages of at most HOST_EVENT_MAX_BYTES on each of
-# them (`host_footprint_bytes`: 160 MiB). An honest agent's history is far smaller (heartbeats of
+# subjects (grid.identity.permissions), one per kind of host event, and they reach GRID_HOSTS
+# only through the ingress, within the host's budget (grid.controller.ingress). Behind that, the
+# second line: everything one host's subjects can ever hold in GRID_HOSTS is
+# HOST_SUBJECT_HISTORY messages of at most HOST_EVENT_MAX_BYTES on each of them
+# (`host_footprint_bytes`: 160 MiB). An honest agent's history is far smaller (heartbeats of
 # a couple of KiB, acks of a few hundred bytes: TYPICAL_HOST_BYTES). While the stream's max_bytes
 # holds one host's whole footprint beside every other host's history (`protected_hosts`: some
 # 1,500 hosts at the default 2 GiB), the per-subject limit binds before the stream's byte limit
-# does, and a flooding host pushes out only its own history, never another host's registration
+# does, and a flood on one host's subjects pushes out only that history, never another host's registration
 # or acks (before, one host's 1 MiB messages filled the 2 GiB and the stream discarded everyone's
 # oldest messages). Larger fleets keep working; status says when a fleet outgrows the guarantee.
 # The history: every fold needs a host's latest registration, heartbeat and protection state,

@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from grid.controller.ingress import INGRESS_POLICIES, HostIngress, IngressBudget
 from grid.events.log import LogError
 from grid.events.subjects import HOSTS_STREAM, REQUESTS_STREAM, host_subject, request_subject
 from grid.identity.admin import sync_accounts
@@ -16,6 +17,8 @@ from grid.identity.connect import connect_log
 from grid.identity.creds import connect_options
 from grid.identity.permissions import Principal, Role
 from grid.identity.server import SecuredNatsCluster
+from grid.identity.signing import Identity
+from grid.projections.budget import BudgetPolicy
 from grid.identity.tls import TLSMaterial
 from grid.transport.jetstream import JetStreamLog
 
@@ -88,6 +91,13 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_append(
                                               ttl_seconds=3600)
         agent = await JetStreamLog.connect(",".join(order), name="grid-agent", ensure_streams=False, timeout=2.0,
                                            nats_options={**connect_options(host_creds, ca), "dont_randomize": True})
+        # A host's appends are signed and stored through a controller's ingress (here on the
+        # admin's connection, wherever that is): the kill may take it too, and it comes back.
+        # Its budgets are opened wide: this burst is about the stream, not the host's rate.
+        agent.authorship = Identity.from_creds(host_creds)
+        wide = BudgetPolicy(rate_per_second=10_000, burst_messages=10_000)
+        ingress = HostIngress(IngressBudget({kind: wide for kind in INGRESS_POLICIES}))
+        await ingress.start(admin.client)
         gateway = await JetStreamLog.connect(",".join(order), name="grid-gateway", ensure_streams=False, timeout=2.0,
                                              nats_options={**connect_options(gateway_creds, ca),
                                                            "dont_randomize": True})
@@ -106,7 +116,8 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_append(
             new_leader = await stream_leader(admin, HOSTS_STREAM)
             assert new_leader != leader
             for burst, stream in zip(bursts, (HOSTS_STREAM, REQUESTS_STREAM), strict=True):
-                ids = await stored_ids(admin, stream)
+                # The ingress stores a host's message id under its host token.
+                ids = [i.removeprefix("h1:") for i in await stored_ids(admin, stream)]
                 assert len(ids) == PER_IDENTITY == len(set(ids))  # every acknowledged one, once
                 assert set(ids) == set(burst.acked)
             # And the system keeps appending.
@@ -116,6 +127,7 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_append(
             secured_cluster.restart(victim)
             secured_cluster.wait_jetstream(30, nodes=[victim])
         finally:
+            await ingress.stop()
             await agent.close()
             await gateway.close()
     finally:

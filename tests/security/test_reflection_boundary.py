@@ -12,23 +12,29 @@ answers per target than GRID_CTL keeps per subject, against a real secured nats-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import nats
+import nats.js.errors
 import pytest
 
 from grid.events.subjects import (
+    AUTHORITY_STREAM,
     CONTROL_STREAM,
     HOSTS_STREAM,
     MODE_SUBJECT,
+    authority_record_subject,
     host_subject,
     host_subjects,
+    ingress_subject,
     profile_subject,
     revocation_subject,
 )
 from grid.identity.connect import connect_log
 from grid.identity.permissions import Role, host_imports, host_local_subject
 from grid.identity.provision import provision_host_consumer
+from grid.identity.shared_registry import ensure_stream_config
 from grid.events.log import subject_for
 from grid.identity.authority import Authority
 from grid.transport.jetstream import STREAM_POLICIES, JetStreamLog
@@ -62,8 +68,17 @@ async def test_no_answer_a_host_aims_lands_in_any_stream(
         real.append((subject_for(control), (await controller_log.append(control)).seq))
     agent = await connect_log(secured_server.url, credentials=host_creds, ensure_streams=False)
     await agent.append(event("host.heartbeat.v1", host_id=HOST))
+    # The controllers' sealed authority records live in a stream of their own (made here as a
+    # controller makes it): no answer may land there either.
+    js = controller_log.client.jetstream()
+    with contextlib.suppress(nats.js.errors.APIError):
+        await js.add_stream(ensure_stream_config(1))
+    authority_before = (await js.stream_info(AUTHORITY_STREAM)).state.last_seq
     before = await stream_sequences(controller_log)
-    targets = [MODE_SUBJECT, profile_subject(MODEL), revocation_subject(OTHER), host_subject(OTHER, "heartbeat")]
+    # Control subjects, another host's stream subject and its ingress subject (an answer there
+    # would spend that host's budget), and an authority record's subject.
+    targets = [MODE_SUBJECT, profile_subject(MODEL), revocation_subject(OTHER), host_subject(OTHER, "heartbeat"),
+               ingress_subject(OTHER, "heartbeat"), authority_record_subject("host", OTHER)]
     nc = await raw_client(secured_server, host_creds)
     try:
         # Every subject the host reaches, by the name it has in the host's account (the
@@ -89,7 +104,7 @@ async def test_no_answer_a_host_aims_lands_in_any_stream(
         await agent.close()
     assert {s: n for s, n in after.items() if s != HOSTS_STREAM} == {
         s: n for s, n in before.items() if s != HOSTS_STREAM}
-    js = controller_log.client.jetstream()
+    assert (await js.stream_info(AUTHORITY_STREAM)).state.last_seq == authority_before
     # In GRID_HOSTS, only what it appended itself, on its own subject (unsigned: no fold takes it).
     hosts = await js.stream_info(HOSTS_STREAM, subjects_filter=">")
     assert set(hosts.state.subjects or {}) <= set(host_subjects(HOST))
