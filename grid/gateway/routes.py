@@ -6,7 +6,9 @@ typed parse (400 on anything hostile) -> model resolution (`auto` picks the best
 for the workload) -> pure route choice (waiting a bounded time for a free slot when every
 ready route is full) -> one upstream POST through the host's agent (never replayed) ->
 pass-through response (a POST NATS proves undelivered, "no responders", is routed again
-without that host) -> breaker, measurements, counters and one telemetry record.
+without that host) -> breaker, measurements, counters and one telemetry record. Each routing is
+one grid.gateway.attempt.Attempt (it holds the route's slot); what each way a forward can fail
+means is the table in grid.gateway.failures.
 
 Workload classification: a request for model `auto` is classified before routing (it decides
 the model). A direct request is classified only after its response has been sent, off the
@@ -16,11 +18,11 @@ itself does) and is dropped as soon as the class is known. No text is ever store
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-import httpx
 import msgspec
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -29,26 +31,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from grid.demand.workload import classify
+from grid.events.control import ModelProfile
 from grid.events.requests import RequestFeatures
 from grid.gateway import bodies, errors, routing
 from grid.gateway.affinity import HEADER as AFFINITY_HEADER
 from grid.gateway.affinity import AffinityError, parse_affinity_key, telemetry_hash
-from grid.gateway.breaker import CALLER_CAUSED_5XX, OUTCOME_FAILURE, OUTCOME_NEUTRAL, classify_status
+from grid.gateway.attempt import Attempt
+from grid.gateway.breaker import CALLER_CAUSED_5XX, classify_status
 from grid.gateway.evaluation import HEADER as EVALUATION_HEADER
-from grid.gateway.responses import (
-    STREAM_CLIENT_GONE,
-    STREAM_CONNECTION_LOST,
-    STREAM_ENGINE_STALLED,
-    STREAM_UPSTREAM_SILENT,
-    STREAM_OK,
-    STREAM_UPSTREAM_TIMEOUT,
-    ProxyStream,
-    RawResponse,
-)
+from grid.gateway.failures import READING, SENDING, Failure, failure_of, stream_ending_of
+from grid.gateway.responses import STREAM_OK, ProxyStream, RawResponse
 from grid.gateway.sse import UsageParser, completion_tokens_of
 from grid.gateway.state import Gateway
 from grid.gateway.upstream import UpstreamResponse, response_headers
-from grid.infer.client import EngineStalled, NoResponders, NotServedThere, SilentHost, UpstreamConnectionLost
 
 _AFFINITY = AFFINITY_HEADER.encode()
 _JSON = [(b"content-type", b"application/json")]
@@ -56,9 +51,6 @@ MAX_UPSTREAM_ERROR_BYTES = 1 << 20
 # Routings of one request: each "no responders" or agent refusal (never delivered to an engine)
 # routes the request again, so this bounds the hosts one request may find gone or not serving.
 MAX_ROUTE_ATTEMPTS = 4
-_UNDELIVERED = object()
-# The agent refused the request before any engine saw it: route it again without that route.
-_NOT_SERVED_THERE = object()
 
 # llama-server closes a connection right after a streamed response without saying so; a pooled
 # reuse would then fail a POST that must not be replayed. Streams therefore use their own
@@ -309,24 +301,40 @@ async def _proxy(request: Request, kind: str) -> Any:
             return errors.model_not_found(target)
     ctx.served = target
     profile = profiles.get(target)
-    if kind == "embeddings" and profile is not None and not profile.embeddings:
-        # Capability routing: a chat-only engine would answer 501; refuse here, before any
-        # route is chosen, so the caller's mistake never touches an engine or its breaker.
-        # (A model with no profile has unknown capability: its engine decides.)
+    refusal = _profile_refusal(gw, kind, target, profile, parsed)
+    if refusal is not None:
+        return refusal
+    return await _route_and_forward(gw, ctx, kind, target, profile, table, now, body, accept, parsed, affinity)
+
+
+def _profile_refusal(gw: Gateway, kind: str, target: str, profile: ModelProfile | None,
+                     parsed: bodies.Parsed) -> Response | None:
+    """The refusal of a request its model's profile says no replica can serve (None: it may be
+    served). Refused before any route is chosen, so the caller's mistake never touches an engine
+    or its breaker. A model with no profile has unknown capability: its engine decides."""
+    if profile is None:
+        return None
+    if kind == "embeddings" and not profile.embeddings:
+        # Capability routing: a chat-only engine would answer 501.
         gw.counters["unsupported_endpoint"] += 1
         return errors.embeddings_not_supported(target)
-    if profile is not None and parsed.max_tokens is not None and 0 < profile.context_size < parsed.max_tokens:
+    if parsed.max_tokens is not None and 0 < profile.context_size < parsed.max_tokens:
         # The profile's context_size is the window each replica is started with (per slot,
-        # grid.agent.engines.llama_cpp): no answer can be longer. Refused before routing, like
-        # OpenAI's context_length_exceeded; a model with no profile has an unknown window and
-        # its engine decides.
+        # grid.agent.engines.llama_cpp): no answer can be longer. Like OpenAI's
+        # context_length_exceeded.
         gw.counters["context_length_exceeded"] += 1
         return errors.context_length_exceeded(target, parsed.max_tokens_param, profile.context_size)
-    prior = profile.expected_service_seconds if profile is not None else None
+    return None
 
-    # Choose a route and send the request. When it provably reached no engine, choose again:
-    # on "no responders" without that host (unroutable until it heartbeats again), on the
-    # agent's "no ready engine here" refusal without that route, for this request only.
+
+async def _route_and_forward(gw: Gateway, ctx: _Ctx, kind: str, target: str, profile: ModelProfile | None,
+                             table: Any, now: float, body: bytes, accept: bytes | None, parsed: bodies.Parsed,
+                             affinity: Any) -> Any:
+    """Choose a route and send the request. When an attempt proves the request reached no engine
+    (a reroutable failure), choose again, up to MAX_ROUTE_ATTEMPTS routings: without that host
+    after "no responders" (unroutable until it heartbeats again), without that route after the
+    agent's "no ready engine here" refusal (for this request only)."""
+    prior = profile.expected_service_seconds if profile is not None else None
     attempts = 0
     refused: set[Any] = set()
     while True:
@@ -337,13 +345,12 @@ async def _proxy(request: Request, kind: str) -> Any:
             return _no_route(gw, ctx, decision, target, profile, now)
         answer = await _forward(gw, ctx, decision.route, kind, body, accept, parsed.stream, now,
                                 may_retry=attempts < MAX_ROUTE_ATTEMPTS)
-        if answer is _NOT_SERVED_THERE:
-            gw.counters["not_served_there_retried"] += 1
-            refused.add(decision.route.key)
-        elif answer is _UNDELIVERED:
-            gw.counters["no_responders_retried"] += 1
-        else:
+        if not isinstance(answer, Failure):
             return answer
+        assert answer.reroute_counter is not None
+        gw.counters[answer.reroute_counter] += 1
+        if answer.refuses_route:
+            refused.add(decision.route.key)
         now = gw.clock.now()
         table = gw.table(now)
 
@@ -406,190 +413,95 @@ def _no_route(gw: Gateway, ctx: _Ctx, decision: routing.Decision, target: str, p
 
 async def _forward(gw: Gateway, ctx: _Ctx, route: routing.RouteCandidate, kind: str, body: bytes,
                    accept: bytes | None, stream: bool, now: float, *, may_retry: bool = False) -> Any:
-    """Send the request on `route` and answer the client; with `may_retry`, `_UNDELIVERED` when
-    NATS proved nobody received it and `_NOT_SERVED_THERE` when the host's agent refused it
-    before any engine saw it: the caller routes it again."""
+    """Send the request on `route` and answer the client. With `may_retry`, a failure that proves
+    the request reached no engine (failures.Failure.reroutable) is returned instead of answered:
+    the caller routes the request again."""
     ctx.route = route
-    key = route.key
-    model = route.model_id
-    breakers = gw.breakers
-    breakers.acquire(key, now)
-    gw.acquire(key, model, now)
+    attempt = Attempt(gw, route, now, functools.partial(_record, gw, ctx))
     upstream_pool = gw.upstream
     assert upstream_pool is not None
-    released = False
-
-    def done(outcome: str, status: int, service: float, output_units: int = 0) -> None:
-        nonlocal released
-        if not released:
-            released = True
-            gw.release(key, model, gw.clock.now())
-        _record(gw, ctx, outcome=outcome, status=status, service=service, output_units=output_units)
-
-    t0 = time.perf_counter()
     try:
         # No Authorization goes upstream: the host's agent adds its own engine key.
         upstream = await upstream_pool.post(
-            upstream_pool.route_target(route.host_id, model, route.endpoint, PATHS[kind]),
+            upstream_pool.route_target(route.host_id, route.model_id, route.endpoint, PATHS[kind]),
             body,
             (_STREAM_HEADERS if stream else _PLAIN_HEADERS) + [(b"accept", accept or b"*/*")],
         )
-    except NoResponders:
-        # Nobody subscribes to the host's inference subject: its agent is gone and the request
-        # reached no one. Not an engine failure (the breaker stays as it was): the host is
-        # unroutable until it heartbeats again, and the request may go to another replica.
-        end = gw.clock.now()
-        breakers.record(key, OUTCOME_NEUTRAL, end)
-        gw.mark_no_responders(route.host_id, route.heartbeat_at, end)
-        if may_retry:
-            released = True
-            gw.release(key, model, end)
-            return _UNDELIVERED
-        done("unavailable", 503, time.perf_counter() - t0)
-        return errors.error_response(503, "The host serving this model went away; retry shortly.",
-                                     errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
-    except NotServedThere:
-        # The agent has no ready engine for the model (its copy is draining, or this gateway's
-        # view is a heartbeat behind): refused before any engine saw it, so another replica may
-        # take it. Not a failure of the route (the breaker stays as it was).
-        end = gw.clock.now()
-        breakers.record(key, OUTCOME_NEUTRAL, end)
-        if may_retry:
-            released = True
-            gw.release(key, model, end)
-            return _NOT_SERVED_THERE
-        done("unavailable", 503, time.perf_counter() - t0)
-        return errors.error_response(503, f"No host could serve '{model}' just now; retry shortly.",
-                                     errors.UNAVAILABLE, errors.CODE_NO_READY_REPLICA, retry_after=1.0)
-    except UpstreamConnectionLost:
-        # The gateway's own NATS connection broke (a server restart): not the engine's fault, so
-        # the breaker stays as it was. The request may have been delivered: never replayed.
-        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
-        done("error", 502, time.perf_counter() - t0)
-        return _connection_lost()
-    except SilentHost:
-        _went_silent(gw, key, route.host_id)
-        done("timeout", 504, time.perf_counter() - t0)
-        return _silent()
-    except EngineStalled:
-        # Delivered, so never sent elsewhere (the gateway only routes again what provably reached
-        # no engine); a failure of this route, and the host refuses that engine new requests
-        # until it answers again, so the client's retry goes to another replica.
-        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
-        done("timeout", 504, time.perf_counter() - t0)
-        return _engine_stalled()
-    except httpx.TimeoutException:
-        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
-        done("timeout", 504, time.perf_counter() - t0)
-        return errors.error_response(504, "The engine did not answer in time.", errors.SERVER_ERROR,
-                                     errors.CODE_UPSTREAM_TIMEOUT)
-    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
-        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
-        done("error", 502, time.perf_counter() - t0)
-        return errors.error_response(502, "The engine could not be reached.", errors.SERVER_ERROR,
-                                     errors.CODE_UPSTREAM_ERROR)
-    except BaseException:
-        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
-        done("cancelled", 499, time.perf_counter() - t0)
-        raise
-
+    except BaseException as exc:
+        answer = _settle_failure(attempt, failure_of(SENDING, exc), may_retry=may_retry)
+        if answer is None:
+            raise
+        return answer
     status = upstream.status_code
-    breaker_outcome = classify_status(status)
-    breakers.record(key, breaker_outcome, gw.clock.now())
-    ok = 200 <= status < 300
+    attempt.judge(classify_status(status), None)
+    if stream and 200 <= status < 300:
+        return _relay(gw, ctx, attempt, upstream, status)
+    return await _read_answer(gw, attempt, upstream, status)
 
-    if stream and ok:
-        parser = UsageParser()
 
-        def on_done(outcome: str) -> None:
-            latency = time.perf_counter() - t0
+def _settle_failure(attempt: Attempt, failure: Failure, *, may_retry: bool = False) -> Response | Failure | None:
+    """Settle an attempt that failed: the route's breaker and the routing learn what `failure`
+    says; then the request is routed again (`failure` is returned: it reached no engine), or
+    recorded and answered, or recorded with nothing to answer (None: the caller re-raises)."""
+    end = attempt.judge(failure.breaker, failure.excludes_host)
+    if may_retry and failure.reroutable:
+        attempt.release(end)  # the attempt that answers writes the request's record
+        return failure
+    attempt.finish(failure.outcome, failure.status, attempt.elapsed())
+    return None if failure.code is None else failure.response(attempt.route.model_id)
+
+
+def _relay(gw: Gateway, ctx: _Ctx, attempt: Attempt, upstream: UpstreamResponse, status: int) -> ProxyStream:
+    """Relay a streamed 2xx answer; the attempt is settled when the stream ends."""
+    route = attempt.route
+    parser = UsageParser()
+
+    def on_done(outcome: str) -> None:
+        latency = attempt.elapsed()
+        if outcome == STREAM_OK:
             end = gw.clock.now()
-            if outcome == STREAM_OK:
-                parser.close()
-                gw.measurements.observe(key, route.artifact_sha256, latency, parser.completion_tokens, end)
-                done("ok", status, latency, parser.completion_tokens or 0)
-            elif outcome == STREAM_CLIENT_GONE:
-                done("cancelled", 499, latency, parser.completion_tokens or 0)
-            elif outcome == STREAM_CONNECTION_LOST:  # the gateway's NATS connection: not the engine
-                done("error", 502, latency)
-            elif outcome == STREAM_UPSTREAM_SILENT:
-                _went_silent(gw, key, route.host_id)
-                done("timeout", 502, latency)
-            elif outcome == STREAM_ENGINE_STALLED:
-                breakers.record(key, OUTCOME_FAILURE, end)
-                done("timeout", 502, latency, parser.completion_tokens or 0)
-            else:
-                breakers.record(key, OUTCOME_FAILURE, end)
-                done("timeout" if outcome == STREAM_UPSTREAM_TIMEOUT else "error", 502, latency)
+            parser.close()
+            gw.measurements.observe(route.key, route.artifact_sha256, latency, parser.completion_tokens, end)
+            attempt.finish("ok", status, latency, parser.completion_tokens or 0)
+            return
+        ending = stream_ending_of(outcome)
+        attempt.judge(ending.breaker, ending.excludes_host)
+        attempt.finish(ending.outcome, ending.status, latency,
+                       (parser.completion_tokens or 0) if ending.counts_output else 0)
 
-        feed = parser.feed
+    feed = parser.feed
 
-        def on_chunk(chunk: bytes) -> None:
-            if ctx.ttft is None:
-                ctx.ttft = time.perf_counter() - ctx.t0
-            feed(chunk)
+    def on_chunk(chunk: bytes) -> None:
+        if ctx.ttft is None:
+            ctx.ttft = time.perf_counter() - ctx.t0
+        feed(chunk)
 
-        return ProxyStream(status, _served_headers(upstream, route), upstream, on_chunk, on_done)
+    return ProxyStream(status, _served_headers(upstream, route), upstream, on_chunk, on_done)
 
+
+async def _read_answer(gw: Gateway, attempt: Attempt, upstream: UpstreamResponse, status: int) -> Any:
+    """Read a plain answer (an error's body bounded) and pass it on; a 2xx settles the attempt
+    once its bytes are on their way to the client."""
+    route = attempt.route
+    ok = 200 <= status < 300
     try:
         content = await _read_bounded(upstream, None if ok else MAX_UPSTREAM_ERROR_BYTES)
-    except UpstreamConnectionLost:
-        breakers.record(key, OUTCOME_NEUTRAL, gw.clock.now())
-        done("error", 502, time.perf_counter() - t0)
-        return _connection_lost()
-    except SilentHost:
-        _went_silent(gw, key, route.host_id)
-        done("timeout", 504, time.perf_counter() - t0)
-        return _silent()
-    except EngineStalled:
-        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
-        done("timeout", 504, time.perf_counter() - t0)
-        return _engine_stalled()
-    except httpx.HTTPError:
-        breakers.record(key, OUTCOME_FAILURE, gw.clock.now())
-        done("error", 502, time.perf_counter() - t0)
-        return errors.error_response(502, "The engine connection broke during the response.",
-                                     errors.SERVER_ERROR, errors.CODE_UPSTREAM_ERROR)
-    except BaseException:
-        done("cancelled", 499, time.perf_counter() - t0)
-        raise
+    except BaseException as exc:
+        answer = _settle_failure(attempt, failure_of(READING, exc))
+        if answer is None:
+            raise
+        return answer
     finally:
         await upstream.aclose()
-    latency = time.perf_counter() - t0
+    latency = attempt.elapsed()
     if ok:
         def after() -> None:  # bookkeeping after the bytes are on their way to the client
             tokens = completion_tokens_of(content) if b'"usage"' in content else None
-            gw.measurements.observe(key, route.artifact_sha256, latency, tokens, gw.clock.now())
-            done("ok", status, latency, tokens or 0)
+            gw.measurements.observe(route.key, route.artifact_sha256, latency, tokens, gw.clock.now())
+            attempt.finish("ok", status, latency, tokens or 0)
 
         return RawResponse(status, _served_headers(upstream, route), content, after)
-    return _upstream_failure(gw, status, content, latency, done)
-
-
-def _connection_lost() -> Response:
-    return errors.error_response(502, UpstreamConnectionLost.client_message, errors.SERVER_ERROR,
-                                 errors.CODE_UPSTREAM_CONNECTION_LOST, retry_after=1.0)
-
-
-def _went_silent(gw: Gateway, key: Any, host_id: str) -> None:
-    """The host's agent went silent on a request: a failure of its route, and the host gets no
-    new request until it heartbeats again (the next request goes to another replica at once)."""
-    end = gw.clock.now()
-    gw.breakers.record(key, OUTCOME_FAILURE, end)
-    gw.mark_silent(host_id, end)
-
-
-def _silent() -> Response:
-    # Retryable: the host is out of routing, so a retry goes to another replica (or waits for one).
-    return errors.error_response(504, SilentHost.client_message, errors.SERVER_ERROR, errors.CODE_UPSTREAM_SILENT,
-                                 retry_after=1.0)
-
-
-def _engine_stalled() -> Response:
-    # 504 like a silent host (the engine did not answer in time, by the agent's evidence), and
-    # retryable: the host refuses that engine new requests until it answers again.
-    return errors.error_response(504, EngineStalled.client_message, errors.SERVER_ERROR, errors.CODE_ENGINE_STALLED,
-                                 retry_after=1.0)
+    return _upstream_failure(status, content, latency, attempt.finish)
 
 
 def _served_headers(upstream: UpstreamResponse, route: routing.RouteCandidate) -> list[tuple[bytes, bytes]]:
@@ -613,8 +525,9 @@ async def _read_bounded(upstream: UpstreamResponse, limit: int | None) -> bytes:
     return b"".join(chunks)
 
 
-def _upstream_failure(gw: Gateway, status: int, content: bytes, latency: float, done: Any) -> Response:
-    """Map an engine's non-2xx answer to what the client sees (never the engine's internals)."""
+def _upstream_failure(status: int, content: bytes, latency: float, done: Callable[[str, int, float], None]) -> Response:
+    """Map an engine's non-2xx answer to what the client sees (never the engine's internals);
+    `done` settles the attempt."""
     if status == 429:
         done("rejected", 429, latency)
         return errors.error_response(429, "The engine is rate limiting; retry shortly.", errors.RATE_LIMIT,
