@@ -260,6 +260,7 @@ class Controller:
         self.identity = identity
         # Started with the identity (a grid with host accounts): grid.controller.ingress.
         self.ingress: HostIngress | None = None
+        self._ingress_log: JetStreamLog | None = None
         self.config = home if isinstance(home, GridConfig) else GridConfig(home=Path(home), nats_url=None)
         self.files = _HomeFiles(self.config.home)
         self.settings = settings or ControllerSettings()
@@ -390,18 +391,28 @@ class Controller:
         except Exception as exc:  # nats raises several unrelated types; the grid still runs without it
             self.warnings.append(f"artifact store unavailable: {type(exc).__name__}: {str(exc)[:160]}")
 
+    async def _start_ingress(self, log_: JetStreamLog) -> None:
+        """Store hosts' appends from now on (grid.controller.ingress): first thing at start, since
+        agents may be waiting for their registrations to be stored. On a connection of its own,
+        so a host flooding the ingress with the largest messages it may send (hundreds of MB a
+        minute) queues nothing ahead of the folds' deliveries on the log's connection."""
+        connection = None
+        try:
+            connection = await log_.sibling("grid-controller-ingress")
+        except LogError as exc:
+            log.warning("ingress connection not opened; the ingress shares the log's", error=str(exc))
+        self._ingress_log = connection
+        self.ingress = HostIngress(clock=self.clock.now)
+        await self.ingress.start((connection or log_).client)
+
     async def start(self) -> None:
         self.config.ensure_home()
         self._lock_home()
         self.controller_id = self._explicit_id or _persistent_value(self.files.controller_id)
         self.epoch = _persistent_value(self.files.epoch, 8)
         self.token = load_or_create_secret(self.config.operator_token_path)
-        client = getattr(self.log, "client", None)
-        if self.identity is not None and client is not None:
-            # Hosts' appends reach the log only through the ingress (grid.controller.ingress):
-            # first thing, since agents may be waiting for it to store their registrations.
-            self.ingress = HostIngress(clock=self.clock.now)
-            await self.ingress.start(client)
+        if self.identity is not None and isinstance(self.log, JetStreamLog):
+            await self._start_ingress(self.log)
         await self.runner.restore_snapshot(self.files.snapshot, self.log)
         await self.runner.catch_up(self.log)
         self.started_at = self.clock.now()
@@ -462,6 +473,9 @@ class Controller:
         if self.ingress is not None:
             await self.ingress.stop()
             self.ingress = None
+        if self._ingress_log is not None:
+            await self._ingress_log.close()
+            self._ingress_log = None
         if self.analytics is not None:
             await self.analytics.stop()
             self.analytics = None

@@ -316,6 +316,8 @@ class JetStreamLog:
         # Called (synchronously, inside nats-py's reconnect task) when the connection is lost:
         # whoever holds state that cannot survive it (core request/reply in flight) fails it.
         self._disconnect_listeners: list[Callable[[], None]] = []
+        # How `connect` made this connection (`sibling` opens another one the same way).
+        self._connect_args: dict[str, Any] | None = None
 
     @classmethod
     async def connect(
@@ -407,6 +409,8 @@ class JetStreamLog:
             await nc.close()
             raise
         connected.append(event_log)
+        event_log._connect_args = {"url": url, "nats_options": nats_options, "durable": durable, "timeout": timeout,
+                                   "api_prefix": api_prefix}
         if ensure_streams:
             try:
                 await event_log.ensure_streams()
@@ -414,6 +418,14 @@ class JetStreamLog:
                 await event_log.close()  # a log that cannot set up its streams is not handed out
                 raise
         return event_log
+
+    async def sibling(self, name: str) -> "JetStreamLog | None":
+        """Another connection to the same servers as the same identity, for traffic that must not
+        queue on this connection's socket behind, or ahead of, the log's own (the controller's
+        ingress of every host's appends). None for a log `connect` did not make."""
+        if self._connect_args is None:
+            return None
+        return await type(self).connect(**self._connect_args, name=name, ensure_streams=False)
 
     def add_disconnect_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` each time the connection is lost (before reconnecting). It runs
