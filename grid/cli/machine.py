@@ -32,6 +32,8 @@ machine_app = typer.Typer(help="Add a controller, gateway or operator machine: a
                           no_args_is_help=True)
 
 LOOPBACK_HOSTS = ("localhost", "::1")
+# The any-addresses: a server listening on every interface, not an address to connect to.
+UNSPECIFIED_HOSTS = ("0.0.0.0", "::")
 # What a person is most likely to trip on next, after the next command (human output only).
 HINTS = {
     "gateway": "it listens on loopback; --host 0.0.0.0 needs client keys (GRID_GATEWAY_API_KEYS). It holds no "
@@ -51,13 +53,28 @@ def _loopback(url: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def _unspecified(url: str) -> bool:
+    """The any-address a server listens on (`--admin-host 0.0.0.0` records it as its URL): this
+    machine can connect to it, no other machine can."""
+    return (urlsplit(url).hostname or "") in UNSPECIFIED_HOSTS
+
+
+def _unreachable(url: str) -> str | None:
+    if _loopback(url):
+        return "is on loopback"
+    if _unspecified(url):
+        return "names no address (a server listening on every interface records it)"
+    return None
+
+
 def _warnings(role: str, nats: tuple[str, ...], admin: tuple[str, ...]) -> list[str]:
     """What would leave the new machine unable to reach the grid: URLs on this machine's loopback
-    (what a local `gridctl up` records), or no admin URL for an operator machine."""
-    out = [f"{url} is on loopback: another machine cannot reach it (pass --nats with the address it can)"
-           for url in nats if _loopback(url)]
-    out += [f"{url} is on loopback: another machine cannot reach it (pass --admin with the address it can)"
-            for url in admin if _loopback(url)]
+    (what a local `gridctl up` records) or its any-address (what `--admin-host 0.0.0.0` records),
+    or no admin URL for an operator machine."""
+    out = [f"{url} {why}: another machine cannot reach it (pass --nats with the address it can)"
+           for url in nats if (why := _unreachable(url))]
+    out += [f"{url} {why}: another machine cannot reach it (pass --admin with the address it can)"
+            for url in admin if (why := _unreachable(url))]
     if role == "operator" and not admin:
         out.append("no admin URL: `gridctl status` there needs --admin until you pass --admin here")
     return out

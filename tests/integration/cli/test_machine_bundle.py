@@ -180,6 +180,17 @@ def test_loopback_urls_are_warned_about(first: Path, tmp_path: Path) -> None:
     assert any("loopback" in w for w in warnings) and any("no admin URL" in w for w in warnings)
 
 
+def test_any_address_urls_are_warned_about(first: Path, tmp_path: Path) -> None:
+    """What a controller started with `--admin-host 0.0.0.0` records as its URL: usable on its own
+    machine, not from another one."""
+    result = gridctl(first, "machine", "add", "gateway", "-o", str(tmp_path / "gw"), "--nats", NATS,
+                     "--admin", "http://0.0.0.0:8787,http://[::]:8787", "--json")
+    assert result.exit_code == 0, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert [w.split(" ", 1)[0] for w in warnings if "names no address" in w] == [
+        "http://0.0.0.0:8787", "http://[::]:8787"], warnings
+
+
 # --- joining ---------------------------------------------------------------------------------------
 
 
