@@ -27,7 +27,8 @@ from grid.agent.protection import ProtectionStatus
 from grid.agent.state import AgentState
 from grid.events.host import HOST_STATES, RESIDENCY_STATES
 from grid.http_limits import ListenerLimits, uvicorn_options
-from grid.metrics import AgentMetrics, GaugeSource, Sample, counts, metrics_route, rejected_events
+from grid.infer.responder import InferenceResponder
+from grid.metrics import AgentMetrics, CounterSource, GaugeSource, Sample, counts, metrics_route, rejected_events
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
 
@@ -37,10 +38,44 @@ METRICS_URL_FILE = "metrics.url"
 LOOPBACK = "127.0.0.1"
 
 
+# Why the responder refused a request without an answer from an engine, beside grid.identity.replies'.
+REFUSED_ENGINE_STALLED = "engine_stalled"
+
+
+def responder_metrics(responder: Callable[[], InferenceResponder | None]) -> list[CounterSource]:
+    """The inference responder's counts (grid.infer.responder), zero before it starts: how many
+    requests it served, how its engines' health checks went while answers waited in silence, how
+    many answers it ended because their engine stalled, and what it refused, by reason."""
+
+    def of(read: Callable[[InferenceResponder], list[Sample]]) -> Callable[[], list[Sample]]:
+        def samples() -> list[Sample]:
+            r = responder()
+            return [] if r is None else read(r)
+        return samples
+
+    return [
+        CounterSource("grid_agent_inference_served", "Inference requests this agent took to an engine.", (),
+                      of(lambda r: [((), float(r.served))])),
+        CounterSource("grid_agent_engine_health_checks",
+                      "Health checks of an engine an answer was waiting on in silence, by whether it answered.",
+                      ("result",), of(lambda r: [(("answered",), float(r.health_probes - r.health_probes_unanswered)),
+                                                 (("unanswered",), float(r.health_probes_unanswered))])),
+        CounterSource("grid_agent_inference_stalled",
+                      "Answers ended because their engine stalled (silent, its health checks unanswered).", (),
+                      of(lambda r: [((), float(r.stalled_answers))])),
+        CounterSource("grid_agent_inference_refused",
+                      "Inference requests refused before any engine saw them, by reason.", ("reason",),
+                      of(lambda r: [((reason,), float(n)) for reason, n in
+                                    sorted({**r.refused, REFUSED_ENGINE_STALLED: r.refused_stalled}.items())])),
+    ]
+
+
 def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], ProtectionStatus],
-                  rejected: Callable[[], Mapping[str, int]] = dict) -> AgentMetrics:
+                  rejected: Callable[[], Mapping[str, int]] = dict,
+                  responder: Callable[[], InferenceResponder | None] = lambda: None) -> AgentMetrics:
     """The agent's registry: states read from its live state at scrape time; `rejected` counts
-    the messages on its command queue no controller of its grid provably wrote, by reason."""
+    the messages on its command queue no controller of its grid provably wrote, by reason;
+    `responder` is its inference responder, once started."""
 
     def residencies() -> list[Sample]:
         return counts((r.state for r in state().residencies.values()), RESIDENCY_STATES)
@@ -59,6 +94,7 @@ def agent_metrics(state: Callable[[], AgentState], protection: Callable[[], Prot
                     ("state",), protection_state),
         GaugeSource("grid_agent_action_in_flight", "Whether a lifecycle action is executing now.", (), in_flight),
         rejected_events(rejected),
+        *responder_metrics(responder),
     ])
 
 

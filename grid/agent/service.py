@@ -181,7 +181,8 @@ class HostAgent:
         self._worker_closing = False
         self.last_heartbeat: HostHeartbeat | None = None
         self.on_heartbeat: Callable[[HostHeartbeat], None] | None = None
-        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection, lambda: self.unproven_commands)
+        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection, lambda: self.unproven_commands,
+                                     lambda: self.responder)
         self.http: AgentHttp | None = None
 
     # ------------------------------------------------------------------ lifecycle

@@ -123,6 +123,29 @@ def test_the_agent_exposes_its_unproven_commands() -> None:
     assert ({"reason": "unsigned"}, 0.0) in got["grid_events_rejected_total"]
 
 
+def test_the_agent_exposes_its_responders_counts() -> None:
+    """Served, health checks by result, stalled answers and refusals by reason, read from the
+    live responder at scrape time; nothing before it starts."""
+    from types import SimpleNamespace
+
+    from grid.agent.http import REFUSED_ENGINE_STALLED, agent_metrics
+    from grid.agent.protection import ProtectionStatus
+    from grid.agent.state import AgentState
+
+    live: list[object] = []
+    registry = agent_metrics(AgentState, ProtectionStatus, dict, lambda: live[0] if live else None).registry
+    assert "grid_agent_inference_served_total" not in parse(exposition(registry))
+    live.append(SimpleNamespace(served=7, health_probes=5, health_probes_unanswered=3, stalled_answers=1,
+                                refused={"not_served_here": 2}, refused_stalled=4))
+    got = parse(exposition(registry))
+    assert got["grid_agent_inference_served_total"] == [({}, 7.0)]
+    assert sorted(got["grid_agent_engine_health_checks_total"], key=str) == sorted(
+        [({"result": "answered"}, 2.0), ({"result": "unanswered"}, 3.0)], key=str)
+    assert got["grid_agent_inference_stalled_total"] == [({}, 1.0)]
+    assert sorted(got["grid_agent_inference_refused_total"], key=str) == sorted(
+        [({"reason": "not_served_here"}, 2.0), ({"reason": REFUSED_ENGINE_STALLED}, 4.0)], key=str)
+
+
 async def test_the_gateway_counts_what_its_runner_rejects(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A gateway reading a signed log: an unsigned heartbeat, and a host's heartbeat naming
     another host, reach neither its routes nor its hosts, and show on /metrics and in its stats."""
