@@ -55,12 +55,25 @@ def embedded_server() -> Iterator[EmbeddedNats]:
 
 @dataclass
 class SecuredGrid:
-    """A nats-server in operator mode and a creds file per role, for benches of the secured path."""
+    """A nats-server in operator mode and a creds file per role, for benches of the secured path,
+    with the hosts' ingress running on a controller connection (a host's appends are stored only
+    through it: grid.controller.ingress)."""
 
     url: str
     authority: Any
     creds: dict[Any, Path]
     directory: Path
+    ingress: Any
+
+
+def wide_ingress() -> Any:
+    """The ingress with every kind's budget opened wide: benches of the append path measure what
+    it costs per message, not how fast one host may send (its budget, grid.controller.ingress)."""
+    from grid.controller.ingress import INGRESS_POLICIES, HostIngress, IngressBudget
+    from grid.projections.budget import BudgetPolicy
+
+    wide = BudgetPolicy(rate_per_second=1e9, burst_messages=1e9, bytes_per_second=1e12, burst_bytes=1e12)
+    return HostIngress(IngressBudget({kind: wide for kind in INGRESS_POLICIES}))
 
 
 @contextlib.asynccontextmanager
@@ -86,8 +99,14 @@ async def secured_grid(prefix: str, host_id: str) -> AsyncIterator[SecuredGrid]:
         server.start()
         try:
             # The controller creates the streams; the host and the operator may not.
-            await (await connect_log(server.url, credentials=creds[Role.CONTROLLER])).close()
-            yield SecuredGrid(server.url, authority, creds, directory)
+            controller = await connect_log(server.url, credentials=creds[Role.CONTROLLER], name="bench-ingress")
+            ingress = wide_ingress()
+            await ingress.start(controller.client)
+            try:
+                yield SecuredGrid(server.url, authority, creds, directory, ingress)
+            finally:
+                await ingress.stop()
+                await controller.close()
         finally:
             server.stop()
 

@@ -6,9 +6,13 @@ own credential, and the controller's projections (grid.controller.tick.PROJECTIO
 the log live as the controller's identity. Measured in one run, each phase with a fresh fold:
 
 - quiet: no flood (the baseline);
-- flood: a second host, from its own process with its own credential (bench._flooder), publishes
-  its own valid signed heartbeats (or `--mode junk`, unsigned bytes) as fast as it can for
-  `--seconds`: the fold drops it over its budget (grid.projections.budget);
+- flood: from its own process (bench._flooder), valid signed heartbeats (or `--mode junk`,
+  unsigned bytes) on a second host's subject as fast as one client can for `--seconds`: the fold
+  drops them over that host's budget (grid.projections.budget). A host's own appends go through
+  the grid's ingress, which refuses all but its small budget before they reach the stream
+  (grid.controller.ingress; bench.hostile_flood measures that), so the flood here is published
+  straight into the stream with a grid-account credential: this probes the folds' second line,
+  for whatever lands on a host subject another way. The honest host appends through the ingress;
 - flood, budgets off: the same flood into a fold that verifies, decodes and folds every message
   (what the controller and gateway did before issue 36).
 
@@ -41,6 +45,7 @@ from typing import Any
 import msgspec
 
 from bench._common import REPO
+from grid.controller.ingress import HostIngress
 from grid.controller.tick import PROJECTIONS
 from grid.events.base import new_event_id
 from grid.events.host import HostHeartbeat, HostResources
@@ -71,6 +76,8 @@ async def _phase(name: str, url: str, creds: dict[str, Path], *, flood: bool, bu
                  interval: float, mode: str, window: int) -> Phase:
     controller = await connect_log(url, name="bench-controller", credentials=creds["controller"])
     honest = await connect_log(url, name="bench-honest", credentials=creds["honest"], ensure_streams=False)
+    ingress = HostIngress()  # the honest host's appends are stored through it
+    await ingress.start(controller.client)
     runner = ProjectionRunner(PROJECTIONS, budget=budget)
     runner.positions[HOSTS_STREAM] = await controller.last_sequence(HOSTS_STREAM)
     follower = asyncio.create_task(runner.follow(controller))
@@ -113,7 +120,7 @@ async def _phase(name: str, url: str, creds: dict[str, Path], *, flood: bool, bu
         start_seq = await controller.last_sequence(HOSTS_STREAM)
         if flood:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench._flooder", url, str(creds["flooder"]), host_subject(FLOODER, "heartbeat"),
+                sys.executable, "-m", "bench._flooder", url, str(creds["controller"]), host_subject(FLOODER, "heartbeat"),
                 str(seconds), mode, FLOODER, str(window), cwd=REPO, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             waiter = asyncio.create_task(proc.communicate())
@@ -156,6 +163,7 @@ async def _phase(name: str, url: str, creds: dict[str, Path], *, flood: bool, bu
         with contextlib.suppress(BaseException):
             await follower
         await honest.close()
+        await ingress.stop()
         await controller.close()
     return out
 
@@ -190,12 +198,10 @@ async def main(seconds: float, interval: float, mode: str, window: int, fsync: b
                                                 ttl_seconds=3600.0),
             "honest": authority.issue_creds(authority.host_principal(HONEST), directory / "h.creds", now=now,
                                             ttl_seconds=3600.0),
-            "flooder": authority.issue_creds(authority.host_principal(FLOODER), directory / "f.creds", now=now,
-                                             ttl_seconds=3600.0),
         }
         server = SecuredEmbeddedNats(directory / "nats", authority, sync_always=fsync)
         server.start()
-        await _admit(server.url, authority, (HONEST, FLOODER))
+        await _admit(server.url, authority, (HONEST,))
         try:
             await (await connect_log(server.url, credentials=creds["controller"])).close()
             common = dict(seconds=seconds, interval=interval, mode=mode, window=window)

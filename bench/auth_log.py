@@ -2,8 +2,10 @@
 
 One nats-server in operator mode (accounts, user JWTs with the permission table's allow/deny
 lists, file store with sync_interval: always). Appends: a host credential appending its own
-heartbeats, JetStreamLog.append vs js.publish of the same bytes with the same Nats-Msg-Id, the
-same window in flight, interleaved rounds. Replay: an operator credential folding the fleet and
+heartbeats, JetStreamLog.append vs js.publish of the same bytes with the same Nats-Msg-Id and
+signature, the same window in flight, interleaved rounds; both go through the grid's ingress (a
+controller relaying, budgets opened wide), and a second line compares that with the same signed
+heartbeats published straight into the stream by a grid-account client (the path before it). Replay: an operator credential folding the fleet and
 actions projections through JetStreamLog vs a raw ordered consumer reading every message. Also
 prints raw appends on an unauthenticated server, to show what the permission checks cost.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from pathlib import Path
 
 import msgspec
@@ -39,6 +42,7 @@ def own_heartbeats(n: int, offset: int) -> list[HostHeartbeat]:
 
 async def appends(url: str, creds: Path | None, events: int, window: int, rounds: int) -> tuple[float, float]:
     log = await connect_log(url, name="bench-host", credentials=creds, ensure_streams=False)
+    sign = log.authorship.sign if log.authorship is not None else None
     raw = await nats.connect(url, **connect_options(creds, None))
     js = raw.jetstream()
     ours, theirs = [], []
@@ -50,16 +54,43 @@ async def appends(url: str, creds: Path | None, events: int, window: int, rounds
             with Timer() as t:
                 await windowed(events, window, lambda i: log.append(chunk[i]))
             ours.append(events / t.seconds)
-            payloads = [(subject_for(e), codec.encode(e), e.event_id) for e in own_heartbeats(events, offset)]
+            # Signed like JetStreamLog's (the ingress stores only signed host events), made first.
+            payloads = [(subject_for(e), data, {"Nats-Msg-Id": e.event_id,
+                                                **(sign(subject_for(e), data) if sign else {})})
+                        for e in own_heartbeats(events, offset) for data in [codec.encode(e)]]
             offset += events
             with Timer() as t:
-                await windowed(events, window, lambda i: js.publish(
-                    payloads[i][0], payloads[i][1], headers={"Nats-Msg-Id": payloads[i][2]}))
+                await windowed(events, window, lambda i: js.publish(payloads[i][0], payloads[i][1],
+                                                                    headers=payloads[i][2]))
             theirs.append(events / t.seconds)
     finally:
         await log.close()
         await raw.close()
     return sorted(ours)[len(ours) // 2], sorted(theirs)[len(theirs) // 2]
+
+
+async def through_ingress(url: str, host_creds: Path, controller_creds: Path, events: int, window: int,
+                          rounds: int) -> tuple[float, float]:
+    """Median appends/s of a host's signed heartbeats through the grid's ingress (its own account,
+    a controller relaying) vs the same signed events published straight into the stream by a
+    client of the grid's account (the path before the ingress), rounds interleaved."""
+    host = await connect_log(url, name="bench-host", credentials=host_creds, ensure_streams=False)
+    direct = await connect_log(url, name="bench-direct", credentials=controller_creds, ensure_streams=False)
+    direct.authorship = host.authorship  # the host's own signatures, on the host's own subject
+    relayed, straight = [], []
+    offset = 10_000_000  # ids of their own: the stream's duplicate window outlives a round
+    try:
+        for _ in range(rounds):
+            for log_, rates in ((host, relayed), (direct, straight)):
+                chunk = own_heartbeats(events, offset)
+                offset += events
+                with Timer() as t:
+                    await windowed(events, window, lambda i: log_.append(chunk[i]))
+                rates.append(events / t.seconds)
+    finally:
+        await host.close()
+        await direct.close()
+    return sorted(relayed)[len(relayed) // 2], sorted(straight)[len(straight) // 2]
 
 
 async def replays(url: str, creds: Path, controller_creds: Path, events: int, hosts: int,
@@ -72,7 +103,10 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
     for start in range(0, events, 256):
         # Signed as the controller (it may write every host's subjects), so the fold verifies
         # and keeps them. Fresh event ids: the duplicate window outlives the purge.
-        chunk = [msgspec.structs.replace(heartbeat(i, hosts), event_id=f"replay-{i}")
+        # Dated now, each host's newer than its last: the folds refuse a heartbeat dated ahead of
+        # its receipt or behind the host's last one.
+        now = time.time()
+        chunk = [msgspec.structs.replace(heartbeat(i, hosts), event_id=f"replay-{i}", at=now + i * 1e-6)
                  for i in range(start, min(events, start + 256))]
         await asyncio.gather(*(controller.append(e) for e in chunk))
     total = (await js.stream_info(HOSTS_STREAM)).state.messages
@@ -100,6 +134,10 @@ async def main(events: int, window: int, rounds: int, replay_events: int, hosts:
         print(f"authenticated appends/s  JetStreamLog={ours:,.0f}  raw nats-py={raw:,.0f}  "
               f"ratio={ours / raw:.2f} (goal >= 0.8; host credential, window={window}, "
               f"{events} events x {rounds} rounds)")
+        relayed, straight = await through_ingress(grid.url, creds[Role.HOST], creds[Role.CONTROLLER], events, window,
+                                                  rounds)
+        print(f"host appends/s through the ingress={relayed:,.0f}  straight into the stream={straight:,.0f}  "
+              f"ratio={relayed / straight:.2f} (the ingress's cost per append; its budgets opened wide)")
         fold, raw_replay, total = await replays(grid.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
                                                 replay_events, hosts, rounds)
         print(f"authenticated replay events/s  fleet projection={fold:,.0f}  raw ordered={raw_replay:,.0f}  "
