@@ -109,6 +109,21 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
                                      retry_after=self.retry_after)
 
 
+def _delivered(stage: str) -> tuple[Failure, ...]:
+    """The failures that mean the same in both stages: the request was delivered (never routed
+    again), and the gateway's connection, the host's agent or its engine failed it."""
+    return (
+        Failure(stage=stage, caught=(UpstreamConnectionLost,), breaker=OUTCOME_NEUTRAL, outcome="error", status=502,
+                code=errors.CODE_UPSTREAM_CONNECTION_LOST, message=UpstreamConnectionLost.client_message,
+                retry_after=1.0),
+        Failure(stage=stage, caught=(SilentHost,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
+                code=errors.CODE_UPSTREAM_SILENT, message=SilentHost.client_message, retry_after=1.0,
+                excludes_host=EXCLUDED_SILENT),
+        Failure(stage=stage, caught=(EngineStalled,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
+                code=errors.CODE_ENGINE_STALLED, message=EngineStalled.client_message, retry_after=1.0),
+    )
+
+
 FAILURES: tuple[Failure, ...] = (
     # --- while sending: nothing of the answer has arrived --------------------------------------
     Failure(stage=SENDING, caught=(NoResponders,), breaker=OUTCOME_NEUTRAL, outcome="unavailable", status=503,
@@ -119,14 +134,7 @@ FAILURES: tuple[Failure, ...] = (
             code=errors.CODE_NO_READY_REPLICA, error_type=errors.UNAVAILABLE,
             message="No host could serve '{model}' just now; retry shortly.", retry_after=1.0,
             reroute_counter=RETRIED_NOT_SERVED_THERE, refuses_route=True),
-    Failure(stage=SENDING, caught=(UpstreamConnectionLost,), breaker=OUTCOME_NEUTRAL, outcome="error", status=502,
-            code=errors.CODE_UPSTREAM_CONNECTION_LOST, message=UpstreamConnectionLost.client_message,
-            retry_after=1.0),
-    Failure(stage=SENDING, caught=(SilentHost,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
-            code=errors.CODE_UPSTREAM_SILENT, message=SilentHost.client_message, retry_after=1.0,
-            excludes_host=EXCLUDED_SILENT),
-    Failure(stage=SENDING, caught=(EngineStalled,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
-            code=errors.CODE_ENGINE_STALLED, message=EngineStalled.client_message, retry_after=1.0),
+    *_delivered(SENDING),
     Failure(stage=SENDING, caught=(httpx.TimeoutException,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
             code=errors.CODE_UPSTREAM_TIMEOUT, message="The engine did not answer in time."),
     Failure(stage=SENDING, caught=(httpx.HTTPError, httpx.InvalidURL, OSError, ValueError), breaker=OUTCOME_FAILURE,
@@ -135,14 +143,7 @@ FAILURES: tuple[Failure, ...] = (
     Failure(stage=SENDING, caught=(BaseException,), breaker=OUTCOME_NEUTRAL, outcome="cancelled", status=499,
             code=None),
     # --- while reading a plain answer: the breaker has judged its status already --------------
-    Failure(stage=READING, caught=(UpstreamConnectionLost,), breaker=OUTCOME_NEUTRAL, outcome="error", status=502,
-            code=errors.CODE_UPSTREAM_CONNECTION_LOST, message=UpstreamConnectionLost.client_message,
-            retry_after=1.0),
-    Failure(stage=READING, caught=(SilentHost,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
-            code=errors.CODE_UPSTREAM_SILENT, message=SilentHost.client_message, retry_after=1.0,
-            excludes_host=EXCLUDED_SILENT),
-    Failure(stage=READING, caught=(EngineStalled,), breaker=OUTCOME_FAILURE, outcome="timeout", status=504,
-            code=errors.CODE_ENGINE_STALLED, message=EngineStalled.client_message, retry_after=1.0),
+    *_delivered(READING),
     Failure(stage=READING, caught=(httpx.HTTPError,), breaker=OUTCOME_FAILURE, outcome="error", status=502,
             code=errors.CODE_UPSTREAM_ERROR, message="The engine connection broke during the response."),
     Failure(stage=READING, caught=(BaseException,), breaker=None, outcome="cancelled", status=499, code=None),
