@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
-import ipaddress
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from grid.backoff import Backoff
 from grid.config import GridConfig
 from grid.events.base import new_event_id
 from grid.events.control import ModelProfile, ModeSet, ProfileSet
@@ -42,6 +42,7 @@ from grid.identity.local import TLS_DIR, LocalCredentials, authority_dir, ensure
 from grid.identity.server import SecuredEmbeddedNats
 from grid.infer.local import LocalResponders
 from grid.identity.tls import TLSMaterial
+from grid.netaddr import is_loopback
 from grid.secrets import write_owner_only
 from grid.tasks import cancel_and_wait
 from grid.transport.embedded import WILDCARD_HOSTS, EmbeddedNats, EmbeddedNatsError
@@ -50,10 +51,12 @@ from grid.transport.store_pressure import MIB, STORE_OK, STORE_UNKNOWN, StorePre
 
 log = structlog.get_logger(__name__)
 
-# How often the embedded server's process is checked, and the bounds of the pause between
-# failed restarts (a store that cannot be opened must not turn into a busy loop).
+# How often the embedded server's process is checked, and the pause between failed restarts:
+# 1 s doubling to 30 s, so a store that cannot be opened does not turn into a busy loop and a
+# server that can start again is restarted within 30 s. No jitter: one process restarts one
+# server, there is no crowd of clients to spread out.
 NATS_WATCH_SECONDS = 0.5
-NATS_RESTART_BACKOFF_SECONDS = (1.0, 30.0)
+NATS_RESTART_BACKOFF = Backoff(first=1.0, cap=30.0)
 # How often the embedded store's free space and health are read (status, /metrics, recovery).
 STORE_CHECK_SECONDS = 2.0
 # Restarts that bring a failed store back are at least this far apart: a write that fails for
@@ -245,7 +248,7 @@ class LocalGrid:
     async def _supervise_nats(self, server: EmbeddedNats) -> None:
         """Start the embedded server again, same port and store, whenever it dies, or when it has
         stopped storing (a full disk) and there is room again; keep `store_pressure` current."""
-        pause = NATS_RESTART_BACKOFF_SECONDS[0]
+        pauses = NATS_RESTART_BACKOFF.delays()
         next_store_check = 0.0
         last_recovery = -STORE_RECOVERY_MIN_INTERVAL_SECONDS
         while True:
@@ -270,11 +273,11 @@ class LocalGrid:
                 server.respawn()  # from this (the main) thread: the server dies with it (embedded.py)
                 await asyncio.to_thread(server.wait_ready)
             except (EmbeddedNatsError, OSError) as exc:
+                pause = next(pauses)
                 self._say(f"embedded NATS server did not restart ({exc}); next attempt in {pause:.0f}s")
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, NATS_RESTART_BACKOFF_SECONDS[1])
                 continue
-            pause = NATS_RESTART_BACKOFF_SECONDS[0]
+            pauses = NATS_RESTART_BACKOFF.delays()  # a restart that worked starts the schedule over
             next_store_check = 0.0
             self._say(f"embedded NATS server restarted on {server.url}; the components reconnect on their own")
 
@@ -327,15 +330,6 @@ class LocalGrid:
 
 class NatsListenError(ValueError):
     """--nats-listen cannot be served as asked (the message says why and what to pass)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def embedded_tls(home: Any, host: str, names: Sequence[str]) -> TLSMaterial | None:

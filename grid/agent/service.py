@@ -62,6 +62,7 @@ from grid.agent.protection import ProtectionStatus, SensorSample
 from grid.agent.protection import step as protection_step
 from grid.agent.sensors import PsutilSensors, SensorSource
 from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore
+from grid.backoff import Backoff
 from grid.clock import Clock, SystemClock
 from grid.config import GridConfig
 from grid.events import codec
@@ -86,9 +87,9 @@ from grid.tasks import cancel_and_wait
 log = structlog.get_logger("grid.agent")
 
 # Registration waits for the log to take it (a secured grid stores hosts' appends through a
-# controller): tried again after 0.5 s, doubling up to 5 s, with a log line every 30 s of waiting.
-REGISTER_RETRY_FIRST_SECONDS = 0.5
-REGISTER_RETRY_MAX_SECONDS = 5.0
+# controller, which may start after us): tried again after 0.5 s, doubling up to 5 s, with a log
+# line every 30 s of waiting.
+REGISTER_BACKOFF = Backoff(first=0.5, cap=5.0)
 REGISTER_RETRY_LOG_SECONDS = 30.0
 
 __all__ = ["AgentOptions", "HostAgent", "HostIdError", "resolve_host_id"]
@@ -593,8 +594,8 @@ class HostAgent:
             actuator_capabilities=ACTUATOR_CAPABILITIES,
             agent_version=__version__,
         )
-        delay, waited = REGISTER_RETRY_FIRST_SECONDS, 0.0
-        while True:
+        waited = 0.0
+        for delay in REGISTER_BACKOFF.delays():
             try:
                 await self.log.append(event)
                 return
@@ -604,7 +605,6 @@ class HostAgent:
                                 "(is a controller running?); trying again", error=str(exc), waited_s=round(waited))
             await asyncio.sleep(delay)
             waited += delay
-            delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
 
     # ------------------------------------------------------------------ protection
     async def _protection_loop(self) -> None:

@@ -38,6 +38,7 @@ from grid.events.control import MODES
 from grid.events.log import LogError
 from grid.localgrid import LocalGrid
 from grid.logs import configure_logging
+from grid.netaddr import is_loopback
 from grid.procstart import same_start, start_stamp
 from grid.secrets import ENGINE_SECRET_FILE, SecretFileError, load_or_create_secret, read_secret, write_owner_only
 from grid.transport.embedded import EmbeddedNatsError
@@ -199,7 +200,6 @@ async def _up(mode: str, nats: str | None, host: str, port: int, admin_port: int
 
 
 async def _start_dashboard(grid: LocalGrid, cfg: GridConfig, host: str, port: int):  # type: ignore[no-untyped-def]
-    from grid.dashboard.app import is_loopback
     from grid.dashboard.serve import controller_history, start_dashboard
 
     assert grid.log is not None

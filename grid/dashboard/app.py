@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +41,7 @@ from grid.dashboard.charts import ForecastSample
 from grid.dashboard.view import DashboardView, build_view, encode_view
 from grid.demand.forecast import Forecast
 from grid.events.log import EventLog
+from grid.netaddr import is_loopback
 from grid.projections.runner import CORE_PROJECTIONS, ProjectionRunner, ProjectionSpec
 from grid.secrets import tokens_equal
 from grid.tasks import cancel_and_wait
@@ -69,15 +69,6 @@ DETAIL_CHARS = 200
 ForecastFn = Callable[[dict[str, Any], float], Forecast | None]
 # Rows of a named history view (grid.analytics.history), e.g. AnalyticsService.view.
 HistoryReader = Callable[[str, HistoryParams], Awaitable[list[dict[str, Any]]]]
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Dashboard:

@@ -17,7 +17,6 @@ GRID_GATEWAY_OWNER_TOKEN_FILE  the owner (operator) token that may mark evaluati
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from grid.gateway.routing import RoutingPolicy
 from grid.http_limits import ListenerLimits
+from grid.netaddr import is_loopback
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEYS_ENV = "GRID_GATEWAY_API_KEYS"
@@ -76,15 +76,6 @@ class GatewaySettings:
             kwargs["insecure"] = True
         kwargs["listener"] = ListenerLimits.from_environ(env)
         return cls(**kwargs)  # type: ignore[arg-type]
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name that may resolve anywhere (or 0.0.0.0's spellings) counts as exposed
 
 
 def exposure_error(host: str, *, keys_required: bool, insecure: bool) -> str | None:

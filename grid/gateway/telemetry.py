@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from grid.backoff import Backoff
 from grid.clock import Clock, SystemClock
 from grid.events.base import new_event_id
 from grid.events.log import EventLog
@@ -30,6 +31,10 @@ DEFAULT_MAX_QUEUE = 8192
 APPEND_TIMEOUT_SECONDS = 3.0
 MAX_ATTEMPTS = 8
 MAX_RETRY_DELAY_SECONDS = 5.0
+# Waits between attempts at one batch: 0.25 s doubling to MAX_RETRY_DELAY_SECONDS, so a short
+# outage (a NATS restart) delays the batch by about a second, while a batch that fails
+# MAX_ATTEMPTS times is dropped after about 18 s of waiting. No jitter, so that bound is exact.
+RETRY_BACKOFF = Backoff(first=0.25, cap=MAX_RETRY_DELAY_SECONDS)
 
 
 class TelemetryQueue:
@@ -184,5 +189,4 @@ class TelemetryQueue:
                         continue
             ok = await self._flush_once()
             if not ok and self._pending is not None:
-                delay = min(MAX_RETRY_DELAY_SECONDS, 0.25 * (2 ** (self._attempts - 1)))
-                await asyncio.sleep(delay)
+                await asyncio.sleep(RETRY_BACKOFF.delay(self._attempts))

@@ -123,7 +123,7 @@ def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # Lowest to highest. A package may import only packages of a strictly lower layer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("grid", "grid.clock", "grid.secrets", "grid.tasks", "grid.procstart", "grid.eventloop",
-                     "grid.http_limits", "grid.logs", "grid.gcpause")),
+                     "grid.http_limits", "grid.logs", "grid.gcpause", "grid.netaddr", "grid.backoff")),
     ("events and settings", ("grid.events", "grid.config", "grid.serving")),
     ("vocabulary", ("grid.fleet",)),
     ("transport", ("grid.transport",)),
