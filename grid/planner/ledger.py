@@ -7,9 +7,10 @@ drives it; staged preemption, repair and explanations take it as their one typed
 none of them needs the placer's module (or another's).
 
 ScoredHost selection is exact: ``best_host`` returns the host with the highest total score
-(ties: smaller host id) as a full scan would, but scans per host class (see state.py) with an
-upper bound that prunes classes that cannot win. ``Ledger(reference_scan=True)`` performs the
-plain full scan; tests and the planner benchmark prove both give byte-identical plans.
+(ties: smaller host id) as a full scan would, but scans per host class and bucket with an upper
+bound that prunes those that cannot win (``scorer.py`` says why that is exact). The values come
+from the scorer table (``scorers.py``). ``Ledger(reference_scan=True)`` performs the plain full
+scan; tests and the planner benchmark prove both give byte-identical plans.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from collections import Counter
 from grid.fleet import reasons as R
 from grid.fleet.planning import Policy, Preemption, TimingSample
 from grid.fleet.views import ResidencyView
+from grid.planner import scorers
 from grid.planner import scoring as S
 from grid.planner.devices import residency_devices, share_mb
 from grid.planner.eligibility import StaticEligibility
 from grid.planner.feasibility import CHAIN, DEFAULT_RUNTIMES, HostClass, Rejection
-from grid.planner.scoring import Scores
 from grid.planner.state import (
     ScoredHost,
     Entry,
@@ -35,6 +36,13 @@ from grid.planner.state import (
     MustMove,
     Slot,
     min_memory,
+)
+
+# best_host takes from each bucket the first feasible host of its open list (sorted by free
+# memory, so best fit first) and the first in a failure domain the model does not use yet: that
+# is the bucket's best host only while those are the only scorers its hosts can differ in.
+assert {s.name for s in scorers.HOST_VARYING} == {"domain", "fit"}, (
+    "a scorer that varies within a bucket needs a bucket key of its own (scorer.py)"
 )
 
 
@@ -99,10 +107,14 @@ class Ledger(StaticEligibility):
         self.mustmove_on: dict[int, list[tuple[ModelState, MustMove]]] = {}
         # model id -> its live incumbents the seed left out only because enough were kept
         self.surplus: dict[str, list[tuple[int, ResidencyView]]] = {}
-        self._class_values: dict[tuple[int, int], Scores] = {}
+        # (class idx, model idx) -> scorers.class_values
+        self._class_values: dict[tuple[int, int], tuple[float, ...]] = {}
         self._release: tuple[list[tuple[int, int]], set[int]] | None = None
         self._scarcity_index: dict[int, tuple[list[int], list[tuple]]] = {}
-        # (class idx, model idx) -> per bucket [bucket, load, throttled, score upper bound or None]
+        # class idx -> per bucket scorers.bucket_values (the same for every model)
+        self._bucket_values: dict[int, list[tuple[float, ...]]] = {}
+        # (class idx, model idx) -> per bucket [bucket, values its plain hosts share, upper
+        # bound or None]
         self._bucket_memo: dict[tuple[int, int], list[list]] = {}
         # (host idx, model idx) -> (what the verdict read, verdict) for special hosts
         self._special_memo: dict[tuple[int, int], tuple[tuple, ScoredHost | None]] = {}
@@ -147,14 +159,12 @@ class Ledger(StaticEligibility):
             return 0.0
         return S.score_scarcity(best[0], ms.eligible_count)
 
-    def class_values(self, cls: HostClass, ms: ModelState) -> Scores:
-        """Scorer values for a plain (non-special) host of the class; domain, fit, load and
-        throttling are left at 0 and set per bucket and host (``S.with_host_terms``)."""
+    def class_values(self, cls: HostClass, ms: ModelState) -> tuple[float, ...]:
+        """The class-wide scorers' values on a plain (non-special) host of the class."""
         key = (cls.idx, ms.idx)
         v = self._class_values.get(key)
         if v is None:
-            st = S.score_startup(S.startup_seconds(ms.profile, None, False, ms.req.sha))
-            v = Scores(hardware=cls.hw_score, startup=st, scarcity=self.scarcity(cls, ms))
+            v = scorers.class_values(self, cls, ms)
             self._class_values[key] = v
         return v
 
@@ -164,64 +174,11 @@ class Ledger(StaticEligibility):
         ms: ModelState,
         mem: int,
         incumbent: ResidencyView | None = None,
-    ) -> Scores:
+    ) -> tuple[float, ...]:
         """Scorer values for one host (special hosts, incumbents and the reference scan)."""
-        cls = hs.cls
-        fit = S.score_fit(hs.free_b, mem, self.fit_scale)
-        load = S.score_load(hs.load_level)
-        thr = S.score_throttled(hs.throttled)
-        new_domain = hs.domain not in ms.used_domains
         if incumbent is None and hs.idx not in ms.special_set:
-            return S.with_host_terms(
-                self.class_values(cls, ms), new_domain, fit, load, thr
-            )
-        mid = ms.req.model_id
-        snap = hs.snap
-        cached = self.cached(hs, ms)
-        tps = S.valid_tps(snap.measured_tokens_per_second.get(mid))
-        res = cls.resources
-        hw = (
-            0.0
-            if tps is not None
-            else S.score_hardware(
-                res.memory_bandwidth_gbps, res.compute_gflops, self.max_bw, self.max_gf
-            )
-        )
-        sample = self.timings.get((hs.host_id, mid))
-        st = S.score_startup(
-            S.startup_seconds(
-                ms.profile, sample, cached or incumbent is not None, ms.req.sha
-            )
-        )
-        sticky = False
-        if incumbent is not None:
-            if incumbent.loaded_at is not None:
-                sticky = (
-                    self.now - incumbent.loaded_at < ms.profile.min_residency_seconds
-                )
-            else:
-                sticky = True
-        existing = hs.residencies.get(mid)
-        failed = (
-            existing is not None and existing.state == "failed" and incumbent is None
-        )
-        return Scores(
-            resident=S.score_resident(
-                incumbent.state if incumbent is not None else None
-            ),
-            cached=S.score_cached(cached),
-            domain=S.score_domain(new_domain),
-            throughput=S.score_throughput(tps, ms.max_tps),
-            hardware=hw,
-            fit=fit,
-            startup=st,
-            sticky=S.score_sticky(sticky),
-            scarcity=self.scarcity(cls, ms),
-            load=load,
-            throttled=thr,
-            failed=S.score_failed(failed),
-            pending=S.score_pending(incumbent is None and (hs.host_id, mid) in self.pending),
-        )
+            return scorers.plain_host_values(self, hs, ms, mem, self.class_values(hs.cls, ms))
+        return scorers.host_values(self, hs, ms, mem, incumbent)
 
     # ==================================================================================
     # Host evaluation and candidate selection
@@ -256,7 +213,7 @@ class Ledger(StaticEligibility):
             return None
         values = self.host_values(hs, ms, mem)
         return ScoredHost(
-            S.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
+            scorers.combine(values, ms.boost), hs.host_id, hs.idx, rt, mem, disk, values
         )
 
     def _best_special(self, ms: ModelState, need_new_domain: bool) -> ScoredHost | None:
@@ -316,30 +273,33 @@ class Ledger(StaticEligibility):
         return best
 
     def _class_upper_bounds(self, ms: ModelState) -> list[tuple[float, int]]:
-        """Eligible classes by an upper bound on any member's score (new domain, perfect
-        fit, no load or throttling penalty), best first. Computed once per model."""
+        """Eligible classes by an upper bound on any member's score (every per-host scorer at
+        its best), best first. Computed once per model."""
         if not ms.class_order and ms.class_mem and not ms.explicit:
             order = []
             for ci in ms.class_mem:
                 v = self.class_values(self.classes[ci], ms)
-                ub = S.combine(S.with_host_terms(v, True, 100.0, 0.0, 0.0), ms.boost)
+                ub = scorers.combine(scorers.class_bound(v), ms.boost)
                 order.append((-ub, ci))
             order.sort()
             ms.class_order = order
         return ms.class_order
 
     def _bucket_bounds(self, ci: int, ms: ModelState) -> list[list]:
-        """Per bucket of a class: ``[bucket, load value, throttled value, score upper bound]``
-        for ms, the bound (new domain, perfect fit) None until a search first needs it. All
-        of it is static for the plan, so a model's later searches reuse it; the bound stays
-        lazy because a model with one or two replicas rarely reads most of them."""
+        """Per bucket of a class: ``[bucket, values its plain hosts share, score upper bound]``
+        for ms, the bound (every host-varying scorer at its best) None until a search first
+        needs it. All of it is static for the plan, so a model's later searches reuse it; the
+        bound stays lazy because a model with one or two replicas rarely reads most of them."""
         key = (ci, ms.idx)
         out = self._bucket_memo.get(key)
         if out is None:
-            out = [
-                [b, S.score_load(b.load_level), S.score_throttled(b.throttled), None]
-                for b in self.classes[ci].buckets
-            ]
+            cls = self.classes[ci]
+            of_buckets = self._bucket_values.get(ci)
+            if of_buckets is None:
+                of_buckets = [scorers.bucket_values(b) for b in cls.buckets]
+                self._bucket_values[ci] = of_buckets
+            v = self.class_values(cls, ms)
+            out = [[b, v + bv, None] for b, bv in zip(cls.buckets, of_buckets)]
             self._bucket_memo[key] = out
         return out
 
@@ -359,25 +319,23 @@ class Ledger(StaticEligibility):
         req = ms.req
         dyn = CHAIN.dynamic_check
         boost = ms.boost
-        scale = self.fit_scale
-        combine = S.combine
-        host_terms = S.with_host_terms
+        combine = scorers.combine
+        bound = scorers.bucket_bound
+        values_at = scorers.bucket_host_values
         disk = req.disk_bytes or 0
         disk_check = disk + self.disk_extra if disk else 0
         for neg_ub, ci in self._class_upper_bounds(ms):
             if best is not None and -neg_ub < best.score:
                 break
-            cls = self.classes[ci]
             rt, mem = ms.class_mem[ci]
-            base = self.class_values(cls, ms)
             for bb in self._bucket_bounds(ci, ms):
-                b, load, thr, b_ub = bb
+                b, shared, b_ub = bb
                 lst = b.open
                 if not lst:
                     continue
                 if best is not None:
                     if b_ub is None:
-                        b_ub = bb[3] = combine(host_terms(base, True, 100.0, load, thr), boost)
+                        b_ub = bb[2] = combine(bound(shared), boost)
                     if b_ub < best.score:
                         continue
                 # With no domain used yet every host is in a new domain (a first replica that
@@ -409,13 +367,7 @@ class Ledger(StaticEligibility):
                 for hs in (first_any, first_new):
                     if hs is None:
                         continue
-                    values = host_terms(
-                        base,
-                        hs.domain not in used,
-                        S.score_fit(hs.free_b, mem, scale),
-                        load,
-                        thr,
-                    )
+                    values = values_at(self, hs, ms, mem, shared)
                     c = ScoredHost(
                         combine(values, boost), hs.host_id, hs.idx, rt, mem, disk, values
                     )
@@ -537,7 +489,7 @@ class Ledger(StaticEligibility):
             reason,
             bool(r.managed),
             values,
-            S.combine(values, ms.boost),
+            scorers.combine(values, ms.boost),
         )
         ms.entries.append(e)
         ms.used_domains[hs.domain] += 1

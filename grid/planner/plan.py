@@ -18,7 +18,7 @@ from msgspec import UNSET
 from grid.fleet import reasons as R
 from grid.gcpause import collector_paused
 from grid.fleet.planning import ModelBasis, ModelExplanation, Placement, Plan, PlannerInput
-from grid.planner import scoring as S
+from grid.planner import scorers
 from grid.planner.digest import inputs_digest
 from grid.planner.explain import model_explanation, render_explanation
 from grid.planner.ledger import Ledger
@@ -113,7 +113,7 @@ def _build(inp: PlannerInput, digest: str, reference_scan: bool) -> Plan:
                     memory_mb=e.slot.memory_mb,
                     status=e.status,
                     score=e.score,
-                    scores=S.as_dict(e.values),
+                    scores=scorers.as_dict(e.values),
                     reason=e.reason,
                     managed=e.managed,
                     devices=e.slot.devices or UNSET,
@@ -131,8 +131,8 @@ def _build(inp: PlannerInput, digest: str, reference_scan: bool) -> Plan:
                     runtime=r.runtime,
                     memory_mb=mem,
                     status="existing",
-                    score=S.combine(values, ms.boost),
-                    scores=S.as_dict(values),
+                    score=scorers.combine(values, ms.boost),
+                    scores=scorers.as_dict(values),
                     reason=R.RETAINED_UNTIL_REPLACED,
                     managed=True,
                 )

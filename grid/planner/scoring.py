@@ -1,69 +1,20 @@
-"""Named scorers, each bounded to 0..100, combined by one weight table that lives outside them.
+"""The scorers' measures: pure functions of what a scorer reads, each bounded to 0..100.
 
-Kubernetes scheduler-framework habit: a scorer only measures one thing on a 0..100 scale; the
-weights (and their signs: penalties have negative weights) are policy, written once in
-``WEIGHTS``. The two performance scorers are multiplied by a bounded concurrency boost (1..8x)
-when offered concurrency exceeds one replica's target capacity.
+Kubernetes scheduler-framework habit: a measure only says how good one thing is on a 0..100
+scale; which scorers a plan uses, their weights (and their signs: penalties have negative
+weights) and what each reads of the plan are policy, written once in ``scorers.SCORERS``. The
+two performance scorers are multiplied by a bounded concurrency boost (1..8x) when offered
+concurrency exceeds one replica's target capacity.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
-from typing import NamedTuple
 
 from grid.events.control import ModelProfile
 from grid.fleet import AUTHORITATIVE_SAMPLES
 from grid.fleet.planning import DemandTarget, TimingSample
 
-# Order matters only for the floating-point sum: totals are always added in this order.
-WEIGHTS: dict[str, float] = {
-    "resident": 400.0,  # existing ready (or warming/loading) residency of this model
-    "cached": 150.0,  # exact cached weights: no transfer, no disk cost
-    "domain": 120.0,  # a failure domain this model does not use yet
-    "throughput": 40.0,  # measured tokens/s for this model on this host (boosted)
-    "hardware": 10.0,  # memory bandwidth / compute prior when nothing is measured (boosted)
-    "fit": 25.0,  # best fit of the desired footprint
-    "startup": 30.0,  # shorter learned (or configured) load + warm time
-    "sticky": 100.0,  # incumbent still inside its minimum residency
-    "scarcity": -60.0,  # host is needed by a more constrained model of equal or higher priority
-    "load": -30.0,  # current host load
-    "throttled": -50.0,  # host is throttled
-    "failed": -200.0,  # a failed residency of this model sits on this host
-    # An open load/warm of this model already commanded here: the next plan keeps it over an
-    # equal host instead of withdrawing it and starting over elsewhere (a tick is then a fixed
-    # point of its own commands). Below a new failure domain and cached weights elsewhere.
-    "pending": 100.0,
-}
-SCORERS: tuple[str, ...] = tuple(WEIGHTS)
-
-
-class Scores(NamedTuple):
-    """One candidate's scorer values (0..100 each), one field per scorer in ``WEIGHTS``.
-
-    A tuple so that ``combine`` stays one multiply-add over two sequences in the hot path; the
-    field names are what plans and ``explain`` record (``as_dict``)."""
-
-    resident: float = 0.0
-    cached: float = 0.0
-    domain: float = 0.0
-    throughput: float = 0.0
-    hardware: float = 0.0
-    fit: float = 0.0
-    startup: float = 0.0
-    sticky: float = 0.0
-    scarcity: float = 0.0
-    load: float = 0.0
-    throttled: float = 0.0
-    failed: float = 0.0
-    pending: float = 0.0
-
-
-# The vector's positions are the weight table's order (and so the summation order).
-assert Scores._fields == SCORERS
-_new_scores = tuple.__new__
-BOOSTED: frozenset[str] = frozenset({"throughput", "hardware"})
 MAX_BOOST = 8.0
 # Startup seconds at which the startup scorer gives 50.
 STARTUP_REFERENCE_SECONDS = 60.0
@@ -197,49 +148,3 @@ def startup_seconds(
             if sw is not None:
                 warm = w * sw + (1.0 - w) * warm
     return warm if cached else load + warm
-
-
-@functools.lru_cache(maxsize=1024)
-def weights_for(boost: float) -> tuple[float, ...]:
-    return tuple(w * boost if name in BOOSTED else w for name, w in WEIGHTS.items())
-
-
-def with_host_terms(
-    base: Scores, new_domain: bool, fit: float, load: float, throttled: float
-) -> Scores:
-    """A host class's values with the per-host scorers (domain, fit, load, throttled) set.
-
-    Called for every bucket and candidate of the indexed search, hence the unpacking and the
-    direct tuple construction (a NamedTuple's keyword constructor costs about three times as
-    much)."""
-    (resident, cached, _, throughput, hardware, _, startup, sticky, scarcity, _, _, failed, pending) = base
-    return _new_scores(
-        Scores,
-        (
-            resident,
-            cached,
-            100.0 if new_domain else 0.0,  # score_domain
-            throughput,
-            hardware,
-            fit,
-            startup,
-            sticky,
-            scarcity,
-            load,
-            throttled,
-            failed,
-            pending,
-        ),
-    )
-
-
-def combine(values: Scores, boost: float) -> float:
-    """Weighted total of scorer values (always summed in SCORERS order)."""
-    return round(sum(map(operator.mul, weights_for(boost), values)), 6)
-
-
-def as_dict(values: Scores) -> dict[str, float]:
-    """The non-zero scores by scorer name, as a plan records them."""
-    return {
-        name: round(v, 3) for name, v in zip(Scores._fields, values, strict=True) if v != 0.0
-    }

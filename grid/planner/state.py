@@ -32,7 +32,6 @@ from grid.fleet.planning import DemandTarget
 from grid.fleet.views import HostView, ResidencyView
 from grid.planner.devices import DeviceLedger
 from grid.planner.feasibility import Bucket, HostClass, ModelReq, Rejection
-from grid.planner.scoring import Scores
 
 # Within a priority class, replicas fill in this order; each tier's new replicas carry its reason.
 TIERS: tuple[str, ...] = ("baseline", "direct", "inferred")
@@ -254,7 +253,7 @@ class ScoredHost:
     runtime: str
     memory_mb: int
     disk_bytes: int
-    values: Scores
+    values: tuple[float, ...]  # a scorers.Scores (that module reads the types declared here)
 
     def beats(self, other: ScoredHost | None) -> bool:
         if other is None:
@@ -284,7 +283,7 @@ class Entry:
     status: str  # existing | new
     reason: str
     managed: bool
-    values: Scores
+    values: tuple[float, ...]  # a scorers.Scores (that module reads the types declared here)
     score: float
 
 
