@@ -31,6 +31,7 @@ the servers, so the token is worthless from then on, not for the rest of its lif
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import secrets
@@ -102,6 +103,11 @@ REFUSED_INVITEE_REFUSED = "invitation_used_expired_or_revoked"
 # Join refusals after which the invitation can never be redeemed: its invitee is revoked.
 SPENT_INVITATION = frozenset({REFUSED_INVITATION_USED, REFUSED_INVITATION_EXPIRED, REFUSED_UNKNOWN_INVITATION})
 PUSH_TIMEOUT_SECONDS = 5.0
+# How long after a join's answer its invitee is revoked. On a cluster the answer crosses a route
+# to the invitee's server while the revocation goes out to every server over the system account:
+# revoked at once, the invitee's connection was sometimes dropped with the answer still on its
+# way (seen on a 3-node cluster: the join timed out, and every retry found the invitation spent).
+INVITEE_REVOKE_GRACE_SECONDS = 1.0
 
 
 class Refused(msgspec.Struct, frozen=True):
@@ -204,6 +210,8 @@ class EnrolmentService:
         self.push_failures = 0
         self._nc: Any = None
         self._subs: list[Any] = []
+        # Invitee revocations waiting out INVITEE_REVOKE_GRACE_SECONDS.
+        self._revoking: set[asyncio.Task[None]] = set()
 
     def invite(self, host_id: str, *, servers: tuple[str, ...], tls_fingerprint: str | None,
                ttl_seconds: float = INVITATION_TTL_SECONDS, failure_domain: str | None = None,
@@ -388,11 +396,12 @@ class EnrolmentService:
             log.info("enrolment.join", host_id=admitted.host_id if admitted else None, refused=reply.refused)
             await self._answer(nc, msg, reply)
             if admitted is not None or reply.refused in SPENT_INVITATION:
-                # After the answer: the server drops the invitee's connection once it is revoked.
+                # After the answer has had time to arrive: the server drops the invitee's
+                # connection once it is revoked.
                 await nc.flush()
-                await self.revoke_invitee(check.signed.signer)
-                if self.on_changed is not None:
-                    await self.on_changed()
+                task = asyncio.get_running_loop().create_task(self._revoke_after_grace(check.signed.signer))
+                self._revoking.add(task)
+                task.add_done_callback(self._revoking.discard)
 
         async def on_renew(msg: Any) -> None:
             if not self.answering():
@@ -420,10 +429,21 @@ class EnrolmentService:
         headers = self.sign(msg.subject, data) if self.sign is not None else None
         await nc.publish(msg.reply, data, headers=headers)
 
+    async def _revoke_after_grace(self, invitee: str) -> None:
+        try:
+            await asyncio.sleep(INVITEE_REVOKE_GRACE_SECONDS)
+        finally:  # a stop cuts the grace short, never the revocation
+            await self.revoke_invitee(invitee)
+            if self.on_changed is not None:
+                await self.on_changed()
+
     async def stop(self) -> None:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs = []
+        for task in list(self._revoking):
+            task.cancel()
+        await asyncio.gather(*self._revoking, return_exceptions=True)
 
 
 # ---------------------------------------------------------------------- the host's side

@@ -38,9 +38,12 @@ def test_the_ingress_budgets_sum_inside_the_folds_own_per_host_budget() -> None:
     assert sum(p.burst_bytes for p in policies) < HOST_BURST_BYTES
 
 
-def test_a_flooder_needs_minutes_to_turn_its_own_heartbeat_history_over() -> None:
+def test_a_flooder_needs_most_of_a_minute_to_turn_its_own_heartbeat_history_over() -> None:
+    """And an honest agent heartbeating every 0.2 s (the fastest interval the test fleets run)
+    stays within its budget."""
     heartbeat = INGRESS_POLICIES["heartbeat"]
-    assert (HOST_SUBJECT_HISTORY - heartbeat.burst_messages) / heartbeat.rate_per_second >= 7 * 60
+    assert (HOST_SUBJECT_HISTORY - heartbeat.burst_messages) / heartbeat.rate_per_second >= 45
+    assert heartbeat.rate_per_second >= 1 / 0.2 * 1.5
 
 
 def test_each_kind_has_its_own_bucket_and_each_host_its_own() -> None:
