@@ -5,8 +5,10 @@ lists, file store with sync_interval: always). Appends: a host credential append
 heartbeats, JetStreamLog.append vs js.publish of the same bytes with the same Nats-Msg-Id and
 signature, the same window in flight, interleaved rounds; both go through the grid's ingress (a
 controller relaying, budgets opened wide), and a second line compares that with the same signed
-heartbeats published straight into the stream by a grid-account client (the path before it). Replay: an operator credential folding the fleet and
-actions projections through JetStreamLog vs a raw ordered consumer reading every message. Also
+heartbeats published straight into the stream by a grid-account client (the path before it).
+Replay: an operator credential folding the fleet and actions projections through JetStreamLog
+(batched direct gets from its own account) vs a raw ordered consumer reading every message (as
+the controller: no other role may create one), and vs the same fold through ordered consumers. Also
 prints raw appends on an unauthenticated server, to show what the permission checks cost.
 
     python -m bench.auth_log [--events 3000] [--window 64] [--rounds 3] [--replay-events 30000]
@@ -94,7 +96,7 @@ async def through_ingress(url: str, host_creds: Path, controller_creds: Path, ev
 
 
 async def replays(url: str, creds: Path, controller_creds: Path, events: int, hosts: int,
-                  rounds: int) -> tuple[float, float, int]:
+                  rounds: int) -> tuple[float, float, float, int]:
     from grid.projections.runner import ACTIONS, FLEET, ProjectionRunner
 
     controller = await connect_log(url, name="bench-controller", credentials=controller_creds)
@@ -110,21 +112,24 @@ async def replays(url: str, creds: Path, controller_creds: Path, events: int, ho
                  for i in range(start, min(events, start + 256))]
         await asyncio.gather(*(controller.append(e) for e in chunk))
     total = (await js.stream_info(HOSTS_STREAM)).state.messages
-    await controller.close()
     operator = await connect_log(url, name="bench-operator", credentials=creds, ensure_streams=False)
-    raw_rates, fold_rates = [], []
+    raw_rates, fold_rates, consumer_fold_rates = [], [], []
     try:
         for _ in range(rounds):
+            # Only the controller may create a consumer (grid.identity.permissions): the raw
+            # ordered consumer, and the same fold through consumers, read as the controller.
             with Timer() as t:
-                n = await raw_ordered(operator, HOSTS_STREAM, "grid.host.>", total)
+                n = await raw_ordered(controller, HOSTS_STREAM, "grid.host.>", total)
             raw_rates.append(n / t.seconds)
-            runner = ProjectionRunner((FLEET, ACTIONS), strict=True)
-            with Timer() as t:
-                folded = await runner.catch_up(operator)
-            fold_rates.append(folded / t.seconds)
+            for log_, rates in ((operator, fold_rates), (controller, consumer_fold_rates)):
+                runner = ProjectionRunner((FLEET, ACTIONS), strict=True)
+                with Timer() as t:
+                    folded = await runner.catch_up(log_)
+                rates.append(folded / t.seconds)
     finally:
         await operator.close()
-    return max(fold_rates), max(raw_rates), total
+        await controller.close()
+    return max(fold_rates), max(consumer_fold_rates), max(raw_rates), total
 
 
 async def main(events: int, window: int, rounds: int, replay_events: int, hosts: int) -> None:
@@ -138,10 +143,12 @@ async def main(events: int, window: int, rounds: int, replay_events: int, hosts:
                                                   rounds)
         print(f"host appends/s through the ingress={relayed:,.0f}  straight into the stream={straight:,.0f}  "
               f"ratio={relayed / straight:.2f} (the ingress's cost per append; its budgets opened wide)")
-        fold, raw_replay, total = await replays(grid.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
-                                                replay_events, hosts, rounds)
+        fold, consumer_fold, raw_replay, total = await replays(grid.url, creds[Role.OPERATOR], creds[Role.CONTROLLER],
+                                                               replay_events, hosts, rounds)
         print(f"authenticated replay events/s  fleet projection={fold:,.0f}  raw ordered={raw_replay:,.0f}  "
               f"ratio={fold / raw_replay:.2f} (goal >= 0.7; operator credential, {total} heartbeats)")
+        print(f"fleet projection events/s  by direct gets (operator)={fold:,.0f}  by an ordered consumer "
+              f"(controller)={consumer_fold:,.0f}  ratio={fold / consumer_fold:.2f}")
     with embedded_server() as plain:
         await (await connect_log(plain.url)).close()
         _, raw_plain = await appends(plain.url, None, events, window, rounds)

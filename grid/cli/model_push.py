@@ -52,7 +52,7 @@ async def store_in_grid(path: Path, sha256: str, *, nats_url: str | None) -> Put
     except LogError as exc:
         raise StoreUnavailable(str(exc)) from exc
     try:
-        js = log.client.jetstream()
+        js = log.jetstream
         try:
             await js.stream_info(ARTIFACT_STREAM)
         except nats.js.errors.NotFoundError as exc:

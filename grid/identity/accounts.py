@@ -11,19 +11,31 @@ No subject permission can close it; an account boundary does: a reply subject na
 of the requester's own account, and the streams live in another.
 
 The layout:
-- GRID has JetStream (every stream, the lease bucket, the artifact store) and the credentials
-  Grid's own processes run with: controller, gateway, operator, reader.
+- GRID has JetStream (every stream, the lease bucket, the artifact store) and the controllers'
+  credentials: the controller is the one role that writes the streams on its own authority.
 - Each host has an account of its own, without JetStream, holding only that host's keys (and
   their revocations). It imports from GRID exactly the subjects in
   `grid.identity.permissions.host_imports` (its appends, from the ingress `grid.ingress.<id>.<kind>`
   under the names it appends on, so they reach no stream until a controller stores them:
   grid.controller.ingress; its reads of the log, its command
   consumer, the lease, the artifact store, renewal), the JetStream API under the local prefix
-  `HOST_JS_PREFIX`, and exports its inference service `grid.infer.<id>.>`. A request crossing
+  `IMPORTED_JS_PREFIX`, and exports its inference service `grid.infer.<id>.>`. A request crossing
   an import carries a reply subject the server makes up (`_R_.…`) and maps back into the
   requester's account: whatever a host aims an answer at lands in its own account, where no
   stream listens and nothing of another host exists. A shared account for all hosts would not
   do: an answer aimed at another host's subject there would cross that host's import into GRID.
+- GATEWAYS, OPERATORS and READERS hold the credentials of the grid's other processes (gateways;
+  `gridctl` on an operator's machine; the analytics sink and dashboards), one account per role,
+  without JetStream. Each imports from GRID exactly `grid.identity.permissions.client_imports`
+  of its role: the appends the role makes (a gateway's request features on `grid.req.>`, an
+  operator's control events on `grid.ctl.>` and artifact puts), and its reads, as stream infos
+  and batched direct gets (grid.transport.direct_reads) under the local prefix. No consumer: its
+  configuration names a deliver subject in GRID, which the server would fill. Like a host, a
+  process there aims every answer at its own account, which holds only the role's own imports:
+  a gateway could at most put a PubAck on a `grid.req` subject, which it may append to anyway,
+  an operator on a `grid.ctl` subject (ditto), a reader nowhere. One account per role, not one
+  for all three: an answer aimed at an import's subject crosses it, so a reader beside an
+  operator could write control subjects that way.
 - INFER imports every admitted host's inference service. A gateway sends inference requests
   through a second connection, in INFER, with the same key (its GRID credential carries that
   key's INFER JWT in the claim `INFER_JWT_CLAIM`).
@@ -45,6 +57,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from grid.events.subjects import (
+    ALL_STREAMS,
     ARTIFACT_STREAM,
     COMMANDS_STREAM,
     CONTROL_STREAM,
@@ -53,6 +66,7 @@ from grid.events.subjects import (
     LEASE_BUCKET,
 )
 from grid.identity.permissions import (
+    CLIENT_ROLES,
     ENROL_JOIN_SUBJECT,
     ENROL_RENEW_SUBJECT,
     INFER_RESPONSE_TTL_SECONDS,
@@ -60,10 +74,13 @@ from grid.identity.permissions import (
     JS_API,
     Grant,
     Principal,
+    Role,
+    client_imports,
     host_imports,
-    host_local_subject,
+    local_subject,
     inbox_prefix,
     infer_subject_root,
+    local_subject,
 )
 
 SERVICE = "service"
@@ -74,6 +91,14 @@ _NS = 1_000_000_000
 # How long after a pull request its messages may still come back across the import: longer than
 # any fetch's expiry (grid.transport.jetstream_consumers waits at most a few seconds per fetch).
 PULL_RESPONSE_SECONDS = 300
+# A batched direct get is answered by many messages, within the reader's request timeout.
+DIRECT_GET_RESPONSE_SECONDS = 60
+# The account each client role's credentials live in: (name, the authority's seed file stem).
+CLIENT_ACCOUNTS: dict[Role, tuple[str, str]] = {
+    Role.GATEWAY: ("GATEWAYS", "gateways"),
+    Role.OPERATOR: ("OPERATORS", "operators"),
+    Role.READER: ("READERS", "readers"),
+}
 
 
 class AccountJWT(NamedTuple):
@@ -107,8 +132,20 @@ def grid_exports() -> list[dict[str, Any]]:
         ENROL_RENEW_SUBJECT,
         ENROL_JOIN_SUBJECT,
     )
+    clients = sorted({s for role in CLIENT_ROLES for s in client_imports(_widest(role))} - set(singletons))
     return [*(_service(s) for s in singletons),
-            _service(f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.*", streamed_for=PULL_RESPONSE_SECONDS)]
+            _service(f"{JS_API}.CONSUMER.MSG.NEXT.{COMMANDS_STREAM}.*", streamed_for=PULL_RESPONSE_SECONDS),
+            *(_service(s, streamed_for=DIRECT_GET_RESPONSE_SECONDS if ".DIRECT.GET." in s else None)
+              for s in clients)]
+
+
+def _widest(role: Role) -> Principal:
+    # A reader's account imports every stream's reads; each reader credential allows its own.
+    return Principal(role, streams=ALL_STREAMS if role is Role.READER else ())
+
+
+def client_account_imports(role: Role, grid_account: str) -> list[dict[str, Any]]:
+    return [_import(s, grid_account, local=local_subject(s)) for s in client_imports(_widest(role))]
 
 
 def _import(subject: str, account: str, *, local: str | None = None) -> dict[str, Any]:
@@ -128,7 +165,7 @@ def infer_imports(host_accounts: Iterable[tuple[str, str]]) -> list[dict[str, An
 
 
 def host_account_imports(principal: Principal, grid_account: str) -> list[dict[str, Any]]:
-    return [_import(s, grid_account, local=host_local_subject(s)) for s in host_imports(principal)]
+    return [_import(s, grid_account, local=local_subject(s)) for s in host_imports(principal)]
 
 
 def host_account_exports(host_id: str) -> list[dict[str, Any]]:

@@ -1,10 +1,12 @@
-"""The trust root of one grid: operator -> accounts (SYS, GRID, INVITEE, one per host) -> users,
-kept owner-only on disk. grid.identity.accounts says why hosts and invitees have accounts of
-their own, and what crosses between them.
+"""The trust root of one grid: operator -> accounts (SYS, GRID, INVITEE, INFER, GATEWAYS,
+OPERATORS, READERS, one per host) -> users, kept owner-only on disk. grid.identity.accounts says
+why every role but the controller has an account of its own, and what crosses between them.
 
 Layout of the authority directory (0700; every file 0600):
   operator.nk, system.nk, account.nk   nkey seeds of the operator, the system and the GRID account
   invitee.nk, infer.nk                 nkey seeds of the INVITEE and INFER accounts
+  gateways.nk, operators.nk, readers.nk
+                                       nkey seeds of the GATEWAYS, OPERATORS and READERS accounts
   registry.json                        per host: its account's seed, user keys issued, revocation;
                                        the revocations of every account
   system-<key>.creds                   a SYS user that pushes account updates to the servers (one
@@ -108,6 +110,8 @@ class Authority:
         self._account = _load_seed(self.directory / "account.nk", create_account_pair)
         self._invitee = _load_seed(self.directory / "invitee.nk", create_account_pair)
         self._infer = _load_seed(self.directory / "infer.nk", create_account_pair)
+        self._clients = {role: _load_seed(self.directory / f"{stem}.nk", create_account_pair)
+                         for role, (_, stem) in accounts.CLIENT_ACCOUNTS.items()}
         self._registry_path = self.directory / "registry.json"
         self.registry = Registry()
         self.reload()
@@ -185,6 +189,20 @@ class Authority:
                                     imports=accounts.infer_imports(hosts))
         return jwt.encode(claims, self._operator, issued_at=int(now))
 
+    def client_account_public(self, role: Role) -> str:
+        return self._clients[role].public_key.decode()
+
+    def client_account_jwts(self, now: float) -> list[AccountJWT]:
+        """GATEWAYS, OPERATORS, READERS: each imports what its role reaches in GRID. The same for
+        the grid's whole life, like GRID's (their users are never revoked either)."""
+        out = []
+        for role, (name, _) in accounts.CLIENT_ACCOUNTS.items():
+            claims = jwt.account_claims(self.client_account_public(role), name, jetstream=False,
+                                        imports=accounts.client_account_imports(role, self.account_public))
+            out.append(AccountJWT(self.client_account_public(role), jwt.encode(claims, self._operator,
+                                                                               issued_at=int(now))))
+        return out
+
     def invitee_account_jwt(self, now: float) -> str:
         host_keys = self._host_keys()
         revocations = {k: at for k, at in self.registry.revocations.items() if k not in host_keys}
@@ -234,6 +252,7 @@ class Authority:
         self.reload()
         return [AccountJWT(self.account_public, self.account_jwt(now)),
                 AccountJWT(self.invitee_account_public, self.invitee_account_jwt(now)),
+                *self.client_account_jwts(now),
                 *self.admission_updates(sorted(self.registry.hosts), now=now)]
 
     def issue(self, principal: Principal, user_public_key: str, *, now: float,
@@ -279,11 +298,17 @@ class Authority:
         self._save()
         return issued
 
+    def issuer_public(self, principal: Principal) -> str:
+        """The account `principal`'s credentials are issued in (a JWT's `iss`)."""
+        return self._issuer(principal).public_key.decode()
+
     def _issuer(self, principal: Principal) -> nkeys.KeyPair:
         """The account a principal's users live in (grid.identity.accounts)."""
         if principal.role is Role.HOST:
             assert principal.host_id is not None
             return self._host_account(principal.host_id)
+        if principal.role in self._clients:
+            return self._clients[principal.role]
         return self._invitee if principal.role is Role.INVITEE else self._account
 
     def _user_token(self, principal: Principal, user_public_key: str, *, now: float,

@@ -114,6 +114,9 @@ ROLE_CONTENTS: dict[str, tuple[Entry, ...]] = {
         _seed("account", "the GRID account key: signs every user JWT and the role certificates folds verify"),
         _seed("invitee", "the INVITEE account key: revokes a spent join token's key"),
         _seed("infer", "the INFER account key: imports each admitted host's inference service for gateways"),
+        _seed("gateways", "the GATEWAYS account key: the gateways' credentials live in it"),
+        _seed("operators", "the OPERATORS account key: operators' credentials live in it"),
+        _seed("readers", "the READERS account key: readers' credentials live in it"),
         Entry(_identity("registry.json"), Source.COPY,
               "admitted hosts (accounts, command consumers, keys, revocations): a copy as of this bundle, "
               "not kept in step afterwards", required=False),

@@ -11,7 +11,7 @@ from typing import Any
 
 from grid.events.subjects import COMMANDS_STREAM, COMMANDS_VIEW_STREAM
 from grid.identity.creds import connect_options, creds_claims, infer_connect_options
-from grid.identity.permissions import HOST_JS_PREFIX, Role
+from grid.identity.permissions import CLIENT_ROLES, IMPORTED_JS_PREFIX, Role
 from grid.identity.signing import Identity
 from grid.transport.jetstream import JetStreamLog
 
@@ -24,13 +24,18 @@ async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path
     since the server refuses it stream creation. With a credential the log signs every append
     as that identity and its readers verify against the grid that issued it. Every identity but
     the controller replays and tails commands through the controller's mirror of GRID_CMDS
-    (grid.identity.permissions says why). A host, in an account of its own, reaches the
-    JetStream API under the prefix its account imports it as (grid.identity.accounts).
+    (grid.identity.permissions says why). Every identity but the controller, in an account of its
+    own, reaches the JetStream API under the prefix its account imports it as
+    (grid.identity.accounts).
     """
     identity = Identity.from_creds(Path(credentials)) if credentials is not None else None
+    prefix = api_prefix(identity, credentials)
     event_log = await JetStreamLog.connect(url, nats_options=connect_options(credentials, tls_ca),
-                                           api_prefix=api_prefix(identity, credentials), **kwargs)
+                                           api_prefix=prefix, **kwargs)
     event_log.authorship = identity
+    # Outside GRID a consumer cannot be had (its deliver subject would be in GRID): gateways,
+    # operators and readers read by direct gets (grid.transport.direct_reads).
+    event_log.direct_reads = prefix is not None and identity is not None and identity.role in CLIENT_ROLES
     if identity is not None and identity.role is not Role.CONTROLLER:
         event_log.views = {COMMANDS_STREAM: COMMANDS_VIEW_STREAM}
     if credentials is not None and identity is not None and identity.role is Role.GATEWAY:
@@ -43,10 +48,11 @@ async def connect_log(url: str, *, credentials: Path | None = None, tls_ca: Path
 
 
 def api_prefix(identity: Identity | None, credentials: Path | None) -> str | None:
-    """The JetStream API prefix of `credentials`' account: a host's own account imports it under
-    HOST_JS_PREFIX; everyone else (and a host credential issued by the grid's account itself,
-    before hosts had accounts) is in the account that has JetStream."""
+    """The JetStream API prefix of `credentials`' account: an account of its own (a host's, or a
+    gateway's, operator's or reader's) imports it under IMPORTED_JS_PREFIX; the controller (and a
+    credential issued by the grid's account itself, before the roles had accounts) is in the
+    account that has JetStream."""
     if identity is None or credentials is None:
         return None
     in_own_account = creds_claims(Path(credentials)).get("iss") != identity.signer.account
-    return HOST_JS_PREFIX if identity.role is Role.HOST and in_own_account else None
+    return IMPORTED_JS_PREFIX if identity.role is not Role.CONTROLLER and in_own_account else None

@@ -50,8 +50,8 @@ def local_tls_ca(grid_home: Path) -> Path | None:
 
 
 def _fresh(path: Path, now: float, min_remaining_seconds: float, issuer: str) -> bool:
-    """A creds file that exists, was issued by `issuer` (a host's credential from before hosts
-    had accounts of their own was not) and will not expire within `min_remaining_seconds`."""
+    """A creds file that exists, was issued by `issuer` (a credential from before its role had an
+    account of its own was not) and will not expire within `min_remaining_seconds`."""
     if not path.exists():
         return False
     claims = creds_claims(path)
@@ -70,9 +70,7 @@ def ensure_local_credentials(grid_home: Path, *, host_ids: Sequence[str], now: f
 
     def creds(principal: Principal, name: str, ttl: float | None) -> Path:
         path = directory / f"{name}.creds"
-        issuer = (authority.host_account_public(principal.host_id) if principal.host_id is not None
-                  else authority.account_public)
-        if not _fresh(path, now, (ttl or 0.0) / 3, issuer):
+        if not _fresh(path, now, (ttl or 0.0) / 3, authority.issuer_public(principal)):
             authority.issue_creds(principal, path, now=now, ttl_seconds=ttl)
         return path
 

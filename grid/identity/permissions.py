@@ -8,49 +8,37 @@ line (a deny wins over any allow, so a later, broader allow cannot re-open them)
 JetStream is itself spoken over subjects, so the table also names the `$JS.API` calls each role
 makes through `grid.transport.jetstream.JetStreamLog`:
 - appending is a plain publish to the event's subject (the PubAck comes back on the inbox);
-- replaying and live-tailing a stream create an ephemeral ordered consumer
-  (`$JS.API.CONSUMER.CREATE.<stream>`, the form that refuses a durable name) after
-  `$JS.API.STREAM.INFO.<stream>`; its flow-control requests are answered as replies;
+- the controller replays and live-tails a stream with ephemeral ordered consumers; every other
+  role reads with `$JS.API.STREAM.INFO.<stream>` (positions) and batched direct gets
+  (`$JS.API.DIRECT.GET.<stream>`, grid.transport.direct_reads), from an account of its own;
 - a host consumes its commands through its own durable pull consumer on GRID_CMDS, which the
   controller creates when it admits the host (`provision_host_consumer`): the host may look it
   up (`CONSUMER.INFO`), fetch (`CONSUMER.MSG.NEXT`) and ack (`$JS.ACK.GRID_CMDS.<consumer>.>`)
   but not create or update it, because a consumer update can re-point delivery at any subject
   (a push `deliver_subject` such as another host's heartbeat) and the server checks no
-  permission on that;
-- consumer create and update on GRID_CMDS are the controller's alone. `CONSUMER.CREATE.<stream>`
-  with a `name` in its body updates the consumer of that name (its filter, ack wait, max
-  deliver), and no subject permission can tell that from creating an ephemeral one; the name
-  is no secret either (the server's monitor lists every connection's JWT tags, the host's
-  credential among them). So every other reader of commands (operator, reader: events tail and
-  export, replay, history, the dashboard) replays and tails GRID_CMDS_VIEW, a mirror the
-  controller keeps (same sequences, no host consumer on it), and reads GRID_CMDS's positions
-  with `STREAM.INFO` only. The host consumer's unguessable name (`agent-<id>-<random>`) stays a
-  second line;
-- no role but the controller may use `$JS.API.DIRECT.GET`. The server checks no permission on
-  a request's reply subject, and a direct get answers with the stored message itself (its
-  bytes and headers), so a direct get aimed at a reply subject such as `grid.ctl.mode` made
-  the server store a copy of another stream's event there. Reads by subject or sequence go
-  through `$JS.API.STREAM.MSG.GET.<stream>` instead, whose reply is a JSON envelope with the
-  message base64-encoded inside: reflected, it never carries raw event bytes or their
-  headers and never decodes as an event. That request names its subject in the body, so
-  a host may read any message of GRID_HOSTS (another host's last heartbeat, not just its
-  own): heartbeats, registrations and protection transitions carry no secret (no prompt, no
-  key; the gateway and operators read the whole stream), so that is accepted. The lease
-  bucket holds lease records only, and the artifact store holds what every host may load;
-- stream, KV and consumer management otherwise belong to the controller alone.
+  permission on that. For the same reason no role but the controller creates a consumer at all;
+- every other reader of commands (operator, reader: events tail and export, replay, history,
+  the dashboard) reads GRID_CMDS_VIEW, a mirror the controller keeps (same sequences, no host
+  consumer on it), and GRID_CMDS's positions with `STREAM.INFO` only. The host consumer's
+  unguessable name (`agent-<id>-<random>`) stays a second line;
+- a host reads single messages by subject or sequence through `$JS.API.STREAM.MSG.GET.<stream>`.
+  That request names its subject in the body, so a host may read any message of GRID_HOSTS
+  (another host's last heartbeat, not just its own): heartbeats, registrations and protection
+  transitions carry no secret (no prompt, no key; the gateway and operators read the whole
+  stream), so that is accepted. The lease bucket holds lease records only, and the artifact
+  store holds what every host may load;
+- stream, KV and consumer management belong to the controller alone.
 
-Every request the server answers, though, still lands its answer on whatever reply subject the
-requester names (an API envelope, a PubAck, a status message, or, for `CONSUMER.MSG.NEXT`, the
-next command): no permission can stop that, and signatures (grid.identity.signing) only keep
-such copies from being folded, not from taking room (aimed at one GRID_CTL subject often
-enough, they pushed its real events out of its bounded history). Hosts and invitees therefore
-live in NATS accounts of their own (grid.identity.accounts): a reply subject they name is one
-of their own account, where no stream listens, and the lists here are the second line behind
-what their account imports (`host_imports`). Gateways, operators and readers, credentials the
-grid's operator runs, are still in GRID with the streams: an answer they aim at a stream
-subject is stored there (unsigned, never folded). Grid's own services answer only under the
-requester's inbox, or on a reply the server made up for a request from another account
-(grid.identity.replies).
+Every request the server answers, though, lands its answer on whatever reply subject the
+requester names (an API envelope, a PubAck, a status message, a direct get's stored message, or,
+for `CONSUMER.MSG.NEXT`, the next command): no permission can stop that, and signatures
+(grid.identity.signing) only keep such copies from being folded, not from taking room (aimed at
+one GRID_CTL subject often enough, they pushed its real events out of its bounded history). So
+every role but the controller lives in a NATS account of its own (grid.identity.accounts): a
+reply subject it names is one of its own account, where no stream listens, and the lists here
+are the second line behind what its account imports (`host_imports`, `client_imports`). Grid's
+own services answer only under the requester's inbox, or on a reply the server made up for a
+request from another account (grid.identity.replies).
 
 A host is a tenant, not a peer: it may publish only its exact subjects (`host_subjects`, no
 wildcard under its prefix); no message of it is larger than `HOST_MAX_PAYLOAD` (its JWT's
@@ -222,20 +210,6 @@ def infer_subject_root(host_id: str) -> str:
     return f"{INFER_ROOT}.{escape_token(host_id)}"
 
 
-def _read(stream: str) -> tuple[str, ...]:
-    # nats-py answers a stalled consumer's flow control on the subject the server names in a
-    # header (not the message's reply subject), so responses alone do not cover it.
-    if stream == COMMANDS_STREAM:
-        # Positions from GRID_CMDS, messages from its mirror (see the module docstring).
-        return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_VIEW_STREAM}",
-                f"$JS.FC.{COMMANDS_VIEW_STREAM}.>")
-    return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>")
-
-
-def _reads(streams: Sequence[str]) -> tuple[str, ...]:
-    return tuple(s for stream in streams for s in _read(stream))
-
-
 _STREAM_FAMILIES = (f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT)
 _LEASE = (f"$KV.{LEASE_BUCKET}.>", f"{JS_API}.*.*.KV_{LEASE_BUCKET}", f"{JS_API}.*.*.KV_{LEASE_BUCKET}.>")
 # The lease key as the host reads it (nats-py's key_value(): stream info, then a message get;
@@ -251,8 +225,9 @@ _ARTIFACT_READ = (f"{JS_API}.STREAM.MSG.GET.{ARTIFACT_STREAM}",)
 # A put publishes chunks and the metadata on `$O.<bucket>.>` (nats-py's put looks the object
 # up with a stream message get first). Deleting is a put of deleted metadata: same subjects.
 _ARTIFACT_PUT = (ARTIFACT_SUBJECTS, f"{JS_API}.STREAM.INFO.{ARTIFACT_STREAM}", *_ARTIFACT_READ)
-# Denied to every role but the controller, whatever its allow list says: direct gets (their
-# reply is the stored message itself) and consumer create/update on GRID_CMDS.
+# Denied to every role but the controller, whatever its allow list says: GRID's own direct gets
+# (their reply is the stored message itself; other roles ask from their own accounts, under
+# IMPORTED_JS_PREFIX, where the answer lands) and consumer create/update on GRID_CMDS.
 _CONTROLLER_ONLY = (f"{INGRESS_ROOT}.>", f"{JS_API}.DIRECT.GET.>", f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}",
                     f"{JS_API}.CONSUMER.CREATE.{COMMANDS_STREAM}.>", f"{JS_API}.CONSUMER.DURABLE.CREATE.{COMMANDS_STREAM}.>")
 # The controllers' shared authority records (grid.identity.shared_registry): sealed, so reading
@@ -279,18 +254,20 @@ def _controller(p: Principal, inbox: str) -> Grant:
     )
 
 
-# A host's own NATS account (grid.identity.accounts) has no JetStream: it reaches the grid's
-# JetStream API through imports, under this prefix. The server itself answers `$JS.API.>` in an
-# account without JetStream ("not enabled", 503), so an import under the same name would get two
-# answers; the agent's JetStream context uses this prefix instead (grid.identity.connect).
-HOST_JS_PREFIX = "gridjs.API"
+# Hosts, gateways, operators and readers live in NATS accounts without JetStream
+# (grid.identity.accounts): they reach the grid's JetStream API through imports, under this
+# prefix. The server itself answers `$JS.API.>` in an account without JetStream ("not enabled",
+# 503), so an import under the same name would get two answers; their JetStream context uses
+# this prefix instead (grid.identity.connect).
+IMPORTED_JS_PREFIX = "gridjs.API"
 
 
-def host_local_subject(subject: str) -> str:
-    """What a subject of the GRID account is called inside a host's account: the JetStream API
-    under HOST_JS_PREFIX, and the ingress under the host subjects the agent appends on."""
+def local_subject(subject: str) -> str:
+    """What a subject of the GRID account is called inside the account importing it: the
+    JetStream API under IMPORTED_JS_PREFIX, and the ingress under the host subjects the agent
+    appends on."""
     if subject.startswith(JS_API + "."):
-        return HOST_JS_PREFIX + subject[len(JS_API):]
+        return IMPORTED_JS_PREFIX + subject[len(JS_API):]
     if subject.startswith(INGRESS_ROOT + "."):
         return f"{PREFIX}.host." + subject[len(INGRESS_ROOT) + 1:]
     return subject
@@ -334,7 +311,7 @@ def _host(p: Principal, inbox: str) -> Grant:
     return Grant(
         # What its account imports, by the names they have there; the account boundary is the
         # first line, these exact lists the second.
-        pub_allow=tuple(host_local_subject(s) for s in host_imports(p)),
+        pub_allow=tuple(local_subject(s) for s in host_imports(p)),
         pub_deny=(f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE_WRITE,
                   *_MANAGEMENT, ARTIFACT_SUBJECTS, *_CONTROLLER_ONLY, *_AUTHORITY),
         sub_allow=(f"{inbox}.>", f"{infer_subject_root(p.host_id)}.>"),
@@ -346,37 +323,65 @@ def _host(p: Principal, inbox: str) -> Grant:
     )
 
 
-def _gateway(p: Principal, inbox: str) -> Grant:
-    # The catalog projection folds profiles from GRID_CTL, so the gateway reads it (never writes).
+def _direct_read(stream: str) -> tuple[str, ...]:
+    # Positions (STREAM.INFO) and messages (batched direct gets, grid.transport.direct_reads):
+    # GRID_CMDS's positions, its mirror's messages (see the module docstring).
+    source = COMMANDS_VIEW_STREAM if stream == COMMANDS_STREAM else stream
+    return (f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.DIRECT.GET.{source}")
+
+
+def _direct_reads(streams: Sequence[str]) -> tuple[str, ...]:
+    return tuple(s for stream in streams for s in _direct_read(stream))
+
+
+# The roles whose processes the grid's operator runs, each in a NATS account of its own
+# (grid.identity.accounts), importing from GRID exactly `client_imports`.
+CLIENT_ROLES = (Role.GATEWAY, Role.OPERATOR, Role.READER)
+
+
+def client_imports(p: Principal) -> tuple[str, ...]:
+    """Every GRID subject a gateway, operator or reader reaches (its account imports them as
+    services; a reader's account imports every stream's reads, its credential allows its own)."""
+    if p.role is Role.GATEWAY:
+        # Its request features (appends); what routing folds: hosts, profiles and mode, plans.
+        return (f"{PREFIX}.req.>", *_direct_reads((HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM)))
+    if p.role is Role.OPERATOR:
+        # Control events (appends), every stream (events tail and export, replay, history), the
+        # last message of a subject (`gridctl qualify` reads a profile), artifact puts.
+        return (f"{PREFIX}.ctl.>", *_direct_reads(ALL_STREAMS), f"{JS_API}.STREAM.MSG.GET.{CONTROL_STREAM}",
+                *_ARTIFACT_PUT)
+    if p.role is Role.READER:
+        return _direct_reads(p.streams)
+    raise ValueError(f"{p.role} is not a client role")
+
+
+def _client(p: Principal, inbox: str, *, writes: tuple[str, ...], elsewhere: tuple[str, ...] = ()) -> Grant:
+    # What its account imports, by the names they have there; the account boundary is the first
+    # line, the deny list the second. `writes` are the stream subjects it may publish;
+    # `elsewhere` what it signs and sends through another account (its INFER connection).
     return Grant(
-        pub_allow=(f"{PREFIX}.req.>", f"{INFER_ROOT}.>", *_reads((HOSTS_STREAM, CONTROL_STREAM, PLANS_STREAM))),
-        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.ctl.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
-                  *_CONTROLLER_ONLY, *_AUTHORITY),
+        pub_allow=(*(local_subject(s) for s in client_imports(p)), *elsewhere),
+        pub_deny=(*(f for f in _STREAM_FAMILIES if f not in writes), *_LEASE, *_MANAGEMENT, *_CONTROLLER_ONLY,
+                  *_AUTHORITY),
         sub_allow=(f"{inbox}.>",),
         sub_deny=_STREAM_FAMILIES,
         allow_responses=True,
     )
+
+
+def _gateway(p: Principal, inbox: str) -> Grant:
+    # The catalog projection folds profiles from GRID_CTL, so the gateway reads it (never writes).
+    # Inference requests go through its second connection, in INFER (grid.identity.accounts),
+    # signed by the same key: the agents' verifiers read that right here (grid.identity.signing).
+    return _client(p, inbox, writes=(f"{PREFIX}.req.>",), elsewhere=(f"{INFER_ROOT}.>",))
 
 
 def _operator(p: Principal, inbox: str) -> Grant:
-    return Grant(
-        pub_allow=(f"{PREFIX}.ctl.>", *_reads(ALL_STREAMS), *_ARTIFACT_PUT),
-        pub_deny=(f"{PREFIX}.host.>", f"{PREFIX}.cmd.>", f"{PREFIX}.req.>", PLAN_SUBJECT, *_LEASE, *_MANAGEMENT,
-                  *_CONTROLLER_ONLY, *_AUTHORITY),
-        sub_allow=(f"{inbox}.>",),
-        sub_deny=_STREAM_FAMILIES,
-        allow_responses=True,
-    )
+    return _client(p, inbox, writes=(f"{PREFIX}.ctl.>",))
 
 
 def _reader(p: Principal, inbox: str) -> Grant:
-    return Grant(
-        pub_allow=_reads(p.streams),
-        pub_deny=(f"{PREFIX}.>", *_LEASE, *_MANAGEMENT, *_CONTROLLER_ONLY, *_AUTHORITY),
-        sub_allow=(f"{inbox}.>",),
-        sub_deny=_STREAM_FAMILIES,
-        allow_responses=True,
-    )
+    return _client(p, inbox, writes=())
 
 
 def _invitee(p: Principal, inbox: str) -> Grant:
@@ -418,19 +423,24 @@ ROLES: tuple[RoleSpec, ...] = (
              "publish any other subject under `grid.host.<id>.` or a larger message; publish or subscribe to "
              "any other host's subjects, publish `grid.cmd.*`, `grid.req.>`, "
              "`grid.ctl.>`, `grid.plan`; write the lease KV; put or delete an artifact; any stream or consumer "
-             "management; direct gets", _host),
+             "management; a direct get or a consumer", _host),
     RoleSpec(Role.GATEWAY, "gateway",
-             "publish `grid.req.>`; read GRID_HOSTS, GRID_CTL, GRID_PLANS; send `grid.infer.>` requests as the "
-             "same key in the INFER account (a second JWT inside its credential), which imports each host's service",
-             "control, commands, host subjects, plans (publish), the lease; direct gets", _gateway),
+             "publish `grid.req.>`; read GRID_HOSTS, GRID_CTL, GRID_PLANS (stream infos and batched direct gets); "
+             "send `grid.infer.>` requests as the same key in the INFER account (a second JWT inside its "
+             "credential), which imports each host's service. Lives in the GATEWAYS account, which imports "
+             "exactly these from GRID: an answer it aims anywhere lands there",
+             "control, commands, host subjects, plans (publish), the lease; a consumer", _gateway),
     RoleSpec(Role.OPERATOR, "operator",
-             "read every stream (events tail/export, replay, history); publish `grid.ctl.>`; put artifacts "
-             "(`gridctl model push`)",
-             "commands, the lease, host subjects, requests, plans (publish); direct gets; a consumer on "
-             "GRID_CMDS (it replays the controller's mirror GRID_CMDS_VIEW)", _operator),
+             "read every stream (events tail/export, replay, history: stream infos and batched direct gets, "
+             "commands from the controller's mirror GRID_CMDS_VIEW); read the last message of a GRID_CTL subject; "
+             "publish `grid.ctl.>`; put artifacts (`gridctl model push`). Lives in the OPERATORS account, "
+             "which imports exactly these from GRID",
+             "commands, the lease, host subjects, requests, plans (publish); a consumer", _operator),
     RoleSpec(Role.READER, "reader",
-             "read the streams named in its credential (GRID_CMDS through its mirror GRID_CMDS_VIEW)",
-             "any publish; the lease; direct gets; a consumer on GRID_CMDS", _reader),
+             "read the streams named in its credential (stream infos and batched direct gets; GRID_CMDS through "
+             "its mirror GRID_CMDS_VIEW). Lives in the READERS account, which imports every stream's reads "
+             "and nothing else",
+             "any publish; the lease; a consumer", _reader),
     RoleSpec(Role.INVITEE, "invitee (inside a join token)",
              "send one join request to `grid.enrol.join` (from the INVITEE account, which imports only that)",
              "everything else", _invitee),

@@ -52,6 +52,7 @@ from grid.events.subjects import (
     stream_for_subject,
     subject_for,
 )
+from grid.transport.direct_reads import DirectSubscription
 from grid.transport.jetstream_consumers import (
     DurableSubscription,
     OrderedSubscription,
@@ -82,6 +83,7 @@ MAX_OUTSTANDING_PINGS = 2
 DUPLICATE_WINDOW_SECONDS = 120.0
 # The server's own report of its configuration; every server of a cluster answers.
 VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
+JS_API_PREFIX = "$JS.API"
 
 
 class StreamPolicy(msgspec.Struct, frozen=True):
@@ -251,9 +253,9 @@ def _retention(policy: StreamPolicy, replicas: int, max_bytes: int | None) -> di
         max_bytes=policy.max_bytes if max_bytes is None else max_bytes,
         max_msgs_per_subject=policy.max_msgs_per_subject or -1,
         max_msg_size=policy.max_msg_size or -1,
-        # Nobody reads these streams with direct gets (grid.identity.permissions says why): no
-        # responder at all, should a permission ever let one through.
-        allow_direct=False,
+        # Every identity but the controller reads by direct gets (grid.transport.direct_reads),
+        # from an account of its own: the answer lands there, never on a stream subject.
+        allow_direct=True,
         num_replicas=replicas,
         # Stated, not left to the server: since nats-server 2.15 a stream that sets no limit gets
         # the server's default_max_consumers (1,000), and GRID_CMDS holds a durable consumer per
@@ -298,6 +300,10 @@ class JetStreamLog:
         # Where this connection's account reaches the JetStream API: `$JS.API`, or the prefix a
         # host's account imports it under (grid.identity.accounts).
         self._js = nc.jetstream(timeout=timeout, **({"prefix": api_prefix} if api_prefix else {}))
+        self._api_prefix = api_prefix or JS_API_PREFIX
+        # Replays and live tails by batched direct gets instead of ordered consumers: set by
+        # grid.identity.connect for an identity in an account of its own (grid.transport.direct_reads).
+        self.direct_reads = False
         self._timeout = timeout
         # Who this connection appends as; set by grid.identity.connect for an identity's log.
         self.authorship: Authorship | None = None
@@ -312,7 +318,7 @@ class JetStreamLog:
         self._outage_reported = False
         # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
         # (or collected, if a caller forgets to close it).
-        self._live: weakref.WeakSet[OrderedSubscription | DurableSubscription] = weakref.WeakSet()
+        self._live: weakref.WeakSet[OrderedSubscription | DurableSubscription | DirectSubscription] = weakref.WeakSet()
         # Called (synchronously, inside nats-py's reconnect task) when the connection is lost:
         # whoever holds state that cannot survive it (core request/reply in flight) fails it.
         self._disconnect_listeners: list[Callable[[], None]] = []
@@ -455,6 +461,15 @@ class JetStreamLog:
     @property
     def client(self) -> NATS:
         return self._nc
+
+    @property
+    def api_prefix(self) -> str:
+        """Where this connection's account reaches the JetStream API."""
+        return self._api_prefix
+
+    @property
+    def request_timeout(self) -> float:
+        return self._timeout
 
     @property
     def jetstream(self) -> Any:
@@ -795,11 +810,17 @@ class JetStreamLog:
         start_seq: int | None,
         start_time: float | None = None,
         subject_filter: str | None = None,
-    ) -> "OrderedSubscription":
+    ) -> "OrderedSubscription | DirectSubscription":
         if start_seq is None and start_time is None:
             # "New messages only" as a position, so a renewal after a server restart resumes
             # where this subscription stood instead of skipping what arrived meanwhile.
             start_seq = await self.last_sequence(stream) + 1
+        if self.direct_reads:
+            direct = DirectSubscription(self, stream, source=self.views.get(stream, stream),
+                                        start_seq=None if start_time is not None else max(1, start_seq or 1),
+                                        start_time=start_time, subject_filter=subject_filter)
+            self._live.add(direct)
+            return direct
         sub = await self._ordered(stream, start_seq=start_seq, start_time=start_time, subject_filter=subject_filter)
         ordered = OrderedSubscription(self, stream, sub, start_seq=start_seq, start_time=start_time,
                                       subject_filter=subject_filter)
@@ -844,7 +865,7 @@ class JetStreamLog:
         start_seq: int | None = None,
         durable: str | None = None,
         subject_filter: str | None = None,
-    ) -> "OrderedSubscription | DurableSubscription":
+    ) -> "OrderedSubscription | DurableSubscription | DirectSubscription":
         if durable is None:
             return await self._ordered_subscription(stream, start_seq=start_seq, subject_filter=subject_filter)
         config = api.ConsumerConfig(

@@ -32,7 +32,7 @@ from grid.agent.artifacts import (
     ArtifactCache,
 )
 from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_meta_subject
-from grid.identity.permissions import HOST_JS_PREFIX, Role
+from grid.identity.permissions import IMPORTED_JS_PREFIX, Role
 from grid.transport.artifact_store import put_artifact, stored_artifact
 from grid.transport.jetstream import JetStreamLog
 from tests.artifact_store import fresh_artifact_bucket
@@ -48,7 +48,7 @@ async def stored_model(controller_log: JetStreamLog, secured_server: SecuredNats
     await fresh_artifact_bucket(controller_log)
     operator = await raw_client(secured_server, creds(Role.OPERATOR))
     try:
-        await put_artifact(operator.jetstream(), bundled_gguf, BUNDLED_SHA256)
+        await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), bundled_gguf, BUNDLED_SHA256)
     finally:
         await operator.close()
     yield controller_log
@@ -63,7 +63,7 @@ async def test_a_host_fetches_verifies_and_publishes(stored_model: JetStreamLog,
     host = await _host(secured_server, creds)
     try:
         cache = ArtifactCache(tmp_path / "artifacts")
-        cache.grid_source = GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX))
+        cache.grid_source = GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX))
         outcome = await cache.ensure_artifact(BUNDLED_MODEL_ID, sha256=BUNDLED_SHA256, source=None, size_mb=None)
         assert outcome.ok and outcome.reason == REASON_FETCHED and outcome.fetched, outcome.message
         assert outcome.transferred_bytes == BUNDLED_SIZE_BYTES
@@ -72,7 +72,7 @@ async def test_a_host_fetches_verifies_and_publishes(stored_model: JetStreamLog,
         assert list(cache.staging.iterdir()) == []
         # A profile's size ceiling below the object's size is refused before a byte moves.
         small = ArtifactCache(tmp_path / "small")
-        small.grid_source = GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX))
+        small.grid_source = GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX))
         refused = await small.ensure_artifact(BUNDLED_MODEL_ID, sha256=BUNDLED_SHA256, source=None, size_mb=50)
         assert (refused.ok, refused.reason, refused.transferred_bytes) == (False, REASON_SIZE_CEILING, 0)
         assert not small.has_blob(BUNDLED_SHA256) and not small.staging_path(BUNDLED_SHA256).exists()
@@ -92,7 +92,7 @@ async def test_an_interrupted_fetch_resumes_after_the_last_whole_chunk(
         if done >= cut_at and not closing:
             closing.append(asyncio.get_running_loop().create_task(host.close()))
 
-    first = await GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX), checkpoint_bytes=4 * MIB).fetch(
+    first = await GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX), checkpoint_bytes=4 * MIB).fetch(
         cache, BUNDLED_SHA256, None, model_id=BUNDLED_MODEL_ID, progress=cut)
     await asyncio.gather(*closing)
     assert not first.ok and first.reason == REASON_STORE_UNAVAILABLE, first.message
@@ -105,7 +105,7 @@ async def test_an_interrupted_fetch_resumes_after_the_last_whole_chunk(
 
     again = await _host(secured_server, creds)
     try:
-        second = await GridArtifactSource(again.jetstream(prefix=HOST_JS_PREFIX)).fetch(cache, BUNDLED_SHA256, None,
+        second = await GridArtifactSource(again.jetstream(prefix=IMPORTED_JS_PREFIX)).fetch(cache, BUNDLED_SHA256, None,
                                                                    model_id=BUNDLED_MODEL_ID)
     finally:
         await again.close()
@@ -144,7 +144,7 @@ async def test_a_corrupt_object_is_refused_and_nothing_is_kept(
     cache.staging_path(sha).write_bytes(other[:1000])
     host = await _host(secured_server, creds)
     try:
-        cache.grid_source = GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX))
+        cache.grid_source = GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX))
         outcome = await cache.ensure_artifact("wanted", sha256=sha, source=None, size_mb=1)
     finally:
         await host.close()
@@ -165,7 +165,7 @@ async def test_an_object_larger_than_its_metadata_says_is_cut_off(
     cache = ArtifactCache(tmp_path / "artifacts")
     host = await _host(secured_server, creds)
     try:
-        cache.grid_source = GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX))
+        cache.grid_source = GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX))
         outcome = await cache.ensure_artifact("liar", sha256=sha, source=None, size_mb=None)
     finally:
         await host.close()

@@ -17,7 +17,7 @@ import pytest
 from nats.js.object_store import ObjectStore
 
 from grid.events.subjects import ARTIFACT_BUCKET, ARTIFACT_STREAM, artifact_chunk_subject, artifact_meta_subject
-from grid.identity.permissions import HOST_JS_PREFIX, Role
+from grid.identity.permissions import IMPORTED_JS_PREFIX, Role
 from grid.transport.artifact_store import (
     ARTIFACT_CHUNK_SIZE,
     REASON_ALREADY_STORED,
@@ -63,18 +63,18 @@ async def test_operator_puts_once_and_a_host_reads(bucket: JetStreamLog, secured
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
     try:
         seen: list[int] = []
-        first = await put_artifact(operator.jetstream(), path, sha, progress=lambda done, total: seen.append(done))
+        first = await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha, progress=lambda done, total: seen.append(done))
         assert (first.reason, first.size) == (REASON_STORED, path.stat().st_size)
         assert seen and seen[-1] == path.stat().st_size
         last_seq = (await bucket.client.jetstream().stream_info(ARTIFACT_STREAM)).state.last_seq
-        again = await put_artifact(operator.jetstream(), path, sha)
+        again = await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha)
         assert again.reason == REASON_ALREADY_STORED
         # Idempotent: the second push stored nothing.
         assert (await bucket.client.jetstream().stream_info(ARTIFACT_STREAM)).state.last_seq == last_seq
-        stored = await stored_artifact(host.jetstream(prefix=HOST_JS_PREFIX), sha)
+        stored = await stored_artifact(host.jetstream(prefix=IMPORTED_JS_PREFIX), sha)
         assert stored is not None and stored.digest_matches and stored.chunks == 4
-        assert await _read_all(host.jetstream(prefix=HOST_JS_PREFIX), sha) == path.read_bytes()
-        assert await stored_artifact(host.jetstream(prefix=HOST_JS_PREFIX), "0" * 64) is None
+        assert await _read_all(host.jetstream(prefix=IMPORTED_JS_PREFIX), sha) == path.read_bytes()
+        assert await stored_artifact(host.jetstream(prefix=IMPORTED_JS_PREFIX), "0" * 64) is None
         assert not host.permission_errors  # type: ignore[attr-defined]
     finally:
         await operator.close()
@@ -89,9 +89,9 @@ async def test_a_host_cannot_put_delete_purge_or_consume(bucket: JetStreamLog, s
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
     admin = bucket.client.jetstream()
     try:
-        await put_artifact(operator.jetstream(), path, sha)
+        await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha)
         before = (await admin.stream_info(ARTIFACT_STREAM)).state
-        hjs = host.jetstream(prefix=HOST_JS_PREFIX, timeout=REFUSAL_WAIT_SECONDS)
+        hjs = host.jetstream(prefix=IMPORTED_JS_PREFIX, timeout=REFUSAL_WAIT_SECONDS)
         stored = await stored_artifact(hjs, sha)
         assert stored is not None
 
@@ -129,9 +129,9 @@ async def test_gateway_and_reader_cannot_read_the_store(bucket: JetStreamLog, se
     operator = await raw_client(secured_server, creds(Role.OPERATOR))
     gateway = await raw_client(secured_server, creds(Role.GATEWAY))
     try:
-        await put_artifact(operator.jetstream(), path, sha)
+        await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha)
         with pytest.raises(ArtifactStoreError):
-            await stored_artifact(gateway.jetstream(), sha, timeout=REFUSAL_WAIT_SECONDS)
+            await stored_artifact(gateway.jetstream(prefix=IMPORTED_JS_PREFIX), sha, timeout=REFUSAL_WAIT_SECONDS)
     finally:
         await operator.close()
         await gateway.close()
@@ -147,11 +147,11 @@ async def test_an_operator_push_replaces_a_corrupt_object(bucket: JetStreamLog, 
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
     try:
         # The operator may not purge the old chunks (only the controller may), yet the push stands.
-        result = await put_artifact(operator.jetstream(timeout=REFUSAL_WAIT_SECONDS), path, sha)
+        result = await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX, timeout=REFUSAL_WAIT_SECONDS), path, sha)
         assert (result.reason, result.size) == (REASON_STORED, path.stat().st_size)
-        stored = await stored_artifact(host.jetstream(prefix=HOST_JS_PREFIX), sha)
+        stored = await stored_artifact(host.jetstream(prefix=IMPORTED_JS_PREFIX), sha)
         assert stored is not None and stored.digest_matches
-        assert await _read_all(host.jetstream(prefix=HOST_JS_PREFIX), sha) == path.read_bytes()
+        assert await _read_all(host.jetstream(prefix=IMPORTED_JS_PREFIX), sha) == path.read_bytes()
     finally:
         await operator.close()
         await host.close()

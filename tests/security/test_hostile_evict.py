@@ -25,7 +25,7 @@ from grid.events import codec
 from grid.events.commands import PREDICTIVE_PREFETCH
 from grid.events.subjects import command_subject
 from grid.identity.connect import connect_log
-from grid.identity.permissions import Role
+from grid.identity.permissions import IMPORTED_JS_PREFIX, Role
 from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, UNSIGNED, Identity
 from grid.transport.artifact_store import ARTIFACT_CHUNK_SIZE, put_artifact
 from grid.transport.jetstream import JetStreamLog
@@ -56,7 +56,7 @@ async def stored(controller_log: JetStreamLog, secured_server: SecuredNats, cred
     sha = hashlib.sha256(data).hexdigest()
     operator = await raw_client(secured_server, creds(Role.OPERATOR))
     try:
-        await put_artifact(operator.jetstream(), path, sha)
+        await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha)
     finally:
         await operator.close()
     yield sha

@@ -74,7 +74,7 @@ from grid.identity.connect import connect_log
 from grid.identity.creds import credential_principal, read_creds
 from grid.identity.enrolment import Enrolment, EnrolmentService, JoinRequest, join, join_statement, renew
 from grid.identity.invitations import InvitationStore
-from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, HOST_JS_PREFIX, Role, inbox_prefix
+from grid.identity.permissions import ENROL_JOIN_SUBJECT, ENROL_RENEW_SUBJECT, IMPORTED_JS_PREFIX, Role, inbox_prefix, local_subject
 from grid.identity.provision import provision_host_consumer
 from grid.identity.signing import BAD_SIGNATURE, NOT_PERMITTED, REVOKED_SIGNER, UNSIGNED, Identity, Signer
 from grid.infer import wire
@@ -466,14 +466,19 @@ async def test_a_host_direct_get_aimed_at_a_stream_subject_is_refused(
         await host.close()
 
 
-async def test_no_grid_stream_answers_a_direct_get_at_all(controller_log: JetStreamLog) -> None:
-    """Behind the permissions, the grid streams have direct gets off: even the controller's is
-    answered by nobody."""
+async def test_a_host_account_imports_no_direct_get(
+    secured_server: SecuredNats, creds: CredsFactory, controller_log: JetStreamLog,
+) -> None:
+    """The streams answer direct gets (gateways, operators and readers read with them from their
+    own accounts), but a host's account imports none: under its prefix nobody answers."""
     await controller_log.append(event("host.heartbeat.v1", host_id=HOST))
-    with pytest.raises(nats.errors.NoRespondersError):
-        await controller_log.client.request(f"$JS.API.DIRECT.GET.{HOSTS_STREAM}", b'{"seq": 1}', timeout=2)
-    info = await controller_log.client.jetstream().stream_info(HOSTS_STREAM)
-    assert info.config.allow_direct is False
+    nc = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
+    try:
+        for stream in (HOSTS_STREAM, CONTROL_STREAM):
+            with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
+                await nc.request(local_subject(f"$JS.API.DIRECT.GET.{stream}"), b'{"seq": 1}', timeout=1)
+    finally:
+        await nc.close()
 
 
 @pytest.fixture
@@ -493,8 +498,8 @@ async def test_the_operator_cannot_reflect_the_artifact_store_but_still_pushes_a
     operator = await raw_client(secured_server, creds(Role.OPERATOR))
     host = await raw_client(secured_server, creds(Role.HOST, host_id=HOST))
     try:
-        await put_artifact(operator.jetstream(), path, sha)  # gridctl model push
-        stored = await stored_artifact(operator.jetstream(), sha)
+        await put_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), path, sha)  # gridctl model push
+        stored = await stored_artifact(operator.jetstream(prefix=IMPORTED_JS_PREFIX), sha)
         assert stored is not None and stored.digest_matches and stored.chunks == 3
         before = await stream_sequences(controller_log)
         for nc in (operator, host):
@@ -506,7 +511,7 @@ async def test_the_operator_cannot_reflect_the_artifact_store_but_still_pushes_a
         assert await stream_sequences(controller_log) == before
         # A host still fetches it (a load from the grid): message gets into its cache.
         cache = ArtifactCache(tmp_path / "artifacts")
-        outcome = await GridArtifactSource(host.jetstream(prefix=HOST_JS_PREFIX)).fetch(cache, sha, None, model_id="m")
+        outcome = await GridArtifactSource(host.jetstream(prefix=IMPORTED_JS_PREFIX)).fetch(cache, sha, None, model_id="m")
         assert outcome.ok, outcome
         assert Path(outcome.path).read_bytes() == path.read_bytes()  # type: ignore[arg-type]
     finally:

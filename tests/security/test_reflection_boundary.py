@@ -32,7 +32,7 @@ from grid.events.subjects import (
     revocation_subject,
 )
 from grid.identity.connect import connect_log
-from grid.identity.permissions import Role, host_imports, host_local_subject
+from grid.identity.permissions import Role, host_imports, local_subject
 from grid.identity.provision import provision_host_consumer
 from grid.identity.shared_registry import ensure_stream_config
 from grid.events.log import subject_for
@@ -84,7 +84,7 @@ async def test_no_answer_a_host_aims_lands_in_any_stream(
         # Every subject the host reaches, by the name it has in the host's account (the
         # JetStream API under its prefix) and by GRID's own name (`$JS.API...`, which its
         # account answers itself: JetStream is not enabled there).
-        reachable = [host_local_subject(s) for s in host_imports(host)]
+        reachable = [local_subject(s) for s in host_imports(host)]
         tried = [*reachable, *(s for s in host_imports(host) if s.startswith("$JS.API."))]
         for target in targets:
             for subject in tried:
@@ -93,7 +93,7 @@ async def test_no_answer_a_host_aims_lands_in_any_stream(
                 await nc.publish(subject, _request_body(subject), reply=target)
             # A plain append's PubAck, the cheapest answer of all.
             for _ in range(ANSWERS_PER_TARGET):
-                await nc.publish(host_local_subject(f"$JS.API.STREAM.MSG.GET.{CONTROL_STREAM}"),
+                await nc.publish(local_subject(f"$JS.API.STREAM.MSG.GET.{CONTROL_STREAM}"),
                                  json.dumps({"last_by_subj": MODE_SUBJECT}).encode(), reply=target)
                 await nc.publish(host_subject(HOST, "protection"), b"{}", reply=target)
             await nc.flush()
@@ -121,7 +121,7 @@ async def test_a_host_reaches_nothing_of_grid_but_its_imports(
     await controller_log.append(event("control.mode_set.v1"))
     nc = await raw_client(secured_server, host_creds)
     try:
-        for subject in (f"$JS.API.STREAM.INFO.{CONTROL_STREAM}", host_local_subject(f"$JS.API.STREAM.INFO.{CONTROL_STREAM}")):
+        for subject in (f"$JS.API.STREAM.INFO.{CONTROL_STREAM}", local_subject(f"$JS.API.STREAM.INFO.{CONTROL_STREAM}")):
             with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
                 await nc.request(subject, b"", timeout=1)
     finally:

@@ -48,7 +48,7 @@ from grid.transport.embedded import EmbeddedNats
 from grid.transport.jetstream import JetStreamLog
 from tests.security.conftest import event
 
-SEEDS = [f"identity/{n}.nk" for n in ("operator", "system", "account", "invitee", "infer")]
+SEEDS = [f"identity/{n}.nk" for n in ("operator", "system", "account", "invitee", "infer", "gateways", "operators", "readers")]
 EXPECTED = {
     "controller": [*SEEDS, "identity/registry.json", "identity/nats-durability.json",
                    "identity/creds/controller.creds", "identity/creds/operator.creds", "identity/tls/ca.pem",
