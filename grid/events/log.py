@@ -64,6 +64,21 @@ class Subscription(Protocol):
     def __aiter__(self) -> AsyncIterator[StoredMessage]: ...
 
 
+class IteratedByNext:
+    """`async for` over a subscription's `next()` until it ends (None): what every log's
+    subscriptions share."""
+
+    async def next(self, timeout: float | None = None) -> StoredMessage | None:
+        raise NotImplementedError
+
+    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
+        while True:
+            msg = await self.next()
+            if msg is None:
+                return
+            yield msg
+
+
 class EventLog(Protocol):
     durable: bool
     # Who this log appends as (it signs every append) and verifies for; None without identities.
@@ -288,7 +303,7 @@ class InMemoryLog:
         self._durables[key] = max(self._durables.get(key, 0), seq)
 
 
-class _MemorySubscription:
+class _MemorySubscription(IteratedByNext):
     def __init__(
         self,
         log: InMemoryLog,
@@ -332,10 +347,3 @@ class _MemorySubscription:
 
     async def close(self) -> None:
         self._closed = True
-
-    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
-        while True:
-            msg = await self.next()
-            if msg is None:
-                return
-            yield msg

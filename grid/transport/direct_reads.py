@@ -21,14 +21,13 @@ import calendar
 import datetime as dt
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import msgspec
 import nats.errors
 import structlog
 
-from grid.events.log import StoredMessage
+from grid.events.log import IteratedByNext, StoredMessage
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +75,7 @@ def _rfc3339(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class DirectSubscription:
+class DirectSubscription(IteratedByNext):
     """A stream read forward from a position (a sequence, a time, or the end) by direct gets,
     optionally only the subjects matching `subject_filter`; the same interface as the log's
     ordered subscription (`next`, `ack`, `close`, `renew`, async iteration)."""
@@ -113,13 +112,6 @@ class DirectSubscription:
                 await sub.unsubscribe()
             except nats.errors.Error:
                 pass  # the connection is closing: the subscription goes with it
-
-    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
-        while True:
-            msg = await self.next()
-            if msg is None:
-                return
-            yield msg
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         """The next message; None when `timeout` passed first, or the subscription is closed.

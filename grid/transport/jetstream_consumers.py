@@ -18,7 +18,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import api
 
-from grid.events.log import LogError, StoredMessage
+from grid.events.log import IteratedByNext, LogError, StoredMessage
 
 
 
@@ -61,7 +61,7 @@ def _stored(stream: str, msg: Msg) -> StoredMessage:
                          dict(headers) if headers else None)
 
 
-class OrderedSubscription:
+class OrderedSubscription(IteratedByNext):
     """Ephemeral ordered push consumer; position lives with the caller.
 
     `renew()` (after a reconnect) retires the current nats-py subscription: the reader first
@@ -184,13 +184,6 @@ class OrderedSubscription:
         if self._sub is not None:
             await unsubscribe(self._sub)
 
-    async def __aiter__(self) -> AsyncIterator[StoredMessage]:
-        while True:
-            msg = await self.next()
-            if msg is None:
-                return
-            yield msg
-
 
 async def _answer_flow_control(nc: Any, sub: Any) -> None:
     """Answer the server's flow-control request as soon as every message before it has been taken.
@@ -219,7 +212,7 @@ async def unsubscribe(sub: Any) -> None:
         pass  # already gone with its connection
 
 
-class DurableSubscription:
+class DurableSubscription(IteratedByNext):
     """Durable pull consumer with explicit acks: unacked messages are redelivered.
 
     The consumer and its acknowledged position live on the server (file storage), so they
