@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import datetime as dt
+import functools
 import itertools
 from collections import deque
 from typing import Any, Protocol
@@ -61,14 +62,19 @@ class DirectReadOwner(Protocol):
     def request_timeout(self) -> float: ...
 
 
+@functools.lru_cache(maxsize=64)
+def _epoch_seconds(whole: str) -> int:
+    # Messages of one second share it: parsed once (most of a direct read's cost otherwise).
+    return calendar.timegm(dt.datetime.fromisoformat(whole).timetuple())
+
+
 def stored_time(stamp: str) -> float:
     """Unix seconds of a `Nats-Time-Stamp` (RFC 3339 with nanoseconds), computed as a consumer's
     delivery gives them (integer nanoseconds / 1e9): a replay's plans depend on receipt times,
     and the same message read either way must fold to the same bytes."""
     whole, _, rest = stamp.rstrip("Z").partition(".")
-    seconds = calendar.timegm(dt.datetime.fromisoformat(whole).timetuple())
     digits = "".join(itertools.takewhile(str.isdigit, rest))[:9]
-    return (seconds * 1_000_000_000 + int(digits.ljust(9, "0"))) / 1e9
+    return (_epoch_seconds(whole) * 1_000_000_000 + int(digits.ljust(9, "0"))) / 1e9
 
 
 def _rfc3339(seconds: float) -> str:
@@ -108,6 +114,7 @@ class DirectSubscription(IteratedByNext):
         self._log._live.discard(self)
         if self._sub is not None:
             sub, self._sub = self._sub, None
+            sub._pending_queue.put_nowait(None)  # wakes a read waiting on it
             try:
                 await sub.unsubscribe()
             except nats.errors.Error:
@@ -165,16 +172,25 @@ class DirectSubscription(IteratedByNext):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._log.request_timeout
         got = 0
+        sub = self._sub
+        queue = sub._pending_queue
         while True:
             try:
-                msg = await self._sub.next_msg(timeout=max(0.001, deadline - loop.time()))
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                if not queue.empty():
+                    # Taken straight from the subscription's queue: nats-py's next_msg spends a
+                    # task and a wait on every message, most of a batch's cost.
+                    msg = queue.get_nowait()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        msg = await queue.get()
+                queue.task_done()
+                if msg is None:  # closed meanwhile
+                    return got
+                sub._pending_size -= len(msg.data)
+            except TimeoutError:
                 # No answer (a leader election, a server restarting): what came is kept, and the
                 # next read asks again from after it.
                 self._pending = 0
-                return got
-            except nats.errors.Error:
-                self._closed = nc.is_closed
                 return got
             if msg.subject != reply:
                 continue  # the tail of an earlier request's answer
