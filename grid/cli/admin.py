@@ -24,8 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from grid.cli.common import JsonOption, config, console, err_console, fail, hardware_cells_with_versions, print_json
+from grid.cli.profile_options import option_of, profile_values, with_profile_options
 from grid.config import machine_urls
-from grid.events.control import MODEL_ID_GRAMMAR, ModelProfile, model_id_error, profile_values_error
+from grid.events.control import MODEL_ID_GRAMMAR, model_id_error, profile_values_error
 from grid.fleet.hardware import HARDWARE_COLUMNS
 from grid.secrets import SecretFileError, read_secret
 
@@ -133,19 +134,6 @@ def request(method: str, url: str, path: str, *, token: str | None = None, body:
         field = f" (field {data.get('field')})" if data.get("field") else ""
         fail(f"{resp.status_code} {data.get('error', 'error')}{field}: {data.get('detail', '')}")
     return data
-
-
-def _pairs(values: list[str], option: str, cast: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            fail(f"{option} expects KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = cast(raw.strip())
-        except ValueError:
-            fail(f"{option} {item!r}: {raw!r} is not a valid {cast.__name__}")
-    return out
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -472,132 +460,28 @@ def _status_once(json_out: bool, admin: Optional[str], token_file: Optional[Path
 # --- model set / rm -----------------------------------------------------------------------------
 
 
-_PROFILE_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ModelProfile)
-                     if f.default is not msgspec.NODEFAULT}
-
-
-def _new(name: str) -> str:
-    """The default a new profile takes for `name`, shown in --help (an existing one keeps its value)."""
-    value = _PROFILE_DEFAULTS.get(name)
-    if isinstance(value, (tuple, list, dict)) and not value:
-        value = "none"
-    elif value is None:
-        value = "none"
-    elif isinstance(value, tuple):
-        value = ", ".join(value)
-    # Parentheses, not brackets: typer's rich help would read [..] as markup and drop it.
-    return f" (new profile: {value}; existing: kept)"
-
-
 @model_app.command("set")
+@with_profile_options  # an option per declared profile field, after the model id
 def model_set(
     model_id: str = typer.Argument(..., help="Model id (e.g. the GGUF file name): " + MODEL_ID_GRAMMAR + "."),
-    memory_mb: Optional[int] = typer.Option(
-        None, "--memory-mb", help="Resident runtime budget of one replica, MiB (required for a new profile; existing: kept)."),
-    runtime: list[str] = typer.Option([], "--runtime", help="Eligible runtime (repeat)." + _new("runtimes")),
-    runtime_memory_mb: list[str] = typer.Option(
-        [], "--runtime-memory-mb", help="RUNTIME=MiB: budget on that runtime (repeat)." + _new("runtime_memory_mb")),
-    backend: list[str] = typer.Option([], "--backend", help="Eligible backend, e.g. cuda (repeat)." + _new("backends")),
-    artifact_sha256: Optional[str] = typer.Option(None, "--artifact-sha256",
-                                                  help="Immutable artifact digest." + _new("artifact_sha256")),
-    artifact_source: Optional[str] = typer.Option(
-        None, "--artifact-source",
-        help="Exact source (hf://owner/repo/path.gguf); needs sha256 and size." + _new("artifact_source")),
-    artifact_size_mb: Optional[int] = typer.Option(None, "--artifact-size-mb",
-                                                   help="Transfer size ceiling, MiB." + _new("artifact_size_mb")),
-    min_replicas: Optional[int] = typer.Option(None, "--min-replicas",
-                                               help="Replicas kept even without demand." + _new("min_replicas")),
-    max_replicas: Optional[int] = typer.Option(None, "--max-replicas",
-                                               help="Most replicas demand may ask for." + _new("max_replicas")),
-    priority: Optional[int] = typer.Option(None, "--priority",
-                                           help="Higher wins placement and may preempt lower." + _new("priority")),
-    data_tier: Optional[str] = typer.Option(
-        None, "--data-tier", help="public | internal | confidential | restricted." + _new("data_tier")),
-    required_tag: list[str] = typer.Option([], "--required-tag",
-                                           help="Host tag the model needs (repeat)." + _new("required_tags")),
-    forbidden_tag: list[str] = typer.Option([], "--forbidden-tag",
-                                            help="Host tag the model avoids (repeat)." + _new("forbidden_tags")),
-    allow_host: list[str] = typer.Option([], "--allow-host",
-                                         help="Only these hosts (repeat)." + _new("allow_hosts")),
-    deny_host: list[str] = typer.Option([], "--deny-host", help="Never these hosts (repeat)." + _new("deny_hosts")),
-    pin: list[str] = typer.Option([], "--pin", help="Host id the model is pinned to (repeat)." + _new("pins")),
-    min_failure_domains: Optional[int] = typer.Option(
-        None, "--min-failure-domains", help="Spread replicas over at least this many domains." + _new("min_failure_domains")),
-    max_colocated_models: Optional[int] = typer.Option(
-        None, "--max-colocated-models", help="Most models beside it on one host, 0 = unlimited." + _new("max_colocated_models")),
-    colocation_exclude: list[str] = typer.Option(
-        [], "--colocation-exclude", help="Model never placed on the same host (repeat)." + _new("colocation_excludes")),
-    workload_score: list[str] = typer.Option(
-        [], "--workload-score", help="WORKLOAD=SCORE in (0, 1] (repeat)." + _new("workload_scores")),
-    target_utilization: Optional[float] = typer.Option(
-        None, "--target-utilization", help="Busy fraction a replica is sized for, (0, 1]." + _new("target_utilization")),
-    expected_service_seconds: Optional[float] = typer.Option(
-        None, "--expected-service-seconds", help="Seconds one request takes before evidence." + _new("expected_service_seconds")),
-    latency_slo_ms: Optional[float] = typer.Option(None, "--latency-slo-ms",
-                                                   help="Latency objective, ms." + _new("latency_slo_ms")),
-    replica_concurrency: Optional[int] = typer.Option(
-        None, "--replica-concurrency", help="Requests one replica serves at once (slots)." + _new("replica_concurrency")),
-    load_seconds: Optional[float] = typer.Option(None, "--load-seconds",
-                                                 help="Seconds a cold load takes." + _new("load_seconds")),
-    warm_seconds: Optional[float] = typer.Option(None, "--warm-seconds",
-                                                 help="Seconds a warm start takes." + _new("warm_seconds")),
-    min_residency_seconds: Optional[float] = typer.Option(
-        None, "--min-residency-seconds", help="Keep a load at least this long." + _new("min_residency_seconds")),
-    scale_down_cooldown_seconds: Optional[float] = typer.Option(
-        None, "--scale-down-cooldown-seconds",
-        help="Wait this long after demand falls before scaling down." + _new("scale_down_cooldown_seconds")),
-    min_gpu_count: Optional[int] = typer.Option(None, "--min-gpu-count",
-                                                help="GPUs a host must have." + _new("min_gpu_count")),
-    min_gpu_memory_mb: Optional[int] = typer.Option(None, "--min-gpu-memory-mb",
-                                                    help="GPU memory a host must have, MiB." + _new("min_gpu_memory_mb")),
-    context_size: Optional[int] = typer.Option(None, "--context-size",
-                                               help="Context window in tokens." + _new("context_size")),
-    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--no-embeddings",
-                                              help="The engine also serves /v1/embeddings." + _new("embeddings")),
-    require_qualified: Optional[bool] = typer.Option(
-        None, "--require-qualified/--no-require-qualified",
-        help="Place only on hosts whose latest `gridctl qualify` of the runtime for this model (and its "
-             "artifact_sha256, when set) passed." + _new("require_qualified")),
     replace: bool = typer.Option(
         False, "--replace",
         help="Replace the whole profile: options not given take the new-profile defaults (the old behaviour)."),
     json_out: bool = JsonOption,
     admin: Optional[str] = AdminOption,
     token_file: Optional[Path] = TokenFileOption,
+    **fields: Any,
 ) -> None:
     """Create a model profile, or change only the given fields of an existing one (--replace: all of them).
 
     Prints the resulting profile."""
-    body: dict[str, Any] = {}
-    if memory_mb is not None:
-        body["memory_mb"] = memory_mb
-    lists = {
-        "runtimes": runtime, "backends": backend, "required_tags": required_tag, "forbidden_tags": forbidden_tag,
-        "allow_hosts": allow_host, "deny_hosts": deny_host, "pins": pin, "colocation_excludes": colocation_exclude,
-    }
-    body.update({k: list(v) for k, v in lists.items() if v})
-    if runtime_memory_mb:
-        body["runtime_memory_mb"] = _pairs(runtime_memory_mb, "--runtime-memory-mb", int)
-    if workload_score:
-        body["workload_scores"] = _pairs(workload_score, "--workload-score", float)
-    scalars = {
-        "artifact_sha256": artifact_sha256, "artifact_source": artifact_source, "artifact_size_mb": artifact_size_mb,
-        "min_replicas": min_replicas, "max_replicas": max_replicas, "priority": priority, "data_tier": data_tier,
-        "min_failure_domains": min_failure_domains, "max_colocated_models": max_colocated_models,
-        "target_utilization": target_utilization, "expected_service_seconds": expected_service_seconds,
-        "latency_slo_ms": latency_slo_ms, "replica_concurrency": replica_concurrency, "load_seconds": load_seconds,
-        "warm_seconds": warm_seconds, "min_residency_seconds": min_residency_seconds,
-        "scale_down_cooldown_seconds": scale_down_cooldown_seconds, "min_gpu_count": min_gpu_count,
-        "min_gpu_memory_mb": min_gpu_memory_mb, "context_size": context_size, "embeddings": embeddings,
-        "require_qualified": require_qualified,
-    }
-    body.update({k: v for k, v in scalars.items() if v is not None})
+    body = profile_values(fields)
     # Refused here, before anything is sent, by the same grammar and bounds the server applies.
     _check_model_id(model_id)
     bad = profile_values_error(body)
     if bad is not None:
         field = bad.rsplit("`$.", 1)[-1].split("`")[0].split("[")[0] if "`$." in bad else ""
-        fail(escape(f"--{field.replace('_', '-')}: {bad}" if field else bad))
+        fail(escape(f"{option_of(field)}: {bad}" if field else bad))
     # A patch may keep the profile's digest and size: the server checks the merged profile.
     url = admin_url(admin)
     token = operator_token(token_file)
@@ -608,9 +492,9 @@ def model_set(
             fail("nothing to change: give at least one option (see `gridctl model set --help`)")
         data = request("PATCH", url, path, token=token, body=body, missing_ok=True)
     if data is None:  # a new profile (or --replace): the whole profile, defaults for the rest
-        if memory_mb is None:
+        if "memory_mb" not in body:
             fail(f"{model_id} has no profile yet: --memory-mb is required to create one")
-        if artifact_source and (not artifact_sha256 or artifact_size_mb is None):
+        if body.get("artifact_source") and (not body.get("artifact_sha256") or body.get("artifact_size_mb") is None):
             fail("--artifact-source requires --artifact-sha256 and --artifact-size-mb")
         data = request("PUT", url, path, token=token, body=body)
     if json_out:

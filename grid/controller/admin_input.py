@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, get_args, get_origin
 
 import msgspec
@@ -18,7 +19,20 @@ from starlette.requests import Request
 
 from grid.events.artifact_source import SourceError, parse_source
 from grid.analytics.history import HistoryParams
-from grid.events.control import DATA_TIERS, MODEL_ID_MAX_LENGTH, ModelProfile, model_id_error
+from grid.events.control import MODEL_ID_MAX_LENGTH, ModelProfile, model_id_error
+# The API's bounds on a profile's text and collections are declared with its fields; named here
+# too, where they are applied.
+from grid.events.profile_fields import (
+    MAX_NAME_LENGTH as MAX_NAME_LENGTH,
+    MAX_PROFILE_ITEMS as MAX_PROFILE_ITEMS,
+    MAX_SOURCE_LENGTH as MAX_SOURCE_LENGTH,
+    MAX_WORKLOAD_NAME_LENGTH as MAX_WORKLOAD_NAME_LENGTH,
+    PROFILE_FIELDS,
+    ProfileField,
+    Range,
+    plain,
+)
+from grid.events.profile_fields import field as profile_field
 
 MAX_BODY_BYTES = 64 * 1024
 # An operator's JSON body arrives in milliseconds; ten seconds is generous on any link.
@@ -27,19 +41,6 @@ MAX_INCOMPLETE_BODIES = 16
 MAX_MODEL_ID_LENGTH = MODEL_ID_MAX_LENGTH  # the grammar is grid.events.control's MODEL_ID_PATTERN
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-# --- bounds of what a profile body may hold (beyond the event's own, grid.events.control) ------
-# A list item of a profile names a runtime, a backend, a tag, a host or a model; the longest of
-# these is a host id (grid.events.control.HostId, 256 characters). An operator probing by hand
-# stored 10 KB strings here: each is copied into every plan and status that mentions the model.
-MAX_NAME_LENGTH = 256
-# A workload name keys workload_scores; the same bound as an evaluation's workload
-# (grid.controller.evaluations.EvaluationBody), the other way a workload enters the catalog.
-MAX_WORKLOAD_NAME_LENGTH = 64
-# Items in one list (or entries in one map) of a profile: more than any fleet's hosts the planner
-# would weigh for one model (MAX_REPLICAS is 4096 replicas; pins and allow lists name hosts).
-MAX_PROFILE_ITEMS = 1024
-# The longest artifact_source URI: the common 2 KB URL bound of HTTP servers and proxies.
-MAX_SOURCE_LENGTH = 2048
 # Artifact source schemes the admin API accepts. hf:// and http(s):// name bytes any host may
 # fetch (each is then parsed by the agents' grid.events.artifact_source.parse_source). No source at
 # all, with artifact_sha256, means the grid's artifact store (what `gridctl pull` publishes).
@@ -48,33 +49,40 @@ MAX_SOURCE_LENGTH = 2048
 # hosts' disks, never a portable source; anything unlisted is refused too.
 ACCEPTED_SOURCE_SCHEMES: tuple[str, ...] = ("hf", "https", "http")
 
-Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
-WorkloadName = Annotated[str, msgspec.Meta(max_length=MAX_WORKLOAD_NAME_LENGTH)]
-SourceUri = Annotated[str, msgspec.Meta(max_length=MAX_SOURCE_LENGTH)]
+
+def _text(max_length: int) -> Any:
+    return Annotated[str, msgspec.Meta(max_length=max_length)]
 
 
-def _bounded(name: str, tp: Any) -> Any:
-    """The body's type of profile field `name`: the event's type `tp` with the API's bounds on
-    its strings and collections (the event decoder stays as it is, so old events still fold)."""
-    if name == "artifact_source":
-        return SourceUri | None
+def _bounded(spec: ProfileField, tp: Any) -> Any:
+    """The body's type of a profile field: the event's type `tp` with the API's bounds on its text
+    and collections as `spec` declares them (the event decoder stays as it is, so old events
+    still fold)."""
     origin, args = get_origin(tp), get_args(tp)
     if origin is tuple and len(args) == 2 and args[0] is str and args[1] is Ellipsis:
-        return Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_PROFILE_ITEMS)]
+        item = _text(spec.max_length or MAX_NAME_LENGTH)
+        return Annotated[tuple[item, ...], msgspec.Meta(max_length=MAX_PROFILE_ITEMS)]  # type: ignore[valid-type]
     if origin is dict and args and args[0] is str:
-        key = WorkloadName if name == "workload_scores" else Name
+        key = _text(spec.max_length or MAX_NAME_LENGTH)
         return Annotated[dict[key, args[1]], msgspec.Meta(max_length=MAX_PROFILE_ITEMS)]  # type: ignore[valid-type]
-    return tp
+    if spec.max_length is None:
+        return tp
+    if tp is str:
+        return _text(spec.max_length)
+    if set(args) == {str, type(None)}:
+        return _text(spec.max_length) | None
+    raise TypeError(f"{spec.name}: max_length is declared, but {tp!r} is not text, a list or a map")
 
 
 def _body_struct() -> type:
     """ModelProfile's fields minus model_id, strict about unknown fields (kept in sync), with the
-    API's bounds on strings and collections (`_bounded`)."""
+    API's bounds on strings and collections (`_bounded`). A field without a declaration
+    (grid.events.profile_fields) stops the import here."""
     fields = []
     for f in msgspec.structs.fields(ModelProfile):
         if f.name == "model_id":
             continue
-        tp = _bounded(f.name, f.type)
+        tp = _bounded(profile_field(f.name), f.type)
         if f.required:
             fields.append((f.name, tp))
         elif f.default_factory is not msgspec.NODEFAULT:
@@ -217,14 +225,55 @@ def validate_model_id(model_id: str) -> None:
         raise _invalid("model_id", error)
 
 
-def _finite(field: str, value: float, *, low: float | None = None, low_open: bool = False,
-            high: float | None = None) -> None:
-    if not math.isfinite(value):
-        raise _invalid(field, "must be a finite number")
-    if low is not None and (value <= low if low_open else value < low):
-        raise _invalid(field, f"must be {'>' if low_open else '>='} {low}")
-    if high is not None and value > high:
-        raise _invalid(field, f"must be <= {high}")
+def _number_type(tp: Any) -> type:
+    """int or float: the number a field's type (or a map's values) holds, to write its bounds as
+    the type writes them."""
+    tp = plain(tp)
+    if get_origin(tp) is dict:
+        tp = plain(get_args(tp)[1])
+    return float if tp is float else int
+
+
+def _check_range(name: str, value: Any, bound: Range, kind: type, prefix: str = "") -> None:
+    """`value` within `bound` (None always is), else a refusal naming `name`; the bounds are
+    written as the field's type writes them ("must be > 0", "must be > 0.0")."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        says = "must be a finite number"
+    elif bound.gt is not None and value <= bound.gt:
+        says = f"must be > {kind(bound.gt)}"
+    elif bound.ge is not None and value < bound.ge:
+        says = f"must be >= {kind(bound.ge)}"
+    elif bound.le is not None and value > bound.le:
+        says = f"must be <= {kind(bound.le)}"
+    else:
+        return
+    note = f" ({bound.note})" if bound.note else ""
+    raise _invalid(name, prefix + (bound.says or says + note))
+
+
+def _check_declared(spec: ProfileField, value: Any, kind: type) -> None:
+    """What `spec` declares of a value: a range, choices, names that are not blank, a list that
+    is not empty."""
+    name = spec.name
+    if isinstance(value, dict):
+        for key, item in sorted(value.items()):
+            if spec.names and not key.strip():
+                raise _invalid(name, f"{spec.names} names must not be empty")
+            if spec.range is not None:
+                _check_range(name, item, spec.range, kind, prefix=f"{key}: ")
+        return
+    if isinstance(value, tuple):
+        if spec.required and not value:
+            raise _invalid(name, f"at least one {spec.names} is required")
+        if spec.names and any(not item.strip() for item in value):
+            raise _invalid(name, f"{spec.names} names must not be empty")
+        return
+    if spec.choices and value not in spec.choices:
+        raise _invalid(name, f"must be one of {', '.join(spec.choices)}")
+    if spec.range is not None:
+        _check_range(name, value, spec.range, kind)
 
 
 def _check_source(source: str) -> None:
@@ -249,70 +298,61 @@ def _check_source(source: str) -> None:
         raise _invalid("artifact_source", str(exc)) from None
 
 
-def validate_profile(model_id: str, body: Any) -> ModelProfile:
-    """Semantic checks beyond types; returns the canonical profile (sha256 lowercased)."""
-    validate_model_id(model_id)
-    if body.memory_mb <= 0:
-        raise _invalid("memory_mb", "must be > 0 (resident runtime budget of one replica, MB)")
-    if not body.runtimes:
-        raise _invalid("runtimes", "at least one runtime is required")
-    for name in body.runtimes:
-        if not name.strip():
-            raise _invalid("runtimes", "runtime names must not be empty")
-    for runtime, mb in sorted(body.runtime_memory_mb.items()):
-        if not runtime.strip():
-            raise _invalid("runtime_memory_mb", "runtime names must not be empty")
-        if mb <= 0:
-            raise _invalid("runtime_memory_mb", f"{runtime}: must be > 0")
-    sha = body.artifact_sha256
-    if sha is not None:
-        sha = sha.strip().lower()
-        if not _SHA256.match(sha):
-            raise _invalid("artifact_sha256", "must be 64 hexadecimal characters")
-    if body.artifact_size_mb is not None and body.artifact_size_mb <= 0:
-        raise _invalid("artifact_size_mb", "must be > 0")
-    source = body.artifact_source
+# --- checks that are more than a declaration: each takes the field's value, the profile's values
+# so far (those checked before it canonical) and the model id, and returns the canonical value.
+
+
+def _digest(sha: str | None, values: dict[str, Any], model_id: str) -> str | None:
+    if sha is None:
+        return None
+    sha = sha.strip().lower()
+    if not _SHA256.match(sha):
+        raise _invalid("artifact_sha256", "must be 64 hexadecimal characters")
+    return sha
+
+
+def _source(source: str | None, values: dict[str, Any], model_id: str) -> str | None:
     if source is not None:
-        if sha is None:
+        if values["artifact_sha256"] is None:
             raise _invalid("artifact_sha256", "artifact_source requires artifact_sha256")
-        if body.artifact_size_mb is None:
+        if values["artifact_size_mb"] is None:
             raise _invalid("artifact_size_mb", "artifact_source requires artifact_size_mb")
         _check_source(source)
-    if body.min_replicas < 0:
-        raise _invalid("min_replicas", "must be >= 0")
-    if body.max_replicas < 0:
-        raise _invalid("max_replicas", "must be >= 0")
-    if body.max_replicas < body.min_replicas:
+    return source
+
+
+def _at_least_min_replicas(count: int, values: dict[str, Any], model_id: str) -> int:
+    if count < values["min_replicas"]:
         raise _invalid("max_replicas", "must be >= min_replicas")
-    if body.data_tier not in DATA_TIERS:
-        raise _invalid("data_tier", f"must be one of {', '.join(DATA_TIERS)}")
-    if body.min_failure_domains < 1:
-        raise _invalid("min_failure_domains", "must be >= 1")
-    if body.max_colocated_models < 0:
-        raise _invalid("max_colocated_models", "must be >= 0 (0 means unlimited)")
-    if model_id in body.colocation_excludes:
+    return count
+
+
+def _not_itself(excludes: tuple[str, ...], values: dict[str, Any], model_id: str) -> tuple[str, ...]:
+    if model_id in excludes:
         raise _invalid("colocation_excludes", "a model cannot exclude itself")
-    for workload, score in sorted(body.workload_scores.items()):
-        if not workload.strip():
-            raise _invalid("workload_scores", "workload names must not be empty")
-        if not (math.isfinite(score) and 0.0 < score <= 1.0):
-            raise _invalid("workload_scores", f"{workload}: score must be in (0, 1]")
-    _finite("target_utilization", body.target_utilization, low=0.0, low_open=True, high=1.0)
-    _finite("expected_service_seconds", body.expected_service_seconds, low=0.0, low_open=True)
-    if body.latency_slo_ms is not None:
-        _finite("latency_slo_ms", body.latency_slo_ms, low=0.0, low_open=True)
-    if body.replica_concurrency < 1:
-        raise _invalid("replica_concurrency", "must be >= 1")
-    for name in ("load_seconds", "warm_seconds", "min_residency_seconds", "scale_down_cooldown_seconds"):
-        _finite(name, getattr(body, name), low=0.0)
-    if body.min_gpu_count < 0:
-        raise _invalid("min_gpu_count", "must be >= 0")
-    if body.min_gpu_memory_mb < 0:
-        raise _invalid("min_gpu_memory_mb", "must be >= 0")
-    if body.context_size <= 0:
-        raise _invalid("context_size", "must be > 0")
+    return excludes
+
+
+PROFILE_CHECKS: dict[str, Callable[[Any, dict[str, Any], str], Any]] = {
+    "artifact_sha256": _digest,
+    "artifact_source": _source,
+    "max_replicas": _at_least_min_replicas,
+    "colocation_excludes": _not_itself,
+}
+
+_NUMBER_TYPES = {f.name: _number_type(f.type) for f in msgspec.structs.fields(ModelProfile)}
+
+
+def validate_profile(model_id: str, body: Any) -> ModelProfile:
+    """Semantic checks beyond types, field by field in their declared order (the first refusal
+    names its field); returns the canonical profile (sha256 lowercased)."""
+    validate_model_id(model_id)
     values = {f.name: getattr(body, f.name) for f in msgspec.structs.fields(body)}
-    values["artifact_sha256"] = sha
+    for spec in PROFILE_FIELDS:
+        _check_declared(spec, values[spec.name], _NUMBER_TYPES[spec.name])
+        check = PROFILE_CHECKS.get(spec.name)
+        if check is not None:
+            values[spec.name] = check(values[spec.name], values, model_id)
     return ModelProfile(model_id=model_id, **values)
 
 
