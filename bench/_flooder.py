@@ -202,7 +202,8 @@ async def big_flood(f: Flood, host_id: str, window: int) -> None:
         n = 0
         try:
             while f.running:
-                kind, data = ("~316 KiB", at_limit) if n % 2 == 0 else ("~63 KiB", storable)
+                kind, data = ((f"~{len(at_limit) >> 10} KiB", at_limit) if n % 2 == 0
+                              else (f"~{len(storable) >> 10} KiB", storable))
                 await room.acquire()
                 reply = f"{prefix}.{n}"
                 pending[reply] = kind

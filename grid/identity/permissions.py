@@ -186,10 +186,13 @@ INFER_RESPONSE_TTL_SECONDS = 30 * 60.0
 # (grid.transport.jetstream): the stream refuses anything bigger and stores nothing. An agent's
 # largest events are its heartbeats: about 1.6 KiB with one residency, plus a few hundred bytes
 # per residency and cached artifact, so 64 KiB leaves room for hundreds of them.
-# The largest message a host may publish at all (its JWT's `payload` limit: the server refuses a
-# bigger one from the host outright, before any stream sees it). Its streamed inference answers
-# are the largest: chunks of grid.infer.wire.CHUNK_BYTES (256 KiB) plus their headers.
-HOST_MAX_PAYLOAD = 320 * 1024
+# The largest message a host may publish at all (its JWT's `payload` limit, headers included:
+# the server refuses a bigger one from the host outright, closing its connection, before the
+# ingress or any stream sees it). Just over a host event's size: a flood of messages the ingress
+# would refuse as too large costs the controllers little to read (at 320 KiB, 316 KiB messages
+# at a hostile host's best rate left the oldest honest heartbeat 2.15 s old, goal 2 s). Its
+# streamed inference answers are cut to fit: chunks of grid.infer.wire.CHUNK_BYTES (56 KiB).
+HOST_MAX_PAYLOAD = HOST_EVENT_MAX_BYTES + 8 * 1024
 
 
 def inbox_prefix(user_public_key: str) -> str:

@@ -60,9 +60,11 @@ ALLOWED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embed
 # Request headers carried to the engine (content negotiation and "Connection: close" only;
 # never Authorization).
 FORWARDED_REQUEST_HEADERS = (H_CONTENT_TYPE, H_ACCEPT, H_CONNECTION)
-# Response bodies are cut into messages of at most this many bytes (well under the 1 MiB
-# default max_payload of a NATS server we do not configure).
-CHUNK_BYTES = 256 * 1024
+# Response bodies are cut into messages of at most this many bytes: with their headers, under
+# the largest message a host may publish at all (grid.identity.permissions.HOST_MAX_PAYLOAD),
+# which is kept just over a host event's size so that the server refuses anything bigger
+# before the grid's ingress has to read it.
+CHUNK_BYTES = 56 * 1024
 
 # Refusals before the engine (a status the gateway passes on, never a transport error).
 ERR_NO_ENGINE = "no_engine_for_model"
