@@ -65,11 +65,14 @@ class Subscription(Protocol):
 
 
 class IteratedByNext:
-    """`async for` over a subscription's `next()` until it ends (None): what every log's
-    subscriptions share."""
+    """`async for` over a subscription's `next()` until it ends (None), and no acknowledgement
+    (a durable subscription overrides `ack`): what every log's subscriptions share."""
 
     async def next(self, timeout: float | None = None) -> StoredMessage | None:
         raise NotImplementedError
+
+    async def ack(self, message: StoredMessage) -> None:
+        return None
 
     async def __aiter__(self) -> AsyncIterator[StoredMessage]:
         while True:

@@ -106,9 +106,6 @@ class DirectSubscription(IteratedByNext):
     def renew(self) -> None:
         """Nothing to renew after a reconnect: the position is ours, not a consumer's."""
 
-    async def ack(self, message: StoredMessage) -> None:
-        return None
-
     async def close(self) -> None:
         self._closed = True
         self._log._live.discard(self)

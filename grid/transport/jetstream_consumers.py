@@ -175,9 +175,6 @@ class OrderedSubscription(IteratedByNext):
             self._next_seq = stored.seq + 1
             return stored
 
-    async def ack(self, message: StoredMessage) -> None:
-        return None
-
     async def close(self) -> None:
         self._closed = True
         self._log._live.discard(self)
