@@ -101,6 +101,7 @@ class DirectSubscription(IteratedByNext):
         self._inbox = log_.client.new_inbox()
         self._sub: Any = None
         self._requests = itertools.count()
+        self._refusal: str | None = None  # the status the last answer refused with
         self._closed = False
 
     def renew(self) -> None:
@@ -135,7 +136,7 @@ class DirectSubscription(IteratedByNext):
                 await asyncio.sleep(wait)
             if self._closed:
                 return None
-            got = await self._fetch()
+            got = await self._fetch(deadline)
             self._pause = POLL_MIN_SECONDS if got else min(POLL_MAX_SECONDS, self._pause * 2)
             if not got and deadline is not None and loop.time() >= deadline:
                 return None
@@ -151,8 +152,9 @@ class DirectSubscription(IteratedByNext):
             body["next_by_subj"] = self._filter
         return msgspec.json.encode(body)
 
-    async def _fetch(self) -> int:
-        """One batch into the buffer; how many messages it brought (0: none yet, or no answer)."""
+    async def _fetch(self, until: float | None) -> int:
+        """One batch into the buffer; how many messages it brought (0: none yet, or no answer).
+        Waits for the answer until the request times out, or `until` (the caller's deadline)."""
         nc = self._log.client
         if self._sub is None:
             self._sub = await nc.subscribe(f"{self._inbox}.*")
@@ -168,6 +170,8 @@ class DirectSubscription(IteratedByNext):
             return 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._log.request_timeout
+        if until is not None:
+            deadline = min(deadline, until)
         got = 0
         sub = self._sub
         queue = sub._pending_queue
@@ -195,9 +199,13 @@ class DirectSubscription(IteratedByNext):
             status = headers.get(STATUS)
             if status is not None:
                 self._pending = int(headers.get("Nats-Num-Pending", 0) or 0) if status == END_OF_BATCH else 0
-                if status not in (END_OF_BATCH, NOT_FOUND):
-                    log.warning("direct get refused", stream=self._stream, status=status,
-                                description=headers.get("Description"))
+                refusal = None if status in (END_OF_BATCH, NOT_FOUND) else status
+                if refusal is not None:
+                    # Said once per spell (a stream without a leader answers 503 to every poll).
+                    (log.debug if refusal == self._refusal else log.warning)(
+                        "direct get refused", stream=self._stream, status=status,
+                        description=headers.get("Description"))
+                self._refusal = refusal
                 return got
             stored = StoredMessage(self._stream, int(headers["Nats-Sequence"]), headers["Nats-Subject"], msg.data,
                                    stored_time(headers["Nats-Time-Stamp"]), headers.get("Nats-Msg-Id"),
