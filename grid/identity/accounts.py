@@ -77,7 +77,6 @@ from grid.identity.permissions import (
     Role,
     client_imports,
     host_imports,
-    local_subject,
     inbox_prefix,
     infer_subject_root,
     local_subject,
