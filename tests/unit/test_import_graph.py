@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests.parse_source import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("grid", "replay")
@@ -65,7 +66,7 @@ def _graph() -> dict[str, set[str]]:
     files = {p: _module_name(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
     known = set(files.values())
     return {
-        name: _imports(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
+        name: _imports(parse_source(path.read_text(), str(path)), name, path.name == "__init__.py", known)
         for path, name in files.items()
     }
 
@@ -192,7 +193,7 @@ IO_LIBRARIES = ("nats", "httpx", "httptools", "subprocess", "socket", "ssl", "du
 
 def _third_party_imports(path: Path) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse_source(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tests.parse_source import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -70,7 +71,7 @@ def _defines(source: Path, names: list[str]) -> bool:
     """Whether `names` (an attribute, or a class and its attribute) is defined in `source`."""
     if source.is_dir():
         return False
-    body = ast.parse(source.read_text()).body
+    body = parse_source(source.read_text()).body
     for name in names:
         found = None
         for node in body:

@@ -12,6 +12,7 @@ import graphlib
 from pathlib import Path
 
 import grid.demand
+from tests.parse_source import parse_source
 
 PACKAGE = "grid.demand"
 ROOT = Path(grid.demand.__file__).parent
@@ -45,7 +46,7 @@ def demand_imports(module: str) -> set[str]:
     for path in _files(module):
         rel = path.relative_to(ROOT).with_suffix("").parts
         package = ".".join((PACKAGE, *rel[:-1]))
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path.read_text())):
             for name in _imported_names(node, package):
                 parts = name.split(".")
                 if parts[:2] == ["grid", "demand"] and len(parts) > 2 and parts[2] in MODULES:

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import grid.planner
+from tests.parse_source import parse_source
 
 PACKAGE = Path(grid.planner.__file__).parent
 
@@ -13,7 +14,7 @@ PACKAGE = Path(grid.planner.__file__).parent
 def planner_imports(path: Path) -> set[str]:
     """Planner modules imported anywhere in the file (function-level imports included)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "grid.planner":
                 out.update(a.name for a in node.names)
