@@ -139,6 +139,7 @@ class LocalGrid:
         self.credentials: LocalCredentials | None = None
         self.controller: Any = None
         self.gateway: Any = None
+        self.gateway_routes: Any = None  # the gateway's own view of the fleet (grid.gateway.state.Gateway)
         self.agent: Any = None
         self.local = LocalResponders()
         self.admin: Any = None
@@ -216,8 +217,9 @@ class LocalGrid:
         if catalog.mode != self.mode:
             await self.log.append(ModeSet(event_id=new_event_id(), at=time.time(), mode=self.mode))  # type: ignore[arg-type]
 
-        self.gateway = await start_gateway(create_gateway_app(self.gateway_log, cfg, local_responders=self.local),
-                                           self.gateway_host, self.gateway_port, insecure=self.gateway_insecure)
+        app = create_gateway_app(self.gateway_log, cfg, local_responders=self.local)
+        self.gateway_routes = app.state.gateway
+        self.gateway = await start_gateway(app, self.gateway_host, self.gateway_port, insecure=self.gateway_insecure)
         self.agent = HostAgent(self.agent_log, cfg, options)
         await self.agent.start()
         # The gateway hands this host's requests to its agent's responder in process (no broker
@@ -297,10 +299,18 @@ class LocalGrid:
         return pressure
 
     def residency_state(self, model_id: str) -> str | None:
+        """The state this host's agent last reported for `model_id` (None: no residency)."""
         hb = getattr(self.agent, "last_heartbeat", None)
         if hb is None:
             return None
         return {r.model_id: r.state for r in hb.residencies}.get(model_id)
+
+    def serving(self, model_id: str) -> bool:
+        """Whether the gateway routes `model_id` now. The agent reports READY first; the gateway
+        learns it from the log a few hops later (the heartbeat through the ingress, the warm ack),
+        and until then answers 503 model_not_ready."""
+        routes = self.gateway_routes
+        return routes is not None and model_id in routes.ready_models(routes.clock.now())
 
     async def stop(self) -> None:
         if self._supervisor is not None:

@@ -95,10 +95,11 @@ async def _wait_ready(grid: LocalGrid, model_id: str, stop: asyncio.Event, timeo
         task = bar.add_task(f"waiting for {model_id} to become READY", total=None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not stop.is_set():
-            state = grid.residency_state(model_id)
-            bar.update(task, description=f"{model_id}: {state or 'not placed yet'}")
-            if state == "ready":
+            if grid.serving(model_id):  # "ready:" promises the first chat an answer
                 return True
+            state = grid.residency_state(model_id)
+            shown = "ready, the gateway's route follows" if state == "ready" else state or "not placed yet"
+            bar.update(task, description=f"{model_id}: {shown}")
             await asyncio.sleep(0.25)
     return False
 

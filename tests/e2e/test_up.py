@@ -52,6 +52,7 @@ def test_up_chat_status_down(tmp_path: Path, bundled_model_home: Path) -> None:
         token = home / "operator.token"
         assert token.exists() and (token.stat().st_mode & 0o777) == 0o600
 
+        # "ready:" promises the gateway routes the model: its first listing has it.
         listed = httpx.get(f"{gateway}/v1/models", timeout=10).json()
         assert [m["id"] for m in listed["data"]] == [MODEL]
 
