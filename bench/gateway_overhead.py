@@ -22,7 +22,8 @@ Goal: median added <= 2 ms.
 No `--upstream h1|httpx` any more: those gateway backends only reach engines that take no key,
 and no engine a Grid agent starts is one (each runs with its host's own key, which the gateway
 never holds), so comparing them would time a path no user's request takes. The agent's own
-engine hop uses grid.transport.h1's pool (grid.agent.engine_client), and is in every figure here.
+engine hop uses grid.transport.h1's pool (grid.agent.engine_client), and is in every figure here;
+bench.engine_hop measures that hop alone against httpx and aiohttp.
 
     python -m bench.gateway_overhead [--rounds 200] [--threads 1]
 

@@ -7,6 +7,6 @@
 * :mod:`grid.transport.nats_failover` - leaving a silent NATS node quickly on reconnect;
 * :mod:`grid.transport.cluster` - a NATS cluster's configuration and nodes;
 * :mod:`grid.transport.artifact_store` - the JetStream object store for model artifacts;
-* :mod:`grid.transport.h1` - the HTTP/1.1 connection pool the gateway and the agent use to
-  reach llama.cpp engines.
+* :mod:`grid.transport.h1` - the HTTP/1.1 connection pool the host agent uses to reach its own
+  llama.cpp engines (bench.engine_hop measures it against httpx and aiohttp).
 """

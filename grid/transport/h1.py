@@ -1,20 +1,45 @@
-"""A minimal HTTP/1.1 client for the private upstream hop (gateway -> engine): an asyncio
-Protocol per connection, responses parsed by `httptools` (llhttp, the parser uvicorn uses).
+"""A minimal HTTP/1.1 client for the host agent's hop to its own loopback engine
+(grid.agent.engine_client; also the gateway's "h1" upstream backend, which only benches use):
+an asyncio Protocol per connection, responses parsed by `httptools` (llhttp, the parser uvicorn
+uses).
 
-Why not httpx here: `python -m bench.gateway_overhead --rounds 120 --upstream h1|httpx` (real
-llama-server, 2-core machine shared with other work, load average ~3.5; from when the gateway
-called engines over HTTP, an option since dropped) measured, in back-to-back runs:
+Why not httpx (or aiohttp) here: `python -m bench.engine_hop` (its defaults: 100 interleaved
+rounds against one real llama-server, SmolLM2-135M Q4_1, 1 thread, 1 slot, then 1,500 rounds
+against a tiny server answering at once with llama-server's own response heads; every client in
+one process on the agent's event loop (uvloop), with the agent's headers, key, limits and
+timeouts; a 2-core machine shared with other work, load average 2 to 7) measured, two runs
+(first/second), "diff" being the median per-round difference to h1 in ms:
 
-    upstream client   added median (max_tokens=1)   gateway CPU per proxied request
-    h1 (this)         1.80-1.89 ms                  2.21-2.38 ms
-    httpx             2.78 ms                       3.79 ms
+    real llama-server            h1           httpx.AsyncClient  httpx transport    aiohttp
+    plain, pooled  p50 ms        15.99/17.00  16.74/17.02        16.89/18.00        15.65/16.02
+                   diff          -            +1.30/+1.22        +1.16/+0.57        +0.43/-0.29
+                   CPU us/req    389/380      1858/1823          1404/1332          735/698
+    plain after a stream  diff   -            +2.14/+2.43        +1.49/+2.03        +0.63/+1.40
+    stream first chunk    diff   -            +1.38/+2.96        +0.82/+0.77        +0.45/+0.71
+    stream full answer    diff   -            +1.65/+2.12        +1.79/+1.30        +1.22/-0.09
+                   CPU us/req    1375/1432    3034/3182          2651/2811          1428/1468
 
-and in isolation one pooled keep-alive POST + read of a small JSON answer costs ~120 us of CPU
-here against ~600 us through a shared httpx transport (the anyio, httpcore and h11 layers).
+    fixed server (no engine)     h1           httpx.AsyncClient  httpx transport    aiohttp
+    plain, pooled  p50 ms        0.161/0.153  1.084/0.996        0.755/0.662        0.420/0.407
+                   CPU us/req    143/136      1052/952           741/692            384/355
+    plain after a stream p50 ms  0.174/0.159  1.692/1.619        1.422/1.331        0.905/0.910
+    stream first chunk p50 ms    0.284/0.259  1.145/1.109        0.880/0.786        0.559/0.534
+    stream full answer p50 ms    0.305/0.281  1.363/1.311        1.077/0.968        0.637/0.614
+
+(max_tokens=1 non-streamed, "plain after a stream" being the first one after a stream ended its
+connection; the stream is max_tokens=4 with "Connection: close", as the agent sends it; "httpx
+transport" is grid.infer.responder.HttpxEngineClient, the responder's default.) The engine's own
+p50 moves by a millisecond between runs, so one p50 ratio on the real hop says little (h1/httpx
+0.955 and 0.998, plain, pooled); the paired difference does: httpx adds 1.2-1.3 ms to a pooled
+max_tokens=1 request (7-8% of the whole hop), 2.1-2.4 ms to the first request after a stream (it
+connects on the critical path, where h1 finds the spare grid.agent.engine_client opened) and
+1.4-3.0 ms to the first streamed chunk, and it costs the agent 4.8x h1's CPU per request (1.4-1.5
+ms more, on a host whose engine wants the same cores). Without the engine, h1 answers 4-10x
+sooner at p50 and costs about a seventh of httpx's CPU per request, and 2.6x less than aiohttp's.
 
 The hop is narrow — POST a JSON body to a known engine, read a Content-Length or chunked
 (SSE) response — so a small, strict client does the job; httpx remains the client everywhere
-else (CLI, tests) and can be selected for this hop too (GRID_GATEWAY_UPSTREAM=httpx).
+else (CLI, tests, the responder's engine health checks).
 
 Behaviour:
 * one `write` per request (head and body together: a single send on the wire);
@@ -27,7 +52,7 @@ Behaviour:
 * a response is returned to the pool only when its body was read completely and both sides
   allow keep-alive; a partially read or `Connection: close` response closes its connection;
 * body chunks are buffered up to a high-water mark, then the socket stops being read until
-  the caller catches up (a slow client never makes the gateway buffer a whole generation);
+  the caller catches up (a slow requester never makes the agent buffer a whole generation);
 * every failure surfaces as an httpx exception subclass (ConnectError, ConnectTimeout,
   ReadTimeout, RemoteProtocolError), mapped in one place (`_transport_error`), so callers
   handle both clients the same way.
