@@ -1,15 +1,18 @@
-"""The EventLog protocol and InMemoryLog, the in-process twin of the JetStream log.
+"""The EventLog protocol, EventLogBase, and InMemoryLog, the in-process twin of the JetStream log.
 
-Both implementations pass one contract suite (tests/contract/). The in-memory log exists for
-the scenario lab and fast unit tests; anything that claims durability uses JetStream.
+Both implementations (InMemoryLog here, grid.transport.jetstream.JetStreamLog) are built on
+EventLogBase and pass one contract suite (tests/contract/). The in-memory log exists for the
+scenario lab and fast unit tests; anything that claims durability uses JetStream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator
-from typing import Protocol
+from abc import abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -154,29 +157,18 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(p_tokens) == len(s_tokens)
 
 
-class _MemoryStream:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.messages: list[StoredMessage] = []
-        self.seqs: list[int] = []
-        self.last_seq = 0
-        self.last_by_subject: dict[str, int] = {}
-        self.msg_ids: dict[str, tuple[int, float]] = {}
-        self.changed = asyncio.Event()
+SubscriptionT = TypeVar("SubscriptionT", bound=Subscription)
 
 
-class InMemoryLog:
-    """A faithful in-process model of the JetStream contract (not durable)."""
+class EventLogBase(EventLog, Generic[SubscriptionT]):
+    """What every EventLog does the same way whatever stores it: an event's subject, bytes and
+    msg_id, signing each append, the window a replay covers, and where a subscription starts.
 
-    durable = False
-
-    def __init__(self, clock: Clock | None = None, *, authorship: Authorship | None = None) -> None:
-        self._clock = clock or SystemClock()
-        self.authorship = authorship
-        self._streams = {name: _MemoryStream(name) for name in ALL_STREAMS}
-        self._durables: dict[tuple[str, str], int] = {}
-        self._kv: dict[tuple[str, str], KVEntry] = {}
-        self._kv_rev: dict[str, int] = {}
+    An implementation writes only its storage and its wire: the hooks below (`_store`,
+    `_extent`, `_read`, `_follow`, `_durable`), `last_sequence`, `last_message`, `kv_get` and
+    `kv_put`, and `close` if it holds anything. `SubscriptionT` is what its `subscribe` returns.
+    It subclasses the EventLog protocol so that mypy checks the shared methods against it.
+    """
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> AppendResult:
         return await self.append_raw(
@@ -195,9 +187,125 @@ class InMemoryLog:
         expected_last_subject_seq: int | None = None,
         headers: dict[str, str] | None = None,
     ) -> AppendResult:
-        stream = self._streams[stream_for_subject(subject)]
+        """Store `data` under `subject` with a copy of `headers`, signed by `authorship` if any.
+
+        The headers go in this order: the caller's, then `_append_headers`, then the signature
+        (last, so a caller's header can never stand in for it)."""
+        headers = {**(headers or {}), **self._append_headers(msg_id, expected_last_subject_seq)}
         if self.authorship is not None:
-            headers = {**(headers or {}), **self.authorship.sign(subject, bytes(data))}
+            headers.update(self.authorship.sign(subject, data))
+        return await self._store(subject, data, headers or None, msg_id=msg_id,
+                                 expected_last_subject_seq=expected_last_subject_seq)
+
+    def _append_headers(self, msg_id: str | None, expected_last_subject_seq: int | None) -> dict[str, str]:
+        """Headers that carry `msg_id` and `expected_last_subject_seq` to a store that checks them
+        on receipt; none by default, for a log that checks them itself in `_store`."""
+        return {}
+
+    @abstractmethod
+    async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None, *, msg_id: str | None,
+                     expected_last_subject_seq: int | None) -> AppendResult:
+        """Store one message: dropped as a duplicate when `msg_id` was stored within the
+        duplicate window, refused (ConflictError) when the subject's last sequence is not
+        `expected_last_subject_seq`."""
+
+    async def last_subject_sequence(self, subject: str) -> int:
+        msg = await self.last_message(subject)
+        return msg.seq if msg is not None else 0
+
+    async def replay(
+        self,
+        stream: str,
+        *,
+        start_seq: int = 1,
+        start_time: float | None = None,
+        end_seq: int | None = None,
+        end_time: float | None = None,
+    ) -> AsyncIterator[StoredMessage]:
+        """Ordered replay of what the stream holds now, from `start_time` if given, else from
+        `start_seq`, to `end_seq` and `end_time` (both inclusive). Nothing when `end_seq` or the
+        stream's last message comes before `start_seq` (even with a `start_time`)."""
+        first, last = await self._extent(stream)
+        stop = last if end_seq is None else min(end_seq, last)
+        if stop < max(start_seq, first):
+            return  # nothing in the window: no reader is opened (on JetStream, no consumer)
+        reader = self._read(stream, start_seq=start_seq if start_time is None else None, start_time=start_time)
+        # Closed as soon as the window ends, not when the reader is collected.
+        async with aclosing(reader) as messages:
+            async for msg in messages:
+                if msg.seq > stop or (end_time is not None and msg.time > end_time):
+                    return
+                yield msg
+                if msg.seq >= stop:
+                    return
+
+    @abstractmethod
+    async def _extent(self, stream: str) -> tuple[int, int]:
+        """The first and last sequence `stream` holds now (first > last: it holds nothing)."""
+
+    @abstractmethod
+    def _read(self, stream: str, *, start_seq: int | None,
+              start_time: float | None) -> AsyncGenerator[StoredMessage, None]:
+        """The stream in order from `start_time` if given, else from `start_seq`, ending when it
+        has nothing more to hand out."""
+
+    async def subscribe(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        durable: str | None = None,
+        subject_filter: str | None = None,
+    ) -> SubscriptionT:
+        if durable is not None:
+            return await self._durable(stream, durable, start_seq=start_seq, subject_filter=subject_filter)
+        if start_seq is None:
+            # "New messages only" as a position, so a subscription that is renewed (JetStream,
+            # after a server restart) resumes where it stood instead of skipping what arrived.
+            start_seq = await self.last_sequence(stream) + 1
+        return await self._follow(stream, start_seq=start_seq, subject_filter=subject_filter)
+
+    @abstractmethod
+    async def _follow(self, stream: str, *, start_seq: int, subject_filter: str | None) -> SubscriptionT:
+        """A live subscription from `start_seq` whose position lives with the caller."""
+
+    @abstractmethod
+    async def _durable(self, stream: str, durable: str, *, start_seq: int | None,
+                       subject_filter: str | None) -> SubscriptionT:
+        """The subscription of the durable consumer `durable`, created from `start_seq` (None:
+        the stream's first message) if new; acknowledged messages are not handed out again."""
+
+    async def close(self) -> None:
+        return None
+
+
+class _MemoryStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.messages: list[StoredMessage] = []
+        self.seqs: list[int] = []
+        self.last_seq = 0
+        self.last_by_subject: dict[str, int] = {}
+        self.msg_ids: dict[str, tuple[int, float]] = {}
+        self.changed = asyncio.Event()
+
+
+class InMemoryLog(EventLogBase["_MemorySubscription"]):
+    """A faithful in-process model of the JetStream contract (not durable)."""
+
+    durable = False
+
+    def __init__(self, clock: Clock | None = None, *, authorship: Authorship | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self.authorship = authorship
+        self._streams = {name: _MemoryStream(name) for name in ALL_STREAMS}
+        self._durables: dict[tuple[str, str], int] = {}
+        self._kv: dict[tuple[str, str], KVEntry] = {}
+        self._kv_rev: dict[str, int] = {}
+
+    async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None, *, msg_id: str | None,
+                     expected_last_subject_seq: int | None) -> AppendResult:
+        stream = self._streams[stream_for_subject(subject)]
         now = self._clock.now()
         if msg_id is not None:
             seen = stream.msg_ids.get(msg_id)
@@ -214,8 +322,7 @@ class InMemoryLog:
             now = max(now, stream.messages[-1].time)
         stream.last_seq += 1
         seq = stream.last_seq
-        stream.messages.append(StoredMessage(stream.name, seq, subject, bytes(data), now, msg_id,
-                                             dict(headers) if headers else None))
+        stream.messages.append(StoredMessage(stream.name, seq, subject, bytes(data), now, msg_id, headers))
         stream.seqs.append(seq)
         stream.last_by_subject[subject] = seq
         if msg_id is not None:
@@ -227,9 +334,6 @@ class InMemoryLog:
     async def last_sequence(self, stream: str) -> int:
         return self._streams[stream].last_seq
 
-    async def last_subject_sequence(self, subject: str) -> int:
-        return self._streams[stream_for_subject(subject)].last_by_subject.get(subject, 0)
-
     async def last_message(self, subject: str) -> StoredMessage | None:
         stream = self._streams[stream_for_subject(subject)]
         seq = stream.last_by_subject.get(subject, 0)
@@ -238,49 +342,32 @@ class InMemoryLog:
         i = bisect.bisect_left(stream.seqs, seq)
         return stream.messages[i] if i < len(stream.seqs) and stream.seqs[i] == seq else None
 
-    def _index_from(self, stream: _MemoryStream, start_seq: int, start_time: float | None) -> int:
-        if start_time is not None:
-            for i, msg in enumerate(stream.messages):
-                if msg.time >= start_time:
-                    return i
-            return len(stream.messages)
-        return bisect.bisect_left(stream.seqs, start_seq)
-
-    async def replay(
-        self,
-        stream: str,
-        *,
-        start_seq: int = 1,
-        start_time: float | None = None,
-        end_seq: int | None = None,
-        end_time: float | None = None,
-    ) -> AsyncIterator[StoredMessage]:
+    async def _extent(self, stream: str) -> tuple[int, int]:
         s = self._streams[stream]
-        stop = s.last_seq if end_seq is None else min(end_seq, s.last_seq)
-        i = self._index_from(s, start_seq, start_time)
+        return (s.seqs[0] if s.seqs else s.last_seq + 1), s.last_seq
+
+    async def _read(self, stream: str, *, start_seq: int | None,
+                    start_time: float | None) -> AsyncGenerator[StoredMessage, None]:
+        s = self._streams[stream]
+        if start_time is not None:
+            i = next((i for i, msg in enumerate(s.messages) if msg.time >= start_time), len(s.messages))
+        else:
+            i = bisect.bisect_left(s.seqs, start_seq or 1)
+        # The list as it grows: what is appended while the replay runs is read too (up to its end).
         while i < len(s.messages):
-            msg = s.messages[i]
-            if msg.seq > stop or (end_time is not None and msg.time > end_time):
-                return
-            yield msg
+            yield s.messages[i]
             i += 1
 
-    async def subscribe(
-        self,
-        stream: str,
-        *,
-        start_seq: int | None = None,
-        durable: str | None = None,
-        subject_filter: str | None = None,
-    ) -> "_MemorySubscription":
+    async def _follow(self, stream: str, *, start_seq: int, subject_filter: str | None) -> _MemorySubscription:
+        return _MemorySubscription(self, self._streams[stream], start_seq, subject_filter, None)
+
+    async def _durable(self, stream: str, durable: str, *, start_seq: int | None,
+                       subject_filter: str | None) -> _MemorySubscription:
         s = self._streams[stream]
-        if durable is not None:
-            key = (stream, durable)
-            if key not in self._durables:
-                self._durables[key] = (start_seq or 1) - 1
-            return _MemorySubscription(self, s, self._durables[key] + 1, subject_filter, durable)
-        first = s.last_seq + 1 if start_seq is None else start_seq
-        return _MemorySubscription(self, s, first, subject_filter, None)
+        key = (stream, durable)
+        if key not in self._durables:
+            self._durables[key] = (start_seq or 1) - 1
+        return _MemorySubscription(self, s, self._durables[key] + 1, subject_filter, durable)
 
     async def kv_get(self, bucket: str, key: str) -> KVEntry | None:
         return self._kv.get((bucket, key))
@@ -297,9 +384,6 @@ class InMemoryLog:
         self._kv_rev[bucket] = rev
         self._kv[(bucket, key)] = KVEntry(key, bytes(value), rev)
         return rev
-
-    async def close(self) -> None:
-        return None
 
     def _durable_ack(self, stream: str, durable: str, seq: int) -> None:
         key = (stream, durable)

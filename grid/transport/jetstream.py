@@ -23,7 +23,7 @@ import collections
 import datetime as dt
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -34,10 +34,16 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from grid.events import codec
 from grid.events.authorship import Authorship
-from grid.events.base import Event
-from grid.events.log import AppendResult, ConflictError, KVEntry, LogError, StoredMessage
+from grid.events.log import (
+    DUPLICATE_WINDOW_SECONDS,
+    AppendResult,
+    ConflictError,
+    EventLogBase,
+    KVEntry,
+    LogError,
+    StoredMessage,
+)
 from grid.events.subjects import (
     ALL_STREAMS,
     COMMANDS_STREAM,
@@ -50,7 +56,6 @@ from grid.events.subjects import (
     REQUESTS_STREAM,
     STREAM_SUBJECTS,
     stream_for_subject,
-    subject_for,
 )
 from grid.transport.direct_reads import DirectSubscription
 from grid.transport.jetstream_consumers import (
@@ -80,7 +85,6 @@ JETSTREAM_READY_SECONDS = 10.0
 # Two missed 1 s pings: a silent node is left within 3 s (grid.transport.nats_failover leaves it).
 PING_INTERVAL_SECONDS = 1.0
 MAX_OUTSTANDING_PINGS = 2
-DUPLICATE_WINDOW_SECONDS = 120.0
 # The server's own report of its configuration; every server of a cluster answers.
 VARZ_PING_SUBJECT = "$SYS.REQ.SERVER.PING.VARZ"
 JS_API_PREFIX = "$JS.API"
@@ -280,7 +284,11 @@ def _hopeless(exc: BaseException) -> bool:
     return isinstance(exc, ssl.SSLCertVerificationError) or "authorization violation" in text or "expired" in text
 
 
-class JetStreamLog:
+# What JetStreamLog.subscribe returns.
+JetStreamSubscription = OrderedSubscription | DurableSubscription | DirectSubscription
+
+
+class JetStreamLog(EventLogBase[JetStreamSubscription]):
     """EventLog over a real NATS JetStream server or cluster."""
 
     def __init__(self, nc: NATS, *, durable: bool = True, timeout: float = 10.0,
@@ -318,7 +326,7 @@ class JetStreamLog:
         self._outage_reported = False
         # Subscriptions to renew after a reconnect; a subscription leaves when it is closed
         # (or collected, if a caller forgets to close it).
-        self._live: weakref.WeakSet[OrderedSubscription | DurableSubscription | DirectSubscription] = weakref.WeakSet()
+        self._live: weakref.WeakSet[JetStreamSubscription] = weakref.WeakSet()
         # Called (synchronously, inside nats-py's reconnect task) when the connection is lost:
         # whoever holds state that cannot survive it (core request/reply in flight) fails it.
         self._disconnect_listeners: list[Callable[[], None]] = []
@@ -694,32 +702,21 @@ class JetStreamLog:
             self._kv[bucket] = kv
         return kv
 
-    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> AppendResult:
-        return await self.append_raw(
-            subject_for(event),
-            codec.encode(event),
-            msg_id=event.event_id,
-            expected_last_subject_seq=expected_last_subject_seq,
-        )
-
-    async def append_raw(
-        self,
-        subject: str,
-        data: bytes,
-        *,
-        msg_id: str | None = None,
-        expected_last_subject_seq: int | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> AppendResult:
-        headers = dict(headers) if headers else {}
+    def _append_headers(self, msg_id: str | None, expected_last_subject_seq: int | None) -> dict[str, str]:
+        """The server drops a repeated Nats-Msg-Id within the stream's duplicate window, and checks
+        the subject's last sequence."""
+        headers: dict[str, str] = {}
         if msg_id is not None:
             headers["Nats-Msg-Id"] = msg_id
         if expected_last_subject_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
-        if self.authorship is not None:
-            headers.update(self.authorship.sign(subject, data))
+        return headers
+
+    async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None, *, msg_id: str | None,
+                     expected_last_subject_seq: int | None) -> AppendResult:
+        # msg_id and the expected sequence travel in `headers` (_append_headers).
         with log_errors(f"append to {subject}"):
-            reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers or None)
+            reply = await self._nc.request(subject, data, timeout=self._timeout, headers=headers)
         resp = _pub_ack_decoder.decode(reply.data)
         error = resp.get("error")
         if error:
@@ -744,14 +741,6 @@ class JetStreamLog:
     async def last_sequence(self, stream: str) -> int:
         info = await self._retrying(lambda: self._js.stream_info(stream))
         return int(info.state.last_seq)
-
-    async def last_subject_sequence(self, subject: str) -> int:
-        stream = stream_for_subject(subject)
-        try:
-            msg = await self._js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
-            return 0
-        return int(msg.seq or 0)
 
     async def last_message(self, subject: str) -> StoredMessage | None:
         """The last message on `subject`, by a stream message get (`$JS.API.STREAM.MSG.GET`,
@@ -803,18 +792,10 @@ class JetStreamLog:
             jsi._sseq = max(1, start_seq) - 1
         return sub
 
-    async def _ordered_subscription(
-        self,
-        stream: str,
-        *,
-        start_seq: int | None,
-        start_time: float | None = None,
-        subject_filter: str | None = None,
-    ) -> "OrderedSubscription | DirectSubscription":
-        if start_seq is None and start_time is None:
-            # "New messages only" as a position, so a renewal after a server restart resumes
-            # where this subscription stood instead of skipping what arrived meanwhile.
-            start_seq = await self.last_sequence(stream) + 1
+    async def _follow(self, stream: str, *, start_seq: int | None, start_time: float | None = None,
+                      subject_filter: str | None = None) -> OrderedSubscription | DirectSubscription:
+        """From `start_time` if given, else from `start_seq`: by direct gets for an identity in
+        an account of its own, else by an ordered consumer."""
         if self.direct_reads:
             direct = DirectSubscription(self, stream, source=self.views.get(stream, stream),
                                         start_seq=None if start_time is not None else max(1, start_seq or 1),
@@ -827,47 +808,25 @@ class JetStreamLog:
         self._live.add(ordered)
         return ordered
 
-    async def replay(
-        self,
-        stream: str,
-        *,
-        start_seq: int = 1,
-        start_time: float | None = None,
-        end_seq: int | None = None,
-        end_time: float | None = None,
-    ) -> AsyncIterator[StoredMessage]:
-        """Ordered replay of what the stream holds now, from a sequence or a time, to an end."""
+    async def _extent(self, stream: str) -> tuple[int, int]:
         info = await self._retrying(lambda: self._js.stream_info(stream))
         last = int(info.state.last_seq)
-        stop = last if end_seq is None else min(end_seq, last)
-        if int(info.state.messages) == 0 or stop < max(start_seq, int(info.state.first_seq)):
-            return
-        sub = await self._ordered_subscription(stream, start_seq=start_seq if start_time is None else None,
-                                               start_time=start_time)
+        # Empty is told by the count: a stream that never held a message reports first 0, not 1.
+        return (int(info.state.first_seq) if int(info.state.messages) else last + 1), last
+
+    async def _read(self, stream: str, *, start_seq: int | None,
+                    start_time: float | None) -> AsyncGenerator[StoredMessage, None]:
+        sub = await self._follow(stream, start_seq=start_seq, start_time=start_time)
         try:
-            while True:
-                # The deadline only matters when the queue is empty (when we would block), so
-                # the tail of a window whose last message has gone ends the replay instead of
-                # hanging it.
-                msg = await sub.next(self._timeout)
-                if msg is None or msg.seq > stop or (end_time is not None and msg.time > end_time):
-                    return
+            # The deadline only matters when the queue is empty (when we would block), so the
+            # tail of a window whose last message has gone ends the replay instead of hanging it.
+            while (msg := await sub.next(self._timeout)) is not None:
                 yield msg
-                if msg.seq >= stop:
-                    return
         finally:
             await sub.close()
 
-    async def subscribe(
-        self,
-        stream: str,
-        *,
-        start_seq: int | None = None,
-        durable: str | None = None,
-        subject_filter: str | None = None,
-    ) -> "OrderedSubscription | DurableSubscription | DirectSubscription":
-        if durable is None:
-            return await self._ordered_subscription(stream, start_seq=start_seq, subject_filter=subject_filter)
+    async def _durable(self, stream: str, durable: str, *, start_seq: int | None,
+                       subject_filter: str | None) -> DurableSubscription:
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
