@@ -54,7 +54,7 @@ def cell(machines: int, models: int, users: int, minutes: int, seed: int) -> dic
     pm.search = timed  # type: ignore[assignment]
     try:
         t0 = time.perf_counter()
-        run(sc, "smart", observe=observe)
+        run(sc, "smart", on_tick=observe)
         wall = time.perf_counter() - t0
     finally:
         pm.search = original  # type: ignore[assignment]

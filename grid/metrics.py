@@ -140,7 +140,7 @@ class GatewayMetrics:
                                          "Request records dropped because the telemetry queue was full.", registry=r)
         r.register(GaugeCollector(sources))
 
-    def observe(self, features: RequestFeatures, *, ttft_seconds: float | None = None) -> None:
+    def record_request(self, features: RequestFeatures, *, ttft_seconds: float | None = None) -> None:
         model = features.served_model or features.requested_model
         host = features.host_id or ""
         status = str(features.status_code)

@@ -24,7 +24,7 @@ from grid.events.log import EventLog
 from grid.events.subjects import LEASE_BUCKET, escape_token
 from grid.identity.creds import connect_options, creds_claims, credential_principal
 from grid.identity.invitations import split_servers
-from grid.identity.enrolment import Refused, renew, renewal_due
+from grid.identity.enrolment import EnrolmentRefused, renew, renewal_due
 from grid.identity.permissions import Role
 
 log = structlog.get_logger("grid.agent")
@@ -56,7 +56,7 @@ async def renewal_loop(nc: Any, credentials: Path, *, interval: float = RENEWAL_
         try:
             if renewal_due(credentials, time.time()):
                 outcome = await renew(nc, credentials)
-                if isinstance(outcome, Refused):
+                if isinstance(outcome, EnrolmentRefused):
                     log.warning("agent.renewal_refused", reason=outcome.reason)
                 else:
                     log.info("agent.credential_renewed", expires_at=outcome)

@@ -99,7 +99,9 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
-class Refused:
+class RegistrationRefused:
+    """An external engine's registration refused before any probe; `reason` is a REG_* constant."""
+
     reason: str
     message: str
 
@@ -128,33 +130,34 @@ def save(state_dir: Path, engines: Sequence[Registration]) -> None:
     write_owner_only(registry_path(state_dir), msgspec.json.encode(_Registry(engines=list(engines))))
 
 
-def base_url(url: str) -> str | Refused:
+def base_url(url: str) -> str | RegistrationRefused:
     """The endpoint's base URL: http(s), no query, no trailing slash or /v1."""
     try:
         parsed = httpx.URL(url.strip())
     except httpx.InvalidURL as exc:
-        return Refused(REG_BAD_URL, f"{url!r} is not a URL: {exc}")
+        return RegistrationRefused(REG_BAD_URL, f"{url!r} is not a URL: {exc}")
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        return Refused(REG_BAD_URL, f"{url!r} is not an http(s) URL with a host")
+        return RegistrationRefused(REG_BAD_URL, f"{url!r} is not an http(s) URL with a host")
     if parsed.userinfo:
-        return Refused(REG_BAD_URL, "the URL must not carry credentials (it is reported in heartbeats): "
-                                    "use --api-key-file")
+        return RegistrationRefused(REG_BAD_URL, "the URL must not carry credentials (it is reported in heartbeats): "
+                                               "use --api-key-file")
     if parsed.query or parsed.fragment:
-        return Refused(REG_BAD_URL, f"{url!r}: give the base URL without a query or fragment")
+        return RegistrationRefused(REG_BAD_URL, f"{url!r}: give the base URL without a query or fragment")
     path = parsed.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
     return str(parsed.copy_with(path=path or "/")).rstrip("/")
 
 
-def validate(model_id: str, url: str, kind: str, memory_mb: int, api_key_file: Path | None) -> Registration | Refused:
+def validate(model_id: str, url: str, kind: str, memory_mb: int,
+             api_key_file: Path | None) -> Registration | RegistrationRefused:
     """A registration from an operator's arguments, before any probe."""
     if kind not in KINDS:
-        return Refused(REG_BAD_KIND, f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        return RegistrationRefused(REG_BAD_KIND, f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if memory_mb < 0:
-        return Refused(REG_BAD_MEMORY, f"--memory-mb must be 0 or more, not {memory_mb}")
+        return RegistrationRefused(REG_BAD_MEMORY, f"--memory-mb must be 0 or more, not {memory_mb}")
     base = base_url(url)
-    if isinstance(base, Refused):
+    if isinstance(base, RegistrationRefused):
         return base
     key_file = str(Path(api_key_file).resolve()) if api_key_file is not None else None
     return Registration(model_id=model_id, url=base, kind=kind, memory_mb=memory_mb, api_key_file=key_file)

@@ -37,8 +37,9 @@ REASON_PROTECTION_REJECTS_ADMISSION = "protection_rejects_admission"
 ADMISSION_KINDS: frozenset[str] = frozenset({"load", "warm"})
 
 
-class Authority(msgspec.Struct, frozen=True, kw_only=True):
-    """The durable fence: highest term, its controller, and the latest plan generation."""
+class CommandFence(msgspec.Struct, frozen=True, kw_only=True):
+    """The agent's durable command fence: the highest controller term seen, its controller, and the
+    latest plan generation. `check_command` refuses a command behind it; `advance_fence` moves it."""
 
     highest_term: int = 0
     term_controller_id: str = ""
@@ -88,7 +89,7 @@ def check_command(
     cmd: CommandIssued,
     *,
     host_id: str,
-    authority: Authority,
+    fence: CommandFence,
     lease_remaining_seconds: float,
     dependency_status: Mapping[str, str],
     protection_state: str,
@@ -99,12 +100,12 @@ def check_command(
         return _reject(REASON_NOT_EXECUTABLE)
     if cmd.kind not in ACTION_KINDS:
         return _reject(REASON_UNKNOWN_KIND, str(cmd.kind))
-    if cmd.controller_term < authority.highest_term:
-        return _reject(REASON_STALE_TERM, f"term {cmd.controller_term} < {authority.highest_term}")
+    if cmd.controller_term < fence.highest_term:
+        return _reject(REASON_STALE_TERM, f"term {cmd.controller_term} < {fence.highest_term}")
     if (
-        cmd.controller_term == authority.highest_term
-        and authority.term_controller_id
-        and cmd.controller_id != authority.term_controller_id
+        cmd.controller_term == fence.highest_term
+        and fence.term_controller_id
+        and cmd.controller_id != fence.term_controller_id
     ):
         return _reject(REASON_TERM_CONTROLLER_CONFLICT, f"term {cmd.controller_term} belongs to another controller")
     if not lease_remaining_seconds > 0.0:
@@ -113,8 +114,8 @@ def check_command(
         epoch, sequence, _ = parse_generation(cmd.generation)
     except ValueError:
         return _reject(REASON_MALFORMED_GENERATION, cmd.generation[:80])
-    if epoch == authority.generation_epoch and sequence < authority.generation_sequence:
-        return _reject(REASON_STALE_GENERATION, f"sequence {sequence} < {authority.generation_sequence}")
+    if epoch == fence.generation_epoch and sequence < fence.generation_sequence:
+        return _reject(REASON_STALE_GENERATION, f"sequence {sequence} < {fence.generation_sequence}")
     for dep in cmd.dependencies:
         status = dependency_status.get(dep)
         if status != "succeeded":
@@ -126,16 +127,16 @@ def check_command(
     return ACCEPT
 
 
-def advance_authority(authority: Authority, cmd: CommandIssued) -> Authority:
+def advance_fence(fence: CommandFence, cmd: CommandIssued) -> CommandFence:
     """The fence after accepting `cmd` (call only when check_command said ok)."""
     epoch, sequence, _ = parse_generation(cmd.generation)
-    if epoch == authority.generation_epoch:
-        sequence = max(sequence, authority.generation_sequence)
-    if cmd.controller_term > authority.highest_term:
+    if epoch == fence.generation_epoch:
+        sequence = max(sequence, fence.generation_sequence)
+    if cmd.controller_term > fence.highest_term:
         term, controller = cmd.controller_term, cmd.controller_id
     else:
-        term, controller = authority.highest_term, authority.term_controller_id or cmd.controller_id
-    return Authority(
+        term, controller = fence.highest_term, fence.term_controller_id or cmd.controller_id
+    return CommandFence(
         highest_term=term,
         term_controller_id=controller,
         generation_epoch=epoch,
@@ -150,7 +151,7 @@ def lease_remaining(
     now_mono: float,
     age_at_receipt: float = 0.0,
 ) -> float:
-    """Authority left now, on the local monotonic clock.
+    """Lease time left now, on the local monotonic clock.
 
     `age_at_receipt` is how long the command had already waited in the log when we received it,
     measured on the log server's clock (server-now estimate minus the message's server timestamp),

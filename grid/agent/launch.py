@@ -57,6 +57,8 @@ NO_GRID = "no_grid"
 
 @dataclass(frozen=True)
 class Refused:
+    """Why a launch (or a join) stops before anything starts; the CLI prints `message`."""
+
     reason: str  # one of the constants above
     message: str
 
@@ -139,7 +141,7 @@ def read_joined(paths: AgentPaths) -> Joined | Refused | None:
 
 def redeem_join_token(token: str, paths: AgentPaths) -> Joined | Refused:
     """Redeem `token` for this state directory's host credential and keep the enrolment."""
-    from grid.identity.enrolment import Refused as EnrolmentRefused
+    from grid.identity.enrolment import EnrolmentRefused
     from grid.identity.enrolment import join as enrol
     from grid.identity.invitations import InvitationError, JoinToken
     from grid.secrets import write_owner_only

@@ -109,6 +109,8 @@ class ProtectionStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Transition(msgspec.Struct, frozen=True, kw_only=True):
+    """A change of the host's protection state from one `step` (logged as a ProtectionTransition)."""
+
     from_state: str
     to_state: str
     reason: str

@@ -516,7 +516,7 @@ class ExternalQualification:
     async def reachability(self) -> Check:
         o = self.options
         reg = external.validate(o.model, o.url, o.kind, 0, o.api_key_file)
-        if isinstance(reg, external.Refused):
+        if isinstance(reg, external.RegistrationRefused):
             return failed(BAD_ENDPOINT, reg.message)
         self.endpoint = reg.url
         self.key, unreadable = external.read_key(reg)

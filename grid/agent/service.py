@@ -464,8 +464,8 @@ class HostAgent:
             log.warning("agent.heartbeat_failed", error=str(exc))
             self._poke()
 
-    def _authority(self) -> fencing.Authority:
-        return fencing.Authority(
+    def _fence(self) -> fencing.CommandFence:
+        return fencing.CommandFence(
             highest_term=self.state.highest_term,
             term_controller_id=self.state.term_controller_id,
             generation_epoch=self.state.generation_epoch,
@@ -807,7 +807,7 @@ class HostAgent:
             r = self.state.receipt(dep)
             deps[dep] = r.status if r is not None else ""
         verdict = fencing.check_command(
-            cmd, host_id=self.host_id, authority=self._authority(), lease_remaining_seconds=remaining,
+            cmd, host_id=self.host_id, fence=self._fence(), lease_remaining_seconds=remaining,
             dependency_status=deps, protection_state=self._protection.status.state,
         )
         if verdict.ok and self.options.credentials is not None:
@@ -823,11 +823,11 @@ class HostAgent:
             await self._finish(item, Outcome(verdict.status, verdict.message), self.clock.monotonic() - started)
             return
         # The fence moves (durably) before any side effect.
-        authority = fencing.advance_authority(self._authority(), cmd)
-        self.state.highest_term = authority.highest_term
-        self.state.term_controller_id = authority.term_controller_id
-        self.state.generation_epoch = authority.generation_epoch
-        self.state.generation_sequence = authority.generation_sequence
+        fence = fencing.advance_fence(self._fence(), cmd)
+        self.state.highest_term = fence.highest_term
+        self.state.term_controller_id = fence.term_controller_id
+        self.state.generation_epoch = fence.generation_epoch
+        self.state.generation_sequence = fence.generation_sequence
         self.state.in_flight = InFlight(
             action_id=cmd.action_id, kind=cmd.kind, model_id=cmd.model_id, started_at=self.clock.now(),
             generation=cmd.generation, controller_term=cmd.controller_term,

@@ -94,7 +94,7 @@ def add(
     """Register an engine after probing it (a wrong API key or a model the endpoint does not list is refused) and
     request its admission as a route: only an operator's admission makes Grid route to it."""
     reg = external.validate(model, url, kind, memory_mb, api_key_file)
-    if isinstance(reg, external.Refused):
+    if isinstance(reg, external.RegistrationRefused):
         _fail(reg.message)
         return
     result = external.probe_sync(reg)

@@ -36,7 +36,9 @@ class Cursor(msgspec.Struct, kw_only=True, array_like=True):
     seen_at: float
 
 
-class Transition(msgspec.Struct, kw_only=True, array_like=True):
+class TransitionCount(msgspec.Struct, kw_only=True, array_like=True):
+    """How often one workload followed another in the same workflow, and when last (receipt time)."""
+
     count: int
     last_at: float
 
@@ -45,7 +47,7 @@ class AffinityState(msgspec.Struct, kw_only=True):
     # double-hashed key -> where that workflow last was
     cursors: dict[str, Cursor] = {}
     # "src\x1fdst" -> count
-    transitions: dict[str, Transition] = {}
+    transitions: dict[str, TransitionCount] = {}
     # receipt time of the last expiry sweep (sweeps run at most once a minute)
     swept_at: float = 0.0
 
@@ -89,7 +91,7 @@ def _evict(table: dict, order) -> None:
         del table[key]
 
 
-def observe(state: AffinityState, affinity: str, workload: str, finished_at: float, at: float) -> None:
+def record_completion(state: AffinityState, affinity: str, workload: str, finished_at: float, at: float) -> None:
     """Fold one completion of a workflow (mutates ``state``). ``at`` is the receipt time."""
     if at - state.swept_at >= 60.0:
         _expire(state, at)
@@ -111,7 +113,7 @@ def observe(state: AffinityState, affinity: str, workload: str, finished_at: flo
     if t is None:
         if len(state.transitions) >= MAX_TRANSITIONS:
             _evict(state.transitions, lambda k, t: (t.last_at, t.count, k))
-        state.transitions[tkey] = Transition(count=1, last_at=at)
+        state.transitions[tkey] = TransitionCount(count=1, last_at=at)
     else:
         t.count += 1
         t.last_at = max(t.last_at, at)

@@ -320,7 +320,7 @@ def apply(state: DemandState, event: Event, position_time: float, configured: Co
                 at=t,
             )
         if r.affinity:
-            affinity_mod.observe(aff, r.affinity, wl, r.finished_at, t)
+            affinity_mod.record_completion(aff, r.affinity, wl, r.finished_at, t)
     if ignored:
         state.ignored += ignored
     return state

@@ -70,7 +70,7 @@ class Measurements:
     def view(self) -> dict[Hashable, RouteMeasurement]:
         return self._routes
 
-    def observe(
+    def record_response(
         self,
         key: Hashable,
         artifact_sha256: str | None,

@@ -221,7 +221,7 @@ def _record(gw: Gateway, ctx: _Ctx, *, outcome: str, status: int, service: float
     )
     if not gw.telemetry.put(features):
         gw.metrics.telemetry_dropped.inc()
-    gw.metrics.observe(features, ttft_seconds=ctx.ttft)
+    gw.metrics.record_request(features, ttft_seconds=ctx.ttft)
 
 
 def _unavailable(gw: Gateway, ctx: _Ctx, status: int, message: str, code: str, retry_after: float) -> Response:
@@ -461,7 +461,7 @@ def _relay(gw: Gateway, ctx: _Ctx, attempt: Attempt, upstream: UpstreamResponse,
         if outcome == STREAM_OK:
             end = gw.clock.now()
             parser.close()
-            gw.measurements.observe(route.key, route.artifact_sha256, latency, parser.completion_tokens, end)
+            gw.measurements.record_response(route.key, route.artifact_sha256, latency, parser.completion_tokens, end)
             attempt.finish("ok", status, latency, parser.completion_tokens or 0)
             return
         ending = stream_ending_of(outcome)
@@ -497,7 +497,7 @@ async def _read_answer(gw: Gateway, attempt: Attempt, upstream: UpstreamResponse
     if ok:
         def after() -> None:  # bookkeeping after the bytes are on their way to the client
             tokens = completion_tokens_of(content) if b'"usage"' in content else None
-            gw.measurements.observe(route.key, route.artifact_sha256, latency, tokens, gw.clock.now())
+            gw.measurements.record_response(route.key, route.artifact_sha256, latency, tokens, gw.clock.now())
             attempt.finish("ok", status, latency, tokens or 0)
 
         return RawResponse(status, _served_headers(upstream, route), content, after)

@@ -110,7 +110,7 @@ PUSH_TIMEOUT_SECONDS = 5.0
 INVITEE_REVOKE_GRACE_SECONDS = 1.0
 
 
-class Refused(msgspec.Struct, frozen=True):
+class EnrolmentRefused(msgspec.Struct, frozen=True):
     """The service said no; `reason` is one of the REFUSED_* constants."""
 
     reason: str
@@ -475,7 +475,7 @@ def _pinned_context(servers: tuple[str, ...], fingerprint: str) -> Any:
     raise ConnectionError("no server of the token answered: " + "; ".join(failures))
 
 
-def _decode_reply(msg: Any, credential_jwt: str, request_subject: str) -> Granted | Refused:
+def _decode_reply(msg: Any, credential_jwt: str, request_subject: str) -> Granted | EnrolmentRefused:
     """The service's answer, if a controller of the grid that issued `credential_jwt` signed it
     as the answer to a request on `request_subject` (the account key is pinned by the
     credential). Only the server writes to this connection's inbox: nobody else's answer lands here."""
@@ -484,13 +484,13 @@ def _decode_reply(msg: Any, credential_jwt: str, request_subject: str) -> Grante
                                        check_permission=False)
     if not verdict.ok or verdict.role != Role.CONTROLLER.value:
         log.warning("enrolment.unproven_reply", reason=verdict.reason or f"signed by a {verdict.role}")
-        return Refused(REFUSED_UNPROVEN_REPLY)
+        return EnrolmentRefused(REFUSED_UNPROVEN_REPLY)
     reply = msgspec.json.decode(msg.data, type=Reply)
-    return reply.granted if reply.granted is not None else Refused(reply.refused or REFUSED_MALFORMED)
+    return reply.granted if reply.granted is not None else EnrolmentRefused(reply.refused or REFUSED_MALFORMED)
 
 
 async def join(token: JoinToken | str, directory: Path, *,
-               timeout: float = REQUEST_TIMEOUT_SECONDS) -> Enrolment | Refused:
+               timeout: float = REQUEST_TIMEOUT_SECONDS) -> Enrolment | EnrolmentRefused:
     """Join with a token: make this host's key here, prove it, and store the host credential.
 
     Writes `host.creds` (JWT and seed, 0600) and `ca.pem` under `directory` (0700); writes
@@ -522,14 +522,14 @@ async def join(token: JoinToken | str, directory: Path, *,
     except nats.errors.Error as exc:
         if any(word in str(exc).lower() for word in ("authorization violation", "expired")):
             # The invitee credential dies with its join (and with its invitation's end).
-            return Refused(REFUSED_INVITEE_REFUSED)
+            return EnrolmentRefused(REFUSED_INVITEE_REFUSED)
         raise
     try:
         reply = await nc.request(ENROL_JOIN_SUBJECT, body, timeout=timeout, headers=headers)
     finally:
         await nc.close()
     granted = _decode_reply(reply, token.invitee_jwt, ENROL_JOIN_SUBJECT)
-    if isinstance(granted, Refused):
+    if isinstance(granted, EnrolmentRefused):
         return granted
     creds_path = write_creds(directory / "host.creds", granted.jwt, pair.seed)
     ca_path = None
@@ -542,7 +542,7 @@ async def join(token: JoinToken | str, directory: Path, *,
 
 
 async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
-                timeout: float = REQUEST_TIMEOUT_SECONDS) -> float | Refused:
+                timeout: float = REQUEST_TIMEOUT_SECONDS) -> float | EnrolmentRefused:
     """Renew the host credential in `creds_path` over `nc` (connected with it); rewrites the file
     in place (the client reads it again on its next reconnect) and returns the new expiry."""
     current_jwt, seed = read_creds(Path(creds_path))
@@ -556,7 +556,7 @@ async def renew(nc: nats.NATS, creds_path: Path, *, now: float | None = None,
     headers = Signer(current_jwt, seed).sign(ENROL_RENEW_SUBJECT, body)
     reply = await nc.request(ENROL_RENEW_SUBJECT, body, timeout=timeout, headers=headers)
     granted = _decode_reply(reply, current_jwt, ENROL_RENEW_SUBJECT)
-    if isinstance(granted, Refused):
+    if isinstance(granted, EnrolmentRefused):
         return granted
     write_creds(Path(creds_path), granted.jwt, seed)
     return granted.expires_at

@@ -90,7 +90,7 @@ def _evict(entries: dict[str, Throughput]) -> None:
     del entries[oldest]
 
 
-def observe(state: ThroughputState, r: RequestFeatures, at: float, configured: Container[str]) -> None:
+def record_request(state: ThroughputState, r: RequestFeatures, at: float, configured: Container[str]) -> None:
     """Fold one record received at ``at`` (mutates ``state``)."""
     if r.served_model is None or r.served_model not in configured:
         return
@@ -127,7 +127,7 @@ def apply(state: ThroughputState, event: Event, position: Position, configured: 
     if not math.isfinite(at):
         return state
     for r in records:
-        observe(state, r, at, configured)
+        record_request(state, r, at, configured)
     return state
 
 

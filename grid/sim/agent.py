@@ -105,7 +105,7 @@ class SimAgent:
     disk_mb: int | None = None
     # None: every transition is instantaneous.
     timing: Timing | None = None
-    fence: fencing.Authority = field(default_factory=fencing.Authority)
+    fence: fencing.CommandFence = field(default_factory=fencing.CommandFence)
     # Action id -> terminal status (the agent's receipts: dependencies are judged on them).
     receipts: dict[str, str] = field(default_factory=dict)
     withdrawn: set[str] = field(default_factory=set)
@@ -129,14 +129,14 @@ class SimAgent:
             return ()
         if cmd.action_id not in self.withdrawn:
             verdict = fencing.check_command(
-                cmd, host_id=self.host_id, authority=self.fence, lease_remaining_seconds=lease_remaining,
+                cmd, host_id=self.host_id, fence=self.fence, lease_remaining_seconds=lease_remaining,
                 dependency_status=self.receipts, protection_state=self.state,
             )
             if not verdict.ok:
                 self.refused.append((cmd, verdict.reason))
                 self.receipts[cmd.action_id] = verdict.status
                 return ((verdict.status, verdict.message),)
-            self.fence = fencing.advance_authority(self.fence, cmd)
+            self.fence = fencing.advance_fence(self.fence, cmd)
         return self.start(cmd, now, fail=fail).acks
 
     def start(self, cmd: CommandIssued, at: float, *, fail: bool = False, fetch_seconds: float | None = None,

@@ -98,7 +98,7 @@ def measure(sc: Scenario, host: str, policy: Policy, *, strategy: str = strategi
             up.clear()
             up.update(r.model_id for r in event.residencies if r.state in ("warming", "ready"))
 
-    def observe(minute, pin, plan, result) -> None:
+    def on_tick(minute, pin, plan, result) -> None:
         nonlocal lost
         if any(q.kind == "host" and q.subject == host for q in pin.flap_quarantines):
             watch.quarantined_minutes += 1
@@ -108,7 +108,7 @@ def measure(sc: Scenario, host: str, policy: Policy, *, strategy: str = strategi
             lost += len(up)
             up.clear()
 
-    rep = run(sc, strategy, policy=policy, on_event=on_event, observe=observe).report()
+    rep = run(sc, strategy, policy=policy, on_event=on_event, on_tick=on_tick).report()
     return Figures(
         quarantine=policy.flap_host_transitions > 0, starts_on_flapping_host=watch.starts, replicas_lost=lost,
         flaps=rep.flaps, churn=rep.churn, served_demand=rep.served_demand,

@@ -42,7 +42,7 @@ from grid.sim.traffic import AUTO, Request
 from grid.sim.world import World
 
 # Sees every tick's planner input, plan and reconcile result (tests and diagnosis).
-Observer = Callable[[int, PlannerInput, Plan, ReconcileResult], None]
+TickObserver = Callable[[int, PlannerInput, Plan, ReconcileResult], None]
 
 TICK_SECONDS = 60.0
 # A throttled machine runs slower as well as taking a smaller share (thermal derating).
@@ -54,7 +54,7 @@ DEMAND_WINDOW_MINUTES = 10
 CONTROLLER_ID = "sim"
 # The lab controller's epoch in command generations (grid.events.plan.make_generation).
 GENERATION_EPOCH = "sim"
-# Lease authority every lab command carries (the lab's controller never loses its lease).
+# The lease time left every lab command carries (the lab's controller never loses its lease).
 LEASE_SECONDS = 30.0
 _RANK = {s: i for i, s in enumerate(STREAM_ORDER)}
 
@@ -84,7 +84,7 @@ class _Log:
             self.runner.fold_event(event, Position(stream, seq, at))
 
 
-def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observer | None = None,
+def run(sc: Scenario, strategy: str, *, timeline: bool = False, on_tick: TickObserver | None = None,
         on_event: Callable[[str, Event], None] | None = None, policy: Policy | None = None) -> Metrics:
     """`policy`: the planner policy (default: the controller's); the lab's comparisons vary it."""
     policy = Policy() if policy is None else policy
@@ -138,8 +138,8 @@ def run(sc: Scenario, strategy: str, *, timeline: bool = False, observe: Observe
             metrics.action(minute, a.kind, a.host_id, a.model_id, a.reason, a.preemption_for)
         log.flush(now)
         metrics.plan(minute, plan)
-        if observe is not None:
-            observe(minute, pin, plan, result)
+        if on_tick is not None:
+            on_tick(minute, pin, plan, result)
 
         # --- route the minute's requests -----------------------------------------------------
         snaps = fleet_proj.snapshots(runner.states["fleet"], now)

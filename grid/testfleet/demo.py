@@ -130,7 +130,7 @@ class Answer:
 
 
 @dataclass
-class Transition:
+class ResidencyTransition:
     at: float
     host_id: str
     model_id: str
@@ -144,7 +144,7 @@ class DemoReport:
     coding_model: str
     requirements: list[dict[str, Any]] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
-    transitions: list[Transition] = field(default_factory=list)
+    transitions: list[ResidencyTransition] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
     # Every line the fleet's log produced while the demo ran, in order (transitions, commands, outcomes).
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -531,7 +531,7 @@ class Demo:
         """Transitions, commands and the timeline from the fleet's log, and whether it was followed."""
         r = self.report
         lines = self.follower.snapshot()
-        r.transitions = [Transition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
+        r.transitions = [ResidencyTransition(x.at, x.host_id, x.model_id, x.before, x.after) for x in lines
                          if x.kind == "residency"]
         r.commands = self._commands()
         r.timeline = [{"at": x.at, "kind": x.kind, "host_id": x.host_id, "text": x.text} for x in lines]

@@ -1,6 +1,6 @@
 """Follow a fleet from its log: residency transitions and command outcomes, as lines.
 
-`observe` is the pure part (previous residency states, one event -> new states and the lines it
+`lines_for` is the pure part (previous residency states, one event -> new states and the lines it
 produces); `follow` subscribes to the hosts and commands streams as the operator identity.
 Heartbeats repeat the whole residency table every interval, so only changes become lines.
 """
@@ -39,7 +39,7 @@ class Line:
     after: str = ""
 
 
-def observe(states: States, event: object, at: float) -> tuple[States, list[Line]]:
+def lines_for(states: States, event: object, at: float) -> tuple[States, list[Line]]:
     """The residency states after `event` and the lines worth showing for it."""
     if isinstance(event, HostHeartbeat):
         host = event.host_id
@@ -113,7 +113,7 @@ async def follow(nats_url: str, control_home: Path, emit: Callable[[Line], None]
                 continue
             if not vouched_for(msg, event):
                 continue
-            states, lines = observe(states, event, msg.time)
+            states, lines = lines_for(states, event, msg.time)
             for line in lines:
                 emit(line)
     finally:

@@ -69,7 +69,7 @@ DEMAND_BUCKET_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
-class Transition:
+class ResidencyTransition:
     at: float
     host_id: str
     model_id: str
@@ -84,7 +84,7 @@ class Transition:
 class Watcher:
     """Residency transitions from the event log, collected by a background follower."""
 
-    seen: list[Transition] = field(default_factory=list)
+    seen: list[ResidencyTransition] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def emit(self, line: Line) -> None:
@@ -95,9 +95,9 @@ class Watcher:
         host, _, model = head.partition(" ")
         before, _, after = change.partition(" -> ")
         with self.lock:
-            self.seen.append(Transition(line.at, host, model, before, after))
+            self.seen.append(ResidencyTransition(line.at, host, model, before, after))
 
-    def since(self, start: float) -> list[Transition]:
+    def since(self, start: float) -> list[ResidencyTransition]:
         with self.lock:
             return [t for t in self.seen if t.at >= start]
 
@@ -215,7 +215,7 @@ def _wall_time(scenario: str, began: float) -> None:
     print(f"\n{scenario} scenario wall time: {time.monotonic() - began:.1f}s")
 
 
-def _colocated(transitions: list[Transition], models: set[str]) -> list[tuple[float, str, set[str]]]:
+def _colocated(transitions: list[ResidencyTransition], models: set[str]) -> list[tuple[float, str, set[str]]]:
     """Moments a host reported processes of two or more of `models` at once (replaying each
     host's reported residency states in log order)."""
     live: dict[str, dict[str, str]] = {}
@@ -231,7 +231,8 @@ def _colocated(transitions: list[Transition], models: set[str]) -> list[tuple[fl
     return out
 
 
-def _first(transitions: list[Transition], host: str, model: str, after: set[str]) -> Transition | None:
+def _first(transitions: list[ResidencyTransition], host: str, model: str,
+           after: set[str]) -> ResidencyTransition | None:
     return next((t for t in transitions if t.host_id == host and t.model_id == model and t.after in after), None)
 
 

@@ -23,8 +23,8 @@ from grid.identity.enrolment import (
     REFUSED_INVITEE_REFUSED,
     REFUSED_UNPROVEN_REPLY,
     Enrolment,
+    EnrolmentRefused,
     EnrolmentService,
-    Refused,
     JoinRequest,
     join,
     join_statement,
@@ -122,15 +122,15 @@ async def test_an_invitation_is_single_use(
 ) -> None:
     service, _ = enrolment
     token = _token(service, secured_server)
-    assert not isinstance(await join(token, tmp_path / "first"), Refused)
+    assert not isinstance(await join(token, tmp_path / "first"), EnrolmentRefused)
     # The invitee credential died with that join: the token cannot even connect again.
     await refused_at_connect(secured_server, token)
-    assert await join(token, tmp_path / "second") == Refused(REFUSED_INVITEE_REFUSED)
+    assert await join(token, tmp_path / "second") == EnrolmentRefused(REFUSED_INVITEE_REFUSED)
     assert not (tmp_path / "second" / "host.creds").exists()
     # Behind that, the invitation is spent: a live invitee credential with its secret is refused.
     other = _token(service, secured_server)
     reused = msgspec.structs.replace(other, secret=token.secret)
-    assert await join(reused, tmp_path / "third") == Refused(REFUSED_INVITATION_USED)
+    assert await join(reused, tmp_path / "third") == EnrolmentRefused(REFUSED_INVITATION_USED)
     assert not (tmp_path / "third" / "host.creds").exists()
     await refused_at_connect(secured_server, other)  # a spent invitation's invitee is revoked too
     assert await revocations_counted(service, 2) == 2 and service.revoke_failures == 0
@@ -166,7 +166,7 @@ async def test_an_expired_invitation_is_refused(
     service, clock = enrolment
     token = _token(service, secured_server, ttl_seconds=600.0)
     clock.offset = 601.0
-    assert await join(token, tmp_path / "late") == Refused(REFUSED_INVITATION_EXPIRED)
+    assert await join(token, tmp_path / "late") == EnrolmentRefused(REFUSED_INVITATION_EXPIRED)
     assert not (tmp_path / "late" / "host.creds").exists()
 
 
@@ -176,7 +176,7 @@ async def test_an_expired_invitee_credential_cannot_connect(
     service, clock = enrolment
     clock.offset = -3600.0  # invited an hour ago, for ten minutes
     token = _token(service, secured_server, ttl_seconds=600.0)
-    assert await join(token, tmp_path / "late") == Refused(REFUSED_INVITEE_REFUSED)
+    assert await join(token, tmp_path / "late") == EnrolmentRefused(REFUSED_INVITEE_REFUSED)
     assert not (tmp_path / "late" / "host.creds").exists()
 
 
@@ -260,7 +260,7 @@ async def test_a_revoked_host_is_disconnected_refused_at_connect_and_at_renewal(
     # Revoked the way `gridctl node revoke` does it: from another process's view of the authority.
     updates = Authority(authority.directory).revoke_host(HOST, now=time.time())
     # Renewal is refused as soon as the authority has revoked the host (before servers hear of it).
-    assert await renew(host.client, creds_path) == Refused(REFUSED_HOST_REVOKED)
+    assert await renew(host.client, creds_path) == EnrolmentRefused(REFUSED_HOST_REVOKED)
 
     system = await nats.connect(secured_server.url, **connect_options(authority.system_creds(now=time.time()), None))
     try:
@@ -293,7 +293,7 @@ async def test_a_join_answer_no_controller_signed_is_not_trusted(
             outcome = await join(token.encode(), tmp_path / f"join-{sign is None}")
         finally:
             await service.stop()
-        assert outcome == Refused(REFUSED_UNPROVEN_REPLY)
+        assert outcome == EnrolmentRefused(REFUSED_UNPROVEN_REPLY)
         assert not (tmp_path / f"join-{sign is None}" / "host.creds").exists()
 
 
@@ -372,7 +372,7 @@ async def test_only_the_controller_in_charge_answers_joins(
         in_charge[0] = True
         service.answering = lambda: False
         refused = await join(_token(service, secured_server), tmp_path / "elsewhere")
-        assert refused == Refused(REFUSED_UNKNOWN_INVITATION)
+        assert refused == EnrolmentRefused(REFUSED_UNKNOWN_INVITATION)
         assert not (tmp_path / "elsewhere" / "host.creds").exists()
         assert await revocations_counted(standby, 1) == 1
     finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grid.testfleet.demo import Answer, DemoReport, Transition
+from grid.testfleet.demo import Answer, DemoReport, ResidencyTransition
 
 
 def _ok(persona: str, model: str, host: str, ms: float, tokens: int = 8) -> Answer:
@@ -32,9 +32,11 @@ def test_performance_is_per_host_and_model_from_successful_answers_only() -> Non
 
 def test_lifecycles_keep_every_transition_in_order_per_residency() -> None:
     r = DemoReport(baseline_model="b", coding_model="c")
-    r.transitions = [Transition(1.0, "h2", "c", "absent", "loading"), Transition(1.5, "h1", "b", "absent", "ready"),
-                     Transition(2.0, "h2", "c", "loading", "cached"), Transition(4.0, "h2", "c", "cached", "warming"),
-                     Transition(7.0, "h2", "c", "warming", "ready")]
+    r.transitions = [ResidencyTransition(1.0, "h2", "c", "absent", "loading"),
+                     ResidencyTransition(1.5, "h1", "b", "absent", "ready"),
+                     ResidencyTransition(2.0, "h2", "c", "loading", "cached"),
+                     ResidencyTransition(4.0, "h2", "c", "cached", "warming"),
+                     ResidencyTransition(7.0, "h2", "c", "warming", "ready")]
     life = r.lifecycles()
     assert list(life) == ["h1/b", "h2/c"]
     assert [s["to"] for s in life["h2/c"]] == ["loading", "cached", "warming", "ready"]

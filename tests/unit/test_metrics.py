@@ -23,8 +23,8 @@ def test_gateway_request_observations() -> None:
                                     lambda: counts([s for s, n in live.items() for _ in range(n)], ("ready", "draining")))])
     f = RequestFeatures(endpoint="chat", requested_model="m", served_model="m", service_seconds=0.3, status_code=200,
                         input_units=12, output_units=40, host_id="h1")
-    m.observe(f, ttft_seconds=0.05)
-    m.observe(RequestFeatures(endpoint="chat", requested_model="m", status_code=503, outcome="unavailable"))
+    m.record_request(f, ttft_seconds=0.05)
+    m.record_request(RequestFeatures(endpoint="chat", requested_model="m", status_code=503, outcome="unavailable"))
     got = parse(exposition(m.registry))
     # Each request series names the host that served it; "" when none did (refused before routing).
     assert ({"model": "m", "endpoint": "chat", "status": "200", "host": "h1"}, 1.0) in got["grid_gateway_requests_total"]
@@ -84,7 +84,7 @@ def test_controller_and_agent_families() -> None:
 
 def test_registries_are_per_process_component() -> None:
     a, b = GatewayMetrics(), GatewayMetrics()
-    a.observe(RequestFeatures(endpoint="chat", requested_model="x"))
+    a.record_request(RequestFeatures(endpoint="chat", requested_model="x"))
     assert parse(exposition(b.registry)).get("grid_gateway_requests_total", []) == []
     assert len(parse(exposition(a.registry))["grid_gateway_requests_total"]) == 1
 

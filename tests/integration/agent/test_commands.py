@@ -17,7 +17,7 @@ from tests.integration.agent.agentkit import HOST, heartbeats, make_command, ter
 
 def _check(cmd, **kw):
     args = dict(
-        host_id=HOST, authority=fencing.Authority(), lease_remaining_seconds=10.0,
+        host_id=HOST, fence=fencing.CommandFence(), lease_remaining_seconds=10.0,
         dependency_status={}, protection_state="accepting",
     )
     args.update(kw)
@@ -25,15 +25,15 @@ def _check(cmd, **kw):
 
 
 def test_check_chain_reasons():
-    a = fencing.Authority(highest_term=5, term_controller_id="c5", generation_epoch="e", generation_sequence=7)
+    a = fencing.CommandFence(highest_term=5, term_controller_id="c5", generation_epoch="e", generation_sequence=7)
     cases = [
         (make_command(host_id="other"), {}, fencing.REASON_WRONG_HOST),
         (make_command(executable=False), {}, fencing.REASON_NOT_EXECUTABLE),
-        (make_command(term=4, controller_id="c5", epoch="e", sequence=9), {"authority": a}, fencing.REASON_STALE_TERM),
-        (make_command(term=5, controller_id="zz", epoch="e", sequence=9), {"authority": a},
+        (make_command(term=4, controller_id="c5", epoch="e", sequence=9), {"fence": a}, fencing.REASON_STALE_TERM),
+        (make_command(term=5, controller_id="zz", epoch="e", sequence=9), {"fence": a},
          fencing.REASON_TERM_CONTROLLER_CONFLICT),
         (make_command(), {"lease_remaining_seconds": 0.0}, fencing.REASON_LEASE_EXPIRED),
-        (make_command(term=5, controller_id="c5", epoch="e", sequence=6), {"authority": a},
+        (make_command(term=5, controller_id="c5", epoch="e", sequence=6), {"fence": a},
          fencing.REASON_STALE_GENERATION),
         (make_command(dependencies=("d1",)), {"dependency_status": {"d1": "failed"}},
          fencing.REASON_DEPENDENCY_NOT_SUCCEEDED),
@@ -45,11 +45,11 @@ def test_check_chain_reasons():
     assert _check(make_command(kind="warm"), protection_state="paused").status == "cancelled"
     assert _check(make_command(kind="drain"), protection_state="paused").ok  # destructive work still runs
     # Same term, same controller, same or newer sequence: fine. A new epoch is a new sequence space.
-    assert _check(make_command(term=5, controller_id="c5", epoch="e", sequence=7), authority=a).ok
-    assert _check(make_command(term=5, controller_id="c5", epoch="f", sequence=0), authority=a).ok
-    assert _check(make_command(term=6, controller_id="new", epoch="e", sequence=1), authority=a).reason == \
+    assert _check(make_command(term=5, controller_id="c5", epoch="e", sequence=7), fence=a).ok
+    assert _check(make_command(term=5, controller_id="c5", epoch="f", sequence=0), fence=a).ok
+    assert _check(make_command(term=6, controller_id="new", epoch="e", sequence=1), fence=a).reason == \
         fencing.REASON_STALE_GENERATION
-    adv = fencing.advance_authority(a, make_command(term=6, controller_id="new", epoch="f", sequence=3))
+    adv = fencing.advance_fence(a, make_command(term=6, controller_id="new", epoch="f", sequence=3))
     assert (adv.highest_term, adv.term_controller_id, adv.generation_epoch, adv.generation_sequence) == (6, "new", "f", 3)
 
 

@@ -139,11 +139,11 @@ async def test_stale_controller_can_append_neither_plan_nor_command(nats_server:
         # And a command A managed to publish in its old term is refused by a fenced consumer
         # that has seen the new term (the real agent's admission chain).
         new_cmd = next(c for c in await commands_in_log(js_log) if c.controller_id == "ctl-b")
-        authority = fencing.advance_authority(fencing.Authority(), new_cmd)
+        fence = fencing.advance_fence(fencing.CommandFence(), new_cmd)
         old_cmd = CommandIssued(**{**{f: getattr(new_cmd, f) for f in new_cmd.__struct_fields__},
                                    "controller_term": a.lease.term, "controller_id": "ctl-a",
                                    "action_id": "old", "event_id": "old"})
-        verdict = fencing.check_command(old_cmd, host_id="h1", authority=authority, lease_remaining_seconds=10.0,
+        verdict = fencing.check_command(old_cmd, host_id="h1", fence=fence, lease_remaining_seconds=10.0,
                                         dependency_status={}, protection_state="accepting")
         assert not verdict.ok and verdict.reason == fencing.REASON_STALE_TERM
     finally:

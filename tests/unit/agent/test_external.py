@@ -59,14 +59,14 @@ def test_base_url_drops_a_trailing_v1(url: str, base: str) -> None:
 @pytest.mark.parametrize("url", ["ftp://h/x", "not a url", "http://user:secret@h:1", "http://h:1/?key=k"])
 def test_base_url_refuses_other_schemes_credentials_and_queries(url: str) -> None:
     refused = ext.base_url(url)
-    assert isinstance(refused, ext.Refused) and refused.reason == ext.REG_BAD_URL
+    assert isinstance(refused, ext.RegistrationRefused) and refused.reason == ext.REG_BAD_URL
     assert "secret" not in refused.message  # a credential in the URL is never echoed
 
 
 def test_validate_refuses_an_unknown_kind_and_negative_memory() -> None:
-    assert isinstance(bad := ext.validate("m", "http://h:1", "tgi", 0, None), ext.Refused)
+    assert isinstance(bad := ext.validate("m", "http://h:1", "tgi", 0, None), ext.RegistrationRefused)
     assert bad.reason == ext.REG_BAD_KIND
-    assert isinstance(neg := ext.validate("m", "http://h:1", "vllm", -1, None), ext.Refused)
+    assert isinstance(neg := ext.validate("m", "http://h:1", "vllm", -1, None), ext.RegistrationRefused)
     assert neg.reason == ext.REG_BAD_MEMORY
 
 

@@ -81,8 +81,8 @@ def test_caps_and_double_hashing():
     for i in range(100):
         for j in range(100):
             t += 1.0
-            af.observe(st, f"k{i}-{j}", vocab[i], t, t)
-            af.observe(st, f"k{i}-{j}", vocab[j], t + 0.5, t)
+            af.record_completion(st, f"k{i}-{j}", vocab[i], t, t)
+            af.record_completion(st, f"k{i}-{j}", vocab[j], t + 0.5, t)
     assert len(st.transitions) <= af.MAX_TRANSITIONS
     assert len(st.cursors) <= af.MAX_WORKFLOWS
 

@@ -29,10 +29,10 @@ def cand(host: str, *, model: str = "m", state: str = "ready", host_state: str =
     )
 
 
-def observe(ms: Measurements, c: RouteCandidate, latency: float, n: int = 8, tokens: int | None = None,
-            at: float = NOW, sha: str | None = None) -> None:
+def record_responses(ms: Measurements, c: RouteCandidate, latency: float, n: int = 8, tokens: int | None = None,
+                     at: float = NOW, sha: str | None = None) -> None:
     for _ in range(n):
-        ms.observe(c.key, sha if sha is not None else c.artifact_sha256, latency, tokens, at)
+        ms.record_response(c.key, sha if sha is not None else c.artifact_sha256, latency, tokens, at)
 
 
 def test_build_table_groups_by_model_and_keeps_every_residency() -> None:
@@ -141,13 +141,13 @@ def test_open_circuit_is_skipped_and_reported() -> None:
 def test_measured_faster_engine_wins_and_other_models_do_not_lend_evidence() -> None:
     slow, fast = cand("slow"), cand("fast")
     ms = Measurements()
-    observe(ms, slow, 2.0)
-    observe(ms, fast, 0.5)
+    record_responses(ms, slow, 2.0)
+    record_responses(ms, fast, 0.5)
     assert choose([slow, fast], now=NOW, measurements=ms.view()).route is fast
     # evidence recorded for another model on the "fast" engine is ignored
     other_model = dataclasses.replace(fast, key=("fast", fast.endpoint or "", "other"), model_id="other")
     ms2 = Measurements()
-    observe(ms2, other_model, 0.01)
+    record_responses(ms2, other_model, 0.01)
     d = choose([fast], now=NOW, measurements=ms2.view(), prior_latency_seconds=1.0)
     assert d.route is fast and d.expected_seconds == 1.0  # the prior, not the other model's 0.01
 
@@ -157,13 +157,13 @@ def test_artifact_revision_binds_measurements() -> None:
     new = cand("a", sha="new")
     b = cand("b", sha="new")
     ms = Measurements()
-    observe(ms, old, 0.1)  # excellent, but for the previous revision
+    record_responses(ms, old, 0.1)  # excellent, but for the previous revision
     d = choose([new], now=NOW, measurements=ms.view(), prior_latency_seconds=3.0)
     assert d.expected_seconds == 3.0  # the old revision's evidence is ignored
-    observe(ms, b, 1.0)
+    record_responses(ms, b, 1.0)
     assert choose([new, b], now=NOW, measurements=ms.view(), prior_latency_seconds=3.0).expected_seconds == 1.0
     # the first response of the new revision resets the estimator instead of blending
-    ms.observe(new.key, "new", 5.0, None, NOW)
+    ms.record_response(new.key, "new", 5.0, None, NOW)
     m = ms.get(new.key)
     assert m is not None and m.latency.samples == 1 and m.latency.value == 5.0
 
@@ -171,14 +171,14 @@ def test_artifact_revision_binds_measurements() -> None:
 def test_expired_evidence_falls_back_and_weak_evidence_blends() -> None:
     a, b = cand("a"), cand("b")
     ms = Measurements()
-    observe(ms, a, 10.0, at=NOW - 7200)  # expired
-    observe(ms, b, 1.0, at=NOW - 7200)
+    record_responses(ms, a, 10.0, at=NOW - 7200)  # expired
+    record_responses(ms, b, 1.0, at=NOW - 7200)
     d = choose([a, b], now=NOW, measurements=ms.view(), prior_latency_seconds=1.0)
     # both expired: equal priors, the tie goes by engine name
     assert d.route is a
     # one weak sample blends toward the prior instead of dominating
     ms2 = Measurements()
-    observe(ms2, a, 0.01, n=1)
+    record_responses(ms2, a, 0.01, n=1)
     d2 = choose([a], now=NOW, measurements=ms2.view(), prior_latency_seconds=1.0)
     assert 0.8 < d2.expected_seconds < 1.0
 
@@ -188,7 +188,7 @@ def test_confidence_ramps_over_eight_samples() -> None:
     a = cand("a")
     weights = []
     for _ in range(10):
-        ms.observe(a.key, None, 1.0, None, NOW)
+        ms.record_response(a.key, None, 1.0, None, NOW)
         weights.append(ms.get(a.key).latency.weight(NOW))  # type: ignore[union-attr]
     assert weights[0] == 1 / 8 and weights[3] == 0.5 and weights[7] == 1.0 and weights[9] == 1.0
 
@@ -197,8 +197,8 @@ def test_max_tokens_bound_prefers_throughput_for_long_generations() -> None:
     snappy = cand("snappy")  # low latency, slow tokens
     thick = cand("thick")  # higher latency, fast tokens
     ms = Measurements()
-    observe(ms, snappy, 0.2, tokens=4)  # 20 tok/s
-    observe(ms, thick, 0.5, tokens=100)  # 200 tok/s
+    record_responses(ms, snappy, 0.2, tokens=4)  # 20 tok/s
+    record_responses(ms, thick, 0.5, tokens=100)  # 200 tok/s
     assert choose([snappy, thick], now=NOW, measurements=ms.view(), max_tokens=2).route is snappy
     assert choose([snappy, thick], now=NOW, measurements=ms.view(), max_tokens=1000).route is thick
 
@@ -221,9 +221,9 @@ def test_freshest_lease_breaks_ties_but_future_skew_gets_no_bonus() -> None:
 def test_affinity_stays_within_twenty_percent_of_the_best() -> None:
     fast, ok, slow = cand("fast"), cand("ok"), cand("slow")
     ms = Measurements()
-    observe(ms, fast, 1.0)
-    observe(ms, ok, 1.15)
-    observe(ms, slow, 1.5)
+    record_responses(ms, fast, 1.0)
+    record_responses(ms, ok, 1.15)
+    record_responses(ms, slow, 1.5)
     chosen = {choose([fast, ok, slow], now=NOW, measurements=ms.view(), affinity=bytes([i]) * 32).route.host_id
               for i in range(64)}  # type: ignore[union-attr]
     assert chosen == {"fast", "ok"}

@@ -27,7 +27,7 @@ def test_auto_demand_is_never_projected_onto_a_model_that_fits_nowhere() -> None
     stranded: list[tuple[int, str]] = []
     generalist_for_auto = 0
 
-    def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+    def on_tick(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
         unplaceable = {s.model_id for s in plan.shortfalls if s.reason == R.NO_ELIGIBLE_HOST}
         for t in pin.demand:
             workloads = [part for part in t.reason.split("+") if part.startswith("workload:")]
@@ -36,7 +36,7 @@ def test_auto_demand_is_never_projected_onto_a_model_that_fits_nowhere() -> None
         nonlocal generalist_for_auto
         generalist_for_auto += any(t.model_id == "general-8b" and "workload:research" in t.reason for t in pin.demand)
 
-    report = run(sc, "smart", observe=observe).report()
+    report = run(sc, "smart", on_tick=on_tick).report()
     assert stranded == []
     assert generalist_for_auto > 0
     assert report.safety_violations == 0

@@ -70,10 +70,10 @@ def test_greedy_is_fenced_by_minimum_residency_only() -> None:
             if isinstance(event, ProfileSet):
                 cooldowns.append(event.profile.scale_down_cooldown_seconds)
 
-        def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+        def on_tick(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
             held.extend(d.model_id for d in result.deferred if d.reason == rc.SCALE_DOWN_COOLDOWN)
 
-        report = run(sc, strategy, observe=observe, on_event=on_event).report()
+        report = run(sc, strategy, on_tick=on_tick, on_event=on_event).report()
         assert cooldowns and all((c > 0) == fenced_by_cooldown for c in cooldowns), strategy
         if not fenced_by_cooldown:
             assert held == []

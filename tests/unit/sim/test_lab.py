@@ -162,17 +162,17 @@ def test_no_prompt_or_raw_affinity_key_reaches_the_log(small) -> None:
 def test_every_lab_command_passes_the_agents_fence(small) -> None:
     # The lab issues through the controller's one command function: each command carries a
     # generation the agent parses and a sequence that never goes back.
-    from grid.agent.fencing import Authority, advance_authority, check_command
+    from grid.agent.fencing import CommandFence, advance_fence, check_command
     from grid.events.commands import CommandIssued
 
     commands: list[CommandIssued] = []
     run(small, "smart", on_event=lambda stream, ev: commands.append(ev) if isinstance(ev, CommandIssued) else None)
     assert commands
-    fences: dict[str, Authority] = {}
+    fences: dict[str, CommandFence] = {}
     for cmd in commands:
-        fence = fences.get(cmd.host_id, Authority())
-        verdict = check_command(cmd, host_id=cmd.host_id, authority=fence, lease_remaining_seconds=cmd.lease_ttl_seconds,
+        fence = fences.get(cmd.host_id, CommandFence())
+        verdict = check_command(cmd, host_id=cmd.host_id, fence=fence, lease_remaining_seconds=cmd.lease_ttl_seconds,
                                 dependency_status={d: "succeeded" for d in cmd.dependencies},
                                 protection_state="accepting")
         assert verdict.ok, (cmd.generation, verdict.message)
-        fences[cmd.host_id] = advance_authority(fence, cmd)
+        fences[cmd.host_id] = advance_fence(fence, cmd)

@@ -54,12 +54,12 @@ def test_a_shared_generalist_beats_two_specialists_on_a_one_slot_fleet() -> None
     sc = _one_slot_scenario()
     joint: list[int] = []
 
-    def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+    def on_tick(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
         placed = {p.model_id for p in plan.placements}
         if placed == {"generalist"}:
             joint.append(minute)
 
-    report = run(sc, "smart", observe=observe).report()
+    report = run(sc, "smart", on_tick=on_tick).report()
     service = {w.workload: w.service for w in report.workloads}
     assert set(service) == {"coding", "marketing"}
     assert min(service.values()) >= 0.8, service

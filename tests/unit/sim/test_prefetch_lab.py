@@ -43,7 +43,7 @@ def days(full):  # type: ignore[no-untyped-def]
     loads: list[tuple[str, str, str]] = []
     warmed_advice: list[str] = []
 
-    def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+    def on_tick(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
         placed = {(p.host_id, p.model_id) for p in plan.placements}
         for a in result.actions:
             if a.reason == PREDICTIVE_PREFETCH:
@@ -51,7 +51,7 @@ def days(full):  # type: ignore[no-untyped-def]
                     warmed_advice.append(f"{a.kind} {a.model_id} on {a.host_id}")
                 loads.append((a.host_id, a.model_id, a.artifact_sha256 or ""))
 
-    smart = run(full, SMART, observe=observe).report()
+    smart = run(full, SMART, on_tick=on_tick).report()
     return smart, run(full, REACTIVE).report(), loads, warmed_advice
 
 
