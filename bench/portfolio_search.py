@@ -46,7 +46,7 @@ def cell(machines: int, models: int, users: int, minutes: int, seed: int) -> dic
         reasons[result.reason] += 1
         return result, fc
 
-    def observe(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
+    def on_tick(minute, pin, plan, result) -> None:  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         planner_plan.plan(pin)
         plan_s.append(time.perf_counter() - t0)
@@ -54,7 +54,7 @@ def cell(machines: int, models: int, users: int, minutes: int, seed: int) -> dic
     pm.search = timed  # type: ignore[assignment]
     try:
         t0 = time.perf_counter()
-        run(sc, "smart", on_tick=observe)
+        run(sc, "smart", on_tick=on_tick)
         wall = time.perf_counter() - t0
     finally:
         pm.search = original  # type: ignore[assignment]
