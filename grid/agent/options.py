@@ -27,7 +27,7 @@ class AgentOptions:
     state_dir: Path | None = None
     # --runtime-binary: a llama-server path or "xllamacpp" (grid.agent.engines.runtime); None: auto.
     llama_server: Path | str | None = None
-    threads: int = llama_cpp.DEFAULT_THREADS
+    threads: int = field(default_factory=llama_cpp.default_threads)
     ready_timeout: float = 60.0
     drain_deadline: float = 60.0
     drain_poll: float = 0.2

@@ -220,7 +220,7 @@ class LlamaCppOptions:
     expected_sha256: str | None = None
     runtime_binary: str | None = None
     port_range: tuple[int, int] = (38000, 38999)
-    threads: int = llama_cpp.DEFAULT_THREADS
+    threads: int = field(default_factory=llama_cpp.default_threads)
     ready_timeout: float = 120.0
     request_timeout: float = 60.0
     drain_timeout: float = 30.0

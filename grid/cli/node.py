@@ -97,8 +97,8 @@ def start(
              "llama-server when installed, else xllamacpp; env GRID_RUNTIME_BINARY)."),
     engine_threads: Optional[int] = typer.Option(
         None, "--engine-threads",
-        help="CPU threads per llama.cpp engine (default 2). Agents sharing a small machine want 1: "
-             "oversubscribed llama.cpp threads spin on each other."),
+        help="CPU threads per llama.cpp engine (default: every core but one). Agents sharing a machine "
+             "want fewer: oversubscribed llama.cpp threads spin on each other."),
     state_dir: Optional[Path] = StateDirOption,
     log_format: str = LogFormatOption,
     # Older spelling of --log-format json/console, kept so existing service units keep working.

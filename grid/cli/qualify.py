@@ -18,7 +18,6 @@ import typer
 from rich.markup import escape
 
 from grid.agent import external
-from grid.agent.engines import llama_cpp
 from grid.agent.identity import stored_host_id
 from grid.agent.launch import Refused, parse_port_range, read_joined
 from grid.agent.qualification import (
@@ -221,7 +220,9 @@ def qualify_llama_cpp(
         None, "--runtime-binary", help="llama-server binary path, or 'xllamacpp' (default: what the agent would "
                                        "run; env GRID_RUNTIME_BINARY)."),
     port_range: str = typer.Option("38000-38999", "--port-range", help="Ports the engine under test may listen on."),
-    engine_threads: int = typer.Option(llama_cpp.DEFAULT_THREADS, "--engine-threads", help="CPU threads for the engine."),
+    engine_threads: Optional[int] = typer.Option(
+        None, "--engine-threads", min=1, max=256,
+        help="CPU threads for the engine (default: every core but one; see grid.agent.engines.llama_cpp)."),
     ready_timeout: float = typer.Option(120.0, "--ready-timeout", help="Seconds the engine may take to load."),
     nats: Optional[str] = NatsOption,
     state_dir: Optional[Path] = StateDirOption,
@@ -241,7 +242,8 @@ def qualify_llama_cpp(
     paths = AgentPaths.for_config(cfg, state_dir)
     runner = LlamaCppQualification(LlamaCppOptions(
         model=model, artifacts_dir=cfg.artifacts_dir, work_dir=paths.root / "qualify", expected_sha256=digest,
-        runtime_binary=runtime_binary, port_range=ports, threads=engine_threads, ready_timeout=ready_timeout,
+        runtime_binary=runtime_binary, port_range=ports, ready_timeout=ready_timeout,
+        **({"threads": engine_threads} if engine_threads is not None else {}),
     ))
     model_id = Path(model).name if Path(model).expanduser().is_file() else model
     _finish(_qualify(runner, target, model_id, digest is None, as_json), as_json)

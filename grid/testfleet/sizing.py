@@ -30,8 +30,10 @@ Say = Callable[[str], None]
 
 def engine_threads(machines: int, cpus: int | None = None) -> int:
     """Threads per engine so the fleet's engines together do not oversubscribe the machine
-    (llama.cpp threads spin-wait: two engines fighting for one core both crawl)."""
-    return max(1, (cpus or os.cpu_count() or 1) // machines)
+    (llama.cpp threads spin-wait: two engines fighting for one core both crawl). One core is
+    left to the controller, the gateway and NATS, as an engine's own default leaves one
+    (grid.agent.engines.llama_cpp.default_threads)."""
+    return max(1, ((cpus or os.cpu_count() or 1) - 1) // machines)
 
 
 def machine_memory_mb() -> int:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -29,7 +29,20 @@ from grid.secrets import CHILD_UMASK, ensure_private_dir, open_owner_only
 from grid.transport.embedded import port_in_use
 
 RUNTIME = "llama.cpp"
-DEFAULT_THREADS = 2
+
+
+def default_threads(cpus: int | None = None) -> int:
+    """Generation threads for one engine on this machine: every core but one, at least one.
+
+    llama.cpp's threads meet at a barrier for every token and spin while they wait, so an engine
+    that takes every core collapses as soon as anything else runs: on 2 cores the bundled model
+    at 2 threads fell from 30-47 tokens/s to 1-9 beside one or two busy processes, where 1 thread
+    kept 35-48. The core left serves the agent, the gateway, NATS and, on a borrowed machine,
+    its user. `cpus`: the machine's cores (default: physical cores, else logical ones)."""
+    if cpus is None:
+        cpus = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, cpus - 1)
+
 
 # Environment variables a child may inherit; everything else (tokens, secrets, NATS URLs) stays out.
 # PYTHONPATH: the xllamacpp runtime is `python -m grid...` and must import the agent's own Grid.
@@ -82,7 +95,7 @@ class EngineSpec:
     key_file: Path
     slots: int = 1
     context_size: int = 2048
-    threads: int = DEFAULT_THREADS
+    threads: int = field(default_factory=default_threads)
     host: str = "127.0.0.1"
     embeddings: bool = False
     # The backend the engine runs on (grid.agent.accelerators); a GPU backend offloads every layer.
