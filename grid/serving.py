@@ -45,14 +45,21 @@ async def serve(app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str =
     # uvicorn installs signal handlers only when it owns the loop; this server is a guest.
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.get_running_loop().create_task(server.serve(), name=name)
+    bound = await listening_port(server, task, port)
+    if bound is None:
+        exc = task.exception() if not task.cancelled() else None
+        raise OSError(f"could not listen on {host}:{port}" + (f": {exc}" if exc else ""))
+    return RunningServer(server, task, host, bound)
+
+
+async def listening_port(server: uvicorn.Server, task: asyncio.Task[Any], port: int) -> int | None:
+    """Once `server` (run by `task`) accepts connections, the port it bound: `port`, or the
+    kernel's choice for port 0. None: `task` ended first (it could not listen)."""
     while not server.started:
         if task.done():
-            exc = task.exception() if not task.cancelled() else None
-            raise OSError(f"could not listen on {host}:{port}" + (f": {exc}" if exc else ""))
+            return None
         await asyncio.sleep(0.01)
-    bound = port
     for srv in server.servers:
         for sock in srv.sockets:
-            bound = int(sock.getsockname()[1])
-            break
-    return RunningServer(server, task, host, bound)
+            return int(sock.getsockname()[1])
+    return port

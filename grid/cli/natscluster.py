@@ -17,16 +17,29 @@ from typing import Optional
 import typer
 
 from grid.cli.common import JsonOption, config, console, fail, print_json
+from grid.config import GridConfig
 from grid.identity.authority import Authority
 from grid.identity.clusterconfig import ClusterConfigError, ClusterLayout, write_cluster_configs
 from grid.identity.durability import record_servers
-from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir, ensure_local_credentials
+from grid.identity.local import CREDS_DIR, TLS_DIR, LocalCredentials, authority_dir, ensure_local_credentials
 from grid.identity.tls import TLSMaterial
 from grid.secrets import load_or_create_secret, write_owner_only
 from grid.transport.cluster import CLIENT_PORT, DEFAULT_CLUSTER_NAME, ROUTE_PORT
 
 CLUSTER_DIR = "cluster"
 MONITOR_PORT = 8222
+
+
+def local_authority(cfg: GridConfig, now: float) -> tuple[Path, Authority, LocalCredentials]:
+    """This grid home's signing authority (made on first use) and its directory, and the local
+    components' credentials; also the operator token `gridctl invite` needs (the controller
+    would make it on first start)."""
+    cfg.ensure_home()
+    directory = authority_dir(cfg.home)
+    authority = Authority(directory)
+    credentials = ensure_local_credentials(cfg.home, host_ids=[], now=now)
+    load_or_create_secret(cfg.operator_token_path)
+    return directory, authority, credentials
 
 
 def cluster_config(
@@ -62,12 +75,8 @@ def cluster_config(
         fail(str(exc))
         return
     cfg = config()
-    cfg.ensure_home()
     now = time.time()
-    directory = authority_dir(cfg.home)
-    authority = Authority(directory)
-    credentials = ensure_local_credentials(cfg.home, host_ids=[], now=now)
-    load_or_create_secret(cfg.operator_token_path)  # `gridctl invite` needs it
+    directory, authority, credentials = local_authority(cfg, now)
     material = TLSMaterial(directory / TLS_DIR).ensure(layout.hosts, now=dt.datetime.now(dt.timezone.utc)) if tls else None
     out = (output or directory / CLUSTER_DIR).expanduser()
     try:

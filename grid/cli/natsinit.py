@@ -18,13 +18,13 @@ from typing import Optional
 
 import typer
 
-from grid.cli.natscluster import cluster_config
+from grid.cli.natscluster import cluster_config, local_authority
 from grid.cli.common import JsonOption, config, console, print_json
 from grid.identity.authority import Authority
 from grid.identity.durability import record_servers
-from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir, ensure_local_credentials
+from grid.identity.local import CREDS_DIR, TLS_DIR, authority_dir
 from grid.identity.tls import TLSMaterial
-from grid.secrets import load_or_create_secret, write_owner_only
+from grid.secrets import write_owner_only
 
 nats_app = typer.Typer(help="Prepare an existing NATS server for this grid's identities.", no_args_is_help=True)
 
@@ -80,13 +80,8 @@ def init(
     """Write the operator/account material, local credentials, the server config snippet and a whole
     server config (fsync on every write) around it."""
     cfg = config()
-    cfg.ensure_home()
     now = time.time()
-    directory = authority_dir(cfg.home)
-    authority = Authority(directory)
-    credentials = ensure_local_credentials(cfg.home, host_ids=[], now=now)
-    # `gridctl invite` needs the operator token; the controller would make it on first start.
-    load_or_create_secret(cfg.operator_token_path)
+    directory, authority, credentials = local_authority(cfg, now)
     snippet = authority.server_config(now=now, resolver_dir=resolver_dir)
     fingerprint = None
     tls = None

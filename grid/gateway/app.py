@@ -31,6 +31,7 @@ from grid.gateway.settings import URL_FILE, GatewaySettings, exposure_error
 from grid.gateway.state import Gateway
 from grid.infer.local import LocalResponders
 from grid.http_limits import uvicorn_options
+from grid.serving import listening_port
 from grid.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -148,16 +149,10 @@ async def start_gateway(app: Starlette, host: str = "127.0.0.1", port: int = 0, 
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="grid-gateway-server")
-    while not server.started:
-        if task.done():
-            task.result()  # raises the startup error
-            raise RuntimeError("gateway server exited during startup")
-        await asyncio.sleep(0.01)
-    bound = port
-    for srv in server.servers:
-        for sock in srv.sockets:
-            bound = int(sock.getsockname()[1])
-            break
+    bound = await listening_port(server, task, port)
+    if bound is None:
+        task.result()  # raises the startup error
+        raise RuntimeError("gateway server exited during startup")
     url_file: Path | None = None
     gateway: Gateway = app.state.gateway
     running = RunningGateway(server, task, host if host not in ("0.0.0.0", "::") else "127.0.0.1", bound, None)
