@@ -36,9 +36,9 @@ def default_threads(cpus: int | None = None) -> int:
 
     llama.cpp's threads meet at a barrier for every token and spin while they wait, so an engine
     that takes every core collapses as soon as anything else runs: on 2 cores the bundled model
-    at 2 threads fell from 30-47 tokens/s to 1-9 beside one or two busy processes, where 1 thread
-    kept 35-48. The core left serves the agent, the gateway, NATS and, on a borrowed machine,
-    its user. `cpus`: the machine's cores (default: physical cores, else logical ones)."""
+    at 2 threads made 1-9 tokens/s beside one or two busy processes, where 1 thread kept 35-48
+    (and was faster alone too). The core left serves the agent, the gateway, NATS and, on a
+    borrowed machine, its user. `cpus`: the machine's cores (default: physical cores, else logical ones)."""
     if cpus is None:
         cpus = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     return max(1, cpus - 1)
