@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from grid.agent.engines.llama_cpp import default_threads
 from grid.config import GridConfig
 from grid.testfleet.netns import MAX_HOSTS
 from grid.testfleet.state import FleetError
@@ -30,10 +31,10 @@ Say = Callable[[str], None]
 
 def engine_threads(machines: int, cpus: int | None = None) -> int:
     """Threads per engine so the fleet's engines together do not oversubscribe the machine
-    (llama.cpp threads spin-wait: two engines fighting for one core both crawl). One core is
-    left to the controller, the gateway and NATS, as an engine's own default leaves one
-    (grid.agent.engines.llama_cpp.default_threads)."""
-    return max(1, ((cpus or os.cpu_count() or 1) - 1) // machines)
+    (llama.cpp threads spin-wait: two engines fighting for one core both crawl): the cores one
+    engine would take by default (all but one, left to the controller, the gateway and NATS),
+    shared among the machines."""
+    return max(1, default_threads(cpus) // machines)
 
 
 def machine_memory_mb() -> int:
