@@ -95,6 +95,16 @@ async def _served_by_h2(fleet: Fleet, claim: object, http: httpx.AsyncClient) ->
         await asyncio.sleep(0.2)
 
 
+async def _heartbeating(fleet: Fleet, host: str, claim: object) -> None:  # noqa: F811
+    """`host` heartbeats every second, as its agent would. h1 and h2 share one 2-slot engine,
+    and h2's answers go on running there after its path died (nobody can tell h2 to stop), so
+    the next requests wait behind them on a loaded machine: a single heartbeat went stale
+    (30 s) before they were routed, and they failed 503 model_not_ready."""
+    while True:
+        await fleet.heartbeat(host, claim)
+        await asyncio.sleep(1.0)
+
+
 @pytest.mark.parametrize("fault", ["killed", "partitioned"])
 async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds(
         fault: str, nats_cluster: NatsCluster, fleet: Fleet, engine: EngineRoute) -> None:  # noqa: F811
@@ -118,6 +128,7 @@ async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds
     app.state.gateway = fleet.gw
     fleet.gw.upstream = Upstream(backend="nats", nc=gateway_log.client, read_timeout=120.0)
     claims = {"h1": ready(managed=False, sha=None, port=1), "h2": ready(managed=False, sha=None, port=2)}
+    h1_alive: asyncio.Task[None] | None = None
     try:
         await fleet.placements.admit("h2", [claims["h2"]])
         async with _listening(app) as url, httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as http:
@@ -131,6 +142,7 @@ async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds
                 await asyncio.sleep(0.05)
             await fleet.placements.admit("h1", [claims["h1"]])
             await fleet.heartbeat("h1", claims["h1"])
+            h1_alive = asyncio.create_task(_heartbeating(fleet, "h1", claims["h1"]))
 
             t0 = time.monotonic()
             (nats_cluster.kill if fault == "killed" else nats_cluster.pause)(2)
@@ -155,6 +167,7 @@ async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds
                 r = await http.post(CHAT, json={"model": "m", "max_tokens": 2, "stream": i % 2 == 1,
                                                 "messages": [{"role": "user", "content": "Say hello"}]},
                                     headers={"X-Grid-Affinity-Key": f"user-{i}"})
+                print(f"next request {i} answered {time.monotonic() - t0:.1f}s after the fault ({r.status_code})")
                 assert r.status_code == 200, r.text
                 assert fault == "killed" or r.headers["x-grid-host"] == "h1"
             if fault == "partitioned":
@@ -162,6 +175,10 @@ async def test_a_request_in_flight_on_a_host_whose_path_died_ends_within_seconds
                 await fleet.heartbeat("h2", claims["h2"])
                 assert "h2" in fleet.routes()
     finally:
+        if h1_alive is not None:
+            h1_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await h1_alive
         nats_cluster.resume(2)
         for responder in responders.values():
             await responder.stop()
