@@ -132,13 +132,13 @@ class Inventory:
 # --- GPU probes ---------------------------------------------------------------------------------
 
 
-def _load_nvml() -> Any:
+def load_nvml() -> Any:
     import pynvml  # nvidia-ml-py
 
     return pynvml
 
 
-def probe_nvidia(load: Callable[[], Any] = _load_nvml) -> GpuProbe:
+def probe_nvidia(load: Callable[[], Any] = load_nvml) -> GpuProbe:
     """NVIDIA GPUs through NVML. Without the library or the driver: a clear "no GPU" result."""
     try:
         nvml = load()
@@ -213,7 +213,7 @@ def probe_metal(system: str, machine: str, total_memory_mb: int, run: Runner | N
 
 
 def probe_gpus(total_memory_mb: int, *, system: str | None = None, machine: str | None = None,
-               load_nvml: Callable[[], Any] = _load_nvml, run: Runner = run_tool) -> GpuProbe:
+               load_nvml: Callable[[], Any] = load_nvml, run: Runner = run_tool) -> GpuProbe:
     system = platform.system() if system is None else system
     machine = platform.machine() if machine is None else machine
     if system == "Darwin":

@@ -177,6 +177,25 @@ def _configured_nats_url(explicit: str | None, cfg: GridConfig) -> str | Refused
                                 f"GRID_NATS_URL (looked for {exc.recorded})")
 
 
+# How recently a user must have touched a non-dedicated (employee) machine for it to throttle,
+# when `--yield-to-user` is not given. The seed names no figure; five minutes is the common
+# "away" mark (screen savers, chat presence): long enough that reading a page is not "gone",
+# short enough that the capacity comes back over lunch.
+DEFAULT_YIELD_TO_USER_SECONDS = 300.0
+
+
+def yield_to_user_seconds(given: float | None, joined: Joined | None) -> float | None:
+    """The protection policy's `user_active_seconds`: `--yield-to-user` when given (0 turns
+    yielding off), else the default on a machine enrolled without `--dedicated`, else None. A
+    machine that never joined (`gridctl up`'s own host, `node start` with `--nats`) keeps not
+    yielding: nothing says a person uses it."""
+    if given is not None:
+        return given if given > 0 else None
+    if joined is not None and not joined.dedicated:
+        return DEFAULT_YIELD_TO_USER_SECONDS
+    return None
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """The options of `gridctl node start`, as given (see its help for each)."""
@@ -306,7 +325,8 @@ def prepare(options: LaunchOptions) -> Launch | Refused:
         port_range=ports, heartbeat_interval=options.heartbeat_interval, sample_interval=options.sample_interval,
         drain_deadline=options.drain_deadline, orphan_grace=options.orphan_grace, state_dir=paths.root,
         llama_server=options.llama_server,
-        policy=ProtectionPolicy(throttle_fraction=options.throttle_fraction, user_active_seconds=options.yield_to_user),
+        policy=ProtectionPolicy(throttle_fraction=options.throttle_fraction,
+                                user_active_seconds=yield_to_user_seconds(options.yield_to_user, joined)),
         data_tier=options.data_tier, credentials=Path(joined.creds_path) if joined is not None else None,
         **({"threads": options.engine_threads} if options.engine_threads is not None else {}),
     )

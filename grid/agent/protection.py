@@ -14,7 +14,8 @@ sensor state by taking the stricter of the two: confirmed local safety outranks 
 override and the global plan, so a hot machine cannot be released back to accepting.
 
 Unknown readings are None, never zero. By default they are ignored; `unknown_throttles`
-conservatively throttles when a sensor the policy relies on is missing.
+conservatively throttles when a sensor the policy relies on is missing (not GPU memory: a host
+without a discrete GPU has none to read).
 
 `step` takes `now` (monotonic seconds) explicitly and never reads a clock.
 """
@@ -32,6 +33,7 @@ REASON_NOMINAL = "nominal"
 REASON_CPU_HIGH = "cpu_high"
 REASON_MEMORY_HIGH = "memory_high"
 REASON_MEMORY_CRITICAL = "memory_critical"
+REASON_GPU_MEMORY_HIGH = "gpu_memory_high"
 REASON_TEMPERATURE_HIGH = "temperature_high"
 REASON_TEMPERATURE_CRITICAL = "temperature_critical"
 REASON_ON_BATTERY = "on_battery"
@@ -51,6 +53,10 @@ class SensorSample(msgspec.Struct, frozen=True, kw_only=True):
     # True charging/plugged in, False on battery, None no battery or unknown.
     power_plugged: bool | None = None
     user_idle_seconds: float | None = None
+    # GPU memory pressure: percent of the fullest discrete GPU's memory in use by anything but
+    # this agent's own engines (grid.agent.accelerators.others_gpu_memory_percent); None: no such
+    # GPU, unreadable, or an own engine's use on it unknown.
+    gpu_memory_percent: float | None = None
 
     def as_readings(self) -> dict[str, float | None]:
         plugged = None if self.power_plugged is None else float(self.power_plugged)
@@ -61,6 +67,7 @@ class SensorSample(msgspec.Struct, frozen=True, kw_only=True):
             "battery_percent": self.battery_percent,
             "power_plugged": plugged,
             "user_idle_seconds": self.user_idle_seconds,
+            "gpu_memory_percent": self.gpu_memory_percent,
         }
 
 
@@ -69,6 +76,10 @@ class ProtectionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     cpu_throttle: tuple[float, float] = (90.0, 75.0)
     memory_throttle: tuple[float, float] = (90.0, 80.0)
     memory_unhealthy: tuple[float, float] = (97.0, 90.0)
+    # Others' GPU memory use throttles like RAM (the host yields to a user's game or another
+    # team's job) but never makes the host unhealthy: a full GPU fails the next allocation on that
+    # GPU, not the machine. Grid's own engines fill VRAM by design and are not counted.
+    gpu_memory_throttle: tuple[float, float] = (90.0, 80.0)
     temperature_throttle: tuple[float, float] = (85.0, 75.0)
     temperature_unhealthy: tuple[float, float] = (95.0, 85.0)
     # Battery: on battery -> throttled; below (entry) percent on battery -> paused, leave above recovery.
@@ -164,6 +175,11 @@ def sensor_target(policy: ProtectionPolicy, sample: SensorSample, current: str) 
             unknown = True
         elif hit:
             candidates.append(("throttled", reason))
+
+    # Most hosts have no discrete GPU, so an unknown GPU reading is no opinion: it neither
+    # throttles nor counts as a missing sensor for `unknown_throttles`.
+    if _level(sample.gpu_memory_percent, policy.gpu_memory_throttle, holding_throttled):
+        candidates.append(("throttled", REASON_GPU_MEMORY_HIGH))
 
     if policy.user_active_seconds is not None:
         idle = sample.user_idle_seconds

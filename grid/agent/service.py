@@ -296,7 +296,19 @@ class HostAgent:
 
     async def _open_sensors(self) -> None:
         if self.sensors is None:
-            self.sensors = await asyncio.to_thread(PsutilSensors)
+            self.sensors = await asyncio.to_thread(PsutilSensors, own_engine_pids=self._own_engine_pids)
+
+    def _own_engine_pids(self) -> frozenset[int]:
+        """The PIDs of the engines this agent spawned or adopted: their GPU memory is Grid's own
+        use, not pressure on the host. Declared external engines are not ours (the host runs
+        them), so their use counts as others'. Neither runtime forks (llama-server and
+        xllamacpp serve in the process the agent started), so the recorded PID is the one the
+        GPU driver lists. (Inside a container without the host's PID namespace the driver lists
+        host PIDs, which match none of these: the engines' use then counts as others', the
+        cautious side.) Called from the sensors' thread: `tuple()` copies the residencies in one
+        C call the event loop cannot interleave with."""
+        records = tuple(self.state.residencies.values())
+        return frozenset(r.process.pid for r in records if r.process is not None)
 
     def _build_actuators(self, key: str, token: str) -> None:
         assert self.inventory is not None

@@ -23,6 +23,7 @@ from rich.table import Table
 from grid.agent.artifacts import ArtifactCache
 from grid.agent.http import read_metrics_url
 from grid.agent.launch import (
+    DEFAULT_YIELD_TO_USER_SECONDS,
     IDENTITY_DIR,
     Joined,
     LaunchOptions,
@@ -89,7 +90,10 @@ def start(
              "they are stopped."),
     throttle_fraction: float = typer.Option(0.5, "--throttle-fraction", help="Capacity a throttled host offers."),
     yield_to_user: Optional[float] = typer.Option(
-        None, "--yield-to-user", help="Employee machine: throttle while a user was active within N seconds."
+        None, "--yield-to-user",
+        help="Throttle while a user was active within N seconds; 0 never yields. Default: "
+             f"{DEFAULT_YIELD_TO_USER_SECONDS:g} on a machine "
+             "joined without --dedicated (an employee machine), else never."
     ),
     llama_server: Optional[str] = typer.Option(
         None, "--runtime-binary", "--llama-server",

@@ -28,6 +28,7 @@ from grid.dashboard.app import Dashboard, create_dashboard_app, require_token_of
 from grid.serving import serve
 from grid.transport.jetstream import JetStreamLog
 
+from tests.debian_packages import require_debian_tool
 from tests.integration.controller.simhost import SimHost
 
 pytestmark = pytest.mark.e2e
@@ -43,23 +44,9 @@ def _find_chromium() -> str | None:
 
 
 def chromium_path() -> str:
-    """Debian's Chromium (Playwright's own browser download cannot work without the internet).
-
-    pip cannot install it, so on a Debian machine where the suite runs as root (CI here) the
-    test installs the distribution package once; elsewhere a missing browser is a failure
-    that says what to install, never a skip.
-    """
-    path = _find_chromium()
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=False, timeout=600,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"], env=env,
-                       check=False, timeout=900, stdout=subprocess.DEVNULL)
-        path = _find_chromium()
-    if path is None:
-        pytest.fail("the dashboard test needs Chromium: `apt-get install chromium` (or set GRID_CHROMIUM)")
-    return path
+    """Debian's Chromium (Playwright's own browser download cannot work without the internet)."""
+    return require_debian_tool(_find_chromium, ("chromium",),
+                               "the dashboard test needs Chromium: `apt-get install chromium` (or set GRID_CHROMIUM)")
 
 
 async def gridctl(home: Path, *args: str) -> tuple[int, str, str]:

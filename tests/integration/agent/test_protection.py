@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grid.agent.overrides import active_override, make_override
 from grid.agent.protection import (
     SEVERITY,
+    STATE_ORDER,
     Override,
     ProtectionPolicy,
     ProtectionStatus,
     SensorSample,
     admits_new_work,
+    sensor_target,
     step,
 )
 
@@ -175,3 +178,74 @@ def test_escalation_needs_debounce_and_recovery_needs_cooldown(samples):
         if tr is not None:
             assert tr.from_state != tr.to_state
         assert status.state == status.sensor_state  # no override in play
+
+
+# --- GPU memory pressure: judged like RAM's throttle level; unknown is no opinion --------------
+
+def test_gpu_memory_pressure_throttles_with_hysteresis():
+    full_gpu = SensorSample(cpu_percent=10.0, memory_percent=40.0, temperature_c=50.0, gpu_memory_percent=95.0)
+    status, states, transitions = run([full_gpu] * 3)
+    assert states == ["accepting", "accepting", "throttled"]
+    assert transitions[-1].reason == "gpu_memory_high"
+    # Between the recovery (80) and entry (90) thresholds the host holds; below recovery it recovers.
+    between = SensorSample(cpu_percent=10.0, memory_percent=40.0, temperature_c=50.0, gpu_memory_percent=85.0)
+    status, states, _ = run([between] * 5, status=status, start=100.0)
+    assert set(states) == {"throttled"}
+    calm_gpu = SensorSample(cpu_percent=10.0, memory_percent=40.0, temperature_c=50.0, gpu_memory_percent=20.0)
+    _, states, transitions = run([calm_gpu] * 3, status=status, start=200.0)
+    assert states[-1] == "accepting" and transitions[-1].reason == "nominal"
+
+
+def test_full_gpu_never_makes_the_host_unhealthy():
+    # A full GPU fails the next allocation on it, not the machine: throttled at most.
+    status, states, _ = run([SensorSample(gpu_memory_percent=100.0)] * 10)
+    assert set(states[2:]) == {"throttled"} and status.sensor_reason == "gpu_memory_high"
+
+
+def test_unknown_gpu_memory_does_not_count_as_a_missing_sensor():
+    cautious = ProtectionPolicy(debounce_samples=1, unknown_throttles=True)
+    _, states, _ = run([CALM], policy=cautious)  # every relied-on sensor known, no GPU
+    assert states == ["accepting"]
+
+
+gpu_free_readings = st.builds(
+    SensorSample,
+    cpu_percent=st.one_of(st.none(), st.floats(0, 100)),
+    memory_percent=st.one_of(st.none(), st.floats(0, 100)),
+    temperature_c=st.one_of(st.none(), st.floats(20, 110)),
+    battery_percent=st.one_of(st.none(), st.floats(0, 100)),
+    power_plugged=st.one_of(st.none(), st.booleans()),
+    user_idle_seconds=st.one_of(st.none(), st.floats(0, 1e5)),
+)
+policies = st.builds(
+    ProtectionPolicy,
+    debounce_samples=st.integers(1, 4),
+    recovery_samples=st.integers(1, 4),
+    recovery_cooldown_seconds=st.floats(0, 20),
+    unknown_throttles=st.booleans(),
+    user_active_seconds=st.one_of(st.none(), st.floats(1, 600)),
+)
+
+
+def _with_gpu(sample: SensorSample, gpu: float | None) -> SensorSample:
+    return msgspec.structs.replace(sample, gpu_memory_percent=gpu)
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies, st.lists(gpu_free_readings, min_size=1, max_size=40), st.floats(0, 79.9))
+def test_unknown_gpu_memory_decides_exactly_like_a_calm_gpu(policy, samples, calm):
+    # No opinion: whatever the other sensors and the policy (even `unknown_throttles`), a host
+    # whose GPU memory is unknown goes through the same states as one whose GPU is calm.
+    unknown_run = run([_with_gpu(s, None) for s in samples], policy=policy)[1]
+    calm_run = run([_with_gpu(s, calm) for s in samples], policy=policy)[1]
+    assert unknown_run == calm_run
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, gpu_free_readings, st.floats(90.0, 100.0), st.sampled_from(STATE_ORDER[:5]))
+def test_gpu_pressure_never_asks_for_a_less_protective_state(policy, sample, gpu, current):
+    without = sensor_target(policy, sample, current)[0]
+    with_pressure = sensor_target(policy, _with_gpu(sample, gpu), current)[0]
+    assert SEVERITY[with_pressure] >= max(SEVERITY[without], SEVERITY["throttled"])
+    # And without pressure the unknown reading asks for exactly what it asked before.
+    assert sensor_target(policy, _with_gpu(sample, None), current)[0] == without

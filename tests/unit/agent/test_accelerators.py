@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
 from msgspec import UNSET
 
 from grid.agent import accelerators as acc
@@ -169,3 +171,9 @@ def test_xllamacpp_runtime_accepts_the_offload_flags() -> None:
     assert (args.n_gpu_layers, args.device) == (llama_cpp.ALL_LAYERS, "CUDA0")
     args = parse_args(llama_cpp.build_argv(x.command, spec("cpu"))[3:])
     assert (args.n_gpu_layers, args.device) == (0, "")
+
+
+@given(st.text(max_size=300))
+def test_nvidia_smi_parser_never_raises(text: str) -> None:
+    for device in acc.parse_nvidia_smi_csv(text):
+        assert device.total_memory_mb is not None

@@ -10,6 +10,7 @@ import pytest
 
 from grid.agent.launch import (
     ALREADY_RUNNING,
+    DEFAULT_YIELD_TO_USER_SECONDS,
     ENROLMENT_DAMAGED,
     ENROLMENT_FILE,
     EXIT_REFUSED,
@@ -100,6 +101,29 @@ def test_a_joined_machine_runs_as_its_enrolled_host(home: Path) -> None:
     assert isinstance(explicit, Launch)
     assert (explicit.url, explicit.agent_options.failure_domain, explicit.agent_options.tags) == (
         URL, "rack-1", ("core",))
+
+
+def test_an_employee_machine_yields_to_its_user_by_default(home: Path) -> None:
+    _enrol(home)  # joined without --dedicated
+    prepared = prepare(LaunchOptions())
+    assert isinstance(prepared, Launch)
+    assert prepared.agent_options.policy.user_active_seconds == DEFAULT_YIELD_TO_USER_SECONDS
+    # An explicit figure wins, and 0 turns yielding off.
+    explicit = prepare(LaunchOptions(yield_to_user=45.0))
+    assert isinstance(explicit, Launch) and explicit.agent_options.policy.user_active_seconds == 45.0
+    off = prepare(LaunchOptions(yield_to_user=0.0))
+    assert isinstance(off, Launch) and off.agent_options.policy.user_active_seconds is None
+
+
+def test_a_dedicated_or_unjoined_machine_does_not_yield_unless_asked(home: Path) -> None:
+    # A machine that never joined (`node start --nats`) says nothing about a user.
+    unjoined = prepare(LaunchOptions(nats=URL))
+    assert isinstance(unjoined, Launch) and unjoined.agent_options.policy.user_active_seconds is None
+    _enrol(home, dedicated=True)  # an always-on server, like the test fleets' hosts
+    dedicated = prepare(LaunchOptions())
+    assert isinstance(dedicated, Launch) and dedicated.agent_options.policy.user_active_seconds is None
+    asked = prepare(LaunchOptions(yield_to_user=60.0))
+    assert isinstance(asked, Launch) and asked.agent_options.policy.user_active_seconds == 60.0
 
 
 def test_a_joined_machine_refuses_another_host_id(home: Path) -> None:
