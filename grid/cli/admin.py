@@ -172,11 +172,14 @@ def _render_quarantines(rows: Any) -> None:
 
 
 def _render_workloads(rows: Any) -> None:
-    """Each active workload's `auto` traffic: which model, and whether it serves, starts or waits."""
+    """One admission row per active workload's `auto` traffic: its model, the replica counts
+    (desired/planned/ready/missing), eligible hosts, startup estimate and the concrete reason
+    (the states are grid.controller.workload_status's)."""
     if not rows:
         return
     table = Table(title="Workloads (auto traffic)", title_justify="left")
-    for col in ("workload", "state", "model", "ready", "offered", "why"):
+    for col in ("workload", "state", "model", "offered", "desired", "planned", "ready", "missing", "eligible",
+                "startup", "why"):
         table.add_column(col)
     for w in rows:
         why = w["reason"] or w["detail"]
@@ -186,8 +189,10 @@ def _render_workloads(rows: Any) -> None:
             why = f"{why}; served by {w['served_by']} meanwhile" if why else f"served by {w['served_by']}"
         model = (w["model_id"] or "-") + (" (joint)" if w.get("joint") else "") + \
             (" (exploring)" if w.get("exploring") else "")
-        table.add_row(w["workload"], w["state"], model, str(w["ready"]), f"{w['offered_concurrency']:.2f}",
-                      why or "-")
+        eligible = "-" if w.get("eligible_hosts") is None else str(w["eligible_hosts"])
+        startup = "-" if w.get("startup_seconds") is None else f"{w['startup_seconds']:.0f}s"
+        table.add_row(w["workload"], w["state"], model, f"{w['offered_concurrency']:.2f}", str(w["desired"]),
+                      str(w["planned"]), str(w["ready"]), str(w["missing"]), eligible, startup, why or "-")
     console.print(table)
 
 

@@ -41,10 +41,12 @@ Shape (every key always present; lists bounded):
                  one (managed false) no operator admitted (route_not_admitted), admitted for another
                  kind or endpoint, or that a profile constraint refuses there (host_not_allowed, ...);
                  each is also a warning (grid.projections.routes)
-    workloads    [{workload, state (served|starting|deferred|waiting_for_evidence|no_suitable_model),
-                   model_id, replicas, ready, placed, offered_concurrency, reason, detail, served_by,
-                   joint, exploring}] each active workload's `auto` traffic now
-                   (grid.controller.workload_status)
+    workloads    [{workload, state (ready|starting|planned|undersupplied|deferred|capacity-contended|
+                   blocked-by-residency|infeasible|awaiting-plan), model_id, offered_concurrency,
+                   replicas, desired, planned, ready, missing, eligible_hosts, startup_seconds, reason,
+                   detail, served_by, joint, exploring}] one admission row per active workload's `auto`
+                   traffic, explaining the authoritative plan against the observed hosts
+                   (grid.controller.workload_status says which state means what)
     forecasts    {version, targets [...], models [...], workloads [...]} (baseline when absent)
     qualification_exclusions  [{model_id, host_id, reason (not_qualified), detail}] for each profile
                  with require_qualified, the hosts it may not use and why (grid.fleet.qualification);
@@ -104,7 +106,7 @@ from grid.fleet import reasons as R
 from grid.fleet.hardware import hardware_row
 from grid.fleet.placeability import plan_saw_profile, unplaceable
 from grid.fleet.qualification import host_qualifies, why_not
-from grid.fleet.planning import Plan, PlannerInput, decode_plan
+from grid.fleet.planning import Plan, PlannerInput, TimingSample, decode_plan
 from grid.fleet.views import HostView
 from grid.planner.feasibility import new_work_allocatable_mb
 from grid.planner.plan import render_explanation
@@ -466,6 +468,18 @@ def _forecasts(ctl: ControllerView) -> dict[str, Any]:
     }
 
 
+def _workloads(ctl: ControllerView, snaps: tuple[HostView, ...], ready: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The admission rows, read against the profiles and learned timings the plan was made with
+    (the current catalog's profiles when the plan's input is not at hand)."""
+    pin = ctl.last_input
+    if pin is not None:
+        profiles = {p.model_id: p for p in pin.profiles}
+        timings: tuple[TimingSample, ...] = pin.timings
+    else:
+        profiles, timings = dict(ctl.states["catalog"].profiles), ()
+    return workload_rows(ctl.last_forecast, ctl.last_plan, ready, snaps, profiles, timings)
+
+
 def _plan(ctl: ControllerView) -> dict[str, Any] | None:
     plan = ctl.last_plan
     if plan is None:
@@ -549,7 +563,7 @@ def build_status(ctl: ControllerView, *, admin_url: str | None = None) -> dict[s
         "unplaceable": _unplaceable(ctl, now, snaps, ready),
         "unplaced_claims": [_b(c) for c in unplaced],
         "qualification_exclusions": _qualification_exclusions(ctl, snaps),
-        "workloads": workload_rows(ctl.last_forecast, ctl.last_plan, ready),
+        "workloads": _workloads(ctl, snaps, ready),
         "forecasts": _forecasts(ctl),
         "plan": _plan(ctl),
         "reconciliation": _b(ctl.last_result) if ctl.last_result is not None else None,

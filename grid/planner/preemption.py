@@ -88,11 +88,16 @@ class StagedSet:
         return (top, busy, warm, len(self.victims), self.hs.host_id)
 
 
-def protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
-    """Minimum-residency protection (a loading/warming residency without loaded_at counts)."""
+def within_min_residency(now: float, min_residency_seconds: float, residency: ResidencyView) -> bool:
+    """Minimum-residency protection at `now` (a loading/warming residency without loaded_at
+    counts). Status's admission rows ask the same question of the plan they explain."""
     if residency.loaded_at is None:
         return residency.state in ("loading", "warming")
-    return led.now - residency.loaded_at < vms.profile.min_residency_seconds
+    return now - residency.loaded_at < min_residency_seconds
+
+
+def protected(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:
+    return within_min_residency(led.now, vms.profile.min_residency_seconds, residency)
 
 
 def sole_ready_while_short(led: Ledger, vms: ModelState, residency: ResidencyView) -> bool:

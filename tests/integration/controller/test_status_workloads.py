@@ -1,7 +1,8 @@
 """`gridctl status` lists each active workload: a real controller folds `auto` request telemetry
 from the real log, admits the workload onto its model and plans it; status (JSON and table,
-through gridctl as a child process) says which model it got and whether it serves, starts or
-waits, and a workload seen once waits for evidence."""
+through gridctl as a child process) gives one admission row per active workload: which model it
+got, the desired/planned/ready/missing replicas, eligible hosts, startup estimate and the reason;
+a workload seen once is deferred below the evidence gate, its demand still visible."""
 
 from __future__ import annotations
 
@@ -35,15 +36,18 @@ async def test_status_lists_each_active_workload(js_log: JetStreamLog, tmp_path:
                                      records=(auto("coding"), auto("coding"), auto("coding"), auto("research"))))
     home = tmp_path / "home"
     async with serving_controller(js_log, home, "ctl-workloads"):
-        doc = await status_until(home, beat, lambda d: any(r["workload"] == "coding" and r["placed"]
+        doc = await status_until(home, beat, lambda d: any(r["workload"] == "coding" and r["planned"]
                                                                 for r in d["workloads"]), "a plan for coding")
         rows = {r["workload"]: r for r in doc["workloads"]}
         coding = rows["coding"]
-        # Placed on host-a, nothing ready there (no agent runs it): starting.
-        assert (coding["state"], coding["model_id"], coding["ready"]) == ("starting", "coder", 0), coding
+        # Placed on host-a, no process there yet (no agent runs it): planned.
+        assert (coding["state"], coding["model_id"], coding["reason"]) == ("planned", "coder", "placed_not_started")
+        assert (coding["desired"], coding["planned"], coding["ready"], coding["missing"]) == (1, 1, 0, 1), coding
+        assert coding["eligible_hosts"] == 1 and coding["startup_seconds"] == 45.0, coding  # 30 s load + 15 s warm
         research = rows["research"]
-        assert research["state"] == "waiting_for_evidence" and research["detail"].startswith("1 of 3 observations")
+        assert (research["state"], research["reason"]) == ("deferred", "below_evidence_gate"), research
+        assert research["detail"].startswith("1 of 3 observations")
         rc, out, err = await gridctl(home, "status")
         assert rc == 0, err
-        assert "Workloads (auto traffic)" in out and "waiting_for_evidence" in out, out
-        assert any("coding" in line and "starting" in line and "coder" in line for line in out.splitlines()), out
+        assert "Workloads (auto traffic)" in out and "below_evidence_gate" in out, out
+        assert any("coding" in line and "planned" in line and "coder" in line for line in out.splitlines()), out
