@@ -2,9 +2,10 @@
 
 `RawResponse` sends a complete body with pre-built raw headers (corked into one transmission).
 `ProxyStream` relays an upstream stream chunk by chunk without buffering (the head is corked
-together with the first chunk only); it watches the client connection and,
-when the client goes away, stops reading upstream at once (closing that connection), instead
-of silently draining a generation nobody will read. `on_done(outcome)` runs exactly once.
+together with the first chunk only, unless it came before any: then it leaves at once); it
+watches the client connection and, when the client goes away, stops reading upstream at once
+(closing that connection), instead of silently draining a generation nobody will read.
+`on_done(outcome)` runs exactly once.
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ class ProxyStream:
 
         watcher = asyncio.create_task(watch())
         outcome = STREAM_OK
-        sock = _cork(scope, send)
+        # The head alone (upstream.head_only: the engine has no token yet) goes to the client at
+        # once, uncorked: the client reads it while the engine works, not on the first token's
+        # path. Otherwise it is corked with the first chunk.
+        sock = None if getattr(self.upstream, "head_only", False) else _cork(scope, send)
         last = b""
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})

@@ -286,6 +286,9 @@ class NatsResponse:
         # Message 0 may carry the first bytes, or the whole answer (then it also ends it).
         self._first = first
         self._ended = ended
+        # Message 0 was the head alone (a streamed answer's, sent before the engine had a token):
+        # the first bytes are a wait away (grid.gateway.responses sends the client its head at once).
+        self.head_only = not first and not ended
         self._closed = False
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:

@@ -5,12 +5,12 @@ engine path and the model; the body is the client's request body, unchanged.
 
 Response: messages on the reply inbox, numbered from 0 by `Grid-Seq` so a loss (core NATS
 drops messages for a slow consumer) is detected rather than silently corrupting a stream.
-Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`)
-with the first body bytes (a small answer arrives whole, ended, in message 0); every message
-may carry body bytes; the last carries `Grid-End`, and `Grid-Error` if the
-engine failed part way (or stalled: `ERR_ENGINE_STALLED`). The gateway cancels by publishing
-the reply inbox on `grid.infer.<host>.cancel`; the agent then closes its engine connection,
-which frees the slot.
+Message 0 carries `Grid-Status` and the engine's response headers (JSON in `Grid-Headers`):
+with the first body bytes (a small answer arrives whole, ended, in message 0), or, for an event
+stream, alone, as soon as the engine sent its head; every message may carry body bytes; the
+last carries `Grid-End`, and `Grid-Error` if the engine failed part way (or stalled:
+`ERR_ENGINE_STALLED`). The gateway cancels by publishing the reply inbox on
+`grid.infer.<host>.cancel`; the agent then closes its engine connection, which frees the slot.
 """
 
 from __future__ import annotations

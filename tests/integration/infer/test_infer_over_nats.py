@@ -202,8 +202,10 @@ def _matches(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
-async def test_a_small_answer_is_one_message_and_a_stream_starts_with_its_first_bytes(pair) -> None:
-    """Message 0 carries status, headers and the first bytes: no extra hop before the answer."""
+async def test_a_small_answer_is_one_message_and_a_stream_head_goes_before_its_first_bytes(pair) -> None:
+    """A small answer is one message (status, headers and bytes: no extra hop before it). A
+    stream's message 0 is the engine's head alone, sent before the engine has a token, so the
+    first token crosses as one body message (the gateway answers its client's head meanwhile)."""
     upstream, _responder, gateway_log = pair
     seen: list[tuple[dict[str, str], bytes]] = []
 
@@ -223,7 +225,11 @@ async def test_a_small_answer_is_one_message_and_a_stream_starts_with_its_first_
     raw = b"".join([c async for c in resp.aiter_raw()])
     await resp.aclose()
     await sub.unsubscribe()
-    assert seen[0][0]["Grid-Seq"] == "0" and seen[0][1].startswith(b"data: ") and raw.startswith(seen[0][1])
+    head, first = seen[0], seen[1]
+    assert head[0]["Grid-Seq"] == "0" and head[0]["Grid-Status"] == "200" and head[1] == b""
+    assert "text/event-stream" in head[0]["Grid-Headers"] and "Grid-End" not in head[0]
+    assert resp.head_only  # what tells the gateway to send its client the head at once
+    assert first[0]["Grid-Seq"] == "1" and first[1].startswith(b"data: ") and raw.startswith(first[1])
 
 
 async def test_a_post_after_a_stream_never_lands_on_a_dead_engine_connection(pair) -> None:
@@ -258,10 +264,10 @@ async def test_an_answer_read_too_slowly_is_cut_off_as_lost_not_buffered_forever
 
 
 async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_absent_agent(pair) -> None:
-    """Both engine slots busy: a third stream gets the engine's headers at once but its first
-    chunk only when a slot frees. The agent says it is working on it meanwhile, so a wait longer
-    than the connect timeout is not taken for an absent agent (it used to fail with a connect
-    timeout while the engine had it queued)."""
+    """Both engine slots busy: a third stream gets the engine's headers at once (passed on at
+    once) but its first chunk only when a slot frees. The agent says it is working on it
+    meanwhile, so a wait longer than the connect timeout is not taken for an absent agent (it used
+    to fail with a connect timeout while the engine had it queued)."""
     upstream, responder, gateway_log = pair
     connect_timeout = 1.5
     impatient = NatsUpstream(gateway_log.client, connect_timeout=connect_timeout, read_timeout=120.0)
@@ -273,11 +279,11 @@ async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_abse
     async def stream(up: NatsUpstream, tokens: int) -> tuple[float, bytes]:
         t0 = time.monotonic()
         r = await up.post(InferTarget("host-a", MODEL, CHAT), body(tokens), JSON + [(b"connection", b"close")])
-        waited = time.monotonic() - t0
         assert r.status_code == 200
-        out = b"".join([c async for c in r.aiter_raw()])
+        waits: list[float] = []
+        out = b"".join([c async for c in _timed_first(r.aiter_raw(), t0, waits)])
         await r.aclose()
-        return waited, out
+        return waits[0], out
 
     busy = [asyncio.create_task(stream(upstream, 400)) for _ in range(2)]
     deadline = time.monotonic() + 30
@@ -290,6 +296,14 @@ async def test_a_stream_queued_behind_busy_slots_is_served_not_taken_for_an_abse
         assert long.rstrip().endswith(b"data: [DONE]")
     # The claim needs a queue longer than the connect timeout, or it proves nothing.
     assert waited > connect_timeout, waited
+
+
+async def _timed_first(chunks: AsyncIterator[bytes], t0: float, waits: list[float]) -> AsyncIterator[bytes]:
+    """`chunks`, noting in `waits` how long after `t0` the first one came."""
+    async for chunk in chunks:
+        if not waits:
+            waits.append(time.monotonic() - t0)
+        yield chunk
 
 
 def _long(stream: bool, max_tokens: int = 4000) -> bytes:

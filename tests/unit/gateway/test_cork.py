@@ -66,3 +66,84 @@ async def test_raw_response_is_corked_behind_starlettes_wrapped_send() -> None:
     finally:
         server.should_exit = True
         await task
+
+
+class _Upstream:
+    """An upstream answer (grid.gateway.upstream.UpstreamResponse) whose first chunk comes only
+    once `release` is set; `head_only` as grid.infer.client.NatsResponse sets it."""
+
+    status_code = 200
+    raw_headers = [(b"content-type", b"text/event-stream")]
+
+    def __init__(self, head_only: bool) -> None:
+        self.head_only = head_only
+        self.release = asyncio.Event()
+
+    async def aiter_raw(self) -> Any:
+        await self.release.wait()
+        yield b'data: {"choices":[]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    async def aread(self) -> bytes:
+        return b"".join([c async for c in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("head_only", [True, False])
+async def test_a_streams_head_leaves_at_once_when_it_came_before_any_token(head_only: bool) -> None:
+    """A stream's head that came alone (the engine has no token yet) goes to the client at once,
+    uncorked: the client reads it while the engine works, not on the first token's path. A head
+    that came with the first bytes is corked with them (one transmission)."""
+    from grid.gateway.responses import ProxyStream
+
+    sockets: list[Any] = []
+    corked_at_head: list[int] = []
+    upstream = _Upstream(head_only)
+
+    class RecordSocket:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                sockets.append(send.__self__.transport.get_extra_info("socket"))
+            await self.app(scope, receive, send)
+
+    class CheckCork:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def checked(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    corked_at_head.append(sockets[-1].getsockopt(socket.IPPROTO_TCP, TCP_CORK))
+                await send(message)
+
+            await self.app(scope, receive, checked if scope["type"] == "http" else send)
+
+    async def answer(request: Request) -> ProxyStream:
+        return ProxyStream(200, list(upstream.raw_headers), upstream, lambda _c: None, lambda _o: None)
+
+    app = Starlette(routes=[Route("/x", answer, methods=["POST"])], middleware=[Middleware(CheckCork)])
+    server = uvicorn.Server(uvicorn.Config(RecordSocket(expose_client_socket(app)), host="127.0.0.1", port=0,
+                                           log_level="warning", access_log=False, log_config=None, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(trust_env=False) as client:
+            async with client.stream("POST", f"http://127.0.0.1:{port}/x", content=b"{}") as r:
+                if head_only:
+                    # The client has the head while the upstream has not sent a byte.
+                    assert r.status_code == 200 and not upstream.release.is_set()
+                upstream.release.set()
+                body = await r.aread()
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert corked_at_head == [0 if head_only else 1]
+    finally:
+        upstream.release.set()
+        server.should_exit = True
+        await task
