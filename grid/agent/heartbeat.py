@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from grid.agent.artifacts import IndexEntry
 from grid.agent.context import endpoint
@@ -23,6 +23,7 @@ from grid.events.host import (
     HostHeartbeat,
     HostLoad,
     HostResources,
+    HostUse,
     Residency,
 )
 from grid.fleet import HOLDS_MEMORY_STATES, SERVING_STATES
@@ -57,6 +58,15 @@ def host_resources(options: AgentOptions, *, capacity_mb: int, has_runtime: bool
         unified_memory=True if inventory.unified_memory else UNSET,
         runtime_builds=inventory.runtime_builds or UNSET,
     )
+
+
+def host_use(options: AgentOptions) -> HostUse | UnsetType:
+    """Dedicated or employee machine and its yield to the user, for the heartbeat; UNSET when
+    there is nothing to say (not joined by invitation and never yielding)."""
+    yield_seconds = options.policy.user_active_seconds
+    if options.dedicated is None and yield_seconds is None:
+        return UNSET
+    return HostUse(dedicated=options.dedicated, yield_to_user_seconds=yield_seconds)
 
 
 def residency_report(rec: ResidencyRecord, active: int | None, now: float) -> Residency:
@@ -127,6 +137,7 @@ def build_heartbeat(
     highest_term: int,
     warnings: Sequence[str],
     external: Sequence[Residency] = (),
+    use: HostUse | UnsetType = UNSET,
 ) -> HostHeartbeat:
     """One heartbeat. `activity` maps model id -> requests in flight (None: unknown);
     `managed_rss_mb` is the summed RSS of Grid-owned children, so unmanaged memory is the rest.
@@ -161,4 +172,5 @@ def build_heartbeat(
         actuator_capabilities=ACTUATOR_CAPABILITIES,
         highest_term=highest_term,
         warnings=tuple(warnings),
+        use=use,
     )

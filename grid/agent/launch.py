@@ -13,6 +13,7 @@ could not start (or GRID_EVENT_LOOP names no usable loop).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -196,6 +197,22 @@ def yield_to_user_seconds(given: float | None, joined: Joined | None) -> float |
     return None
 
 
+# `--cpu-throttle N` leaves throttling below N minus this, the default pair's (90, 75) hysteresis.
+CPU_RECOVERY_MARGIN = 15.0
+
+
+def cpu_throttle_thresholds(given: float | None) -> tuple[float, float]:
+    """The protection policy's CPU (entry, recovery) pair from `--cpu-throttle`: the policy's
+    default when not given; N enters at N percent and leaves below N - CPU_RECOVERY_MARGIN; 0
+    never throttles for CPU. The reading is the whole machine's, Grid's own engines included, so
+    a dedicated server kept busy by its own inference may want 0."""
+    if given is None:
+        return ProtectionPolicy().cpu_throttle
+    if given <= 0:
+        return (math.inf, math.inf)
+    return (given, max(0.0, given - CPU_RECOVERY_MARGIN))
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """The options of `gridctl node start`, as given (see its help for each)."""
@@ -214,6 +231,7 @@ class LaunchOptions:
     orphan_grace: float = ORPHAN_GRACE_SECONDS
     throttle_fraction: float = 0.5
     yield_to_user: float | None = None
+    cpu_throttle: float | None = None
     llama_server: str | None = None
     engine_threads: int | None = None
     state_dir: Path | None = None
@@ -326,7 +344,9 @@ def prepare(options: LaunchOptions) -> Launch | Refused:
         drain_deadline=options.drain_deadline, orphan_grace=options.orphan_grace, state_dir=paths.root,
         llama_server=options.llama_server,
         policy=ProtectionPolicy(throttle_fraction=options.throttle_fraction,
+                                cpu_throttle=cpu_throttle_thresholds(options.cpu_throttle),
                                 user_active_seconds=yield_to_user_seconds(options.yield_to_user, joined)),
+        dedicated=joined.dedicated if joined is not None else None,
         data_tier=options.data_tier, credentials=Path(joined.creds_path) if joined is not None else None,
         **({"threads": options.engine_threads} if options.engine_threads is not None else {}),
     )

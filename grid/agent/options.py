@@ -37,6 +37,9 @@ class AgentOptions:
     # warden stops them (grid.agent.warden).
     orphan_grace: float = ORPHAN_GRACE_SECONDS
     policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
+    # Joined with a `--dedicated` invitation (True) or without (False, an employee machine); None:
+    # not joined by invitation. Reported on heartbeats (HostHeartbeat.use) for status.
+    dedicated: bool | None = None
     hostname: str = field(default_factory=socket.gethostname)
     # The host's NATS credential (.creds), when the server has auth on: it names the command
     # consumer the controller made for this host, and is renewed before it expires.

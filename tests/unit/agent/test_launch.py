@@ -28,6 +28,7 @@ from grid.agent.launch import (
     prepare,
 )
 from grid.agent.lock import StateDirLock
+from grid.agent.protection import ProtectionPolicy, SensorSample, sensor_target
 
 URL = "nats://127.0.0.1:4222"
 
@@ -108,6 +109,7 @@ def test_an_employee_machine_yields_to_its_user_by_default(home: Path) -> None:
     prepared = prepare(LaunchOptions())
     assert isinstance(prepared, Launch)
     assert prepared.agent_options.policy.user_active_seconds == DEFAULT_YIELD_TO_USER_SECONDS
+    assert prepared.agent_options.dedicated is False  # reported on heartbeats: an employee machine
     # An explicit figure wins, and 0 turns yielding off.
     explicit = prepare(LaunchOptions(yield_to_user=45.0))
     assert isinstance(explicit, Launch) and explicit.agent_options.policy.user_active_seconds == 45.0
@@ -119,9 +121,11 @@ def test_a_dedicated_or_unjoined_machine_does_not_yield_unless_asked(home: Path)
     # A machine that never joined (`node start --nats`) says nothing about a user.
     unjoined = prepare(LaunchOptions(nats=URL))
     assert isinstance(unjoined, Launch) and unjoined.agent_options.policy.user_active_seconds is None
+    assert unjoined.agent_options.dedicated is None  # nobody said whose machine it is
     _enrol(home, dedicated=True)  # an always-on server, like the test fleets' hosts
     dedicated = prepare(LaunchOptions())
     assert isinstance(dedicated, Launch) and dedicated.agent_options.policy.user_active_seconds is None
+    assert dedicated.agent_options.dedicated is True
     asked = prepare(LaunchOptions(yield_to_user=60.0))
     assert isinstance(asked, Launch) and asked.agent_options.policy.user_active_seconds == 60.0
 
@@ -177,3 +181,17 @@ def test_a_refused_launch_reports_and_exits_1(home: Path) -> None:
     said = Collected()
     assert launch(LaunchOptions(nats=URL, port_range="x"), said) == EXIT_REFUSED
     assert said.errors == ["--port-range must look like 38000-38999, not 'x'"] and said.infos == []
+
+
+def test_cpu_throttle_sets_the_policys_cpu_thresholds(home: Path) -> None:
+    default = prepare(LaunchOptions(nats=URL))
+    assert isinstance(default, Launch)
+    assert default.agent_options.policy.cpu_throttle == ProtectionPolicy().cpu_throttle
+    at_80 = prepare(LaunchOptions(nats=URL, cpu_throttle=80.0))
+    assert isinstance(at_80, Launch) and at_80.agent_options.policy.cpu_throttle == (80.0, 65.0)
+    # 0: a fully busy CPU never throttles the host.
+    off = prepare(LaunchOptions(nats=URL, cpu_throttle=0.0))
+    assert isinstance(off, Launch)
+    busy = SensorSample(cpu_percent=100.0)
+    assert sensor_target(off.agent_options.policy, busy, "accepting") == ("accepting", "nominal")
+    assert sensor_target(at_80.agent_options.policy, busy, "accepting") == ("throttled", "cpu_high")
